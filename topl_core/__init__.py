@@ -1,0 +1,1 @@
+"""TOPL Workbench core: data, models, training, analysis. Never imports streamlit."""

