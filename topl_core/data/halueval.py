@@ -51,7 +51,7 @@ def load_halueval_rows(path: str | Path | None = None, limit: int | None = None)
                 break
             if not line.strip():
                 continue
-            where = f"{path}:{line_index + 1}"
+            where = f"{path}, line {line_index + 1}"
             try:
                 raw = json.loads(line)
             except json.JSONDecodeError as e:
