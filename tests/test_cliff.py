@@ -1,0 +1,82 @@
+import ast
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from topl_core.data.cliff import load_factuality_csv, match_spans
+from topl_core.data.records import DataError
+
+CLIFF_CSV = Path(__file__).parents[2] / "shared/data/CLIFF_error_types.csv"
+
+
+def test_match_spans_prefers_unused_occurrences_and_normalises_whitespace_and_case():
+    text = "Julian Zelizer: pay cut. Zelizer says it is a (656 ft) stunt."
+    spans, missing = match_spans(text, ["Julian Zelizer:", "Zelizer", "( 656 FT)", "", "absent"])
+    assert missing == ["absent"]
+    assert [text[s.start : s.end] for s in spans] == ["Julian Zelizer:", "Zelizer", "(656 ft)"]
+    assert spans[1].start == text.index("Zelizer says")
+    # When every occurrence overlaps an earlier span, the first occurrence is used.
+    spans, _ = match_spans("Lee Westwood won.", ["Lee Westwood", "Westwood"])
+    assert [(s.start, s.end) for s in spans] == [(0, 12), (4, 12)]
+
+
+def write_csv(path, rows):
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def span_row(summ, spans, **extra):
+    return {"dataset": "CLIFF", "origin": "xsum", "id": "7", "doc": "A document.", "summ": summ, "model_name": "BART",
+            "cut": "val", "error_type": "x", "annotated_span": repr(spans) if spans else "", **extra}
+
+
+def test_span_csv_skips_or_raises_on_missing_spans(tmp_path):
+    path = write_csv(tmp_path / "c.csv", [span_row("A cat sat.", ["cat"]), span_row("A dog ran.", ["cow"]), span_row("Fine.", [])])
+    report = load_factuality_csv(path)
+    assert report.rows_read == 3 and len(report.records) == 2 and report.token_level
+    assert [(s.row, s.reason) for s in report.skipped] == [(1, "annotated span(s) ['cow'] not found in the summary")]
+    bad, good = report.records
+    assert bad.bad_texts == ["cat"] and bad.sequence_label == 0 and good.sequence_label == 1 and good.bad_spans == ()
+    assert bad.source == "cliff-xsum" and bad.doc_id == "xsum-7" and bad.id == "cliff-xsum:0"
+    assert bad.meta == {"dataset": "CLIFF", "model_name": "BART", "error_type": "x", "cut": "val"}
+    assert "row 1: annotated span(s) ['cow']" in str(report)
+    with pytest.raises(DataError, match=r"row 1: annotated span\(s\) \['cow'\] not found"):
+        load_factuality_csv(path, on_missing="raise")
+
+
+def test_span_csv_structural_errors(tmp_path):
+    with pytest.raises(DataError, match=r"row 0, column annotated_span: .* not a Python list"):
+        load_factuality_csv(write_csv(tmp_path / "a.csv", [span_row("A cat.", None, annotated_span="['cat'")]))
+    with pytest.raises(DataError, match=r"missing column\(s\) \['summ'\]"):
+        load_factuality_csv(write_csv(tmp_path / "b.csv", [{"doc": "d", "annotated_span": ""}]))
+    with pytest.raises(DataError, match="CSV not found"):
+        load_factuality_csv(tmp_path / "absent.csv")
+
+
+def test_label_csv_is_sequence_level(tmp_path):
+    rows = [{"origin": "cnndm", "id": "1", "doc": "Doc.", "summ": "S one.", "label": "1"},
+            {"origin": "cnndm", "id": "2", "doc": "Doc.", "summ": "S two.", "label": "0"}]
+    report = load_factuality_csv(write_csv(tmp_path / "agg.csv", rows))
+    assert not report.token_level and report.sources == {"aggrefact-cnndm": 2}
+    assert [r.sequence_label for r in report.records] == [1, 0]
+    assert not any(r.token_labels_known for r in report.records)
+    with pytest.raises(DataError, match=r"row 0, column label: 'yes' must be 1"):
+        load_factuality_csv(write_csv(tmp_path / "bad.csv", [{**rows[0], "label": "yes"}]))
+
+
+@pytest.mark.skipif(not CLIFF_CSV.is_file(), reason=f"{CLIFF_CSV} is not present (it lives in shared/, outside the repo)")
+def test_real_cliff_csv():
+    report = load_factuality_csv(CLIFF_CSV)
+    table = pd.read_csv(CLIFF_CSV, dtype=str, keep_default_na=False)
+    assert report.rows_read == len(table) == 600
+    assert len(report.records) + len(report.skipped) == 600
+    assert set(report.sources) == {"cliff-xsum", "cliff-cnndm"}
+    by_row = {int(r.id.split(":")[1]): r for r in report.records}
+    for row, record in by_row.items():
+        annotated = [s for s in ast.literal_eval(table.annotated_span[row] or "[]") if s.strip()]
+        assert len(record.bad_spans) == len(annotated)
+        assert record.sequence_label == (0 if annotated else 1)
+        assert (table.error_type[row] == "correct") == (not annotated)
+        for text in record.bad_texts:
+            assert "".join(text.split()).lower() in ["".join(a.split()).lower() for a in annotated]

@@ -1,0 +1,170 @@
+"""Factuality CSVs from the AggreFact benchmark: CLIFF span annotations (token level) and AggreFact-style
+summary-level labels.
+
+- A CSV with an `annotated_span` column (CLIFF_error_types.csv: dataset, origin, id, doc, summ, model_name, cut,
+  error_type, annotated_span) gives token-level records. `annotated_span` is a Python-list string of the
+  hallucinated substrings of `summ` (empty for correct summaries), parsed with `ast.literal_eval`.
+- A CSV with doc, summ and label columns (AggreFact; label 1 = consistent, 0 = inconsistent) gives
+  sequence-level records (`token_labels_known=False`).
+
+Mapping an annotated substring to a character span: scanning the list left to right, each substring takes its
+first occurrence in `summ` that does not overlap a span already matched in that row (so "Zelizer" after
+"Julian Zelizer:" lands on the later "Zelizer"), or the first occurrence when all overlap; when the exact text
+is absent it is matched ignoring whitespace and case ("( 656 ft)" matches "(656 ft)"). Real annotations have
+typos, so by default (`on_missing="skip"`) a row with a substring that is still not found is dropped and
+reported in `CsvLoadReport.skipped`; `on_missing="raise"` raises DataError instead. Structural problems
+(missing columns, an unparseable span list, a label other than 0/1, empty text) always raise.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Sequence
+
+import pandas as pd
+
+from .records import DataError, Record, Span
+
+SPAN_COLUMNS = ("doc", "summ", "annotated_span")
+LABEL_COLUMNS = ("doc", "summ", "label")
+META_COLUMNS = ("dataset", "model_name", "error_type", "cut")
+
+
+@dataclass(frozen=True)
+class SkippedRow:
+    row: int  # 0-based data row of the CSV (the header is not counted)
+    reason: str
+
+
+@dataclass(frozen=True)
+class CsvLoadReport:
+    """What a CSV load produced: its records, how many rows were read and which were skipped, and why."""
+
+    path: str
+    rows_read: int
+    records: tuple[Record, ...]
+    skipped: tuple[SkippedRow, ...]
+    token_level: bool
+
+    @property
+    def sources(self) -> dict[str, int]:
+        return dict(Counter(r.source for r in self.records))
+
+    def __str__(self) -> str:
+        level = "token-level" if self.token_level else "sequence-level"
+        lines = [f"{self.path}: {self.rows_read} rows read, {len(self.records)} {level} records {self.sources}, "
+                 f"{len(self.skipped)} skipped"]
+        lines += [f"  row {s.row}: {s.reason}" for s in self.skipped]
+        return "\n".join(lines)
+
+
+def _normalised(text: str) -> tuple[str, list[int]]:
+    """`text` without whitespace and lower-cased, and the original offset of every kept character."""
+    chars, offsets = [], []
+    for i, c in enumerate(text):
+        if not c.isspace():
+            lowered = c.lower()
+            chars.append(lowered if len(lowered) == 1 else c)
+            offsets.append(i)
+    return "".join(chars), offsets
+
+
+def _occurrences(text: str, needle: str) -> list[tuple[int, int]]:
+    found, start = [], text.find(needle)
+    while start != -1:
+        found.append((start, start + len(needle)))
+        start = text.find(needle, start + 1)
+    return found
+
+
+def match_spans(text: str, substrings: Sequence[str], kind: str = "error") -> tuple[list[Span], list[str]]:
+    """Character spans of `substrings` in `text` (see the module docstring for the rule) and the substrings not
+    found. Empty substrings are ignored."""
+    normalised, offsets = _normalised(text)
+    spans: list[Span] = []
+    missing: list[str] = []
+    for substring in substrings:
+        needle = substring.strip()
+        if not needle:
+            continue
+        candidates = _occurrences(text, needle)
+        if not candidates:
+            normalised_needle = _normalised(needle)[0]
+            candidates = [(offsets[s], offsets[e - 1] + 1) for s, e in _occurrences(normalised, normalised_needle)]
+        if not candidates:
+            missing.append(substring)
+            continue
+        free = [(s, e) for s, e in candidates if all(e <= t.start or s >= t.end for t in spans)]
+        start, end = (free or candidates)[0]
+        spans.append(Span(start, end, kind))
+    return sorted(spans, key=lambda s: s.start), missing
+
+
+def _parse_span_list(value: str, where: str) -> list[str]:
+    if not value.strip():
+        return []
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError) as e:
+        raise DataError(f"{where}, column annotated_span: {value[:80]!r} is not a Python list literal ({e}). "
+                        "Write it like ['span one', 'span two'] or leave it empty.") from e
+    if not isinstance(parsed, (list, tuple)) or not all(isinstance(s, str) for s in parsed):
+        raise DataError(f"{where}, column annotated_span: expected a list of strings, got {value[:80]!r}.")
+    return list(parsed)
+
+
+def _parse_label(value: str, where: str) -> int:
+    try:
+        label = float(value)
+    except ValueError:
+        label = None
+    if label not in (0.0, 1.0):
+        raise DataError(f"{where}, column label: {value!r} must be 1 (consistent) or 0 (inconsistent).")
+    return int(label)
+
+
+def load_factuality_csv(
+    path: str | Path, on_missing: Literal["skip", "raise"] = "skip", source_prefix: str | None = None
+) -> CsvLoadReport:
+    """Records from a CLIFF span CSV or an AggreFact-style label CSV (detected from the columns).
+
+    source = f"{source_prefix}-{origin}" ("cliff-xsum", "cliff-cnndm"); the prefix defaults to "cliff" for span
+    CSVs and "aggrefact" for label CSVs. doc_id = f"{origin}-{id}" (both models' summaries of one article share
+    it); the record id is f"{source}:{row}". meta keeps dataset, model_name, error_type and cut when present.
+    """
+    if on_missing not in ("skip", "raise"):
+        raise DataError(f"on_missing={on_missing!r} must be 'skip' (drop rows whose spans are not found) or 'raise'.")
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: CSV not found. Pass the path of CLIFF_error_types.csv or an AggreFact CSV.")
+    table = pd.read_csv(path, dtype=str, keep_default_na=False)
+    token_level = "annotated_span" in table.columns
+    required = SPAN_COLUMNS if token_level else LABEL_COLUMNS
+    absent = [c for c in required if c not in table.columns]
+    if absent:
+        raise DataError(f"{path}: missing column(s) {absent}. A span CSV needs {SPAN_COLUMNS}, a label CSV "
+                        f"{LABEL_COLUMNS}; found {list(table.columns)}.")
+    prefix = source_prefix or ("cliff" if token_level else "aggrefact")
+    records, skipped = [], []
+    for row, values in enumerate(table.to_dict("records")):
+        where = f"{path}, row {row}"
+        origin = values.get("origin", "")
+        source = f"{prefix}-{origin}" if origin else prefix
+        doc_id = f"{origin or prefix}-{values.get('id') or row}"
+        common = dict(id=f"{source}:{row}", document=values["doc"], response=values["summ"], source=source,
+                      doc_id=doc_id, meta={c: values[c] for c in META_COLUMNS if c in values})
+        if token_level:
+            spans, missing = match_spans(values["summ"], _parse_span_list(values["annotated_span"], where))
+            if missing:
+                reason = f"annotated span(s) {missing} not found in the summary"
+                if on_missing == "raise":
+                    raise DataError(f"{where}: {reason}. Fix the annotation or load with on_missing='skip'.")
+                skipped.append(SkippedRow(row, reason))
+                continue
+            records.append(Record(**common, bad_spans=tuple(spans), sequence_label=0 if spans else 1))
+        else:
+            records.append(Record(**common, token_labels_known=False, sequence_label=_parse_label(values["label"], where)))
+    return CsvLoadReport(str(path), len(table), tuple(records), tuple(skipped), token_level)
