@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Literal
+
+from ..io import atomic_open
 
 Task = Literal["summarization", "translation"]
 TASKS: tuple[str, ...] = ("summarization", "translation")
@@ -103,18 +104,10 @@ class Record:
 
 def write_jsonl(records: Iterable[Record], path: str | os.PathLike) -> Path:
     """Write records as JSONL atomically (a temp file renamed into place: a crash never leaves half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps(r.to_json(), ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    with atomic_open(path) as f:
+        for r in records:
+            f.write(json.dumps(r.to_json(), ensure_ascii=False) + "\n")
+    return Path(path)
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[Record]:

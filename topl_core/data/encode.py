@@ -1,0 +1,134 @@
+"""Records → token ids with per-token labels, for any tokenizer.
+
+The prompt uses the model's chat template when it has one (else a plain "Document/Summary" prompt with BOS).
+Character spans map to tokens through offsets. Offsets of byte-level tokenizers include the leading space, so a
+token is bad only if a non-space character it covers lies in a bad span.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .records import DataError, Record
+
+IGNORE = -1  # label of tokens that are not supervised (prompt, document, end-of-turn)
+
+INSTRUCTIONS = {
+    "summarization": "Summarize the following document.",
+    "translation": "Translate the following sentence.",
+}
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One tokenized example. `labels[i]` is 1 good / 0 bad / -1 unsupervised for every position;
+    response tokens are positions [response_start, response_end)."""
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    response_start: int
+    response_end: int
+    response_offsets: np.ndarray  # (n_response_tokens, 2) character offsets into record.response
+    record_id: str
+    sequence_label: int
+
+    @property
+    def response_labels(self) -> np.ndarray:
+        return self.labels[self.response_start : self.response_end]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def build_prompt(tokenizer, document: str, task: str = "summarization") -> str:
+    """The text before the response: chat template with a generation prompt, or a plain prompt."""
+    user = f"{INSTRUCTIONS[task]}\n\nDocument:\n{document}"
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
+    bos = tokenizer.bos_token or ""
+    answer = "Summary" if task == "summarization" else "Translation"
+    return f"{bos}{user}\n\n{answer}:\n"
+
+
+def truncate_document(tokenizer, document: str, max_tokens: int | None) -> str:
+    """Cut the document at a token boundary so it holds at most max_tokens tokens."""
+    if max_tokens is None:
+        return document
+    enc = tokenizer(document, add_special_tokens=False, return_offsets_mapping=True)
+    if len(enc["input_ids"]) <= max_tokens:
+        return document
+    return document[: enc["offset_mapping"][max_tokens - 1][1]]
+
+
+def char_bad_mask(record: Record) -> np.ndarray:
+    bad = np.zeros(len(record.response), dtype=bool)
+    for s in record.bad_spans:
+        bad[s.start : s.end] = True
+    return bad
+
+
+def token_labels_from_offsets(response: str, bad_chars: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Label each token 0 (bad) if any non-space character it covers is bad, else 1 (good)."""
+    labels = np.ones(len(offsets), dtype=np.int64)
+    for i, (s, e) in enumerate(offsets):
+        if any(bad_chars[j] and not response[j].isspace() for j in range(s, e)):
+            labels[i] = 0
+    return labels
+
+
+def encode_record(
+    tokenizer, record: Record, max_doc_tokens: int | None = 512, max_response_tokens: int = 160, end_of_turn: bool = True
+) -> Encoded:
+    prompt = build_prompt(tokenizer, truncate_document(tokenizer, record.document, max_doc_tokens), record.task)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    resp = tokenizer(record.response, add_special_tokens=False, return_offsets_mapping=True)
+    resp_ids = resp["input_ids"][:max_response_tokens]
+    offsets = np.asarray(resp["offset_mapping"][:max_response_tokens], dtype=np.int64).reshape(-1, 2)
+    if not resp_ids:
+        raise DataError(f"record {record.id!r}: the response tokenizes to nothing; give it some text.")
+    if record.token_labels_known:
+        resp_labels = token_labels_from_offsets(record.response, char_bad_mask(record), offsets)
+    else:
+        resp_labels = np.full(len(resp_ids), IGNORE, dtype=np.int64)
+    tail = [tokenizer.eos_token_id] if end_of_turn and tokenizer.eos_token_id is not None else []
+    ids = np.asarray(prompt_ids + resp_ids + tail, dtype=np.int64)
+    labels = np.full(len(ids), IGNORE, dtype=np.int64)
+    start = len(prompt_ids)
+    labels[start : start + len(resp_ids)] = resp_labels
+    return Encoded(ids, labels, start, start + len(resp_ids), offsets, record.id, record.sequence_label)
+
+
+@dataclass
+class Batch:
+    """Right-padded tensors for a list of Encoded examples."""
+
+    input_ids: torch.Tensor  # (B, T)
+    attention_mask: torch.Tensor  # (B, T)
+    labels: torch.Tensor  # (B, T) 1/0/-1
+    response_mask: torch.Tensor  # (B, T) bool: response tokens (labelled or not)
+    sequence_labels: torch.Tensor  # (B,)
+
+    def to(self, device) -> "Batch":
+        return Batch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.labels, self.response_mask, self.sequence_labels)))
+
+
+def collate(examples: list[Encoded], pad_id: int, pad_to_multiple: int = 16) -> Batch:
+    """Pad to a multiple of `pad_to_multiple` so batch shapes repeat (fewer distinct allocations, steadier memory)."""
+    longest = max(len(e) for e in examples)
+    T = -(-longest // pad_to_multiple) * pad_to_multiple
+    B = len(examples)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    att = torch.zeros((B, T), dtype=torch.long)
+    lab = torch.full((B, T), IGNORE, dtype=torch.long)
+    resp = torch.zeros((B, T), dtype=torch.bool)
+    for i, e in enumerate(examples):
+        n = len(e)
+        ids[i, :n] = torch.from_numpy(e.input_ids)
+        att[i, :n] = 1
+        lab[i, :n] = torch.from_numpy(e.labels)
+        resp[i, e.response_start : e.response_end] = True
+    seq = torch.tensor([e.sequence_label for e in examples], dtype=torch.long)
+    return Batch(ids, att, lab, resp, seq)

@@ -1,0 +1,63 @@
+"""Forward passes shared by training, token scoring and analysis.
+
+`head_features` runs the decoder only up to layer m (an early exit through a forward hook, so the shared model is
+never modified) and applies the model's own final norm: H = FinalNorm(f_{0:m}(x)), the input of a TOPL head.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from .models import base_causal_lm, decoder_layers
+
+
+class _EarlyExit(Exception):
+    def __init__(self, hidden: torch.Tensor):
+        self.hidden = hidden
+
+
+@contextmanager
+def exit_after_layer(model: torch.nn.Module, layer: int) -> Iterator[None]:
+    """While active, a forward pass stops after decoder layer `layer` by raising _EarlyExit with its output.
+    The hook is removed on every exit path."""
+
+    def hook(_module, _inputs, output):
+        raise _EarlyExit(output[0] if isinstance(output, tuple) else output)
+
+    handle = decoder_layers(model)[layer].register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def hidden_after_layer(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int) -> torch.Tensor:
+    """Residual stream output of decoder layer `layer` (0-based), without running the layers after it."""
+    inner = base_causal_lm(model).model
+    with exit_after_layer(model, layer):
+        try:
+            inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        except _EarlyExit as stop:
+            return stop.hidden
+    raise RuntimeError(f"decoder layer {layer} never ran: the model has {len(decoder_layers(model))} layers")
+
+
+def final_norm(model: torch.nn.Module) -> torch.nn.Module:
+    return base_causal_lm(model).model.norm
+
+
+def head_features(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int) -> torch.Tensor:
+    """H = FinalNorm(hidden after layer m): what the TOPL/SOPL/TLDR head reads. Shape (B, T, d)."""
+    return final_norm(model)(hidden_after_layer(model, input_ids, attention_mask, layer))
+
+
+def next_token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """log p(x_t | x_<t) for t = 1..T-1, aligned so that result[:, t] scores input_ids[:, t]; result[:, 0] = 0.
+    Computed from logits in float32."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float()
+    lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return F.pad(lp, (1, 0))

@@ -1,0 +1,40 @@
+"""Atomic file writes: write to a temp file in the same folder, then rename (a crash never leaves half a file)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Iterator
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | os.PathLike, obj) -> Path:
+    with atomic_open(path) as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+    return Path(path)
+
+
+def save_tensors(path: str | os.PathLike, tensors: dict, metadata: dict[str, str] | None = None) -> Path:
+    """safetensors file written atomically."""
+    from safetensors.torch import save
+
+    data = save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata=metadata)
+    with atomic_open(path, "wb") as f:
+        f.write(data)
+    return Path(path)

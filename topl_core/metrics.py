@@ -1,0 +1,15 @@
+"""Scores shared by validation and analysis."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def auroc(positive: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve of `scores` for binary `positive` labels; NaN when only one class is present."""
+    from sklearn.metrics import roc_auc_score
+
+    positive = np.asarray(positive).astype(int)
+    if positive.min(initial=1) == positive.max(initial=0):
+        return float("nan")
+    return float(roc_auc_score(positive, np.asarray(scores, dtype=np.float64)))

@@ -1,0 +1,162 @@
+"""Run directories: everything a training run leaves behind, and loading it back.
+
+    runs/<name>/
+      adapter_config.json, adapter_model.safetensors   PEFT save_pretrained output (PeftModel.from_pretrained loads it)
+      head.safetensors                                  the linear head (weight (1, d), bias (1,)), for head methods
+      topl_config.json                                  {"config": TrainConfig, "meta": {base fingerprint, head layer, ...}}
+      metrics.jsonl                                     one JSON object per logged step / validation
+      status.json                                       {"state": running|finished|failed|cancelled, "step", "steps", ...}
+      checkpoint/                                       latest resumable state (adapter, head, optimizer, RNG, step)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .io import atomic_open, write_json
+from .models import LoadedModel, ModelError
+from .training.config import TrainConfig
+
+STATES = ("running", "finished", "failed", "cancelled")
+
+
+class RunError(ValueError):
+    """A run directory is missing, incomplete, corrupt or does not match the model; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+    config_path = property(lambda self: self.path / "topl_config.json")
+    metrics_path = property(lambda self: self.path / "metrics.jsonl")
+    status_path = property(lambda self: self.path / "status.json")
+    head_path = property(lambda self: self.path / "head.safetensors")
+    checkpoint_dir = property(lambda self: self.path / "checkpoint")
+    adapter_path = property(lambda self: self.path / "adapter_model.safetensors")
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    # --- config and meta -----------------------------------------------------------------------------------
+    def write_config(self, cfg: TrainConfig, meta: dict) -> None:
+        write_json(self.config_path, {"config": cfg.to_json(), "meta": meta})
+
+    def read_config(self) -> tuple[TrainConfig, dict]:
+        if not self.config_path.exists():
+            raise RunError(f"{self.path}: no topl_config.json — not a run directory (train one with python -m topl_core train).")
+        try:
+            d = json.loads(self.config_path.read_text())
+            return TrainConfig.from_json(d["config"]), d.get("meta", {})
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise RunError(f"{self.config_path}: corrupt ({e}); delete the run directory and train again.") from e
+
+    # --- progress --------------------------------------------------------------------------------------------
+    def append_metrics(self, row: dict) -> None:
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def read_metrics(self) -> list[dict]:
+        if not self.metrics_path.exists():
+            return []
+        rows = []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by a crash mid-write: the rest is still good
+        return rows
+
+    def truncate_metrics(self, after_step: int) -> None:
+        """On resume, drop rows logged after the checkpoint's step (they will be logged again)."""
+        keep = [r for r in self.read_metrics() if r.get("step", 0) <= after_step]
+        with atomic_open(self.metrics_path) as f:
+            f.writelines(json.dumps(r) + "\n" for r in keep)
+
+    def write_status(self, state: str, step: int, steps: int, **extra) -> None:
+        assert state in STATES
+        write_json(self.status_path, {"state": state, "step": step, "steps": steps, "updated": time.time(), "pid": os.getpid(), **extra})
+
+    def read_status(self) -> dict:
+        if not self.status_path.exists():
+            return {"state": "unknown", "step": 0, "steps": 0}
+        try:
+            return json.loads(self.status_path.read_text())
+        except json.JSONDecodeError:
+            return {"state": "unknown", "step": 0, "steps": 0}
+
+    @property
+    def is_complete(self) -> bool:
+        return self.read_status().get("state") == "finished" and self.adapter_path.exists()
+
+    def fingerprint(self) -> str:
+        """Changes whenever the adapter or head weights change (cache keys for analysis results)."""
+        h = hashlib.sha256()
+        for p in (self.adapter_path, self.head_path, self.path / "adapter_config.json"):
+            if p.exists():
+                h.update(p.read_bytes())
+        return h.hexdigest()[:16]
+
+    # --- loading ---------------------------------------------------------------------------------------------
+    def check_base(self, base: LoadedModel) -> dict:
+        """Refuse an adapter trained on another base model, naming both."""
+        _, meta = self.read_config()
+        want = meta.get("base_fingerprint")
+        if want and want != base.fingerprint:
+            raise ModelError(
+                f"Adapter {self.path} was trained on base model {meta.get('base_model')!r} (fingerprint {want}), "
+                f"but the loaded model is {base.spec.name!r} (fingerprint {base.fingerprint}). Load "
+                f"{meta.get('base_model')!r} or pick an adapter trained on {base.spec.name!r}."
+            )
+        return meta
+
+    def load_head(self, device: str | torch.device = "cpu") -> torch.nn.Linear:
+        from safetensors.torch import load_file
+
+        if not self.head_path.exists():
+            raise RunError(f"{self.path}: no head.safetensors; this method ({self.read_config()[0].method}) trains no head.")
+        try:
+            t = load_file(self.head_path, device=str(device))
+        except Exception as e:  # safetensors raises its own error types for truncated/corrupt files
+            raise RunError(f"{self.head_path}: corrupt or truncated ({e}); retrain the run or restore the file.") from e
+        head = torch.nn.Linear(t["weight"].shape[1], 1).to(device)
+        head.load_state_dict(t)
+        return head.eval()
+
+
+_ADAPTER_LOCK = threading.Lock()
+
+
+def load_adapter(base: LoadedModel, run: RunDir | str | Path, merge: bool = False) -> torch.nn.Module:
+    """Wrap a base model with a run's adapter (PeftModel), or return a merged copy-free model when merge=True.
+
+    The base model is modified in place by PEFT injection: give it a model you own (not a shared cached one)."""
+    from peft import PeftModel
+
+    run = run if isinstance(run, RunDir) else RunDir(run)
+    if not (run.path / "adapter_config.json").exists() or not run.adapter_path.exists():
+        status = run.read_status().get("state", "unknown")
+        raise RunError(
+            f"{run.path}: no finished adapter (run state: {status}). Wait for the run to finish, or resume it with "
+            f"python -m topl_core train --resume {run.path}."
+        )
+    run.check_base(base)
+    with _ADAPTER_LOCK:
+        try:
+            model = PeftModel.from_pretrained(base.model, run.path)
+        except Exception as e:
+            raise RunError(f"{run.path}: PEFT could not load the adapter ({e}); the files may be corrupt — retrain.") from e
+        model.eval()
+        return model.merge_and_unload() if merge else model

@@ -1,0 +1,129 @@
+"""Training configuration: frozen, typed, validated; serialised as topl_config.json in every run directory."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Literal
+
+from ..models import DEFAULT_MODEL, PRESETS
+
+Method = Literal["topl", "sft", "dpo", "sopl", "tldr", "unlikelihood", "tdpo"]
+Precision = Literal["fp32", "bf16"]
+ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the field, the value and the fix."""
+
+
+def _fail(field_name: str, value, fix: str):
+    raise ConfigError(f"{field_name}={value!r}: {fix}")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA on layers [layer_start, layer_end] (inclusive) and the listed modules. Paper: r=4, α=8, dropout 0.1."""
+
+    r: int = 4
+    alpha: float = 8.0
+    dropout: float = 0.1
+    layer_start: int = 0
+    layer_end: int = 20
+    modules: tuple[str, ...] = ALL_MODULES
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "modules", tuple(self.modules))
+        if self.r < 1:
+            _fail("lora.r", self.r, "use a rank of at least 1 (paper: 4).")
+        if not 0 <= self.dropout < 1:
+            _fail("lora.dropout", self.dropout, "use a probability in [0, 1) (paper: 0.1).")
+        if self.layer_start < 0 or self.layer_end < self.layer_start:
+            _fail("lora.layer_end", self.layer_end, f"needs 0 <= layer_start ({self.layer_start}) <= layer_end.")
+        bad = [m for m in self.modules if m not in ALL_MODULES]
+        if bad or not self.modules:
+            _fail("lora.modules", self.modules, f"choose a non-empty subset of {ALL_MODULES}.")
+
+    @property
+    def layers(self) -> list[int]:
+        return list(range(self.layer_start, self.layer_end + 1))
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    method: Method = "topl"
+    model: str = DEFAULT_MODEL
+    data: str = "cache/data/halueval-perturbed.jsonl"
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    lr: float = 1e-4
+    batch_size: int = 8
+    grad_accum: int = 1
+    steps: int = 60
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0
+    seed: int = 0
+    precision: Precision = "bf16"
+    device: Literal["cpu", "cuda"] = "cpu"
+    max_doc_tokens: int = 320
+    max_response_tokens: int = 128
+    eval_every: int = 20
+    checkpoint_every: int = 10
+    max_val_examples: int = 64
+    split_seed: int = 0
+    label_setting: str = "original"
+    beta: float = 0.1  # DPO/TDPO temperature
+
+    def __post_init__(self) -> None:
+        from .objectives import OBJECTIVES
+
+        if isinstance(self.lora, dict):
+            object.__setattr__(self, "lora", LoraSettings(**self.lora))
+        if self.method not in OBJECTIVES:
+            _fail("method", self.method, f"choose one of {sorted(OBJECTIVES)}.")
+        for name in ("batch_size", "grad_accum", "steps", "eval_every", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                _fail(name, getattr(self, name), "must be a positive integer.")
+        if not self.lr > 0:
+            _fail("lr", self.lr, "must be positive (paper: 5e-5 to 1e-4 for TOPL).")
+        if self.precision not in ("fp32", "bf16"):
+            _fail("precision", self.precision, "choose 'fp32' or 'bf16' (autocast).")
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["lora"]["modules"] = list(self.lora.modules)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {unknown}; known fields are {sorted(known)}.")
+        return cls(**{**d, "lora": LoraSettings(**d.get("lora", {}))})
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2, sort_keys=True)
+
+    def with_overrides(self, **kw) -> "TrainConfig":
+        lora_kw = {k[5:]: v for k, v in kw.items() if k.startswith("lora_")}
+        rest = {k: v for k, v in kw.items() if not k.startswith("lora_")}
+        return replace(self, lora=replace(self.lora, **lora_kw), **rest)
+
+
+def preset_config(preset: str, method: Method = "topl", **overrides) -> TrainConfig:
+    """The paper's hyperparameters for a model family and method (DESIGN.md §2), with any field overridden."""
+    if preset not in PRESETS:
+        _fail("preset", preset, f"choose one of {sorted(PRESETS)}.")
+    p = PRESETS[preset]
+    h = p.methods[method]
+    base = TrainConfig(
+        method=method,
+        model=preset,
+        lr=h.lr,
+        batch_size=h.batch_size,
+        grad_accum=h.grad_accum,
+        lora=LoraSettings(layer_start=p.layer_start, layer_end=p.layer_end),
+        device="cuda",
+    )
+    return base.with_overrides(**overrides)

@@ -1,0 +1,280 @@
+"""The one training loop. Every method is an Objective from the registry; this loop owns data order, the
+optimizer, precision, validation, checkpoints/resume, progress reporting and the run directory.
+
+Resume is exact: data order is a pure function of (seed, step), and the checkpoint holds the adapter, head,
+optimizer, scheduler and RNG state of the last completed step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..data.encode import IGNORE, Encoded
+from ..data.records import Record, read_jsonl
+from ..data.split import split_records
+from ..io import save_tensors, write_json
+from ..metrics import auroc
+from ..models import LoadedModel, ModelSpec, check_layer_range, load_model, model_fingerprint
+from ..runs import RunDir, RunError
+from .config import TrainConfig
+from .objectives import OBJECTIVES, EncodeSettings, Objective, StepContext, head_logits, make_batches
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int
+    steps: int
+    loss: float
+    elapsed_s: float
+    eta_s: float
+    tokens_per_s: float
+    val: dict | None = None
+
+
+ProgressCallback = Callable[[Progress], "bool | None"]  # return False to cancel (a checkpoint is kept)
+
+
+class Cancelled(Exception):
+    pass
+
+
+def autocast(cfg_precision: str, device: str):
+    return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=cfg_precision == "bf16")
+
+
+def apply_lora(model: torch.nn.Module, cfg: TrainConfig) -> torch.nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    lc = LoraConfig(
+        r=cfg.lora.r,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.modules),
+        layers_to_transform=cfg.lora.layers,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lc)
+
+
+def lora_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    from peft import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(model)
+
+
+def _apply_label_setting(examples: list[Encoded], setting: str, seed: int) -> list[Encoded]:
+    if setting == "original":
+        return examples
+    from dataclasses import replace
+
+    from ..data.variants import apply_label_setting
+
+    new = apply_label_setting([e.response_labels for e in examples], setting, seed)
+    out = []
+    for e, lab in zip(examples, new):
+        labels = e.labels.copy()
+        labels[e.response_start : e.response_end] = lab
+        out.append(replace(e, labels=labels))
+    return out
+
+
+@torch.no_grad()
+def validate_head(ctx: StepContext, batches, precision: str, device: str) -> dict:
+    """Head token AUROC on validation tokens: positive = good, score = p(good)."""
+    ctx.model.eval()
+    scores, labels = [], []
+    for b in batches:
+        b = b.to(device)
+        with autocast(precision, device):
+            logits = head_logits(ctx, b)
+        mask = b.labels != IGNORE
+        scores.append(torch.sigmoid(logits[mask]).float().cpu().numpy())
+        labels.append(b.labels[mask].cpu().numpy())
+    s, y = np.concatenate(scores), np.concatenate(labels)
+    return {"val_token_auroc": auroc(y, s), "val_tokens": int(len(y)), "val_bad_frac": float(1 - y.mean()) if len(y) else float("nan")}
+
+
+def train(
+    cfg: TrainConfig,
+    out_dir: str | Path,
+    progress: ProgressCallback | None = None,
+    records: Sequence[Record] | None = None,
+    base: LoadedModel | None = None,
+) -> RunDir:
+    """Train (or resume) a run into out_dir and return its RunDir. `base` is consumed (LoRA is injected into it)."""
+    run = RunDir(out_dir)
+    objective: Objective = OBJECTIVES[cfg.method]
+    resuming = _check_resumable(run, cfg)
+    if resuming and run.is_complete:
+        return run
+    torch.manual_seed(cfg.seed)
+
+    base = base or load_model(ModelSpec(cfg.model, "float32", cfg.device))
+    check_layer_range(base.num_layers, cfg.lora.layer_start, cfg.lora.layer_end)
+    records = list(records) if records is not None else read_jsonl(cfg.data)
+    splits = split_records(records, seed=cfg.split_seed)
+    objective.check_data(splits["train"])
+    enc = EncodeSettings(cfg.max_doc_tokens, cfg.max_response_tokens)
+    train_ex = _apply_label_setting(objective.prepare(base.tokenizer, splits["train"], enc), cfg.label_setting, cfg.seed)
+    val_ex = objective.prepare(base.tokenizer, splits["val"][: cfg.max_val_examples], enc) if splits["val"] else []
+    pad = base.tokenizer.pad_token_id
+    train_batches = make_batches(train_ex, cfg.batch_size, pad)
+    val_batches = make_batches(val_ex, cfg.batch_size, pad)
+
+    head_layer = objective.head_layer(cfg.lora.layer_end, base.num_layers)
+    meta = {
+        "base_model": cfg.model,
+        "base_fingerprint": base.fingerprint,
+        "model_type": base.model.config.model_type,
+        "num_layers": base.num_layers,
+        "hidden_size": base.model.config.hidden_size,
+        "head_layer": head_layer,
+        "n_train_examples": len(train_ex),
+        "n_val_examples": len(val_ex),
+        "objective": objective.description,
+    }
+    fingerprint = base.fingerprint
+    model = apply_lora(base.model, cfg)
+    head = None
+    if objective.uses_head:
+        head = torch.nn.Linear(base.model.config.hidden_size, 1).to(cfg.device)
+    params = [p for p in model.parameters() if p.requires_grad] + (list(head.parameters()) if head else [])
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+    ctx = StepContext(model, head, head_layer, cfg.beta)
+
+    start = 0
+    if resuming and run.checkpoint_dir.exists():
+        start = _load_checkpoint(run, model, head, optimizer, scheduler)
+        run.truncate_metrics(start)
+    else:
+        run.path.mkdir(parents=True, exist_ok=True)
+        run.metrics_path.unlink(missing_ok=True)
+    run.write_config(cfg, meta)
+    run.write_status("running", start, cfg.steps)
+
+    t0, tokens = time.perf_counter(), 0
+    last_ckpt = completed = start
+    try:
+        for step in range(start + 1, cfg.steps + 1):
+            model.train()
+            loss_sum, info = 0.0, {}
+            for micro in range(cfg.grad_accum):
+                batch = _batch_for(train_batches, (step - 1) * cfg.grad_accum + micro, cfg.seed).to(cfg.device)
+                with autocast(cfg.precision, cfg.device):
+                    loss, info = objective.loss(ctx, batch)
+                (loss / cfg.grad_accum).backward()
+                loss_sum += loss.detach().item() / cfg.grad_accum
+                tokens += int(batch.attention_mask.sum())
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            completed = step
+            if not math.isfinite(loss_sum):
+                raise FloatingPointError(f"loss became {loss_sum} at step {step}; lower lr (now {cfg.lr}) or use precision=fp32.")
+
+            elapsed = time.perf_counter() - t0
+            done = step - start
+            row = {"step": step, "loss": loss_sum, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+                   "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed, **info}
+            val = None
+            if head is not None and val_batches and (step % cfg.eval_every == 0 or step == cfg.steps):
+                val = validate_head(ctx, val_batches, cfg.precision, cfg.device)
+                row.update(val)
+            run.append_metrics(row)
+            if step % cfg.checkpoint_every == 0:
+                _save_checkpoint(run, model, head, optimizer, scheduler, step)
+                last_ckpt = step
+            run.write_status("running", step, cfg.steps, loss=loss_sum)
+            if progress is not None:
+                eta = elapsed / done * (cfg.steps - step)
+                if progress(Progress(step, cfg.steps, loss_sum, elapsed, eta, tokens / elapsed, val)) is False:
+                    raise Cancelled()
+    except BaseException as e:
+        # Keep every completed step: checkpoint before leaving, so `train` on the same directory resumes.
+        if completed > last_ckpt:
+            _save_checkpoint(run, model, head, optimizer, scheduler, completed)
+        state = "cancelled" if isinstance(e, (Cancelled, KeyboardInterrupt)) else "failed"
+        run.write_status(state, max(completed, last_ckpt), cfg.steps, error=f"{type(e).__name__}: {e}")
+        if isinstance(e, Cancelled):
+            return run
+        raise
+
+    model.save_pretrained(run.path)
+    if head is not None:
+        save_tensors(run.head_path, head.state_dict(), {"head_layer": str(head_layer), "base_fingerprint": fingerprint})
+    shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
+    run.write_status("finished", cfg.steps, cfg.steps, elapsed_s=time.perf_counter() - t0)
+    return run
+
+
+def _batch_for(batches: list, index: int, seed: int):
+    """Micro-batch number `index` of an endless stream of epochs, each a seeded permutation of the batches."""
+    epoch, pos = divmod(index, len(batches))
+    order = np.random.default_rng([seed, epoch]).permutation(len(batches))
+    return batches[order[pos]]
+
+
+def _check_resumable(run: RunDir, cfg: TrainConfig) -> bool:
+    """True when out_dir already holds this very run (same config); refuse to mix two configs in one directory."""
+    if not run.config_path.exists():
+        if run.path.exists() and any(run.path.iterdir()):
+            raise RunError(f"{run.path} exists and is not a run directory; choose an empty or new --out directory.")
+        return False
+    old, _ = run.read_config()
+    if old != cfg:
+        diff = {k: (v, cfg.to_json()[k]) for k, v in old.to_json().items() if cfg.to_json()[k] != v}
+        raise RunError(
+            f"{run.path} holds a run with a different config (differs in {diff}); use another --out directory, "
+            "or delete that run to start over."
+        )
+    return True
+
+
+def _save_checkpoint(run: RunDir, model, head, optimizer, scheduler, step: int) -> None:
+    tmp = run.path / "checkpoint.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_tensors(tmp / "adapter.safetensors", lora_state(model))
+    if head is not None:
+        save_tensors(tmp / "head.safetensors", head.state_dict())
+    save_tensors(tmp / "rng.safetensors", {"torch": torch.get_rng_state()})
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
+    write_json(tmp / "state.json", {"step": step})
+    old = run.path / "checkpoint.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if run.checkpoint_dir.exists():
+        os.replace(run.checkpoint_dir, old)
+    os.replace(tmp, run.checkpoint_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _load_checkpoint(run: RunDir, model, head, optimizer, scheduler) -> int:
+    import json
+
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    ck = run.checkpoint_dir
+    try:
+        step = json.loads((ck / "state.json").read_text())["step"]
+        set_peft_model_state_dict(model, load_file(ck / "adapter.safetensors"))
+        if head is not None:
+            head.load_state_dict(load_file(ck / "head.safetensors"))
+        opt = torch.load(ck / "optimizer.pt", weights_only=True)
+        optimizer.load_state_dict(opt["optimizer"])
+        scheduler.load_state_dict(opt["scheduler"])
+        torch.set_rng_state(load_file(ck / "rng.safetensors")["torch"])
+    except Exception as e:
+        raise RunError(f"{ck}: checkpoint is corrupt ({type(e).__name__}: {e}); delete {ck} to restart the run from step 0.") from e
+    return int(step)
