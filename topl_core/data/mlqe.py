@@ -1,0 +1,88 @@
+"""MLQE-PE (WMT20 QE task 2) word-level quality labels as translation records.
+
+Per sentence, the target tag line interleaves gap and word tags for the N machine-translated words
+(whitespace-split): gap, w1, gap, w2, ..., wN, gap — 2N+1 tags, word tags at odd positions. OK = good,
+BAD = bad. A record's document is the source sentence, its response the MT sentence, and each BAD word becomes
+a bad character span of kind "bad_word". BAD gap tags (missing words) have no characters to label and are
+ignored. sequence_label is 0 when any word is BAD.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Sequence
+
+from .records import DataError, Record, Span
+
+WORD_TAGS = ("OK", "BAD")
+HUB_ID = "wmt/wmt20_mlqe_task2"  # formerly "wmt20_mlqe_task2"; configs "en-de" and "en-zh"
+
+
+def bad_word_spans(translation: str, tags: Sequence[str], where: str) -> tuple[Span, ...]:
+    """Character spans of the BAD words of `translation`, given its 2N+1 gap/word tags."""
+    words = list(re.finditer(r"\S+", translation))
+    if len(tags) != 2 * len(words) + 1:
+        raise DataError(
+            f"{where}: {len(tags)} tags for {len(words)} MT words; expected 2N+1 = {2 * len(words) + 1} "
+            "(gap, word, gap, ..., word, gap). Check that the tag, MT and source files are aligned line by line."
+        )
+    unknown = sorted({t for t in tags if t not in WORD_TAGS})
+    if unknown:
+        raise DataError(f"{where}: unknown tag(s) {unknown}; tags must be OK or BAD.")
+    return tuple(Span(w.start(), w.end(), "bad_word") for w, tag in zip(words, tags[1::2]) if tag == "BAD")
+
+
+def mlqe_records(
+    sources: Sequence[str], translations: Sequence[str], tags: Sequence[Sequence[str]], id_prefix: str = "mlqe",
+    source: str = "mlqe",
+) -> list[Record]:
+    """Translation records from aligned source sentences, MT sentences and per-sentence tag lists."""
+    if not len(sources) == len(translations) == len(tags):
+        raise DataError(
+            f"{source}: {len(sources)} source sentences, {len(translations)} MT sentences and {len(tags)} tag lines; "
+            "all three must have one entry per sentence."
+        )
+    records = []
+    for i, (src, mt, sentence_tags) in enumerate(zip(sources, translations, tags)):
+        spans = bad_word_spans(mt, sentence_tags, f"{source} line {i + 1}")
+        records.append(Record(id=f"{id_prefix}-{i}", document=src, response=mt, bad_spans=spans,
+                              sequence_label=0 if spans else 1, task="translation", source=source))
+    return records
+
+
+def _read_lines(path: Path) -> list[str]:
+    """Lines of a text file, split on "\\n" only (sentences may contain other Unicode line separators)."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.rstrip("\r") for line in lines]
+
+
+def load_mlqe_dir(directory: str | Path, split: str = "train", source: str = "mlqe") -> list[Record]:
+    """Records from the WMT20 task 2 files `{split}.src`, `{split}.mt` and `{split}.tags` in `directory`."""
+    directory = Path(directory)
+    paths = [directory / f"{split}.{ext}" for ext in ("src", "mt", "tags")]
+    absent = [p.name for p in paths if not p.is_file()]
+    if absent:
+        raise DataError(f"{directory}: missing {absent}. An MLQE-PE split needs {[p.name for p in paths]} "
+                        "(the WMT20 task 2 release, e.g. en-de/train/).")
+    sources, translations, tag_lines = (_read_lines(p) for p in paths)
+    return mlqe_records(sources, translations, [line.split() for line in tag_lines], id_prefix=f"{source}-{split}",
+                        source=source)
+
+
+def load_mlqe_hub(lang_pair: str = "en-de", split: str = "train", source: str = "mlqe") -> list[Record]:
+    """Records from the Hugging Face hub copy (needs network access to the hub)."""
+    import datasets
+
+    table = datasets.load_dataset(HUB_ID, lang_pair, split=split)
+    src_lang, mt_lang = lang_pair.split("-")
+    tag_names = table.features["mt_tags"].feature.int2str
+    return mlqe_records(
+        [row["translation"][src_lang] for row in table],
+        [row["translation"][mt_lang] for row in table],
+        [tag_names(row["mt_tags"]) for row in table],
+        id_prefix=f"{source}-{lang_pair}-{split}",
+        source=source,
+    )
