@@ -53,7 +53,7 @@ def parse_fava(text: str, form: FavaForm) -> tuple[str, tuple[Span, ...]]:
     untrimmed: list[tuple[int, int, str]] = []
     cursor = 0
     for m in TAG_RE.finditer(text):
-        if not any(tag == removed_tag for tag, _, _ in open_tags):
+        if not any(t == removed_tag for t, _, _ in open_tags):  # text inside the removed tag is dropped
             pieces.append(text[cursor : m.start()])
             length += m.start() - cursor
         cursor = m.end()

@@ -32,7 +32,7 @@ MONTHS = ("January", "February", "March", "April", "May", "June", "July", "Augus
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 NUMBER_WORDS = ("two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve")
 
-# Opposites for "relation" edits; every key maps to a different word, lookups are case-insensitive.
+# Opposites for "relation" edits (matched in lower case only: "West Ham" and "First Minister" are names).
 RELATION_SWAPS: dict[str, str] = {
     "won": "lost", "lost": "won", "win": "lose", "lose": "win", "wins": "loses", "loses": "wins",
     "beat": "lost to", "increased": "decreased", "decreased": "increased", "increase": "decrease",
@@ -90,14 +90,14 @@ def _alternatives(words: Iterable[str]) -> str:
 
 NAME_WORD = r"[A-Z][a-zà-öø-ÿ]+(?:[A-Z][a-zà-öø-ÿ]+)?(?:-[A-Z][a-zà-öø-ÿ]+)*"  # Smith, McIlroy, Jean-Marc
 NAME_RE = re.compile(rf"(?<![\w'’-]){NAME_WORD}(?: {NAME_WORD})*(?![\w-])")
-NUMBER_RE = re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w]|[.,]\d)|(?<![\w.,])\d+(?:\.\d+)?(?![\w]|[.,]\d)")
+NUMBER_RE = re.compile(r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w]|[.,]\d)")  # 7, 1,500, 2.5
 NUMBER_WORD_RE = re.compile(_word(_alternatives(NUMBER_WORDS)), re.IGNORECASE)
 YEAR_RE = re.compile(r"^(?:18|19|20)\d\d$")
 # "May" is a month only after "in"/"of" or before a day number; otherwise it is usually the modal or a name.
 DATE_WORD_RE = re.compile(
     _word(_alternatives([m for m in MONTHS if m != "May"] + list(WEEKDAYS))) + r"|(?<=\bin )May\b|(?<=\bof )May\b|\bMay(?= \d)"
 )
-RELATION_RE = re.compile(_word(_alternatives(RELATION_SWAPS)))  # lower case only: "West Ham" is a name
+RELATION_RE = re.compile(_word(_alternatives(RELATION_SWAPS)))
 NEGATABLE_RE = re.compile(
     _word(_alternatives(AUXILIARIES)) + r"(?= (?!not\b)[a-z])"
     + "|" + _word(_alternatives(PERFECT_AUXILIARIES)) + r"(?= (?:been|[a-z]+(?:ed|en))\b)"
@@ -330,7 +330,8 @@ def build_perturbation_records(
     records = []
     for index, (doc_id, document, summary) in enumerate(pairs):
         rng = random.Random(f"{seed}:{doc_id}")
-        donors = [pairs[i + (i >= index)][1] for i in rng.sample(range(len(pairs) - 1), n_donors)]
+        other_indices = (i + (i >= index) for i in rng.sample(range(len(pairs) - 1), n_donors))  # skip `index`
+        donors = [pairs[i][1] for i in other_indices]
         perturbed, spans = perturb_summary(summary, document, rng, donors)
         records.append(Record(id=f"{doc_id}:faithful", document=document, response=summary, sequence_label=1,
                               source=source, doc_id=doc_id))
