@@ -1,0 +1,29 @@
+"""Arguments and loaders shared by several commands."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..data.records import Record, read_jsonl
+from ..data.split import SPLITS, split_records
+from ..models import DEFAULT_MODEL
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help="embedded model (smollm2-135m, gemma3-270m), preset, hub id or local path")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+
+
+def add_data_args(p: argparse.ArgumentParser, required: bool = False) -> None:
+    p.add_argument("--data", required=required, help="records JSONL (build one with: python -m topl_core data build)")
+    p.add_argument("--split", default="test", choices=[*SPLITS, "all"], help="document-level split to use")
+    p.add_argument("--split-seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=None, help="use at most this many records")
+
+
+def load_split(args: argparse.Namespace) -> list[Record]:
+    records = read_jsonl(args.data)
+    if args.split != "all":
+        records = split_records(records, seed=args.split_seed)[args.split]
+    return records[: args.limit] if args.limit else records

@@ -1,0 +1,51 @@
+"""`generate`: merge a run's LoRA (the head is dropped) and generate summaries for one or many documents."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .common import add_data_args, add_model_args, load_split
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate with the base model or a merged adapter",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--run", help="run directory whose LoRA is merged (omit for the base model)")
+    add_model_args(p)
+    p.add_argument("--document", help="one document (else --data)")
+    add_data_args(p)
+    p.add_argument("--mode", choices=["greedy", "sample"], default="greedy")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="write JSONL {id, document, generated} here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    from ..generate import GenerationConfig, generate, load_merged
+    from ..io import atomic_open
+    from ..models import ModelSpec
+
+    if args.document:
+        items = [("input", args.document)]
+    elif args.data:
+        items = [(r.id, r.document) for r in load_split(args)]
+        items = list(dict((doc, (rid, doc)) for rid, doc in items).values())  # one generation per document
+    else:
+        raise SystemExit("error: give --document TEXT or --data PATH")
+    spec = ModelSpec(args.model, args.dtype, args.device)
+    if args.run:
+        from ..runs import RunDir
+
+        spec = ModelSpec(RunDir(args.run).read_config()[0].model, args.dtype, args.device)
+    lm = load_merged(spec, args.run)
+    cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, mode=args.mode, temperature=args.temperature, seed=args.seed)
+    texts = generate(lm, [d for _, d in items], cfg)
+    rows = [{"id": rid, "document": doc, "generated": t} for (rid, doc), t in zip(items, texts)]
+    if args.out:
+        with atomic_open(args.out) as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    for r in rows:
+        print(f"== {r['id']}\n{r['generated']}\n")

@@ -1,0 +1,73 @@
+"""`train`: train (or resume) any method into a run directory. Every TrainConfig field is a flag."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import typing
+
+from ..models import PRESETS
+from ..training.config import LoraSettings, TrainConfig, preset_config
+
+
+def _flags(cls=TrainConfig, prefix: str = "") -> list[tuple[str, str, object, object]]:
+    """(flag, dest, type hint, default) for every field of TrainConfig, LoRA fields as --lora-*."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name == "lora":
+            out += _flags(LoraSettings, "lora_")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        name = prefix + f.name
+        out.append((f"--{name.replace('_', '-')}", name, hints[f.name], default))
+    return out
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from ..training.objectives import OBJECTIVES
+
+    p = sub.add_parser("train", help="train TOPL or a baseline; resumes when --out holds the same run")
+    p.add_argument("--out", help="run directory (default runs/<method>-<model>)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="the paper's hyperparameters for a model family")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run with its saved config")
+    for flag, name, typ, default in _flags():
+        if name == "method":
+            p.add_argument(flag, dest=name, choices=sorted(OBJECTIVES), default=None, help=f"(default {default})")
+        elif name == "lora_modules":
+            p.add_argument(flag, dest=name, nargs="+", default=None, help=f"(default {' '.join(default)})")
+        else:
+            literal = typing.get_origin(typ) is typing.Literal
+            kind = str if literal or typ not in (int, float) else typ
+            choices = typing.get_args(typ) if literal else None
+            p.add_argument(flag, dest=name, type=kind, choices=choices, default=None, help=f"(default {default})")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    given = {name: getattr(args, name) for _, name, _, _ in _flags() if getattr(args, name) is not None}
+    method = given.pop("method", "topl")
+    if args.preset:
+        return preset_config(args.preset, method, **given)
+    return TrainConfig(method=method).with_overrides(**given)
+
+
+def run(args: argparse.Namespace) -> None:
+    from ..runs import RunDir
+    from ..training.trainer import Progress, train
+
+    if args.resume:
+        run_dir = RunDir(args.resume)
+        cfg, _ = run_dir.read_config()
+        print(f"resuming {run_dir.path} at step {run_dir.read_status().get('step', 0)} of {cfg.steps}")
+    else:
+        cfg = config_from_args(args)
+        run_dir = RunDir(args.out or f"runs/{cfg.method}-{cfg.model.replace('/', '_')}")
+
+    def report(p: Progress) -> None:
+        val = f"  val_auroc {p.val['val_token_auroc']:.3f}" if p.val and "val_token_auroc" in p.val else ""
+        print(f"step {p.step}/{p.steps}  loss {p.loss:.4f}  {p.tokens_per_s:.0f} tok/s  eta {p.eta_s:.0f}s{val}", flush=True)
+
+    run = train(cfg, run_dir.path, progress=report)
+    print(f"{run.read_status()['state']}: {run.path}", file=sys.stderr if run.read_status()["state"] != "finished" else sys.stdout)

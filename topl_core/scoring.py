@@ -1,0 +1,92 @@
+"""Token scoring: a TOPL-style adapter + head over (document, response) → per-token p(good), with token text and
+character offsets for colored overlays; and the base model's token surprisal as a baseline detector."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .data.encode import IGNORE, Encoded, collate, encode_record
+from .data.records import Record
+from .forward import head_features, next_token_logprobs
+from .metrics import auroc
+from .models import LoadedModel
+from .runs import RunDir, load_adapter
+from .training.trainer import autocast
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """Per-response-token values. `gold` is 1 good / 0 bad / -1 unknown."""
+
+    record_id: str
+    response: str
+    offsets: np.ndarray  # (n, 2) character offsets into response
+    p_good: np.ndarray  # (n,) head probability that the token is faithful
+    surprisal: np.ndarray  # (n,) base-model −log p(token | prefix), nats
+    gold: np.ndarray  # (n,)
+
+    @property
+    def tokens(self) -> list[str]:
+        return [self.response[s:e] for s, e in self.offsets]
+
+
+class TokenScorer:
+    """Loads a run's adapter (unmerged) and head onto a base model it owns. Thread-safe: one forward at a time."""
+
+    def __init__(self, base: LoadedModel, run: RunDir | str | Path, precision: str = "fp32",
+                 max_doc_tokens: int | None = 512, max_response_tokens: int = 256):
+        self.run = run if isinstance(run, RunDir) else RunDir(run)
+        meta = self.run.check_base(base)
+        self.head_layer = int(meta["head_layer"])
+        self.tokenizer = base.tokenizer
+        self.model = load_adapter(base, self.run)
+        self.head = self.run.load_head(base.model.device)
+        self.device = base.model.device.type
+        self.precision = precision
+        self.max_doc_tokens, self.max_response_tokens = max_doc_tokens, max_response_tokens
+        self._lock = threading.Lock()
+
+    def encode(self, records: Sequence[Record]) -> list[Encoded]:
+        return [encode_record(self.tokenizer, r, self.max_doc_tokens, self.max_response_tokens) for r in records]
+
+    @torch.no_grad()
+    def score(self, records: Sequence[Record], batch_size: int = 8) -> list[TokenScores]:
+        encoded = self.encode(records)
+        out: list[TokenScores] = []
+        with self._lock:
+            for i in range(0, len(encoded), batch_size):
+                chunk = encoded[i : i + batch_size]
+                b = collate(chunk, self.tokenizer.pad_token_id).to(self.model.device)
+                with autocast(self.precision, self.device):
+                    p = torch.sigmoid(self.head(head_features(self.model, b.input_ids, b.attention_mask, self.head_layer)).squeeze(-1))
+                    with self.model.disable_adapter():
+                        lp = next_token_logprobs(self.model, b.input_ids, b.attention_mask)
+                p, s = p.float().cpu().numpy(), (-lp).float().cpu().numpy()
+                for j, e in enumerate(chunk):
+                    sl = slice(e.response_start, e.response_end)
+                    out.append(TokenScores(e.record_id, records[i + j].response, e.response_offsets, p[j, sl], s[j, sl], e.response_labels))
+        return out
+
+    def score_text(self, document: str, response: str) -> TokenScores:
+        return self.score([Record(id="input", document=document, response=response, token_labels_known=False)])[0]
+
+
+def detection_auroc(scores: Sequence[TokenScores]) -> dict:
+    """AUROC of flagging bad tokens: TOPL head (score 1 − p_good) vs base-model surprisal, on the same tokens."""
+    gold = np.concatenate([s.gold for s in scores]) if scores else np.zeros(0)
+    keep = gold != IGNORE
+    bad = (gold[keep] == 0).astype(int)
+    head = np.concatenate([1 - s.p_good for s in scores])[keep]
+    surprisal = np.concatenate([s.surprisal for s in scores])[keep]
+    return {
+        "tokens": int(keep.sum()),
+        "pct_bad": float(100 * bad.mean()) if len(bad) else float("nan"),
+        "head_auroc": auroc(bad, head),
+        "surprisal_auroc": auroc(bad, surprisal),
+    }
