@@ -1,0 +1,312 @@
+"""Background jobs: training runs (and any other `python -m topl_core` command) in detached processes.
+
+A job is a directory. For training it is the run directory itself:
+
+    runs/<name>/
+      job.json        what was launched: {kind, argv, pid, started, cancel_requested}
+      job.log         the process's stdout + stderr
+      job_exit.json   written by the job process when it ends: {state, returncode, ended, error}
+      status.json, metrics.jsonl, topl_config.json, ...   written by the trainer (see topl_core.runs)
+
+State is read back from these files only, so the job list survives page reloads, app restarts and several app
+sessions at once. A job is started as `python -m topl_core.jobs --job-dir DIR -- <cli args>` in a new session
+(`start_new_session=True`, so it outlives the app and has its own process group). That entry point turns SIGTERM
+into KeyboardInterrupt: Python's default SIGTERM action kills the process without unwinding, which would skip the
+trainer's `except BaseException` path (checkpoint + status "cancelled"). Cancel = SIGTERM to the process group.
+
+Training is launched as `train --resume RUN_DIR` after `RunDir.write_config(cfg)`: the trainer reads the exact
+config from the run directory, starts from step 0 when there is no checkpoint, and resumes when there is one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Sequence
+
+from .io import write_json
+from .paths import PROJECT_ROOT, runs_dir
+from .runs import RunDir
+from .training.config import TrainConfig
+
+JOB_FILE = "job.json"
+LOG_FILE = "job.log"
+EXIT_FILE = "job_exit.json"
+
+JobStateName = Literal["starting", "running", "finished", "failed", "cancelled", "interrupted", "unknown"]
+ACTIVE_STATES = ("starting", "running")
+
+# Popen objects of the jobs this process started: polled so that finished children are reaped (a zombie still
+# answers kill(pid, 0)). Jobs started by an earlier app process are not our children: init reaps them.
+_CHILDREN: dict[int, subprocess.Popen] = {}
+
+
+class JobError(RuntimeError):
+    """A job cannot be launched, resumed or cancelled; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """Everything the UI shows about one job, read from its directory."""
+
+    path: Path
+    kind: str
+    state: JobStateName
+    step: int = 0
+    steps: int = 0
+    loss: float | None = None
+    elapsed_s: float | None = None
+    eta_s: float | None = None
+    pid: int | None = None
+    started: float | None = None
+    updated: float | None = None
+    error: str | None = None
+    val: dict = field(default_factory=dict)  # latest validation metrics (e.g. val_token_auroc)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, self.step / self.steps) if self.steps else 0.0
+
+
+# --- launching --------------------------------------------------------------------------------------------
+
+
+def launch(cli_args: Sequence[str], job_dir: str | Path, kind: str = "command", env: dict | None = None) -> Path:
+    """Start `python -m topl_core <cli_args>` detached, logging into job_dir/job.log. Returns job_dir."""
+    job_dir = Path(job_dir).resolve()
+    job_dir.mkdir(parents=True, exist_ok=True)
+    if (st := read_job(job_dir)) and st.active:
+        raise JobError(f"{job_dir} already has a {st.kind} job running (pid {st.pid}); cancel it first.")
+    (job_dir / EXIT_FILE).unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "topl_core.jobs", "--job-dir", str(job_dir), "--", *map(str, cli_args)]
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with open(job_dir / LOG_FILE, "ab") as log:
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv[3:])}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            argv, cwd=PROJECT_ROOT, env=child_env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    _CHILDREN[proc.pid] = proc
+    write_json(job_dir / JOB_FILE, {"kind": kind, "argv": list(map(str, cli_args)), "pid": proc.pid,
+                                    "started": time.time(), "cancel_requested": False})
+    return job_dir
+
+
+def launch_train(cfg: TrainConfig, run_dir: str | Path | None = None, env: dict | None = None) -> Path:
+    """Start training `cfg` in the background into run_dir (default runs/<method>-<model>-<time>)."""
+    if run_dir is None:
+        run_dir = runs_dir() / default_run_name(cfg)
+    run = RunDir(Path(run_dir).resolve())
+    if run.config_path.exists():
+        old, _ = run.read_config()
+        if old != cfg:
+            raise JobError(f"{run.path} already holds a different run; choose another run name.")
+        if run.is_complete:
+            raise JobError(f"{run.path} is already finished; choose another run name.")
+    elif run.path.exists() and any(run.path.iterdir()):
+        raise JobError(f"{run.path} exists and is not a run directory; choose another run name.")
+    else:
+        run.write_config(cfg, {"launched_by": "topl_core.jobs"})  # the trainer reads it back with --resume
+    return launch(["train", "--resume", str(run.path)], run.path, kind="train", env=env)
+
+
+def resume_train(run_dir: str | Path, env: dict | None = None) -> Path:
+    """Continue a cancelled/failed/interrupted run from its last checkpoint, in the background."""
+    run = RunDir(Path(run_dir).resolve())
+    if not run.config_path.exists():
+        raise JobError(f"{run.path} is not a run directory (no topl_config.json).")
+    if run.is_complete:
+        raise JobError(f"{run.path} is already finished.")
+    return launch(["train", "--resume", str(run.path)], run.path, kind="train", env=env)
+
+
+def default_run_name(cfg: TrainConfig) -> str:
+    model = Path(cfg.model).name.replace("/", "_")
+    return f"{cfg.method}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def cancel(job_dir: str | Path) -> bool:
+    """SIGTERM the job's process group (the trainer checkpoints and writes status 'cancelled'). False if not running."""
+    job_dir = Path(job_dir)
+    info = _read_json(job_dir / JOB_FILE)
+    if not info or not _alive(info.get("pid")):
+        return False
+    if info.get("cancel_requested"):
+        return True  # already asked; the job is saving its checkpoint
+    write_json(job_dir / JOB_FILE, {**info, "cancel_requested": True})
+    try:
+        os.killpg(int(info["pid"]), signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait(job_dir: str | Path, timeout_s: float = 600, poll_s: float = 0.2) -> JobStatus:
+    """Block until the job is no longer active (tests, scripts). Returns its final status."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = read_job(job_dir)
+        if st is None or not st.active or time.monotonic() > deadline:
+            return st
+        time.sleep(poll_s)
+
+
+# --- reading state ----------------------------------------------------------------------------------------
+
+
+def read_job(job_dir: str | Path) -> JobStatus | None:
+    """The state of the job (or run) in job_dir, from its files; None when the directory is neither."""
+    job_dir = Path(job_dir)
+    info = _read_json(job_dir / JOB_FILE)
+    is_run = (job_dir / "topl_config.json").exists()
+    if info is None and not is_run:
+        return None
+    kind = (info or {}).get("kind", "train")
+    pid = (info or {}).get("pid")
+    alive = _alive(pid) if info else False
+    exit_info = _read_json(job_dir / EXIT_FILE)
+    status = RunDir(job_dir).read_status() if is_run else {}
+    metrics = RunDir(job_dir).read_metrics() if is_run else []
+    last = metrics[-1] if metrics else {}
+    val = next(({k: v for k, v in r.items() if k.startswith("val_")} for r in reversed(metrics)
+                if any(k.startswith("val_") for k in r)), {})
+    step, steps = int(status.get("step", last.get("step", 0))), int(status.get("steps", 0))
+    if not steps and is_run:
+        try:
+            steps = RunDir(job_dir).read_config()[0].steps
+        except Exception:
+            steps = 0
+    error = status.get("error") or (exit_info or {}).get("error")
+
+    run_state = status.get("state")
+    if alive:
+        state: JobStateName = "running" if (metrics or (not is_run and info)) else "starting"
+    elif run_state in ("finished", "failed", "cancelled"):
+        state = run_state
+    elif exit_info:
+        state = exit_info.get("state", "failed")
+    elif info and info.get("cancel_requested"):
+        state = "cancelled"
+    elif run_state == "running" or info:
+        state = "interrupted"  # the process is gone without a word (killed, machine restarted): resumable
+        error = error or "the job process ended without reporting (killed?); resume continues from the last checkpoint"
+    else:
+        state = "unknown"
+
+    elapsed = last.get("elapsed_s")
+    # ETA from the rows since the last (re)start: elapsed_s restarts from 0 when a run resumes.
+    first = len(metrics) - 1
+    while first > 0 and metrics[first - 1].get("elapsed_s", 0) <= metrics[first].get("elapsed_s", 0):
+        first -= 1
+    done = int(last.get("step", 0)) - int(metrics[first].get("step", 0)) + 1 if metrics else 0
+    eta = elapsed / done * (steps - step) if (elapsed and done > 0 and steps) else None
+    return JobStatus(job_dir, kind, state, step, steps, last.get("loss"), elapsed, eta if state == "running" else None,
+                     pid, (info or {}).get("started"), status.get("updated"), error, val)
+
+
+def list_jobs(root: str | Path | None = None) -> list[JobStatus]:
+    """Every run / job directory directly under root (default runs_dir()), newest first."""
+    root = Path(root) if root is not None else runs_dir()
+    if not root.is_dir():
+        return []
+    out = [st for d in root.iterdir() if d.is_dir() and not d.name.startswith(".") and (st := read_job(d))]
+    return sorted(out, key=lambda s: -(s.started or s.updated or s.path.stat().st_mtime))
+
+
+def log_tail(job_dir: str | Path, lines: int = 20) -> str:
+    path = Path(job_dir) / LOG_FILE
+    if not path.exists():
+        return ""
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - 16_000))
+        return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-lines:])
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _alive(pid) -> bool:
+    """True while the process exists and is not a zombie (and, on Linux, is still one of our job processes)."""
+    if not pid:
+        return False
+    pid = int(pid)
+    if pid in _CHILDREN and _CHILDREN[pid].poll() is not None:
+        del _CHILDREN[pid]
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path(f"/proc/{pid}")
+    if proc.exists():
+        try:
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+            return b"topl_core.jobs" in (proc / "cmdline").read_bytes()  # guards against pid reuse after a restart
+        except (OSError, IndexError):
+            return False
+    return True
+
+
+# --- the job process entry point ----------------------------------------------------------------------------
+
+
+def _sigterm(_signum, _frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the checkpoint being saved
+    raise KeyboardInterrupt("cancelled (SIGTERM)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m topl_core.jobs --job-dir DIR -- <topl_core cli args>`: run one CLI command as a job."""
+    p = argparse.ArgumentParser(prog="python -m topl_core.jobs")
+    p.add_argument("--job-dir", required=True)
+    p.add_argument("cli_args", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    cli_args = args.cli_args[1:] if args.cli_args[:1] == ["--"] else args.cli_args
+    job_dir = Path(args.job_dir)
+    signal.signal(signal.SIGTERM, _sigterm)
+    from .cli import main as cli_main
+
+    state, rc, error = "failed", 1, None
+    try:
+        rc = cli_main(cli_args)
+        state = "finished" if rc == 0 else "failed"
+        if rc:
+            error = f"exit code {rc} (see {LOG_FILE})"
+    except KeyboardInterrupt:
+        state, rc = "cancelled", 130
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+        state, error = ("finished", None) if rc == 0 else ("failed", str(e.code))
+    except BaseException as e:
+        error = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        write_json(job_dir / EXIT_FILE, {"state": state, "returncode": rc, "ended": time.time(), "error": error})
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
