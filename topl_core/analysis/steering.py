@@ -1,0 +1,331 @@
+"""LoRA-B steering (DESIGN.md §2): v = scaling · B (μ+ − μ−) at the top-k residual-writing sites, added as λ·v to
+those sites' outputs while the merged model generates.
+
+    compute_steering_vectors(weights, proj, aurocs, top_k=4, modules=("o_proj", "down_proj"), lambda_range=(-4, 4),
+                             **meta) -> SteeringVectors
+        weights: {Site: LoraWeights} (lora_weights(peft_model, site, adapter) or read_lora_weights(run));
+        proj: Projections of the same adapter's A·x with token labels; aurocs: Separability or {site key: AUROC}.
+        μ+ / μ− = mean A-projection (r-dim) of good / bad tokens; sites ranked by AUROC (NaN last), top_k kept.
+    steering_vectors_from_model(peft_model, proj, aurocs, top_k=4, adapter=None, ...) -> SteeringVectors
+        the same with A/B/scaling read from PEFT (lora_A[adapter], lora_B[adapter], scaling[adapter]).
+    build_steering_vectors(run, records, settings=ProbeSettings(), top_k=4, base=None, use_cache=True,
+                           lambda_range=(-4, 4)) -> SteeringVectors      projections cached, AUROC from cv_auroc
+    SteeringVectors.save(directory) / SteeringVectors.load(directory)
+        steering_vectors.safetensors (vector/<key>, mu_good/<key>, mu_bad/<key>) + steering.json (base model, base
+        and adapter fingerprints, sites with AUROC and ‖v‖, λ range, formula).
+
+    with steer(model, vectors, lam): ...
+        forward hooks on the modules at the vectors' site paths (merged model, or the PEFT model) add lam·v to
+        their outputs at every position, in every forward made *from the thread that entered the context* (other
+        threads using the same model are untouched). The model is never modified; hooks are registered inside
+        try and removed in finally. λ = 0 reproduces the unsteered output exactly. Works with KV-cache generation
+        (each cached step's new positions are steered just as a full recompute would steer them).
+
+    SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED model (load_merged(spec, run))
+        .generate_steered(document, lam, gen_cfg=GenerationConfig(), task="summarization") -> str
+        .generate_grid(document, lambdas, gen_cfg=GenerationConfig()) -> list[{"lambda", "text"}]
+        SteeringSession.from_run(run, vectors, spec=None)
+      Generation holds a per-model lock (sessions sharing one model take turns; sessions on different models run
+      in parallel); it never mutates the model, the tokenizer or the vectors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..data.encode import build_prompt, truncate_document
+from ..generate import GenerationConfig
+from ..models import LoadedModel, ModelError
+from .capture import DEFAULT_SET, Projections
+from .sites import RESIDUAL_MODULES, LoraWeights, Site, active_adapter_name, lora_sites, lora_weights, site_module, sort_sites
+
+FORMULA = "v = scaling * B @ (mu_good - mu_bad); output += lambda * v"
+VECTORS_FILE = "steering_vectors.safetensors"
+META_FILE = "steering.json"
+
+
+@dataclass(frozen=True)
+class SteeringVectors:
+    """Steering vectors of one adapter. Arrays are float32; vectors[k] is (d_out,), mu_*[k] is (r,)."""
+
+    sites: tuple[Site, ...]
+    vectors: dict[str, np.ndarray]
+    mu_good: dict[str, np.ndarray]
+    mu_bad: dict[str, np.ndarray]
+    auroc: dict[str, float]
+    scaling: dict[str, float]
+    base_model: str | None = None
+    base_fingerprint: str | None = None
+    adapter_fingerprint: str | None = None
+    adapter_path: str | None = None
+    lambda_range: tuple[float, float] = (-4.0, 4.0)
+    n_good: int = 0
+    n_bad: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def norms(self) -> dict[str, float]:
+        return {k: float(np.linalg.norm(v)) for k, v in self.vectors.items()}
+
+    def metadata(self) -> dict:
+        norms = self.norms()
+        return {
+            "formula": FORMULA,
+            "base_model": self.base_model,
+            "base_fingerprint": self.base_fingerprint,
+            "adapter_fingerprint": self.adapter_fingerprint,
+            "adapter_path": self.adapter_path,
+            "lambda_range": list(self.lambda_range),
+            "n_good": self.n_good,
+            "n_bad": self.n_bad,
+            "sites": [{**s.to_json(), "key": s.key, "auroc": self.auroc[s.key], "scaling": self.scaling[s.key],
+                       "norm": norms[s.key]} for s in self.sites],
+            "extra": self.extra,
+        }
+
+    def save(self, directory: str | Path) -> Path:
+        """Write steering_vectors.safetensors + steering.json (atomically) into `directory`."""
+        from ..io import save_tensors, write_json
+
+        d = Path(directory)
+        tensors = {}
+        for s in self.sites:
+            tensors[f"vector/{s.key}"] = torch.from_numpy(np.ascontiguousarray(self.vectors[s.key], np.float32))
+            tensors[f"mu_good/{s.key}"] = torch.from_numpy(np.ascontiguousarray(self.mu_good[s.key], np.float32))
+            tensors[f"mu_bad/{s.key}"] = torch.from_numpy(np.ascontiguousarray(self.mu_bad[s.key], np.float32))
+        meta = self.metadata()
+        save_tensors(d / VECTORS_FILE, tensors, {"topl_steering": json.dumps(meta)})
+        write_json(d / META_FILE, meta)
+        return d
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "SteeringVectors":
+        from safetensors.torch import load_file
+
+        d = Path(directory)
+        if not (d / VECTORS_FILE).exists() or not (d / META_FILE).exists():
+            raise ModelError(f"{d}: no {VECTORS_FILE} + {META_FILE}; export vectors with `python -m topl_core steer --export {d}`.")
+        meta = json.loads((d / META_FILE).read_text())
+        t = load_file(d / VECTORS_FILE)
+        sites = tuple(Site.from_json(s) for s in meta["sites"])
+        try:
+            get = lambda prefix: {s.key: t[f"{prefix}/{s.key}"].float().numpy() for s in sites}  # noqa: E731
+            vectors, mu_good, mu_bad = get("vector"), get("mu_good"), get("mu_bad")
+        except KeyError as e:
+            raise ModelError(f"{d / VECTORS_FILE}: missing tensor {e}; the export is incomplete — export it again.") from e
+        return cls(sites, vectors, mu_good, mu_bad, {s["key"]: float(s["auroc"]) for s in meta["sites"]},
+                   {s["key"]: float(s["scaling"]) for s in meta["sites"]}, meta.get("base_model"),
+                   meta.get("base_fingerprint"), meta.get("adapter_fingerprint"), meta.get("adapter_path"),
+                   tuple(meta.get("lambda_range", (-4.0, 4.0))), int(meta.get("n_good", 0)), int(meta.get("n_bad", 0)),
+                   meta.get("extra", {}))
+
+
+def _aurocs(aurocs) -> dict[str, float]:
+    if hasattr(aurocs, "scores"):  # a Separability
+        return {s.site.key: float(s.cv_auroc) for s in aurocs.scores}
+    return {str(k.key if isinstance(k, Site) else k): float(v) for k, v in aurocs.items()}
+
+
+def rank_sites(sites: Sequence[Site], aurocs: Mapping[str, float], top_k: int,
+               modules: Sequence[str] = RESIDUAL_MODULES) -> list[Site]:
+    """The top_k sites among `modules` by AUROC (descending; NaN last; ties by layer then module order)."""
+    cand = [s for s in sort_sites(sites) if s.module in modules and s.key in aurocs]
+    cand.sort(key=lambda s: -aurocs[s.key] if not math.isnan(aurocs[s.key]) else math.inf)
+    return cand[:top_k]
+
+
+def compute_steering_vectors(
+    weights: Mapping[Site, LoraWeights],
+    proj: Projections,
+    aurocs,
+    top_k: int = 4,
+    modules: Sequence[str] = RESIDUAL_MODULES,
+    lambda_range: tuple[float, float] = (-4.0, 4.0),
+    **meta,
+) -> SteeringVectors:
+    """v = scaling · B (μ+ − μ−) for the top_k sites (see the module docstring)."""
+    bad_modules = [m for m in modules if m not in RESIDUAL_MODULES]
+    if bad_modules:
+        raise ValueError(f"modules={bad_modules}: only {RESIDUAL_MODULES} write to the residual stream and can be steered there.")
+    if top_k < 1:
+        raise ValueError(f"top_k={top_k}: steer at least one site.")
+    scores = _aurocs(aurocs)
+    p = proj.labelled()
+    good, bad = p.labels == 1, p.labels == 0
+    if not good.any() or not bad.any():
+        raise ValueError(f"steering needs good and bad tokens; the token set has {int(good.sum())} good, {int(bad.sum())} bad.")
+    chosen = rank_sites([s for s in p.sites if s in weights], scores, top_k, modules)
+    if not chosen:
+        raise ValueError(f"no {'/'.join(modules)} site with an AUROC among the projections' sites: nothing to steer.")
+    vectors, mu_g, mu_b, scaling = {}, {}, {}, {}
+    for s in chosen:
+        w = weights[s]
+        X = torch.from_numpy(p[s]).double()
+        g, b = X[torch.from_numpy(good)].mean(0), X[torch.from_numpy(bad)].mean(0)
+        v = w.scaling * (w.B.double() @ (g - b))
+        vectors[s.key] = v.float().numpy()
+        mu_g[s.key], mu_b[s.key] = g.float().numpy(), b.float().numpy()
+        scaling[s.key] = float(w.scaling)
+    return SteeringVectors(tuple(chosen), vectors, mu_g, mu_b, {s.key: scores[s.key] for s in chosen}, scaling,
+                           lambda_range=tuple(float(x) for x in lambda_range), n_good=int(good.sum()), n_bad=int(bad.sum()),
+                           **meta)
+
+
+def steering_vectors_from_model(model: torch.nn.Module, proj: Projections, aurocs, top_k: int = 4,
+                                adapter: str | None = None, **kw) -> SteeringVectors:
+    """compute_steering_vectors with A/B/scaling read from the PEFT model for `adapter` (default: active)."""
+    adapter = adapter or active_adapter_name(model)
+    weights = {s: lora_weights(model, s, adapter) for s in lora_sites(model) if s in set(proj.sites)}
+    return compute_steering_vectors(weights, proj, aurocs, top_k, **kw)
+
+
+def build_steering_vectors(run, records, settings=None, top_k: int = 4, base: LoadedModel | None = None,
+                           use_cache: bool = True, lambda_range: tuple[float, float] = (-4.0, 4.0),
+                           progress=None) -> SteeringVectors:
+    """Steering vectors of a run from a labelled token set: projections (cached), per-site cv AUROC of the
+    residual-writing sites, A/B/scaling from the run's adapter files."""
+    from .separability import ProbeSettings, _as_run, run_projections, separability
+    from .sites import read_lora_weights
+
+    run = _as_run(run)
+    settings = settings or ProbeSettings()
+    cfg, meta = run.read_config()
+    proj = run_projections(run, records, settings, base, use_cache, progress)[DEFAULT_SET]
+    residual = [s for s in proj.sites if s.residual]
+    sub = Projections(tuple(residual), {s.key: proj[s] for s in residual}, proj.labels, proj.record_ids,
+                      proj.positions, proj.tokens, proj.doc_ids)
+    sep = separability(sub, run.name, settings.folds, settings.seed, n_boot=10)
+    return compute_steering_vectors(
+        read_lora_weights(run), proj, sep, top_k, lambda_range=lambda_range, base_model=cfg.model,
+        base_fingerprint=meta.get("base_fingerprint"), adapter_fingerprint=run.fingerprint(),
+        adapter_path=str(run.path), extra={"auroc_column": "cv_auroc", "tokens": "labelled", "created": time.time()},
+    )
+
+
+# --- applying vectors --------------------------------------------------------------------------------------
+
+_HOOK_LOCK = threading.Lock()  # registering/removing hooks is serialised (hook dicts are shared by threads)
+
+
+@contextmanager
+def steer(model: torch.nn.Module, vectors: SteeringVectors, lam: float) -> Iterator[None]:
+    """Add lam·v to each steered site's output while active, for forwards from this thread (module docstring)."""
+    lam = float(lam)
+    owner = threading.get_ident()
+    modules = [(s, site_module(model, s)) for s in vectors.sites]
+    deltas = {}
+    for s, m in modules:
+        v = torch.from_numpy(np.asarray(vectors.vectors[s.key], np.float32))
+        out_features = getattr(m, "out_features", None)
+        if out_features is not None and out_features != v.shape[0]:
+            raise ModelError(f"{s.key}: steering vector has {v.shape[0]} dims but {s.path} outputs {out_features}; "
+                             "these vectors belong to another model.")
+        p = next(m.parameters())
+        deltas[s.key] = lam * v.to(p.device)
+
+    def make_hook(key: str):
+        delta = deltas[key]
+
+        def hook(_module, _inputs, output):
+            if threading.get_ident() != owner:
+                return None
+            return output + delta.to(output.dtype)
+
+        return hook
+
+    handles = []
+    try:
+        with _HOOK_LOCK:
+            for s, m in modules:
+                handles.append(m.register_forward_hook(make_hook(s.key)))
+        yield
+    finally:
+        with _HOOK_LOCK:
+            for h in handles:
+                h.remove()
+
+
+_MODEL_LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_MODEL_LOCKS_GUARD = threading.Lock()
+_SAMPLING_LOCK = threading.Lock()  # sampling seeds torch's global RNG: one sampled generation at a time
+
+
+def model_lock(model: torch.nn.Module) -> threading.RLock:
+    """The lock that guards generation on one model object (shared by every session on it)."""
+    with _MODEL_LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = threading.RLock()
+        return lock
+
+
+class SteeringSession:
+    """A merged model + steering vectors, kept by a UI. See the module docstring."""
+
+    def __init__(self, lm: LoadedModel, vectors: SteeringVectors, check_base: bool = True):
+        if check_base and vectors.base_fingerprint and vectors.base_fingerprint != lm.fingerprint:
+            raise ModelError(
+                f"Steering vectors were computed on base model {vectors.base_model!r} (fingerprint "
+                f"{vectors.base_fingerprint}) but the session's model is {lm.spec.name!r} ({lm.fingerprint}); load the "
+                "adapter's own base model (SteeringSession.from_run)."
+            )
+        for s in vectors.sites:
+            site_module(lm.model, s)  # fail now, not mid-generation, when a site is missing
+        self.lm = lm
+        self.vectors = vectors
+        self._lock = model_lock(lm.model)
+
+    @classmethod
+    def from_run(cls, run, vectors: SteeringVectors, spec=None) -> "SteeringSession":
+        """Load a fresh base model with the run's LoRA merged in (load_merged) and wrap it."""
+        from ..generate import load_merged
+        from .separability import _as_run
+
+        run = _as_run(run)
+        if vectors.adapter_fingerprint and vectors.adapter_fingerprint != run.fingerprint():
+            raise ModelError(
+                f"Steering vectors belong to adapter {vectors.adapter_fingerprint} ({vectors.adapter_path}), not to "
+                f"{run.path} ({run.fingerprint()}); recompute them for this run (python -m topl_core steer --run {run.path})."
+            )
+        cfg, _ = run.read_config()
+        return cls(load_merged(spec or cfg.model, run), vectors)
+
+    @torch.no_grad()
+    def generate_steered(self, document: str, lam: float, gen_cfg: GenerationConfig = GenerationConfig(),
+                         task: str = "summarization") -> str:
+        """One response for `document` with λ·v added at the steered sites (λ = 0: the merged model's output)."""
+        tok, model = self.lm.tokenizer, self.lm.model
+        prompt = build_prompt(tok, truncate_document(tok, document, gen_cfg.max_doc_tokens), task)
+        enc = tok(prompt, return_tensors="pt", add_special_tokens=False)
+        enc = {k: v.to(model.device) for k, v in enc.items()}
+        kwargs = dict(
+            max_new_tokens=gen_cfg.max_new_tokens,
+            do_sample=gen_cfg.mode == "sample",
+            temperature=gen_cfg.temperature if gen_cfg.mode == "sample" else None,
+            top_p=gen_cfg.top_p if gen_cfg.mode == "sample" else None,
+            top_k=None,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+        with self._lock, steer(model, self.vectors, lam):
+            if gen_cfg.mode == "sample":
+                with _SAMPLING_LOCK:
+                    torch.manual_seed(gen_cfg.seed)
+                    out = model.generate(**enc, **kwargs)
+            else:
+                out = model.generate(**enc, **kwargs)
+        return tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
+
+    def generate_grid(self, document: str, lambdas: Sequence[float], gen_cfg: GenerationConfig = GenerationConfig(),
+                      task: str = "summarization") -> list[dict]:
+        return [{"lambda": float(lam), "text": self.generate_steered(document, lam, gen_cfg, task)} for lam in lambdas]

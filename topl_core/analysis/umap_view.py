@@ -1,0 +1,67 @@
+"""UMAP of one site's LoRA-A projections (or of its raw inputs x, i.e. hidden states), colored by label.
+
+    umap_embedding(proj, site, source="projection", n_neighbors=15, min_dist=0.1, seed=0, max_points=4000,
+                   standardize=True) -> pandas.DataFrame with columns x, y, label, token, record_id, position
+
+`source="projection"` embeds the (n, r) A·x values; `source="hidden"` embeds the site's input x, which must have
+been captured with keep_inputs=[site.key]. Unlabelled tokens are kept (label −1) so a page can grey them out.
+Above max_points tokens, a seeded random subset is embedded (UMAP is slow on 2 CPU cores); the chosen rows are
+stratified only by chance, so the label mix of the subset matches the token set in expectation.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from .capture import Projections
+from .sites import Site
+
+
+def umap_embedding(
+    proj: Projections,
+    site: Site | str,
+    source: Literal["projection", "hidden"] = "projection",
+    n_neighbors: int = 15,
+    min_dist: float = 0.1,
+    seed: int = 0,
+    max_points: int = 4000,
+    standardize: bool = True,
+):
+    import pandas as pd
+
+    key = site.key if isinstance(site, Site) else site
+    if source == "projection":
+        X = proj[key]
+    elif source == "hidden":
+        if key not in proj.inputs:
+            raise ValueError(
+                f"umap_embedding: no hidden states for {key}; capture them with keep_inputs=[{key!r}] "
+                "(collect_projections(..., keep_inputs=...)), or use source='projection'."
+            )
+        X = proj.inputs[key]
+    else:
+        raise ValueError(f"source={source!r}: choose 'projection' (A·x) or 'hidden' (the site's input x).")
+    n = len(X)
+    if n < 3:
+        raise ValueError(f"umap_embedding: {n} tokens at {key}; UMAP needs at least 3.")
+    rows = np.arange(n)
+    if n > max_points:
+        rows = np.sort(np.random.default_rng(seed).choice(n, size=max_points, replace=False))
+    X = np.asarray(X[rows], dtype=np.float64)
+    if standardize:
+        X = (X - X.mean(0)) / np.where(X.std(0) > 0, X.std(0), 1.0)
+    import umap
+
+    reducer = umap.UMAP(n_components=2, n_neighbors=min(n_neighbors, len(rows) - 1), min_dist=min_dist,
+                        random_state=seed, n_jobs=1)
+    xy = reducer.fit_transform(X)
+    return pd.DataFrame({
+        "x": xy[:, 0].astype(np.float32),
+        "y": xy[:, 1].astype(np.float32),
+        "label": proj.labels[rows].astype(int),
+        "token": proj.tokens[rows].astype(str),
+        "record_id": proj.record_ids[rows].astype(str),
+        "position": proj.positions[rows].astype(int),
+    })
