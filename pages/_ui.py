@@ -1,0 +1,331 @@
+"""Helpers shared by the pages: the current model spec, cached models/scorers, run and data-set pickers, colored
+token rendering, and figure downloads. Only thin glue: all computation lives in topl_core.
+
+Caching rules (DESIGN.md §4): models are `st.cache_resource` keyed by the spec string (and the run fingerprint for
+adapters); a cached model is shared by every session and is never mutated; small results are `st.cache_data`.
+`st.session_state` holds only strings (the spec, run paths) and widget values.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import threading
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from topl_core.models import DEFAULT_MODEL, EMBEDDED, TINY_FAMILIES, ModelSpec
+
+SPEC_KEY = "model_spec"  # session_state: "name|dtype|device"
+CUSTOM = "Hugging Face id or local path…"
+
+
+# --- the model spec ---------------------------------------------------------------------------------------
+
+
+def default_spec() -> str:
+    """TOPL_DEFAULT_MODEL may be a name ("tiny-llama", "Qwen/Qwen3-8B") or a full spec "name|dtype|device"."""
+    raw = os.environ.get("TOPL_DEFAULT_MODEL", DEFAULT_MODEL).strip() or DEFAULT_MODEL
+    parts = raw.split("|")
+    name = parts[0]
+    dtype = parts[1] if len(parts) > 1 else os.environ.get("TOPL_DEFAULT_DTYPE", "float32")
+    device = parts[2] if len(parts) > 2 else os.environ.get("TOPL_DEFAULT_DEVICE", "cpu")
+    return f"{name}|{dtype}|{device}"
+
+
+def split_spec(key: str) -> tuple[str, str, str]:
+    name, dtype, device = key.rsplit("|", 2)
+    return name, dtype, device
+
+
+def current_spec() -> str:
+    return st.session_state.get(SPEC_KEY) or default_spec()
+
+
+def current_model_name() -> str:
+    return split_spec(current_spec())[0]
+
+
+def spec_of(key: str) -> ModelSpec:
+    name, dtype, device = split_spec(key)
+    return ModelSpec(name, dtype, device)
+
+
+def model_choices() -> list[str]:
+    return [*EMBEDDED, *TINY_FAMILIES, CUSTOM]
+
+
+def model_label(choice: str) -> str:
+    if choice in EMBEDDED:
+        return f"{choice} — {EMBEDDED[choice].description.split('(')[0].strip()}"
+    if choice in TINY_FAMILIES:
+        return f"{choice} — random tiny test model"
+    return choice
+
+
+def sidebar_model_picker() -> str:
+    """The model picker every page shares (rendered by app.py in the sidebar). Returns the spec string."""
+    name, dtype, device = split_spec(default_spec())
+    choices = model_choices()
+    if "sidebar.model_choice" not in st.session_state:
+        st.session_state["sidebar.model_choice"] = name if name in choices else CUSTOM
+        st.session_state["sidebar.model_custom"] = "" if name in choices else name
+        st.session_state["sidebar.dtype"] = dtype
+        st.session_state["sidebar.device"] = device
+    choice = st.sidebar.selectbox("Model", choices, key="sidebar.model_choice", format_func=model_label,
+                                  help="Embedded models run offline on CPU. Paste a hub id (e.g. Qwen/Qwen3-8B) or a "
+                                       "local save_pretrained directory for anything else.")
+    if choice == CUSTOM:
+        custom = st.sidebar.text_input("Hub id or local path", key="sidebar.model_custom",
+                                       placeholder="Qwen/Qwen3-8B or /path/to/model")
+        name = custom.strip() or DEFAULT_MODEL
+    else:
+        name = choice
+    with st.sidebar.expander("Precision & device"):
+        st.selectbox("dtype", ["float32", "bfloat16"], key="sidebar.dtype")
+        st.selectbox("device", ["cpu", "cuda"], key="sidebar.device",
+                     help="cuda needs a visible GPU (8B models: bfloat16 on cuda).")
+    spec = f"{name}|{st.session_state['sidebar.dtype']}|{st.session_state['sidebar.device']}"
+    st.session_state[SPEC_KEY] = spec
+    return spec
+
+
+# --- cached models ---------------------------------------------------------------------------------------
+
+
+@st.cache_resource(show_spinner="Loading model…", max_entries=3)
+def base_model(spec_key: str):
+    """The base model for a spec, shared read-only by all sessions."""
+    from topl_core.models import load_model
+
+    return load_model(spec_of(spec_key))
+
+
+@st.cache_resource(show_spinner="Merging the adapter into a fresh copy of the base model…", max_entries=4)
+def merged_model(spec_key: str, run_path: str, fingerprint: str):
+    """A fresh base model with the run's LoRA merged in (never the shared base model)."""
+    from topl_core.generate import load_merged
+
+    return load_merged(spec_of(spec_key), run_path)
+
+
+@st.cache_resource(show_spinner="Loading the adapter and its head…", max_entries=4)
+def token_scorer(spec_key: str, run_path: str, fingerprint: str):
+    from topl_core.models import load_model
+    from topl_core.scoring import TokenScorer
+
+    return TokenScorer(load_model(spec_of(spec_key)), run_path)
+
+
+@st.cache_resource
+def resource_lock(name: str) -> threading.Lock:
+    """One lock per shared resource: generation on a shared model touches its tokenizer's padding side."""
+    return threading.Lock()
+
+
+def load_error(e: Exception) -> None:
+    st.error(f"**Could not load the model.** {e}")
+    st.info("Pick an embedded model (smollm2-135m) or a tiny test model in the sidebar.")
+
+
+# --- runs ----------------------------------------------------------------------------------------------------
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def runs_table(root: str) -> pd.DataFrame:
+    """All run directories under root with their config summary and state (refreshed every 2 s)."""
+    from topl_core import jobs
+    from topl_core.runs import RunDir
+
+    rows = []
+    for stt in jobs.list_jobs(root):
+        try:
+            cfg, meta = RunDir(stt.path).read_config()
+        except Exception:
+            continue
+        rows.append({
+            "run": stt.name, "method": cfg.method, "model": cfg.model, "state": stt.state,
+            "step": stt.step, "steps": stt.steps, "loss": stt.loss,
+            "val_token_auroc": stt.val.get("val_token_auroc"), "layers": f"{cfg.lora.layer_start}–{cfg.lora.layer_end}",
+            "lr": cfg.lr, "has_head": (stt.path / "head.safetensors").exists(),
+            "complete": stt.state == "finished" and (stt.path / "adapter_model.safetensors").exists(),
+            "path": str(stt.path),
+        })
+    return pd.DataFrame(rows, columns=["run", "method", "model", "state", "step", "steps", "loss", "val_token_auroc",
+                                       "layers", "lr", "has_head", "complete", "path"])
+
+
+def finished_runs(need_head: bool = False, all_models: bool = False) -> pd.DataFrame:
+    from topl_core.paths import runs_dir
+
+    df = runs_table(str(runs_dir()))
+    df = df[df["complete"]]
+    if need_head:
+        df = df[df["has_head"]]
+    if not all_models:
+        df = df[df["model"] == current_model_name()]
+    return df
+
+
+def run_picker(label: str, key: str, need_head: bool = False, default_method: str | None = None,
+               container=st) -> str | None:
+    """A selectbox over finished runs of the current model. Returns the run path or None (with a hint shown)."""
+    df = finished_runs(need_head)
+    if df.empty:
+        what = "with a head (TOPL, SOPL or TLDR) " if need_head else ""
+        container.info(f"No finished run {what}for **{current_model_name()}** yet. Train one on the **Train** page "
+                       f"(a tiny model trains in seconds), or pick another model in the sidebar.")
+        return None
+    paths = df["path"].tolist()
+    labels = {r.path: f"{r.run} · {r.method} · layers {r.layers}" for r in df.itertuples()}
+    if key not in st.session_state or st.session_state[key] not in paths:
+        pref = [p for p, m in zip(paths, df["method"]) if m == default_method] if default_method else []
+        st.session_state[key] = (pref or paths)[0]
+    return container.selectbox(label, paths, key=key, format_func=lambda p: labels.get(p, Path(p).name))
+
+
+def run_fingerprint(run_path: str) -> str:
+    from topl_core.runs import RunDir
+
+    return RunDir(run_path).fingerprint()
+
+
+# --- data sets ---------------------------------------------------------------------------------------------
+
+
+def dataset_paths() -> list[str]:
+    from topl_core.paths import cache_dir
+
+    d = cache_dir() / "data"
+    return sorted(str(p) for p in d.glob("*.jsonl")) if d.is_dir() else []
+
+
+@st.cache_data(show_spinner="Reading records…", max_entries=8)
+def load_records(path: str, mtime: float):
+    from topl_core.data.records import read_jsonl
+
+    return read_jsonl(path)
+
+
+def records_of(path: str):
+    return load_records(path, os.path.getmtime(path))
+
+
+def dataset_picker(key: str, container=st, help: str | None = None) -> str | None:
+    paths = dataset_paths()
+    if not paths:
+        container.info("No data set yet: build one on the **Data** page (or run `make setup`).")
+        return None
+    return container.selectbox("Data set", paths, key=key, format_func=lambda p: Path(p).name, help=help)
+
+
+# --- rendering ---------------------------------------------------------------------------------------------
+
+TOKEN_CSS = """
+<style>
+.topl-tokens {line-height: 2.1; font-size: 1.02rem; font-family: ui-sans-serif, system-ui, sans-serif;}
+.topl-tok {border-radius: 3px; padding: 1px 0; white-space: pre-wrap;}
+.topl-gold-bad {border-bottom: 3px solid #111; }
+.topl-flag {outline: 1.5px solid #b91c1c; outline-offset: -1px;}
+.topl-legend span {display:inline-block; padding: 0 .45em; margin-right: .4em; border-radius: 3px; font-size: .85rem;}
+.topl-diff-ins {background: #fde68a; border-radius: 3px; padding: 0 1px;}
+.topl-diff-del {color: #9ca3af; text-decoration: line-through;}
+.topl-box {border: 1px solid rgba(128,128,128,.35); border-radius: 8px; padding: .7rem .9rem; min-height: 6rem;
+           line-height: 1.6; font-size: 1.02rem;}
+</style>
+"""
+
+
+def p_color(p: float) -> str:
+    """Background for p(good): red for likely hallucinated, fading to a light green for confident good."""
+    if p < 0.5:
+        a = 0.25 + 0.6 * (0.5 - p) / 0.5
+        return f"rgba(220,38,38,{a:.2f})"
+    a = 0.08 + 0.3 * (p - 0.5) / 0.5
+    return f"rgba(22,163,74,{a:.2f})"
+
+
+def token_html(tokens, p_good=None, gold=None, threshold: float = 0.5, extra=None) -> str:
+    """Tokens as colored spans. Background = head p(good) (when given), or gold labels alone; a black underline
+    marks gold-bad tokens; a red outline marks tokens the head flags (p(good) < threshold). Hover shows values."""
+    out = []
+    for i, t in enumerate(tokens):
+        classes, style, title = ["topl-tok"], "", []
+        g = None if gold is None else int(gold[i])
+        if p_good is not None:
+            p = float(p_good[i])
+            style = f"background:{p_color(p)};"
+            title.append(f"p(good)={p:.3f}")
+            if p < threshold:
+                classes.append("topl-flag")
+        elif g is not None and g >= 0:
+            style = f"background:{'rgba(220,38,38,.55)' if g == 0 else 'rgba(22,163,74,.12)'};"
+        if g is not None and g >= 0:
+            title.append("gold: " + ("bad" if g == 0 else "good"))
+            if g == 0 and p_good is not None:
+                classes.append("topl-gold-bad")
+        if extra is not None:
+            title.extend(f"{k}={v[i]:.3f}" for k, v in extra.items())
+        title.insert(0, repr(t))
+        out.append(f'<span class="{" ".join(classes)}" style="{style}" title="{html.escape(" · ".join(title))}">'
+                   f"{html.escape(t)}</span>")
+    return TOKEN_CSS + '<div class="topl-tokens">' + "".join(out) + "</div>"
+
+
+def legend_html(with_head: bool = True) -> str:
+    items = []
+    if with_head:
+        items += [f'<span style="background:{p_color(0.02)}">p(good) ≈ 0</span>',
+                  f'<span style="background:{p_color(0.4)}">0.4</span>',
+                  f'<span style="background:{p_color(0.7)}">0.7</span>',
+                  f'<span style="background:{p_color(0.99)}">≈ 1</span>',
+                  '<span style="border-bottom:3px solid #111">gold bad</span>',
+                  '<span style="outline:1.5px solid #b91c1c">flagged (below threshold)</span>']
+    else:
+        items += ['<span style="background:rgba(220,38,38,.55)">bad (hallucinated span)</span>',
+                  '<span style="background:rgba(22,163,74,.12)">good</span>']
+    return TOKEN_CSS + '<div class="topl-legend">' + "".join(items) + "</div>"
+
+
+def diff_html(reference: str, text: str) -> str:
+    """`text` with the words that differ from `reference` highlighted (insertions) or struck through (deletions)."""
+    import difflib
+
+    a, b = reference.split(), text.split()
+    out = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if op == "equal":
+            out.append(html.escape(" ".join(b[j1:j2])))
+            continue
+        if op in ("delete", "replace") and i2 > i1:
+            out.append(f'<span class="topl-diff-del">{html.escape(" ".join(a[i1:i2]))}</span>')
+        if op in ("insert", "replace") and j2 > j1:
+            out.append(f'<span class="topl-diff-ins">{html.escape(" ".join(b[j1:j2]))}</span>')
+    return " ".join(out)
+
+
+def text_box(title: str, body_html: str, caption: str = "") -> str:
+    cap = f'<div style="opacity:.65;font-size:.8rem;margin-top:.35rem">{html.escape(caption)}</div>' if caption else ""
+    return (TOKEN_CSS + f'<div style="font-weight:600;margin-bottom:.3rem">{html.escape(title)}</div>'
+            f'<div class="topl-box">{body_html}</div>{cap}')
+
+
+def csv_download(df: pd.DataFrame, name: str, key: str, label: str = "Download CSV", container=st) -> None:
+    container.download_button(label, df.to_csv(index=False).encode(), file_name=name, mime="text/csv", key=key,
+                              icon=":material/download:")
+
+
+PLOTLY_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
+
+
+def plot(fig, key: str, container=st) -> None:
+    """Plotly chart; its toolbar's camera button downloads a PNG (rendered by the browser, no kaleido needed)."""
+    fig.update_layout(margin=dict(l=10, r=10, t=40, b=10))
+    container.plotly_chart(fig, key=key, config=PLOTLY_CONFIG, width="stretch")
+
+
+def page_header(title: str, blurb: str) -> None:
+    st.title(title)
+    st.caption(blurb)

@@ -1,0 +1,161 @@
+"""Data: browse examples with gold labels as colored tokens; label-sensitivity variants with their stats; build or
+import a data set (perturbation generator, HaluEval pairs, FAVA, CLIFF/AggreFact CSV, MLQE-PE, JSONL)."""
+
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import plotly.express as px
+import streamlit as st
+
+from pages._ui import (base_model, csv_download, current_spec, dataset_picker, legend_html, load_error, plot,
+                       records_of, token_html)
+from topl_core.cli.data import SOURCES, load_source
+from topl_core.data.records import DataError, write_jsonl
+from topl_core.data.split import split_records
+from topl_core.paths import cache_dir, shared_data_dir
+
+st.title("Data")
+st.caption("Token-level supervision: a document, a response, and a good/bad label for every response token.")
+
+SOURCE_HELP = {
+    "halueval-perturbed": "HaluEval's faithful summaries with seeded edits (entity/number/date swaps, negation, "
+                          "relation changes, invented sentences): token labels. Embedded, offline.",
+    "halueval-pairs": "HaluEval right vs hallucinated summaries: sequence labels only (SOPL, DPO). Embedded, offline.",
+    "fava": "JSONL rows of FAVA tagged text (<entity>, <relation>, … with <mark>/<delete>).",
+    "cliff": "CLIFF/AggreFact span CSV (real model hallucinations with annotated spans): the OOD token-level set.",
+    "aggrefact": "AggreFact CSV with doc, summ, label (summary-level labels).",
+    "mlqe": "MLQE-PE directory with SPLIT.src / .mt / .tags (word-level OK/BAD): translation task.",
+    "jsonl": "A records JSONL written by this workbench (validated and copied).",
+}
+
+
+@st.cache_data(show_spinner="Tokenizing and applying the label settings…", max_entries=16)
+def label_table(path: str, mtime: float, spec: str, split: str, limit: int, seed: int) -> pd.DataFrame:
+    from topl_core.data.encode import encode_record
+    from topl_core.data.variants import label_settings_table
+
+    records = records_of(path)
+    if split != "all":
+        records = split_records(records)[split]
+    records = [r for r in records if r.token_labels_known][:limit]
+    if not records:
+        return pd.DataFrame()
+    tok = base_model(spec).tokenizer
+    return label_settings_table([encode_record(tok, r).response_labels for r in records], seed=seed)
+
+
+tab_browse, tab_labels, tab_build = st.tabs(["Browse", "Label settings", "Build or import"])
+
+with tab_browse:
+    path = dataset_picker("data.dataset")
+    if path:
+        records = records_of(path)
+        docs = len({r.doc_id for r in records})
+        c = st.columns(4)
+        c[0].metric("Records", len(records))
+        c[1].metric("Documents", docs)
+        c[2].metric("With token labels", f"{100 * sum(r.token_labels_known for r in records) / max(1, len(records)):.0f}%")
+        c[3].metric("Unfaithful (sequence label 0)", sum(r.sequence_label == 0 for r in records))
+
+        f1, f2, f3 = st.columns([2, 1, 1])
+        sources = sorted({r.source for r in records})
+        chosen_sources = f1.multiselect("Sources", sources, default=sources, key="data.sources")
+        split = f2.selectbox("Split", ["all", "train", "val", "test"], key="data.split")
+        only_bad = f3.toggle("Only records with bad spans", value=True, key="data.only_bad")
+        pool = records if split == "all" else split_records(records)[split]
+        pool = [r for r in pool if r.source in chosen_sources and (r.bad_spans or not only_bad)]
+        if not pool:
+            st.warning("No record matches these filters.")
+        else:
+            i = st.number_input(f"Record (of {len(pool)})", 0, len(pool) - 1, 0, key="data.index")
+            r = pool[int(i)]
+            kinds = Counter(s.kind for s in r.bad_spans)
+            st.markdown(f"**{r.id}** · source `{r.source}` · task `{r.task}` · sequence label "
+                        f"**{'faithful' if r.sequence_label else 'unfaithful'}**"
+                        + (" · edits: " + ", ".join(f"`{k}`×{n}" for k, n in kinds.items()) if kinds else ""))
+            left, right = st.columns([3, 2], gap="large")
+            with left:
+                st.markdown("**Response** (gold token labels, model tokenizer)")
+                try:
+                    from topl_core.data.encode import encode_record
+
+                    tok = base_model(current_spec()).tokenizer
+                    e = encode_record(tok, r, max_response_tokens=512)
+                    tokens = [r.response[s:t] for s, t in e.response_offsets]
+                    gold = e.response_labels if r.token_labels_known else None
+                    st.markdown(token_html(tokens, gold=gold), unsafe_allow_html=True)
+                    st.markdown(legend_html(with_head=False), unsafe_allow_html=True)
+                    if not r.token_labels_known:
+                        st.caption("This record has a sequence label only (no token labels).")
+                except Exception as ex:
+                    load_error(ex)
+                if r.faithful_response and r.faithful_response != r.response:
+                    st.markdown("**Faithful response it pairs with**")
+                    st.markdown(f"> {r.faithful_response}")
+            with right:
+                st.markdown("**Document**")
+                with st.container(height=320):
+                    st.write(r.document)
+
+with tab_labels:
+    st.markdown("Label-sensitivity settings (DESIGN.md §2): the token labels TOPL would be trained on under each "
+                "setting, counted on the current model's tokens.")
+    path_l = dataset_picker("data.labels_dataset")
+    if path_l:
+        c1, c2, c3 = st.columns(3)
+        split_l = c1.selectbox("Split", ["train", "val", "test", "all"], key="data.labels_split")
+        limit = c2.number_input("Records (at most)", 10, 100_000, 300, step=50, key="data.labels_limit")
+        seed = c3.number_input("Seed", 0, 10_000, 0, key="data.labels_seed")
+        try:
+            table = label_table(path_l, Path(path_l).stat().st_mtime, current_spec(), split_l, int(limit), int(seed))
+        except Exception as ex:
+            table = None
+            load_error(ex)
+        if table is not None and table.empty:
+            st.warning("No token-labelled records in this split.")
+        elif table is not None:
+            st.dataframe(table, hide_index=True, key="data.labels_table",
+                         column_config={"pct_good": st.column_config.NumberColumn("% good", format="%.1f"),
+                                        "pct_bad": st.column_config.NumberColumn("% bad", format="%.1f")})
+            long = table.melt(id_vars="setting", value_vars=["good", "bad"], var_name="label", value_name="count")
+            fig = px.bar(long, x="setting", y="count", color="label", barmode="stack",
+                         color_discrete_map={"good": "#16a34a", "bad": "#dc2626"},
+                         title="Supervised tokens per label setting")
+            plot(fig, key="data.labels_fig")
+            csv_download(table, "label_settings.csv", key="data.labels_csv")
+
+with tab_build:
+    st.markdown("Build a records JSONL under `cache/data/` from any supported source; it then appears in every "
+                "data-set picker (Train, Token overlay, Evaluation …).")
+    b1, b2 = st.columns([1, 2])
+    source = b1.selectbox("Source", SOURCES, key="data.build_source")
+    b2.info(SOURCE_HELP[source])
+    input_path = None
+    if not source.startswith("halueval"):
+        default_in = str(shared_data_dir() / "CLIFF_error_types.csv") if source in ("cliff", "aggrefact") else ""
+        input_path = st.text_input("Input path (file, or directory for MLQE-PE)", value=default_in,
+                                   key=f"data.build_input.{source}")
+        upload = st.file_uploader("…or upload a file", type=["jsonl", "csv", "json"], key=f"data.build_upload.{source}")
+        if upload is not None:
+            up = cache_dir() / "uploads" / upload.name
+            up.parent.mkdir(parents=True, exist_ok=True)
+            up.write_bytes(upload.getvalue())
+            input_path = str(up)
+    o1, o2, o3, o4 = st.columns(4)
+    limit_b = o1.number_input("Limit (documents / rows)", 1, 100_000, 600, key="data.build_limit")
+    seed_b = o2.number_input("Seed", 0, 10_000, 0, key="data.build_seed")
+    fava_form = o3.selectbox("FAVA form", ["raw", "completion"], key="data.build_fava_form", disabled=source != "fava")
+    mlqe_split = o4.text_input("MLQE split", "train", key="data.build_mlqe_split", disabled=source != "mlqe")
+    out_name = st.text_input("Output name", value=f"{source}.jsonl", key=f"data.build_out.{source}")
+    if st.button("Build data set", type="primary", key="data.build_go", icon=":material/build:"):
+        out = cache_dir() / "data" / (out_name if out_name.endswith(".jsonl") else out_name + ".jsonl")
+        try:
+            with st.spinner(f"Reading {source}…"):
+                recs = load_source(source, input_path or None, int(limit_b), int(seed_b), fava_form, mlqe_split)
+                if not source.startswith("halueval"):
+                    recs = recs[: int(limit_b)]
+                write_jsonl(recs, out)
+            st.success(f"Wrote {len(recs)} records ({sum(bool(r.bad_spans) for r in recs)} with bad spans) to `{out}`.")
+        except (DataError, OSError) as ex:
+            st.error(str(ex))

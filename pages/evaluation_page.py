@@ -1,0 +1,4 @@
+import streamlit as st
+
+st.title("evaluation")
+st.info("Coming soon.")

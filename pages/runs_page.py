@@ -1,0 +1,113 @@
+"""Runs: compare runs side by side — config diff, training/validation curves, final metrics, and the ID/OOD
+factuality and average sentence count of their evaluations (when evaluated)."""
+
+import pandas as pd
+import plotly.express as px
+import streamlit as st
+
+from pages._ui import csv_download, plot, runs_table
+from topl_core.paths import runs_dir
+from topl_core.runs import RunDir
+
+st.title("Runs")
+st.caption(f"Every run directory in `{runs_dir()}`. Pick runs to compare their configs, curves and results.")
+
+df = runs_table(str(runs_dir()))
+if df.empty:
+    st.info("No runs yet: start one on the **Train** page.")
+    st.stop()
+
+st.dataframe(df.drop(columns=["path", "complete"]), hide_index=True, key="runs.table",
+             column_config={"val_token_auroc": st.column_config.NumberColumn("val token AUROC", format="%.3f"),
+                            "loss": st.column_config.NumberColumn(format="%.4f"),
+                            "lr": st.column_config.NumberColumn(format="%.1e"),
+                            "has_head": st.column_config.CheckboxColumn("head")})
+
+names = df["run"].tolist()
+default = df[df["complete"]]["run"].tolist()[:2] or names[:2]
+chosen = st.multiselect("Compare", names, default=default, key="runs.compare")
+if not chosen:
+    st.stop()
+paths = {n: df.set_index("run").loc[n, "path"] for n in chosen}
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else v
+    return out
+
+
+configs, metas = {}, {}
+for n, p in paths.items():
+    cfg, meta = RunDir(p).read_config()
+    configs[n], metas[n] = flat(cfg.to_json()), meta
+cfg_df = pd.DataFrame(configs)
+cfg_df.index.name = "field"
+differs = cfg_df.astype(str).nunique(axis=1) > 1
+
+tab_cfg, tab_curves, tab_results = st.tabs(["Config diff", "Curves", "Results"])
+with tab_cfg:
+    only_diff = st.toggle("Only fields that differ", value=len(chosen) > 1, key="runs.only_diff")
+    shown = cfg_df[differs] if only_diff else cfg_df
+    if shown.empty:
+        st.success("These runs have identical configs.")
+    else:
+        styled = shown.astype(str).style.apply(
+            lambda row: ["background-color: rgba(250,204,21,.3)" if differs[row.name] else "" for _ in row], axis=1)
+        st.dataframe(styled, key="runs.cfg_diff")
+    csv_download(cfg_df.reset_index(), "run_configs.csv", key="runs.cfg_csv")
+
+with tab_curves:
+    frames = []
+    for n, p in paths.items():
+        m = pd.DataFrame(RunDir(p).read_metrics())
+        if not m.empty:
+            frames.append(m.assign(run=n))
+    if not frames:
+        st.info("No metrics logged yet.")
+    else:
+        allm = pd.concat(frames, ignore_index=True)
+        c1, c2 = st.columns(2)
+        with c1:
+            plot(px.line(allm, x="step", y="loss", color="run", title="Training loss"), key="runs.loss")
+        with c2:
+            val_cols = [c for c in allm.columns if c.startswith("val_") and c not in ("val_tokens", "val_examples")]
+            if val_cols:
+                metric = st.selectbox("Validation metric", val_cols, key="runs.val_metric")
+                v = allm[["step", "run", metric]].dropna()
+                plot(px.line(v, x="step", y=metric, color="run", markers=True, title=metric), key="runs.val")
+            else:
+                st.info("These runs logged no validation metrics.")
+        csv_download(allm, "run_metrics.csv", key="runs.metrics_csv")
+
+with tab_results:
+    rows = []
+    for n, p in paths.items():
+        run = RunDir(p)
+        m = run.read_metrics()
+        last_val = next((r for r in reversed(m) if "val_token_auroc" in r or any(k.startswith("val_") for k in r)), {})
+        status = run.read_status()
+        row = {"run": n, "method": configs[n]["method"], "state": status.get("state"), "steps": status.get("step"),
+               "final loss": m[-1]["loss"] if m else None,
+               "val token AUROC": last_val.get("val_token_auroc"),
+               "train time (s)": status.get("elapsed_s"), "train examples": metas[n].get("n_train_examples"),
+               "head layer": metas[n].get("head_layer")}
+        try:  # ID/OOD factuality from evaluations of this run (topl_core.analysis.evaluation), when there are any
+            from topl_core.analysis.evaluation import run_summary  # type: ignore[attr-defined]
+
+            row.update(run_summary(p))
+        except Exception:
+            pass
+        rows.append(row)
+    res = pd.DataFrame(rows)
+    st.dataframe(res, hide_index=True, key="runs.results",
+                 column_config={"final loss": st.column_config.NumberColumn(format="%.4f"),
+                                "val token AUROC": st.column_config.NumberColumn(format="%.3f"),
+                                "train time (s)": st.column_config.NumberColumn(format="%.0f")})
+    st.caption("ID / OOD factuality and the average sentence count appear here once a run has been evaluated "
+               "(Evaluation page).")
+    csv_download(res, "run_results.csv", key="runs.results_csv")

@@ -1,0 +1,4 @@
+import streamlit as st
+
+st.title("steering")
+st.info("Coming soon.")

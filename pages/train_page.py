@@ -1,0 +1,224 @@
+"""Train: a form for any method with the paper's presets; the run starts in a separate process (topl_core.jobs),
+and the page follows it live — progress bar with ETA, loss curve, validation metrics — with cancel and resume.
+Everything shown is read from the run directories, so it survives page reloads and app restarts."""
+
+import time
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+from plotly.subplots import make_subplots
+
+from pages._ui import base_model, csv_download, current_spec, dataset_paths, load_error, plot, split_spec
+from topl_core import jobs
+from topl_core.models import PRESETS
+from topl_core.paths import runs_dir
+from topl_core.runs import RunDir
+from topl_core.training.config import ALL_MODULES, ConfigError, LoraSettings, TrainConfig
+from topl_core.training.objectives import OBJECTIVES
+
+st.title("Train")
+st.caption("TOPL and its baselines with one training loop. Runs go to a background process: close the tab, "
+           "reload, or restart the app — the run keeps going and is picked up again here.")
+
+spec = current_spec()
+model_name, _dtype, device = split_spec(spec)
+try:
+    n_layers = base_model(spec).num_layers
+except Exception as e:
+    load_error(e)
+    st.stop()
+
+K = "train."
+NO_PRESET = "none (CPU defaults)"
+
+
+def default_layer_end(n: int) -> int:
+    return max(0, min(n - 1, (2 * n) // 3))  # SmolLM2 (30 layers) → 20, as measured in DESIGN.md §3
+
+
+def apply_defaults() -> None:
+    """Fill the form from the method + preset (the paper's hyperparameters, layer range clamped to this model)."""
+    method, preset = st.session_state[K + "method"], st.session_state[K + "preset"]
+    base = TrainConfig(method=method)
+    values = {"lr": base.lr, "batch_size": base.batch_size, "grad_accum": base.grad_accum, "layer_start": 0,
+              "layer_end": default_layer_end(n_layers)}
+    if preset != NO_PRESET:
+        p = PRESETS[preset]
+        h = p.methods.get(method)
+        if h:
+            values.update(lr=h.lr, batch_size=h.batch_size, grad_accum=h.grad_accum)
+        values.update(layer_start=min(p.layer_start, n_layers - 1), layer_end=min(p.layer_end, n_layers - 1))
+    if method == "tldr":  # TLDR: LoRA on all layers, head on the last layer
+        values.update(layer_start=0, layer_end=n_layers - 1)
+    for k, v in values.items():
+        st.session_state[K + k] = v
+    st.session_state[K + "run_name"] = jobs.default_run_name(TrainConfig(method=method, model=model_name))
+
+
+if st.session_state.get(K + "for_model") != spec:  # first visit, or another model picked: reset the form
+    st.session_state[K + "for_model"] = spec
+    st.session_state.setdefault(K + "method", "topl")
+    st.session_state.setdefault(K + "preset", NO_PRESET)
+    apply_defaults()
+
+if st.session_state.pop(K + "new_name", False):
+    st.session_state[K + "run_name"] = jobs.default_run_name(TrainConfig(method=st.session_state[K + "method"],
+                                                                         model=model_name))
+if flash := st.session_state.pop(K + "flash", None):
+    st.success(flash, icon=":material/rocket_launch:")
+
+# --- the form -------------------------------------------------------------------------------------------------
+
+with st.container(border=True):
+    c1, c2, c3 = st.columns([1, 1, 2])
+    methods = list(OBJECTIVES)
+    c1.selectbox("Method", methods, key=K + "method", on_change=apply_defaults,
+                 format_func=lambda m: m.upper() if m in ("topl", "sft", "dpo", "sopl", "tldr", "tdpo") else m)
+    c2.selectbox("Preset", [NO_PRESET, *PRESETS], key=K + "preset", on_change=apply_defaults,
+                 help="The paper's learning rate, batch and LoRA layers for that model family (8B/4B, GPU).")
+    c3.info(OBJECTIVES[st.session_state[K + "method"]].description)
+
+    with st.form("train.form", border=False):
+        a, b, c, d = st.columns(4)
+        run_name = a.text_input("Run name", key=K + "run_name")
+        data_paths = dataset_paths()
+        data = b.selectbox("Data set", data_paths, key=K + "data", format_func=lambda p: Path(p).name)
+        steps = c.number_input("Steps", 1, 1_000_000, 60, key=K + "steps")
+        lr = d.number_input("Learning rate", 1e-7, 1.0, key=K + "lr", format="%.1e", step=1e-5)
+        a, b, c, d = st.columns(4)
+        batch = a.number_input("Batch size", 1, 1024, key=K + "batch_size")
+        accum = b.number_input("Gradient accumulation", 1, 1024, key=K + "grad_accum")
+        precision = c.selectbox("Precision", ["bf16", "fp32"], key=K + "precision",
+                                help="bf16 autocast is ~30% faster on CPU for TOPL (DESIGN.md §3).")
+        eval_every = d.number_input("Validate every (steps)", 1, 100_000, 20, key=K + "eval_every")
+        st.markdown(f"**LoRA** — the model has {n_layers} layers (0–{n_layers - 1}); "
+                    "the TOPL head sits after the last LoRA layer.")
+        a, b, c, d, e = st.columns(5)
+        layer_start = a.number_input("First layer", 0, n_layers - 1, key=K + "layer_start")
+        layer_end = b.number_input("Last layer", 0, n_layers - 1, key=K + "layer_end")
+        r = c.number_input("Rank r", 1, 256, 4, key=K + "r")
+        alpha = d.number_input("α", 0.1, 1024.0, 8.0, key=K + "alpha")
+        dropout = e.number_input("Dropout", 0.0, 0.9, 0.1, key=K + "dropout")
+        modules = st.multiselect("Modules", ALL_MODULES, default=list(ALL_MODULES), key=K + "modules")
+        with st.expander("More settings"):
+            a, b, c, d = st.columns(4)
+            from topl_core.data.variants import LABEL_SETTINGS
+
+            label_setting = a.selectbox("Label setting", LABEL_SETTINGS, key=K + "label_setting")
+            beta = b.number_input("β (DPO/TDPO)", 0.0, 10.0, 0.1, key=K + "beta")
+            seed = c.number_input("Seed", 0, 1_000_000, 0, key=K + "seed")
+            ckpt = d.number_input("Checkpoint every", 1, 100_000, 10, key=K + "checkpoint_every")
+            a, b, c, _ = st.columns(4)
+            max_doc = a.number_input("Max document tokens", 16, 32_768, 320, key=K + "max_doc_tokens")
+            max_resp = b.number_input("Max response tokens", 8, 8192, 128, key=K + "max_response_tokens")
+            max_val = c.number_input("Validation examples", 1, 100_000, 64, key=K + "max_val_examples")
+        submitted = st.form_submit_button("Start training", type="primary", icon=":material/play_arrow:")
+
+if submitted:
+    try:
+        if not data:
+            raise ConfigError("data: no data set; build one on the Data page first.")
+        cfg = TrainConfig(
+            method=st.session_state[K + "method"], model=model_name, data=str(Path(data).resolve()),
+            lora=LoraSettings(r=int(r), alpha=float(alpha), dropout=float(dropout), layer_start=int(layer_start),
+                              layer_end=int(layer_end), modules=tuple(modules)),
+            lr=float(lr), batch_size=int(batch), grad_accum=int(accum), steps=int(steps), seed=int(seed),
+            precision=precision, device=device, max_doc_tokens=int(max_doc), max_response_tokens=int(max_resp),
+            eval_every=int(eval_every), checkpoint_every=int(ckpt), max_val_examples=int(max_val),
+            label_setting=label_setting, beta=float(beta),
+        )
+        name = run_name.strip().replace("/", "_") or jobs.default_run_name(cfg)
+        path = jobs.launch_train(cfg, runs_dir() / name)
+        st.session_state[K + "watch"] = str(path)
+        st.session_state[K + "flash"] = f"Started **{name}** in the background (pid {jobs.read_job(path).pid})."
+        st.session_state[K + "new_name"] = True
+        st.rerun()
+    except (ConfigError, jobs.JobError, ValueError) as e:
+        st.error(str(e))
+
+# --- live jobs ------------------------------------------------------------------------------------------------
+
+
+def fmt_s(s) -> str:
+    if s is None:
+        return "—"
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+STATE_ICON = {"starting": "⏳", "running": "🟢", "finished": "✅", "failed": "❌", "cancelled": "⏹️",
+              "interrupted": "⚠️", "unknown": "❔"}
+
+
+def curves(path: Path) -> None:
+    rows = RunDir(path).read_metrics()
+    if not rows:
+        st.caption("No metrics yet: the process is loading the model and data.")
+        return
+    df = pd.DataFrame(rows)
+    val_cols = [c for c in df.columns if c.startswith("val_") and c not in ("val_tokens", "val_examples")
+                and pd.api.types.is_numeric_dtype(df[c])]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Training loss", "Validation"))
+    fig.add_trace(go.Scatter(x=df["step"], y=df["loss"], mode="lines", name="loss", line=dict(color="#2563eb")), 1, 1)
+    for col in val_cols:
+        v = df[["step", col]].dropna()
+        fig.add_trace(go.Scatter(x=v["step"], y=v[col], mode="lines+markers", name=col), 1, 2)
+    fig.update_xaxes(title_text="step")
+    fig.update_layout(height=300, legend=dict(orientation="h", y=-0.25))
+    plot(fig, key=f"train.curves.{path.name}")
+    csv_download(df, f"{path.name}-metrics.csv", key=f"train.csv.{path.name}", label="Metrics CSV")
+
+
+def jobs_panel() -> None:
+    all_jobs = [j for j in jobs.list_jobs() if j.kind == "train"]
+    active = [j for j in all_jobs if j.active]
+    if st.session_state.get(K + "had_active") and not active:
+        st.session_state[K + "had_active"] = False
+        st.rerun(scope="app")  # a job just ended: stop polling, refresh the run lists
+    st.session_state[K + "had_active"] = bool(active)
+    st.subheader(f"Runs ({len(active)} active)")
+    if not all_jobs:
+        st.info(f"No runs yet in `{runs_dir()}`.")
+        return
+    names = [j.name for j in all_jobs]
+    watch = Path(st.session_state.get(K + "watch", "")).name
+    for j in all_jobs[:8]:
+        with st.container(border=True):
+            a, b, c = st.columns([3, 6, 1.3], vertical_alignment="center")
+            a.markdown(f"{STATE_ICON.get(j.state, '')} **{j.name}**  \n`{j.state}`")
+            if j.state in ("running", "starting"):
+                b.progress(j.fraction, text=f"step {j.step}/{j.steps} · ETA {fmt_s(j.eta_s)} · elapsed "
+                                            f"{fmt_s(j.elapsed_s)} · loss {j.loss if j.loss is None else f'{j.loss:.4f}'}")
+                if c.button("Cancel", key=f"train.cancel.{j.name}", icon=":material/stop:"):
+                    jobs.cancel(j.path)
+                    st.toast(f"Cancelling {j.name}: saving a checkpoint…")
+            else:
+                auroc = j.val.get("val_token_auroc")
+                b.progress(j.fraction, text=f"step {j.step}/{j.steps} · loss "
+                                            f"{'—' if j.loss is None else f'{j.loss:.4f}'}"
+                                            + (f" · val token AUROC {auroc:.3f}" if auroc is not None else ""))
+                if j.state in ("cancelled", "failed", "interrupted"):
+                    if c.button("Resume", key=f"train.resume.{j.name}", icon=":material/replay:"):
+                        try:
+                            jobs.resume_train(j.path)
+                            st.session_state[K + "watch"] = str(j.path)
+                            st.rerun(scope="app")
+                        except jobs.JobError as e:
+                            st.error(str(e))
+                if j.error and j.state != "finished":
+                    b.caption(f"{j.error[:300]}")
+    if len(all_jobs) > 8:
+        st.caption(f"… and {len(all_jobs) - 8} older runs (see the Runs page).")
+    default = watch if watch in names else (active[0].name if active else names[0])
+    if st.session_state.get(K + "detail") not in names:
+        st.session_state[K + "detail"] = default
+    sel = st.selectbox("Curves of", names, key=K + "detail")
+    curves(runs_dir() / sel)
+    with st.expander("Log"):
+        st.code(jobs.log_tail(runs_dir() / sel, 30) or "(empty)", language=None)
+
+
+any_active = any(j.active for j in jobs.list_jobs() if j.kind == "train")
+st.fragment(jobs_panel, run_every=1.5 if any_active else None)()
