@@ -1,0 +1,86 @@
+"""`steer`: LoRA-B steering vectors v = scaling·B(μ+ − μ−) at the top-k residual-writing sites (o_proj, down_proj)
+by LoRA-A AUROC, and the merged model's summary of a document for each λ (λ·v added at those sites), next to the
+base model's. Vectors come from a labelled token set (default: the run's data, val split) or from --vectors DIR
+(an earlier --export)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import add_data_args, load_split
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("steer", help="LoRA-B steering: generate a summary for each λ",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--run", required=True, help="run directory (its LoRA is merged; its B gives the vectors)")
+    p.add_argument("--document", help="document text to summarise")
+    p.add_argument("--document-file", help="read the document from this file instead")
+    p.add_argument("--lambdas", nargs="+", type=float, default=[-4, -2, 0, 2, 4], help="λ grid")
+    p.add_argument("--top-k", type=int, default=4, help="number of steered sites (best o_proj/down_proj by AUROC)")
+    p.add_argument("--vectors", help="import steering vectors from this directory instead of computing them")
+    p.add_argument("--export", help="export the steering vectors (safetensors + JSON) to this directory")
+    add_data_args(p)
+    p.set_defaults(split="val")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--mode", choices=["greedy", "sample"], default="greedy")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-base", action="store_true", help="skip the base model's summary")
+    p.add_argument("--no-cache", action="store_true", help="recompute the projections instead of reading cache/analysis/")
+    p.add_argument("--json", help="write vectors' metadata and the generations here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    from ..analysis.separability import ProbeSettings, labelled_records
+    from ..analysis.steering import SteeringSession, SteeringVectors, build_steering_vectors
+    from ..generate import GenerationConfig, generate
+    from ..io import write_json
+    from ..models import ModelSpec, load_model
+    from ..paths import PROJECT_ROOT
+    from ..runs import RunDir
+
+    if args.document_file:
+        args.document = Path(args.document_file).read_text(encoding="utf-8")
+    if not args.document:
+        raise SystemExit("error: give --document TEXT or --document-file PATH")
+    rd = RunDir(args.run)
+    cfg, _ = rd.read_config()
+    if args.vectors:
+        vectors = SteeringVectors.load(args.vectors)
+        print(f"steering vectors from {args.vectors}")
+    else:
+        if not args.data:
+            data = Path(cfg.data)
+            args.data = str(data if data.exists() or data.is_absolute() else PROJECT_ROOT / data)
+        records = labelled_records(load_split(args))
+        if not records:
+            raise SystemExit(f"error: {args.data} [{args.split}] holds no records with token labels.")
+        print(f"computing steering vectors from {args.data} [{args.split}]: {len(records)} records")
+        lo, hi = min(args.lambdas), max(args.lambdas)
+        vectors = build_steering_vectors(rd, records, ProbeSettings(random_control=False), args.top_k,
+                                         use_cache=not args.no_cache, lambda_range=(lo, hi))
+    norms = vectors.norms()
+    print(f"steered sites ({vectors.n_good} good / {vectors.n_bad} bad tokens; v = scaling·B(μ+ − μ−)):")
+    for s in vectors.sites:
+        print(f"  {s.key:14s} AUROC {vectors.auroc[s.key]:.3f}  ‖v‖ {norms[s.key]:.4g}")
+    if args.export:
+        vectors.save(args.export)
+        print(f"exported to {args.export}")
+
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, mode=args.mode, seed=args.seed)
+    rows = []
+    if not args.no_base:
+        base_text = generate(load_model(ModelSpec(cfg.model, "float32", cfg.device)), [args.document], gen)[0]
+        rows.append({"model": "base", "lambda": None, "text": base_text})
+        print(f"\n== base model\n{base_text}")
+    session = SteeringSession.from_run(rd, vectors)
+    for lam in args.lambdas:
+        text = session.generate_steered(args.document, lam, gen)
+        rows.append({"model": "merged" if lam == 0 else "steered", "lambda": lam, "text": text})
+        print(f"\n== merged, λ = {lam:g}\n{text}")
+    if args.json:
+        write_json(args.json, {"run": str(rd.path), "vectors": vectors.metadata(), "document": args.document,
+                               "generations": rows})
+        print(f"\nwrote {args.json}")
