@@ -63,12 +63,14 @@ class MethodHyper:
 
 @dataclass(frozen=True)
 class Preset:
-    """The paper's settings for a model family: LoRA layer range and per-method learning rate / batch."""
+    """The paper's settings for a model family: LoRA layer range and per-method learning rate / batch.
+    `num_layers` is the model's decoder depth (TLDR puts LoRA on all of them)."""
 
     hf_id: str
     layer_start: int
     layer_end: int
     methods: dict[str, MethodHyper] = field(default_factory=dict)
+    num_layers: int = 0
 
 
 def _paper_methods(topl_lr: float, sft_lr: float, dpo_lr: float) -> dict[str, MethodHyper]:
@@ -84,9 +86,9 @@ def _paper_methods(topl_lr: float, sft_lr: float, dpo_lr: float) -> dict[str, Me
 
 
 PRESETS: dict[str, Preset] = {
-    "qwen3-8b": Preset("Qwen/Qwen3-8B", 0, 29, _paper_methods(5e-5, 1e-4, 1e-5)),
-    "llama3.1-8b": Preset("meta-llama/Llama-3.1-8B-Instruct", 0, 27, _paper_methods(1e-4, 1e-4, 2e-5)),
-    "gemma3-4b": Preset("google/gemma-3-4b-it", 0, 27, _paper_methods(1e-4, 5e-5, 5e-6)),
+    "qwen3-8b": Preset("Qwen/Qwen3-8B", 0, 29, _paper_methods(5e-5, 1e-4, 1e-5), num_layers=36),
+    "llama3.1-8b": Preset("meta-llama/Llama-3.1-8B-Instruct", 0, 27, _paper_methods(1e-4, 1e-4, 2e-5), num_layers=32),
+    "gemma3-4b": Preset("google/gemma-3-4b-it", 0, 27, _paper_methods(1e-4, 5e-5, 5e-6), num_layers=34),
 }
 
 
@@ -138,7 +140,8 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     cfg = model.config
     arch = [cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size]
     emb = model.get_input_embeddings().weight
-    sample = emb[:: max(1, emb.shape[0] // 64), :16].detach().float().cpu().numpy().round(4).tobytes()
+    # signs of a weight sample: identical in float32 and bfloat16 copies of the same model, distinct across models
+    sample = (emb[:: max(1, emb.shape[0] // 64), :16].detach() > 0).cpu().numpy().tobytes()
     return hashlib.sha256(json.dumps(arch).encode() + sample).hexdigest()[:16]
 
 

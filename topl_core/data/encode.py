@@ -103,16 +103,22 @@ def encode_record(
 
 @dataclass
 class Batch:
-    """Right-padded tensors for a list of Encoded examples."""
+    """Right-padded tensors for a list of Encoded examples.
+
+    `lm_mask` marks the next-token targets of language-model objectives: the response tokens and the end-of-turn
+    token after them (never position 0, which has no prediction). A pair batch (see `collate_pairs`) holds the
+    chosen responses in rows [0, B) and the rejected ones in rows [B, 2B); row i pairs with row B + i."""
 
     input_ids: torch.Tensor  # (B, T)
     attention_mask: torch.Tensor  # (B, T)
     labels: torch.Tensor  # (B, T) 1/0/-1
     response_mask: torch.Tensor  # (B, T) bool: response tokens (labelled or not)
     sequence_labels: torch.Tensor  # (B,)
+    lm_mask: torch.Tensor | None = None  # (B, T) bool: response tokens + end-of-turn token
 
     def to(self, device) -> "Batch":
-        return Batch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.labels, self.response_mask, self.sequence_labels)))
+        tensors = (self.input_ids, self.attention_mask, self.labels, self.response_mask, self.sequence_labels, self.lm_mask)
+        return Batch(*(None if t is None else t.to(device) for t in tensors))
 
 
 def collate(examples: list[Encoded], pad_id: int, pad_to_multiple: int = 16) -> Batch:
@@ -124,11 +130,29 @@ def collate(examples: list[Encoded], pad_id: int, pad_to_multiple: int = 16) -> 
     att = torch.zeros((B, T), dtype=torch.long)
     lab = torch.full((B, T), IGNORE, dtype=torch.long)
     resp = torch.zeros((B, T), dtype=torch.bool)
+    lm = torch.zeros((B, T), dtype=torch.bool)
     for i, e in enumerate(examples):
         n = len(e)
         ids[i, :n] = torch.from_numpy(e.input_ids)
         att[i, :n] = 1
         lab[i, :n] = torch.from_numpy(e.labels)
         resp[i, e.response_start : e.response_end] = True
+        lm[i, max(1, e.response_start) : n] = True  # the response, then the end-of-turn token encode_record appends
     seq = torch.tensor([e.sequence_label for e in examples], dtype=torch.long)
-    return Batch(ids, att, lab, resp, seq)
+    return Batch(ids, att, lab, resp, seq, lm)
+
+
+@dataclass(frozen=True)
+class EncodedPair:
+    """A preference pair for the same prompt: chosen = the faithful response, rejected = the unfaithful one."""
+
+    chosen: Encoded
+    rejected: Encoded
+
+    def __len__(self) -> int:
+        return max(len(self.chosen), len(self.rejected))
+
+
+def collate_pairs(pairs: list[EncodedPair], pad_id: int, pad_to_multiple: int = 16) -> Batch:
+    """One batch of 2B rows, padded together: chosen responses in rows [0, B), rejected in rows [B, 2B)."""
+    return collate([p.chosen for p in pairs] + [p.rejected for p in pairs], pad_id, pad_to_multiple)

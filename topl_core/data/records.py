@@ -99,7 +99,10 @@ class Record:
             spans = tuple(Span(**s) for s in row.get("bad_spans", ()))
         except TypeError as e:
             raise DataError(f"{where}: bad_spans entries must be {{start, end, kind}} objects ({e}).") from e
-        return cls(**{**row, "bad_spans": spans})
+        try:
+            return cls(**{**row, "bad_spans": spans})
+        except (DataError, TypeError) as e:
+            raise DataError(f"{where}: {e}") from e
 
 
 def write_jsonl(records: Iterable[Record], path: str | os.PathLike) -> Path:

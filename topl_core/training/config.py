@@ -73,6 +73,7 @@ class TrainConfig:
     split_seed: int = 0
     label_setting: str = "original"
     beta: float = 0.1  # DPO/TDPO temperature
+    tdpo_alpha: float = 0.5  # TDPO2 weight of the sequential-KL difference (Zeng et al. 2024 default)
 
     def __post_init__(self) -> None:
         from .objectives import OBJECTIVES
@@ -88,6 +89,17 @@ class TrainConfig:
             _fail("lr", self.lr, "must be positive (paper: 5e-5 to 1e-4 for TOPL).")
         if self.precision not in ("fp32", "bf16"):
             _fail("precision", self.precision, "choose 'fp32' or 'bf16' (autocast).")
+        if not self.beta > 0:
+            _fail("beta", self.beta, "must be positive (DPO/TDPO temperature; paper-style default 0.1).")
+        if not self.tdpo_alpha >= 0:
+            _fail("tdpo_alpha", self.tdpo_alpha, "must be non-negative (TDPO2 default 0.5).")
+        token_methods = sorted(k for k, o in OBJECTIVES.items() if "token_labels" in o.requires)
+        if self.label_setting != "original" and self.method not in token_methods:
+            _fail(
+                "label_setting", self.label_setting,
+                f"label settings rewrite token labels, which method {self.method!r} does not use; "
+                f"use 'original', or one of the token-level methods {token_methods}.",
+            )
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -117,13 +129,15 @@ def preset_config(preset: str, method: Method = "topl", **overrides) -> TrainCon
         _fail("preset", preset, f"choose one of {sorted(PRESETS)}.")
     p = PRESETS[preset]
     h = p.methods[method]
+    # TLDR is defined with LoRA on every layer (its head sits on the last one); the others use the paper's range.
+    layer_end = p.num_layers - 1 if method == "tldr" else p.layer_end
     base = TrainConfig(
         method=method,
         model=preset,
         lr=h.lr,
         batch_size=h.batch_size,
         grad_accum=h.grad_accum,
-        lora=LoraSettings(layer_start=p.layer_start, layer_end=p.layer_end),
+        lora=LoraSettings(layer_start=0 if method == "tldr" else p.layer_start, layer_end=layer_end),
         device="cuda",
     )
     return base.with_overrides(**overrides)

