@@ -1,0 +1,70 @@
+"""The command line: --help on every command, and an end-to-end run on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from topl_core.cli import build_parser, main
+from topl_core.data.records import read_jsonl, write_jsonl
+
+
+def _commands(parser) -> list[list[str]]:
+    import argparse
+
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out.append([name])
+                out += [[name, *rest] for rest in _commands(sub)]
+    return out
+
+
+def test_every_command_has_help(capsys):
+    commands = _commands(build_parser())
+    assert {"data", "train", "generate", "score-tokens"} <= {c[0] for c in commands}
+    for cmd in commands:
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args([*cmd, "--help"])
+        assert e.value.code == 0
+        assert "usage:" in capsys.readouterr().out
+
+
+def test_end_to_end_on_tiny_model(tmp_path, tiny_records, capsys):
+    data = write_jsonl(tiny_records, tmp_path / "d.jsonl")
+    assert main(["data", "inspect", str(data), "-n", "2"]) == 0
+    assert "[[" in capsys.readouterr().out  # bad spans are marked
+    run = tmp_path / "run"
+    args = ["train", "--model", "tiny-llama", "--data", str(data), "--out", str(run), "--steps", "3",
+            "--lora-layer-end", "2", "--batch-size", "4", "--precision", "fp32", "--eval-every", "3"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "step 3/3" in out and "finished" in out
+    assert main(["generate", "--run", str(run), "--data", str(data), "--limit", "2", "--max-new-tokens", "4",
+                 "--out", str(tmp_path / "g.jsonl")]) == 0
+    assert len((tmp_path / "g.jsonl").read_text().splitlines()) >= 1
+    assert main(["score-tokens", "--run", str(run), "--data", str(data), "--split", "all", "--limit", "6",
+                 "--json", str(tmp_path / "s.json")]) == 0
+    report = json.loads((tmp_path / "s.json").read_text())
+    (row,) = report.values()
+    assert row["records"] == 6 and 0 <= row["head_auroc"] <= 1
+    assert main(["score-tokens", "--run", str(run), "--document", "Leeds council met.", "--response", "Leeds met."]) == 0
+
+
+def test_cli_errors_are_clear(tmp_path, capsys):
+    assert main(["train", "--model", "tiny-llama", "--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "r")]) == 2
+    assert "data build" in capsys.readouterr().err
+    assert main(["train", "--model", "tiny-llama", "--lr", "-1", "--out", str(tmp_path / "r")]) == 2
+    assert "lr=-1" in capsys.readouterr().err
+
+
+def test_data_build_from_fava_jsonl(tmp_path):
+    rows = [{"id": "f1", "evidence": "Paris is the capital of France.",
+             "errored_passage": "The capital of France is <entity><mark>Lyon</mark><delete>Paris</delete></entity>."}]
+    src = tmp_path / "fava.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows))
+    assert main(["data", "build", "--source", "fava", "--input", str(src), "--out", str(tmp_path / "o.jsonl")]) == 0
+    (rec,) = read_jsonl(tmp_path / "o.jsonl")
+    assert rec.response == "The capital of France is Lyon." and rec.bad_texts == ["Lyon"]
