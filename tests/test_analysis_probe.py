@@ -1,0 +1,393 @@
+"""LoRA sites, LoRA-A capture, separability, UMAP, the analysis cache and the probe CLI — offline, tiny models."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from topl_core.analysis.capture import Projections, capture_lora, collect_projections, random_lora_A
+from topl_core.analysis.sites import MODULE_ORDER, Site, input_module, lora_sites, lora_weights, read_lora_weights
+from topl_core.data.encode import IGNORE, encode_record
+from topl_core.data.perturb import build_perturbation_records
+from topl_core.models import ModelError, build_tiny_model, decoder_layers
+from topl_core.training.config import LoraSettings, TrainConfig
+from topl_core.training.trainer import apply_lora, train
+
+FAMILIES = ("tiny-llama", "tiny-qwen3", "tiny-gemma3")
+PAIRS = [
+    ("d0", "The council of Leeds approved the new budget on Monday after a long debate. Police arrested two men.",
+     "The Leeds council approved the budget on Monday. Police arrested two men."),
+    ("d1", "Scientists in Oxford found that the drug did not reduce the risk of heart disease in 2023.",
+     "Scientists in Oxford found the drug did not reduce heart disease risk in 2023."),
+    ("d2", "The company said profits increased by 12 percent in 2023, while sales fell in March.",
+     "Profits increased by 12 percent in 2023 and sales fell in March, the company said."),
+    ("d3", "She won the election with 54 percent of the vote, the commission said on Friday.",
+     "She won the election with 54 percent of the vote on Friday."),
+    ("d4", "The match ended 3-1 and the manager praised his team after the game in Bristol.",
+     "The manager praised his team after the match in Bristol ended 3-1."),
+    ("d5", "Police in Cardiff released a third man without charge on Sunday, officials said.",
+     "Officials said police in Cardiff released a third man without charge on Sunday."),
+]
+
+
+def all_hooks(model: torch.nn.Module) -> int:
+    """Forward and pre-forward hooks on every module (transformers adds its own output recorders the first time
+    output_hidden_states is asked for, so tests compare against a count taken before)."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+@pytest.fixture(scope="module")
+def records():
+    return build_perturbation_records(PAIRS, seed=0)
+
+
+def peft_model(family: str, layer_start: int = 1, layer_end: int = 2, random_b: bool = True):
+    """A tiny model with LoRA on layers [layer_start, layer_end]; B randomised so the adapter changes activations."""
+    model, tok = build_tiny_model(family)
+    cfg = TrainConfig(model=family, lora=LoraSettings(layer_start=layer_start, layer_end=layer_end), precision="fp32")
+    peft = apply_lora(model, cfg).eval()
+    if random_b:
+        g = torch.Generator().manual_seed(1)
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.data = torch.randn(p.shape, generator=g) * 0.2
+    return peft, tok
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, records):
+    cfg = TrainConfig(model="tiny-llama", lora=LoraSettings(layer_start=0, layer_end=3), steps=3, precision="fp32",
+                      batch_size=4, lr=5e-3, max_val_examples=4, eval_every=3, checkpoint_every=3)
+    return train(cfg, tmp_path_factory.mktemp("runs") / "topl-probe", records=records)
+
+
+@pytest.fixture()
+def cache_tmp(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+# --- sites ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lora_sites_ordered_and_resolvable(family):
+    peft, _ = peft_model(family)
+    sites = lora_sites(peft)
+    assert [(s.layer, s.module) for s in sites] == [(l, m) for l in (1, 2) for m in MODULE_ORDER]
+    for s in sites:
+        assert s.path == f"model.layers.{s.layer}.{'self_attn' if s.module in MODULE_ORDER[:4] else 'mlp'}.{s.module}"
+        w = lora_weights(peft, s)
+        assert w.A.shape == (4, input_module(peft, s).in_features) and w.scaling == 2.0
+
+
+def test_lora_sites_errors_name_the_fix():
+    model, _ = build_tiny_model("tiny-llama")
+    with pytest.raises(ModelError, match="holds no LoRA layers.*load_adapter"):
+        lora_sites(model)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    with pytest.raises(ModelError, match="does not know architecture GPT2LMHeadModel.*Llama, Qwen3 or Gemma3"):
+        lora_sites(gpt2)
+
+
+def test_read_lora_weights_equals_peft(tiny_run):
+    from topl_core.models import load_model
+    from topl_core.runs import load_adapter
+
+    peft = load_adapter(load_model("tiny-llama"), tiny_run)
+    from_files = read_lora_weights(tiny_run)
+    assert list(from_files) == lora_sites(peft)
+    for s, w in from_files.items():
+        ref = lora_weights(peft, s)
+        assert torch.equal(w.A, ref.A) and torch.equal(w.B, ref.B) and w.scaling == ref.scaling
+        assert w.B.abs().sum() > 0  # trained: B moved off its zero init
+
+
+# --- capture -------------------------------------------------------------------------------------------------
+
+
+def _row_index(proj: Projections) -> dict[tuple[str, int], int]:
+    return {(rid, int(pos)): i for i, (rid, pos) in enumerate(zip(proj.record_ids, proj.positions))}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_capture_equals_manual_projection(family, records):
+    """Capture (batched, early exit, base-layer pre-hooks) == A·x recomputed per record without the capture code:
+    q/k/v from output_hidden_states + the layer's input norm (hook-free); o/gate/up/down from a full forward that
+    records the LoRA modules' own inputs and projects them with PEFT's lora_A module."""
+    peft, tok = peft_model(family)
+    sites = lora_sites(peft)
+    recs = records[:6]
+    before = all_hooks(peft)
+    proj = collect_projections(peft, tok, recs, batch_size=3)
+    assert all_hooks(peft) == before  # (transformers itself adds output-recording hooks on output_hidden_states)
+    rows = _row_index(proj)
+    n_expected = 0
+    for rec in recs:
+        e = encode_record(tok, rec, 320, 128)
+        ids = torch.from_numpy(e.input_ids)[None]
+        keep = np.flatnonzero(e.labels != IGNORE)
+        n_expected += len(keep)
+        seen = {}
+        handles = [peft.base_model.model.get_submodule(s.path).register_forward_pre_hook(
+            lambda m, a, key=s.key: seen.__setitem__(key, a[0].detach())) for s in sites]
+        try:
+            with torch.no_grad():
+                out = peft(input_ids=ids, output_hidden_states=True)
+        finally:
+            for h in handles:
+                h.remove()
+        for s in sites:
+            module = peft.base_model.model.get_submodule(s.path)
+            if s.module in ("q_proj", "k_proj", "v_proj"):
+                x = decoder_layers(peft)[s.layer].input_layernorm(out.hidden_states[s.layer])[0]
+            else:
+                x = seen[s.key][0]
+            with torch.no_grad():
+                manual = module.lora_A["default"](x).numpy()
+            got = np.stack([proj[s][rows[(rec.id, int(p - e.response_start))]] for p in keep])
+            np.testing.assert_allclose(got, manual[keep], rtol=1e-4, atol=1e-5, err_msg=f"{family} {s.key}")
+    assert proj.n_tokens == n_expected
+    labels = np.concatenate([encode_record(tok, r, 320, 128).labels for r in recs])
+    assert (proj.labels == 0).sum() == (labels == 0).sum() > 0
+
+
+def test_capture_stops_after_last_lora_layer():
+    peft, tok = peft_model("tiny-llama", 0, 1)
+    ran = []
+    handles = [layer.register_forward_hook(lambda m, a, o, i=i: ran.append(i)) for i, layer in enumerate(decoder_layers(peft))]
+    handles.append(peft.base_model.model.lm_head.register_forward_hook(lambda *a: ran.append("lm_head")))
+    try:
+        ids = tok("Police arrested two men.", return_tensors="pt")["input_ids"]
+        with capture_lora(peft) as cap:
+            cap.run(ids, torch.ones_like(ids), torch.ones_like(ids, dtype=torch.bool))
+    finally:
+        for h in handles:
+            h.remove()
+    assert ran == [0, 1]  # layers 2, 3 and the LM head never ran
+
+
+def test_capture_works_with_adapter_disabled_and_merged(records):
+    peft, tok = peft_model("tiny-llama", 0, 2)
+    sites = lora_sites(peft)
+    A = {s: lora_weights(peft, s).A for s in sites}
+    active = collect_projections(peft, tok, records[:4])
+    with peft.disable_adapter():
+        disabled = collect_projections(peft, tok, records[:4])
+    merged = copy.deepcopy(peft).merge_and_unload()
+    from_merged = collect_projections(merged, tok, records[:4], weights=A)
+    first = Site(0, "q_proj", "model.layers.0.self_attn.q_proj")
+    np.testing.assert_allclose(disabled[first], active[first], atol=1e-6)  # layer-0 input does not depend on LoRA
+    assert not np.allclose(disabled["L2.down_proj"], active["L2.down_proj"], atol=1e-3)  # adapter off: x differs
+    for s in sites:  # merged weights compute the same x as the active adapter
+        np.testing.assert_allclose(from_merged[s], active[s], rtol=1e-3, atol=1e-4)
+
+
+def test_capture_random_control_is_projection_of_same_inputs(records):
+    peft, tok = peft_model("tiny-qwen3")
+    sites = lora_sites(peft)
+    R = random_lora_A(sites, 4, {s: input_module(peft, s).in_features for s in sites}, seed=3)
+    keep = [s.key for s in sites]
+    sets = collect_projections(peft, tok, records[:3], controls={"random": R}, keep_inputs=keep)
+    for s in sites:
+        x = torch.from_numpy(sets["lora"].inputs[s.key])
+        np.testing.assert_allclose(sets["random"][s], (x @ R[s].T).numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(sets["lora"][s], (x @ lora_weights(peft, s).A.T).numpy(), rtol=1e-5, atol=1e-5)
+        bound = 1 / math.sqrt(x.shape[1])
+        assert R[s].abs().max() <= bound and R[s].shape == (4, x.shape[1])
+
+
+def test_no_hooks_remain_after_exception_in_capture():
+    peft, tok = peft_model("tiny-gemma3")
+    before = all_hooks(peft)
+    with pytest.raises(RuntimeError, match="boom"):
+        with capture_lora(peft):
+            assert all_hooks(peft) == before + len(lora_sites(peft))
+            raise RuntimeError("boom")
+    assert all_hooks(peft) == before == 0
+    peft.train()
+    with pytest.raises(RuntimeError):
+        with capture_lora(peft):
+            raise RuntimeError("boom")
+    assert peft.training and all_hooks(peft) == 0  # mode restored too
+
+
+# --- separability --------------------------------------------------------------------------------------------
+
+
+def synthetic(n: int = 2000, sep: float = 6.0, seed: int = 0, sites=None) -> Projections:
+    rng = np.random.default_rng(seed)
+    sites = sites or (Site(0, "o_proj", "model.layers.0.self_attn.o_proj"), Site(1, "down_proj", "model.layers.1.mlp.down_proj"))
+    y = (rng.random(n) < 0.7).astype(np.int8)
+    values = {}
+    for s in sites:
+        X = rng.normal(size=(n, 4)).astype(np.float32)
+        X[:, 2] += np.where(y == 1, sep / 2, -sep / 2)  # component 2 separates (larger = good)
+        values[s.key] = X
+    docs = np.asarray([f"doc{i // 20}" for i in range(n)])
+    return Projections(tuple(sites), values, y, docs, np.arange(n) % 20, np.asarray(["t"] * n), docs)
+
+
+def test_auroc_is_one_on_separable_and_half_on_shuffled():
+    from topl_core.analysis.separability import separability
+
+    proj = synthetic(sep=40.0)
+    sep = separability(proj, "synthetic", n_boot=200)
+    for s in sep.scores:
+        assert s.cv_auroc == 1.0 and s.component_auroc == 1.0 and s.component == 2 and s.sign == 1
+    assert sep.mean == 1.0 and sep.std == 0.0 and sep.n_good + sep.n_bad == 2000
+    flipped = Projections(proj.sites, {k: -v for k, v in proj.values.items()}, proj.labels, proj.record_ids,
+                          proj.positions, proj.tokens, proj.doc_ids)
+    assert all(s.sign == -1 and s.component_auroc == 1.0 for s in separability(flipped, n_boot=10).scores)
+
+    shuffled = Projections(proj.sites, proj.values, np.random.default_rng(1).permutation(proj.labels),
+                           proj.record_ids, proj.positions, proj.tokens, proj.doc_ids)
+    noise = separability(shuffled, n_boot=200)
+    for s in noise.scores:
+        assert abs(s.cv_auroc - 0.5) < 0.06, s
+        assert 0.5 <= s.component_auroc < 0.56  # in-sample max over 4 components: a little above 0.5
+
+
+def test_fast_logistic_and_rank_auroc_agree_with_sklearn():
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    from topl_core.analysis.separability import fit_logistic, rank_auroc
+    from topl_core.metrics import auroc
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(500, 4)) * [1, 10, 0.1, 3] + [0, 5, 0, -2]
+    y = (X[:, 0] + 0.1 * X[:, 1] + rng.normal(size=500) > 0.5).astype(int)
+    w, b, mean, scale = fit_logistic(X, y)
+    ref = LogisticRegression(C=1.0, tol=1e-10, max_iter=10000).fit(StandardScaler().fit_transform(X), y)
+    np.testing.assert_allclose(w, ref.coef_[0], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(b, ref.intercept_[0], rtol=1e-4, atol=1e-6)
+    s = np.round(X[:, 0], 1)  # with ties
+    assert rank_auroc(y, s) == pytest.approx(auroc(y, s), abs=1e-12)
+    assert math.isnan(rank_auroc(np.ones(5), np.arange(5)))
+
+
+def test_heatmap_ci_and_comparison_table():
+    from topl_core.analysis.separability import Separability, comparison_table, format_heatmap, separability
+
+    proj = synthetic(sep=1.0)
+    sep = separability(proj, "topl", n_boot=300, num_layers=3)
+    hm = sep.heatmap()
+    assert hm.shape == (3, 7) and list(hm.columns) == list(MODULE_ORDER)
+    assert hm.loc[0, "o_proj"] == sep.by_key()["L0.o_proj"].cv_auroc and math.isnan(hm.loc[2, "q_proj"])
+    assert sep.ci_low <= sep.mean <= sep.ci_high
+    assert "layer" in format_heatmap(hm) and "-" in format_heatmap(hm)
+    assert Separability.from_json(json.loads(json.dumps(sep.to_json()))) == sep
+    table = comparison_table({"topl": sep, "sft": sep}, {"topl": 0.8}, control=sep)
+    assert list(table["method"]) == ["topl", "sft", "random-init A (control)"]
+    assert table.loc[0, "ood_factuality"] == 0.8 and math.isnan(table.loc[1, "ood_factuality"])
+    assert table.loc[0, "lora_a_auroc"] == f"{sep.mean:.3f} ± {sep.std:.3f}"
+
+
+def test_umap_embedding_frame():
+    from topl_core.analysis.umap_view import umap_embedding
+
+    proj = synthetic(n=300, sep=8.0)
+    df = umap_embedding(proj, "L0.o_proj", n_neighbors=10)
+    assert list(df.columns) == ["x", "y", "label", "token", "record_id", "position"] and len(df) == 300
+    assert np.isfinite(df[["x", "y"]].to_numpy()).all()
+    # well-separated labels land in different regions: the centroids are far apart relative to the spread
+    c1, c0 = df[df.label == 1][["x", "y"]].mean(), df[df.label == 0][["x", "y"]].mean()
+    assert np.linalg.norm(c1 - c0) > df[["x", "y"]].std().mean()
+    with pytest.raises(ValueError, match="keep_inputs"):
+        umap_embedding(proj, "L0.o_proj", source="hidden")
+
+
+# --- cache ---------------------------------------------------------------------------------------------------
+
+
+def test_cache_round_trips_exactly(cache_tmp):
+    import pandas as pd
+
+    from topl_core.analysis.cache import JSON, NPZ, PARQUET, cache_path, cached, full_key
+
+    calls = []
+
+    def compute(value):
+        def f():
+            calls.append(1)
+            return value
+        return f
+
+    j = {"a": [0.1 + 0.2, 1e-300, float("nan")], "b": "x"}
+    arrays = {"v": np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32), "s": np.asarray(["a", "bé"])}
+    df = pd.DataFrame({"x": [0.1, 0.2], "m": ["q", "k"]})
+    for codec, value in ((JSON, j), (NPZ, arrays), (PARQUET, df)):
+        first = cached("unit", {"codec": codec.suffix}, compute(value), codec)
+        again = cached("unit", {"codec": codec.suffix}, compute(value), codec)
+        if codec is JSON:
+            assert again["a"][:2] == j["a"][:2] and math.isnan(again["a"][2]) and again["b"] == "x"
+        elif codec is NPZ:
+            assert all(np.array_equal(again[k], arrays[k]) and again[k].dtype == arrays[k].dtype for k in arrays)
+        else:
+            pd.testing.assert_frame_equal(again, df)
+        assert first is value
+        assert cache_path("unit", full_key({"codec": codec.suffix}), codec).exists()
+    assert len(calls) == 3  # every second call was a cache hit
+    assert not list(cache_tmp.rglob("*.tmp"))
+    with pytest.raises(TypeError, match="pickle"):
+        cached("unit", {"obj": 1}, lambda: {"o": np.asarray([{}], dtype=object)}, NPZ)
+
+
+def test_probe_is_cached_and_invalidated_by_a_changed_adapter(cache_tmp, tiny_run, records, tmp_path):
+    import shutil
+
+    from topl_core.analysis.separability import ProbeSettings, probe_run, run_projections
+    from topl_core.runs import RunDir
+
+    settings = ProbeSettings(n_boot=50)
+    res = probe_run(tiny_run, records, settings, token_set="tiny")
+    assert len(res.lora.scores) == 4 * 7 and res.control is not None and res.lora.num_layers == 4
+    assert res.lora.n_bad > 0 and 0 <= res.lora.mean <= 1
+    n_files = len(list(cache_tmp.rglob("*")))
+    again = probe_run(tiny_run, records, settings, token_set="tiny")
+    assert again == res and len(list(cache_tmp.rglob("*"))) == n_files  # exact reload, nothing recomputed
+    proj = run_projections(tiny_run, records, settings)
+    assert set(proj) == {"lora", "random"} and proj["lora"].n_tokens == res.lora.n_tokens
+
+    other = probe_run(tiny_run, records, ProbeSettings(n_boot=50, seed=1))  # changed config → new entry
+    assert len(list(cache_tmp.rglob("lora_separability/*.json"))) == 4  # 2 results + 2 key files
+
+    copy_dir = tmp_path / "changed"
+    shutil.copytree(tiny_run.path, copy_dir)
+    from safetensors.torch import load_file, save_file
+
+    t = load_file(copy_dir / "adapter_model.safetensors")
+    name = next(k for k in t if "lora_B" in k and "layers.3.mlp.down_proj" in k)
+    t[name] = t[name] + 0.5
+    save_file(t, copy_dir / "adapter_model.safetensors")
+    changed = RunDir(copy_dir)
+    assert changed.fingerprint() != tiny_run.fingerprint()
+    res2 = probe_run(changed, records, settings)
+    assert res2.adapter_fingerprint == changed.fingerprint() != res.adapter_fingerprint
+    assert len(list(cache_tmp.rglob("lora_projections/*.npz"))) == 2  # recaptured for the changed adapter
+    assert other.lora.scores != () and res2.lora.scores != ()
+
+
+def test_probe_cli_writes_json_and_prints_heatmap(cache_tmp, tiny_run, records, tmp_path, capsys):
+    from topl_core.cli import main
+    from topl_core.data.records import write_jsonl
+
+    data = write_jsonl(records, tmp_path / "recs.jsonl")
+    out = tmp_path / "probe.json"
+    rc = main(["probe", "--run", str(tiny_run.path), "--data", str(data), "--split", "all", "--random-control",
+               "--compare", str(tiny_run.path), "--json", str(out), "--n-boot", "50"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "mean ± std" in printed and "random-init A" in printed and "layer" in printed
+    report = json.loads(out.read_text())
+    first = report["results"][0]
+    assert first["lora"]["mean"] == pytest.approx(np.mean([s["cv_auroc"] for s in first["lora"]["scores"]]))
+    assert len(report["comparison"]) == 3

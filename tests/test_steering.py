@@ -1,0 +1,281 @@
+"""LoRA-B steering: the vector formula, λ = 0 identity, KV-cache generation, hook hygiene, export/import and
+thread isolation — offline, on a tiny Llama adapter trained for 3 steps."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from topl_core.analysis.capture import collect_projections
+from topl_core.analysis.separability import separability
+from topl_core.analysis.sites import RESIDUAL_MODULES, lora_sites
+from topl_core.analysis.steering import (
+    SteeringSession,
+    SteeringVectors,
+    build_steering_vectors,
+    compute_steering_vectors,
+    steer,
+    steering_vectors_from_model,
+)
+from topl_core.data.perturb import build_perturbation_records
+from topl_core.generate import GenerationConfig, generate, load_merged
+from topl_core.models import ModelError, load_model
+from topl_core.runs import load_adapter
+from topl_core.training.config import LoraSettings, TrainConfig
+from topl_core.training.trainer import train
+
+PAIRS = [
+    ("d0", "The council of Leeds approved the new budget on Monday after a long debate. Police arrested two men.",
+     "The Leeds council approved the budget on Monday. Police arrested two men."),
+    ("d1", "Scientists in Oxford found that the drug did not reduce the risk of heart disease in 2023.",
+     "Scientists in Oxford found the drug did not reduce heart disease risk in 2023."),
+    ("d2", "The company said profits increased by 12 percent in 2023, while sales fell in March.",
+     "Profits increased by 12 percent in 2023 and sales fell in March, the company said."),
+    ("d3", "She won the election with 54 percent of the vote, the commission said on Friday.",
+     "She won the election with 54 percent of the vote on Friday."),
+    ("d4", "The match ended 3-1 and the manager praised his team after the game in Bristol.",
+     "The manager praised his team after the match in Bristol ended 3-1."),
+    ("d5", "Police in Cardiff released a third man without charge on Sunday, officials said.",
+     "Officials said police in Cardiff released a third man without charge on Sunday."),
+]
+DOC = PAIRS[0][1]
+GEN = GenerationConfig(max_new_tokens=12)
+
+
+def all_hooks(model: torch.nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+@pytest.fixture(scope="module")
+def records():
+    return build_perturbation_records(PAIRS, seed=0)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, records):
+    cfg = TrainConfig(model="tiny-llama", lora=LoraSettings(layer_start=0, layer_end=3), steps=3, precision="fp32",
+                      batch_size=4, lr=5e-3, max_val_examples=4, eval_every=3, checkpoint_every=3)
+    return train(cfg, tmp_path_factory.mktemp("runs") / "topl-steer", records=records)
+
+
+@pytest.fixture(scope="module")
+def vectors(run, records, tmp_path_factory):
+    import os
+
+    old = os.environ.get("TOPL_CACHE_DIR")
+    os.environ["TOPL_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    try:
+        return build_steering_vectors(run, records, top_k=3)
+    finally:
+        os.environ.pop("TOPL_CACHE_DIR") if old is None else os.environ.__setitem__("TOPL_CACHE_DIR", old)
+
+
+@pytest.fixture(scope="module")
+def merged(run):
+    return load_merged("tiny-llama", run)
+
+
+def big_lambda(vectors: SteeringVectors) -> float:
+    """A λ that moves the tiny model's residual stream by ~3 per steered site (3-step adapters have tiny B)."""
+    return 3.0 / min(vectors.norms().values())
+
+
+def test_steering_vector_equals_manual_formula(run, records):
+    peft = load_adapter(load_model("tiny-llama"), run)
+    proj = collect_projections(peft, load_model("tiny-llama").tokenizer, records)
+    sep = separability(proj, n_boot=10)
+    vec = steering_vectors_from_model(peft, proj, sep, top_k=3)
+    residual = sorted((s for s in sep.scores if s.site.module in RESIDUAL_MODULES), key=lambda s: -s.cv_auroc)
+    assert [s.key for s in vec.sites] == [s.site.key for s in residual[:3]]
+    good, bad = proj.labels == 1, proj.labels == 0
+    for site in vec.sites:
+        module = peft.base_model.model.get_submodule(site.path)
+        B = module.lora_B["default"].weight.detach().double().numpy()
+        scaling = module.scaling["default"]
+        X = proj[site].astype(np.float64)
+        mu_good, mu_bad = X[good].mean(0), X[bad].mean(0)
+        manual = scaling * B @ (mu_good - mu_bad)
+        np.testing.assert_allclose(vec.vectors[site.key], manual, rtol=1e-5, atol=1e-9)
+        np.testing.assert_allclose(vec.mu_good[site.key], mu_good, rtol=1e-5)
+        assert vec.scaling[site.key] == scaling == 2.0 and np.linalg.norm(manual) > 0
+    # the run-level builder (adapter files, cached projections) gives the same vectors
+    built = build_steering_vectors(run, records, top_k=3, use_cache=False)
+    assert [s.key for s in built.sites] == [s.key for s in vec.sites]
+    for k in vec.vectors:
+        np.testing.assert_allclose(built.vectors[k], vec.vectors[k], rtol=1e-4, atol=1e-9)
+    assert built.adapter_fingerprint == run.fingerprint() and built.base_model == "tiny-llama"
+
+
+def test_only_residual_sites_are_steered(run, records, vectors):
+    assert len(vectors.sites) == 3 and all(s.module in ("o_proj", "down_proj") for s in vectors.sites)
+    aurocs = [vectors.auroc[s.key] for s in vectors.sites]
+    assert aurocs == sorted(aurocs, reverse=True)
+    with pytest.raises(ValueError, match="residual stream"):
+        compute_steering_vectors({}, None, {}, modules=("k_proj",))
+
+
+def test_lambda_zero_is_the_identity(merged, vectors):
+    ids = merged.tokenizer(DOC, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        plain = merged.model(ids).logits
+        with steer(merged.model, vectors, 0.0):
+            zero = merged.model(ids).logits
+        with steer(merged.model, vectors, big_lambda(vectors)):
+            moved = merged.model(ids).logits
+    assert torch.equal(plain, zero)
+    assert not torch.allclose(plain, moved, atol=1e-3)
+    session = SteeringSession(merged, vectors)
+    assert session.generate_steered(DOC, 0.0, GEN) == generate(merged, [DOC], GEN)[0]
+    assert session.generate_steered(DOC, 0, GenerationConfig(max_new_tokens=12, mode="sample", seed=3)) == \
+        generate(merged, [DOC], GenerationConfig(max_new_tokens=12, mode="sample", seed=3))[0]
+
+
+def test_steer_adds_lambda_v_at_each_site(merged, vectors):
+    lam = 2.5
+    x = torch.randn(2, 5, merged.model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    for site in vectors.sites:
+        module = merged.model.get_submodule(site.path)
+        x_in = x if module.in_features == x.shape[-1] else torch.randn(2, 5, module.in_features)
+        with torch.no_grad():
+            plain = module(x_in)
+            with steer(merged.model, vectors, lam):
+                steered = module(x_in)
+        torch.testing.assert_close(steered - plain, (lam * torch.from_numpy(vectors.vectors[site.key])).expand_as(plain),
+                                   rtol=0, atol=1e-6)
+
+
+def test_steering_works_with_kv_cache(merged, vectors):
+    lam = big_lambda(vectors)
+    tok = merged.tokenizer
+    enc = tok(DOC, return_tensors="pt")
+    kw = dict(max_new_tokens=10, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=None)
+    with torch.no_grad(), steer(merged.model, vectors, lam):
+        cached = merged.model.generate(**enc, use_cache=True, **kw)
+        full = merged.model.generate(**enc, use_cache=False, **kw)
+    with torch.no_grad():
+        plain = merged.model.generate(**enc, use_cache=True, **kw)
+    assert torch.equal(cached, full)
+    assert not torch.equal(cached, plain)
+
+
+def test_no_hooks_remain_after_exception(merged, vectors):
+    before = all_hooks(merged.model)
+    with pytest.raises(RuntimeError, match="boom"):
+        with steer(merged.model, vectors, 1.0):
+            assert all_hooks(merged.model) == before + len(vectors.sites)
+            raise RuntimeError("boom")
+    assert all_hooks(merged.model) == before
+    with pytest.raises(ModelError, match="another model"):
+        bad = SteeringVectors(vectors.sites, {k: np.zeros(3, np.float32) for k in vectors.vectors}, vectors.mu_good,
+                              vectors.mu_bad, vectors.auroc, vectors.scaling)
+        with steer(merged.model, bad, 1.0):
+            pass
+    assert all_hooks(merged.model) == before
+
+
+def test_export_import_round_trip(vectors, tmp_path, run):
+    vectors.save(tmp_path / "v")
+    back = SteeringVectors.load(tmp_path / "v")
+    assert back.sites == vectors.sites and back.auroc == vectors.auroc and back.scaling == vectors.scaling
+    assert back.lambda_range == vectors.lambda_range and back.adapter_fingerprint == run.fingerprint()
+    assert back.base_fingerprint == vectors.base_fingerprint and back.base_model == "tiny-llama"
+    for k in vectors.vectors:
+        assert np.array_equal(back.vectors[k], vectors.vectors[k])
+        assert np.array_equal(back.mu_good[k], vectors.mu_good[k]) and np.array_equal(back.mu_bad[k], vectors.mu_bad[k])
+    import json
+
+    meta = json.loads((tmp_path / "v" / "steering.json").read_text())
+    assert {"base_model", "adapter_fingerprint", "sites", "lambda_range"} <= set(meta)
+    assert meta["sites"][0]["auroc"] == vectors.auroc[vectors.sites[0].key]
+    with pytest.raises(ModelError, match="export"):
+        SteeringVectors.load(tmp_path / "nothing")
+
+
+def test_session_refuses_other_base_and_other_adapter(vectors, run, tmp_path):
+    with pytest.raises(ModelError, match="base model"):
+        SteeringSession(load_model("tiny-qwen3"), vectors)
+    import dataclasses
+
+    other = dataclasses.replace(vectors, adapter_fingerprint="0" * 16)
+    with pytest.raises(ModelError, match="recompute"):
+        SteeringSession.from_run(run, other)
+
+
+def test_two_threads_with_different_lambda_do_not_interfere(merged, vectors):
+    lam = big_lambda(vectors)
+    shared_a, shared_b = SteeringSession(merged, vectors), SteeringSession(merged, vectors)
+    own = copy.deepcopy(merged)  # a session on its own model runs truly in parallel with the shared ones
+    session_c = SteeringSession(own, vectors)
+    alone = {l: shared_a.generate_steered(DOC, l, GEN) for l in (lam, -lam, 0.0)}
+    assert len(set(alone.values())) > 1  # λ really changes the output, so interference would show
+    results, errors = {}, []
+    start = threading.Barrier(3)
+
+    def work(name, session, l):
+        try:
+            start.wait()
+            results[name] = [session.generate_steered(DOC, l, GEN) for _ in range(3)]
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=("a", shared_a, lam)), threading.Thread(target=work, args=("b", shared_b, -lam)),
+               threading.Thread(target=work, args=("c", session_c, 0.0))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert results["a"] == [alone[lam]] * 3 and results["b"] == [alone[-lam]] * 3 and results["c"] == [alone[0.0]] * 3
+    assert all_hooks(merged.model) == all_hooks(own.model)
+
+
+def test_steer_context_is_invisible_to_other_threads(merged, vectors):
+    """While one thread is inside steer(), a plain forward from another thread on the same model is unsteered."""
+    ids = merged.tokenizer(DOC, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        plain = merged.model(ids).logits
+    inside, done = threading.Event(), threading.Event()
+    seen = {}
+
+    def steering_thread():
+        with torch.no_grad(), steer(merged.model, vectors, big_lambda(vectors)):
+            seen["steered"] = merged.model(ids).logits
+            inside.set()
+            done.wait(timeout=30)
+
+    t = threading.Thread(target=steering_thread)
+    t.start()
+    assert inside.wait(timeout=30)
+    try:
+        with torch.no_grad():
+            seen["other"] = merged.model(ids).logits  # hooks are registered right now
+    finally:
+        done.set()
+        t.join()
+    assert torch.equal(seen["other"], plain) and not torch.allclose(seen["steered"], plain, atol=1e-3)
+
+
+def test_steer_cli(run, records, tmp_path, monkeypatch, capsys):
+    from topl_core.cli import main
+    from topl_core.data.records import write_jsonl
+
+    monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path / "cache"))
+    data = write_jsonl(records, tmp_path / "recs.jsonl")
+    out = tmp_path / "steer.json"
+    rc = main(["steer", "--run", str(run.path), "--document", DOC, "--lambdas", "-4", "0", "4", "--top-k", "2",
+               "--data", str(data), "--split", "all", "--max-new-tokens", "8", "--export", str(tmp_path / "v"),
+               "--json", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "λ = 0" in printed and "== base model" in printed
+    import json
+
+    report = json.loads(out.read_text())
+    assert [g["lambda"] for g in report["generations"]] == [None, -4, 0, 4] and len(report["vectors"]["sites"]) == 2
+    rc = main(["steer", "--run", str(run.path), "--document", DOC, "--lambdas", "0", "--vectors", str(tmp_path / "v"),
+               "--max-new-tokens", "8", "--no-base"])
+    assert rc == 0 and "steering vectors from" in capsys.readouterr().out
