@@ -279,3 +279,14 @@ def test_steer_cli(run, records, tmp_path, monkeypatch, capsys):
     rc = main(["steer", "--run", str(run.path), "--document", DOC, "--lambdas", "0", "--vectors", str(tmp_path / "v"),
                "--max-new-tokens", "8", "--no-base"])
     assert rc == 0 and "steering vectors from" in capsys.readouterr().out
+
+
+def test_generate_many_matches_generate_under_steer(merged, vectors):
+    session = SteeringSession(merged, vectors)
+    lam = big_lambda(vectors)
+    docs = [p[1] for p in PAIRS[:3]]
+    with steer(merged.model, vectors, lam):
+        expected = generate(merged, docs, GenerationConfig(max_new_tokens=8, batch_size=2))
+    assert session.generate_many(docs, lam, GenerationConfig(max_new_tokens=8, batch_size=2)) == expected
+    assert session.generate_many(docs, 0.0, GenerationConfig(max_new_tokens=8, batch_size=2)) == \
+        generate(merged, docs, GenerationConfig(max_new_tokens=8, batch_size=2))

@@ -19,10 +19,12 @@ those sites' outputs while the merged model generates.
         their outputs at every position, in every forward made *from the thread that entered the context* (other
         threads using the same model are untouched). The model is never modified; hooks are registered inside
         try and removed in finally. λ = 0 reproduces the unsteered output exactly. Works with KV-cache generation
-        (each cached step's new positions are steered just as a full recompute would steer them).
+        (each cached step's new positions are steered just as a full recompute would steer them). Any generation
+        code runs steered inside the context, e.g. `with steer(lm.model, v, 2.0): generate(lm, documents, cfg)`.
 
     SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED model (load_merged(spec, run))
         .generate_steered(document, lam, gen_cfg=GenerationConfig(), task="summarization") -> str
+        .generate_many(documents, lam, gen_cfg=GenerationConfig()) -> list[str]     batched (topl_core.generate)
         .generate_grid(document, lambdas, gen_cfg=GenerationConfig()) -> list[{"lambda", "text"}]
         SteeringSession.from_run(run, vectors, spec=None)
       Generation holds a per-model lock (sessions sharing one model take turns; sessions on different models run
@@ -325,6 +327,19 @@ class SteeringSession:
             else:
                 out = model.generate(**enc, **kwargs)
         return tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
+
+    def generate_many(self, documents: Sequence[str], lam: float, gen_cfg: GenerationConfig = GenerationConfig(),
+                      task: str = "summarization") -> list[str]:
+        """One response per document at one λ, in left-padded batches of gen_cfg.batch_size (topl_core.generate).
+        Greedy batched outputs can differ from one-at-a-time outputs in the last float bits (padding changes the
+        matmul shapes); compare λ values within one mode."""
+        from ..generate import generate
+
+        with self._lock, steer(self.lm.model, self.vectors, lam):
+            if gen_cfg.mode == "sample":
+                with _SAMPLING_LOCK:
+                    return generate(self.lm, documents, gen_cfg, task)
+            return generate(self.lm, documents, gen_cfg, task)
 
     def generate_grid(self, document: str, lambdas: Sequence[float], gen_cfg: GenerationConfig = GenerationConfig(),
                       task: str = "summarization") -> list[dict]:
