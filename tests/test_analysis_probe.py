@@ -391,3 +391,16 @@ def test_probe_cli_writes_json_and_prints_heatmap(cache_tmp, tiny_run, records, 
     first = report["results"][0]
     assert first["lora"]["mean"] == pytest.approx(np.mean([s["cv_auroc"] for s in first["lora"]["scores"]]))
     assert len(report["comparison"]) == 3
+
+
+def test_run_umap_is_cached(cache_tmp, tiny_run, records):
+    from topl_core.analysis.umap_view import run_umap
+
+    df = run_umap(tiny_run, records, "L3.down_proj", n_neighbors=5)
+    hidden = run_umap(tiny_run, records, "L1.q_proj", source="hidden", n_neighbors=5)
+    assert len(df) == len(hidden) > 0 and set(df.label) == {0, 1}
+    again = run_umap(tiny_run, records, "L3.down_proj", n_neighbors=5)
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(again, df)
+    assert len(list(cache_tmp.rglob("umap/*.parquet"))) == 2

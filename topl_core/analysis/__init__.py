@@ -5,7 +5,7 @@ Modules (each documents its public API in its docstring; no streamlit anywhere):
     sites        lora_sites, Site, lora_weights, read_lora_weights
     capture      capture_lora, collect_projections, Projections, random_lora_A
     separability separability, Separability, comparison_table, probe_run, run_projections, ProbeSettings
-    umap_view    umap_embedding
+    umap_view    umap_embedding, run_umap
     steering     steer, SteeringVectors, compute_steering_vectors, build_steering_vectors, SteeringSession
     cache        cached, Codec (JSON, NPZ, PARQUET), records_fingerprint
 """

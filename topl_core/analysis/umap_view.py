@@ -3,6 +3,9 @@
     umap_embedding(proj, site, source="projection", n_neighbors=15, min_dist=0.1, seed=0, max_points=4000,
                    standardize=True) -> pandas.DataFrame with columns x, y, label, token, record_id, position
 
+    run_umap(run, records, site, settings=None, source="projection", ..., base=None, use_cache=True) -> DataFrame
+        the same for a run on a token set, cached as parquet under cache/analysis/umap/.
+
 `source="projection"` embeds the (n, r) A·x values; `source="hidden"` embeds the site's input x, which must have
 been captured with keep_inputs=[site.key]. Unlabelled tokens are kept (label −1) so a page can grey them out.
 Above max_points tokens, a seeded random subset is embedded (UMAP is slow on 2 CPU cores); the chosen rows are
@@ -65,3 +68,41 @@ def umap_embedding(
         "record_id": proj.record_ids[rows].astype(str),
         "position": proj.positions[rows].astype(int),
     })
+
+
+def run_umap(run, records, site: Site | str, settings=None, source: Literal["projection", "hidden"] = "projection",
+             n_neighbors: int = 15, min_dist: float = 0.1, seed: int = 0, max_points: int = 4000,
+             base=None, use_cache: bool = True):
+    """umap_embedding for a run's site on a labelled token set, cached as parquet (keyed by settings, token set,
+    adapter and base fingerprints). Projections come from the cached run_projections; hidden states are
+    captured for that one site only (the forward stops after its layer)."""
+    from .cache import PARQUET, cached, records_fingerprint
+    from .separability import ProbeSettings, _as_run, run_projections
+
+    run = _as_run(run)
+    settings = (settings or ProbeSettings()).resolved(run)
+    key_name = site.key if isinstance(site, Site) else site
+    key = {"analysis": "umap", "site": key_name, "source": source, "n_neighbors": n_neighbors, "min_dist": min_dist,
+           "seed": seed, "max_points": max_points, "capture": settings.capture_key(), "records": records_fingerprint(records)}
+
+    def compute():
+        if source == "projection":
+            proj = run_projections(run, records, settings, base, use_cache)["lora"]
+        else:
+            from ..models import ModelSpec, load_model
+            from ..runs import load_adapter
+            from .capture import collect_projections
+            from .sites import lora_sites
+
+            cfg, _ = run.read_config()
+            lm = base or load_model(ModelSpec(cfg.model, "float32", cfg.device))
+            model = load_adapter(lm, run)
+            target = [s for s in lora_sites(model) if s.key == key_name]
+            if not target:
+                raise ValueError(f"run_umap: {run.path} has no LoRA site {key_name!r}.")
+            proj = collect_projections(model, lm.tokenizer, records, settings.select, settings.batch_size,
+                                       settings.max_doc_tokens, settings.max_response_tokens, settings.precision,
+                                       sites=target, keep_inputs=[key_name])
+        return umap_embedding(proj, key_name, source, n_neighbors, min_dist, seed, max_points)
+
+    return cached("umap", key, compute, PARQUET, run=run, enabled=use_cache)
