@@ -1,0 +1,287 @@
+"""The Streamlit workbench, tested the way it is really run: AppTest.from_file("app.py"), then each page selected
+through the app's own st.navigation (so app.py's sidebar model picker is rendered around every page — the
+AppTest/st.navigation trap of DESIGN.md §4 is checked, not assumed). Tiny random model, tiny adapters trained in a
+temporary runs directory (TOPL_RUNS_DIR / TOPL_CACHE_DIR), all offline on CPU.
+
+Also the background jobs of topl_core.jobs: a detached training process, cancel by SIGTERM (checkpoint kept,
+state "cancelled"), resume to the end, and the run list read back from disk."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+APP = str(REPO / "app.py")
+PAGES = ["home", "data", "train", "runs", "lora_a", "steering", "token_overlay", "layer_sweep", "evaluation"]
+TIMEOUT = 300  # generous: the machine running the tests may be shared
+
+
+@pytest.fixture(scope="module")
+def workbench(tmp_path_factory, tiny_records):
+    """A temp cache (one data set) and runs dir (a TOPL run strong enough to steer, and an SFT run), env set."""
+    from topl_core.data.records import write_jsonl
+    from topl_core.training.trainer import train
+
+    root = tmp_path_factory.mktemp("workbench")
+    data = root / "cache" / "data" / "tiny-perturbed.jsonl"
+    write_jsonl(tiny_records, data)
+    runs = root / "runs"
+    # a high learning rate, so that LoRA-B grows enough in a few steps for steering to change the tiny model's text
+    common = dict(data=str(data), max_doc_tokens=64, max_val_examples=8)
+    train(tiny_config(method="topl", lr=0.05, steps=6, eval_every=3, **common), runs / "topl-tiny", records=tiny_records)
+    train(tiny_config(method="sft", lr=0.01, steps=2, **common), runs / "sft-tiny", records=tiny_records)
+    env = {"TOPL_CACHE_DIR": str(root / "cache"), "TOPL_RUNS_DIR": str(runs), "TOPL_DEFAULT_MODEL": "tiny-llama"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield {"root": root, "data": data, "runs": runs}
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def open_page(name: str) -> AppTest:
+    """Run app.py, then switch to a page through the app's navigation; the sidebar must be there."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    if name != "home":
+        at.switch_page(f"pages/{name}_page.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    labels = [s.label for s in at.sidebar.selectbox]
+    assert "Model" in labels, f"page {name} rendered without app.py's sidebar model picker (navigation trap)"
+    assert at.session_state["model_spec"] == "tiny-llama|float32|cpu"
+    return at
+
+
+def figures(at: AppTest) -> list[dict]:
+    return [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+
+
+def array(v) -> np.ndarray:
+    """A plotly trace array: a list, or plotly 6+'s typed-array dict {dtype, bdata, shape}."""
+    if isinstance(v, dict) and "bdata" in v:
+        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+        return a.reshape([int(x) for x in str(v["shape"]).split(",")]) if "shape" in v else a
+    return np.asarray(v, dtype=float)
+
+
+def html_boxes(at: AppTest) -> list[str]:
+    return [m.value for m in at.markdown if 'class="topl-box"' in m.value]
+
+
+# --- the navigation frame ---------------------------------------------------------------------------------------
+
+
+def test_page_urls_never_equal_page_file_names():
+    """With a pages/ folder Streamlit's legacy router runs a page *file* directly (no app.py, no sidebar) when the
+    URL path equals its file name; app.py avoids this by naming files *_page.py. Guard it."""
+    src = (REPO / "app.py").read_text()
+    files = re.findall(r'st\.Page\("pages/(\w+)\.py"', src)
+    urls = re.findall(r'url_path="([\w-]+)"', src)
+    assert sorted(files) == sorted(f"{p}_page" for p in PAGES)
+    assert len(urls) == len(files) and not set(urls) & set(files)
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_every_page_renders_inside_the_app_frame(workbench, name):
+    at = open_page(name)
+    assert at.title, f"{name}: no title"
+    assert not [e.value for e in at.error if "analysis core" in e.value], "the page could not import the analysis core"
+
+
+def test_model_picker_sets_the_spec_for_every_page(workbench):
+    at = open_page("home")
+    at.sidebar.selectbox(key="sidebar.model_choice").set_value("tiny-qwen3").run()
+    assert at.session_state["model_spec"] == "tiny-qwen3|float32|cpu"
+    assert not at.exception
+    at.switch_page("pages/data_page.py").run()
+    assert at.session_state["model_spec"] == "tiny-qwen3|float32|cpu"
+    assert at.sidebar.selectbox(key="sidebar.model_choice").value == "tiny-qwen3"
+
+
+def test_custom_model_error_is_shown_not_raised(workbench):
+    at = open_page("home")
+    at.sidebar.selectbox(key="sidebar.model_choice").set_value(at.sidebar.selectbox(key="sidebar.model_choice").options[-1])
+    at.run()
+    at.sidebar.text_input(key="sidebar.model_custom").set_value(str(workbench["root"] / "no-such-model")).run()
+    assert not at.exception
+    assert any("Could not load the model" in e.value for e in at.error)
+
+
+# --- pages ------------------------------------------------------------------------------------------------------
+
+
+def test_home_shows_model_and_adapters(workbench):
+    at = open_page("home")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Layers"] == "4" and metrics["Hidden size"] == "64"
+    runs = at.dataframe[0].value
+    assert {"topl-tiny", "sft-tiny"} <= set(runs["run"])
+
+
+def test_data_browse_labels_and_build(workbench):
+    at = open_page("data")
+    tokens = [m.value for m in at.markdown if "topl-tokens" in m.value]
+    assert tokens and "rgba(220,38,38" in tokens[0], "the browsed record shows no bad (red) token"
+    first = tokens[0]
+    at.number_input(key="data.index").set_value(1).run()
+    assert [m.value for m in at.markdown if "topl-tokens" in m.value][0] != first
+    # label settings: one row per setting with token counts
+    table = next(d.value for d in at.dataframe if "setting" in d.value.columns)
+    assert len(table) == 7 and (table["tokens"] > 0).all()
+    # build: import the JSONL back under another name
+    at.selectbox(key="data.build_source").set_value("jsonl").run()
+    at.text_input(key="data.build_input.jsonl").set_value(str(workbench["data"])).run()
+    at.text_input(key="data.build_out.jsonl").set_value("copy.jsonl").run()
+    at.button(key="data.build_go").click().run()
+    assert not at.exception
+    assert any("Wrote 80 records" in s.value for s in at.success)
+    assert (workbench["root"] / "cache" / "data" / "copy.jsonl").exists()
+
+
+def test_train_page_launches_a_background_run(workbench):
+    from topl_core import jobs
+
+    at = open_page("train")
+    at.selectbox(key="train.method").set_value("topl").run()
+    at.text_input(key="train.run_name").set_value("from-page")
+    at.number_input(key="train.steps").set_value(2)
+    at.number_input(key="train.eval_every").set_value(1)
+    at.selectbox(key="train.precision").set_value("fp32")
+    at.number_input(key="train.layer_end").set_value(1)
+    at.number_input(key="train.max_doc_tokens").set_value(64)
+    at.button[[b.label for b in at.button].index("Start training")].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    run_dir = workbench["runs"] / "from-page"
+    assert at.session_state["train.watch"] == str(run_dir.resolve())
+    status = jobs.wait(run_dir, timeout_s=240)
+    assert status.state == "finished", jobs.log_tail(run_dir)
+    cfg = json.loads((run_dir / "topl_config.json").read_text())["config"]
+    assert cfg["steps"] == 2 and cfg["lora"]["layer_end"] == 1 and cfg["model"] == "tiny-llama"
+    at.run()  # the page reads the finished run back from disk
+    assert any("from-page" in m.value and "finished" in m.value for m in at.markdown)
+    assert any(len(f["data"]) >= 2 for f in figures(at)), "no loss / validation curves for the run"
+
+
+def test_runs_page_config_diff(workbench):
+    at = open_page("runs")
+    at.multiselect(key="runs.compare").set_value(["topl-tiny", "sft-tiny"]).run()
+    assert not at.exception
+    diff = next(d.value for d in at.dataframe if "topl-tiny" in getattr(d.value, "columns", []))
+    assert "method" in diff.index and "lr" in diff.index and "steps" in diff.index
+    assert list(diff.loc["method"]) == ["topl", "sft"]
+
+
+def test_lora_a_heatmap_has_layers_by_modules_cells(workbench):
+    at = open_page("lora_a")
+    at.selectbox(key="lora_a.run_a").set_value(str(workbench["runs"] / "topl-tiny")).run()
+    assert at.selectbox(key="lora_a.run_b").value.endswith("sft-tiny")  # TOPL vs SFT by default
+    heats = [f for f in figures(at) if f["data"] and f["data"][0]["type"] == "heatmap"]
+    assert len(heats) == 3  # TOPL, SFT, difference
+    z = array(heats[0]["data"][0]["z"])
+    assert z.shape == (4, 7)  # 4 layers × 7 modules
+    assert np.isfinite(z[:3]).all() and np.isnan(z[3]).all()  # LoRA on layers 0–2 only
+    assert ((z[:3] >= 0) & (z[:3] <= 1)).all()
+    metrics = {m.label: m.value for m in at.metric}
+    assert "±" in metrics["Mean AUROC ± std"] and "Random-A control" in metrics
+
+
+def test_steering_lambda_slider_changes_the_steered_text(workbench):
+    at = open_page("steering")
+    at.selectbox(key="steer.run").set_value(str(workbench["runs"] / "topl-tiny")).run()
+    boxes = html_boxes(at)
+    assert len(boxes) == 3  # base | merged | steered
+    merged_at_zero, steered_at_zero = boxes[1], boxes[2]
+    assert "λ = +0.00" in steered_at_zero
+    assert re.sub(r".*topl-box\">", "", merged_at_zero.split("</div><div style")[0]) == \
+        re.sub(r".*topl-box\">", "", steered_at_zero.split("</div><div style")[0]), "λ = 0 must reproduce the merged text"
+    at.slider(key="steer.lambda").set_value(4.0).run()
+    assert not at.exception
+    steered = html_boxes(at)[2]
+    assert "λ = +4.00" in steered and "topl-diff-ins" in steered, "the λ slider did not change the steered text"
+    assert any('data-changed="1"' in m.value for m in at.markdown)
+    sites = next(d.value for d in at.dataframe if "site" in d.value.columns)
+    assert 1 <= len(sites) <= 4 and set(sites["module"]) <= {"o_proj", "down_proj"}
+
+
+def test_token_overlay_threshold_flags_tokens(workbench):
+    at = open_page("token_overlay")
+    at.selectbox(key="overlay.run").set_value(str(workbench["runs"] / "topl-tiny")).run()
+    spans = [m.value for m in at.markdown if "p(good)=" in m.value]
+    assert spans, "no token carries its p(good) on hover"
+    flagged = lambda: int({m.label: m.value for m in at.metric}["Flagged"])  # noqa: E731
+    at.slider(key="overlay.threshold").set_value(1.0).run()
+    n_all = flagged()
+    at.slider(key="overlay.threshold").set_value(0.0).run()
+    assert flagged() == 0 and n_all == int({m.label: m.value for m in at.metric}["Tokens"])
+    assert "Gold bad tokens" in {m.label for m in at.metric}
+
+
+# --- background jobs --------------------------------------------------------------------------------------------
+
+
+def test_job_cancel_checkpoints_and_resume_finishes(workbench, tmp_path):
+    """SIGTERM to the job's process group reaches the trainer's exception path (checkpoint + 'cancelled'), and the
+    run resumes from that checkpoint to the end; the state is read from disk only."""
+    from topl_core import jobs
+    from topl_core.runs import RunDir
+
+    cfg = tiny_config(data=str(workbench["data"]), steps=400, checkpoint_every=1000, eval_every=1000,
+                      max_doc_tokens=64, max_val_examples=4)
+    run_dir = tmp_path / "long"
+    jobs.launch_train(cfg, run_dir)
+    deadline = time.monotonic() + 180
+    while (st := jobs.read_job(run_dir)).step < 2:
+        assert st.active, jobs.log_tail(run_dir)
+        assert time.monotonic() < deadline, "the job never started stepping"
+        time.sleep(0.2)
+    assert st.state == "running" and st.eta_s is not None and st.steps == 400
+    assert jobs.cancel(run_dir)
+    st = jobs.wait(run_dir, timeout_s=60)
+    assert st.state == "cancelled", jobs.log_tail(run_dir)
+    assert (run_dir / "checkpoint" / "state.json").exists(), "SIGTERM did not reach the trainer's checkpoint path"
+    stopped = RunDir(run_dir).read_status()["step"]
+    assert stopped >= 2
+    assert [j.name for j in jobs.list_jobs(tmp_path)] == ["long"]
+    with pytest.raises(jobs.JobError):
+        jobs.launch_train(cfg.with_overrides(steps=5), run_dir)  # another config into the same directory
+    # resume: it continues from the checkpoint (not from 0); stop it again after a step or two
+    jobs.resume_train(run_dir)
+    time.sleep(0.5)
+    while (st := jobs.read_job(run_dir)).step <= stopped + 1 and st.active:
+        time.sleep(0.2)
+    assert jobs.cancel(run_dir)
+    st = jobs.wait(run_dir, timeout_s=60)
+    assert st.state == "cancelled" and st.step > stopped
+    assert "resuming" in jobs.log_tail(run_dir, 200)
+
+
+def test_job_state_survives_a_restart_and_detects_dead_processes(workbench, tmp_path):
+    """A run whose process vanished without a word reads as 'interrupted' (resumable), not 'running'."""
+    from topl_core import jobs
+    from topl_core.io import write_json
+    from topl_core.runs import RunDir
+
+    run = RunDir(tmp_path / "ghost")
+    run.write_config(tiny_config(data=str(workbench["data"])), {})
+    run.write_status("running", 3, 4)
+    write_json(run.path / jobs.JOB_FILE, {"kind": "train", "argv": [], "pid": 2**22 + 12345, "started": time.time(),
+                                          "cancel_requested": False})
+    st = jobs.read_job(run.path)
+    assert st.state == "interrupted" and not st.active and st.step == 3
