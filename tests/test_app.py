@@ -285,3 +285,27 @@ def test_job_state_survives_a_restart_and_detects_dead_processes(workbench, tmp_
                                           "cancel_requested": False})
     st = jobs.read_job(run.path)
     assert st.state == "interrupted" and not st.active and st.step == 3
+
+
+def test_layer_sweep_runs_in_the_background_and_fills_the_heatmap(workbench):
+    from topl_core import jobs
+
+    at = open_page("layer_sweep")
+    at.text_input(key="sweep.name").set_value("tiny-sweep")
+    at.multiselect(key="sweep.sizes").set_value([1, 2])
+    at.number_input(key="sweep.stride").set_value(2)
+    at.number_input(key="sweep.steps").set_value(2)
+    at.selectbox(key="sweep.precision").set_value("fp32")
+    at.number_input(key="sweep.max_doc").set_value(64)
+    at.button[[b.label for b in at.button].index("Start sweep")].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    sweep_dir = workbench["runs"] / "sweeps" / "tiny-sweep"
+    st = jobs.wait(sweep_dir, timeout_s=300)
+    assert st.state == "finished", jobs.log_tail(sweep_dir, 40)
+    at.run()
+    assert not at.exception
+    heat = next(f for f in figures(at) if f["data"] and f["data"][0]["type"] == "heatmap")
+    z = array(heat["data"][0]["z"])
+    assert z.shape == (2, 2)  # starts {0, 2} × sizes {1, 2}: 4 windows on 4 layers
+    assert np.isfinite(z).all()
+    assert any("4/4 windows" in p.proto.text for p in at.get("progress"))
