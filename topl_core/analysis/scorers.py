@@ -24,7 +24,6 @@ Implementations:
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import threading
 import time
@@ -513,30 +512,23 @@ def measure_scorer_quality(
     return ScorerQuality(scorer.name, tuple(rows), settings, time.perf_counter() - t0)
 
 
-def _scorer_key(scorer: Scorer) -> str:
-    desc = asdict(scorer) if hasattr(scorer, "__dataclass_fields__") else {"name": scorer.name}
-    return json.dumps(desc, sort_keys=True, default=str)
+def scorer_key(scorer: Scorer) -> dict:
+    """What identifies a scorer's behaviour: its dataclass fields, or its name."""
+    return asdict(scorer) if hasattr(scorer, "__dataclass_fields__") else {"name": scorer.name}
 
 
 def scorer_quality(
     scorer: Scorer | None = None, cliff_csv: str | Path | None = None, n_halueval: int = 500, refresh: bool = False
 ) -> ScorerQuality:
-    """The measured quality of a scorer (default: GroundingScorer), cached as JSON under
-    cache/analysis/scorer_quality/ keyed by the scorer's settings, the CLIFF file's content and n_halueval.
-    Computing it for the grounding scorer takes a few seconds; a hub scorer may take much longer."""
-    from ..io import write_json
-    from ..paths import cache_dir, shared_data_dir
+    """The measured quality of a scorer (default: GroundingScorer), cached (topl_core.analysis.cache, kind
+    "scorer_quality") keyed by the scorer's settings, the CLIFF file's content and n_halueval. Computing it for the
+    grounding scorer takes a few seconds; a hub scorer may take much longer."""
+    from ..paths import shared_data_dir
+    from .cache import cached, json_codec
 
     scorer = scorer or GroundingScorer()
     path = Path(cliff_csv) if cliff_csv else shared_data_dir() / "CLIFF_error_types.csv"
     data_fp = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "no-cliff"
-    key = hashlib.sha256(f"{_scorer_key(scorer)}|{data_fp}|{n_halueval}|v1".encode()).hexdigest()[:16]
-    out = cache_dir() / "analysis" / "scorer_quality" / f"{key}.json"
-    if out.exists() and not refresh:
-        try:
-            return ScorerQuality.from_json(json.loads(out.read_text()))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            pass  # a corrupt cache entry is recomputed
-    q = measure_scorer_quality(scorer, cliff_csv, n_halueval)
-    write_json(out, q.to_json())
-    return q
+    key = {"scorer": scorer_key(scorer), "cliff": data_fp, "n_halueval": n_halueval, "version": 1}
+    codec = json_codec(ScorerQuality.to_json, ScorerQuality.from_json)
+    return cached("scorer_quality", key, lambda: measure_scorer_quality(scorer, path, n_halueval), codec, refresh=refresh)

@@ -1,0 +1,348 @@
+"""Factuality evaluation (DESIGN.md §2, "Evaluation"): generate a summary per document with base / merged / steered
+models, score it against its document with a pluggable Scorer under both protocols, count sentences, and tabulate
+like the paper (rows = model variant; columns ID, OOD, average, average sentence count). Also the λ sweep:
+factuality and length against λ for one adapter's steering vectors, with the generated texts.
+
+Public API
+    Variant(name, run=None, lam=None)              base (run None), merged (run, lam None), steered (run, lam)
+    Variant.base(model) / Variant.merged(run) / Variant.steered(run, lam)
+    EvalConfig(data, split_seed, n_id, n_ood, cliff_csv, max_new_tokens, max_doc_tokens, batch_size, scorer, top_k)
+    id_documents(cfg) -> list[EvalDoc]             first n_id documents of the held-out *test* split of `data`
+    ood_documents(cfg) -> list[EvalDoc]            n_ood CLIFF documents, alternating cliff-xsum / cliff-cnndm
+    evaluate(variants, cfg, progress=None, use_cache=True, vectors=None) -> EvalResult
+    EvalResult.per_doc (DataFrame: variant, lambda, set, source, doc_id, text, score_sentence, score_full,
+               n_sentences, n_words), .table(protocol="sentence", by_source=False), .quality (ScorerQuality or None)
+    results_table(per_doc, protocol="sentence", by_source=False) -> DataFrame
+    lambda_sweep(run, lambdas, cfg, sets=("ID",), vectors=None, progress=None, use_cache=True) -> DataFrame
+        one row per (λ, document) with the text and scores (λ = 0 is the merged model)
+    lambda_curve(df, protocol="sentence") -> DataFrame   per λ: mean, sem, mean sentences, mean words, n
+    steering_vectors_for(run, cfg) -> SteeringVectors    from the run's validation split (cached projections)
+
+Generations are cached (topl_core.analysis.cache, kind "generations") keyed by the variant (adapter fingerprint,
+λ, steering-vector fingerprint), the documents and the generation settings, so changing the scorer re-scores
+without regenerating. Scores of the offline GroundingScorer come with its measured AUROC (EvalResult.quality).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..generate import GenerationConfig, generate
+from ..models import ModelSpec, load_model
+from ..paths import PROJECT_ROOT
+from ..runs import RunDir
+from .scorers import PROTOCOLS, Scorer, ScorerQuality, make_scorer, score_summary
+
+ProgressFn = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A model to evaluate: the base model (`run` None; `model` names it), a run's merged adapter (`lam` None), or
+    the merged adapter steered with λ·v (LoRA-B steering vectors of that run)."""
+
+    name: str
+    run: str | None = None
+    lam: float | None = None
+    model: str | None = None  # base model spec for run=None (default: the config's / first run's base)
+
+    @classmethod
+    def base(cls, model: str | None = None, name: str = "base") -> "Variant":
+        return cls(name, None, None, model)
+
+    @classmethod
+    def merged(cls, run, name: str | None = None) -> "Variant":
+        return cls(name or f"merged ({Path(run).name})", str(run))
+
+    @classmethod
+    def steered(cls, run, lam: float, name: str | None = None) -> "Variant":
+        return cls(name or f"steered λ={lam:g} ({Path(run).name})", str(run), float(lam))
+
+    @property
+    def kind(self) -> str:
+        return "base" if self.run is None else "merged" if self.lam is None else "steered"
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    data: str = "cache/data/halueval-perturbed.jsonl"  # ID: the held-out test split of this training data
+    split_seed: int = 0
+    n_id: int = 16
+    n_ood: int = 16
+    cliff_csv: str | None = None  # OOD documents; default shared/data/CLIFF_error_types.csv
+    max_new_tokens: int = 96
+    max_doc_tokens: int = 512
+    batch_size: int = 4
+    scorer: str = "grounding"
+    top_k: int = 4  # steered sites
+    model: str = "smollm2-135m"  # base model when no run names one
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.n_id < 0 or self.n_ood < 0 or self.n_id + self.n_ood == 0:
+            raise ValueError(f"n_id={self.n_id}, n_ood={self.n_ood}: evaluate at least one document (both >= 0).")
+
+    @property
+    def generation(self) -> GenerationConfig:
+        return GenerationConfig(max_new_tokens=self.max_new_tokens, max_doc_tokens=self.max_doc_tokens, batch_size=self.batch_size)
+
+
+@dataclass(frozen=True)
+class EvalDoc:
+    set: str  # "ID" or "OOD"
+    source: str
+    doc_id: str
+    document: str
+
+
+def _resolve(path: str) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() or p.exists() else PROJECT_ROOT / p
+
+
+def id_documents(cfg: EvalConfig) -> list[EvalDoc]:
+    """The first n_id distinct documents of the test split (document-level split, as in training)."""
+    from ..data.records import read_jsonl
+    from ..data.split import split_records
+
+    if cfg.n_id == 0:
+        return []
+    test = split_records(read_jsonl(_resolve(cfg.data)), seed=cfg.split_seed)["test"]
+    docs, seen = [], set()
+    for r in test:
+        if r.doc_id not in seen:
+            seen.add(r.doc_id)
+            docs.append(EvalDoc("ID", r.source.replace("-perturbed", ""), r.doc_id, r.document))
+        if len(docs) >= cfg.n_id:
+            break
+    return docs
+
+
+def ood_documents(cfg: EvalConfig) -> list[EvalDoc]:
+    """n_ood distinct CLIFF documents, taken alternately from each source (cliff-xsum, cliff-cnndm), in file order.
+    Empty when the CSV is absent."""
+    import pandas as pd
+
+    from ..paths import shared_data_dir
+
+    if cfg.n_ood == 0:
+        return []
+    path = Path(cfg.cliff_csv) if cfg.cliff_csv else shared_data_dir() / "CLIFF_error_types.csv"
+    if not path.is_file():
+        return []
+    table = pd.read_csv(path, dtype=str, keep_default_na=False)
+    by_source: dict[str, list[EvalDoc]] = {}
+    seen = set()
+    for row in table.to_dict("records"):
+        doc_id = f"{row.get('origin', 'cliff')}-{row.get('id', '')}"
+        if doc_id in seen:
+            continue
+        seen.add(doc_id)
+        source = f"cliff-{row['origin']}" if row.get("origin") else "cliff"
+        by_source.setdefault(source, []).append(EvalDoc("OOD", source, doc_id, row["doc"]))
+    out, queues = [], [list(v) for _, v in sorted(by_source.items())]
+    while len(out) < cfg.n_ood and any(queues):
+        for q in queues:
+            if q and len(out) < cfg.n_ood:
+                out.append(q.pop(0))
+    return out
+
+
+def _docs_fingerprint(docs: Sequence[EvalDoc]) -> str:
+    h = hashlib.sha256()
+    for d in docs:
+        h.update(f"{d.set}|{d.doc_id}|".encode() + d.document.encode())
+    return h.hexdigest()[:16]
+
+
+def vectors_fingerprint(vectors) -> str:
+    h = hashlib.sha256()
+    for k in sorted(vectors.vectors):
+        h.update(k.encode() + np.asarray(vectors.vectors[k], np.float32).tobytes())
+    return h.hexdigest()[:16]
+
+
+def steering_vectors_for(run, cfg: EvalConfig, use_cache: bool = True):
+    """Steering vectors of a run from the labelled tokens of its own data's validation split (as `steer` does)."""
+    from ..data.records import read_jsonl
+    from ..data.split import split_records
+    from .separability import ProbeSettings, labelled_records
+    from .steering import build_steering_vectors
+
+    rd = run if isinstance(run, RunDir) else RunDir(run)
+    tcfg, _ = rd.read_config()
+    records = labelled_records(split_records(read_jsonl(_resolve(tcfg.data)), seed=tcfg.split_seed)["val"])
+    return build_steering_vectors(rd, records, ProbeSettings(random_control=False), cfg.top_k, use_cache=use_cache)
+
+
+class _Models:
+    """Loads each base / merged model once per evaluation (steered variants share their run's merged model)."""
+
+    def __init__(self, cfg: EvalConfig):
+        self.cfg = cfg
+        self._cache: dict = {}
+
+    def get(self, v: Variant):
+        from ..generate import load_merged
+
+        key = (v.run, v.model if v.run is None else None)
+        if key not in self._cache:
+            if v.run is None:
+                self._cache[key] = load_model(ModelSpec(v.model or self.cfg.model, "float32", self.cfg.device))
+            else:
+                tcfg, _ = RunDir(v.run).read_config()
+                self._cache[key] = load_merged(ModelSpec(tcfg.model, "float32", self.cfg.device), v.run)
+        return self._cache[key]
+
+
+def generate_for(v: Variant, docs: Sequence[EvalDoc], cfg: EvalConfig, models: _Models | None = None,
+                 vectors=None, use_cache: bool = True) -> list[str]:
+    """The variant's generation for each document (cached)."""
+    from .cache import JSON, cached
+
+    if not docs:
+        return []
+    models = models or _Models(cfg)
+    run = RunDir(v.run) if v.run else None
+    if v.kind == "steered" and vectors is None:
+        vectors = steering_vectors_for(run, cfg)
+    key = {"kind": v.kind, "lam": v.lam, "model": None if run else (v.model or cfg.model), "device": cfg.device,
+           "docs": _docs_fingerprint(docs), "n": len(docs), "generation": asdict(cfg.generation),
+           "vectors": vectors_fingerprint(vectors) if v.kind == "steered" else None}
+
+    def compute() -> list[str]:
+        lm = models.get(v)
+        documents = [d.document for d in docs]
+        if v.kind == "steered":
+            from .steering import SteeringSession
+
+            return SteeringSession(lm, vectors).generate_many(documents, v.lam, cfg.generation)
+        return generate(lm, documents, cfg.generation)
+
+    return cached("generations", key, compute, JSON, run=run, enabled=use_cache)
+
+
+def _rows(v: Variant, docs: Sequence[EvalDoc], texts: Sequence[str], scorer: Scorer) -> list[dict]:
+    rows = []
+    for d, t in zip(docs, texts):
+        sent = score_summary(scorer, d.document, t, "sentence")
+        full = score_summary(scorer, d.document, t, "full")
+        rows.append({"variant": v.name, "kind": v.kind, "run": v.run, "lambda": v.lam, "set": d.set, "source": d.source,
+                     "doc_id": d.doc_id, "text": t, "score_sentence": sent.score, "score_full": full.score,
+                     "n_sentences": len(sent.claims), "n_words": len(t.split()), "scorer": scorer.name})
+    return rows
+
+
+@dataclass
+class EvalResult:
+    per_doc: "object"  # pandas DataFrame
+    config: EvalConfig
+    scorer: str
+    quality: ScorerQuality | None = None
+    extra: dict = field(default_factory=dict)
+
+    def table(self, protocol: str = "sentence", by_source: bool = False):
+        return results_table(self.per_doc, protocol, by_source)
+
+
+def results_table(per_doc, protocol: str = "sentence", by_source: bool = False):
+    """Rows = variant (in first-seen order); columns ID, OOD (means over documents of the protocol's score),
+    average (mean of the ID and OOD means, as in the paper), sentences (mean sentence count over all documents),
+    words, n_ID, n_OOD; with by_source, one extra column per OOD source."""
+    import pandas as pd
+
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol={protocol!r}: choose one of {PROTOCOLS}.")
+    col = f"score_{protocol}"
+    out = []
+    for name in dict.fromkeys(per_doc["variant"]):
+        sub = per_doc[per_doc["variant"] == name]
+        row = {"variant": name}
+        means = []
+        for s in ("ID", "OOD"):
+            part = sub[sub["set"] == s]
+            row[s] = float(part[col].mean()) if len(part) else float("nan")
+            row[f"n_{s}"] = int(len(part))
+            if len(part):
+                means.append(row[s])
+        row["average"] = float(np.mean(means)) if means else float("nan")
+        row["sentences"] = float(sub["n_sentences"].mean())
+        row["words"] = float(sub["n_words"].mean())
+        if by_source:
+            for src, part in sub[sub["set"] == "OOD"].groupby("source"):
+                row[src] = float(part[col].mean())
+        out.append(row)
+    cols = ["variant", "ID", "OOD", "average", "sentences", "words", "n_ID", "n_OOD"]
+    df = pd.DataFrame(out)
+    return df[cols + [c for c in df.columns if c not in cols]].set_index("variant")
+
+
+def evaluate(variants: Sequence[Variant], cfg: EvalConfig = EvalConfig(), progress: ProgressFn | None = None,
+             use_cache: bool = True, vectors: dict | None = None, measure_quality: bool | None = None) -> EvalResult:
+    """Generate with every variant on the ID and OOD documents, score both protocols, and collect per-document rows.
+    `vectors` maps a run path to its SteeringVectors (computed from the run's val split when missing).
+    measure_quality (default: only for the offline grounding scorer) attaches the scorer's cached AUROC report."""
+    import pandas as pd
+
+    from .scorers import GroundingScorer, scorer_quality
+
+    docs = id_documents(cfg) + ood_documents(cfg)
+    if not docs:
+        raise ValueError(f"no documents to evaluate: {cfg.data} has no test split documents and CLIFF is absent.")
+    scorer = make_scorer(cfg.scorer)
+    models = _Models(cfg)
+    vectors = dict(vectors or {})
+    rows: list[dict] = []
+    for v in variants:
+        if progress:
+            progress(f"{v.name}: generating {len(docs)} summaries")
+        vec = None
+        if v.kind == "steered":
+            if v.run not in vectors:
+                vectors[v.run] = steering_vectors_for(v.run, cfg, use_cache)
+            vec = vectors[v.run]
+        texts = generate_for(v, docs, cfg, models, vec, use_cache)
+        rows += _rows(v, docs, texts, scorer)
+    quality = None
+    if measure_quality or (measure_quality is None and isinstance(scorer, GroundingScorer)):
+        quality = scorer_quality(scorer, cfg.cliff_csv)
+    return EvalResult(pd.DataFrame(rows), cfg, scorer.name, quality)
+
+
+def lambda_sweep(run, lambdas: Sequence[float], cfg: EvalConfig = EvalConfig(), sets: Sequence[str] = ("ID",),
+                 vectors=None, progress: ProgressFn | None = None, use_cache: bool = True):
+    """Factuality and length against λ for one run: rows (lambda, set, source, doc_id, text, score_sentence,
+    score_full, n_sentences, n_words). λ = 0 generates with the merged model unchanged."""
+    import pandas as pd
+
+    docs = (id_documents(cfg) if "ID" in sets else []) + (ood_documents(cfg) if "OOD" in sets else [])
+    if not docs:
+        raise ValueError(f"no documents for sets {tuple(sets)}: check cfg.n_id / cfg.n_ood and the data paths.")
+    vectors = vectors or steering_vectors_for(run, cfg, use_cache)
+    scorer = make_scorer(cfg.scorer)
+    models = _Models(cfg)
+    rows = []
+    for lam in lambdas:
+        if progress:
+            progress(f"λ = {lam:g}: generating {len(docs)} summaries")
+        v = Variant.steered(run, float(lam))
+        rows += _rows(v, docs, generate_for(v, docs, cfg, models, vectors, use_cache), scorer)
+    df = pd.DataFrame(rows)
+    df.attrs["sites"] = [s.key for s in vectors.sites]
+    return df
+
+
+def lambda_curve(df, protocol: str = "sentence"):
+    """Per λ: mean factuality, its standard error, mean sentence and word counts, number of documents."""
+    col = f"score_{protocol}"
+    g = df.groupby("lambda")
+    out = g[col].agg(["mean", "sem", "count"]).rename(columns={"mean": "factuality", "sem": "sem", "count": "n"})
+    out["sentences"] = g["n_sentences"].mean()
+    out["words"] = g["n_words"].mean()
+    out["empty"] = g["n_words"].apply(lambda x: int((x == 0).sum()))
+    return out.reset_index()

@@ -1,0 +1,186 @@
+"""Label-sensitivity study (DESIGN.md §2): TOPL trained on each label setting of topl_core.data.variants
+(original, random, balanced, bad_skewed, good_skewed, good_only, dense_balanced) with everything else fixed, and
+the scores per setting next to the stats of the labels it trained on (#tokens, % good, % bad).
+
+Public API
+    LabelStudyConfig(train=TrainConfig(...), settings=LABEL_SETTINGS, n_cliff=0, cliff_csv=None, n_generate=0)
+    label_stats_for(cfg, records=None, tokenizer=None) -> DataFrame
+        one row per setting: tokens, good, bad, pct_good, pct_bad, examples — exactly the labels the trainer
+        uses: the train split encoded by the TOPL objective, then data.variants.apply_label_setting(…, cfg.seed)
+    run_label_study(cfg, out_dir, progress=None, records=None, base_loader=None) -> DataFrame
+        trains out_dir/<setting>/ per setting (resumable: finished runs are kept, interrupted ones resume) and
+        returns the stats columns plus val_token_auroc (head token AUROC on the *original* validation labels),
+        optionally cliff_token_auroc (head vs CLIFF span labels on n_cliff records) and gen_factuality.
+    read_label_study(out_dir) -> DataFrame     the table from the run directories (what has finished so far)
+
+Every setting changes only the training labels: validation always scores against the original labels, so the
+columns compare what each labelling teaches, not how easy its own labels are.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..data.variants import LABEL_SETTINGS, apply_label_setting, label_stats
+from ..io import write_json
+from ..models import LoadedModel, ModelSpec, load_model
+from ..runs import RunDir, RunError
+from ..training.config import ConfigError, TrainConfig
+
+STUDY_FILE = "label_study.json"
+
+
+@dataclass(frozen=True)
+class LabelStudyConfig:
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=20, eval_every=20, checkpoint_every=10, max_val_examples=32))
+    settings: tuple[str, ...] = LABEL_SETTINGS
+    n_cliff: int = 0  # > 0: also head token AUROC on this many CLIFF span records (OOD)
+    cliff_csv: str | None = None
+    n_generate: int = 0  # > 0: also generation factuality on this many test documents
+    max_new_tokens: int = 64
+    scorer: str = "grounding"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.train, dict):
+            object.__setattr__(self, "train", TrainConfig.from_json(self.train))
+        object.__setattr__(self, "settings", tuple(self.settings))
+        bad = [s for s in self.settings if s not in LABEL_SETTINGS]
+        if bad or not self.settings:
+            raise ConfigError(f"settings={self.settings!r}: choose a non-empty subset of {LABEL_SETTINGS}.")
+        if self.train.method != "topl":
+            raise ConfigError(f"train.method={self.train.method!r}: the label study trains TOPL; use method='topl'.")
+
+    def setting_config(self, setting: str) -> TrainConfig:
+        return replace(self.train, label_setting=setting)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["train"], d["settings"] = self.train.to_json(), list(self.settings)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "LabelStudyConfig":
+        return cls(**{**d, "train": TrainConfig.from_json(d["train"])})
+
+
+def _train_labels(cfg: TrainConfig, records, tokenizer) -> list[np.ndarray]:
+    """The per-example response labels the trainer starts from (train split, TOPL encoding)."""
+    from ..data.split import split_records
+    from ..training.objectives import OBJECTIVES, EncodeSettings
+
+    train_recs = split_records(records, seed=cfg.split_seed)["train"]
+    examples = OBJECTIVES[cfg.method].prepare(tokenizer, train_recs, EncodeSettings(cfg.max_doc_tokens, cfg.max_response_tokens))
+    return [e.response_labels for e in examples]
+
+
+def label_stats_for(cfg: LabelStudyConfig, records=None, tokenizer=None):
+    """Rows per setting: the stats of the training labels under that setting (see the module docstring)."""
+    import pandas as pd
+
+    from ..data.records import read_jsonl
+
+    records = list(records) if records is not None else read_jsonl(cfg.train.data)
+    tokenizer = tokenizer or load_model(ModelSpec(cfg.train.model, "float32", cfg.train.device)).tokenizer
+    labels = _train_labels(cfg.train, records, tokenizer)
+    return pd.DataFrame([{"setting": s, **label_stats(apply_label_setting(labels, s, cfg.train.seed))} for s in cfg.settings])
+
+
+def _cliff_auroc(cfg: LabelStudyConfig, run: RunDir) -> dict:
+    from ..data.cliff import load_factuality_csv
+    from ..paths import shared_data_dir
+    from ..scoring import TokenScorer, detection_auroc
+
+    path = Path(cfg.cliff_csv) if cfg.cliff_csv else shared_data_dir() / "CLIFF_error_types.csv"
+    if not path.is_file():
+        return {}
+    recs = list(load_factuality_csv(path).records)[: cfg.n_cliff]
+    scorer = TokenScorer(load_model(ModelSpec(cfg.train.model, "float32", cfg.train.device)), run, precision=cfg.train.precision)
+    r = detection_auroc(scorer.score(recs))
+    return {"cliff_token_auroc": r["head_auroc"], "cliff_tokens": r["tokens"]}
+
+
+def _generation(cfg: LabelStudyConfig, run: RunDir) -> dict:
+    from .evaluation import EvalConfig, Variant, evaluate
+
+    ecfg = EvalConfig(data=cfg.train.data, split_seed=cfg.train.split_seed, n_id=cfg.n_generate, n_ood=0,
+                      max_new_tokens=cfg.max_new_tokens, max_doc_tokens=cfg.train.max_doc_tokens, scorer=cfg.scorer,
+                      model=cfg.train.model, device=cfg.train.device)
+    res = evaluate([Variant.merged(run.path)], ecfg, measure_quality=False)
+    t = res.table()
+    return {"gen_factuality": float(t["ID"].iloc[0]), "gen_sentences": float(t["sentences"].iloc[0])}
+
+
+def _row(setting: str, run: RunDir) -> dict:
+    metrics = run.read_metrics()
+    val = next((r for r in reversed(metrics) if "val_token_auroc" in r), {})
+    status = run.read_status()
+    return {"setting": setting, "val_token_auroc": val.get("val_token_auroc", float("nan")),
+            "val_tokens": val.get("val_tokens", 0), "loss": metrics[-1].get("loss") if metrics else float("nan"),
+            "train_s": status.get("elapsed_s"), "state": status.get("state"), "run": str(run.path)}
+
+
+def run_label_study(cfg: LabelStudyConfig, out_dir: str | Path, progress: Callable[[str], None] | None = None,
+                    records=None, base_loader: Callable[[], LoadedModel] | None = None):
+    """Train TOPL on every setting (resumable) and return the table: stats + scores per setting."""
+    from ..data.records import read_jsonl
+    from ..training.trainer import train
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / STUDY_FILE
+    if path.exists():
+        old = LabelStudyConfig.from_json(json.loads(path.read_text())["config"])
+        if replace(old, settings=cfg.settings) != cfg:
+            raise RunError(f"{out_dir} holds a label study with a different config; use another directory or the same config.")
+    write_json(path, {"config": cfg.to_json()})
+    spec = ModelSpec(cfg.train.model, "float32", cfg.train.device)
+    base_loader = base_loader or (lambda: load_model(spec))
+    records = list(records) if records is not None else read_jsonl(cfg.train.data)
+    extras_path = out_dir / "extras.json"
+    extras = json.loads(extras_path.read_text()) if extras_path.exists() else {}
+    for setting in cfg.settings:
+        run = RunDir(out_dir / setting)
+        if not run.is_complete:
+            if progress:
+                progress(f"training setting {setting}")
+            t0 = time.perf_counter()
+            run = train(cfg.setting_config(setting), run.path, records=records, base=base_loader())
+            if progress:
+                progress(f"  {setting}: {run.read_status().get('state')} in {time.perf_counter() - t0:.0f} s")
+            if not run.is_complete:
+                break
+        have = extras.get(setting, {})
+        if (cfg.n_cliff and "cliff_token_auroc" not in have) or (cfg.n_generate and "gen_factuality" not in have):
+            if cfg.n_cliff and "cliff_token_auroc" not in have:
+                have.update(_cliff_auroc(cfg, run))
+            if cfg.n_generate and "gen_factuality" not in have:
+                have.update(_generation(cfg, run))
+            extras[setting] = have
+            write_json(extras_path, extras)
+    return read_label_study(out_dir, records=records)
+
+
+def read_label_study(out_dir: str | Path, records=None, tokenizer=None):
+    """The study table: label stats per setting joined with the scores of the settings trained so far."""
+    import pandas as pd
+
+    out_dir = Path(out_dir)
+    cfg = LabelStudyConfig.from_json(json.loads((out_dir / STUDY_FILE).read_text())["config"])
+    stats = label_stats_for(cfg, records, tokenizer)
+    extras_path = out_dir / "extras.json"
+    extras = json.loads(extras_path.read_text()) if extras_path.exists() else {}
+    rows = []
+    for setting in cfg.settings:
+        run = RunDir(out_dir / setting)
+        rows.append({**(_row(setting, run) if run.config_path.exists() else {"setting": setting, "state": "not started"}),
+                     **extras.get(setting, {})})
+    return stats.merge(pd.DataFrame(rows), on="setting", how="left")
+
+
+__all__ = ["LabelStudyConfig", "label_stats_for", "run_label_study", "read_label_study"]

@@ -1,0 +1,547 @@
+"""Sliding-window layer sweep (DESIGN.md §2, "Layer selection"): TOPL trained with LoRA on layers [s, s+k) and
+the head after layer s+k−1, for a grid of windows (start s, size k), each scored by the head's token AUROC on the
+validation split (and optionally by the factuality of the merged model's generations).
+
+Public API
+    plan_windows(num_layers, sizes=(3, 6, 12), stride=3) -> list[Window]
+    SweepConfig(train=TrainConfig(...), sizes, stride, windows=(), reuse_prefix=True, n_generate=0, ...)
+    run_sweep(cfg, sweep_dir, progress=None, base_loader=None) -> pandas.DataFrame     (foreground; resumable)
+    start_sweep(cfg, sweep_dir) -> Path          launch `python -m topl_core sweep --resume DIR` detached
+    read_sweep(sweep_dir) -> pandas.DataFrame    results so far (one row per finished window)
+    sweep_status(sweep_dir) -> dict              {state, done, total, current, ...}
+    heatmap_table(df, value="val_token_auroc") -> DataFrame (rows start, columns size)
+    lines_table(df, sizes=(3, 6, 12)) -> DataFrame (one line per size: x = start, y = value)
+    compare_reuse(df_reuse, df_plain) -> DataFrame  per-window time with / without prefix reuse, AUROC of both
+
+    Forward from an intermediate hidden state (Llama / Qwen3 / Gemma3 families):
+    embed_inputs(model, input_ids) -> (B, T, d)                     the residual stream entering layer 0
+    forward_from_hidden(model, hidden, attention_mask, start, end=None) -> (B, T, d)
+        runs decoder layers start..end (inclusive, default the last) on `hidden`, the residual stream entering
+        layer `start`; builds the same position ids (0..T−1), rotary embeddings (per layer type for Gemma3) and
+        causal / sliding-window masks as the model's own forward. Not normed.
+    PrefixStore, install_prefix_cache(lm, store, start)
+
+Layout of a sweep directory (resumable: finished windows are kept and never redone):
+    sweep.json          {"config": SweepConfig}
+    status.json         {"state": running|finished|failed|cancelled, "done", "total", "current", "pid", ...}
+    results.jsonl       one row per finished window
+    windows/s{start:02d}-k{size:02d}/   a normal run directory (topl_core.runs) per window
+    job.json, job.log   when started in the background (topl_core.jobs)
+
+Frozen-prefix reuse. Layers below a window carry no LoRA, so the residual stream entering layer s is the base
+model's, identical for every window that starts at s or above. With `reuse_prefix=True`, windows run in order of
+start; a PrefixStore keeps, per training/validation batch (keyed by its token ids), the hidden state entering the
+current start layer, and advances it layer by layer as the start moves up. Each window's model then runs only
+layers s..m (m = the head layer) from the stored state. The trainer is unchanged: `install_prefix_cache` swaps the
+window's own freshly loaded model's decoder stack (`model.model`) for a `PrefixCachedDecoder` that holds the same
+embedding, layers, norm and rotary modules (so PEFT module names and saved adapter keys are the usual ones) and
+whose forward starts from the stored state. With dropout-free base layers (attention_dropout = 0, as in Llama,
+Qwen3, Gemma3 checkpoints) the result equals the plain forward; `run_sweep` refuses reuse otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..io import write_json
+from ..models import LoadedModel, ModelError, ModelSpec, base_causal_lm, load_model
+from ..runs import RunDir, RunError
+from ..training.config import ConfigError, TrainConfig
+
+# --- forward from an intermediate hidden state ------------------------------------------------------------------
+
+
+def _decoder(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack (LlamaModel / Qwen3Model / Gemma3TextModel, or a PrefixCachedDecoder) of a causal LM."""
+    if hasattr(model, "layers") and hasattr(model, "rotary_emb"):
+        return model
+    inner = getattr(base_causal_lm(model), "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        raise ModelError(
+            f"forward_from_hidden supports Llama/Qwen3/Gemma3-style models (model.model.layers + rotary_emb); "
+            f"got {type(base_causal_lm(model)).__name__}."
+        )
+    return inner
+
+
+def embed_inputs(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """The residual stream entering layer 0 (Gemma's embedding module applies its own √d scale)."""
+    return _decoder(model).embed_tokens(input_ids)
+
+
+def _layer_types(config, n: int) -> list[str]:
+    types = getattr(config, "layer_types", None)
+    return list(types) if types else ["full_attention"] * n
+
+
+def _masks_and_positions(decoder, hidden: torch.Tensor, attention_mask: torch.Tensor | None, types: set[str]):
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    config = decoder.config
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ModelError("forward_from_hidden: bidirectional-attention configs are not supported (causal LMs only).")
+    position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+    kw = dict(config=config, inputs_embeds=hidden, attention_mask=attention_mask, past_key_values=None, position_ids=position_ids)
+    masks = {}
+    for t in types:
+        if t == "full_attention":
+            masks[t] = create_causal_mask(**kw)
+        elif t == "sliding_attention":
+            masks[t] = create_sliding_window_causal_mask(**kw)
+        else:
+            raise ModelError(f"forward_from_hidden: unknown layer type {t!r} in config.layer_types.")
+    rotary = decoder.rotary_emb
+    if "layer_type" in inspect.signature(rotary.forward).parameters:  # Gemma3: local and global rope per type
+        pos_emb = {t: rotary(hidden, position_ids, t) for t in types}
+    else:
+        shared = rotary(hidden, position_ids)
+        pos_emb = {t: shared for t in types}
+    return position_ids, masks, pos_emb
+
+
+def forward_from_hidden(
+    model: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None, start: int, end: int | None = None
+) -> torch.Tensor:
+    """Run decoder layers start..end (inclusive) on `hidden`, the residual stream entering layer `start`.
+    Equals output_hidden_states[end + 1] of the full forward (hidden_states[0] is the embedding output)."""
+    decoder = _decoder(model)
+    n = len(decoder.layers)
+    end = n - 1 if end is None else end
+    if not 0 <= start <= end < n:
+        raise ModelError(f"forward_from_hidden: layers {start}..{end} are outside 0..{n - 1}.")
+    types = _layer_types(decoder.config, n)
+    position_ids, masks, pos_emb = _masks_and_positions(decoder, hidden, attention_mask, {types[i] for i in range(start, end + 1)})
+    h = hidden
+    for i in range(start, end + 1):
+        out = decoder.layers[i](h, attention_mask=masks[types[i]], position_embeddings=pos_emb[types[i]], position_ids=position_ids)
+        h = out[0] if isinstance(out, tuple) else out
+    return h
+
+
+# --- the prefix store -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PrefixStats:
+    batches_computed: int = 0  # prefix states built from the embeddings
+    batches_advanced: int = 0  # states moved up from a lower layer
+    batches_reused: int = 0  # states served as they were
+    layer_passes: int = 0  # decoder-layer applications spent on prefixes (one per layer per batch)
+    layer_passes_saved: int = 0  # decoder-layer applications a plain forward would have spent on them in addition
+
+
+class PrefixStore:
+    """Per batch (keyed by its token ids and mask), the residual stream entering some layer L, computed once with
+    the frozen base layers 0..L−1 (no gradients) and advanced upward on demand. One state per batch is kept (the
+    newest): windows should be visited in order of start."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, tuple[int, torch.Tensor]] = {}
+        self.stats = PrefixStats()
+
+    @staticmethod
+    def key(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> str:
+        h = hashlib.sha1(str(tuple(input_ids.shape)).encode())
+        h.update(input_ids.detach().cpu().numpy().tobytes())
+        if attention_mask is not None:
+            h.update(attention_mask.detach().cpu().numpy().astype(np.int8).tobytes())
+        return h.hexdigest()
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for _, t in self._states.values())
+
+    def clear(self) -> None:
+        self._states.clear()
+
+    @torch.no_grad()
+    def entering(self, decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, start: int) -> torch.Tensor:
+        """The residual stream entering layer `start` for this batch."""
+        if start == 0:
+            return embed_inputs(decoder, input_ids)
+        k = self.key(input_ids, attention_mask)
+        level, h = self._states.get(k, (None, None))
+        if level == start:
+            self.stats.batches_reused += 1
+            self.stats.layer_passes_saved += start
+            return h
+        if level is not None and level < start:
+            self.stats.batches_advanced += 1
+            self.stats.layer_passes_saved += level
+        else:
+            level, h = 0, embed_inputs(decoder, input_ids)
+            self.stats.batches_computed += 1
+        h = forward_from_hidden(decoder, h, attention_mask, level, start - 1)
+        self.stats.layer_passes += start - level
+        self._states[k] = (start, h.detach())
+        return h
+
+
+class PrefixCachedDecoder(torch.nn.Module):
+    """A drop-in for a causal LM's decoder stack whose forward starts at layer `start` from a PrefixStore state.
+    Holds the original embedding, layers, norm and rotary modules (shared, not copied)."""
+
+    def __init__(self, decoder: torch.nn.Module, store: PrefixStore, start: int):
+        super().__init__()
+        self.config = decoder.config
+        self.embed_tokens = decoder.embed_tokens
+        self.layers = decoder.layers
+        self.norm = decoder.norm
+        self.rotary_emb = decoder.rotary_emb
+        self.start = start
+        self._store = store
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def forward(self, input_ids=None, attention_mask=None, use_cache=False, **kwargs):
+        from transformers.modeling_outputs import BaseModelOutputWithPast
+
+        if input_ids is None:
+            raise ModelError("PrefixCachedDecoder needs input_ids (its cache is keyed by them).")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        h = self._store.entering(self, input_ids, attention_mask, self.start)
+        h = forward_from_hidden(self, h, attention_mask, self.start)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(h))
+
+
+def install_prefix_cache(lm: LoadedModel, store: PrefixStore, start: int) -> LoadedModel:
+    """Make `lm` (a model this caller owns, e.g. freshly loaded for one window) start its forward at layer `start`
+    from `store`. Only for training windows whose LoRA starts at `start`; the model cannot generate afterwards."""
+    causal = base_causal_lm(lm.model)
+    cfg = causal.config
+    for name in ("attention_dropout", "hidden_dropout", "dropout"):
+        if float(getattr(cfg, name, 0.0) or 0.0) > 0:
+            raise ModelError(f"prefix reuse needs dropout-free base layers, but config.{name}={getattr(cfg, name)}; "
+                             "run the sweep with reuse_prefix=False.")
+    causal.model = PrefixCachedDecoder(_decoder(causal), store, start)
+    return lm
+
+
+# --- windows and config -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class Window:
+    start: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size - 1
+
+    @property
+    def name(self) -> str:
+        return f"s{self.start:02d}-k{self.size:02d}"
+
+
+def plan_windows(num_layers: int, sizes: Sequence[int] = (3, 6, 12), stride: int = 3) -> list[Window]:
+    """Every window of each size whose start is a multiple of `stride` and that fits in the model, ordered by start."""
+    if stride < 1:
+        raise ConfigError(f"stride={stride!r}: use a positive layer step (e.g. 3).")
+    out = []
+    for k in sizes:
+        if not 1 <= k <= num_layers:
+            raise ConfigError(f"window size {k!r}: must lie in 1..{num_layers} (the model's layers).")
+        out += [Window(s, k) for s in range(0, num_layers - k + 1, stride)]
+    return sorted(set(out))
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """A sliding-window sweep. `train` is the template for every window (its LoRA layer range is replaced by the
+    window; method must be "topl"). `windows` (explicit (start, size) pairs) overrides sizes/stride."""
+
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=20, eval_every=20, checkpoint_every=10, max_val_examples=32))
+    sizes: tuple[int, ...] = (3, 6, 12)
+    stride: int = 3
+    windows: tuple[tuple[int, int], ...] = ()
+    reuse_prefix: bool = True
+    n_generate: int = 0  # > 0: also generate on this many test documents per window and score factuality
+    max_new_tokens: int = 64
+    scorer: str = "grounding"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.train, dict):
+            object.__setattr__(self, "train", TrainConfig.from_json(self.train))
+        object.__setattr__(self, "sizes", tuple(int(k) for k in self.sizes))
+        object.__setattr__(self, "windows", tuple((int(s), int(k)) for s, k in self.windows))
+        if self.train.method != "topl":
+            raise ConfigError(f"train.method={self.train.method!r}: the layer sweep trains TOPL windows; use method='topl'.")
+        if self.n_generate < 0:
+            raise ConfigError(f"n_generate={self.n_generate!r}: use 0 (no generation) or a positive number of documents.")
+        if not self.windows and not self.sizes:
+            raise ConfigError("sizes=() and windows=(): give window sizes (e.g. 3 6 12) or explicit windows.")
+
+    def window_list(self, num_layers: int) -> list[Window]:
+        if self.windows:
+            ws = sorted({Window(s, k) for s, k in self.windows})
+            bad = [w for w in ws if w.start < 0 or w.size < 1 or w.end >= num_layers]
+            if bad:
+                raise ConfigError(f"windows {[(w.start, w.size) for w in bad]} do not fit layers 0..{num_layers - 1}.")
+            return ws
+        return plan_windows(num_layers, self.sizes, self.stride)
+
+    def window_config(self, w: Window) -> TrainConfig:
+        return self.train.with_overrides(lora_layer_start=w.start, lora_layer_end=w.end)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["train"] = self.train.to_json()
+        d["sizes"], d["windows"] = list(self.sizes), [list(w) for w in self.windows]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "SweepConfig":
+        d = dict(d)
+        d["train"] = TrainConfig.from_json(d["train"])
+        return cls(**d)
+
+
+# --- running --------------------------------------------------------------------------------------------------
+
+SweepProgress = Callable[[dict], "bool | None"]  # {"event": ..., "window": name, ...}; return False to cancel
+CONFIG_FILE, STATUS_FILE, RESULTS_FILE, STOP_FILE = "sweep.json", "status.json", "results.jsonl", "STOP"
+
+
+def _read_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash: that window is redone
+    return rows
+
+
+def _write_status(sweep_dir: Path, **kw) -> None:
+    write_json(sweep_dir / STATUS_FILE, {"updated": time.time(), "pid": os.getpid(), **kw})
+
+
+def _check_config(sweep_dir: Path, cfg: SweepConfig) -> None:
+    path = sweep_dir / CONFIG_FILE
+    if path.exists():
+        try:
+            old = SweepConfig.from_json(json.loads(path.read_text())["config"])
+        except (json.JSONDecodeError, KeyError, TypeError, ConfigError) as e:
+            raise RunError(f"{path}: corrupt ({e}); delete the sweep directory to start over.") from e
+        fixed = lambda c: replace(c, sizes=(), stride=1, windows=((0, 1),), n_generate=0)  # noqa: E731
+        if fixed(old) != fixed(cfg) or old.n_generate != cfg.n_generate:
+            raise RunError(
+                f"{sweep_dir} holds a sweep with a different training/reuse config; resume it with its own config "
+                f"(python -m topl_core sweep --resume {sweep_dir}) or use another --out directory."
+            )
+    write_json(path, {"config": cfg.to_json()})
+
+
+def _window_row(w: Window, run: RunDir, train_s: float, store: PrefixStore | None, before: PrefixStats | None) -> dict:
+    metrics = run.read_metrics()
+    val = next((r for r in reversed(metrics) if "val_token_auroc" in r), {})
+    last = metrics[-1] if metrics else {}
+    row = {
+        "window": w.name, "start": w.start, "size": w.size, "end": w.end, "head_layer": w.end,
+        "val_token_auroc": val.get("val_token_auroc", float("nan")), "val_tokens": val.get("val_tokens", 0),
+        "loss": last.get("loss", float("nan")), "steps": last.get("step", 0), "train_s": train_s,
+        "reuse_prefix": store is not None, "run": str(run.path), "finished": time.time(),
+    }
+    if store is not None:  # what this window's prefix work was (the store's counters are cumulative)
+        now, then = asdict(store.stats), asdict(before or PrefixStats())
+        row.update({f"prefix_{k}": now[k] - then[k] for k in now})
+        row["prefix_store_mb"] = store.nbytes / 2**20
+    return row
+
+
+def _generation_factuality(cfg: SweepConfig, run: RunDir, records) -> dict:
+    from ..data.split import split_records
+    from ..generate import GenerationConfig, generate, load_merged
+    from .scorers import make_scorer, score_summary
+
+    test = split_records(records, seed=cfg.train.split_seed)["test"]
+    docs, seen = [], set()
+    for r in test:
+        if r.doc_id not in seen:
+            seen.add(r.doc_id)
+            docs.append(r.document)
+        if len(docs) >= cfg.n_generate:
+            break
+    lm = load_merged(ModelSpec(cfg.train.model, "float32", cfg.train.device), run)
+    texts = generate(lm, docs, GenerationConfig(max_new_tokens=cfg.max_new_tokens, max_doc_tokens=cfg.train.max_doc_tokens))
+    scorer = make_scorer(cfg.scorer)
+    scores = [score_summary(scorer, d, t, "sentence") for d, t in zip(docs, texts)]
+    return {"gen_factuality": float(np.mean([s.score for s in scores])) if scores else float("nan"),
+            "gen_sentences": float(np.mean([s.n_sentences for s in scores])) if scores else float("nan"),
+            "gen_documents": len(docs), "scorer": scorer.name}
+
+
+def run_sweep(
+    cfg: SweepConfig,
+    sweep_dir: str | Path,
+    progress: SweepProgress | None = None,
+    base_loader: Callable[[], LoadedModel] | None = None,
+    records=None,
+):
+    """Train and score every window of `cfg` not finished yet in `sweep_dir`; return the results table.
+
+    Resumable: a window with a row in results.jsonl is skipped; a window whose run directory is complete but has
+    no row (a crash in between) gets its row without retraining; an interrupted window resumes from its last
+    checkpoint (the trainer's resume). Creating a file named STOP in sweep_dir (or progress returning False)
+    stops after the current step with a checkpoint, state "cancelled". `base_loader` returns a fresh model per
+    window (default: load_model of the config's model; the trainer consumes it)."""
+    import pandas as pd
+
+    from ..data.records import read_jsonl
+    from ..training.trainer import train
+
+    sweep_dir = Path(sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    _check_config(sweep_dir, cfg)
+    (sweep_dir / STOP_FILE).unlink(missing_ok=True)
+    spec = ModelSpec(cfg.train.model, "float32", cfg.train.device)
+    base_loader = base_loader or (lambda: load_model(spec))
+    probe = base_loader()
+    windows = cfg.window_list(probe.num_layers)
+    del probe
+    records = list(records) if records is not None else read_jsonl(cfg.train.data)
+    results = sweep_dir / RESULTS_FILE
+    done = {r["window"] for r in _read_rows(results)}
+    store = PrefixStore() if cfg.reuse_prefix else None
+    total = len(windows)
+    _write_status(sweep_dir, state="running", done=len(done & {w.name for w in windows}), total=total, current=None)
+    cancelled = False
+
+    def step_cb(w: Window):
+        def cb(p) -> bool:
+            if (sweep_dir / STOP_FILE).exists():
+                return False
+            if progress is not None and progress({"event": "step", "window": w.name, "step": p.step, "steps": p.steps,
+                                                  "loss": p.loss, "val": p.val}) is False:
+                return False
+            return True
+        return cb
+
+    try:
+        for w in windows:
+            if w.name in done:
+                continue
+            if (sweep_dir / STOP_FILE).exists():
+                cancelled = True
+                break
+            run_path = sweep_dir / "windows" / w.name
+            _write_status(sweep_dir, state="running", done=len(done & {x.name for x in windows}), total=total, current=w.name)
+            if progress is not None:
+                progress({"event": "window", "window": w.name, "start": w.start, "size": w.size})
+            wcfg = cfg.window_config(w)
+            t0 = time.perf_counter()
+            before = replace(store.stats) if store is not None else None
+            run = RunDir(run_path)
+            if not run.is_complete:
+                lm = base_loader()
+                if store is not None:
+                    install_prefix_cache(lm, store, w.start)
+                run = train(wcfg, run_path, progress=step_cb(w), records=records, base=lm)
+                del lm
+                if not run.is_complete:  # cancelled: checkpoint kept, resume continues it
+                    cancelled = True
+                    break
+            row = _window_row(w, run, time.perf_counter() - t0, store, before)
+            if cfg.n_generate:
+                row.update(_generation_factuality(cfg, run, records))
+            with open(results, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+            done.add(w.name)
+            if progress is not None:
+                progress({"event": "done", **row})
+    except BaseException as e:
+        state = "cancelled" if isinstance(e, KeyboardInterrupt) else "failed"
+        _write_status(sweep_dir, state=state, done=len(done), total=total, current=None, error=f"{type(e).__name__}: {e}")
+        raise
+    state = "cancelled" if cancelled else "finished"
+    _write_status(sweep_dir, state=state, done=len(done & {w.name for w in windows}), total=total, current=None)
+    return read_sweep(sweep_dir) if _read_rows(results) else pd.DataFrame()
+
+
+def resume_sweep(sweep_dir: str | Path, progress: SweepProgress | None = None):
+    """Continue the sweep in `sweep_dir` with its saved config."""
+    path = Path(sweep_dir) / CONFIG_FILE
+    if not path.exists():
+        raise RunError(f"{sweep_dir}: no {CONFIG_FILE}; not a sweep directory (start one with python -m topl_core sweep).")
+    return run_sweep(SweepConfig.from_json(json.loads(path.read_text())["config"]), sweep_dir, progress)
+
+
+def start_sweep(cfg: SweepConfig, sweep_dir: str | Path) -> Path:
+    """Start (or continue) a sweep in a detached background process (topl_core.jobs): job.json / job.log in
+    sweep_dir; state in status.json; cancel with topl_core.jobs.cancel(sweep_dir) (SIGTERM: the current window
+    checkpoints) or by creating sweep_dir/STOP."""
+    from ..jobs import launch
+
+    sweep_dir = Path(sweep_dir).resolve()
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    _check_config(sweep_dir, cfg)
+    return launch(["sweep", "--resume", str(sweep_dir)], sweep_dir, kind="sweep")
+
+
+def request_stop(sweep_dir: str | Path) -> None:
+    """Ask a running sweep to stop after its current training step (a checkpoint is kept)."""
+    (Path(sweep_dir) / STOP_FILE).touch()
+
+
+def read_sweep(sweep_dir: str | Path):
+    """Results so far, one row per finished window (the latest row when a window appears twice)."""
+    import pandas as pd
+
+    rows = _read_rows(Path(sweep_dir) / RESULTS_FILE)
+    if not rows:
+        return pd.DataFrame(columns=["window", "start", "size", "end", "val_token_auroc", "train_s"])
+    df = pd.DataFrame(rows).drop_duplicates("window", keep="last")
+    return df.sort_values(["size", "start"]).reset_index(drop=True)
+
+
+def sweep_status(sweep_dir: str | Path) -> dict:
+    """status.json plus liveness: a 'running' sweep whose process is gone reads as 'interrupted' (resumable)."""
+    from ..jobs import _alive
+
+    path = Path(sweep_dir) / STATUS_FILE
+    try:
+        st = json.loads(path.read_text()) if path.exists() else {"state": "unknown"}
+    except json.JSONDecodeError:
+        st = {"state": "unknown"}
+    if st.get("state") == "running" and not _alive(st.get("pid")):
+        st["state"] = "interrupted"
+    return st
+
+
+def heatmap_table(df, value: str = "val_token_auroc"):
+    """Rows = window start layer, columns = window size, cells = `value` (NaN where not run)."""
+    return df.pivot_table(index="start", columns="size", values=value, aggfunc="last").sort_index()
+
+
+def lines_table(df, sizes: Sequence[int] = (3, 6, 12), value: str = "val_token_auroc"):
+    """Long table for the k = 3, 6, 12 lines: size, start, value (sorted)."""
+    sub = df[df["size"].isin(list(sizes))][["size", "start", value]]
+    return sub.sort_values(["size", "start"]).reset_index(drop=True)
+
+
+def compare_reuse(with_reuse, without_reuse):
+    """Per window: training time with and without frozen-prefix reuse, the ratio, and both AUROCs (they should
+    agree: reuse changes where the prefix is computed, not what is computed)."""
+    a = with_reuse.set_index("window")[["start", "size", "train_s", "val_token_auroc"]]
+    b = without_reuse.set_index("window")[["train_s", "val_token_auroc"]]
+    out = a.join(b, lsuffix="_reuse", rsuffix="_plain", how="inner")
+    out["saving"] = 1 - out["train_s_reuse"] / out["train_s_plain"]
+    return out.reset_index().sort_values(["size", "start"]).reset_index(drop=True)

@@ -1,0 +1,122 @@
+"""`evaluate`: factuality of generated summaries for base / merged / steered models on ID (held-out test split of
+the training data) and OOD (CLIFF documents), scored with a pluggable scorer under the sentence and full-summary
+protocols, with average sentence counts — the paper's results table. With --lambdas: the λ sweep of one run
+(factuality and length vs λ, with every generated text). With --scorer-quality: the offline scorer's measured AUROC."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "evaluate", help="factuality evaluation (ID/OOD table), λ sweep (--lambdas), scorer quality",
+        formatter_class=_Formatter,
+        description="Examples:\n"
+                    "  python -m topl_core evaluate --run runs/topl --steer 2 --n-id 16 --n-ood 16\n"
+                    "  python -m topl_core evaluate --run runs/topl --lambdas -4 -2 -1 0 1 2 4 --n-id 12\n"
+                    "  python -m topl_core evaluate --scorer-quality",
+    )
+    p.add_argument("--run", action="append", default=[], help="run directory to evaluate merged (repeatable)")
+    p.add_argument("--no-base", action="store_true", help="leave out the base model row")
+    p.add_argument("--steer", nargs="+", type=float, default=[], metavar="LAMBDA",
+                   help="also evaluate each run steered with these λ values (LoRA-B steering)")
+    p.add_argument("--lambdas", nargs="+", type=float, metavar="LAMBDA",
+                   help="λ sweep mode: factuality and length vs λ for the (first) --run")
+    p.add_argument("--sets", nargs="+", choices=["ID", "OOD"], default=["ID"], help="document sets of the λ sweep")
+    p.add_argument("--scorer-quality", action="store_true", help="print the scorer's measured AUROC on CLIFF / HaluEval")
+    p.add_argument("--model", default="smollm2-135m", help="base model when no --run is given")
+    p.add_argument("--data", default="cache/data/halueval-perturbed.jsonl", help="ID data (its test split is used)")
+    p.add_argument("--split-seed", type=int, default=0)
+    p.add_argument("--cliff", help="CLIFF CSV for OOD documents (default ../shared/data/CLIFF_error_types.csv)")
+    p.add_argument("--n-id", type=int, default=16, help="ID documents")
+    p.add_argument("--n-ood", type=int, default=16, help="OOD documents (alternating CLIFF sources)")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--max-doc-tokens", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--scorer", default="grounding",
+                   help="'grounding' (offline) or hub:nli:<id> / hub:classifier:<id> / hub:minicheck-lm:<id>")
+    p.add_argument("--top-k", type=int, default=4, help="steered sites")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--no-cache", action="store_true", help="regenerate instead of reading cached generations")
+    p.add_argument("--csv", help="write the per-document rows (with texts) here")
+    p.add_argument("--json", help="write tables and settings here")
+    p.set_defaults(func=run)
+
+
+def _fmt(x) -> str:
+    return f"{x:.3f}" if isinstance(x, float) else str(x)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..analysis.evaluation import EvalConfig, Variant, evaluate, lambda_curve, lambda_sweep, results_table
+    from ..analysis.scorers import make_scorer, scorer_quality
+    from ..io import write_json
+
+    cfg = EvalConfig(data=args.data, split_seed=args.split_seed, n_id=args.n_id, n_ood=args.n_ood, cliff_csv=args.cliff,
+                     max_new_tokens=args.max_new_tokens, max_doc_tokens=args.max_doc_tokens, batch_size=args.batch_size,
+                     scorer=args.scorer, top_k=args.top_k, model=args.model, device=args.device)
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    out: dict = {"config": cfg.__dict__}
+
+    if args.scorer_quality:
+        q = scorer_quality(make_scorer(args.scorer), args.cliff)
+        print(f"scorer {q.scorer}: AUROC of faithful vs hallucinated summaries")
+        print(q.table().to_string(index=False, float_format=_fmt))
+        out["scorer_quality"] = q.to_json()
+        if not args.run and not args.lambdas:
+            if args.json:
+                write_json(args.json, out)
+            return 0
+
+    if args.lambdas is not None:
+        if not args.run:
+            print("error: --lambdas needs --run RUN_DIR", file=sys.stderr)
+            return 2
+        df = lambda_sweep(args.run[0], args.lambdas, cfg, sets=tuple(args.sets), progress=say, use_cache=not args.no_cache)
+        curve = lambda_curve(df)
+        print(f"λ sweep of {args.run[0]} (steered sites {df.attrs.get('sites')}; scorer {cfg.scorer}, sentence protocol)")
+        print(curve.to_string(index=False, float_format=_fmt))
+        print("\nfull-summary protocol:")
+        print(lambda_curve(df, "full")[["lambda", "factuality", "sem"]].to_string(index=False, float_format=_fmt))
+        out["lambda_curve"] = curve.to_dict("records")
+        out["lambda_curve_full"] = lambda_curve(df, "full").to_dict("records")
+        out["sites"] = df.attrs.get("sites")
+        per_doc = df
+    else:
+        variants = [] if args.no_base else [Variant.base(args.model if not args.run else None)]
+        for r in args.run:
+            variants.append(Variant.merged(r))
+            variants += [Variant.steered(r, lam) for lam in args.steer]
+        if not variants:
+            print("error: nothing to evaluate (give --run, or drop --no-base)", file=sys.stderr)
+            return 2
+        if args.run and not args.no_base:
+            from ..runs import RunDir
+
+            variants[0] = Variant.base(RunDir(args.run[0]).read_config()[0].model)
+        res = evaluate(variants, cfg, progress=say, use_cache=not args.no_cache)
+        per_doc = res.per_doc
+        for protocol in ("sentence", "full"):
+            print(f"\nfactuality ({res.scorer}, {protocol} protocol; ID = test split of {cfg.data}, OOD = CLIFF):")
+            print(results_table(per_doc, protocol, by_source=True).to_string(float_format=_fmt))
+            out[f"table_{protocol}"] = results_table(per_doc, protocol, by_source=True).reset_index().to_dict("records")
+        if res.quality is not None:
+            print(f"\n{res.quality.summary()}")
+            out["scorer_quality"] = res.quality.to_json()
+    if args.csv:
+        from pathlib import Path
+
+        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+        per_doc.to_csv(args.csv, index=False)
+        print(f"wrote {args.csv}")
+    if args.json:
+        out["rows"] = per_doc.to_dict("records")
+        write_json(args.json, out)
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,68 @@
+"""`label-sensitivity`: TOPL trained on each label setting (original, random, balanced, bad_skewed, good_skewed,
+good_only, dense_balanced; see topl_core.data.variants) and the scores per setting next to the label stats
+(#tokens, % good, % bad). Resumable: finished settings are kept."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from ..data.variants import LABEL_SETTINGS
+
+    p = sub.add_parser(
+        "label-sensitivity", help="train TOPL per label setting; table of label stats and scores",
+        formatter_class=_Formatter,
+        description="Examples:\n"
+                    "  python -m topl_core label-sensitivity --out runs/labels --stats-only\n"
+                    "  python -m topl_core label-sensitivity --out runs/labels --steps 20 --n-cliff 100",
+    )
+    p.add_argument("--out", required=True, help="study directory (one run directory per setting)")
+    p.add_argument("--settings", nargs="+", choices=LABEL_SETTINGS, default=list(LABEL_SETTINGS))
+    p.add_argument("--stats-only", action="store_true", help="print the label stats table without training")
+    p.add_argument("--show", action="store_true", help="print the table of what has finished so far and exit")
+    p.add_argument("--n-cliff", type=int, default=0, help="also head token AUROC on this many CLIFF span records")
+    p.add_argument("--cliff", help="CLIFF CSV (default ../shared/data/CLIFF_error_types.csv)")
+    p.add_argument("--n-generate", type=int, default=0, help="also generation factuality on this many test documents")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--data", default="cache/data/halueval-perturbed.jsonl")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lora-layer-start", type=int, default=0)
+    p.add_argument("--lora-layer-end", type=int, default=20)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
+    p.add_argument("--max-val-examples", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--json", help="write the table here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..analysis.label_sensitivity import LabelStudyConfig, label_stats_for, read_label_study, run_label_study
+    from ..io import write_json
+    from ..training.config import LoraSettings, TrainConfig
+
+    train = TrainConfig(model=args.model, data=args.data, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
+                        lora=LoraSettings(layer_start=args.lora_layer_start, layer_end=args.lora_layer_end),
+                        precision=args.precision, max_val_examples=args.max_val_examples, seed=args.seed,
+                        device=args.device, eval_every=args.steps, checkpoint_every=max(1, min(10, args.steps)))
+    cfg = LabelStudyConfig(train=train, settings=tuple(args.settings), n_cliff=args.n_cliff, cliff_csv=args.cliff,
+                           n_generate=args.n_generate)
+    if args.stats_only:
+        df = label_stats_for(cfg)
+    elif args.show:
+        df = read_label_study(args.out)
+    else:
+        df = run_label_study(cfg, args.out, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    cols = [c for c in df.columns if c != "run"]
+    print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if args.json:
+        write_json(args.json, df.to_dict("records"))
+    return 0

@@ -1,0 +1,140 @@
+"""`sweep`: sliding-window layer sweep — TOPL trained per window (LoRA on layers [s, s+k), head after the window's
+last layer) and scored by head token AUROC on the validation split (optionally by generation factuality).
+Resumable (finished windows are kept), runnable in the background, with frozen-prefix reuse (on by default)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sweep", help="sliding-window layer sweep (heatmap of head AUROC by window start × size)",
+        formatter_class=_Formatter,
+        description="Train TOPL on a grid of layer windows and score each. Examples:\n"
+                    "  python -m topl_core sweep --out runs/sweep-smollm2 --sizes 3 6 12 --stride 6 --steps 15 --background\n"
+                    "  python -m topl_core sweep --resume runs/sweep-smollm2      # continue; finished windows are kept\n"
+                    "  python -m topl_core sweep --show runs/sweep-smollm2        # print the results table and heatmap",
+    )
+    p.add_argument("--out", help="sweep directory (sweep.json, status.json, results.jsonl, windows/<run dirs>)")
+    p.add_argument("--resume", metavar="SWEEP_DIR", help="continue a sweep with its saved config")
+    p.add_argument("--show", metavar="SWEEP_DIR", help="print a sweep's results (heatmap table) and exit")
+    p.add_argument("--background", action="store_true", help="run in a detached process (job.log in the sweep dir)")
+    p.add_argument("--stop", metavar="SWEEP_DIR", help="ask a running sweep to stop after its current step")
+    p.add_argument("--compare", nargs=2, metavar=("REUSE_DIR", "PLAIN_DIR"),
+                   help="compare two sweeps of the same grid run with and without prefix reuse (time, AUROC)")
+    g = p.add_argument_group("grid")
+    g.add_argument("--sizes", nargs="+", type=int, default=[3, 6, 12], help="window sizes k")
+    g.add_argument("--stride", type=int, default=3, help="start layers 0, stride, 2·stride, …")
+    g.add_argument("--windows", nargs="+", metavar="START:SIZE", help="explicit windows instead of sizes/stride")
+    g.add_argument("--no-reuse-prefix", action="store_true", help="run every window from the embeddings (for timing)")
+    g.add_argument("--n-generate", type=int, default=0, help="also score generation factuality on this many test documents")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--scorer", default="grounding", help="factuality scorer for --n-generate")
+    t = p.add_argument_group("training (per window)")
+    t.add_argument("--model", default="smollm2-135m")
+    t.add_argument("--data", default="cache/data/halueval-perturbed.jsonl")
+    t.add_argument("--steps", type=int, default=20)
+    t.add_argument("--lr", type=float, default=1e-4)
+    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
+    t.add_argument("--max-val-examples", type=int, default=32)
+    t.add_argument("--max-doc-tokens", type=int, default=320)
+    t.add_argument("--max-response-tokens", type=int, default=128)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace):
+    from ..analysis.sweeps import SweepConfig
+    from ..training.config import ConfigError, TrainConfig
+
+    windows = ()
+    if args.windows:
+        try:
+            windows = tuple(tuple(int(x) for x in w.split(":")) for w in args.windows)
+        except ValueError as e:
+            raise ConfigError(f"--windows {args.windows}: write each as START:SIZE, e.g. 0:3 6:6") from e
+    train = TrainConfig(
+        model=args.model, data=args.data, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
+        precision=args.precision, max_val_examples=args.max_val_examples, max_doc_tokens=args.max_doc_tokens,
+        max_response_tokens=args.max_response_tokens, seed=args.seed, device=args.device,
+        eval_every=args.steps, checkpoint_every=max(1, min(10, args.steps)),
+    )
+    return SweepConfig(train=train, sizes=tuple(args.sizes), stride=args.stride, windows=windows,
+                       reuse_prefix=not args.no_reuse_prefix, n_generate=args.n_generate,
+                       max_new_tokens=args.max_new_tokens, scorer=args.scorer)
+
+
+def _print_results(df) -> None:
+    from ..analysis.sweeps import heatmap_table
+
+    if df.empty:
+        print("no finished windows yet")
+        return
+    cols = [c for c in ("window", "start", "size", "val_token_auroc", "val_tokens", "loss", "train_s",
+                        "gen_factuality", "gen_sentences") if c in df.columns]
+    print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print("\nhead token AUROC (val) by window start (rows) × size (columns):")
+    print(heatmap_table(df).to_string(float_format=lambda x: f"{x:.3f}"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..analysis.sweeps import (
+        SweepConfig, compare_reuse, read_sweep, request_stop, resume_sweep, run_sweep, start_sweep, sweep_status,
+    )
+
+    if args.show:
+        print(f"status: {sweep_status(args.show)}")
+        _print_results(read_sweep(args.show))
+        return 0
+    if args.stop:
+        request_stop(args.stop)
+        print(f"asked {args.stop} to stop after its current step")
+        return 0
+    if args.compare:
+        table = compare_reuse(read_sweep(args.compare[0]), read_sweep(args.compare[1]))
+        print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        tr, tp = table["train_s_reuse"].sum(), table["train_s_plain"].sum()
+        print(f"\ntotal: {tr:.0f} s with reuse vs {tp:.0f} s without over {len(table)} windows "
+              f"(saving {100 * (1 - tr / tp):.0f}%)" if tp else "")
+        return 0
+
+    def report(ev: dict) -> None:
+        if ev["event"] == "window":
+            print(f"== window {ev['window']} (layers {ev['start']}..{ev['start'] + ev['size'] - 1})", flush=True)
+        elif ev["event"] == "step" and (ev["step"] == ev["steps"] or ev["step"] % 5 == 0):
+            print(f"   step {ev['step']}/{ev['steps']} loss {ev['loss']:.4f}", flush=True)
+        elif ev["event"] == "done":
+            print(f"   val AUROC {ev['val_token_auroc']:.3f}  ({ev['train_s']:.1f} s)", flush=True)
+
+    if args.resume:
+        import json
+        from pathlib import Path
+
+        if args.background:
+            cfg = SweepConfig.from_json(json.loads((Path(args.resume) / "sweep.json").read_text())["config"])
+            print(f"sweep continues in the background: {start_sweep(cfg, args.resume)} (job.log there)")
+            return 0
+        df = resume_sweep(args.resume, report)
+        out = args.resume
+    else:
+        if not args.out:
+            print("error: give --out SWEEP_DIR (or --resume / --show)", file=sys.stderr)
+            return 2
+        cfg = config_from_args(args)
+        if args.background:
+            print(f"sweep started in the background: {start_sweep(cfg, args.out)}\n"
+                  f"follow it with: python -m topl_core sweep --show {args.out}")
+            return 0
+        df = run_sweep(cfg, args.out, report)
+        out = args.out
+    print(f"\nstatus: {sweep_status(out)['state']}")
+    _print_results(df)
+    return 0
