@@ -1,0 +1,233 @@
+"""Sliding-window layer sweep: forward from a cached intermediate hidden state equals the full forward (Llama, Qwen3,
+Gemma3 with sliding/full layers and padding), prefix reuse trains exactly what the plain trainer trains, sweeps
+resume without redoing finished windows, and the label-sensitivity study's rows and stats follow data.variants."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import tiny_config
+from topl_core.analysis import sweeps
+from topl_core.analysis.sweeps import (
+    PrefixStore, SweepConfig, Window, embed_inputs, forward_from_hidden, heatmap_table, install_prefix_cache,
+    lines_table, plan_windows, read_sweep, run_sweep,
+)
+from topl_core.models import TINY_FAMILIES, build_tiny_tokenizer, load_model
+
+TEXTS = ["The council approved the new budget on Monday after a long debate. Police arrested two men in London "
+         "and released a third without charge.", "She won the election."]
+
+
+def _hidden_states(model, tok):
+    enc = tok(TEXTS, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model(**enc, output_hidden_states=True)
+    return enc, out.hidden_states
+
+
+def _check_all_ranges(model, tok):
+    enc, hs = _hidden_states(model, tok)
+    n = model.config.num_hidden_layers
+    real = enc["attention_mask"].bool()  # padded positions are not compared (their values are arbitrary)
+    assert enc["input_ids"].shape[1] > 16 and not real.all()  # longer than the sliding window, and padded
+    torch.testing.assert_close(embed_inputs(model, enc["input_ids"]), hs[0], rtol=0, atol=0)
+    norm = model.model.norm
+    with torch.no_grad():
+        for s in range(n):
+            for e in range(s, n):
+                h = forward_from_hidden(model, hs[s], enc["attention_mask"], s, e)
+                # hidden_states[e + 1] is layer e's output; the last entry has the final norm applied
+                want = hs[e + 1]
+                got = norm(h) if e == n - 1 else h
+                torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_forward_from_hidden_equals_full_forward(family):
+    lm = load_model(family)
+    _check_all_ranges(lm.model, lm.tokenizer)
+
+
+def test_forward_from_hidden_gemma3_mixed_sliding_and_full_layers():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    tok = build_tiny_tokenizer(chat=False)
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                           layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                           pad_token_id=tok.pad_token_id)
+    model = Gemma3ForCausalLM(cfg).float().eval()
+    _check_all_ranges(model, tok)
+    # the sliding mask matters here: running a sliding layer with full attention gives something else
+    enc, hs = _hidden_states(model, tok)
+    full_cfg = Gemma3TextConfig(**{**cfg.to_dict(), "layer_types": ["full_attention"] * 4})
+    wrong = Gemma3ForCausalLM(full_cfg).float().eval()
+    wrong.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert not torch.allclose(forward_from_hidden(wrong, hs[0], enc["attention_mask"], 0, 0), hs[1], atol=1e-4)
+
+
+def test_prefix_store_advances_and_reuses():
+    lm = load_model("tiny-qwen3")
+    enc, hs = _hidden_states(lm.model, lm.tokenizer)
+    store = PrefixStore()
+    real = enc["attention_mask"].bool()
+    for start in (1, 1, 3, 2):
+        h = store.entering(lm.model.model, enc["input_ids"], enc["attention_mask"], start)
+        torch.testing.assert_close(h[real], hs[start][real], rtol=1e-5, atol=1e-5)
+    st = store.stats
+    # 1: computed from the embeddings (1 layer); 1 again: reused; 3: advanced 1→3 (2 layers); 2: lower, recomputed (2)
+    assert (st.batches_computed, st.batches_reused, st.batches_advanced) == (2, 1, 1)
+    assert st.layer_passes == 1 + 2 + 2 and len(store) == 1
+
+
+def test_prefix_reuse_trains_exactly_what_the_plain_trainer_trains(tiny_records, tmp_path):
+    from topl_core.training.config import LoraSettings
+    from topl_core.training.trainer import train
+
+    store = PrefixStore()
+    for start in (1, 2):
+        cfg = tiny_config(lora=LoraSettings(layer_start=start, layer_end=start + 1), steps=3, eval_every=3)
+        plain = train(cfg, tmp_path / f"plain{start}", records=tiny_records, base=load_model("tiny-llama"))
+        lm = install_prefix_cache(load_model("tiny-llama"), store, start)
+        reused = train(cfg, tmp_path / f"reuse{start}", records=tiny_records, base=lm)
+        a, b = load_file(plain.adapter_path), load_file(reused.adapter_path)
+        assert sorted(a) == sorted(b) and all(f"layers.{start}." in k or f"layers.{start + 1}." in k for k in a)
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(load_file(plain.head_path)["weight"], load_file(reused.head_path)["weight"],
+                                   rtol=1e-5, atol=1e-6)
+        assert plain.read_metrics()[-1]["val_token_auroc"] == pytest.approx(reused.read_metrics()[-1]["val_token_auroc"], abs=1e-6)
+    assert store.stats.layer_passes_saved > 0
+    # an adapter trained through the prefix cache loads and merges into the full model
+    from topl_core.runs import load_adapter
+
+    merged = load_adapter(load_model("tiny-llama"), tmp_path / "reuse2", merge=True)
+    assert len(merged.model.layers) == 4
+
+
+def test_plan_windows_grid():
+    ws = plan_windows(30, (3, 6, 12), 6)
+    assert [(w.start, w.size) for w in ws if w.size == 12] == [(0, 12), (6, 12), (12, 12), (18, 12)]
+    assert len(ws) == 5 + 5 + 4 and all(w.end < 30 for w in ws)
+    assert ws == sorted(ws)  # by start first: the prefix store only moves up
+    assert Window(6, 3).end == 8 and Window(6, 3).name == "s06-k03"
+    with pytest.raises(ValueError, match="window size"):
+        plan_windows(4, (5,), 1)
+
+
+def _sweep_cfg(reuse=True, windows=((0, 1), (1, 2), (2, 1))):
+    return SweepConfig(train=tiny_config(steps=2, eval_every=2, checkpoint_every=1), windows=windows, reuse_prefix=reuse)
+
+
+def test_sweep_resumes_without_redoing_finished_windows(tiny_records, tmp_path, monkeypatch):
+    from topl_core.training import trainer
+
+    calls: list[str] = []
+    real_train = trainer.train
+
+    def counting_train(cfg, out_dir, **kw):
+        calls.append(f"{cfg.lora.layer_start}-{cfg.lora.layer_end}")
+        return real_train(cfg, out_dir, **kw)
+
+    monkeypatch.setattr(trainer, "train", counting_train)
+    loader = lambda: load_model("tiny-llama")  # noqa: E731
+    cfg = _sweep_cfg()
+
+    def stop_in_third_window(ev):  # interrupt: cancel during the last window's first step
+        return not (ev["event"] == "step" and ev["window"] == "s02-k01")
+
+    df = run_sweep(cfg, tmp_path / "sw", stop_in_third_window, loader, tiny_records)
+    assert list(df["window"]) == ["s00-k01", "s01-k02"] and calls == ["0-0", "1-2", "2-2"]
+    assert json.loads((tmp_path / "sw" / "status.json").read_text())["state"] == "cancelled"
+    assert (tmp_path / "sw" / "windows" / "s02-k01" / "checkpoint").exists()
+
+    calls.clear()
+    df = run_sweep(cfg, tmp_path / "sw", None, loader, tiny_records)
+    assert calls == ["2-2"]  # only the unfinished window, resumed from its checkpoint
+    assert sorted(df["window"]) == ["s00-k01", "s01-k02", "s02-k01"]
+    assert json.loads((tmp_path / "sw" / "status.json").read_text())["state"] == "finished"
+
+    calls.clear()
+    run_sweep(cfg, tmp_path / "sw", None, loader, tiny_records)
+    assert calls == []  # nothing left to do
+
+    # rows lost (crash between training and writing the row): rebuilt from the complete run dirs, no retraining
+    (tmp_path / "sw" / "results.jsonl").unlink()
+    df2 = run_sweep(cfg, tmp_path / "sw", None, loader, tiny_records)
+    assert calls == [] and sorted(df2["window"]) == sorted(df["window"])
+    np.testing.assert_allclose(df2.sort_values("window")["val_token_auroc"], df.sort_values("window")["val_token_auroc"])
+
+    # a different training config in the same directory is refused
+    with pytest.raises(ValueError, match="different"):
+        run_sweep(SweepConfig(train=tiny_config(steps=3), windows=((0, 1),)), tmp_path / "sw", None, loader, tiny_records)
+
+
+def test_sweep_with_and_without_reuse_agree_and_tables(tiny_records, tmp_path):
+    loader = lambda: load_model("tiny-llama")  # noqa: E731
+    windows = ((0, 2), (1, 1), (2, 2), (3, 1))
+    a = run_sweep(_sweep_cfg(True, windows), tmp_path / "reuse", None, loader, tiny_records)
+    b = run_sweep(_sweep_cfg(False, windows), tmp_path / "plain", None, loader, tiny_records)
+    np.testing.assert_allclose(a.sort_values("window")["val_token_auroc"], b.sort_values("window")["val_token_auroc"], atol=1e-6)
+    assert a["prefix_layer_passes_saved"].sum() > 0 and "prefix_layer_passes" not in b.columns
+    cmp = sweeps.compare_reuse(a, b)
+    assert len(cmp) == 4 and {"train_s_reuse", "train_s_plain", "saving"} <= set(cmp.columns)
+    hm = heatmap_table(a)
+    assert list(hm.columns) == [1, 2] and list(hm.index) == [0, 1, 2, 3] and np.isnan(hm.loc[1, 2])
+    assert hm.loc[2, 2] == pytest.approx(float(a.set_index("window").loc["s02-k02", "val_token_auroc"]))
+    lines = lines_table(a, sizes=(1, 2))
+    assert list(lines.columns) == ["size", "start", "val_token_auroc"] and len(lines) == 4
+    assert read_sweep(tmp_path / "reuse").shape[0] == 4
+
+
+def test_sweep_cli_help_and_show(tmp_path, capsys):
+    from topl_core.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["sweep", "--help"])
+    assert "--background" in capsys.readouterr().out
+    assert main(["sweep", "--show", str(tmp_path)]) == 0
+    assert "no finished windows" in capsys.readouterr().out
+
+
+# --- label sensitivity -------------------------------------------------------------------------------------
+
+
+def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path):
+    from topl_core.analysis.label_sensitivity import LabelStudyConfig, label_stats_for, run_label_study
+    from topl_core.data.split import split_records
+    from topl_core.data.variants import LABEL_SETTINGS, label_settings_table
+    from topl_core.training.objectives import OBJECTIVES, EncodeSettings
+
+    tcfg = tiny_config(steps=2, eval_every=2)
+    cfg = LabelStudyConfig(train=tcfg)
+    lm = load_model("tiny-llama")
+    # the labels the trainer starts from, computed independently, through data.variants' own table
+    train_recs = split_records(tiny_records, seed=tcfg.split_seed)["train"]
+    ex = OBJECTIVES["topl"].prepare(lm.tokenizer, train_recs, EncodeSettings(tcfg.max_doc_tokens, tcfg.max_response_tokens))
+    want = label_settings_table([e.response_labels for e in ex], tcfg.seed)
+    stats = label_stats_for(cfg, tiny_records, lm.tokenizer)
+    assert list(stats["setting"]) == list(LABEL_SETTINGS)
+    for col in ("tokens", "good", "bad", "pct_good", "pct_bad", "examples"):
+        np.testing.assert_allclose(stats[col].to_numpy(float), want[col].to_numpy(float))
+    row = stats.set_index("setting")
+    assert row.loc["balanced", "pct_bad"] == pytest.approx(50) and row.loc["good_only", "bad"] == 0
+    assert row.loc["random", "tokens"] == row.loc["original", "tokens"]
+
+    settings = ("original", "balanced", "good_only")
+    df = run_label_study(LabelStudyConfig(train=tcfg, settings=settings), tmp_path / "ls", records=tiny_records,
+                         base_loader=lambda: load_model("tiny-llama"))
+    assert list(df["setting"]) == list(settings) and (df["state"] == "finished").all()
+    assert df["val_token_auroc"].notna().all()
+    for s in settings:  # each run trained on its own setting, validated on the original labels
+        from topl_core.runs import RunDir
+
+        run_cfg, _ = RunDir(tmp_path / "ls" / s).read_config()
+        assert run_cfg.label_setting == s
+    np.testing.assert_allclose(df.set_index("setting").loc[list(settings), "pct_bad"], row.loc[list(settings), "pct_bad"])
