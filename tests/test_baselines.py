@@ -414,11 +414,21 @@ def test_data_lacking_what_a_method_needs_fails_before_the_model_loads(method, m
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_sequence_only_pairs_still_train_sequence_methods(records):
+def test_sequence_only_pairs_still_train_sequence_methods(records, tmp_path):
     """HaluEval-style pairs (no token labels) are enough for DPO, TDPO, SOPL and SFT."""
     data = _sequence_only(records)
     for m in ("dpo", "tdpo", "sopl", "sft"):
         OBJECTIVES[m].check_data(data)
+    run = train(_cfg("sopl"), tmp_path / "sopl", records=data, base=load_model("tiny-llama"))
+    last = run.read_metrics()[-1]
+    # only the faithful records have (all-good) token labels: no token AUROC to report, no crash
+    assert math.isfinite(last["val_seq_auroc"]) and not math.isfinite(last.get("val_token_auroc", float("nan")))
+    import dataclasses
+
+    no_tokens = [dataclasses.replace(r, bad_spans=(), token_labels_known=False) for r in records]
+    run = train(_cfg("sopl"), tmp_path / "sopl2", records=no_tokens, base=load_model("tiny-llama"))
+    last = run.read_metrics()[-1]
+    assert math.isfinite(last["val_seq_auroc"]) and "val_token_auroc" not in last
     _, tok = build_tiny_model("tiny-llama")
     assert len(encode_pairs(tok, data, ENC)) == len(data) // 2
     # SFT uses each faithful text once per document, also when it only appears as a faithful_response

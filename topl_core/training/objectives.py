@@ -414,7 +414,9 @@ def validate_sopl(ctx: StepContext, batches, precision: str, device: str) -> dic
         seq.append(b.sequence_labels.cpu().numpy())
     y = np.concatenate(seq)
     out = {"val_loss": sum(losses) / max(len(y), 1), "val_seq_auroc": auroc(y, np.concatenate(pooled))}
-    return {**out, **validate_head(ctx, batches, precision, device)}
+    if any(bool((b.labels != IGNORE).any()) for b in batches):  # token labels known for some validation records
+        out.update(validate_head(ctx, batches, precision, device))
+    return out
 
 
 @torch.no_grad()
