@@ -183,8 +183,11 @@ def _lm_batch(tok, records):
     return collate([encode_record(tok, r, ENC.max_doc_tokens, ENC.max_response_tokens) for r in records], tok.pad_token_id)
 
 
-def test_target_logprobs_match_the_full_forward(records):
-    model, tok = build_tiny_model("tiny-llama")
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-qwen3", "tiny-gemma3"])
+def test_target_logprobs_match_the_full_forward(family, records):
+    model, tok = build_tiny_model(family)
+    if family == "tiny-gemma3":  # exercise the soft-capping path too
+        model.config.final_logit_softcapping = 5.0
     peft = _peft(model)
     _randomize_lora(peft)
     peft.eval()
