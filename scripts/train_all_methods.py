@@ -97,7 +97,11 @@ def _f(x, fmt: str) -> str:
     return "–" if x is None else format(x, fmt)
 
 
-def write_table(path: Path, results: list[dict], command: str, per_method: dict[str, str], args) -> None:
+def write_table(path: Path, results: list[dict], command: str, per_method: dict[str, str], args, num_layers: int) -> None:
+    from topl_core.data.records import read_jsonl
+
+    data = read_jsonl(args.data)
+    n_docs, n_bad = len({r.doc_id for r in data}), sum(r.sequence_label == 0 for r in data)
     lines = [
         "# Baselines on the embedded SmolLM2 (same data, same harness)",
         "",
@@ -107,8 +111,8 @@ def write_table(path: Path, results: list[dict], command: str, per_method: dict[
         command,
         "```",
         "",
-        f"Data `{args.data}` (600 HaluEval documents → faithful + perturbed record each; document-level split, "
-        f"seed 0), model `{args.model}`, LoRA r=4 α=8 dropout 0.1 on q,k,v,o,gate,up,down, lr {args.lr} for every "
+        f"Data `{args.data}` ({len(data)} records of {n_docs} documents, {n_bad} of them perturbed with token labels "
+        f"and paired with their faithful response; document-level 80/10/10 split, seed 0), model `{args.model}`, LoRA r=4 α=8 dropout 0.1 on q,k,v,o,gate,up,down, lr {args.lr} for every "
         f"method, precision {args.precision}, documents capped at 320 tokens and responses at 128, {args.steps} steps, "
         "validation on up to 64 validation records at the last step. CPU, 2 cores, shared with other jobs: "
         "timings are indicative only.",
@@ -145,6 +149,22 @@ def write_table(path: Path, results: list[dict], command: str, per_method: dict[
         "tokens/s counts the tokens of the training batches (for DPO/TDPO both responses of each pair; the reference "
         "forward pass is not counted again). Loss values are not comparable across methods (different objectives).",
         "",
+        "How each baseline is defined here (docstrings of `topl_core/training/objectives.py`):",
+        "- **SFT**: next-token cross-entropy on the faithful responses only (sequence_label 1), over the response "
+        "tokens and the end-of-turn token.",
+        "- **DPO**: chosen = the faithful response, rejected = the perturbed response to the same prompt; log-probs "
+        "summed over response + end-of-turn tokens; β = 0.1. The reference policy is the same PEFT model with its "
+        "adapter disabled (no second copy of the weights), so at step 1 the loss is exactly log 2.",
+        f"- **SOPL**: one BCE label per response (faithful 1, perturbed 0) on the *mean of the per-token head logits "
+        f"over the response tokens*; linear head on FinalNorm(layer {args.layer_end}), like TOPL.",
+        f"- **TLDR**: TOPL's token-level BCE with the head on the last layer ({num_layers - 1}) and LoRA on all "
+        f"{num_layers} layers.",
+        "- **Unlikelihood**: −log p on good tokens and −log(1 − p) on bad tokens of the token-labelled responses "
+        "(faithful and perturbed); log(1 − p) is computed exactly from the other tokens' probabilities.",
+        "- **TDPO**: TDPO2 of Zeng et al. (2024), α = 0.5: the DPO margin minus α·(β·SeqKL(rejected) − "
+        "sg(β·SeqKL(chosen))), SeqKL = Σ_t KL(π_ref ‖ π_θ) over response + end-of-turn positions, reference = "
+        "adapter disabled.",
+        "",
         "Per-method commands (what the script runs, one process each):",
         "",
         "```",
@@ -170,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--table", default="docs/baselines.md")
+    p.add_argument("--table-only", action="store_true", help="rewrite the table from the saved <out>/<method>.summary.json")
     args = p.parse_args(argv)
 
     from transformers import AutoConfig
@@ -187,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     for method in args.methods:
         cmd = method_command(args, method, num_layers)
         per_method[method] = shlex.join([".venv/bin/python", *cmd[1:]])
+        if args.table_only:
+            results.append(json.loads((out / f"{method}.summary.json").read_text()))
+            continue
         print(f"[{time.strftime('%H:%M:%S')}] {method}: {per_method[method]}", flush=True)
         info = run_one(cmd, out / f"{method}.log")
         if info["rc"] != 0:
@@ -199,8 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         (out / f"{method}.summary.json").write_text(json.dumps(r, indent=2))
         print(f"  {r['steps']} steps in {r['train_wall_s']:.0f}s, {r['tokens_per_s']:.0f} tok/s, loss {r['final_loss']:.4f}, "
               f"{r['val_metric']} {_f(r['val_value'], '.3f')}, peak RSS {r['peak_rss_gb']:.1f} GB", flush=True)
-    command = "flock /tmp/topl-heavy.lock " + shlex.join([".venv/bin/python", "scripts/train_all_methods.py", *(argv if argv is not None else sys.argv[1:])])
-    write_table(Path(args.table), results, command, per_method, args)
+    given = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--table-only"]
+    command = "flock /tmp/topl-heavy.lock " + shlex.join([".venv/bin/python", "scripts/train_all_methods.py", *given])
+    write_table(Path(args.table), results, command, per_method, args, num_layers)
     print(f"wrote {args.table}")
     return 0 if all("error" not in r for r in results) else 1
 
