@@ -249,3 +249,49 @@ def test_evaluate_cli_help(capsys):
         with pytest.raises(SystemExit):
             main([cmd, "--help"])
         assert "usage" in capsys.readouterr().out
+
+
+def test_word_chunks_cover_the_document():
+    from topl_core.analysis.scorers import _word_chunks
+
+    doc = " ".join(f"w{i}" for i in range(103))
+    for size in (10, 40, 200):
+        chunks = _word_chunks(doc, size)
+        assert all(len(c.split()) <= size for c in chunks)
+        assert set(" ".join(chunks).split()) == set(doc.split())
+        assert chunks[0].split()[0] == "w0" and chunks[-1].split()[-1] == "w102"
+
+
+def test_hub_scorer_runs_on_local_models(tmp_path):
+    """The hub code path on local tiny models (a random 3-label NLI classifier and a random causal LM): one score in
+    [0, 1] per claim, a claim's score is its best chunk's, and MiniCheck's Yes/No token ids are found."""
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from topl_core.analysis.scorers import HubScorer, _word_chunks
+    from topl_core.models import build_tiny_tokenizer, load_model
+
+    tok = build_tiny_tokenizer(chat=True)
+    torch.manual_seed(0)
+    labels = {0: "CONTRADICTION", 1: "ENTAILMENT", 2: "NEUTRAL"}
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, num_labels=3, id2label=labels,
+                      label2id={v: k for k, v in labels.items()}, pad_token_id=tok.pad_token_id)
+    LlamaForSequenceClassification(cfg).save_pretrained(tmp_path / "nli")
+    tok.save_pretrained(tmp_path / "nli")
+    nli = HubScorer(str(tmp_path / "nli"), "nli", chunk_words=8)
+    assert nli._positive == 1 and nli.name.startswith("hub:nli:")
+    doc = DOC
+    claims = ["Police arrested two men.", "Stock was taken."]
+    got = nli.score(doc, claims)
+    assert len(got) == 2 and all(0 <= x <= 1 for x in got)
+    per_chunk = [nli.score(chunk, claims) for chunk in _word_chunks(doc, 8)]
+    np.testing.assert_allclose(got, np.max(per_chunk, axis=0), rtol=1e-5)
+
+    lm = load_model("tiny-llama")
+    lm.model.save_pretrained(tmp_path / "lm")
+    lm.tokenizer.save_pretrained(tmp_path / "lm")
+    mc = HubScorer(str(tmp_path / "lm"), "minicheck-lm", chunk_words=400)
+    out = mc.score(doc, claims)
+    assert len(out) == 2 and all(0 <= x <= 1 for x in out)
+    assert score_summary(mc, doc, " ".join(claims), "sentence").score == pytest.approx(np.mean(out), rel=1e-5)

@@ -287,11 +287,18 @@ MINICHECK_SYSTEM = (
 
 
 def _word_chunks(document: str, chunk_words: int, overlap: int = 32) -> list[str]:
+    """Consecutive windows of at most `chunk_words` words covering the whole document, overlapping by
+    min(overlap, chunk_words // 4) words."""
     words = document.split()
     if len(words) <= chunk_words:
         return [document]
-    step = max(1, chunk_words - overlap)
-    return [" ".join(words[i : i + chunk_words]) for i in range(0, max(1, len(words) - overlap), step)]
+    step = chunk_words - min(overlap, chunk_words // 4)
+    chunks = []
+    for i in range(0, len(words), step):
+        chunks.append(" ".join(words[i : i + chunk_words]))
+        if i + chunk_words >= len(words):
+            break
+    return chunks
 
 
 class HubScorer:
