@@ -1,6 +1,10 @@
 """Data: browse examples with gold labels as colored tokens; label-sensitivity variants with their stats; build or
 import a data set (perturbation generator, HaluEval pairs, FAVA, CLIFF/AggreFact CSV, MLQE-PE, JSONL)."""
 
+from pages._ui import ensure_frame
+
+ensure_frame()  # first: see pages/_ui.py
+
 from collections import Counter
 from pathlib import Path
 

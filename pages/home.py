@@ -1,5 +1,9 @@
 """Home: what the workbench does, the current model, the adapters found, and where to start."""
 
+from pages._ui import ensure_frame
+
+ensure_frame()  # first: see pages/_ui.py
+
 import streamlit as st
 
 from pages._ui import base_model, current_spec, load_error, runs_table, split_spec
@@ -48,10 +52,10 @@ with right:
 st.subheader("Where to start")
 cols = st.columns(4)
 starts = [
-    ("pages/data_page.py", "Data", ":material/dataset:", "Browse token labels, label-sensitivity variants, build or import data."),
-    ("pages/train_page.py", "Train", ":material/model_training:", "Launch TOPL or a baseline in the background and watch it."),
-    ("pages/steering_page.py", "Steering", ":material/tune:", "Drag λ and watch the summary move toward faithful or hallucinated."),
-    ("pages/token_overlay_page.py", "Token overlay", ":material/format_color_text:", "See which tokens the TOPL head flags."),
+    ("pages/data.py", "Data", ":material/dataset:", "Browse token labels, label-sensitivity variants, build or import data."),
+    ("pages/train.py", "Train", ":material/model_training:", "Launch TOPL or a baseline in the background and watch it."),
+    ("pages/steering.py", "Steering", ":material/tune:", "Drag λ and watch the summary move toward faithful or hallucinated."),
+    ("pages/token_overlay.py", "Token overlay", ":material/format_color_text:", "See which tokens the TOPL head flags."),
 ]
 for col, (path, label, icon, text) in zip(cols, starts):
     with col.container(border=True):

@@ -2,6 +2,10 @@
 of (start, size), in a background process. The (start × size) heatmap and the k-lines fill in as windows finish;
 the sweep is resumable (finished windows are kept)."""
 
+from pages._ui import ensure_frame
+
+ensure_frame()  # first: see pages/_ui.py
+
 import time
 from pathlib import Path
 

@@ -2,6 +2,10 @@
 two adapters side by side with their difference, mean ± std (with bootstrap CI and the random-init-A control),
 and a UMAP of one site's projections."""
 
+from pages._ui import ensure_frame
+
+ensure_frame()  # first: see pages/_ui.py
+
 import math
 
 import numpy as np

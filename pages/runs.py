@@ -1,6 +1,10 @@
 """Runs: compare runs side by side — config diff, training/validation curves, final metrics, and the ID/OOD
 factuality and average sentence count of their evaluations (when evaluated)."""
 
+from pages._ui import ensure_frame
+
+ensure_frame()  # first: see pages/_ui.py
+
 import pandas as pd
 import plotly.express as px
 import streamlit as st

@@ -6,6 +6,10 @@ Built for live demos: the merged model and the steering vectors are cached per (
 set, k) with st.cache_resource and shared read-only (steering hooks act only on the generating thread); every
 generated text is cached per λ, so dragging back to a λ already seen is instant."""
 
+from pages._ui import ensure_frame
+
+ensure_frame()  # first: see pages/_ui.py
+
 import io
 import tempfile
 import zipfile

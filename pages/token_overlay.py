@@ -1,6 +1,10 @@
 """Token overlay: tokens colored by the TOPL head's p(good), gold labels beside them when known, a threshold
 control, per-token values on hover, and the base model's surprisal as a baseline detector."""
 
+from pages._ui import ensure_frame
+
+ensure_frame()  # first: see pages/_ui.py
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go

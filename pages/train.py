@@ -2,6 +2,10 @@
 and the page follows it live — progress bar with ETA, loss curve, validation metrics — with cancel and resume.
 Everything shown is read from the run directories, so it survives page reloads and app restarts."""
 
+from pages._ui import ensure_frame
+
+ensure_frame()  # first: see pages/_ui.py
+
 import time
 from pathlib import Path
 

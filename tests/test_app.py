@@ -8,6 +8,7 @@ state "cancelled"), resume to the end, and the run list read back from disk."""
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import os
@@ -29,24 +30,29 @@ PAGES = ["home", "data", "train", "runs", "lora_a", "steering", "token_overlay",
 TIMEOUT = 300  # generous: the machine running the tests may be shared
 
 
-@pytest.fixture(scope="module")
-def workbench(tmp_path_factory, tiny_records):
-    """A temp cache (one data set) and runs dir (a TOPL run strong enough to steer, and an SFT run), env set."""
+def build_workbench(root: Path, records) -> dict:
+    """A cache (one data set) and runs dir under root: a TOPL run strong enough to steer, and an SFT run.
+    Returns paths and the environment that points the app at them (shared with tests/test_browser.py)."""
     from topl_core.data.records import write_jsonl
     from topl_core.training.trainer import train
 
-    root = tmp_path_factory.mktemp("workbench")
     data = root / "cache" / "data" / "tiny-perturbed.jsonl"
-    write_jsonl(tiny_records, data)
+    write_jsonl(records, data)
     runs = root / "runs"
     # a high learning rate, so that LoRA-B grows enough in a few steps for steering to change the tiny model's text
     common = dict(data=str(data), max_doc_tokens=64, max_val_examples=8)
-    train(tiny_config(method="topl", lr=0.05, steps=6, eval_every=3, **common), runs / "topl-tiny", records=tiny_records)
-    train(tiny_config(method="sft", lr=0.01, steps=2, **common), runs / "sft-tiny", records=tiny_records)
+    train(tiny_config(method="topl", lr=0.05, steps=6, eval_every=3, **common), runs / "topl-tiny", records=records)
+    train(tiny_config(method="sft", lr=0.01, steps=2, **common), runs / "sft-tiny", records=records)
     env = {"TOPL_CACHE_DIR": str(root / "cache"), "TOPL_RUNS_DIR": str(runs), "TOPL_DEFAULT_MODEL": "tiny-llama"}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    yield {"root": root, "data": data, "runs": runs}
+    return {"root": root, "data": data, "runs": runs, "env": env}
+
+
+@pytest.fixture(scope="module")
+def workbench(tmp_path_factory, tiny_records):
+    wb = build_workbench(tmp_path_factory.mktemp("workbench"), tiny_records)
+    old = {k: os.environ.get(k) for k in wb["env"]}
+    os.environ.update(wb["env"])
+    yield wb
     for k, v in old.items():
         if v is None:
             os.environ.pop(k, None)
@@ -60,7 +66,7 @@ def open_page(name: str) -> AppTest:
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     if name != "home":
-        at.switch_page(f"pages/{name}_page.py").run()
+        at.switch_page(f"pages/{name}.py").run()
     assert not at.exception, [e.value for e in at.exception]
     labels = [s.label for s in at.sidebar.selectbox]
     assert "Model" in labels, f"page {name} rendered without app.py's sidebar model picker (navigation trap)"
@@ -87,14 +93,21 @@ def html_boxes(at: AppTest) -> list[str]:
 # --- the navigation frame ---------------------------------------------------------------------------------------
 
 
-def test_page_urls_never_equal_page_file_names():
-    """With a pages/ folder Streamlit's legacy router runs a page *file* directly (no app.py, no sidebar) when the
-    URL path equals its file name; app.py avoids this by naming files *_page.py. Guard it."""
-    src = (REPO / "app.py").read_text()
-    files = re.findall(r'st\.Page\("pages/(\w+)\.py"', src)
-    urls = re.findall(r'url_path="([\w-]+)"', src)
-    assert sorted(files) == sorted(f"{p}_page" for p in PAGES)
-    assert len(urls) == len(files) and not set(urls) & set(files)
+def test_every_page_enters_the_app_frame_first():
+    """With a pages/ folder Streamlit's legacy router runs a page *file* directly (no app.py, no sidebar), and a URL
+    that names no file gets a "Page not found" dialog. So url paths equal file names, and every page starts with
+    ensure_frame() (pages/_ui.py), which re-enters the frame when the router ran the file directly."""
+    from pages._ui import PAGES as NAV
+
+    stems = [stem for items in NAV.values() for stem, _, _ in items]
+    assert sorted(stems) == sorted(PAGES)
+    for stem in stems:
+        body = ast.parse((REPO / "pages" / f"{stem}.py").read_text()).body
+        if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # the docstring
+        first, second = body[:2]
+        assert isinstance(first, ast.ImportFrom) and first.module == "pages._ui", stem
+        assert ast.unparse(second) == "ensure_frame()", f"{stem}: ensure_frame() must come before anything else"
 
 
 @pytest.mark.parametrize("name", PAGES)
@@ -109,7 +122,7 @@ def test_model_picker_sets_the_spec_for_every_page(workbench):
     at.sidebar.selectbox(key="sidebar.model_choice").set_value("tiny-qwen3").run()
     assert at.session_state["model_spec"] == "tiny-qwen3|float32|cpu"
     assert not at.exception
-    at.switch_page("pages/data_page.py").run()
+    at.switch_page("pages/data.py").run()
     assert at.session_state["model_spec"] == "tiny-qwen3|float32|cpu"
     assert at.sidebar.selectbox(key="sidebar.model_choice").value == "tiny-qwen3"
 

@@ -1,0 +1,295 @@
+"""The workbench in a real browser: `streamlit run app.py` on a free localhost port, driven by headless Chromium
+(Debian's package, through Playwright with its executable path; no Playwright browser download).
+
+- every page renders with the sidebar model picker and no exception box; a screenshot of each lands in
+  screenshots/ (git-ignored) — the main ones are copied to docs/screenshots/ for the README when
+  TOPL_DOC_SCREENSHOTS=1;
+- dragging the λ slider changes the steered summary;
+- two browser sessions at once do not interfere: steering in one never changes what the other generates;
+- a training job launched from the Train page keeps running and shows its progress after a page reload, and the
+  finished run appears after the app restarts.
+
+Tiny random model (tiny-llama) and tiny adapters in temp TOPL_RUNS_DIR / TOPL_CACHE_DIR. Skipped, with the reason,
+when /usr/bin/chromium or the playwright package is missing (scripts/setup.sh installs both)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = os.environ.get("TOPL_CHROMIUM", "/usr/bin/chromium")
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} not found: install Debian's chromium package (scripts/setup.sh does it)",
+                allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed (requirements.txt)")
+
+from test_app import build_workbench  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHOTS = REPO / "screenshots"
+DOC_SHOTS = REPO / "docs" / "screenshots"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PAGES = {"home": "TOPL Workbench", "data": "Data", "train": "Train", "runs": "Runs", "lora_a": "LoRA-A separability",
+         "steering": "Steering", "token_overlay": "Token overlay", "layer_sweep": "Layer sweep",
+         "evaluation": "Evaluation"}
+MAIN_PAGES = ("home", "data", "train", "lora_a", "steering", "token_overlay", "layer_sweep", "evaluation", "runs")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class App:
+    """`streamlit run app.py` in a subprocess (its own process group), stopped with SIGTERM."""
+
+    def __init__(self, env: dict, log: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"), "--server.port", str(self.port),
+             "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
+             "--server.fileWatcherType", "none", "--client.toolbarMode", "viewer"],
+            cwd=REPO, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=2).read() == b"ok":
+                    return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"streamlit did not start; see {log}")
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def workbench(tmp_path_factory, tiny_records):
+    return build_workbench(tmp_path_factory.mktemp("browser"), tiny_records)
+
+
+@pytest.fixture(scope="module")
+def app(workbench):
+    a = App(workbench["env"], workbench["root"] / "streamlit.log")
+    yield a
+    a.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def new_page(browser, width: int = 1440, height: int = 1000):
+    ctx = browser.new_context(viewport={"width": width, "height": height})  # its own cookies: its own session
+    page = ctx.new_page()
+    page.set_default_timeout(120_000)
+    return page
+
+
+def settle(page, quiet_s: float = 1.0, timeout_s: float = 180) -> None:
+    """Wait until the script run is over: the app reports "notRunning" for `quiet_s` seconds in a row."""
+    deadline, quiet_since = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        state = page.evaluate("() => document.querySelector('[data-testid=stApp]')"
+                              "?.getAttribute('data-test-script-state') ?? null")
+        if state != "notRunning":
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_s:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the app kept running")
+
+
+def visit(page, app: App, path: str, title: str) -> None:
+    page.goto(f"{app.url}/{path}")
+    page.get_by_role("heading", name=title, exact=False).first.wait_for()
+    settle(page)
+    assert_clean(page, path)
+
+
+def assert_clean(page, where: str) -> None:
+    dialog = page.get_by_role("dialog").filter(has_text="Page not found")
+    assert dialog.count() == 0, f"{where}: 'Page not found' dialog (a URL the legacy pages/ router does not know)"
+    exc = page.locator('[data-testid="stException"]')
+    assert exc.count() == 0, f"{where}: exception box: {exc.first.inner_text()[:1500]}"
+    picker = page.locator('[data-testid="stSidebar"]').get_by_text("Model", exact=True)
+    try:
+        picker.first.wait_for(timeout=30_000)
+    except sync_api.TimeoutError:
+        raise AssertionError(f"{where}: no sidebar model picker (a page rendered outside app.py's frame)") from None
+
+
+def shot(page, name: str) -> Path:
+    SHOTS.mkdir(exist_ok=True)
+    path = SHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    if os.environ.get("TOPL_DOC_SCREENSHOTS") == "1" and name in MAIN_PAGES:
+        DOC_SHOTS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, DOC_SHOTS / path.name)
+    return path
+
+
+def box_texts(page) -> list[str]:
+    return [t.strip() for t in page.locator(".topl-box").all_inner_texts()]
+
+
+def lambda_slider(page):
+    return page.locator('[data-testid="stSlider"]').filter(has_text="hallucinated")
+
+
+def drag_slider(page, slider, fraction: float) -> None:
+    """Drag the slider's thumb with the mouse to `fraction` of its track (0 = left end, 1 = right end)."""
+    track = slider.locator('[role="group"] > div').first
+    box = track.bounding_box()
+    thumb = slider.locator('input[type="range"]').first
+    lo, hi = float(thumb.get_attribute("min")), float(thumb.get_attribute("max"))
+    val = float(thumb.get_attribute("value"))
+    y = box["y"] + box["height"] / 2
+    x0 = box["x"] + box["width"] * (val - lo) / (hi - lo)
+    page.mouse.move(x0, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * fraction, y, steps=12)
+    page.mouse.up()
+
+
+# --- tests -----------------------------------------------------------------------------------------------------
+
+
+def test_every_page_renders_without_exception(app, browser):
+    page = new_page(browser)
+    for name, title in PAGES.items():
+        visit(page, app, "" if name == "home" else name, title)  # the default page lives at the root URL
+        shot(page, name)
+    # navigation through the sidebar keeps the model picker (no legacy-router page without app.py)
+    page.locator('[data-testid="stSidebarNav"]').get_by_text("Token overlay").click()
+    page.get_by_role("heading", name="Token overlay").first.wait_for()
+    settle(page)
+    assert_clean(page, "token overlay via sidebar")
+    page.context.close()
+
+
+def test_dragging_lambda_changes_the_steered_summary(app, browser, workbench):
+    page = new_page(browser)
+    visit(page, app, "steering", "Steering")
+    page.locator(".topl-box").nth(2).wait_for()
+    base, merged, steered = box_texts(page)
+    assert steered == merged, "λ = 0 must reproduce the merged output"
+    drag_slider(page, lambda_slider(page), 1.0)
+    page.wait_for_function("() => [...document.querySelectorAll('.topl-box')].length === 3 && "
+                           "document.querySelectorAll('.topl-box')[2].innerText.trim() !== "
+                           f"{merged!r}", timeout=120_000)
+    settle(page)
+    assert_clean(page, "steering after drag")
+    assert float(lambda_slider(page).locator('input[type="range"]').first.get_attribute("value")) > 3.5
+    _, merged2, steered2 = box_texts(page)
+    assert merged2 == merged and steered2 != merged
+    assert page.locator(".topl-diff-ins").count() > 0, "changed words are not highlighted"
+    shot(page, "steering-dragged")
+    page.context.close()
+
+
+def test_two_sessions_do_not_interfere(app, browser):
+    """Session A steers hard while session B generates at λ = 0: B's texts stay the merged model's, and A's
+    merged column never moves. Both sessions share the cached merged model (no copy), so this checks that steering
+    is confined to the session that asked for it."""
+    a, b = new_page(browser), new_page(browser)
+    visit(a, app, "steering", "Steering")
+    visit(b, app, "steering", "Steering")
+    # a longer generation in B than A ever ran (not cached), made while A drags
+    b.locator('[data-testid="stSlider"]').filter(has_text="Max new tokens").locator('input[type="range"]').first.focus()
+    a.locator(".topl-box").nth(2).wait_for()
+    _, merged_a, _ = box_texts(a)
+    drag_slider(a, lambda_slider(a), 0.0)  # λ → most negative
+    b.keyboard.press("End")  # B: max new tokens to 160 → regenerate base/merged/steered at λ = 0
+    settle(a)
+    settle(b)
+    assert_clean(a, "session A")
+    assert_clean(b, "session B")
+    base_b, merged_b, steered_b = box_texts(b)
+    assert steered_b == merged_b, "session B at λ = 0 got a steered text: session A's steering leaked"
+    _, merged_a2, steered_a = box_texts(a)
+    assert merged_a2 == merged_a and steered_a != merged_a
+    assert merged_b.startswith(merged_a[: min(len(merged_a), 20)])  # same greedy merged model, longer budget
+    a.context.close()
+    b.context.close()
+
+
+def test_training_job_survives_reload_and_app_restart(app, browser, workbench):
+    page = new_page(browser)
+    visit(page, app, "train", "Train")
+    page.get_by_label("Run name").fill("browser-run")
+    page.get_by_label("Steps", exact=True).fill("60")
+    page.get_by_label("Validate every (steps)").fill("20")
+    page.get_by_role("button", name="Start training").click()
+    page.get_by_text("Started browser-run").first.wait_for()
+    progress = page.locator('[data-testid="stProgress"]').filter(has_text="step")
+    progress.first.wait_for()
+    page.get_by_text("ETA", exact=False).first.wait_for(timeout=180_000)
+    shot(page, "train-running")
+    page.reload()
+    page.get_by_role("heading", name="Train").first.wait_for()
+    running = page.locator('[data-testid="stProgress"]').filter(has_text="ETA")
+    running.first.wait_for(timeout=60_000)
+    first = _step(running.first.inner_text())
+    page.wait_for_function(f"() => [...document.querySelectorAll('[data-testid=stProgress]')].some("
+                           f"e => /step (\\d+)\\//.test(e.innerText) && +e.innerText.match(/step (\\d+)\\//)[1] > {first})",
+                           timeout=120_000)
+    assert_clean(page, "train after reload")
+    run_dir = workbench["runs"] / "browser-run"
+    from topl_core import jobs
+
+    assert jobs.wait(run_dir, timeout_s=300).state == "finished", jobs.log_tail(run_dir)
+    page.context.close()
+
+    # restart the app: the finished run is read back from disk
+    app.stop()
+    restarted = App(workbench["env"], workbench["root"] / "streamlit-restarted.log")
+    try:
+        page = new_page(browser)
+        visit(page, restarted, "runs", "Runs")
+        table = page.locator('[data-testid="stDataFrame"]').first
+        table.wait_for()
+        page.wait_for_function("() => document.body.innerText.includes('browser-run') || "
+                               "[...document.querySelectorAll('[data-testid=stDataFrame]')].length > 0")
+        visit(page, restarted, "train", "Train")
+        page.get_by_text("browser-run").first.wait_for()
+        assert page.locator('[data-testid="stMarkdownContainer"]').filter(has_text="browser-run").filter(
+            has_text="finished").count() >= 1
+        shot(page, "train-after-restart")
+        page.context.close()
+    finally:
+        restarted.stop()
+
+
+def _step(text: str) -> int:
+    import re
+
+    m = re.search(r"step (\d+)/", text)
+    return int(m.group(1)) if m else 0
