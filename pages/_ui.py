@@ -431,3 +431,42 @@ def token_set_picker(prefix: str, run_path: str, container=st, default_limit: in
 
 if __name__ == "__main__":  # the legacy router runs every pages/*.py as a page, this one included (URL /ui)
     ensure_frame()
+
+
+# --- evaluations (Evaluation and Runs pages) ---------------------------------------------------------------
+
+
+def evaluations_dir() -> Path:
+    from topl_core.paths import runs_dir
+
+    return runs_dir() / "evaluations"
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def read_evaluation(path: str, mtime: float) -> dict:
+    """The eval.json an evaluation job wrote (python -m topl_core evaluate --json)."""
+    import json
+
+    return json.loads((Path(path) / "eval.json").read_text())
+
+
+def run_factuality(run_name: str) -> dict:
+    """ID / OOD / average factuality and average sentence count of a run's merged adapter, from the newest finished
+    evaluation that has it (sentence protocol). Empty when the run was never evaluated."""
+    d = evaluations_dir()
+    if not d.is_dir():
+        return {}
+    for e in sorted(d.iterdir(), key=lambda p: -p.stat().st_mtime):
+        f = e / "eval.json"
+        if not f.exists():
+            continue
+        try:
+            res = read_evaluation(str(e), f.stat().st_mtime)
+        except ValueError:
+            continue
+        for row in res.get("table_sentence", []):
+            if row.get("variant") == f"merged ({run_name})":
+                return {"ID factuality": row.get("ID"), "OOD factuality": row.get("OOD"),
+                        "avg factuality": row.get("average"), "avg sentences": row.get("sentences"),
+                        "evaluation": e.name}
+    return {}

@@ -1,10 +1,173 @@
-"""Evaluation (placeholder until topl_core.analysis.evaluation lands)."""
+"""Evaluation: launch an ID/OOD factuality evaluation (or a λ sweep) in the background; read the results table
+(ID, OOD, average), the summary-length table (sentences, words), per-document texts — with the offline scorer's
+measured quality shown next to its scores."""
 
 from pages._ui import ensure_frame
 
 ensure_frame()  # first: see pages/_ui.py
 
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
 import streamlit as st
 
+from pages._ui import (csv_download, current_model_name, dataset_paths, evaluations_dir, finished_runs, plot,
+                       read_evaluation, split_spec, current_spec)
+from topl_core import jobs
+
 st.title("Evaluation")
-st.info("Coming soon.")
+st.caption("Generate a summary per document with the base, merged and steered models, score its factual "
+           "consistency against the document, and count sentences. ID = held-out test split of the training data; "
+           "OOD = CLIFF documents (other datasets, real model outputs).")
+
+K = "eval."
+EVALS = evaluations_dir()
+runs = finished_runs()
+_, _, device = split_spec(current_spec())
+
+with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(EVALS.iterdir())):
+    mode = st.radio("Mode", ["Results table (base / merged / steered)", "λ sweep (one adapter)"], horizontal=True,
+                    key=K + "mode")
+    sweep_mode = mode.startswith("λ")
+    with st.form("eval.form", border=False):
+        a, b = st.columns([3, 1])
+        labels = {r.path: f"{r.run} · {r.method}" for r in runs.itertuples()}
+        chosen = a.multiselect("Adapters (merged)", list(labels), default=list(labels)[:2], key=K + "runs",
+                               format_func=lambda p: labels.get(p, Path(p).name),
+                               max_selections=1 if sweep_mode else None)
+        include_base = b.toggle("Base model row", True, key=K + "base", disabled=sweep_mode)
+        a, b, c, d = st.columns(4)
+        lambdas_txt = a.text_input("λ values" if sweep_mode else "Also steered with λ", 
+                                   "-4 -2 -1 0 1 2 4" if sweep_mode else "", key=K + f"lambdas.{sweep_mode}",
+                                   help="Space-separated. λ > 0 pushes toward faithful, λ < 0 toward hallucinated.")
+        n_id = b.number_input("ID documents", 0, 10_000, 8, key=K + "n_id")
+        n_ood = c.number_input("OOD documents (CLIFF)", 0, 10_000, 0 if sweep_mode else 8, key=K + f"n_ood.{sweep_mode}")
+        max_new = d.number_input("Max new tokens", 8, 1024, 64, key=K + "max_new")
+        a, b, c = st.columns([2, 2, 1])
+        data_opts = dataset_paths()
+        data = a.selectbox("ID data (its test split)", data_opts, key=K + "data", format_func=lambda p: Path(p).name)
+        scorer = b.text_input("Scorer", "grounding", key=K + "scorer",
+                              help="'grounding' = the offline default (its measured AUROC is shown with the results); "
+                                   "with a hub: hub:nli:<model id> or hub:minicheck-lm:bespokelabs/Bespoke-MiniCheck-7B")
+        name = c.text_input("Name", f"eval-{time.strftime('%m%d-%H%M%S')}", key=K + "name")
+        go_eval = st.form_submit_button("Start evaluation", type="primary", icon=":material/play_arrow:")
+    if go_eval:
+        try:
+            lams = [float(x) for x in lambdas_txt.replace(",", " ").split()]
+            if sweep_mode and (not chosen or not lams):
+                raise ValueError("a λ sweep needs one adapter and some λ values")
+            if not sweep_mode and not chosen and not include_base:
+                raise ValueError("nothing to evaluate: pick an adapter or keep the base model row")
+            out = EVALS / name.strip().replace("/", "_")
+            args = ["evaluate", "--model", current_model_name(), "--n-id", str(int(n_id)), "--n-ood", str(int(n_ood)),
+                    "--max-new-tokens", str(int(max_new)), "--scorer", scorer.strip() or "grounding",
+                    "--device", device, "--json", str(out / "eval.json"), "--csv", str(out / "per_doc.csv")]
+            if data:
+                args += ["--data", str(Path(data).resolve())]
+            for r in chosen:
+                args += ["--run", r]
+            if sweep_mode:
+                args += ["--lambdas", *map(str, lams), "--sets", *(["ID"] if n_ood == 0 else ["ID", "OOD"])]
+            else:
+                if lams:
+                    args += ["--steer", *map(str, lams)]
+                if not include_base:
+                    args += ["--no-base"]
+            jobs.launch(args, out, kind="evaluate")
+            st.session_state[K + "show"] = out.name
+            st.rerun()
+        except (ValueError, jobs.JobError) as e:
+            st.error(str(e))
+
+evals = sorted((p for p in EVALS.iterdir() if (p / jobs.JOB_FILE).exists()), key=lambda p: -p.stat().st_mtime) \
+    if EVALS.is_dir() else []
+if not evals:
+    st.info("No evaluation yet: start one above (a few documents take a minute with SmolLM2 on a CPU).")
+    st.stop()
+names = [p.name for p in evals]
+if st.session_state.get(K + "show") not in names:
+    st.session_state[K + "show"] = names[0]
+sel = st.selectbox("Evaluation", names, key=K + "show")
+edir = EVALS / sel
+
+
+def panel() -> None:
+    job = jobs.read_job(edir)
+    state = job.state if job else "unknown"
+    if st.session_state.get(K + "was_running") and state not in ("running", "starting"):
+        st.session_state[K + "was_running"] = False
+        st.rerun(scope="app")
+    st.session_state[K + "was_running"] = state in ("running", "starting")
+    if state in ("running", "starting"):
+        lines = [ln for ln in jobs.log_tail(edir, 50).splitlines() if "generating" in ln or "λ =" in ln]
+        c1, c2 = st.columns([5, 1], vertical_alignment="center")
+        c1.progress(0.0 if not lines else 0.5, text=f"{state} · {lines[-1] if lines else 'loading models…'}")
+        if c2.button("Cancel", key=K + "cancel", icon=":material/stop:"):
+            jobs.cancel(edir)
+        return
+    if state != "finished":
+        st.error(f"Evaluation {state}: {job.error if job else ''}")
+        st.code(jobs.log_tail(edir, 20), language=None)
+        return
+    res = read_evaluation(str(edir), (edir / "eval.json").stat().st_mtime)
+    quality = res.get("scorer_quality")
+    if quality:
+        rows = pd.DataFrame(quality["rows"])
+        sent = rows[rows["protocol"] == "sentence"]
+        st.info(f"**Scorer {quality['scorer']}** — measured AUROC of faithful vs hallucinated summaries (sentence "
+                "protocol): " + ", ".join(f"{r.dataset} **{r.auroc:.2f}**" for r in sent.itertuples())
+                + ". Read small differences between rows against this.", icon=":material/straighten:")
+    if "lambda_curve" in res:
+        curve = pd.DataFrame(res["lambda_curve"])
+        fig = go.Figure()
+        fig.add_trace(go.Scatter(x=curve["lambda"], y=curve["factuality"], mode="lines+markers", name="factuality",
+                                 error_y=dict(type="data", array=curve["sem"].fillna(0))))
+        fig.update_layout(title=f"λ sweep — sites {', '.join(res.get('sites') or [])}", xaxis_title="λ",
+                          yaxis_title="factuality (sentence protocol)", height=360)
+        c1, c2 = st.columns(2)
+        with c1:
+            plot(fig, key=K + "lam_curve")
+        with c2:
+            plot(px.line(curve, x="lambda", y=["sentences", "words"], markers=True, title="Length vs λ"),
+                 key=K + "lam_len")
+        st.dataframe(curve, hide_index=True, key=K + "lam_table")
+        csv_download(curve, f"{sel}-lambda-curve.csv", key=K + "lam_csv")
+    else:
+        protocol = st.radio("Protocol", ["sentence", "full"], horizontal=True, key=K + "protocol",
+                            format_func=lambda p: {"sentence": "sentence-level (score each sentence, average)",
+                                                   "full": "full summary"}[p])
+        table = pd.DataFrame(res[f"table_{protocol}"])
+        score_cols = [c for c in table.columns if c in ("ID", "OOD", "average") or c.startswith("cliff")]
+        st.subheader("Factuality")
+        st.dataframe(table[["variant", *score_cols, "n_ID", "n_OOD"]], hide_index=True, key=K + "table",
+                     column_config={c: st.column_config.ProgressColumn(c, min_value=0.0, max_value=1.0, format="%.3f")
+                                    for c in score_cols})
+        long = table.melt(id_vars="variant", value_vars=[c for c in ("ID", "OOD", "average") if c in table],
+                          var_name="set", value_name="factuality")
+        plot(px.bar(long, x="variant", y="factuality", color="set", barmode="group", range_y=[0, 1],
+                    title=f"Factuality ({protocol} protocol)"), key=K + "bars")
+        st.subheader("Summary length")
+        st.dataframe(table[["variant", "sentences", "words"]], hide_index=True, key=K + "lengths",
+                     column_config={"sentences": st.column_config.NumberColumn("avg sentences", format="%.2f"),
+                                    "words": st.column_config.NumberColumn("avg words", format="%.1f")})
+        csv_download(table, f"{sel}-{protocol}.csv", key=K + "table_csv")
+    per_doc = edir / "per_doc.csv"
+    if per_doc.exists():
+        with st.expander("Generated summaries, per document"):
+            df = pd.read_csv(per_doc)
+            st.dataframe(df[[c for c in ("variant", "lambda", "set", "source", "doc_id", "score_sentence",
+                                         "score_full", "n_sentences", "text") if c in df]],
+                         hide_index=True, key=K + "per_doc")
+            csv_download(df, f"{sel}-per-document.csv", key=K + "per_doc_csv")
+
+
+job = jobs.read_job(edir)
+st.fragment(panel, run_every=2 if job is not None and job.active else None)()
+with st.expander("Command and log"):
+    info = json.loads((edir / jobs.JOB_FILE).read_text())
+    st.code("python -m topl_core " + " ".join(info.get("argv", [])), language="bash")
+    st.code(jobs.log_tail(edir, 30) or "(empty)", language=None)

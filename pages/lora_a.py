@@ -74,15 +74,19 @@ res_a = results[run_a]
 name_of = {p: f"{df_runs.loc[p, 'method']} · {df_runs.loc[p, 'run']}" for p in results}
 sep_a = res_a.lora
 m = st.columns(5)
-m[0].metric("Mean AUROC ± std", f"{sep_a.mean:.3f} ± {sep_a.std:.3f}")
-m[1].metric("95% CI of the mean", f"{sep_a.ci_low:.3f}–{sep_a.ci_high:.3f}")
+m[0].metric("Mean AUROC over sites", f"{sep_a.mean:.3f}", delta=f"± {sep_a.std:.3f} std", delta_color="off",
+            delta_arrow="off", help="Mean (and population std) of the per-site AUROC across all LoRA sites.")
+m[1].metric("95% CI of the mean", f"{sep_a.ci_low:.2f}–{sep_a.ci_high:.2f}", help="Percentile bootstrap over sites.")
 if res_a.control is not None:
-    m[2].metric("Random-A control", f"{res_a.control.mean:.3f}", delta=f"{sep_a.mean - res_a.control.mean:+.3f}")
-m[3].metric("Tokens (good / bad)", f"{sep_a.n_good} / {sep_a.n_bad}")
+    m[2].metric("Random-init A control", f"{res_a.control.mean:.3f}", delta=f"{sep_a.mean - res_a.control.mean:+.3f} vs adapter",
+                delta_color="off", delta_arrow="off",
+                help="The same r, A drawn like PEFT's init, on the same inputs: what 'chance' looks like here.")
+m[3].metric("Tokens", f"{sep_a.n_good + sep_a.n_bad}", delta=f"{sep_a.n_good} good / {sep_a.n_bad} bad",
+            delta_color="off", delta_arrow="off")
 if run_b:
     sep_b = results[run_b].lora
-    m[4].metric(f"{df_runs.loc[run_b, 'method']} mean", f"{sep_b.mean:.3f} ± {sep_b.std:.3f}",
-                delta=f"{sep_b.mean - sep_a.mean:+.3f}")
+    m[4].metric(f"{df_runs.loc[run_b, 'method'].upper()} mean", f"{sep_b.mean:.3f}",
+                delta=f"± {sep_b.std:.3f} std · {sep_b.mean - sep_a.mean:+.3f}", delta_color="off", delta_arrow="off")
 st.caption(f"Token set: {res_a.token_set}")
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from pages._ui import csv_download, plot, runs_table
+from pages._ui import csv_download, plot, run_factuality, runs_table
 from topl_core.paths import runs_dir
 from topl_core.runs import RunDir
 
@@ -100,18 +100,16 @@ with tab_results:
                "val token AUROC": last_val.get("val_token_auroc"),
                "train time (s)": status.get("elapsed_s"), "train examples": metas[n].get("n_train_examples"),
                "head layer": metas[n].get("head_layer")}
-        try:  # ID/OOD factuality from evaluations of this run (topl_core.analysis.evaluation), when there are any
-            from topl_core.analysis.evaluation import run_summary  # type: ignore[attr-defined]
-
-            row.update(run_summary(p))
-        except Exception:
-            pass
+        row.update(run_factuality(n))  # ID/OOD factuality + sentences from the newest evaluation of this run
         rows.append(row)
     res = pd.DataFrame(rows)
     st.dataframe(res, hide_index=True, key="runs.results",
                  column_config={"final loss": st.column_config.NumberColumn(format="%.4f"),
                                 "val token AUROC": st.column_config.NumberColumn(format="%.3f"),
-                                "train time (s)": st.column_config.NumberColumn(format="%.0f")})
+                                "train time (s)": st.column_config.NumberColumn(format="%.0f"),
+                                **{c: st.column_config.NumberColumn(format="%.3f")
+                                   for c in ("ID factuality", "OOD factuality", "avg factuality")},
+                                "avg sentences": st.column_config.NumberColumn(format="%.2f")})
     st.caption("ID / OOD factuality and the average sentence count appear here once a run has been evaluated "
                "(Evaluation page).")
     csv_download(res, "run_results.csv", key="runs.results_csv")

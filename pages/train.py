@@ -75,7 +75,8 @@ if flash := st.session_state.pop(K + "flash", None):
 
 # --- the form -------------------------------------------------------------------------------------------------
 
-with st.container(border=True):
+any_active = any(j.active for j in jobs.list_jobs() if j.kind == "train")
+with st.expander("New run", expanded=not any_active, icon=":material/add:"):
     c1, c2, c3 = st.columns([1, 1, 2])
     methods = list(OBJECTIVES)
     c1.selectbox("Method", methods, key=K + "method", on_change=apply_defaults,
@@ -224,5 +225,4 @@ def jobs_panel() -> None:
         st.code(jobs.log_tail(runs_dir() / sel, 30) or "(empty)", language=None)
 
 
-any_active = any(j.active for j in jobs.list_jobs() if j.kind == "train")
 st.fragment(jobs_panel, run_every=1.5 if any_active else None)()

@@ -212,7 +212,7 @@ def test_lora_a_heatmap_has_layers_by_modules_cells(workbench):
     assert np.isfinite(z[:3]).all() and np.isnan(z[3]).all()  # LoRA on layers 0–2 only
     assert ((z[:3] >= 0) & (z[:3] <= 1)).all()
     metrics = {m.label: m.value for m in at.metric}
-    assert "±" in metrics["Mean AUROC ± std"] and "Random-A control" in metrics
+    assert 0 <= float(metrics["Mean AUROC over sites"]) <= 1 and "Random-init A control" in metrics
 
 
 def test_steering_lambda_slider_changes_the_steered_text(workbench):
@@ -322,3 +322,35 @@ def test_layer_sweep_runs_in_the_background_and_fills_the_heatmap(workbench):
     assert z.shape == (2, 2)  # starts {0, 2} × sizes {1, 2}: 4 windows on 4 layers
     assert np.isfinite(z).all()
     assert any("4/4 windows" in p.proto.text for p in at.get("progress"))
+
+
+def test_evaluation_runs_in_the_background_and_shows_tables(workbench):
+    from topl_core import jobs
+
+    at = open_page("evaluation")
+    topl = str(workbench["runs"] / "topl-tiny")
+    at.multiselect(key="eval.runs").set_value([topl])
+    at.text_input(key="eval.lambdas.False").set_value("3")
+    at.number_input(key="eval.n_id").set_value(2)
+    at.number_input(key="eval.n_ood.False").set_value(1)
+    at.number_input(key="eval.max_new").set_value(12)
+    at.text_input(key="eval.name").set_value("tiny-eval")
+    at.button[[b.label for b in at.button].index("Start evaluation")].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    edir = workbench["runs"] / "evaluations" / "tiny-eval"
+    st = jobs.wait(edir, timeout_s=300)
+    assert st.state == "finished", jobs.log_tail(edir, 40)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    frames = [d.value for d in at.dataframe]
+    table = next(f for f in frames if {"variant", "ID", "OOD"} <= set(f.columns))
+    assert list(table["variant"]) == ["base", "merged (topl-tiny)", "steered λ=3 (topl-tiny)"]
+    assert table["n_ID"].tolist() == [2, 2, 2]
+    assert any({"variant", "sentences", "words"} == set(f.columns) for f in frames), "no summary-length table"
+    assert any("measured AUROC" in i.value for i in at.info), "the offline scorer's measured quality is not shown"
+    # the Runs page picks the run's ID/OOD factuality up from this evaluation
+    at.switch_page("pages/runs.py").run()
+    at.multiselect(key="runs.compare").set_value(["topl-tiny"]).run()
+    res = next(d.value for d in at.dataframe if "ID factuality" in d.value.columns)
+    assert res.loc[0, "evaluation"] == "tiny-eval" and 0 <= res.loc[0, "ID factuality"] <= 1

@@ -183,7 +183,7 @@ def drag_slider(page, slider, fraction: float) -> None:
 
 
 def test_every_page_renders_without_exception(app, browser):
-    page = new_page(browser)
+    page = new_page(browser, height=1600)  # Streamlit scrolls inside the viewport: a tall one shows whole pages
     for name, title in PAGES.items():
         visit(page, app, "" if name == "home" else name, title)  # the default page lives at the root URL
         shot(page, name)
