@@ -115,13 +115,16 @@ if not document.strip():
     st.stop()
 
 # --- λ and the three texts --------------------------------------------------------------------------------
-lam = st.slider("λ  (← hallucinated · faithful →)", lo, hi, 0.0, step=(hi - lo) / 32, key="steer.lambda",
-                help="0 reproduces the merged model exactly.")
+STEP = (hi - lo) / 16
+GRID = [round(lo + i * STEP, 6) for i in range(17)]  # the slider's positions: warm them all for a live demo
+lam = st.slider("λ  (← hallucinated · faithful →)", lo, hi, 0.0, step=STEP, key="steer.lambda",
+                help="0 reproduces the merged model exactly. Every position is cached once generated: press "
+                     "'Generate every λ' below before a talk and dragging is instant.")
 try:
     with st.spinner("Generating…"):
         t_base = base_text(spec, document, max_new)
         t_merged = steered_text(spec, run, fp, ts, top_k, document, 0.0, max_new)
-        t_steered = steered_text(spec, run, fp, ts, top_k, document, float(lam), max_new)
+        t_steered = steered_text(spec, run, fp, ts, top_k, document, round(float(lam), 6), max_new)
 except Exception as e:
     load_error(e)
     st.stop()
@@ -162,11 +165,12 @@ with left:
 
 with right:
     st.subheader("λ → factuality")
-    n_grid = st.select_slider("λ values", [5, 7, 9, 13], value=7, key="steer.grid_n")
-    grid = [float(x) for x in np.linspace(lo, hi, n_grid)]
-    if st.button("Compute the curve for this document", key="steer.curve_go", icon=":material/show_chart:"):
-        st.session_state["steer.curve_for"] = (run, fp, document[:200], n_grid, top_k, max_new)
-    if st.session_state.get("steer.curve_for") == (run, fp, document[:200], n_grid, top_k, max_new):
+    key = (run, fp, document[:200], top_k, max_new)
+    if st.button(f"Generate every λ ({len(GRID)} positions) for this document", key="steer.curve_go",
+                 icon=":material/show_chart:"):
+        st.session_state["steer.curve_for"] = key
+    if st.session_state.get("steer.curve_for") == key:
+        grid = GRID
         bar = st.progress(0.0, text="Generating over the λ grid…")
         rows = []
         for j, g in enumerate(grid):
@@ -185,4 +189,5 @@ with right:
         plot(fig, key="steer.curve")
         csv_download(curve, "lambda_curve.csv", key="steer.curve_csv")
     else:
-        st.caption("Generates one summary per λ (cached, so the slider is instant afterwards).")
+        st.caption("One summary per slider position (cached, so the slider is instant afterwards), scored by the "
+                   "offline factuality scorer.")

@@ -137,6 +137,7 @@ if submitted:
         name = run_name.strip().replace("/", "_") or jobs.default_run_name(cfg)
         path = jobs.launch_train(cfg, runs_dir() / name)
         st.session_state[K + "watch"] = str(path)
+        st.session_state[K + "detail"] = path.name  # show the new run's curves
         st.session_state[K + "flash"] = f"Started **{name}** in the background (pid {jobs.read_job(path).pid})."
         st.session_state[K + "new_name"] = True
         st.rerun()
@@ -153,8 +154,10 @@ def fmt_s(s) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-STATE_ICON = {"starting": "⏳", "running": "🟢", "finished": "✅", "failed": "❌", "cancelled": "⏹️",
-              "interrupted": "⚠️", "unknown": "❔"}
+STATE_ICON = {"starting": ":gray[:material/hourglass_top:]", "running": ":blue[:material/play_circle:]",
+              "finished": ":green[:material/check_circle:]", "failed": ":red[:material/error:]",
+              "cancelled": ":gray[:material/stop_circle:]", "interrupted": ":orange[:material/warning:]",
+              "unknown": ":gray[:material/help:]"}
 
 
 def curves(path: Path) -> None:
@@ -195,7 +198,7 @@ def jobs_panel() -> None:
             a.markdown(f"{STATE_ICON.get(j.state, '')} **{j.name}**  \n`{j.state}`")
             if j.state in ("running", "starting"):
                 b.progress(j.fraction, text=f"step {j.step}/{j.steps} · ETA {fmt_s(j.eta_s)} · elapsed "
-                                            f"{fmt_s(j.elapsed_s)} · loss {j.loss if j.loss is None else f'{j.loss:.4f}'}")
+                                            f"{fmt_s(j.elapsed_s)} · loss {'—' if j.loss is None else f'{j.loss:.4f}'}")
                 if c.button("Cancel", key=f"train.cancel.{j.name}", icon=":material/stop:"):
                     jobs.cancel(j.path)
                     st.toast(f"Cancelling {j.name}: saving a checkpoint…")
