@@ -19,6 +19,8 @@ import streamlit as st
 from topl_core.models import DEFAULT_MODEL, EMBEDDED, TINY_FAMILIES, ModelSpec
 
 SPEC_KEY = "model_spec"  # session_state: "name|dtype|device"
+# How many models each cache keeps (base, merged per run, token scorer). 8B models on one GPU: set 1.
+MAX_MODELS = int(os.environ.get("TOPL_UI_MAX_MODELS", "3"))
 
 
 # --- the app frame: navigation + sidebar, around every page ---------------------------------------------------
@@ -141,7 +143,7 @@ def sidebar_model_picker() -> str:
 # --- cached models ---------------------------------------------------------------------------------------
 
 
-@st.cache_resource(show_spinner="Loading model…", max_entries=3)
+@st.cache_resource(show_spinner="Loading model…", max_entries=MAX_MODELS)
 def base_model(spec_key: str):
     """The base model for a spec, shared read-only by all sessions."""
     from topl_core.models import load_model
@@ -149,7 +151,7 @@ def base_model(spec_key: str):
     return load_model(spec_of(spec_key))
 
 
-@st.cache_resource(show_spinner="Merging the adapter into a fresh copy of the base model…", max_entries=4)
+@st.cache_resource(show_spinner="Merging the adapter into a fresh copy of the base model…", max_entries=MAX_MODELS)
 def merged_model(spec_key: str, run_path: str, fingerprint: str):
     """A fresh base model with the run's LoRA merged in (never the shared base model)."""
     from topl_core.generate import load_merged
@@ -157,7 +159,7 @@ def merged_model(spec_key: str, run_path: str, fingerprint: str):
     return load_merged(spec_of(spec_key), run_path)
 
 
-@st.cache_resource(show_spinner="Loading the adapter and its head…", max_entries=4)
+@st.cache_resource(show_spinner="Loading the adapter and its head…", max_entries=MAX_MODELS)
 def token_scorer(spec_key: str, run_path: str, fingerprint: str):
     from topl_core.models import load_model
     from topl_core.scoring import TokenScorer

@@ -5,6 +5,8 @@ from pages._ui import ensure_frame
 
 ensure_frame()  # first: see pages/_ui.py
 
+from pathlib import Path
+
 import pandas as pd
 import plotly.express as px
 import streamlit as st
@@ -100,7 +102,7 @@ with tab_results:
                "val token AUROC": last_val.get("val_token_auroc"),
                "train time (s)": status.get("elapsed_s"), "train examples": metas[n].get("n_train_examples"),
                "head layer": metas[n].get("head_layer")}
-        row.update(run_factuality(n))  # ID/OOD factuality + sentences from the newest evaluation of this run
+        row.update(run_factuality(Path(p).name))  # ID/OOD factuality + sentences from the newest evaluation of this run
         rows.append(row)
     res = pd.DataFrame(rows)
     st.dataframe(res, hide_index=True, key="runs.results",

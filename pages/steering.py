@@ -20,7 +20,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from pages._ui import (base_model, csv_download, current_spec, dataset_picker, diff_html, load_error, merged_model,
+from pages._ui import (MAX_MODELS, base_model, csv_download, current_spec, dataset_picker, diff_html, load_error, merged_model,
                        plot, records_of, resource_lock, run_fingerprint, run_picker, text_box, token_set,
                        token_set_picker)
 
@@ -48,7 +48,7 @@ with st.expander("Token set for μ+ / μ− and the site AUROCs", expanded=False
     ts = token_set_picker("steer", run, default_limit=32)
 
 
-@st.cache_resource(show_spinner="Computing steering vectors (projections cached on disk)…", max_entries=8)
+@st.cache_resource(show_spinner="Computing steering vectors (projections cached on disk)…", max_entries=2 * MAX_MODELS)
 def steering_session(spec: str, run: str, fp: str, ts: tuple, top_k: int) -> SteeringSession:
     """Merged model (shared, never mutated) + the run's steering vectors. One per (spec, run fingerprint, …)."""
     _, records = token_set(*ts)

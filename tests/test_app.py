@@ -298,6 +298,10 @@ def test_job_state_survives_a_restart_and_detects_dead_processes(workbench, tmp_
                                           "cancel_requested": False})
     st = jobs.read_job(run.path)
     assert st.state == "interrupted" and not st.active and st.step == 3
+    # runs grouped in a folder (e.g. runs/baselines/<method>) are listed with their relative name
+    grouped = RunDir(tmp_path / "baselines" / "sft")
+    grouped.write_config(tiny_config(data=str(workbench["data"]), method="sft"), {})
+    assert sorted(j.name for j in jobs.list_jobs(tmp_path)) == ["baselines/sft", "ghost"]
 
 
 def test_layer_sweep_runs_in_the_background_and_fills_the_heatmap(workbench):

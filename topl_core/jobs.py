@@ -69,10 +69,11 @@ class JobStatus:
     updated: float | None = None
     error: str | None = None
     val: dict = field(default_factory=dict)  # latest validation metrics (e.g. val_token_auroc)
+    label: str = ""  # the path relative to the listed root ("baselines/sft"), set by list_jobs
 
     @property
     def name(self) -> str:
-        return self.path.name
+        return self.label or self.path.name
 
     @property
     def active(self) -> bool:
@@ -221,12 +222,31 @@ def read_job(job_dir: str | Path) -> JobStatus | None:
 
 
 def list_jobs(root: str | Path | None = None) -> list[JobStatus]:
-    """Every run / job directory directly under root (default runs_dir()), newest first."""
+    """Every run / job directory under root (default runs_dir()), newest first: its direct children, and the
+    children of a plain folder that groups runs (e.g. runs/baselines/sft). A sweep's per-window runs are not
+    listed (they belong to the sweep)."""
+    from dataclasses import replace
+
     root = Path(root) if root is not None else runs_dir()
     if not root.is_dir():
         return []
-    out = [st for d in root.iterdir() if d.is_dir() and not d.name.startswith(".") and (st := read_job(d))]
-    return sorted(out, key=lambda s: -(s.started or s.updated or s.path.stat().st_mtime))
+    out = []
+    for d in sorted(root.iterdir()):
+        if not d.is_dir() or d.name.startswith("."):
+            continue
+        if st := read_job(d):
+            out.append(replace(st, label=d.name))
+        elif not (d / "sweep.json").exists():
+            out += [replace(st, label=f"{d.name}/{c.name}") for c in sorted(d.iterdir())
+                    if c.is_dir() and not c.name.startswith(".") and (st := read_job(c))]
+    return sorted(out, key=lambda s: -(s.started or s.updated or _mtime(s.path)))
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def log_tail(job_dir: str | Path, lines: int = 20) -> str:
