@@ -475,3 +475,19 @@ def test_config_rejects_label_settings_for_methods_without_token_labels():
     with pytest.raises(ConfigError, match="tdpo_alpha"):
         TrainConfig(method="tdpo", tdpo_alpha=-1.0)
     assert set(METHODS) == set(OBJECTIVES)
+
+
+@pytest.mark.parametrize("method", ["dpo", "unlikelihood"])
+def test_non_head_methods_resume_exactly(method, records, tmp_path):
+    """The loop's checkpoint/resume works unchanged for pair batches and LM objectives (no head file)."""
+    from safetensors.torch import load_file
+
+    cfg = _cfg(method, steps=4)
+    straight = train(cfg, tmp_path / "straight", records=records, base=load_model("tiny-llama"))
+    run = train(cfg, tmp_path / "resumed", records=records, base=load_model("tiny-llama"), progress=lambda p: p.step != 2)
+    assert run.read_status()["state"] == "cancelled" and not run.head_path.exists()
+    seen = []
+    train(cfg, run.path, records=records, base=load_model("tiny-llama"), progress=lambda p: seen.append(p.step))
+    assert seen == [3, 4]
+    a, b = load_file(straight.adapter_path), load_file(run.adapter_path)
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
