@@ -66,3 +66,20 @@ def test_generation_works_without_chat_template():
     lm = load_model("tiny-gemma3")
     (out,) = generate(lm, ["A short document."], GenerationConfig(max_new_tokens=5))
     assert isinstance(out, str)
+
+
+def test_response_only_logprobs_equal_full_logprobs():
+    from topl_core.forward import next_token_logprobs
+
+    for family in ("tiny-llama", "tiny-gemma3"):
+        m = load_model(family).model
+        ids = torch.tensor([[5, 9, 33, 71, 2, 8], [4, 4, 18, 90, 61, 7]])
+        mask = torch.ones_like(ids)
+        positions = torch.tensor([[0, 0, 1, 1, 1, 0], [1, 0, 0, 1, 1, 1]], dtype=torch.bool)
+        with torch.no_grad():
+            full = next_token_logprobs(m, ids, mask)
+            part = next_token_logprobs(m, ids, mask, positions)
+        want = positions.clone()
+        want[:, 0] = False
+        assert torch.allclose(part[want], full[want], atol=1e-5)
+        assert (part[~want] == 0).all()

@@ -55,9 +55,25 @@ def head_features(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     return final_norm(model)(hidden_after_layer(model, input_ids, attention_mask, layer))
 
 
-def next_token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """log p(x_t | x_<t) for t = 1..T-1, aligned so that result[:, t] scores input_ids[:, t]; result[:, 0] = 0.
-    Computed from logits in float32."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float()
-    lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return F.pad(lp, (1, 0))
+def next_token_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """log p(x_t | x_<t), aligned so that result[:, t] scores input_ids[:, t]; result[:, 0] = 0. Computed from
+    logits in float32. With `positions` (bool (B, T)), the LM head runs only where needed (the vocabulary
+    projection dominates a small model's forward) and other entries are 0."""
+    if positions is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float()
+        lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+        return F.pad(lp, (1, 0))
+    lm = base_causal_lm(model)
+    hidden = lm.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    want = positions.clone()
+    want[:, 0] = False  # the first token has no prediction
+    rows, cols = want.nonzero(as_tuple=True)
+    logits = lm.lm_head(hidden[rows, cols - 1]).float()
+    cap = getattr(lm.config, "final_logit_softcapping", None)  # Gemma-style soft cap, as in the model's forward
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    out[rows, cols] = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[rows, cols, None]).squeeze(-1)
+    return out

@@ -66,7 +66,7 @@ class TokenScorer:
                 with autocast(self.precision, self.device):
                     p = torch.sigmoid(self.head(head_features(self.model, b.input_ids, b.attention_mask, self.head_layer)).squeeze(-1))
                     with self.model.disable_adapter():
-                        lp = next_token_logprobs(self.model, b.input_ids, b.attention_mask)
+                        lp = next_token_logprobs(self.model, b.input_ids, b.attention_mask, b.response_mask)
                 p, s = p.float().cpu().numpy(), (-lp).float().cpu().numpy()
                 for j, e in enumerate(chunk):
                     sl = slice(e.response_start, e.response_end)

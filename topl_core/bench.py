@@ -1,0 +1,220 @@
+"""`python -m topl_core bench`: the workbench against the machine's measured limit and the naive way, in one run.
+
+Every speed figure is a ratio of two things measured side by side in this process (absolute times are noisy on
+shared machines). Definitions:
+
+- matmul_peak_tflops_{fp32,bf16}: best of several large square matmuls (2·n³ FLOPs each).
+- train_mfu_bf16: TOPL training FLOPs per second over the bf16 peak. FLOPs counted for the layers that actually
+  run (0..m, no LM head): forward 2·N_run + attention 2·L·T·d (causal half of 4·L·T·d) per token; backward the same
+  again (gradients w.r.t. activations only — the base weights are frozen, so no weight gradients; LoRA's own
+  FLOPs are < 1% and ignored).
+- topl_vs_sft_step: TOPL step time / SFT step time per token, same data, same LoRA (layers 0..m, m = 20 of 30),
+  same batch size, bf16. TOPL stops after layer m; SFT runs every layer and the LM head.
+- steered_vs_plain_generate: merged-model generation with LoRA-B steering hooks (λ = 2, top-4 sites) / without,
+  the same number of new tokens (min = max), greedy, KV cache on.
+- capture_vs_plain_forward: LoRA-A capture of every site of an all-layer adapter (30 × 7 = 210 sites) / a plain
+  no-grad forward of the same model on the same batch.
+- sweep_cached_vs_naive: a sliding-window sweep grid with frozen-prefix reuse / the same grid without it.
+- heatmap_reload_s: seconds to reopen a cached LoRA-A separability result (probe_run on a warm cache).
+- peak_rss_gib: peak resident memory of the training subprocess (TOPL run), GiB.
+- generate_tokens_per_s, train_tokens_per_s: for the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .io import write_json
+
+GOALS = {
+    "train_mfu_bf16": (">=", 0.20),
+    "topl_vs_sft_step": ("<=", 0.5),
+    "steered_vs_plain_generate": ("<=", 1.05),
+    "capture_vs_plain_forward": ("<=", 1.3),
+    "sweep_cached_vs_naive": ("<=", 0.5),
+    "heatmap_reload_s": ("<=", 0.5),
+    "peak_rss_gib": ("<=", 4.0),
+}
+
+
+def best_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def matmul_peak_tflops(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    return 2 * n**3 / best_time(lambda: a @ b, repeats, warmup=2) / 1e12
+
+
+def _train_subprocess(args: list[str], env: dict) -> tuple[Path, float]:
+    """Run `python -m topl_core train ...` in a child; return its run dir and the child's peak RSS (GiB)."""
+    out = Path(args[args.index("--out") + 1])
+    subprocess.run([sys.executable, "-m", "topl_core", "train", *args], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # max over finished children so far
+    return out, peak_kib / 2**20
+
+
+def _step_seconds_per_token(run_dir: Path) -> float:
+    """Mean seconds per token over the logged steps after the first (warm-up) step."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "elapsed_s" in r]
+    t = steps[-1]["elapsed_s"] - steps[0]["elapsed_s"]
+    tok = (steps[-1]["tokens_per_s"] * steps[-1]["elapsed_s"]) - (steps[0]["tokens_per_s"] * steps[0]["elapsed_s"])
+    return t / tok
+
+
+def topl_flops_per_token(config, layers_run: int, seq_len: int) -> float:
+    d, f = config.hidden_size, config.intermediate_size
+    kv = config.num_key_value_heads * getattr(config, "head_dim", d // config.num_attention_heads)
+    params_per_layer = d * d * 2 + d * kv * 2 + 3 * d * f  # q, o, k, v, gate, up, down
+    forward = 2 * params_per_layer * layers_run + 2 * layers_run * seq_len * d
+    return 2 * forward  # + backward w.r.t. activations
+
+
+def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable[[str], None] = print) -> dict:
+    from .analysis.capture import capture_lora
+    from .analysis.separability import ProbeSettings, probe_run
+    from .analysis.steering import build_steering_vectors, steer
+    from .analysis.sweeps import SweepConfig, run_sweep
+    from .data.encode import build_prompt, collate, encode_record
+    from .data.records import read_jsonl
+    from .data.split import split_records
+    from .models import load_model
+    from .runs import load_adapter
+    from .training.config import LoraSettings, TrainConfig
+    from .training.trainer import apply_lora
+
+    res: dict = {"quick": quick, "model": model, "threads": torch.get_num_threads()}
+    work = Path(tempfile.mkdtemp(prefix="topl-bench-"))
+    env = {**os.environ, "TOPL_CACHE_DIR": str(work / "cache"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    # the converted model lives in the normal cache: point the child at it instead of converting again
+    from .paths import cache_dir
+
+    (work / "cache").mkdir()
+    if (cache_dir() / "models").exists():
+        (work / "cache" / "models").symlink_to(cache_dir() / "models")
+    os.environ["TOPL_CACHE_DIR"] = env["TOPL_CACHE_DIR"]
+
+    log("matmul peaks …")
+    res["matmul_peak_tflops_fp32"] = matmul_peak_tflops(torch.float32)
+    res["matmul_peak_tflops_bf16"] = matmul_peak_tflops(torch.bfloat16)
+
+    steps = 4 if quick else 8
+    common = ["--model", model, "--data", data, "--steps", str(steps), "--batch-size", "8", "--lora-layer-end", "20",
+              "--eval-every", "1000", "--checkpoint-every", "1000", "--precision", "bf16"]
+    log(f"TOPL training ({steps} steps) …")
+    topl_dir, res["peak_rss_gib"] = _train_subprocess([*common, "--method", "topl", "--out", str(work / "topl")], env)
+    log(f"SFT training ({steps} steps) …")
+    sft_dir, _ = _train_subprocess([*common, "--method", "sft", "--out", str(work / "sft")], env)
+    topl_spt, sft_spt = _step_seconds_per_token(topl_dir), _step_seconds_per_token(sft_dir)
+    res["topl_vs_sft_step"] = topl_spt / sft_spt
+    res["train_tokens_per_s"] = 1 / topl_spt
+
+    records = read_jsonl(data)
+    test = [r for r in split_records(records)["test"] if r.token_labels_known][: 8 if quick else 24]
+    lm = load_model(model)
+    enc = [encode_record(lm.tokenizer, r, 320, 128) for r in test[:8]]
+    seq_len = sum(len(e) for e in enc) / len(enc)
+    res["train_mfu_bf16"] = (topl_flops_per_token(lm.model.config, 21, seq_len) * res["train_tokens_per_s"]
+                             / (res["matmul_peak_tflops_bf16"] * 1e12))
+
+    log("capture vs plain forward …")
+    peft = apply_lora(load_model(model).model, TrainConfig(model=model, lora=LoraSettings(layer_start=0, layer_end=lm.num_layers - 1))).eval()
+    b = collate(enc[:4], lm.tokenizer.pad_token_id)
+    select = b.labels != -1
+
+    @torch.no_grad()
+    def plain() -> None:
+        peft(input_ids=b.input_ids, attention_mask=b.attention_mask)
+
+    @torch.no_grad()
+    def captured() -> None:
+        with capture_lora(peft) as cap:
+            cap.run(b.input_ids, b.attention_mask, select)
+
+    with capture_lora(peft) as cap:
+        res["capture_sites"] = len(cap.sites)
+    reps = 2 if quick else 4
+    res["capture_vs_plain_forward"] = best_time(captured, reps) / best_time(plain, reps)
+    del peft
+
+    log("steered vs plain generation …")
+    vectors = build_steering_vectors(topl_dir, test, top_k=4)
+    merged = load_adapter(load_model(model), topl_dir, merge=True)
+    prompt = build_prompt(lm.tokenizer, test[0].document[:1500])
+    ids = lm.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    n_new = 32 if quick else 64
+
+    @torch.no_grad()
+    def gen() -> None:
+        merged.generate(**ids, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
+                        pad_token_id=lm.tokenizer.pad_token_id)
+
+    def gen_steered() -> None:
+        with steer(merged, vectors, 2.0):
+            gen()
+
+    t_plain, t_steer = best_time(gen, reps), best_time(gen_steered, reps)
+    res["steered_vs_plain_generate"] = t_steer / t_plain
+    res["generate_tokens_per_s"] = n_new / t_plain
+
+    log("heatmap reload …")
+    settings = ProbeSettings(random_control=False)
+    probe_run(topl_dir, test, settings)  # compute and cache
+    t = time.perf_counter()
+    probe_run(topl_dir, test, settings)
+    res["heatmap_reload_s"] = time.perf_counter() - t
+
+    log("sweep with and without frozen-prefix reuse …")
+    windows = ((9, 3), (12, 3), (15, 3), (12, 6)) if quick else ((6, 3), (9, 3), (12, 3), (15, 3), (18, 3), (12, 6), (15, 6), (18, 6))
+    sweep_train = TrainConfig(model=model, data=data, steps=2 if quick else 3, batch_size=8, eval_every=1000,
+                              checkpoint_every=1000, max_val_examples=8)
+    sweep_records = records[: 160 if quick else 320]
+    timings = {}
+    for reuse in (True, False):
+        t = time.perf_counter()
+        run_sweep(SweepConfig(train=sweep_train, windows=windows, reuse_prefix=reuse), work / f"sweep-{reuse}",
+                  records=sweep_records)
+        timings[reuse] = time.perf_counter() - t
+    res["sweep_windows"] = len(windows)
+    res["sweep_cached_vs_naive"] = timings[True] / timings[False]
+    return res
+
+
+def format_table(res: dict) -> str:
+    lines = [f"{'metric':28s} {'value':>10s}  goal"]
+    for k, v in res.items():
+        goal = GOALS.get(k)
+        g = f"{goal[0]} {goal[1]}" if goal else ""
+        ok = "" if not goal else ("  met" if (v >= goal[1] if goal[0] == ">=" else v <= goal[1]) else "  MISSED")
+        val = f"{v:10.3f}" if isinstance(v, float) else f"{v!s:>10s}"
+        lines.append(f"{k:28s} {val}  {g}{ok}")
+    return "\n".join(lines)
+
+
+def main(quick: bool, data: str, json_path: str | None, model: str) -> dict:
+    t = time.perf_counter()
+    res = run_bench(quick, data, model, log=lambda s: print(s, file=sys.stderr, flush=True))
+    res["bench_wall_s"] = time.perf_counter() - t
+    print(format_table(res))
+    if json_path:
+        write_json(json_path, res)
+    return res

@@ -1,0 +1,21 @@
+"""`bench`: speed and memory against the measured machine limit and the naive way (ratios, one run)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmark: MFU, TOPL/SFT step, steering, capture, sweep reuse, cache, memory",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer steps and repeats (under 3 minutes on 2 cores)")
+    p.add_argument("--data", default="cache/data/halueval-perturbed.jsonl")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--json", help="write the results here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    from ..bench import main
+
+    main(args.quick, args.data, args.json, args.model)
