@@ -75,22 +75,23 @@ with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS
             cfg = SweepConfig(train=train, sizes=tuple(sorted(sizes)), stride=int(stride), reuse_prefix=reuse,
                               n_generate=int(n_gen))
             path = start_sweep(cfg, SWEEPS / name.strip().replace("/", "_"))
-            st.session_state[K + "show"] = path.name
+            st.session_state[K + "show"] = str(path.relative_to(runs_dir().resolve()))
             st.rerun()
         except (ConfigError, jobs.JobError, ValueError) as e:
             st.error(str(e))
 
-sweeps = sorted((p for p in SWEEPS.iterdir() if (p / "sweep.json").exists()), key=lambda p: -p.stat().st_mtime) \
-    if SWEEPS.is_dir() else []
+# sweeps started here live in runs/sweeps/; the CLI's (python -m topl_core sweep --out runs/NAME) anywhere in runs/
+found = [p for d in (SWEEPS, runs_dir()) if d.is_dir() for p in d.iterdir() if (p / "sweep.json").exists()]
+sweeps = sorted(set(found), key=lambda p: -p.stat().st_mtime)
 if not sweeps:
     st.info("No sweep yet: start one above. On a CPU a tiny grid (e.g. k = 3, stride 6, 10 steps) takes minutes "
             "with SmolLM2; the page fills in as windows finish.")
     st.stop()
-names = [p.name for p in sweeps]
+names = [str(p.relative_to(runs_dir())) for p in sweeps]
 if st.session_state.get(K + "show") not in names:
     st.session_state[K + "show"] = names[0]
 sel = st.selectbox("Sweep", names, key=K + "show")
-sweep_dir = SWEEPS / sel
+sweep_dir = runs_dir() / sel
 VALUE_LABEL = {"val_token_auroc": "head token AUROC (val)", "gen_factuality": "generation factuality",
                "train_s": "training time (s)"}
 
@@ -153,7 +154,7 @@ def panel() -> None:
     st.dataframe(df[cols], hide_index=True, key=K + "table",
                  column_config={c: st.column_config.NumberColumn(format="%.3f")
                                 for c in ("val_token_auroc", "loss", "train_s", "gen_factuality")})
-    csv_download(df, f"{sel}.csv", key=K + "csv")
+    csv_download(df, f"{Path(sel).name}.csv", key=K + "csv")
 
 
 job = jobs.read_job(sweep_dir)

@@ -2,20 +2,21 @@
 (Debian's package, through Playwright with its executable path; no Playwright browser download).
 
 - every page renders with the sidebar model picker and no exception box; a screenshot of each lands in
-  screenshots/ (git-ignored) — the main ones are copied to docs/screenshots/ for the README when
-  TOPL_DOC_SCREENSHOTS=1;
+  screenshots/ (git-ignored);
 - dragging the λ slider changes the steered summary;
 - two browser sessions at once do not interfere: steering in one never changes what the other generates;
 - a training job launched from the Train page keeps running and shows its progress after a page reload, and the
   finished run appears after the app restarts.
 
 Tiny random model (tiny-llama) and tiny adapters in temp TOPL_RUNS_DIR / TOPL_CACHE_DIR. Skipped, with the reason,
-when /usr/bin/chromium or the playwright package is missing (scripts/setup.sh installs both)."""
+when /usr/bin/chromium or the playwright package is missing (scripts/setup.sh installs both).
+
+TOPL_DOC_SCREENSHOTS=1 also runs test_doc_screenshots: the app on the project's own runs/ and cache/ with the
+embedded SmolLM2 (its TOPL and SFT runs must exist), each main page shot into docs/screenshots/ for the README."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -41,7 +42,6 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 PAGES = {"home": "TOPL Workbench", "data": "Data", "train": "Train", "runs": "Runs", "lora_a": "LoRA-A separability",
          "steering": "Steering", "token_overlay": "Token overlay", "layer_sweep": "Layer sweep",
          "evaluation": "Evaluation"}
-MAIN_PAGES = ("home", "data", "train", "lora_a", "steering", "token_overlay", "layer_sweep", "evaluation", "runs")
 
 
 def free_port() -> int:
@@ -146,13 +146,10 @@ def assert_clean(page, where: str) -> None:
         raise AssertionError(f"{where}: no sidebar model picker (a page rendered outside app.py's frame)") from None
 
 
-def shot(page, name: str) -> Path:
-    SHOTS.mkdir(exist_ok=True)
-    path = SHOTS / f"{name}.png"
+def shot(page, name: str, folder: Path = SHOTS) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
-    if os.environ.get("TOPL_DOC_SCREENSHOTS") == "1" and name in MAIN_PAGES:
-        DOC_SHOTS.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, DOC_SHOTS / path.name)
     return path
 
 
@@ -293,3 +290,26 @@ def _step(text: str) -> int:
 
     m = re.search(r"step (\d+)/", text)
     return int(m.group(1)) if m else 0
+
+
+@pytest.mark.skipif(os.environ.get("TOPL_DOC_SCREENSHOTS") != "1",
+                    reason="writes docs/screenshots/ from the project's real runs: set TOPL_DOC_SCREENSHOTS=1")
+def test_doc_screenshots(browser, tmp_path):
+    """The README's screenshots, on the real model and the project's runs (slow: SmolLM2 on a CPU)."""
+    model = os.environ.get("TOPL_DOC_MODEL", "smollm2-135m")
+    app = App({"TOPL_DEFAULT_MODEL": model}, tmp_path / "streamlit.log")  # the project's runs/ and cache/
+    try:
+        page = new_page(browser, height=1500)
+        for name, title in PAGES.items():
+            visit(page, app, "" if name == "home" else name, title)
+            if name == "steering":
+                page.locator(".topl-box").nth(2).wait_for(timeout=600_000)
+                drag_slider(page, lambda_slider(page), 0.75)  # λ = +2
+                settle(page, timeout_s=600)
+                assert_clean(page, "steering")
+            if name == "lora_a":
+                page.locator(".js-plotly-plot").first.wait_for(timeout=900_000)
+                settle(page, timeout_s=900)
+            shot(page, name, DOC_SHOTS)
+    finally:
+        app.stop()
