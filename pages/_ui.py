@@ -318,7 +318,7 @@ def token_html(tokens, p_good=None, gold=None, threshold: float = 0.5, extra=Non
             title.extend(f"{k}={v[i]:.3f}" for k, v in extra.items())
         title.insert(0, repr(t))
         out.append(f'<span class="{" ".join(classes)}" style="{style}" title="{html.escape(" · ".join(title))}">'
-                   f"{html.escape(t)}</span>")
+                   f"{html.escape(t).replace(chr(10), '<br>')}</span>")  # no raw newline: it would end the HTML block
     return TOKEN_CSS + '<div class="topl-tokens">' + "".join(out) + "</div>"
 
 

@@ -10,6 +10,7 @@ from pages._ui import ensure_frame
 
 ensure_frame()  # first: see pages/_ui.py
 
+import html
 import io
 import tempfile
 import zipfile
@@ -133,7 +134,7 @@ cols = st.columns(3, gap="medium")
 boxes = [("Base model", t_base, t_base), ("Merged adapter (λ = 0)", t_merged, t_merged),
          (f"Steered (λ = {lam:+.2f})", t_steered, None)]
 for col, (title, text, _) in zip(cols, boxes):
-    body = diff_html(t_merged, text) if title.startswith("Steered") else text
+    body = diff_html(t_merged, text) if title.startswith("Steered") else html.escape(text).replace("\n", "<br>")
     n_sent = count_sentences(text)
     cap = f"factuality {fact(document, text):.2f} · {n_sent} sentence{'s' if n_sent != 1 else ''} · {len(text.split())} words"
     col.markdown(text_box(title, body or "<i>(empty)</i>", cap), unsafe_allow_html=True)
