@@ -54,7 +54,7 @@ with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS
         batch = c.number_input("Batch size", 1, 1024, 8, key=K + "batch")
         precision = d.selectbox("Precision", ["bf16", "fp32"], key=K + "precision")
         a, b, c, _ = st.columns(4)
-        reuse = a.toggle("Reuse frozen-prefix activations", True, key=K + "reuse",
+        reuse = a.toggle("Reuse frozen prefix", True, key=K + "reuse",
                          help="Layers below a window carry no LoRA: their activations are computed once and reused.")
         n_gen = b.number_input("Also score generations on … test docs", 0, 1000, 0, key=K + "n_gen")
         max_doc = c.number_input("Max document tokens", 16, 32_768, 320, key=K + "max_doc")

@@ -55,7 +55,7 @@ cfg_df = pd.DataFrame(configs)
 cfg_df.index.name = "field"
 differs = cfg_df.astype(str).nunique(axis=1) > 1
 
-tab_cfg, tab_curves, tab_results = st.tabs(["Config diff", "Curves", "Results"])
+tab_results, tab_curves, tab_cfg = st.tabs(["Results", "Curves", "Config diff"])
 with tab_cfg:
     only_diff = st.toggle("Only fields that differ", value=len(chosen) > 1, key="runs.only_diff")
     shown = cfg_df[differs] if only_diff else cfg_df
