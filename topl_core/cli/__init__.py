@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # Command modules, in --help order. Each defines register(subparsers) and sets a `func` default on its parsers.
-COMMAND_MODULES = ("data", "train", "generate", "score_tokens", "probe", "steer", "evaluate", "sweep", "label_sensitivity", "bench")
+COMMAND_MODULES = ("data", "train", "generate", "score_tokens", "probe", "steer", "evaluate", "sweep", "label_sensitivity", "bench", "merge_check")
 
 
 def build_parser() -> argparse.ArgumentParser:

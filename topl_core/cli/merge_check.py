@@ -1,0 +1,42 @@
+"""`merge-check`: max |merged − unmerged| logit difference of a run's adapter, in float32 and bfloat16."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("merge-check", help="compare merged and unmerged logits of an adapter (fp32 and bf16)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--run", required=True, help="run directory")
+    p.add_argument("--n", type=int, default=8, help="test-split records of the run's data to compare on")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    import torch
+
+    from ..data.encode import collate, encode_record
+    from ..data.records import read_jsonl
+    from ..data.split import split_records
+    from ..models import ModelSpec, load_model
+    from ..runs import RunDir, load_adapter
+
+    run_dir = RunDir(args.run)
+    cfg, _ = run_dir.read_config()
+    records = split_records(read_jsonl(cfg.data), seed=cfg.split_seed)["test"][: args.n]
+    for dtype in ("float32", "bfloat16"):
+        spec = ModelSpec(cfg.model, dtype=dtype, device=cfg.device)
+        unmerged = load_adapter(load_model(spec), run_dir)
+        merged_lm = load_model(spec)
+        merged = load_adapter(merged_lm, run_dir, merge=True)
+        tok = merged_lm.tokenizer
+        b = collate([encode_record(tok, r) for r in records], tok.pad_token_id).to(spec.device)
+        with torch.no_grad():
+            x = unmerged(input_ids=b.input_ids, attention_mask=b.attention_mask).logits.float()
+            y = merged(input_ids=b.input_ids, attention_mask=b.attention_mask).logits.float()
+        m = b.attention_mask.bool()
+        diff = (x - y).abs()[m]
+        agree = (x.argmax(-1) == y.argmax(-1))[m].float().mean().item()
+        print(f"{dtype:9s} max |Δlogit| {diff.max().item():.3g}  mean {diff.mean().item():.3g}  "
+              f"logit std {x[m].std().item():.3g}  argmax agreement {agree:.4f}  ({int(m.sum())} positions)")
