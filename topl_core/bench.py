@@ -66,8 +66,10 @@ def matmul_peak_tflops(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> f
 def _train_subprocess(args: list[str], env: dict) -> tuple[Path, float]:
     """Run `python -m topl_core train ...` in a child; return its run dir and the child's peak RSS (GiB)."""
     out = Path(args[args.index("--out") + 1])
-    subprocess.run([sys.executable, "-m", "topl_core", "train", *args], check=True, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.run([sys.executable, "-m", "topl_core", "train", *args], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench training run failed:\n{proc.stderr[-3000:]}")
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # max over finished children so far
     return out, peak_kib / 2**20
 
@@ -93,7 +95,7 @@ def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable
     from .analysis.capture import capture_lora
     from .analysis.separability import ProbeSettings, probe_run
     from .analysis.steering import build_steering_vectors, steer
-    from .analysis.sweeps import SweepConfig, run_sweep
+    from .analysis.sweeps import SweepConfig, plan_windows, run_sweep
     from .data.encode import build_prompt, collate, encode_record
     from .data.records import read_jsonl
     from .data.split import split_records
@@ -117,8 +119,12 @@ def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable
     res["matmul_peak_tflops_fp32"] = matmul_peak_tflops(torch.float32)
     res["matmul_peak_tflops_bf16"] = matmul_peak_tflops(torch.bfloat16)
 
+    lm = load_model(model)
+    head_layer = round(lm.num_layers * 2 / 3)  # m = 20 of SmolLM2's 30 layers
+    res["head_layer"] = head_layer
     steps = 4 if quick else 8
-    common = ["--model", model, "--data", data, "--steps", str(steps), "--batch-size", "8", "--lora-layer-end", "20",
+    common = ["--model", model, "--data", data, "--steps", str(steps), "--batch-size", "8",
+              "--lora-layer-end", str(head_layer),
               "--eval-every", "1000", "--checkpoint-every", "1000", "--precision", "bf16"]
     log(f"TOPL training ({steps} steps) …")
     topl_dir, res["peak_rss_gib"] = _train_subprocess([*common, "--method", "topl", "--out", str(work / "topl")], env)
@@ -130,10 +136,9 @@ def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable
 
     records = read_jsonl(data)
     test = [r for r in split_records(records)["test"] if r.token_labels_known][: 8 if quick else 24]
-    lm = load_model(model)
     enc = [encode_record(lm.tokenizer, r, 320, 128) for r in test[:8]]
     seq_len = sum(len(e) for e in enc) / len(enc)
-    res["train_mfu_bf16"] = (topl_flops_per_token(lm.model.config, 21, seq_len) * res["train_tokens_per_s"]
+    res["train_mfu_bf16"] = (topl_flops_per_token(lm.model.config, head_layer + 1, seq_len) * res["train_tokens_per_s"]
                              / (res["matmul_peak_tflops_bf16"] * 1e12))
 
     log("capture vs plain forward …")
@@ -184,7 +189,9 @@ def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable
     res["heatmap_reload_s"] = time.perf_counter() - t
 
     log("sweep with and without frozen-prefix reuse …")
-    windows = ((9, 3), (12, 3), (15, 3), (12, 6)) if quick else ((6, 3), (9, 3), (12, 3), (15, 3), (18, 3), (12, 6), (15, 6), (18, 6))
+    # a standard grid (sizes 3, 6, 12 sliding with a stride), thinned so both passes fit the time budget
+    sizes = [k for k in ((3, 6) if quick else (3, 6, 12)) if k <= lm.num_layers]
+    windows = tuple((w.start, w.size) for w in plan_windows(lm.num_layers, sizes, 12 if quick else 9))
     sweep_train = TrainConfig(model=model, data=data, steps=2 if quick else 3, batch_size=8, eval_every=1000,
                               checkpoint_every=1000, max_val_examples=8)
     sweep_records = records[: 160 if quick else 320]
