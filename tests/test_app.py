@@ -358,3 +358,24 @@ def test_evaluation_runs_in_the_background_and_shows_tables(workbench):
     at.multiselect(key="runs.compare").set_value(["topl-tiny"]).run()
     res = next(d.value for d in at.dataframe if "ID factuality" in d.value.columns)
     assert res.loc[0, "evaluation"] == "tiny-eval" and 0 <= res.loc[0, "ID factuality"] <= 1
+
+
+def test_a_run_started_from_the_command_line_reads_as_running(workbench, tmp_path):
+    """No job.json (a foreground `python -m topl_core train`): liveness comes from status.json's pid."""
+    import subprocess
+    import sys
+
+    from topl_core import jobs
+    from topl_core.runs import RunDir
+
+    # a live process whose command line names topl_core, standing in for a foreground training run
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "topl_core"])
+    try:
+        run = RunDir(tmp_path / "cli-run")
+        run.write_config(tiny_config(data=str(workbench["data"])), {})
+        jobs.write_json(run.status_path, {"state": "running", "step": 2, "steps": 4, "pid": proc.pid})
+        assert jobs.read_job(run.path).state in ("running", "starting")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert jobs.read_job(run.path).state == "interrupted"

@@ -183,6 +183,9 @@ def read_job(job_dir: str | Path) -> JobStatus | None:
     alive = _alive(pid) if info else False
     exit_info = _read_json(job_dir / EXIT_FILE)
     status = RunDir(job_dir).read_status() if is_run else {}
+    if info is None and status.get("state") == "running":  # a run started from the command line, not as a job
+        pid = status.get("pid")
+        alive = _alive(pid)
     metrics = RunDir(job_dir).read_metrics() if is_run else []
     last = metrics[-1] if metrics else {}
     val = next(({k: v for k, v in r.items() if k.startswith("val_")} for r in reversed(metrics)
@@ -266,7 +269,8 @@ def _read_json(path: Path) -> dict | None:
 
 
 def _alive(pid) -> bool:
-    """True while the process exists and is not a zombie (and, on Linux, is still one of our job processes)."""
+    """True while the process exists and is not a zombie (and, on Linux, is still a topl_core process: a pid
+    reused by something else after a restart does not count)."""
     if not pid:
         return False
     pid = int(pid)
@@ -284,7 +288,7 @@ def _alive(pid) -> bool:
         try:
             if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 return False
-            return b"topl_core.jobs" in (proc / "cmdline").read_bytes()  # guards against pid reuse after a restart
+            return b"topl_core" in (proc / "cmdline").read_bytes()  # guards against pid reuse after a restart
         except (OSError, IndexError):
             return False
     return True
