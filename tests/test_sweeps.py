@@ -231,3 +231,13 @@ def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path):
         run_cfg, _ = RunDir(tmp_path / "ls" / s).read_config()
         assert run_cfg.label_setting == s
     np.testing.assert_allclose(df.set_index("setting").loc[list(settings), "pct_bad"], row.loc[list(settings), "pct_bad"])
+
+
+def test_benchmark_interleaves_modes_and_agrees(tiny_records, tmp_path):
+    cfg = SweepConfig(train=tiny_config(steps=2, eval_every=2))
+    df = sweeps.benchmark_prefix_reuse(cfg, tmp_path, windows=[(0, 1), (2, 1)], records=tiny_records,
+                                       base_loader=lambda: load_model("tiny-llama"))
+    assert list(df["mode"]) == ["reuse", "plain", "plain", "reuse"]
+    piv = df.pivot(index="window", columns="mode", values="val_token_auroc")
+    np.testing.assert_allclose(piv["reuse"], piv["plain"], atol=1e-6)
+    assert (df["cpu_s"] > 0).all() and df.loc[df["mode"] == "reuse", "prefix_layer_passes"].sum() > 0

@@ -5,13 +5,15 @@ validation split (and optionally by the factuality of the merged model's generat
 Public API
     plan_windows(num_layers, sizes=(3, 6, 12), stride=3) -> list[Window]
     SweepConfig(train=TrainConfig(...), sizes, stride, windows=(), reuse_prefix=True, n_generate=0, ...)
-    run_sweep(cfg, sweep_dir, progress=None, base_loader=None) -> pandas.DataFrame     (foreground; resumable)
+    run_sweep(cfg, sweep_dir, progress=None, base_loader=None, records=None) -> DataFrame  (foreground; resumable)
     start_sweep(cfg, sweep_dir) -> Path          launch `python -m topl_core sweep --resume DIR` detached
     read_sweep(sweep_dir) -> pandas.DataFrame    results so far (one row per finished window)
     sweep_status(sweep_dir) -> dict              {state, done, total, current, ...}
     heatmap_table(df, value="val_token_auroc") -> DataFrame (rows start, columns size)
     lines_table(df, sizes=(3, 6, 12)) -> DataFrame (one line per size: x = start, y = value)
     compare_reuse(df_reuse, df_plain) -> DataFrame  per-window time with / without prefix reuse, AUROC of both
+    benchmark_prefix_reuse(cfg, work_dir, windows=None) -> DataFrame   the same windows with and without reuse,
+        interleaved window by window, wall and CPU seconds each
 
     Forward from an intermediate hidden state (Llama / Qwen3 / Gemma3 families):
     embed_inputs(model, input_ids) -> (B, T, d)                     the residual stream entering layer 0
@@ -535,6 +537,48 @@ def lines_table(df, sizes: Sequence[int] = (3, 6, 12), value: str = "val_token_a
     """Long table for the k = 3, 6, 12 lines: size, start, value (sorted)."""
     sub = df[df["size"].isin(list(sizes))][["size", "start", value]]
     return sub.sort_values(["size", "start"]).reset_index(drop=True)
+
+
+def benchmark_prefix_reuse(cfg: SweepConfig, work_dir: str | Path, windows: Sequence[tuple[int, int]] | None = None,
+                           progress: Callable[[str], None] | None = None, records=None,
+                           base_loader: Callable[[], LoadedModel] | None = None):
+    """Time the same windows trained with and without frozen-prefix reuse, interleaved window by window (the
+    order of the two alternates), so that load from other processes hits both alike. Rows: window, start, size,
+    mode ("reuse" / "plain"), wall_s, cpu_s (this process's CPU time), val_token_auroc, prefix layer passes.
+    Runs go to work_dir/{reuse,plain}/<window>; existing finished runs are retrained (the directory is cleared)."""
+    import shutil
+
+    import pandas as pd
+
+    from ..data.records import read_jsonl
+    from ..training.trainer import train
+
+    work_dir = Path(work_dir)
+    spec = ModelSpec(cfg.train.model, "float32", cfg.train.device)
+    base_loader = base_loader or (lambda: load_model(spec))
+    num_layers = base_loader().num_layers
+    ws = sorted({Window(s, k) for s, k in windows}) if windows else cfg.window_list(num_layers)
+    records = list(records) if records is not None else read_jsonl(cfg.train.data)
+    store = PrefixStore()
+    rows = []
+    for i, w in enumerate(ws):
+        for mode in (("reuse", "plain") if i % 2 == 0 else ("plain", "reuse")):
+            out = work_dir / mode / w.name
+            shutil.rmtree(out, ignore_errors=True)
+            before = replace(store.stats)
+            t0, c0 = time.perf_counter(), time.process_time()
+            lm = base_loader()
+            if mode == "reuse":
+                install_prefix_cache(lm, store, w.start)
+            run = train(cfg.window_config(w), out, records=records, base=lm)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            val = next((r for r in reversed(run.read_metrics()) if "val_token_auroc" in r), {})
+            passes = store.stats.layer_passes - before.layer_passes if mode == "reuse" else 0
+            rows.append({"window": w.name, "start": w.start, "size": w.size, "mode": mode, "wall_s": wall, "cpu_s": cpu,
+                         "val_token_auroc": val.get("val_token_auroc", float("nan")), "prefix_layer_passes": passes})
+            if progress:
+                progress(f"{w.name} {mode}: {wall:.1f} s wall, {cpu:.1f} s CPU, val AUROC {rows[-1]['val_token_auroc']:.3f}")
+    return pd.DataFrame(rows)
 
 
 def compare_reuse(with_reuse, without_reuse):
