@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -69,6 +70,12 @@ def summarize(run_dir: Path, method: str) -> dict:
     val_rows = [r for r in rows if metric in r]
     last = rows[-1] if rows else {}
     tail = [r["loss"] for r in rows[-5:]]
+    # Per-step time and tokens from the loop's cumulative clock and throughput: medians shrug off the steps that
+    # another job on the machine slowed down.
+    clock = [0.0] + [r["elapsed_s"] for r in rows]
+    tokens = [0.0] + [r["tokens_per_s"] * r["elapsed_s"] for r in rows]
+    step_s = [b - a for a, b in zip(clock, clock[1:])]
+    step_tps = [(tb - ta) / s for ta, tb, s in zip(tokens, tokens[1:], step_s) if s > 0]
     extra = {}
     if val_rows:
         v = val_rows[-1]
@@ -83,6 +90,8 @@ def summarize(run_dir: Path, method: str) -> dict:
         "train_wall_s": last.get("elapsed_s"),  # the loop's clock at the last step, before its validation
         "val_wall_s": (status["elapsed_s"] - last["elapsed_s"]) if "elapsed_s" in status and last else None,
         "s_per_step": (last.get("elapsed_s") or float("nan")) / max(1, len(rows)),
+        "median_s_per_step": statistics.median(step_s) if step_s else None,
+        "median_tokens_per_s": statistics.median(step_tps) if step_tps else None,
         "tokens_per_s": last.get("tokens_per_s"),
         "first_loss": rows[0]["loss"] if rows else None,
         "final_loss": last.get("loss"),
@@ -117,7 +126,7 @@ def write_table(path: Path, results: list[dict], command: str, per_method: dict[
         "validation on up to 64 validation records at the last step. CPU, 2 cores, shared with other jobs: "
         "timings are indicative only.",
         "",
-        "| method | steps | examples/step | LoRA layers | head layer | train wall time (s) | s/step | tokens/s | loss step 1 | final loss (mean of last 5) | validation metric | other validation | final validation (s) | peak RSS (GB) |",
+        "| method | steps | examples/step | LoRA layers | head layer | train wall time (s) | median s/step | tokens/s (overall / median step) | loss step 1 | final loss (mean of last 5) | validation metric | other validation | final validation (s) | peak RSS (GB) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -128,7 +137,7 @@ def write_table(path: Path, results: list[dict], command: str, per_method: dict[
         lines.append(
             f"| {r['method']} | {r['steps']} | {r['examples_per_step']}{' pairs' if r['method'] in PAIR_METHODS else ''} | "
             f"{r['lora_layers']} | {r['head_layer'] if r['head_layer'] is not None else '–'} | {_f(r['train_wall_s'], '.0f')} | "
-            f"{_f(r['s_per_step'], '.1f')} | {_f(r['tokens_per_s'], '.0f')} | {_f(r['first_loss'], '.4f')} | "
+            f"{_f(r.get('median_s_per_step'), '.1f')} | {_f(r['tokens_per_s'], '.0f')} / {_f(r.get('median_tokens_per_s'), '.0f')} | {_f(r['first_loss'], '.4f')} | "
             f"{_f(r['final_loss'], '.4f')} ({_f(r['final_loss_mean5'], '.4f')}) | {r['val_metric']} {_f(r['val_value'], '.3f')} | {extra} | {_f(r.get('val_wall_s'), '.0f')} | {_f(r.get('peak_rss_gb'), '.1f')} |"
         )
     lines += [
@@ -143,7 +152,7 @@ def write_table(path: Path, results: list[dict], command: str, per_method: dict[
         "- `val_loss` (sft): next-token cross-entropy on faithful validation responses (+ end-of-turn).",
         "",
         "train wall time is the training loop's clock at the last step (model loading and the final validation "
-        "excluded; both are in the logs next to the runs); s/step includes the slow first step. Peak RSS is the "
+        "excluded); median s/step and the median step's tokens/s are robust to the steps that other jobs on the machine slowed down. Peak RSS is the "
         "training process's maximum resident memory (wait4).",
         "",
         "tokens/s counts the tokens of the training batches (for DPO/TDPO both responses of each pair; the reference "
@@ -208,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     for method in args.methods:
         cmd = method_command(args, method, num_layers)
         per_method[method] = shlex.join([".venv/bin/python", *cmd[1:]])
-        if args.table_only:
-            results.append(json.loads((out / f"{method}.summary.json").read_text()))
+        if args.table_only:  # re-read the run directory; keep what only the training process could measure
+            saved = json.loads((out / f"{method}.summary.json").read_text())
+            results.append({**saved, **summarize(out / method, method)})
             continue
         print(f"[{time.strftime('%H:%M:%S')}] {method}: {per_method[method]}", flush=True)
         info = run_one(cmd, out / f"{method}.log")
