@@ -48,8 +48,17 @@ def _token_set(args: argparse.Namespace, run_cfg) -> tuple[str, list]:
 
 
 def _progress(name: str):
+    import sys
+
+    tty = sys.stdout.isatty()
+    step = {"next": 0.0}
+
     def report(done: int, total: int) -> None:
-        print(f"\r  capturing {name}: {done}/{total} records", end="\n" if done == total else "", flush=True)
+        if tty:
+            print(f"\r  capturing {name}: {done}/{total} records", end="\n" if done == total else "", flush=True)
+        elif done / total >= step["next"] or done == total:  # logs: a line per ~25%
+            print(f"  capturing {name}: {done}/{total} records", flush=True)
+            step["next"] = done / total + 0.25
 
     return report
 
