@@ -46,7 +46,7 @@ fp = run_fingerprint(run)
 top_k = top[1].slider("Sites steered (top-k by AUROC)", 1, 8, 4, key="steer.top_k")
 max_new = top[2].slider("Max new tokens", 16, 160, 64, step=8, key="steer.max_new")
 with st.expander("Token set for μ+ / μ− and the site AUROCs", expanded=False):
-    ts = token_set_picker("steer", run, default_limit=32)
+    ts = token_set_picker("steer", run, default_limit=16)
 
 
 @st.cache_resource(show_spinner="Computing steering vectors (projections cached on disk)…", max_entries=2 * MAX_MODELS)
