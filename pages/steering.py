@@ -116,11 +116,18 @@ if not document.strip():
     st.stop()
 
 # --- λ and the three texts --------------------------------------------------------------------------------
+RANGES = sorted({1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, max(abs(lo), abs(hi))})
+c_lam, c_range = st.columns([6, 1], vertical_alignment="bottom")
+bound = c_range.selectbox("λ range ±", RANGES, index=RANGES.index(max(abs(lo), abs(hi))), key="steer.range",
+                          format_func=lambda x: f"{x:g}",
+                          help="A briefly trained adapter has small steering vectors (see ‖v‖ below): widen the "
+                               "range until the text moves.")
+lo, hi = -bound, bound
 STEP = (hi - lo) / 16
 GRID = [round(lo + i * STEP, 6) for i in range(17)]  # the slider's positions: warm them all for a live demo
-lam = st.slider("λ  (← hallucinated · faithful →)", lo, hi, 0.0, step=STEP, key="steer.lambda",
-                help="0 reproduces the merged model exactly. Every position is cached once generated: press "
-                     "'Generate every λ' below before a talk and dragging is instant.")
+lam = c_lam.slider("λ  (← hallucinated · faithful →)", lo, hi, 0.0, step=STEP, key="steer.lambda",
+                   help="0 reproduces the merged model exactly. Every position is cached once generated: press "
+                        "'Generate every λ' below before a talk and dragging is instant.")
 try:
     with st.spinner("Generating…"):
         t_base = base_text(spec, document, max_new)
@@ -166,7 +173,7 @@ with left:
 
 with right:
     st.subheader("λ → factuality")
-    key = (run, fp, document[:200], top_k, max_new)
+    key = (run, fp, document[:200], top_k, max_new, bound)
     if st.button(f"Generate every λ ({len(GRID)} positions) for this document", key="steer.curve_go",
                  icon=":material/show_chart:"):
         st.session_state["steer.curve_for"] = key
