@@ -229,8 +229,12 @@ def run_picker(label: str, key: str, need_head: bool = False, default_method: st
     paths = df["path"].tolist()
     labels = {r.path: f"{r.run} · {r.method} · layers {r.layers}" for r in df.itertuples()}
     if key not in st.session_state or st.session_state[key] not in paths:
-        pref = [p for p, m in zip(paths, df["method"]) if m == default_method] if default_method else []
-        st.session_state[key] = (pref or paths)[0]
+        # default: the run of the preferred method with the best validation token AUROC (then the newest)
+        pref = df[df["method"] == default_method] if default_method else df.iloc[:0]
+        if not pref.empty:
+            pref = pref.assign(_a=pref["val_token_auroc"].astype(float).fillna(-1.0)).sort_values("_a", ascending=False,
+                                                                                                  kind="stable")
+        st.session_state[key] = (pref["path"].tolist() or paths)[0]
     return container.selectbox(label, paths, key=key, format_func=lambda p: labels.get(p, Path(p).name))
 
 
