@@ -46,7 +46,6 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from ..data.encode import build_prompt, truncate_document
 from ..generate import GenerationConfig
 from ..models import LoadedModel, ModelError
 from .capture import DEFAULT_SET, Projections
@@ -306,27 +305,7 @@ class SteeringSession:
     def generate_steered(self, document: str, lam: float, gen_cfg: GenerationConfig = GenerationConfig(),
                          task: str = "summarization") -> str:
         """One response for `document` with λ·v added at the steered sites (λ = 0: the merged model's output)."""
-        tok, model = self.lm.tokenizer, self.lm.model
-        prompt = build_prompt(tok, truncate_document(tok, document, gen_cfg.max_doc_tokens), task)
-        enc = tok(prompt, return_tensors="pt", add_special_tokens=False)
-        enc = {k: v.to(model.device) for k, v in enc.items()}
-        kwargs = dict(
-            max_new_tokens=gen_cfg.max_new_tokens,
-            do_sample=gen_cfg.mode == "sample",
-            temperature=gen_cfg.temperature if gen_cfg.mode == "sample" else None,
-            top_p=gen_cfg.top_p if gen_cfg.mode == "sample" else None,
-            top_k=None,
-            pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
-        )
-        with self._lock, steer(model, self.vectors, lam):
-            if gen_cfg.mode == "sample":
-                with _SAMPLING_LOCK:
-                    torch.manual_seed(gen_cfg.seed)
-                    out = model.generate(**enc, **kwargs)
-            else:
-                out = model.generate(**enc, **kwargs)
-        return tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
+        return self.generate_many([document], lam, gen_cfg, task)[0]
 
     def generate_many(self, documents: Sequence[str], lam: float, gen_cfg: GenerationConfig = GenerationConfig(),
                       task: str = "summarization") -> list[str]:
