@@ -96,7 +96,6 @@ def train(
     resuming = _check_resumable(run, cfg)
     if resuming and run.is_complete:
         return run
-    torch.manual_seed(cfg.seed)
 
     # The data is checked before the model loads: a method given data it cannot use fails at once.
     records = list(records) if records is not None else read_jsonl(cfg.data)
@@ -135,6 +134,7 @@ def train(
         "lora_all_layers": lora_all_layers,
     }
     fingerprint = base.fingerprint
+    torch.manual_seed(cfg.seed)  # after loading: LoRA/head init depends on cfg.seed alone, however the base was built
     model = apply_lora(base.model, cfg)
     head = None
     if objective.uses_head:
