@@ -93,6 +93,10 @@ class TrainConfig:
             _fail("beta", self.beta, "must be positive (DPO/TDPO temperature; paper-style default 0.1).")
         if not self.tdpo_alpha >= 0:
             _fail("tdpo_alpha", self.tdpo_alpha, "must be non-negative (TDPO2 default 0.5).")
+        from ..data.variants import LABEL_SETTINGS
+
+        if self.label_setting not in LABEL_SETTINGS:
+            _fail("label_setting", self.label_setting, f"choose one of {LABEL_SETTINGS}.")
         token_methods = sorted(k for k, o in OBJECTIVES.items() if "token_labels" in o.requires)
         if self.label_setting != "original" and self.method not in token_methods:
             _fail(
