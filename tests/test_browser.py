@@ -198,6 +198,7 @@ def test_dragging_lambda_changes_the_steered_summary(app, browser, workbench):
     page.locator(".topl-box").nth(2).wait_for()
     base, merged, steered = box_texts(page)
     assert steered == merged, "λ = 0 must reproduce the merged output"
+    assert "\ufffd" not in merged, "the tiny model's text must stay readable for a visible change"
     drag_slider(page, lambda_slider(page), 1.0)
     page.wait_for_function("() => [...document.querySelectorAll('.topl-box')].length === 3 && "
                            "document.querySelectorAll('.topl-box')[2].innerText.trim() !== "

@@ -334,7 +334,12 @@ def build_tiny_tokenizer(chat: bool = True):
 
 
 def build_tiny_model(family: str, seed: int = 0):
-    """A tiny randomly initialised model of the given family (4 layers, hidden 64) and its tokenizer."""
+    """A tiny randomly initialised model of the given family (4 layers, hidden 64) and its tokenizer.
+
+    The embedding rows (tied to the LM head) of the 128 lone non-ASCII byte tokens are shrunk so that their logits
+    stay near 0 and greedy text stays readable ASCII: a random model otherwise loops on such a byte and prints only
+    U+FFFD, which hides every change a test (or a steering demo on the tiny model) looks for. Inputs keep full byte
+    coverage."""
     from transformers import (
         Gemma3ForCausalLM,
         Gemma3TextConfig,
@@ -367,6 +372,9 @@ def build_tiny_model(family: str, seed: int = 0):
         model = Gemma3ForCausalLM(Gemma3TextConfig(head_dim=16, sliding_window=16, **common))
     else:
         raise ModelError(f"Unknown tiny family {family!r}; choose one of {TINY_FAMILIES}.")
+    lone_bytes = [i for i in range(len(tok)) if "\ufffd" in tok.decode([i])]
+    with torch.no_grad():
+        model.get_input_embeddings().weight[lone_bytes] *= 0.01
     return model.float().eval(), tok
 
 

@@ -231,6 +231,26 @@ def random_lora_A(sites: Sequence[Site], r_of: Mapping[Site, int] | int, d_in_of
     return out
 
 
+_LIBC = None
+
+
+def trim_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc malloc_trim; a no-op elsewhere). Batches of varying sequence
+    length fragment glibc's heap: without this, resident memory of a SmolLM2 capture grew by ~0.1 GB per batch
+    (8–12 GB for 116 records, measured)."""
+    global _LIBC
+    if _LIBC is None:
+        try:
+            import ctypes
+
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
 def _token_rows(e: Encoded, record: Record, select: Select) -> tuple[np.ndarray, np.ndarray]:
     """Sequence positions to keep for one example and their index within the response."""
     idx = np.arange(e.response_start, e.response_end)
@@ -281,6 +301,7 @@ def collect_projections(
                 tokens.extend(rec.response[a:b] for a, b in e.response_offsets[resp_idx])
             with autocast(precision, device.type):
                 cap.run(batch.input_ids.to(device), batch.attention_mask.to(device), keep)
+            trim_heap()
             if progress is not None:
                 progress(min(k + batch_size, len(order)), len(order))
         lab = np.concatenate(labels) if labels else np.zeros(0, np.int8)
