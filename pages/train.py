@@ -115,10 +115,13 @@ with st.expander("New run", expanded=not any_active, icon=":material/add:"):
             beta = b.number_input("β (DPO/TDPO)", 0.0, 10.0, 0.1, key=K + "beta")
             seed = c.number_input("Seed", 0, 1_000_000, 0, key=K + "seed")
             ckpt = d.number_input("Checkpoint every", 1, 100_000, 10, key=K + "checkpoint_every")
-            a, b, c, _ = st.columns(4)
+            a, b, c, d = st.columns(4)
             max_doc = a.number_input("Max document tokens", 16, 32_768, 320, key=K + "max_doc_tokens")
             max_resp = b.number_input("Max response tokens", 8, 8192, 128, key=K + "max_response_tokens")
             max_val = c.number_input("Validation examples", 1, 100_000, 64, key=K + "max_val_examples")
+            micro = d.number_input("Micro-batch size", 1, 1024, 2, key=K + "micro_batch_size",
+                                   help="Examples per forward/backward pass. Splitting a batch keeps its gradient "
+                                        "(micro-batches are weighted by tokens) and cuts peak memory.")
         submitted = st.form_submit_button("Start training", type="primary", icon=":material/play_arrow:")
 
 if submitted:
@@ -129,7 +132,7 @@ if submitted:
             method=st.session_state[K + "method"], model=model_name, data=str(Path(data).resolve()),
             lora=LoraSettings(r=int(r), alpha=float(alpha), dropout=float(dropout), layer_start=int(layer_start),
                               layer_end=int(layer_end), modules=tuple(modules)),
-            lr=float(lr), batch_size=int(batch), grad_accum=int(accum), steps=int(steps), seed=int(seed),
+            lr=float(lr), batch_size=int(batch), grad_accum=int(accum), micro_batch_size=int(micro), steps=int(steps), seed=int(seed),
             precision=precision, device=device, max_doc_tokens=int(max_doc), max_response_tokens=int(max_resp),
             eval_every=int(eval_every), checkpoint_every=int(ckpt), max_val_examples=int(max_val),
             label_setting=label_setting, beta=float(beta),

@@ -368,6 +368,20 @@ def test_training_changes_lora_only_and_the_adapter_round_trips(method, records,
         assert run.load_head().weight.shape == (1, 64)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_micro_batches_give_the_whole_batch_step(method, records, tmp_path):
+    """Splitting each batch of 4 into micro-batches of 1 changes memory, not the step: the same loss and gradient
+    norm at both steps (fp32, no LoRA dropout, whose masks depend on the split); step 2 starts from step 1's update.
+    Micro-batches hold different numbers of supervised tokens, so an unweighted mean of their losses fails this."""
+    end = 3 if method == "tldr" else 2
+    runs = [train(_cfg(method, steps=2, micro_batch_size=micro, lora=LoraSettings(layer_start=0, layer_end=end, dropout=0.0)),
+                  tmp_path / f"micro{micro}", records=records) for micro in (4, 1)]
+    whole, split = (r.read_metrics() for r in runs)
+    for w, s in zip(whole, split, strict=True):
+        assert s["loss"] == pytest.approx(w["loss"], rel=1e-5)
+        assert s["grad_norm"] == pytest.approx(w["grad_norm"], rel=1e-4)
+
+
 def test_tldr_head_on_last_layer_and_warns_without_all_layers(records, tmp_path):
     base = load_model("tiny-llama")
     with warnings.catch_warnings(record=True) as caught:

@@ -58,6 +58,9 @@ class TrainConfig:
     lr: float = 1e-4
     batch_size: int = 8
     grad_accum: int = 1
+    # examples per forward/backward: each batch is split into micro-batches of this size and their gradients are
+    # summed with the loss's own weights (tokens or sequences), so the step equals the whole batch's, in less memory
+    micro_batch_size: int = 2
     steps: int = 60
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -82,7 +85,7 @@ class TrainConfig:
             object.__setattr__(self, "lora", LoraSettings(**self.lora))
         if self.method not in OBJECTIVES:
             _fail("method", self.method, f"choose one of {sorted(OBJECTIVES)}.")
-        for name in ("batch_size", "grad_accum", "steps", "eval_every", "checkpoint_every"):
+        for name in ("batch_size", "grad_accum", "micro_batch_size", "steps", "eval_every", "checkpoint_every"):
             if getattr(self, name) < 1:
                 _fail(name, getattr(self, name), "must be a positive integer.")
         if not self.lr > 0:

@@ -245,10 +245,9 @@ def unlikelihood_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor
     lp = target_logprobs(ctx.model, batch, vocab=True)
     labels = _unlikelihood_labels(lp, batch)
     log1m_p = log_one_minus_p(lp.vocab_logp, lp.targets)
+    good, bad = int((labels == 1).sum()), int((labels == 0).sum())
     return unlikelihood_loss(lp.token_logp, labels, log1m_p), {
-        "good_tokens": int((labels == 1).sum()),
-        "bad_tokens": int((labels == 0).sum()),
-    }
+        "good_tokens": good, "bad_tokens": bad, "supervised_tokens": good + bad}
 
 
 def _pair_halves(batch: Batch) -> int:
@@ -261,7 +260,8 @@ def _pair_halves(batch: Batch) -> int:
 def _pair_info(ctx: StepContext, chosen_ratio: torch.Tensor, rejected_ratio: torch.Tensor) -> dict:
     """Implicit rewards r = β(log π_θ − log π_ref): accuracy = share of pairs with r_chosen > r_rejected."""
     margin = ctx.beta * (chosen_ratio - rejected_ratio).detach()
-    return {"reward_accuracy": float((margin > 0).float().mean()), "reward_margin": float(margin.mean())}
+    return {"reward_accuracy": float((margin > 0).float().mean()), "reward_margin": float(margin.mean()),
+            "pairs": int(margin.numel())}
 
 
 def dpo_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict]:
@@ -346,16 +346,20 @@ def encode_pairs(tokenizer, records: Sequence[Record], enc: EncodeSettings) -> l
     ]
 
 
+def length_buckets(items: Sequence, size: int) -> list[list]:
+    """Items sorted by length, then chunked by `size`: little padding and a few repeated shapes."""
+    order = sorted(range(len(items)), key=lambda i: len(items[i]))
+    return [[items[i] for i in order[k : k + size]] for k in range(0, len(order), size)]
+
+
 def make_batches(examples: Sequence[Encoded], batch_size: int, pad_id: int) -> list[Batch]:
-    """Length-bucketed batches (sorted by length, then chunked): little padding and a few repeated shapes."""
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i]))
-    return [collate([examples[i] for i in order[k : k + batch_size]], pad_id) for k in range(0, len(order), batch_size)]
+    """Length-bucketed batches of `batch_size` examples."""
+    return [collate(group, pad_id) for group in length_buckets(examples, batch_size)]
 
 
 def make_pair_batches(pairs: Sequence[EncodedPair], batch_size: int, pad_id: int) -> list[Batch]:
     """Length-bucketed pair batches of `batch_size` pairs (2 × batch_size rows: chosen, then rejected)."""
-    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i]))
-    return [collate_pairs([pairs[i] for i in order[k : k + batch_size]], pad_id) for k in range(0, len(order), batch_size)]
+    return [collate_pairs(group, pad_id) for group in length_buckets(pairs, batch_size)]
 
 
 # --- validation: (context, batches, precision, device) → metrics ---------------------------------------------
@@ -457,6 +461,8 @@ class Objective:
     validate: Validator | None = None
     lora_all_layers: bool = False  # the method is defined with LoRA on every layer (TLDR)
     validation_metric: str = "val_loss"  # the headline validation number (tables, progress)
+    # the info key counting what the loss averages over (tokens, sequences, pairs): micro-batches are weighted by it
+    units_key: str = "supervised_tokens"
 
     @property
     def uses_head(self) -> bool:
@@ -525,6 +531,7 @@ OBJECTIVES: dict[str, Objective] = {
         prepare=encode_all,
         validate=validate_sopl,
         validation_metric="val_seq_auroc",
+        units_key="supervised_sequences",
     ),
     "sft": Objective(
         name="sft",
@@ -556,6 +563,7 @@ OBJECTIVES: dict[str, Objective] = {
         batches=make_pair_batches,
         validate=_mean_loss_and_info(dpo_loss_step, ("reward_accuracy", "reward_margin")),
         validation_metric="val_reward_accuracy",
+        units_key="pairs",
     ),
     "tdpo": Objective(
         name="tdpo",
@@ -567,5 +575,6 @@ OBJECTIVES: dict[str, Objective] = {
         batches=make_pair_batches,
         validate=_mean_loss_and_info(tdpo_loss_step, ("reward_accuracy", "reward_margin")),
         validation_metric="val_reward_accuracy",
+        units_key="pairs",
     ),
 }

@@ -26,7 +26,7 @@ from ..io import save_tensors, write_json
 from ..models import LoadedModel, ModelSpec, check_layer_range, load_model, model_fingerprint
 from ..runs import RunDir, RunError
 from .config import TrainConfig
-from .objectives import OBJECTIVES, EncodeSettings, Objective, StepContext, autocast, validate_head  # noqa: F401 (re-exported)
+from .objectives import OBJECTIVES, EncodeSettings, Objective, StepContext, autocast, length_buckets, validate_head  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,8 @@ def train(
     if not train_ex:
         raise DataError(f"{cfg.method}: no training example could be built from {len(splits['train'])} training records.")
     pad = base.tokenizer.pad_token_id
-    train_batches = objective.batches(train_ex, cfg.batch_size, pad)
+    # one entry per batch of cfg.batch_size examples (length-bucketed), each as its micro-batches
+    train_batches = [objective.batches(group, cfg.micro_batch_size, pad) for group in length_buckets(train_ex, cfg.batch_size)]
     val_batches = objective.batches(val_ex, cfg.batch_size, pad) if val_ex else []
 
     head_layer = objective.head_layer(cfg.lora.layer_end, base.num_layers)
@@ -161,14 +162,18 @@ def train(
     try:
         for step in range(start + 1, cfg.steps + 1):
             model.train()
-            loss_sum, info = 0.0, {}
-            for micro in range(cfg.grad_accum):
-                batch = _batch_for(train_batches, (step - 1) * cfg.grad_accum + micro, cfg.seed).to(cfg.device)
-                with autocast(cfg.precision, cfg.device):
-                    loss, info = objective.loss(ctx, batch)
-                (loss / cfg.grad_accum).backward()
-                loss_sum += loss.detach().item() / cfg.grad_accum
-                tokens += int(batch.attention_mask.sum())
+            losses, infos = [], []
+            for k in range(cfg.grad_accum):
+                for batch in _batch_for(train_batches, (step - 1) * cfg.grad_accum + k, cfg.seed):
+                    batch = batch.to(cfg.device)
+                    with autocast(cfg.precision, cfg.device):
+                        loss, info = objective.loss(ctx, batch)
+                    # weight by what the loss averages over; the sum is divided by the step's total below
+                    (loss * info[objective.units_key]).backward()
+                    losses.append(loss.detach().item())
+                    infos.append(info)
+                    tokens += int(batch.attention_mask.sum())
+            loss_sum, info = _combine_micro_batches(losses, infos, objective.units_key, params)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
             optimizer.step()
             scheduler.step()
@@ -212,8 +217,26 @@ def train(
     return run
 
 
+def _combine_micro_batches(losses: list[float], infos: list[dict], units_key: str,
+                           params: list[torch.nn.Parameter]) -> tuple[float, dict]:
+    """Turn the unit-weighted gradient sum into the step's mean (the gradient of the loss over all micro-batches
+    at once) and merge the micro-batches' logs: counts add up, rates are unit-weighted means."""
+    units = [info[units_key] for info in infos]
+    total = sum(units)
+    if total:
+        for p in params:
+            if p.grad is not None:
+                p.grad.div_(total)
+    weights = [u / total if total else 1 / len(units) for u in units]
+    merged = {}
+    for key in infos[0]:
+        values = [info[key] for info in infos]
+        merged[key] = sum(values) if isinstance(values[0], int) else float(sum(w * v for w, v in zip(weights, values)))
+    return float(sum(w * x for w, x in zip(weights, losses))), merged
+
+
 def _batch_for(batches: list, index: int, seed: int):
-    """Micro-batch number `index` of an endless stream of epochs, each a seeded permutation of the batches."""
+    """Batch number `index` of an endless stream of epochs, each a seeded permutation of the batches."""
     epoch, pos = divmod(index, len(batches))
     order = np.random.default_rng([seed, epoch]).permutation(len(batches))
     return batches[order[pos]]
