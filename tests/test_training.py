@@ -16,7 +16,7 @@ from topl_core.forward import head_features
 from topl_core.models import ModelError, load_model
 from topl_core.runs import RunDir, RunError, load_adapter
 from topl_core.training.objectives import token_bce_loss
-from topl_core.training.trainer import train
+from topl_core.training.trainer import FastDropout, apply_lora, train
 
 
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-qwen3", "tiny-gemma3"])
@@ -55,6 +55,33 @@ def test_training_updates_lora_and_head_only(tmp_path, tiny_records):
         assert torch.equal(v, after[key]), f"base weight {k} changed"
     head = run.load_head()
     assert head.weight.abs().sum() > 0  # the head started at zero
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_fast_dropout_is_inverted_dropout(p):
+    torch.manual_seed(0)
+    drop = FastDropout(p).train()
+    x = torch.rand(400, 500) + 0.5
+    y = drop(x)
+    kept = y != 0
+    n = kept.numel()
+    assert abs((1 - kept.float().mean().item()) - p) < 5 * (p * (1 - p) / n) ** 0.5  # drop rate p, 5 sigma
+    assert torch.allclose(y[kept], x[kept] / (1 - p))  # kept entries scaled to keep the expectation
+    rows = kept.float().mean(1)
+    assert rows.std() > 0  # not one mask pattern repeated: entries vary
+    assert not torch.equal(drop(x) != 0, kept)  # a fresh mask per call
+    assert torch.equal(drop.eval()(x), x)
+    assert torch.equal(FastDropout(0.0).train()(x), x)
+
+
+def test_lora_dropouts_are_fast_and_parameter_free():
+    from peft import get_peft_model_state_dict
+
+    model = apply_lora(load_model("tiny-llama").model, tiny_config())
+    drops = [m for m in model.modules() if isinstance(m, FastDropout)]
+    assert len(drops) == 3 * 7 and all(d.p == tiny_config().lora.dropout for d in drops)  # layers 0–2 × 7 modules
+    assert not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+    assert all("dropout" not in k for k in get_peft_model_state_dict(model))
 
 
 def test_run_directory_layout_and_metrics(tiny_run):

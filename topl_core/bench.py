@@ -18,6 +18,9 @@ shared machines). Definitions:
 - heatmap_reload_s: seconds to reopen a cached LoRA-A separability result (probe_run on a warm cache).
 - peak_rss_gib: peak resident memory of the training subprocess (TOPL run), GiB.
 - generate_tokens_per_s, train_tokens_per_s: for the record.
+- topl_vs_sft_flops, sweep_cached_vs_naive_flops: the same two ratios in FLOPs, the floor that cutting work
+  can reach (a measured ratio below it would mean the faster side is also more efficient per FLOP).
+- phase_s: wall seconds of each phase of the benchmark.
 """
 
 from __future__ import annotations
@@ -58,6 +61,19 @@ def best_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
     return min(times)
 
 
+def interleaved_best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Best time of each function, run in turns (a, b, a, b, …) so that a burst of load elsewhere hits both."""
+    for fn in fns.values():
+        fn()  # warm-up
+    best = {k: float("inf") for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            best[k] = min(best[k], time.perf_counter() - t)
+    return best
+
+
 def matmul_peak_tflops(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     return 2 * n**3 / best_time(lambda: a @ b, repeats, warmup=2) / 1e12
@@ -83,12 +99,28 @@ def _step_seconds_per_token(run_dir: Path) -> float:
     return t / tok
 
 
-def topl_flops_per_token(config, layers_run: int, seq_len: int) -> float:
+def layer_forward_flops(config, seq_len: float) -> float:
+    """Forward FLOPs per token of one decoder layer: its matmuls plus causal attention (half of 4·T·d)."""
     d, f = config.hidden_size, config.intermediate_size
     kv = config.num_key_value_heads * getattr(config, "head_dim", d // config.num_attention_heads)
     params_per_layer = d * d * 2 + d * kv * 2 + 3 * d * f  # q, o, k, v, gate, up, down
-    forward = 2 * params_per_layer * layers_run + 2 * layers_run * seq_len * d
-    return 2 * forward  # + backward w.r.t. activations
+    return 2 * params_per_layer + 2 * seq_len * d
+
+
+def topl_flops_per_token(config, layers_run: int, seq_len: float) -> float:
+    return 2 * layers_run * layer_forward_flops(config, seq_len)  # forward + backward w.r.t. activations
+
+
+def sft_flops_per_token(config, seq_len: float, predicted_share: float) -> float:
+    """Every layer, plus the LM head at the predicted share of positions; forward + backward."""
+    head = 2 * config.hidden_size * config.vocab_size * predicted_share
+    return 2 * (config.num_hidden_layers * layer_forward_flops(config, seq_len) + head)
+
+
+def sweep_flops_ratio(windows: list[tuple[int, int]]) -> float:
+    """Training FLOPs of a sweep with frozen-prefix reuse over without, per step: a window (s, k) runs its k layers
+    forward + backward (2 units each) either way; without reuse it also runs the s frozen layers below it forward."""
+    return sum(2 * k for _, k in windows) / sum(s + 2 * k for s, k in windows)
 
 
 def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable[[str], None] = print) -> dict:
@@ -115,7 +147,19 @@ def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable
         (work / "cache" / "models").symlink_to(cache_dir() / "models")
     os.environ["TOPL_CACHE_DIR"] = env["TOPL_CACHE_DIR"]
 
-    log("matmul peaks …")
+    phases: dict[str, float] = {}
+    current = ["", time.perf_counter()]
+
+    def phase(name: str) -> None:
+        """Start timing a phase (and end the previous one); an empty name only ends it."""
+        now = time.perf_counter()
+        if current[0]:
+            phases[current[0]] = now - current[1]
+        current[:] = [name, now]
+        if name:
+            log(f"{name} …")
+
+    phase("matmul peaks")
     res["matmul_peak_tflops_fp32"] = matmul_peak_tflops(torch.float32)
     res["matmul_peak_tflops_bf16"] = matmul_peak_tflops(torch.bfloat16)
 
@@ -126,9 +170,9 @@ def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable
     common = ["--model", model, "--data", data, "--steps", str(steps), "--batch-size", "8",
               "--lora-layer-end", str(head_layer),
               "--eval-every", "1000", "--checkpoint-every", "1000", "--precision", "bf16"]
-    log(f"TOPL training ({steps} steps) …")
+    phase(f"TOPL training ({steps} steps)")
     topl_dir, res["peak_rss_gib"] = _train_subprocess([*common, "--method", "topl", "--out", str(work / "topl")], env)
-    log(f"SFT training ({steps} steps) …")
+    phase(f"SFT training ({steps} steps)")
     sft_dir, _ = _train_subprocess([*common, "--method", "sft", "--out", str(work / "sft")], env)
     topl_spt, sft_spt = _step_seconds_per_token(topl_dir), _step_seconds_per_token(sft_dir)
     res["topl_vs_sft_step"] = topl_spt / sft_spt
@@ -138,10 +182,14 @@ def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable
     test = [r for r in split_records(records)["test"] if r.token_labels_known][: 8 if quick else 24]
     enc = [encode_record(lm.tokenizer, r, 320, 128) for r in test[:8]]
     seq_len = sum(len(e) for e in enc) / len(enc)
-    res["train_mfu_bf16"] = (topl_flops_per_token(lm.model.config, head_layer + 1, seq_len) * res["train_tokens_per_s"]
+    predicted = sum(e.response_end - e.response_start + 1 for e in enc) / sum(len(e) for e in enc)  # + end of turn
+    config = lm.model.config
+    res["train_mfu_bf16"] = (topl_flops_per_token(config, head_layer + 1, seq_len) * res["train_tokens_per_s"]
                              / (res["matmul_peak_tflops_bf16"] * 1e12))
+    res["topl_vs_sft_flops"] = (topl_flops_per_token(config, head_layer + 1, seq_len)
+                                / sft_flops_per_token(config, seq_len, predicted))
 
-    log("capture vs plain forward …")
+    phase("capture vs plain forward")
     peft = apply_lora(load_model(model).model, TrainConfig(model=model, lora=LoraSettings(layer_start=0, layer_end=lm.num_layers - 1))).eval()
     b = collate(enc[:4], lm.tokenizer.pad_token_id)
     select = b.labels != -1
@@ -161,7 +209,7 @@ def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable
     res["capture_vs_plain_forward"] = best_time(captured, reps) / best_time(plain, reps)
     del peft
 
-    log("steered vs plain generation …")
+    phase("steered vs plain generation")
     vectors = build_steering_vectors(topl_dir, test, top_k=4)
     merged = load_adapter(load_model(model), topl_dir, merge=True)
     prompt = build_prompt(lm.tokenizer, test[0].document[:1500])
@@ -177,18 +225,19 @@ def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable
         with steer(merged, vectors, 2.0):
             gen()
 
-    t_plain, t_steer = best_time(gen, reps), best_time(gen_steered, reps)
-    res["steered_vs_plain_generate"] = t_steer / t_plain
+    t = interleaved_best_times({"plain": gen, "steered": gen_steered}, reps)
+    t_plain = t["plain"]
+    res["steered_vs_plain_generate"] = t["steered"] / t_plain
     res["generate_tokens_per_s"] = n_new / t_plain
 
-    log("heatmap reload …")
+    phase("heatmap (compute, then reload)")
     settings = ProbeSettings(random_control=False)
     probe_run(topl_dir, test, settings)  # compute and cache
     t = time.perf_counter()
     probe_run(topl_dir, test, settings)
     res["heatmap_reload_s"] = time.perf_counter() - t
 
-    log("sweep with and without frozen-prefix reuse …")
+    phase("sweep with and without frozen-prefix reuse")
     # a standard grid (sizes 3, 6, 12 sliding with a stride), thinned so both passes fit the time budget
     sizes = [k for k in ((3, 6) if quick else (3, 6, 12)) if k <= lm.num_layers]
     windows = tuple((w.start, w.size) for w in plan_windows(lm.num_layers, sizes, 12 if quick else 9))
@@ -202,13 +251,19 @@ def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable
                   records=sweep_records)
         timings[reuse] = time.perf_counter() - t
     res["sweep_windows"] = len(windows)
+    res["sweep_cached_vs_naive_flops"] = sweep_flops_ratio(list(windows))
     res["sweep_cached_vs_naive"] = timings[True] / timings[False]
+    phase("")
+    res["phase_s"] = phases
     return res
 
 
 def format_table(res: dict) -> str:
     lines = [f"{'metric':28s} {'value':>10s}  goal"]
     for k, v in res.items():
+        if isinstance(v, dict):
+            lines += [f"{k}:"] + [f"  {name:26s} {x:10.1f}" for name, x in v.items()]
+            continue
         goal = GOALS.get(k)
         g = f"{goal[0]} {goal[1]}" if goal else ""
         ok = "" if not goal else ("  met" if (v >= goal[1] if goal[0] == ">=" else v <= goal[1]) else "  MISSED")

@@ -182,7 +182,10 @@ def load_model(spec: ModelSpec | str = DEFAULT_MODEL) -> LoadedModel:
 def _load_pretrained_dir(path: Path, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from transformers.utils import logging as hf_logging
+
     tok = AutoTokenizer.from_pretrained(path)
+    hf_logging.disable_progress_bar()  # a local load takes a second; its per-tensor bar only floods CLI and job logs
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     return model, tok
 
