@@ -23,4 +23,6 @@ def test_layer_matmul_flops_match_torch_flop_counter(family):
 
 def test_sweep_flops_ratio_counts_the_skipped_prefix():
     assert sweep_flops_ratio([(0, 3), (0, 6)]) == 1.0  # nothing below layer 0 to skip
-    assert sweep_flops_ratio([(6, 3)]) == pytest.approx(6 / 12)  # 2·3 window units of 6 + 2·3
+    assert sweep_flops_ratio([(6, 3)]) == 1.0  # one window: its prefix is computed once either way
+    # two windows at start 6: the prefix once (6) instead of twice (12), besides 2·(3 + 6) window units
+    assert sweep_flops_ratio([(6, 3), (6, 6)]) == pytest.approx((18 + 6) / (18 + 12))

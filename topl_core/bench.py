@@ -118,9 +118,11 @@ def sft_flops_per_token(config, seq_len: float, predicted_share: float) -> float
 
 
 def sweep_flops_ratio(windows: list[tuple[int, int]]) -> float:
-    """Training FLOPs of a sweep with frozen-prefix reuse over without, per step: a window (s, k) runs its k layers
-    forward + backward (2 units each) either way; without reuse it also runs the s frozen layers below it forward."""
-    return sum(2 * k for _, k in windows) / sum(s + 2 * k for s, k in windows)
+    """Training FLOPs per batch of a sweep with frozen-prefix reuse over without. A window (s, k) runs its k layers
+    forward + backward (2 units each) either way; without reuse each window also runs the s frozen layers below it
+    forward, with reuse the stored state is advanced once through max(s) layers for the whole grid."""
+    window = sum(2 * k for _, k in windows)
+    return (window + max(s for s, _ in windows)) / (window + sum(s for s, _ in windows))
 
 
 def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable[[str], None] = print) -> dict:
