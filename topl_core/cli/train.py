@@ -65,8 +65,12 @@ def run(args: argparse.Namespace) -> None:
         cfg = config_from_args(args)
         run_dir = RunDir(args.out or f"runs/{cfg.method}-{cfg.model.replace('/', '_')}")
 
+    from ..training.objectives import OBJECTIVES
+
+    metric = OBJECTIVES[cfg.method].validation_metric  # the method's headline number (AUROC, loss, reward accuracy)
+
     def report(p: Progress) -> None:
-        val = f"  val_auroc {p.val['val_token_auroc']:.3f}" if p.val and "val_token_auroc" in p.val else ""
+        val = f"  {metric} {p.val[metric]:.3f}" if p.val and metric in p.val else ""
         print(f"step {p.step}/{p.steps}  loss {p.loss:.4f}  {p.tokens_per_s:.0f} tok/s  eta {p.eta_s:.0f}s{val}", flush=True)
 
     run = train(cfg, run_dir.path, progress=report)

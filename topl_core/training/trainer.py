@@ -57,8 +57,10 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -
 
 
 class FastDropout(torch.nn.Module):
-    """Inverted dropout, as nn.Dropout, with one random draw per three elements: torch's CPU bernoulli_ behind
-    nn.Dropout was 30% of a SmolLM2 TOPL training step (profiled; 7 LoRA inputs per layer each get a mask)."""
+    """Inverted dropout, as nn.Dropout, with one random draw per three elements. Every LoRA module draws a mask
+    for its input (7 per layer); on SmolLM2 (TOPL, LoRA on layers 0–20, micro-batch 2, bf16, 2 cores) a
+    forward + backward took 3.35 s without dropout, 4.89 s with nn.Dropout and 4.33 s with this (best of 4,
+    interleaved)."""
 
     def __init__(self, p: float):
         super().__init__()
@@ -88,9 +90,7 @@ def apply_lora(model: torch.nn.Module, cfg: TrainConfig) -> torch.nn.Module:
         layers_to_transform=cfg.lora.layers,
         task_type="CAUSAL_LM",
     )
-    with warnings.catch_warnings():  # PEFT calls a transformers method that transformers now calls deprecated
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        peft = get_peft_model(model, lc)
+    peft = get_peft_model(model, lc)
     for module in peft.modules():
         dropouts = getattr(module, "lora_dropout", None)
         if isinstance(dropouts, torch.nn.ModuleDict):
