@@ -196,7 +196,7 @@ def train(
     run.write_config(cfg, meta)
     run.write_status("running", start, cfg.steps)
 
-    t0, tokens = time.perf_counter(), 0
+    t0, tokens, overhead = time.perf_counter(), 0, 0.0
     last_ckpt = completed = start
     try:
         for step in range(start + 1, cfg.steps + 1):
@@ -221,11 +221,12 @@ def train(
             if not math.isfinite(loss_sum):
                 raise FloatingPointError(f"loss became {loss_sum} at step {step}; lower lr (now {cfg.lr}) or use precision=fp32.")
 
-            elapsed = time.perf_counter() - t0
+            elapsed = time.perf_counter() - t0 - overhead  # training time: validation and checkpoints excluded
             done = step - start
             row = {"step": step, "loss": loss_sum, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
                    "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed, **info}
             val = None
+            t_extra = time.perf_counter()
             if objective.validate is not None and val_batches and (step % cfg.eval_every == 0 or step == cfg.steps):
                 val = objective.validate(ctx, val_batches, cfg.precision, cfg.device)
                 row.update(val)
@@ -234,8 +235,9 @@ def train(
                 _save_checkpoint(run, model, head, optimizer, scheduler, step)
                 last_ckpt = step
             run.write_status("running", step, cfg.steps, loss=loss_sum)
+            overhead += time.perf_counter() - t_extra
             if progress is not None:
-                eta = elapsed / done * (cfg.steps - step)
+                eta = (time.perf_counter() - t0) / done * (cfg.steps - step)
                 if progress(Progress(step, cfg.steps, loss_sum, elapsed, eta, tokens / elapsed, val)) is False:
                     raise Cancelled()
     except BaseException as e:
