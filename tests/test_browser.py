@@ -202,6 +202,22 @@ def test_every_page_renders_without_exception(app, browser):
     page.context.close()
 
 
+def test_train_form_opens_filled_with_the_defaults(app, browser):
+    """Opened by URL in a new session, the Train form settles on TrainConfig's defaults (its inputs have no values
+    of their own: the page fills them through session state), not on the inputs' minimums."""
+    from topl_core.training.config import TrainConfig
+
+    page = new_page(browser, height=1400)
+    visit(page, app, "train", "Train")
+    field = lambda label: page.get_by_label(label, exact=True).first.input_value()  # noqa: E731
+    default = TrainConfig()
+    assert float(field("Learning rate")) == default.lr
+    assert int(field("Batch size")) == default.batch_size
+    assert int(field("Last layer")) == 2  # tiny-llama has 4 layers: ⌊2·4/3⌋
+    assert field("Run name").startswith("topl-")
+    page.context.close()
+
+
 def test_dragging_lambda_changes_the_steered_summary(app, browser, workbench):
     page = new_page(browser)
     visit(page, app, "steering", "Steering")
