@@ -50,21 +50,11 @@ GOALS = {
 }
 
 
-def best_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
-
-
-def interleaved_best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Best time of each function, run in turns (a, b, a, b, …) so that a burst of load elsewhere hits both."""
+def best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Best time of each function after one warm-up call, run in turns (a, b, a, b, …) so that a burst of load
+    elsewhere hits every side of a ratio alike."""
     for fn in fns.values():
-        fn()  # warm-up
+        fn()
     best = {k: float("inf") for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
@@ -76,7 +66,7 @@ def interleaved_best_times(fns: dict[str, Callable[[], object]], repeats: int) -
 
 def matmul_peak_tflops(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    return 2 * n**3 / best_time(lambda: a @ b, repeats, warmup=2) / 1e12
+    return 2 * n**3 / best_times({"matmul": lambda: a @ b}, repeats)["matmul"] / 1e12
 
 
 def _train_subprocess(args: list[str], env: dict) -> tuple[Path, float]:
@@ -208,7 +198,8 @@ def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable
     with capture_lora(peft) as cap:
         res["capture_sites"] = len(cap.sites)
     reps = 2 if quick else 4
-    res["capture_vs_plain_forward"] = best_time(captured, reps) / best_time(plain, reps)
+    t = best_times({"plain": plain, "captured": captured}, reps)
+    res["capture_vs_plain_forward"] = t["captured"] / t["plain"]
     del peft
 
     phase("steered vs plain generation")
@@ -227,7 +218,7 @@ def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable
         with steer(merged, vectors, 2.0):
             gen()
 
-    t = interleaved_best_times({"plain": gen, "steered": gen_steered}, reps)
+    t = best_times({"plain": gen, "steered": gen_steered}, reps)
     t_plain = t["plain"]
     res["steered_vs_plain_generate"] = t["steered"] / t_plain
     res["generate_tokens_per_s"] = n_new / t_plain

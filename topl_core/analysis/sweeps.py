@@ -392,6 +392,15 @@ def _generation_factuality(cfg: SweepConfig, run: RunDir, records) -> dict:
             "gen_documents": len(docs), "scorer": scorer.name}
 
 
+def _sweep_inputs(cfg: SweepConfig, base_loader: Callable[[], LoadedModel] | None, records) -> tuple[LoadedModel, list]:
+    """The base model (loaded once per sweep; default: the config's model in fp32) and the records (default: the
+    config's data file)."""
+    from ..data.records import read_jsonl
+
+    base = base_loader() if base_loader else load_model(ModelSpec(cfg.train.model, "float32", cfg.train.device))
+    return base, list(records) if records is not None else read_jsonl(cfg.train.data)
+
+
 def _fresh_copy(base: LoadedModel) -> LoadedModel:
     """A deep copy for one window (training injects LoRA into the model it gets): the base is loaded once per
     sweep; copying SmolLM2 took 0.9 s where loading it from disk took 1–3 s."""
@@ -414,17 +423,14 @@ def run_sweep(
     load_model of the config's model); it is called once and every window trains a deep copy."""
     import pandas as pd
 
-    from ..data.records import read_jsonl
     from ..training.trainer import train
 
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     _check_config(sweep_dir, cfg)
     (sweep_dir / STOP_FILE).unlink(missing_ok=True)
-    spec = ModelSpec(cfg.train.model, "float32", cfg.train.device)
-    base = (base_loader or (lambda: load_model(spec)))()
+    base, records = _sweep_inputs(cfg, base_loader, records)
     windows = cfg.window_list(base.num_layers)
-    records = list(records) if records is not None else read_jsonl(cfg.train.data)
     results = sweep_dir / RESULTS_FILE
     done = {r["window"] for r in _read_rows(results)}
     store = PrefixStore() if cfg.reuse_prefix else None
@@ -555,15 +561,11 @@ def benchmark_prefix_reuse(cfg: SweepConfig, work_dir: str | Path, windows: Sequ
 
     import pandas as pd
 
-    from ..data.records import read_jsonl
     from ..training.trainer import train
 
     work_dir = Path(work_dir)
-    spec = ModelSpec(cfg.train.model, "float32", cfg.train.device)
-    base = (base_loader or (lambda: load_model(spec)))()
-    num_layers = base.num_layers
-    ws = sorted({Window(s, k) for s, k in windows}) if windows else cfg.window_list(num_layers)
-    records = list(records) if records is not None else read_jsonl(cfg.train.data)
+    base, records = _sweep_inputs(cfg, base_loader, records)
+    ws = sorted({Window(s, k) for s, k in windows}) if windows else cfg.window_list(base.num_layers)
     store = PrefixStore()
     rows = []
     for i, w in enumerate(ws):
