@@ -122,18 +122,19 @@ def sidebar_model_picker() -> str:
         st.session_state["sidebar.model_custom"] = "" if name in choices else name
         st.session_state["sidebar.dtype"] = dtype
         st.session_state["sidebar.device"] = device
-    choice = st.sidebar.selectbox("Model", choices, key="sidebar.model_choice", format_func=model_label,
+    choice = st.sidebar.selectbox("Model", choices, key="sidebar.model_choice",
+                                  persist_state="session", format_func=model_label,
                                   help="Embedded models run offline on CPU. Paste a hub id (e.g. Qwen/Qwen3-8B) or a "
                                        "local save_pretrained directory for anything else.")
     if choice == CUSTOM:
-        custom = st.sidebar.text_input("Hub id or local path", key="sidebar.model_custom",
+        custom = st.sidebar.text_input("Hub id or local path", key="sidebar.model_custom", persist_state="session",
                                        placeholder="Qwen/Qwen3-8B or /path/to/model")
         name = custom.strip() or DEFAULT_MODEL
     else:
         name = choice
     with st.sidebar.expander("Precision & device"):
-        st.selectbox("dtype", ["float32", "bfloat16"], key="sidebar.dtype")
-        st.selectbox("device", ["cpu", "cuda"], key="sidebar.device",
+        st.selectbox("dtype", ["float32", "bfloat16"], key="sidebar.dtype", persist_state="session")
+        st.selectbox("device", ["cpu", "cuda"], key="sidebar.device", persist_state="session",
                      help="cuda needs a visible GPU (8B models: bfloat16 on cuda).")
     spec = f"{name}|{st.session_state['sidebar.dtype']}|{st.session_state['sidebar.device']}"
     st.session_state[SPEC_KEY] = spec
@@ -235,7 +236,8 @@ def run_picker(label: str, key: str, need_head: bool = False, default_method: st
             pref = pref.assign(_a=pref["val_token_auroc"].astype(float).fillna(-1.0)).sort_values("_a", ascending=False,
                                                                                                   kind="stable")
         st.session_state[key] = (pref["path"].tolist() or paths)[0]
-    return container.selectbox(label, paths, key=key, format_func=lambda p: labels.get(p, Path(p).name))
+    return container.selectbox(label, paths, key=key,
+                               persist_state="session", format_func=lambda p: labels.get(p, Path(p).name))
 
 
 def run_fingerprint(run_path: str) -> str:
@@ -270,7 +272,8 @@ def dataset_picker(key: str, container=st, help: str | None = None) -> str | Non
     if not paths:
         container.info("No data set yet: build one on the **Data** page (or run `make setup`).")
         return None
-    return container.selectbox("Data set", paths, key=key, format_func=lambda p: Path(p).name, help=help)
+    return container.selectbox("Data set", paths, key=key,
+                               persist_state="session", format_func=lambda p: Path(p).name, help=help)
 
 
 # --- rendering ---------------------------------------------------------------------------------------------
@@ -424,13 +427,15 @@ def token_set(kind: str, run_path: str, data_path: str | None, split: str, limit
 def token_set_picker(prefix: str, run_path: str, container=st, default_limit: int = 48):
     """Widgets for a token set; returns the arguments of token_set() (all hashable)."""
     c1, c2, c3 = container.columns([2, 2, 1])
-    kind = c1.selectbox("Token set", TOKEN_SETS, key=f"{prefix}.token_set",
+    kind = c1.selectbox("Token set", TOKEN_SETS, key=f"{prefix}.token_set", persist_state="session",
                         help="Labelled tokens on which LoRA-A separability (and μ+ / μ− for steering) are measured.")
     data_path, split = None, "all"
     if kind == "another data set":
         data_path = dataset_picker(f"{prefix}.token_data", container=c2)
-        split = c2.selectbox("Split", ["val", "test", "train", "all"], key=f"{prefix}.token_split")
+        split = c2.selectbox("Split", ["val", "test", "train", "all"], key=f"{prefix}.token_split",
+                             persist_state="session")
     limit = c3.number_input("Records", 4, 5000, default_limit, step=8, key=f"{prefix}.token_limit",
+                            persist_state="session",
                             help="More records → steadier AUROCs, slower capture (cached on disk afterwards).")
     return kind, run_path, data_path, split, int(limit)
 

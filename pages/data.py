@@ -64,15 +64,17 @@ with tab_browse:
 
         f1, f2, f3 = st.columns([2, 1, 1])
         sources = sorted({r.source for r in records})
-        chosen_sources = f1.multiselect("Sources", sources, default=sources, key="data.sources")
-        split = f2.selectbox("Split", ["all", "train", "val", "test"], key="data.split")
-        only_bad = f3.toggle("Only records with bad spans", value=True, key="data.only_bad")
+        chosen_sources = f1.multiselect("Sources", sources, default=sources, key="data.sources",
+                                        persist_state="session")
+        split = f2.selectbox("Split", ["all", "train", "val", "test"], key="data.split", persist_state="session")
+        only_bad = f3.toggle("Only records with bad spans", value=True, key="data.only_bad", persist_state="session")
         pool = records if split == "all" else split_records(records)[split]
         pool = [r for r in pool if r.source in chosen_sources and (r.bad_spans or not only_bad)]
         if not pool:
             st.warning("No record matches these filters.")
         else:
-            i = st.number_input(f"Record (of {len(pool)})", 0, len(pool) - 1, 0, key="data.index")
+            i = st.number_input(f"Record (of {len(pool)})", 0, len(pool) - 1, 0, key="data.index",
+                                persist_state="session")
             r = pool[int(i)]
             kinds = Counter(s.kind for s in r.bad_spans)
             st.markdown(f"**{r.id}** · source `{r.source}` · task `{r.task}` · sequence label "
@@ -108,9 +110,11 @@ with tab_labels:
     path_l = dataset_picker("data.labels_dataset")
     if path_l:
         c1, c2, c3 = st.columns(3)
-        split_l = c1.selectbox("Split", ["train", "val", "test", "all"], key="data.labels_split")
-        limit = c2.number_input("Records (at most)", 10, 100_000, 300, step=50, key="data.labels_limit")
-        seed = c3.number_input("Seed", 0, 10_000, 0, key="data.labels_seed")
+        split_l = c1.selectbox("Split", ["train", "val", "test", "all"], key="data.labels_split",
+                               persist_state="session")
+        limit = c2.number_input("Records (at most)", 10, 100_000, 300, step=50, key="data.labels_limit",
+                                persist_state="session")
+        seed = c3.number_input("Seed", 0, 10_000, 0, key="data.labels_seed", persist_state="session")
         try:
             table = label_table(path_l, Path(path_l).stat().st_mtime, current_spec(), split_l, int(limit), int(seed))
         except Exception as ex:
@@ -133,13 +137,13 @@ with tab_build:
     st.markdown("Build a records JSONL under `cache/data/` from any supported source; it then appears in every "
                 "data-set picker (Train, Token overlay, Evaluation …).")
     b1, b2 = st.columns([1, 2])
-    source = b1.selectbox("Source", SOURCES, key="data.build_source")
+    source = b1.selectbox("Source", SOURCES, key="data.build_source", persist_state="session")
     b2.info(SOURCE_HELP[source])
     input_path = None
     if not source.startswith("halueval"):
         default_in = str(shared_data_dir() / "CLIFF_error_types.csv") if source in ("cliff", "aggrefact") else ""
         input_path = st.text_input("Input path (file, or directory for MLQE-PE)", value=default_in,
-                                   key=f"data.build_input.{source}")
+                                   key=f"data.build_input.{source}", persist_state="session")
         upload = st.file_uploader("…or upload a file", type=["jsonl", "csv", "json"], key=f"data.build_upload.{source}")
         if upload is not None:
             up = cache_dir() / "uploads" / upload.name
@@ -147,11 +151,15 @@ with tab_build:
             up.write_bytes(upload.getvalue())
             input_path = str(up)
     o1, o2, o3, o4 = st.columns(4)
-    limit_b = o1.number_input("Limit (documents / rows)", 1, 100_000, 600, key="data.build_limit")
-    seed_b = o2.number_input("Seed", 0, 10_000, 0, key="data.build_seed")
-    fava_form = o3.selectbox("FAVA form", ["raw", "completion"], key="data.build_fava_form", disabled=source != "fava")
-    mlqe_split = o4.text_input("MLQE split", "train", key="data.build_mlqe_split", disabled=source != "mlqe")
-    out_name = st.text_input("Output name", value=f"{source}.jsonl", key=f"data.build_out.{source}")
+    limit_b = o1.number_input("Limit (documents / rows)", 1, 100_000, 600, key="data.build_limit",
+                              persist_state="session")
+    seed_b = o2.number_input("Seed", 0, 10_000, 0, key="data.build_seed", persist_state="session")
+    fava_form = o3.selectbox("FAVA form", ["raw", "completion"], key="data.build_fava_form",
+                             persist_state="session", disabled=source != "fava")
+    mlqe_split = o4.text_input("MLQE split", "train", key="data.build_mlqe_split",
+                               persist_state="session", disabled=source != "mlqe")
+    out_name = st.text_input("Output name", value=f"{source}.jsonl", key=f"data.build_out.{source}",
+                             persist_state="session")
     if st.button("Build data set", type="primary", key="data.build_go", icon=":material/build:"):
         out = cache_dir() / "data" / (out_name if out_name.endswith(".jsonl") else out_name + ".jsonl")
         try:

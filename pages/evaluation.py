@@ -31,29 +31,33 @@ _, _, device = split_spec(current_spec())
 
 with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(EVALS.iterdir())):
     mode = st.radio("Mode", ["Results table (base / merged / steered)", "λ sweep (one adapter)"], horizontal=True,
-                    key=K + "mode")
+                    key=K + "mode", persist_state="session")
     sweep_mode = mode.startswith("λ")
     with st.form("eval.form", border=False):
         a, b = st.columns([3, 1])
         labels = {r.path: f"{r.run} · {r.method}" for r in runs.itertuples()}
         chosen = a.multiselect("Adapters (merged)", list(labels), default=list(labels)[:2], key=K + "runs",
+                               persist_state="session",
                                format_func=lambda p: labels.get(p, Path(p).name),
                                max_selections=1 if sweep_mode else None)
-        include_base = b.toggle("Base model row", True, key=K + "base", disabled=sweep_mode)
+        include_base = b.toggle("Base model row", True, key=K + "base", persist_state="session", disabled=sweep_mode)
         a, b, c, d = st.columns(4)
         lambdas_txt = a.text_input("λ values" if sweep_mode else "Also steered with λ", 
                                    "-4 -2 -1 0 1 2 4" if sweep_mode else "", key=K + f"lambdas.{sweep_mode}",
+                                   persist_state="session",
                                    help="Space-separated. λ > 0 pushes toward faithful, λ < 0 toward hallucinated.")
-        n_id = b.number_input("ID documents", 0, 10_000, 8, key=K + "n_id")
-        n_ood = c.number_input("OOD documents (CLIFF)", 0, 10_000, 0 if sweep_mode else 8, key=K + f"n_ood.{sweep_mode}")
-        max_new = d.number_input("Max new tokens", 8, 1024, 64, key=K + "max_new")
+        n_id = b.number_input("ID documents", 0, 10_000, 8, key=K + "n_id", persist_state="session")
+        n_ood = c.number_input("OOD documents (CLIFF)", 0, 10_000, 0 if sweep_mode else 8, key=K + f"n_ood.{sweep_mode}",
+                               persist_state="session")
+        max_new = d.number_input("Max new tokens", 8, 1024, 64, key=K + "max_new", persist_state="session")
         a, b, c = st.columns([2, 2, 1])
         data_opts = dataset_paths()
-        data = a.selectbox("ID data (its test split)", data_opts, key=K + "data", format_func=lambda p: Path(p).name)
-        scorer = b.text_input("Scorer", "grounding", key=K + "scorer",
+        data = a.selectbox("ID data (its test split)", data_opts, key=K + "data",
+                           persist_state="session", format_func=lambda p: Path(p).name)
+        scorer = b.text_input("Scorer", "grounding", key=K + "scorer", persist_state="session",
                               help="'grounding' = the offline default (its measured AUROC is shown with the results); "
                                    "with a hub: hub:nli:<model id> or hub:minicheck-lm:bespokelabs/Bespoke-MiniCheck-7B")
-        name = c.text_input("Name", f"eval-{time.strftime('%m%d-%H%M%S')}", key=K + "name")
+        name = c.text_input("Name", f"eval-{time.strftime('%m%d-%H%M%S')}", key=K + "name", persist_state="session")
         go_eval = st.form_submit_button("Start evaluation", type="primary", icon=":material/play_arrow:")
     if go_eval:
         try:
@@ -91,7 +95,7 @@ if not evals:
 names = [p.name for p in evals]
 if st.session_state.get(K + "show") not in names:
     st.session_state[K + "show"] = names[0]
-sel = st.selectbox("Evaluation", names, key=K + "show")
+sel = st.selectbox("Evaluation", names, key=K + "show", persist_state="session")
 edir = EVALS / sel
 
 
@@ -138,6 +142,7 @@ def panel() -> None:
         csv_download(curve, f"{sel}-lambda-curve.csv", key=K + "lam_csv")
     else:
         protocol = st.radio("Protocol", ["sentence", "full"], horizontal=True, key=K + "protocol",
+                            persist_state="session",
                             format_func=lambda p: {"sentence": "sentence-level (score each sentence, average)",
                                                    "full": "full summary"}[p])
         table = pd.DataFrame(res[f"table_{protocol}"])

@@ -43,21 +43,26 @@ K = "sweep."
 with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS.iterdir())):
     with st.form("sweep.form", border=False):
         a, b, c, d = st.columns(4)
-        name = a.text_input("Sweep name", f"sweep-{Path(model_name).name}-{time.strftime('%m%d-%H%M')}", key=K + "name")
-        data = b.selectbox("Data set", dataset_paths(), key=K + "data", format_func=lambda p: Path(p).name)
+        name = a.text_input("Sweep name", f"sweep-{Path(model_name).name}-{time.strftime('%m%d-%H%M')}", key=K + "name",
+                            persist_state="session")
+        data = b.selectbox("Data set", dataset_paths(), key=K + "data",
+                           persist_state="session", format_func=lambda p: Path(p).name)
         default_sizes = [k for k in (3, 6, 12) if k <= n_layers] or [max(1, n_layers // 2)]
-        sizes = c.multiselect("Window sizes k", list(range(1, n_layers + 1)), default=default_sizes, key=K + "sizes")
-        stride = d.number_input("Start every … layers", 1, n_layers, min(3, n_layers), key=K + "stride")
+        sizes = c.multiselect("Window sizes k", list(range(1, n_layers + 1)), default=default_sizes, key=K + "sizes",
+                              persist_state="session")
+        stride = d.number_input("Start every … layers", 1, n_layers, min(3, n_layers), key=K + "stride",
+                                persist_state="session")
         a, b, c, d = st.columns(4)
-        steps = a.number_input("Steps per window", 1, 100_000, 20, key=K + "steps")
-        lr = b.number_input("Learning rate", 1e-7, 1.0, 1e-4, format="%.1e", key=K + "lr")
-        batch = c.number_input("Batch size", 1, 1024, 8, key=K + "batch")
-        precision = d.selectbox("Precision", ["bf16", "fp32"], key=K + "precision")
+        steps = a.number_input("Steps per window", 1, 100_000, 20, key=K + "steps", persist_state="session")
+        lr = b.number_input("Learning rate", 1e-7, 1.0, 1e-4, format="%.1e", key=K + "lr", persist_state="session")
+        batch = c.number_input("Batch size", 1, 1024, 8, key=K + "batch", persist_state="session")
+        precision = d.selectbox("Precision", ["bf16", "fp32"], key=K + "precision", persist_state="session")
         a, b, c, _ = st.columns(4)
-        reuse = a.toggle("Reuse frozen prefix", True, key=K + "reuse",
+        reuse = a.toggle("Reuse frozen prefix", True, key=K + "reuse", persist_state="session",
                          help="Layers below a window carry no LoRA: their activations are computed once and reused.")
-        n_gen = b.number_input("Also score generations on … test docs", 0, 1000, 0, key=K + "n_gen")
-        max_doc = c.number_input("Max document tokens", 16, 32_768, 320, key=K + "max_doc")
+        n_gen = b.number_input("Also score generations on … test docs", 0, 1000, 0, key=K + "n_gen",
+                               persist_state="session")
+        max_doc = c.number_input("Max document tokens", 16, 32_768, 320, key=K + "max_doc", persist_state="session")
         go_sweep = st.form_submit_button("Start sweep", type="primary", icon=":material/play_arrow:")
     try:
         n_windows = len(plan_windows(n_layers, tuple(sizes), int(stride))) if sizes else 0
@@ -90,7 +95,7 @@ if not sweeps:
 names = [str(p.relative_to(runs_dir())) for p in sweeps]
 if st.session_state.get(K + "show") not in names:
     st.session_state[K + "show"] = names[0]
-sel = st.selectbox("Sweep", names, key=K + "show")
+sel = st.selectbox("Sweep", names, key=K + "show", persist_state="session")
 sweep_dir = runs_dir() / sel
 VALUE_LABEL = {"val_token_auroc": "head token AUROC (val)", "gen_factuality": "generation factuality",
                "train_s": "training time (s)"}
@@ -130,7 +135,8 @@ def panel() -> None:
         st.info("No window has finished yet.")
         return
     values = [v for v in ("val_token_auroc", "gen_factuality", "train_s") if v in df.columns]
-    value = st.radio("Value", values, horizontal=True, key=K + "value", format_func=lambda v: VALUE_LABEL[v])
+    value = st.radio("Value", values, horizontal=True, key=K + "value",
+                     persist_state="session", format_func=lambda v: VALUE_LABEL[v])
     left, right = st.columns(2)
     hm = heatmap_table(df, value)
     z = hm.to_numpy(dtype=float)

@@ -36,7 +36,7 @@ df_runs = finished_runs().set_index("path")
 if "lora_a.run_b" not in st.session_state or st.session_state["lora_a.run_b"] not in [NONE, *others]:
     sft = [p for p in others if df_runs.loc[p, "method"] == "sft"]
     st.session_state["lora_a.run_b"] = (sft or [NONE])[0]
-run_b = top[1].selectbox("Compare with", [NONE, *others], key="lora_a.run_b",
+run_b = top[1].selectbox("Compare with", [NONE, *others], key="lora_a.run_b", persist_state="session",
                          format_func=lambda p: p if p == NONE else f"{df_runs.loc[p, 'run']} · {df_runs.loc[p, 'method']}")
 run_b = None if run_b == NONE else run_b
 
@@ -44,11 +44,12 @@ with st.form("lora_a.form", border=True):
     ts = token_set_picker("lora_a", run_a)
     c1, c2, c3 = st.columns(3)
     column = c1.radio("Score per site", ["cv_auroc", "component_auroc"], horizontal=True, key="lora_a.column",
+                      persist_state="session",
                       format_func=lambda c: {"cv_auroc": "CV logistic regression",
                                              "component_auroc": "best single component"}[c])
-    control = c2.toggle("Random-init A control", True, key="lora_a.control",
+    control = c2.toggle("Random-init A control", True, key="lora_a.control", persist_state="session",
                         help="The same r, A drawn like PEFT's init, on the same inputs: what 'chance' looks like here.")
-    folds = c3.number_input("CV folds", 2, 10, 5, key="lora_a.folds")
+    folds = c3.number_input("CV folds", 2, 10, 5, key="lora_a.folds", persist_state="session")
     st.form_submit_button("Compute", type="primary", icon=":material/calculate:")
 st.caption(f"Method: {METHOD}")
 
@@ -150,9 +151,9 @@ st.subheader("UMAP of one site's projections")
 ranked = sep_a.table().sort_values("cv_auroc", ascending=False)
 keys = ranked["key"].tolist()
 u1, u2, u3 = st.columns([2, 1, 1])
-site = u1.selectbox("Site (sorted by AUROC)", keys, key="lora_a.umap_site",
+site = u1.selectbox("Site (sorted by AUROC)", keys, key="lora_a.umap_site", persist_state="session",
                     format_func=lambda k: f"{k}  (AUROC {sep_a.by_key()[k].cv_auroc:.3f})")
-n_neighbors = u2.number_input("Neighbours", 2, 200, 15, key="lora_a.umap_nn")
+n_neighbors = u2.number_input("Neighbours", 2, 200, 15, key="lora_a.umap_nn", persist_state="session")
 go_umap = u3.button("Compute UMAP", key="lora_a.umap_go", icon=":material/scatter_plot:")
 
 

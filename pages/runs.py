@@ -31,7 +31,7 @@ st.dataframe(df.drop(columns=["path", "complete"]), hide_index=True, key="runs.t
 
 names = df["run"].tolist()
 default = df[df["complete"]]["run"].tolist()[:2] or names[:2]
-chosen = st.multiselect("Compare", names, default=default, key="runs.compare")
+chosen = st.multiselect("Compare", names, default=default, key="runs.compare", persist_state="session")
 if not chosen:
     st.stop()
 paths = {n: df.set_index("run").loc[n, "path"] for n in chosen}
@@ -57,7 +57,8 @@ differs = cfg_df.astype(str).nunique(axis=1) > 1
 
 tab_results, tab_curves, tab_cfg = st.tabs(["Results", "Curves", "Config diff"])
 with tab_cfg:
-    only_diff = st.toggle("Only fields that differ", value=len(chosen) > 1, key="runs.only_diff")
+    only_diff = st.toggle("Only fields that differ", value=len(chosen) > 1, key="runs.only_diff",
+                          persist_state="session")
     shown = cfg_df[differs] if only_diff else cfg_df
     if shown.empty:
         st.success("These runs have identical configs.")
@@ -83,7 +84,7 @@ with tab_curves:
         with c2:
             val_cols = [c for c in allm.columns if c.startswith("val_") and c not in ("val_tokens", "val_examples")]
             if val_cols:
-                metric = st.selectbox("Validation metric", val_cols, key="runs.val_metric")
+                metric = st.selectbox("Validation metric", val_cols, key="runs.val_metric", persist_state="session")
                 v = allm[["step", "run", metric]].dropna()
                 plot(px.line(v, x="step", y=metric, color="run", markers=True, title=metric), key="runs.val")
             else:

@@ -43,8 +43,8 @@ run = run_picker("Adapter", key="steer.run", default_method="topl", container=to
 if run is None:
     st.stop()
 fp = run_fingerprint(run)
-top_k = top[1].slider("Sites steered (top-k by AUROC)", 1, 8, 4, key="steer.top_k")
-max_new = top[2].slider("Max new tokens", 16, 160, 64, step=8, key="steer.max_new")
+top_k = top[1].slider("Sites steered (top-k by AUROC)", 1, 8, 4, key="steer.top_k", persist_state="session")
+max_new = top[2].slider("Max new tokens", 16, 160, 64, step=8, key="steer.max_new", persist_state="session")
 with st.expander("Token set for μ+ / μ− and the site AUROCs", expanded=False):
     ts = token_set_picker("steer", run, default_limit=16)
 
@@ -96,19 +96,20 @@ vec = session.vectors
 lo, hi = (float(x) for x in vec.lambda_range)
 
 # --- the document -----------------------------------------------------------------------------------------
-src = st.radio("Document", ["From a data set", "Paste"], horizontal=True, key="steer.source")
+src = st.radio("Document", ["From a data set", "Paste"], horizontal=True, key="steer.source", persist_state="session")
 if src == "From a data set":
     c1, c2 = st.columns([3, 1])
     path = dataset_picker("steer.dataset", container=c1)
     if not path:
         st.stop()
     docs = list(dict.fromkeys(r.document for r in records_of(path)))
-    i = c2.number_input(f"Document (of {len(docs)})", 0, len(docs) - 1, 0, key="steer.doc_index")
+    i = c2.number_input(f"Document (of {len(docs)})", 0, len(docs) - 1, 0, key="steer.doc_index",
+                        persist_state="session")
     document = docs[int(i)]
     with st.expander("Document text"):
         st.write(document)
 else:
-    document = st.text_area("Document", height=180, key="steer.document",
+    document = st.text_area("Document", height=180, key="steer.document", persist_state="session",
                             value="The council of Leeds approved the new budget on Monday after a long debate. "
                                   "Police arrested two men in London and released a third. The company said profits "
                                   "increased by 12 percent in 2023.")
@@ -119,6 +120,7 @@ if not document.strip():
 RANGES = sorted({1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, max(abs(lo), abs(hi))})
 c_lam, c_range = st.columns([6, 1], vertical_alignment="bottom")
 bound = c_range.selectbox("λ range ±", RANGES, index=RANGES.index(max(abs(lo), abs(hi))), key="steer.range",
+                          persist_state="session",
                           format_func=lambda x: f"{x:g}",
                           help="A briefly trained adapter has small steering vectors (see ‖v‖ below): widen the "
                                "range until the text moves.")
@@ -126,6 +128,7 @@ lo, hi = -bound, bound
 STEP = (hi - lo) / 16
 GRID = [round(lo + i * STEP, 6) for i in range(17)]  # the slider's positions: warm them all for a live demo
 lam = c_lam.slider("λ  (← hallucinated · faithful →)", lo, hi, 0.0, step=STEP, key="steer.lambda",
+                   persist_state="session",
                    help="0 reproduces the merged model exactly. Every position is cached once generated: press "
                         "'Generate every λ' below before a talk and dragging is instant.")
 try:

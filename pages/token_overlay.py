@@ -26,7 +26,8 @@ run = run_picker("Adapter with a head (TOPL / SOPL / TLDR)", key="overlay.run", 
 if run is None:
     st.stop()
 fp = run_fingerprint(run)
-threshold = top[1].slider("Flag tokens with p(good) below", 0.0, 1.0, 0.5, 0.01, key="overlay.threshold")
+threshold = top[1].slider("Flag tokens with p(good) below", 0.0, 1.0, 0.5, 0.01, key="overlay.threshold",
+                          persist_state="session")
 
 
 @st.cache_data(show_spinner="Scoring tokens…", max_entries=64)
@@ -46,31 +47,32 @@ def generate_summary(spec: str, run: str, fp: str, document: str, max_new_tokens
 
 
 source = st.radio("Text", ["From a data set", "Paste", "Generate with the merged model"], horizontal=True,
-                  key="overlay.source")
+                  key="overlay.source", persist_state="session")
 record = None
 if source == "From a data set":
     c1, c2, c3 = st.columns([2, 1, 1])
     path = dataset_picker("overlay.dataset", container=c1)
     if path:
-        only_bad = c3.toggle("Only records with bad spans", True, key="overlay.only_bad")
+        only_bad = c3.toggle("Only records with bad spans", True, key="overlay.only_bad", persist_state="session")
         pool = [r for r in records_of(path) if r.token_labels_known and (r.bad_spans or not only_bad)]
         if pool:
-            i = c2.number_input(f"Record (of {len(pool)})", 0, len(pool) - 1, 0, key="overlay.index")
+            i = c2.number_input(f"Record (of {len(pool)})", 0, len(pool) - 1, 0, key="overlay.index",
+                                persist_state="session")
             record = pool[int(i)]
             with st.expander("Document"):
                 st.write(record.document)
         else:
             st.warning("No token-labelled record here.")
 else:
-    doc = st.text_area("Document", height=160, key="overlay.document",
+    doc = st.text_area("Document", height=160, key="overlay.document", persist_state="session",
                        value="The council of Leeds approved the new budget on Monday after a long debate. Police "
                              "arrested two men in London and released a third. The company said profits increased "
                              "by 12 percent in 2023.")
     if source == "Paste":
-        resp = st.text_area("Summary / response", height=80, key="overlay.response",
+        resp = st.text_area("Summary / response", height=80, key="overlay.response", persist_state="session",
                             value="The Leeds council rejected the budget on Friday. Profits increased by 40 percent.")
     else:
-        n_new = st.slider("Max new tokens", 16, 256, 64, key="overlay.max_new")
+        n_new = st.slider("Max new tokens", 16, 256, 64, key="overlay.max_new", persist_state="session")
         try:
             resp = generate_summary(spec, run, fp, doc, n_new)
         except Exception as e:

@@ -79,47 +79,55 @@ any_active = any(j.active for j in jobs.list_jobs() if j.kind == "train")
 with st.expander("New run", expanded=not any_active, icon=":material/add:"):
     c1, c2, c3 = st.columns([1, 1, 2])
     methods = list(OBJECTIVES)
-    c1.selectbox("Method", methods, key=K + "method", on_change=apply_defaults,
+    c1.selectbox("Method", methods, key=K + "method", persist_state="session", on_change=apply_defaults,
                  format_func=lambda m: m.upper() if m in ("topl", "sft", "dpo", "sopl", "tldr", "tdpo") else m)
-    c2.selectbox("Preset", [NO_PRESET, *PRESETS], key=K + "preset", on_change=apply_defaults,
+    c2.selectbox("Preset", [NO_PRESET, *PRESETS], key=K + "preset", persist_state="session", on_change=apply_defaults,
                  help="The paper's learning rate, batch and LoRA layers for that model family (8B/4B, GPU).")
     c3.info(OBJECTIVES[st.session_state[K + "method"]].description)
 
     with st.form("train.form", border=False):
         a, b, c, d = st.columns(4)
-        run_name = a.text_input("Run name", key=K + "run_name")
+        run_name = a.text_input("Run name", key=K + "run_name", persist_state="session")
         data_paths = dataset_paths()
-        data = b.selectbox("Data set", data_paths, key=K + "data", format_func=lambda p: Path(p).name)
-        steps = c.number_input("Steps", 1, 1_000_000, 60, key=K + "steps")
-        lr = d.number_input("Learning rate", 1e-7, 1.0, key=K + "lr", format="%.1e", step=1e-5)
+        data = b.selectbox("Data set", data_paths, key=K + "data",
+                           persist_state="session", format_func=lambda p: Path(p).name)
+        steps = c.number_input("Steps", 1, 1_000_000, 60, key=K + "steps", persist_state="session")
+        lr = d.number_input("Learning rate", 1e-7, 1.0, key=K + "lr", persist_state="session", format="%.1e", step=1e-5)
         a, b, c, d = st.columns(4)
-        batch = a.number_input("Batch size", 1, 1024, key=K + "batch_size")
-        accum = b.number_input("Gradient accumulation", 1, 1024, key=K + "grad_accum")
-        precision = c.selectbox("Precision", ["bf16", "fp32"], key=K + "precision",
+        batch = a.number_input("Batch size", 1, 1024, key=K + "batch_size", persist_state="session")
+        accum = b.number_input("Gradient accumulation", 1, 1024, key=K + "grad_accum", persist_state="session")
+        precision = c.selectbox("Precision", ["bf16", "fp32"], key=K + "precision", persist_state="session",
                                 help="bf16 autocast is ~30% faster on CPU for TOPL (DESIGN.md §3).")
-        eval_every = d.number_input("Validate every (steps)", 1, 100_000, 20, key=K + "eval_every")
+        eval_every = d.number_input("Validate every (steps)", 1, 100_000, 20, key=K + "eval_every",
+                                    persist_state="session")
         st.markdown(f"**LoRA** — the model has {n_layers} layers (0–{n_layers - 1}); "
                     "the TOPL head sits after the last LoRA layer.")
         a, b, c, d, e = st.columns(5)
-        layer_start = a.number_input("First layer", 0, n_layers - 1, key=K + "layer_start")
-        layer_end = b.number_input("Last layer", 0, n_layers - 1, key=K + "layer_end")
-        r = c.number_input("Rank r", 1, 256, 4, key=K + "r")
-        alpha = d.number_input("α", 0.1, 1024.0, 8.0, key=K + "alpha")
-        dropout = e.number_input("Dropout", 0.0, 0.9, 0.1, key=K + "dropout")
-        modules = st.multiselect("Modules", ALL_MODULES, default=list(ALL_MODULES), key=K + "modules")
+        layer_start = a.number_input("First layer", 0, n_layers - 1, key=K + "layer_start", persist_state="session")
+        layer_end = b.number_input("Last layer", 0, n_layers - 1, key=K + "layer_end", persist_state="session")
+        r = c.number_input("Rank r", 1, 256, 4, key=K + "r", persist_state="session")
+        alpha = d.number_input("α", 0.1, 1024.0, 8.0, key=K + "alpha", persist_state="session")
+        dropout = e.number_input("Dropout", 0.0, 0.9, 0.1, key=K + "dropout", persist_state="session")
+        modules = st.multiselect("Modules", ALL_MODULES, default=list(ALL_MODULES), key=K + "modules",
+                                 persist_state="session")
         with st.expander("More settings"):
             a, b, c, d = st.columns(4)
             from topl_core.data.variants import LABEL_SETTINGS
 
-            label_setting = a.selectbox("Label setting", LABEL_SETTINGS, key=K + "label_setting")
-            beta = b.number_input("β (DPO/TDPO)", 0.0, 10.0, 0.1, key=K + "beta")
-            seed = c.number_input("Seed", 0, 1_000_000, 0, key=K + "seed")
-            ckpt = d.number_input("Checkpoint every", 1, 100_000, 10, key=K + "checkpoint_every")
+            label_setting = a.selectbox("Label setting", LABEL_SETTINGS, key=K + "label_setting",
+                                        persist_state="session")
+            beta = b.number_input("β (DPO/TDPO)", 0.0, 10.0, 0.1, key=K + "beta", persist_state="session")
+            seed = c.number_input("Seed", 0, 1_000_000, 0, key=K + "seed", persist_state="session")
+            ckpt = d.number_input("Checkpoint every", 1, 100_000, 10, key=K + "checkpoint_every",
+                                  persist_state="session")
             a, b, c, d = st.columns(4)
-            max_doc = a.number_input("Max document tokens", 16, 32_768, 320, key=K + "max_doc_tokens")
-            max_resp = b.number_input("Max response tokens", 8, 8192, 128, key=K + "max_response_tokens")
-            max_val = c.number_input("Validation examples", 1, 100_000, 64, key=K + "max_val_examples")
-            micro = d.number_input("Micro-batch size", 1, 1024, 2, key=K + "micro_batch_size",
+            max_doc = a.number_input("Max document tokens", 16, 32_768, 320, key=K + "max_doc_tokens",
+                                     persist_state="session")
+            max_resp = b.number_input("Max response tokens", 8, 8192, 128, key=K + "max_response_tokens",
+                                      persist_state="session")
+            max_val = c.number_input("Validation examples", 1, 100_000, 64, key=K + "max_val_examples",
+                                     persist_state="session")
+            micro = d.number_input("Micro-batch size", 1, 1024, 2, key=K + "micro_batch_size", persist_state="session",
                                    help="Examples per forward/backward pass. Splitting a batch keeps its gradient "
                                         "(micro-batches are weighted by tokens) and cuts peak memory.")
         submitted = st.form_submit_button("Start training", type="primary", icon=":material/play_arrow:")
@@ -225,7 +233,7 @@ def jobs_panel() -> None:
     default = watch if watch in names else (active[0].name if active else names[0])
     if st.session_state.get(K + "detail") not in names:
         st.session_state[K + "detail"] = default
-    sel = st.selectbox("Curves of", names, key=K + "detail")
+    sel = st.selectbox("Curves of", names, key=K + "detail", persist_state="session")
     curves(runs_dir() / sel)
     with st.expander("Log"):
         st.code(jobs.log_tail(runs_dir() / sel, 30) or "(empty)", language=None)

@@ -172,6 +172,26 @@ def test_data_browse_labels_and_build(workbench):
     assert (workbench["root"] / "cache" / "data" / "copy.jsonl").exists()
 
 
+def test_train_form_keeps_its_values_across_a_page_switch(workbench):
+    """Streamlit drops the state of widgets that are not rendered: without persist_state the Train form came back
+    from another page on its inputs' minimums (lr 1e-7, batch 1, layers 0–0) — the page only fills its defaults once
+    per model. Both the defaults and the user's choices must survive a visit to another page. (Edits inside the form
+    that were never submitted are not sent to the app: Streamlit forms hold them in the browser.)"""
+    from topl_core.training.config import TrainConfig
+
+    at = open_page("train")
+    assert at.number_input(key="train.lr").value == TrainConfig().lr
+    at.selectbox(key="train.method").set_value("tldr").run()  # fills the form with TLDR's defaults: all layers
+    at.switch_page("pages/data.py").run()
+    at.switch_page("pages/train.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.selectbox(key="train.method").value == "tldr"
+    assert at.number_input(key="train.lr").value == TrainConfig(method="tldr").lr
+    assert at.number_input(key="train.batch_size").value == TrainConfig(method="tldr").batch_size
+    assert (at.number_input(key="train.layer_start").value, at.number_input(key="train.layer_end").value) == (0, 3)
+    assert at.text_input(key="train.run_name").value.startswith("tldr-")
+
+
 def test_train_page_launches_a_background_run(workbench):
     from topl_core import jobs
 
@@ -316,6 +336,26 @@ def test_job_state_survives_a_restart_and_detects_dead_processes(workbench, tmp_
     grouped = RunDir(tmp_path / "baselines" / "sft")
     grouped.write_config(tiny_config(data=str(workbench["data"]), method="sft"), {})
     assert sorted(j.name for j in jobs.list_jobs(tmp_path)) == ["baselines/sft", "ghost"]
+
+
+def test_a_killed_job_says_how_it_died(workbench, tmp_path):
+    """A job killed outright (SIGKILL: out of memory, `kill -9`) cannot write its own exit file; the app process that
+    launched it reaps it, names the signal, and records it in job_exit.json so other sessions read the same."""
+    import os
+    import signal
+
+    from topl_core import jobs
+
+    cfg = tiny_config(data=str(workbench["data"]), steps=400, max_doc_tokens=64)
+    run_dir = tmp_path / "killed"
+    jobs.launch_train(cfg, run_dir)
+    pid = jobs.read_job(run_dir).pid
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGKILL)
+    st = jobs.wait(run_dir, timeout_s=30)
+    assert st.state == "interrupted" and "killed by SIGKILL" in st.error, st
+    assert json.loads((run_dir / jobs.EXIT_FILE).read_text())["returncode"] == -signal.SIGKILL
+    assert jobs.read_job(run_dir).error == st.error  # read back from the file now, the child being reaped
 
 
 def test_layer_sweep_runs_in_the_background_and_fills_the_heatmap(workbench):

@@ -21,6 +21,7 @@ config from the run directory, starts from step 0 when there is no checkpoint, a
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -46,6 +47,8 @@ ACTIVE_STATES = ("starting", "running")
 # Popen objects of the jobs this process started: polled so that finished children are reaped (a zombie still
 # answers kill(pid, 0)). Jobs started by an earlier app process are not our children: init reaps them.
 _CHILDREN: dict[int, subprocess.Popen] = {}
+# Exit codes of reaped children (negative: killed by that signal), to say how a job died that could not say it.
+_EXIT_CODES: dict[int, int] = {}
 
 
 class JobError(RuntimeError):
@@ -146,7 +149,7 @@ def cancel(job_dir: str | Path) -> bool:
     """SIGTERM the job's process group (the trainer checkpoints and writes status 'cancelled'). False if not running."""
     job_dir = Path(job_dir)
     info = _read_json(job_dir / JOB_FILE)
-    if not info or not _alive(info.get("pid")):
+    if not info or not process_alive(info.get("pid")):
         return False
     if info.get("cancel_requested"):
         return True  # already asked; the job is saving its checkpoint
@@ -180,12 +183,12 @@ def read_job(job_dir: str | Path) -> JobStatus | None:
         return None
     kind = (info or {}).get("kind", "train")
     pid = (info or {}).get("pid")
-    alive = _alive(pid) if info else False
+    alive = process_alive(pid) if info else False
     exit_info = _read_json(job_dir / EXIT_FILE)
     status = RunDir(job_dir).read_status() if is_run else {}
     if info is None and status.get("state") == "running":  # a run started from the command line, not as a job
         pid = status.get("pid")
-        alive = _alive(pid)
+        alive = process_alive(pid)
     metrics = RunDir(job_dir).read_metrics() if is_run else []
     last = metrics[-1] if metrics else {}
     val = next(({k: v for k, v in r.items() if k.startswith("val_")} for r in reversed(metrics)
@@ -209,7 +212,7 @@ def read_job(job_dir: str | Path) -> JobStatus | None:
         state = "cancelled"
     elif run_state == "running" or info:
         state = "interrupted"  # the process is gone without a word (killed, machine restarted): resumable
-        error = error or "the job process ended without reporting (killed?); resume continues from the last checkpoint"
+        error = error or _silent_death(job_dir, pid)
     else:
         state = "unknown"
 
@@ -252,6 +255,23 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
+def _silent_death(job_dir: Path, pid) -> str:
+    """Why a job that wrote no job_exit.json is gone, as far as this process can tell. When the job was our child
+    its exit code is known: that is written to job_exit.json, so every app session sees the same cause."""
+    resume = "resume continues from the last checkpoint"
+    rc = _EXIT_CODES.get(int(pid)) if pid else None
+    if rc is None:
+        return f"the job process ended without reporting (killed, or the machine restarted?); {resume}"
+    if rc < 0:
+        name = signal.Signals(-rc).name
+        hint = " — out of memory?" if name == "SIGKILL" else ""
+        error = f"the job process was killed by {name}{hint} (see {LOG_FILE}); {resume}"
+    else:
+        error = f"the job process exited with code {rc} without reporting (see {LOG_FILE}); {resume}"
+    write_json(job_dir / EXIT_FILE, {"state": "interrupted", "returncode": rc, "ended": time.time(), "error": error})
+    return error
+
+
 def log_tail(job_dir: str | Path, lines: int = 20) -> str:
     path = Path(job_dir) / LOG_FILE
     if not path.exists():
@@ -268,13 +288,16 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def _alive(pid) -> bool:
+def process_alive(pid) -> bool:
     """True while the process exists and is not a zombie (and, on Linux, is still a topl_core process: a pid
     reused by something else after a restart does not count)."""
     if not pid:
         return False
     pid = int(pid)
-    if pid in _CHILDREN and _CHILDREN[pid].poll() is not None:
+    if pid in _CHILDREN:  # our own child: its exit status is the truth
+        if (rc := _CHILDREN[pid].poll()) is None:
+            return True
+        _EXIT_CODES[pid] = rc
         del _CHILDREN[pid]
         return False
     try:
@@ -288,9 +311,12 @@ def _alive(pid) -> bool:
         try:
             if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 return False
-            return b"topl_core" in (proc / "cmdline").read_bytes()  # guards against pid reuse after a restart
+            cmdline = (proc / "cmdline").read_bytes()
         except (OSError, IndexError):
             return False
+        # Guards against pid reuse after a restart. Empty while the kernel is still setting up a fresh exec (seen in
+        # about 1 of 4 reads right after Popen returns): that process is alive and not yet identifiable.
+        return not cmdline or b"topl_core" in cmdline
     return True
 
 
@@ -311,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     cli_args = args.cli_args[1:] if args.cli_args[:1] == ["--"] else args.cli_args
     job_dir = Path(args.job_dir)
     signal.signal(signal.SIGTERM, _sigterm)
+    faulthandler.enable()  # a crash in native code (SIGSEGV, SIGABRT) leaves its Python traceback in job.log
     from .cli import main as cli_main
 
     state, rc, error = "failed", 1, None

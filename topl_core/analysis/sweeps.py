@@ -527,14 +527,14 @@ def read_sweep(sweep_dir: str | Path):
 
 def sweep_status(sweep_dir: str | Path) -> dict:
     """status.json plus liveness: a 'running' sweep whose process is gone reads as 'interrupted' (resumable)."""
-    from ..jobs import _alive
+    from ..jobs import process_alive
 
     path = Path(sweep_dir) / STATUS_FILE
     try:
         st = json.loads(path.read_text()) if path.exists() else {"state": "unknown"}
     except json.JSONDecodeError:
         st = {"state": "unknown"}
-    if st.get("state") == "running" and not _alive(st.get("pid")):
+    if st.get("state") == "running" and not process_alive(st.get("pid")):
         st["state"] = "interrupted"
     return st
 
