@@ -67,6 +67,8 @@ def ensure_frame() -> None:
         return
     run_frame()
     st.stop()
+
+
 CUSTOM = "Hugging Face id or local path…"
 
 

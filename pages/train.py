@@ -42,8 +42,9 @@ def default_layer_end(n: int) -> int:
     return max(0, min(n - 1, (2 * n) // 3))  # SmolLM2 (30 layers) → 20, as measured in DESIGN.md §3
 
 
-def apply_defaults() -> None:
-    """Fill the form from the method + preset (the paper's hyperparameters, layer range clamped to this model)."""
+def form_defaults() -> dict:
+    """The form's values for the chosen method + preset (the paper's hyperparameters, layer range clamped to this
+    model) and a fresh run name."""
     method, preset = st.session_state[K + "method"], st.session_state[K + "preset"]
     base = TrainConfig(method=method)
     values = {"lr": base.lr, "batch_size": base.batch_size, "grad_accum": base.grad_accum, "layer_start": 0,
@@ -56,16 +57,26 @@ def apply_defaults() -> None:
         values.update(layer_start=min(p.layer_start, n_layers - 1), layer_end=min(p.layer_end, n_layers - 1))
     if method == "tldr":  # TLDR: LoRA on all layers, head on the last layer
         values.update(layer_start=0, layer_end=n_layers - 1)
-    for k, v in values.items():
+    values["run_name"] = jobs.default_run_name(TrainConfig(method=method, model=model_name))
+    return values
+
+
+def apply_defaults() -> None:
+    """Another method or preset picked: the whole form follows it."""
+    for k, v in form_defaults().items():
         st.session_state[K + k] = v
-    st.session_state[K + "run_name"] = jobs.default_run_name(TrainConfig(method=method, model=model_name))
 
 
+st.session_state.setdefault(K + "method", "topl")
+st.session_state.setdefault(K + "preset", NO_PRESET)
 if st.session_state.get(K + "for_model") != spec:  # first visit, or another model picked: reset the form
     st.session_state[K + "for_model"] = spec
-    st.session_state.setdefault(K + "method", "topl")
-    st.session_state.setdefault(K + "preset", NO_PRESET)
     apply_defaults()
+else:
+    # Streamlit drops the state of a widget that a completed script run did not render, and the form's inputs have
+    # no value of their own: refill what is gone, keep what the user typed
+    for k, v in form_defaults().items():
+        st.session_state.setdefault(K + k, v)
 
 if st.session_state.pop(K + "new_name", False):
     st.session_state[K + "run_name"] = jobs.default_run_name(TrainConfig(method=st.session_state[K + "method"],

@@ -174,9 +174,9 @@ def test_data_browse_labels_and_build(workbench):
 
 def test_train_form_keeps_its_values_across_a_page_switch(workbench):
     """Streamlit drops the state of widgets that are not rendered: without persist_state the Train form came back
-    from another page on its inputs' minimums (lr 1e-7, batch 1, layers 0–0) — the page only fills its defaults once
-    per model. Both the defaults and the user's choices must survive a visit to another page. (Edits inside the form
-    that were never submitted are not sent to the app: Streamlit forms hold them in the browser.)"""
+    from another page on its inputs' minimums (lr 1e-7, batch 1, layers 0–0). Both the defaults and the user's
+    choices must survive a visit to another page. (Edits inside the form that were never submitted are not sent to
+    the app: Streamlit forms hold them in the browser.)"""
     from topl_core.training.config import TrainConfig
 
     at = open_page("train")
@@ -190,6 +190,24 @@ def test_train_form_keeps_its_values_across_a_page_switch(workbench):
     assert at.number_input(key="train.batch_size").value == TrainConfig(method="tldr").batch_size
     assert (at.number_input(key="train.layer_start").value, at.number_input(key="train.layer_end").value) == (0, 3)
     assert at.text_input(key="train.run_name").value.startswith("tldr-")
+
+
+def test_train_form_refills_values_streamlit_dropped(workbench):
+    """A session where the form was already filled for this model (train.for_model set) but whose widget values
+    are gone — however Streamlit lost them — refills those from the defaults instead of showing the inputs'
+    minimums, and keeps the values still there."""
+    from topl_core.training.config import TrainConfig
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.session_state["train.for_model"] = "tiny-llama|float32|cpu"
+    at.session_state["train.batch_size"] = 3
+    at.run()
+    at.switch_page("pages/train.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.number_input(key="train.lr").value == TrainConfig().lr
+    assert at.number_input(key="train.layer_end").value == 2  # tiny-llama has 4 layers: ⌊2·4/3⌋
+    assert at.text_input(key="train.run_name").value.startswith("topl-")
+    assert at.number_input(key="train.batch_size").value == 3
 
 
 def test_train_page_launches_a_background_run(workbench):
