@@ -41,6 +41,36 @@ def tiny_records():
     return build_perturbation_records(make_pairs(40), seed=0)
 
 
+# short news-like (doc_id, document, faithful summary) triples, one town each: the steering and probe tests
+NEWS_PAIRS = [
+    ("d0", "The council of Leeds approved the new budget on Monday after a long debate. Police arrested two men.",
+     "The Leeds council approved the budget on Monday. Police arrested two men."),
+    ("d1", "Scientists in Oxford found that the drug did not reduce the risk of heart disease in 2023.",
+     "Scientists in Oxford found the drug did not reduce heart disease risk in 2023."),
+    ("d2", "The company said profits increased by 12 percent in 2023, while sales fell in March.",
+     "Profits increased by 12 percent in 2023 and sales fell in March, the company said."),
+    ("d3", "She won the election with 54 percent of the vote, the commission said on Friday.",
+     "She won the election with 54 percent of the vote on Friday."),
+    ("d4", "The match ended 3-1 and the manager praised his team after the game in Bristol.",
+     "The manager praised his team after the match in Bristol ended 3-1."),
+    ("d5", "Police in Cardiff released a third man without charge on Sunday, officials said.",
+     "Officials said police in Cardiff released a third man without charge on Sunday."),
+]
+
+
+@pytest.fixture(scope="session")
+def news_records():
+    from topl_core.data.perturb import build_perturbation_records
+
+    return build_perturbation_records(NEWS_PAIRS, seed=0)
+
+
+def all_hooks(model) -> int:
+    """Forward and pre-forward hooks on every module (transformers adds its own output recorders the first time
+    output_hidden_states is asked for, so tests compare against a count taken before)."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
 def tiny_config(**kw):
     from topl_core.training.config import LoraSettings, TrainConfig
 

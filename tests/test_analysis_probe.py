@@ -10,40 +10,17 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import all_hooks
 from topl_core.analysis.capture import Projections, capture_lora, collect_projections, random_lora_A
 from topl_core.analysis.sites import MODULE_ORDER, Site, input_module, lora_sites, lora_weights, read_lora_weights
 from topl_core.data.encode import IGNORE, encode_record
-from topl_core.data.perturb import build_perturbation_records
 from topl_core.models import ModelError, build_tiny_model, decoder_layers
 from topl_core.training.config import LoraSettings, TrainConfig
 from topl_core.training.trainer import apply_lora, train
 
 FAMILIES = ("tiny-llama", "tiny-qwen3", "tiny-gemma3")
-PAIRS = [
-    ("d0", "The council of Leeds approved the new budget on Monday after a long debate. Police arrested two men.",
-     "The Leeds council approved the budget on Monday. Police arrested two men."),
-    ("d1", "Scientists in Oxford found that the drug did not reduce the risk of heart disease in 2023.",
-     "Scientists in Oxford found the drug did not reduce heart disease risk in 2023."),
-    ("d2", "The company said profits increased by 12 percent in 2023, while sales fell in March.",
-     "Profits increased by 12 percent in 2023 and sales fell in March, the company said."),
-    ("d3", "She won the election with 54 percent of the vote, the commission said on Friday.",
-     "She won the election with 54 percent of the vote on Friday."),
-    ("d4", "The match ended 3-1 and the manager praised his team after the game in Bristol.",
-     "The manager praised his team after the match in Bristol ended 3-1."),
-    ("d5", "Police in Cardiff released a third man without charge on Sunday, officials said.",
-     "Officials said police in Cardiff released a third man without charge on Sunday."),
-]
 
 
-def all_hooks(model: torch.nn.Module) -> int:
-    """Forward and pre-forward hooks on every module (transformers adds its own output recorders the first time
-    output_hidden_states is asked for, so tests compare against a count taken before)."""
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
-
-
-@pytest.fixture(scope="module")
-def records():
-    return build_perturbation_records(PAIRS, seed=0)
 
 
 def peft_model(family: str, layer_start: int = 1, layer_end: int = 2, random_b: bool = True):
@@ -60,10 +37,10 @@ def peft_model(family: str, layer_start: int = 1, layer_end: int = 2, random_b: 
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, records):
+def tiny_run(tmp_path_factory, news_records):
     cfg = TrainConfig(model="tiny-llama", lora=LoraSettings(layer_start=0, layer_end=3), steps=3, precision="fp32",
                       batch_size=4, lr=5e-3, max_val_examples=4, eval_every=3, checkpoint_every=3)
-    return train(cfg, tmp_path_factory.mktemp("runs") / "topl-probe", records=records)
+    return train(cfg, tmp_path_factory.mktemp("runs") / "topl-probe", records=news_records)
 
 
 @pytest.fixture()
@@ -118,13 +95,13 @@ def _row_index(proj: Projections) -> dict[tuple[str, int], int]:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_capture_equals_manual_projection(family, records):
+def test_capture_equals_manual_projection(family, news_records):
     """Capture (batched, early exit, base-layer pre-hooks) == A·x recomputed per record without the capture code:
     q/k/v from output_hidden_states + the layer's input norm (hook-free); o/gate/up/down from a full forward that
     records the LoRA modules' own inputs and projects them with PEFT's lora_A module."""
     peft, tok = peft_model(family)
     sites = lora_sites(peft)
-    recs = records[:6]
+    recs = news_records[:6]
     before = all_hooks(peft)
     proj = collect_projections(peft, tok, recs, batch_size=3)
     assert all_hooks(peft) == before  # (transformers itself adds output-recording hooks on output_hidden_states)
@@ -174,15 +151,15 @@ def test_capture_stops_after_last_lora_layer():
     assert ran == [0, 1]  # layers 2, 3 and the LM head never ran
 
 
-def test_capture_works_with_adapter_disabled_and_merged(records):
+def test_capture_works_with_adapter_disabled_and_merged(news_records):
     peft, tok = peft_model("tiny-llama", 0, 2)
     sites = lora_sites(peft)
     A = {s: lora_weights(peft, s).A for s in sites}
-    active = collect_projections(peft, tok, records[:4])
+    active = collect_projections(peft, tok, news_records[:4])
     with peft.disable_adapter():
-        disabled = collect_projections(peft, tok, records[:4])
+        disabled = collect_projections(peft, tok, news_records[:4])
     merged = copy.deepcopy(peft).merge_and_unload()
-    from_merged = collect_projections(merged, tok, records[:4], weights=A)
+    from_merged = collect_projections(merged, tok, news_records[:4], weights=A)
     first = Site(0, "q_proj", "model.layers.0.self_attn.q_proj")
     np.testing.assert_allclose(disabled[first], active[first], atol=1e-6)  # layer-0 input does not depend on LoRA
     assert not np.allclose(disabled["L2.down_proj"], active["L2.down_proj"], atol=1e-3)  # adapter off: x differs
@@ -190,12 +167,12 @@ def test_capture_works_with_adapter_disabled_and_merged(records):
         np.testing.assert_allclose(from_merged[s], active[s], rtol=1e-3, atol=1e-4)
 
 
-def test_capture_random_control_is_projection_of_same_inputs(records):
+def test_capture_random_control_is_projection_of_same_inputs(news_records):
     peft, tok = peft_model("tiny-qwen3")
     sites = lora_sites(peft)
     R = random_lora_A(sites, 4, {s: input_module(peft, s).in_features for s in sites}, seed=3)
     keep = [s.key for s in sites]
-    sets = collect_projections(peft, tok, records[:3], controls={"random": R}, keep_inputs=keep)
+    sets = collect_projections(peft, tok, news_records[:3], controls={"random": R}, keep_inputs=keep)
     for s in sites:
         x = torch.from_numpy(sets["lora"].inputs[s.key])
         np.testing.assert_allclose(sets["random"][s], (x @ R[s].T).numpy(), rtol=1e-5, atol=1e-5)
@@ -341,23 +318,23 @@ def test_cache_round_trips_exactly(cache_tmp):
         cached("unit", {"obj": 1}, lambda: {"o": np.asarray([{}], dtype=object)}, NPZ)
 
 
-def test_probe_is_cached_and_invalidated_by_a_changed_adapter(cache_tmp, tiny_run, records, tmp_path):
+def test_probe_is_cached_and_invalidated_by_a_changed_adapter(cache_tmp, tiny_run, news_records, tmp_path):
     import shutil
 
     from topl_core.analysis.separability import ProbeSettings, probe_run, run_projections
     from topl_core.runs import RunDir
 
     settings = ProbeSettings(n_boot=50)
-    res = probe_run(tiny_run, records, settings, token_set="tiny")
+    res = probe_run(tiny_run, news_records, settings, token_set="tiny")
     assert len(res.lora.scores) == 4 * 7 and res.control is not None and res.lora.num_layers == 4
     assert res.lora.n_bad > 0 and 0 <= res.lora.mean <= 1
     n_files = len(list(cache_tmp.rglob("*")))
-    again = probe_run(tiny_run, records, settings, token_set="tiny")
+    again = probe_run(tiny_run, news_records, settings, token_set="tiny")
     assert again == res and len(list(cache_tmp.rglob("*"))) == n_files  # exact reload, nothing recomputed
-    proj = run_projections(tiny_run, records, settings)
+    proj = run_projections(tiny_run, news_records, settings)
     assert set(proj) == {"lora", "random"} and proj["lora"].n_tokens == res.lora.n_tokens
 
-    other = probe_run(tiny_run, records, ProbeSettings(n_boot=50, seed=1))  # changed config → new entry
+    other = probe_run(tiny_run, news_records, ProbeSettings(n_boot=50, seed=1))  # changed config → new entry
     assert len(list(cache_tmp.rglob("lora_separability/*.json"))) == 4  # 2 results + 2 key files
 
     copy_dir = tmp_path / "changed"
@@ -370,17 +347,17 @@ def test_probe_is_cached_and_invalidated_by_a_changed_adapter(cache_tmp, tiny_ru
     save_file(t, copy_dir / "adapter_model.safetensors")
     changed = RunDir(copy_dir)
     assert changed.fingerprint() != tiny_run.fingerprint()
-    res2 = probe_run(changed, records, settings)
+    res2 = probe_run(changed, news_records, settings)
     assert res2.adapter_fingerprint == changed.fingerprint() != res.adapter_fingerprint
     assert len(list(cache_tmp.rglob("lora_projections/*.npz"))) == 2  # recaptured for the changed adapter
     assert other.lora.scores != () and res2.lora.scores != ()
 
 
-def test_probe_cli_writes_json_and_prints_heatmap(cache_tmp, tiny_run, records, tmp_path, capsys):
+def test_probe_cli_writes_json_and_prints_heatmap(cache_tmp, tiny_run, news_records, tmp_path, capsys):
     from topl_core.cli import main
     from topl_core.data.records import write_jsonl
 
-    data = write_jsonl(records, tmp_path / "recs.jsonl")
+    data = write_jsonl(news_records, tmp_path / "recs.jsonl")
     out = tmp_path / "probe.json"
     rc = main(["probe", "--run", str(tiny_run.path), "--data", str(data), "--split", "all", "--random-control",
                "--compare", str(tiny_run.path), "--json", str(out), "--n-boot", "50"])
@@ -393,13 +370,13 @@ def test_probe_cli_writes_json_and_prints_heatmap(cache_tmp, tiny_run, records, 
     assert len(report["comparison"]) == 3
 
 
-def test_run_umap_is_cached(cache_tmp, tiny_run, records):
+def test_run_umap_is_cached(cache_tmp, tiny_run, news_records):
     from topl_core.analysis.umap_view import run_umap
 
-    df = run_umap(tiny_run, records, "L3.down_proj", n_neighbors=5)
-    hidden = run_umap(tiny_run, records, "L1.q_proj", source="hidden", n_neighbors=5)
+    df = run_umap(tiny_run, news_records, "L3.down_proj", n_neighbors=5)
+    hidden = run_umap(tiny_run, news_records, "L1.q_proj", source="hidden", n_neighbors=5)
     assert len(df) == len(hidden) > 0 and set(df.label) == {0, 1}
-    again = run_umap(tiny_run, records, "L3.down_proj", n_neighbors=5)
+    again = run_umap(tiny_run, news_records, "L3.down_proj", n_neighbors=5)
     import pandas as pd
 
     pd.testing.assert_frame_equal(again, df)

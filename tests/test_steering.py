@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import NEWS_PAIRS, all_hooks
 from topl_core.analysis.capture import collect_projections
 from topl_core.analysis.separability import separability
 from topl_core.analysis.sites import RESIDUAL_MODULES, lora_sites
@@ -21,55 +22,33 @@ from topl_core.analysis.steering import (
     steer,
     steering_vectors_from_model,
 )
-from topl_core.data.perturb import build_perturbation_records
 from topl_core.generate import GenerationConfig, generate, load_merged
 from topl_core.models import ModelError, load_model
 from topl_core.runs import load_adapter
 from topl_core.training.config import LoraSettings, TrainConfig
 from topl_core.training.trainer import train
 
-PAIRS = [
-    ("d0", "The council of Leeds approved the new budget on Monday after a long debate. Police arrested two men.",
-     "The Leeds council approved the budget on Monday. Police arrested two men."),
-    ("d1", "Scientists in Oxford found that the drug did not reduce the risk of heart disease in 2023.",
-     "Scientists in Oxford found the drug did not reduce heart disease risk in 2023."),
-    ("d2", "The company said profits increased by 12 percent in 2023, while sales fell in March.",
-     "Profits increased by 12 percent in 2023 and sales fell in March, the company said."),
-    ("d3", "She won the election with 54 percent of the vote, the commission said on Friday.",
-     "She won the election with 54 percent of the vote on Friday."),
-    ("d4", "The match ended 3-1 and the manager praised his team after the game in Bristol.",
-     "The manager praised his team after the match in Bristol ended 3-1."),
-    ("d5", "Police in Cardiff released a third man without charge on Sunday, officials said.",
-     "Officials said police in Cardiff released a third man without charge on Sunday."),
-]
-DOC = PAIRS[0][1]
+DOC = NEWS_PAIRS[0][1]
 GEN = GenerationConfig(max_new_tokens=12)
 
 
-def all_hooks(model: torch.nn.Module) -> int:
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
 @pytest.fixture(scope="module")
-def records():
-    return build_perturbation_records(PAIRS, seed=0)
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, records):
+def run(tmp_path_factory, news_records):
     cfg = TrainConfig(model="tiny-llama", lora=LoraSettings(layer_start=0, layer_end=3), steps=3, precision="fp32",
                       batch_size=4, lr=5e-3, max_val_examples=4, eval_every=3, checkpoint_every=3)
-    return train(cfg, tmp_path_factory.mktemp("runs") / "topl-steer", records=records)
+    return train(cfg, tmp_path_factory.mktemp("runs") / "topl-steer", records=news_records)
 
 
 @pytest.fixture(scope="module")
-def vectors(run, records, tmp_path_factory):
+def vectors(run, news_records, tmp_path_factory):
     import os
 
     old = os.environ.get("TOPL_CACHE_DIR")
     os.environ["TOPL_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
     try:
-        return build_steering_vectors(run, records, top_k=3)
+        return build_steering_vectors(run, news_records, top_k=3)
     finally:
         os.environ.pop("TOPL_CACHE_DIR") if old is None else os.environ.__setitem__("TOPL_CACHE_DIR", old)
 
@@ -84,9 +63,9 @@ def big_lambda(vectors: SteeringVectors) -> float:
     return 3.0 / min(vectors.norms().values())
 
 
-def test_steering_vector_equals_manual_formula(run, records):
+def test_steering_vector_equals_manual_formula(run, news_records):
     peft = load_adapter(load_model("tiny-llama"), run)
-    proj = collect_projections(peft, load_model("tiny-llama").tokenizer, records)
+    proj = collect_projections(peft, load_model("tiny-llama").tokenizer, news_records)
     sep = separability(proj, n_boot=10)
     vec = steering_vectors_from_model(peft, proj, sep, top_k=3)
     residual = sorted((s for s in sep.scores if s.site.module in RESIDUAL_MODULES), key=lambda s: -s.cv_auroc)
@@ -103,14 +82,14 @@ def test_steering_vector_equals_manual_formula(run, records):
         np.testing.assert_allclose(vec.mu_good[site.key], mu_good, rtol=1e-5)
         assert vec.scaling[site.key] == scaling == 2.0 and np.linalg.norm(manual) > 0
     # the run-level builder (adapter files, cached projections) gives the same vectors
-    built = build_steering_vectors(run, records, top_k=3, use_cache=False)
+    built = build_steering_vectors(run, news_records, top_k=3, use_cache=False)
     assert [s.key for s in built.sites] == [s.key for s in vec.sites]
     for k in vec.vectors:
         np.testing.assert_allclose(built.vectors[k], vec.vectors[k], rtol=1e-4, atol=1e-9)
     assert built.adapter_fingerprint == run.fingerprint() and built.base_model == "tiny-llama"
 
 
-def test_only_residual_sites_are_steered(run, records, vectors):
+def test_only_residual_sites_are_steered(run, news_records, vectors):
     assert len(vectors.sites) == 3 and all(s.module in ("o_proj", "down_proj") for s in vectors.sites)
     aurocs = [vectors.auroc[s.key] for s in vectors.sites]
     assert aurocs == sorted(aurocs, reverse=True)
@@ -259,12 +238,12 @@ def test_steer_context_is_invisible_to_other_threads(merged, vectors):
     assert torch.equal(seen["other"], plain) and not torch.allclose(seen["steered"], plain, atol=1e-3)
 
 
-def test_steer_cli(run, records, tmp_path, monkeypatch, capsys):
+def test_steer_cli(run, news_records, tmp_path, monkeypatch, capsys):
     from topl_core.cli import main
     from topl_core.data.records import write_jsonl
 
     monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path / "cache"))
-    data = write_jsonl(records, tmp_path / "recs.jsonl")
+    data = write_jsonl(news_records, tmp_path / "recs.jsonl")
     out = tmp_path / "steer.json"
     rc = main(["steer", "--run", str(run.path), "--document", DOC, "--lambdas", "-4", "0", "4", "--top-k", "2",
                "--data", str(data), "--split", "all", "--max-new-tokens", "8", "--export", str(tmp_path / "v"),
@@ -284,7 +263,7 @@ def test_steer_cli(run, records, tmp_path, monkeypatch, capsys):
 def test_generate_many_matches_generate_under_steer(merged, vectors):
     session = SteeringSession(merged, vectors)
     lam = big_lambda(vectors)
-    docs = [p[1] for p in PAIRS[:3]]
+    docs = [p[1] for p in NEWS_PAIRS[:3]]
     with steer(merged.model, vectors, lam):
         expected = generate(merged, docs, GenerationConfig(max_new_tokens=8, batch_size=2))
     assert session.generate_many(docs, lam, GenerationConfig(max_new_tokens=8, batch_size=2)) == expected
