@@ -181,6 +181,15 @@ def load_error(e: Exception) -> None:
     st.info("Pick an embedded model (smollm2-135m) or a tiny test model in the sidebar.")
 
 
+def layer_count_or_stop(spec: str) -> int:
+    """The base model's number of decoder layers; if it cannot be loaded, say why and stop the page."""
+    try:
+        return base_model(spec).num_layers
+    except Exception as e:
+        load_error(e)
+        st.stop()
+
+
 # --- runs ----------------------------------------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-from pages._ui import base_model, csv_download, current_spec, dataset_paths, load_error, plot, split_spec
+from pages._ui import csv_download, current_spec, dataset_paths, layer_count_or_stop, plot, split_spec
 from topl_core import jobs
 from topl_core.paths import runs_dir
 from topl_core.training.config import ConfigError, TrainConfig
@@ -32,11 +32,7 @@ st.caption("Which layers should carry the LoRA? TOPL is trained on windows of k 
 
 spec = current_spec()
 model_name, _, device = split_spec(spec)
-try:
-    n_layers = base_model(spec).num_layers
-except Exception as e:
-    load_error(e)
-    st.stop()
+n_layers = layer_count_or_stop(spec)
 SWEEPS = runs_dir() / "sweeps"
 K = "sweep."
 

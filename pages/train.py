@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-from pages._ui import base_model, csv_download, current_spec, dataset_paths, load_error, plot, split_spec
+from pages._ui import csv_download, current_spec, dataset_paths, layer_count_or_stop, plot, split_spec
 from topl_core import jobs
 from topl_core.models import PRESETS
 from topl_core.paths import runs_dir
@@ -28,11 +28,7 @@ st.caption("TOPL and its baselines with one training loop. Runs go to a backgrou
 
 spec = current_spec()
 model_name, _dtype, device = split_spec(spec)
-try:
-    n_layers = base_model(spec).num_layers
-except Exception as e:
-    load_error(e)
-    st.stop()
+n_layers = layer_count_or_stop(spec)
 
 K = "train."
 NO_PRESET = "none (CPU defaults)"

@@ -22,12 +22,14 @@ def test_load_rows_strips_text_and_numbers_lines(tmp_path):
     assert [r["doc_id"] for r in rows] == ["halueval-0", "halueval-2", "halueval-3"]
     assert rows[0]["right_summary"] == "Summary 0 is right."
     assert [r["doc_id"] for r in halueval.load_halueval_rows(path, limit=2)] == ["halueval-0", "halueval-2"]
+    truncated = write_rows(tmp_path / "t.jsonl", [row(0), row(1), "{not json"])
+    assert len(halueval.load_halueval_rows(truncated, limit=2)) == 2  # lines after the limit are not read
 
 
 @pytest.mark.parametrize(
     "bad_line, message",
-    [("{not json", "line 2.*not valid JSON"), ("[1, 2]", "line 2.*JSON object"),
-     (json.dumps({"document": "d", "right_summary": " "}), r"line 2.*\['right_summary', 'hallucinated_summary'\]")],
+    [("{not json", "h.jsonl:2.*not valid JSON"), ("[1, 2]", "h.jsonl:2.*JSON object"),
+     (json.dumps({"document": "d", "right_summary": " "}), r"h.jsonl:2.*\['right_summary', 'hallucinated_summary'\]")],
 )
 def test_malformed_rows_name_the_line(tmp_path, bad_line, message):
     path = write_rows(tmp_path / "h.jsonl", [row(0), bad_line])

@@ -8,12 +8,11 @@ rewrites, so they give sequence-level pairs only; token labels come from perturb
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 from typing import Sequence
 
 from .perturb import build_perturbation_records
-from .records import DataError, Record
+from .records import DataError, Record, json_lines
 
 HALUEVAL_FILE = Path("benchs/halueval/dataset_halueval_summarization.jsonl")
 HALUEVAL_FIELDS = ("document", "right_summary", "hallucinated_summary")
@@ -45,23 +44,17 @@ def load_halueval_rows(path: str | Path | None = None, limit: int | None = None)
     if not path.is_file():
         raise DataError(f"{path}: HaluEval file not found. Pass the path of dataset_halueval_summarization.jsonl or run `{INSTALL_HINT}`.")
     rows: list[dict] = []
-    with path.open(encoding="utf-8") as f:
-        for line_index, line in enumerate(f):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not line.strip():
-                continue
-            where = f"{path}, line {line_index + 1}"
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno}). Fix or delete that line.") from e
-            if not isinstance(raw, dict):
-                raise DataError(f"{where}: expected a JSON object with {HALUEVAL_FIELDS}, got {type(raw).__name__}.")
-            bad = [k for k in HALUEVAL_FIELDS if not isinstance(raw.get(k), str) or not raw[k].strip()]
-            if bad:
-                raise DataError(f"{where}: field(s) {bad} missing or empty; every row needs non-empty {HALUEVAL_FIELDS}.")
-            rows.append({"doc_id": f"halueval-{line_index}", **{k: raw[k].strip() for k in HALUEVAL_FIELDS}})
+    if limit is not None and limit <= 0:
+        return rows
+    for line_index, where, raw in json_lines(path):
+        if not isinstance(raw, dict):
+            raise DataError(f"{where}: expected a JSON object with {HALUEVAL_FIELDS}, got {type(raw).__name__}.")
+        bad = [k for k in HALUEVAL_FIELDS if not isinstance(raw.get(k), str) or not raw[k].strip()]
+        if bad:
+            raise DataError(f"{where}: field(s) {bad} missing or empty; every row needs non-empty {HALUEVAL_FIELDS}.")
+        rows.append({"doc_id": f"halueval-{line_index}", **{k: raw[k].strip() for k in HALUEVAL_FIELDS}})
+        if len(rows) == limit:
+            break  # the lines after the limit are not read
     return rows
 
 

@@ -113,20 +113,26 @@ def write_jsonl(records: Iterable[Record], path: str | os.PathLike) -> Path:
     return Path(path)
 
 
+def json_lines(path: Path) -> Iterator[tuple[int, str, object]]:
+    """(0-based line index, "path:line" for messages, parsed value) for each non-blank line of a JSONL file; a line
+    that is not JSON raises DataError naming it."""
+    with path.open(encoding="utf-8") as f:
+        for line_index, line in enumerate(f):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_index + 1}"
+            try:
+                yield line_index, where, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno}). Fix or delete that line.") from e
+
+
 def iter_jsonl(path: str | os.PathLike) -> Iterator[Record]:
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: file not found. Build a data set first: python -m topl_core data build --out {path}")
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno}). Fix or delete that line.") from e
-            yield Record.from_json(row, where)
+    for _, where, row in json_lines(path):
+        yield Record.from_json(row, where)
 
 
 def read_jsonl(path: str | os.PathLike) -> list[Record]:
