@@ -70,12 +70,10 @@ def summarize(run_dir: Path, method: str) -> dict:
     val_rows = [r for r in rows if metric in r]
     last = rows[-1] if rows else {}
     tail = [r["loss"] for r in rows[-5:]]
-    # Per-step time and tokens from the loop's cumulative clock and throughput: medians shrug off the steps that
-    # another job on the machine slowed down.
-    clock = [0.0] + [r["elapsed_s"] for r in rows]
-    tokens = [0.0] + [r["tokens_per_s"] * r["elapsed_s"] for r in rows]
-    step_s = [b - a for a, b in zip(clock, clock[1:])]
-    step_tps = [(tb - ta) / s for ta, tb, s in zip(tokens, tokens[1:], step_s) if s > 0]
+    # medians shrug off the steps that another job on the machine slowed down
+    step_times = run.step_times()
+    step_s = [s for s, _ in step_times]
+    step_tps = [tok / s for s, tok in step_times if s > 0]
     extra = {}
     if val_rows:
         v = val_rows[-1]

@@ -159,6 +159,9 @@ def test_resume_after_interruption_continues_the_same_run(tmp_path, tiny_records
     train(cfg, run.path, records=tiny_records, progress=lambda p: seen.append(p.step))
     assert seen == [4, 5, 6]
     assert [r["step"] for r in run.read_metrics()] == list(range(1, 7))
+    times = run.step_times()  # per-step clocks, whole across the restart
+    assert len(times) == 6 and all(s > 0 and tok > 0 for s, tok in times)
+    assert sum(tok for _, tok in times) == sum(tok for _, tok in straight.step_times())  # same batches
     a, b = _weights(straight), _weights(run)
     assert a.keys() == b.keys()
     for k in a:

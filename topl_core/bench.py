@@ -81,12 +81,11 @@ def _train_subprocess(args: list[str], env: dict) -> tuple[Path, float]:
 
 
 def _step_seconds_per_token(run_dir: Path) -> float:
-    """Mean seconds per token over the logged steps after the first (warm-up) step."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "elapsed_s" in r]
-    t = steps[-1]["elapsed_s"] - steps[0]["elapsed_s"]
-    tok = (steps[-1]["tokens_per_s"] * steps[-1]["elapsed_s"]) - (steps[0]["tokens_per_s"] * steps[0]["elapsed_s"])
-    return t / tok
+    """Seconds per token over the logged steps after the first (warm-up) step."""
+    from .runs import RunDir
+
+    timed = RunDir(run_dir).step_times()[1:]
+    return sum(s for s, _ in timed) / sum(tok for _, tok in timed)
 
 
 def layer_forward_flops(config, seq_len: float) -> float:

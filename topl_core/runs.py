@@ -68,6 +68,10 @@ class RunDir:
         with open(self.metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
 
+    def step_times(self) -> list[tuple[float, int]]:
+        """(seconds, tokens) of each logged training step; validation and checkpoint time are not in it."""
+        return [(r["step_s"], r["step_tokens"]) for r in self.read_metrics() if "step_s" in r]
+
     def read_metrics(self) -> list[dict]:
         if not self.metrics_path.exists():
             return []

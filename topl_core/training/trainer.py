@@ -197,6 +197,7 @@ def train(
     run.write_status("running", start, cfg.steps)
 
     t0, tokens, overhead = time.perf_counter(), 0, 0.0
+    prev_elapsed, prev_tokens = 0.0, 0
     last_ckpt = completed = start
     try:
         for step in range(start + 1, cfg.steps + 1):
@@ -223,8 +224,11 @@ def train(
 
             elapsed = time.perf_counter() - t0 - overhead  # training time: validation and checkpoints excluded
             done = step - start
+            # elapsed_s and tokens_per_s count from this (re)start; step_s and step_tokens are this step's alone
             row = {"step": step, "loss": loss_sum, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
-                   "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed, **info}
+                   "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed, "step_s": elapsed - prev_elapsed,
+                   "step_tokens": tokens - prev_tokens, **info}
+            prev_elapsed, prev_tokens = elapsed, tokens
             val = None
             t_extra = time.perf_counter()
             if objective.validate is not None and val_batches and (step % cfg.eval_every == 0 or step == cfg.steps):
