@@ -174,6 +174,9 @@ def wait(job_dir: str | Path, timeout_s: float = 600, poll_s: float = 0.2) -> Jo
 # --- reading state ----------------------------------------------------------------------------------------
 
 
+ETA_WINDOW = 20  # steps whose mean duration predicts the rest
+
+
 def read_job(job_dir: str | Path) -> JobStatus | None:
     """The state of the job (or run) in job_dir, from its files; None when the directory is neither."""
     job_dir = Path(job_dir)
@@ -216,13 +219,10 @@ def read_job(job_dir: str | Path) -> JobStatus | None:
     else:
         state = "unknown"
 
-    elapsed = last.get("elapsed_s")
-    # ETA from the rows since the last (re)start: elapsed_s restarts from 0 when a run resumes.
-    first = len(metrics) - 1
-    while first > 0 and metrics[first - 1].get("elapsed_s", 0) <= metrics[first].get("elapsed_s", 0):
-        first -= 1
-    done = int(last.get("step", 0)) - int(metrics[first].get("step", 0)) + 1 if metrics else 0
-    eta = elapsed / done * (steps - step) if (elapsed and done > 0 and steps) else None
+    step_s = [r["step_s"] for r in metrics if "step_s" in r]
+    elapsed = sum(step_s) if step_s else None  # training time over every (re)start, validation excluded
+    recent = step_s[-ETA_WINDOW:]
+    eta = sum(recent) / len(recent) * (steps - step) if (recent and steps) else None
     return JobStatus(job_dir, kind, state, step, steps, last.get("loss"), elapsed, eta if state == "running" else None,
                      pid, (info or {}).get("started"), status.get("updated"), error, val)
 
