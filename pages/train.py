@@ -43,8 +43,8 @@ def form_defaults() -> dict:
     model) and a fresh run name."""
     method, preset = st.session_state[K + "method"], st.session_state[K + "preset"]
     base = TrainConfig(method=method)
-    values = {"lr": base.lr, "batch_size": base.batch_size, "grad_accum": base.grad_accum, "layer_start": 0,
-              "layer_end": default_layer_end(n_layers)}
+    values = {"lr": base.lr, "head_lr_multiplier": base.head_lr_multiplier, "batch_size": base.batch_size,
+              "grad_accum": base.grad_accum, "layer_start": 0, "layer_end": default_layer_end(n_layers)}
     if preset != NO_PRESET:
         p = PRESETS[preset]
         h = p.methods.get(method)
@@ -137,6 +137,10 @@ with st.expander("New run", expanded=not any_active, icon=":material/add:"):
             micro = d.number_input("Micro-batch size", 1, 1024, 2, key=K + "micro_batch_size", persist_state="session",
                                    help="Examples per forward/backward pass. Splitting a batch keeps its gradient "
                                         "(micro-batches are weighted by tokens) and cuts peak memory.")
+            has_head = OBJECTIVES[st.session_state[K + "method"]].uses_head
+            head_mult = st.columns(4)[0].number_input("Head lr × (of lr)", 0.01, 100_000.0, key=K + "head_lr_multiplier",
+                                       persist_state="session", disabled=not has_head,
+                                       help="The head (TOPL, SOPL, TLDR) learns at lr × this; the LoRA at lr.")
         submitted = st.form_submit_button("Start training", type="primary", icon=":material/play_arrow:")
 
 if submitted:
@@ -147,7 +151,7 @@ if submitted:
             method=st.session_state[K + "method"], model=model_name, data=str(Path(data).resolve()),
             lora=LoraSettings(r=int(r), alpha=float(alpha), dropout=float(dropout), layer_start=int(layer_start),
                               layer_end=int(layer_end), modules=tuple(modules)),
-            lr=float(lr), batch_size=int(batch), grad_accum=int(accum), micro_batch_size=int(micro), steps=int(steps), seed=int(seed),
+            lr=float(lr), head_lr_multiplier=float(head_mult), batch_size=int(batch), grad_accum=int(accum), micro_batch_size=int(micro), steps=int(steps), seed=int(seed),
             precision=precision, device=device, max_doc_tokens=int(max_doc), max_response_tokens=int(max_resp),
             eval_every=int(eval_every), checkpoint_every=int(ckpt), max_val_examples=int(max_val),
             label_setting=label_setting, beta=float(beta),

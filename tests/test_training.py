@@ -217,3 +217,13 @@ def test_corrupt_or_missing_files_give_clear_errors(tiny_run, tmp_path):
         broken.read_config()
     with pytest.raises(RunError, match="not a run directory"):
         RunDir(tmp_path / "empty").read_config()
+
+
+@pytest.mark.parametrize("multiplier", [1.0, 30.0])
+def test_the_head_learns_at_lr_times_its_multiplier(tmp_path, tiny_records, multiplier):
+    """Adam's first step moves every parameter with a clear gradient by ≈ its learning rate; the zero-initialised
+    head starts at 0, so after one step its largest weight is ≈ lr × head_lr_multiplier."""
+    lr = 1e-3
+    run = train(tiny_config(steps=1, lr=lr, head_lr_multiplier=multiplier), tmp_path / "r", records=tiny_records)
+    step = run.load_head().weight.abs().max().item()
+    assert step == pytest.approx(lr * multiplier, rel=0.05)

@@ -56,6 +56,9 @@ class TrainConfig:
     data: str = "cache/data/halueval-perturbed.jsonl"
     lora: LoraSettings = field(default_factory=LoraSettings)
     lr: float = 1e-4
+    # the head's learning rate is lr × this: the head is a fresh linear layer (zero-initialised) while the LoRA
+    # adapts pretrained weights, and at the LoRA's lr it needs far more steps than a CPU run has
+    head_lr_multiplier: float = 1.0
     batch_size: int = 8
     grad_accum: int = 1
     # examples per forward/backward: each batch is split into micro-batches of this size and their gradients are
@@ -90,6 +93,8 @@ class TrainConfig:
                 _fail(name, getattr(self, name), "must be a positive integer.")
         if not self.lr > 0:
             _fail("lr", self.lr, "must be positive (paper: 5e-5 to 1e-4 for TOPL).")
+        if not self.head_lr_multiplier > 0:
+            _fail("head_lr_multiplier", self.head_lr_multiplier, "must be positive (1 = the head learns at lr).")
         if self.precision not in ("fp32", "bf16"):
             _fail("precision", self.precision, "choose 'fp32' or 'bf16' (autocast).")
         if not self.beta > 0:

@@ -181,8 +181,13 @@ def train(
         head = torch.nn.Linear(base.model.config.hidden_size, 1).to(cfg.device)
         torch.nn.init.zeros_(head.weight)  # start at p = σ(bias): an uninformed head, loss ≈ log 2, no wild first steps
         torch.nn.init.zeros_(head.bias)
-    params = [p for p in model.parameters() if p.requires_grad] + (list(head.parameters()) if head else [])
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    lora_params = [p for p in model.parameters() if p.requires_grad]
+    head_params = list(head.parameters()) if head else []
+    params = lora_params + head_params
+    groups = [{"params": lora_params}]
+    if head_params:
+        groups.append({"params": head_params, "lr": cfg.lr * cfg.head_lr_multiplier})
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
     ctx = StepContext(model, head, head_layer, cfg.beta, cfg.tdpo_alpha)
 
