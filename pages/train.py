@@ -49,7 +49,7 @@ def form_defaults() -> dict:
         p = PRESETS[preset]
         h = p.methods.get(method)
         if h:
-            values.update(lr=h.lr, batch_size=h.batch_size, grad_accum=h.grad_accum)
+            values.update(lr=h.lr, head_lr_multiplier=h.head_lr_multiplier, batch_size=h.batch_size, grad_accum=h.grad_accum)
         values.update(layer_start=min(p.layer_start, n_layers - 1), layer_end=min(p.layer_end, n_layers - 1))
     if method == "tldr":  # TLDR: LoRA on all layers, head on the last layer
         values.update(layer_start=0, layer_end=n_layers - 1)

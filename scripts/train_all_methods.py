@@ -24,6 +24,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from topl_core.training.config import TrainConfig  # noqa: E402  (after the path insert)
+from topl_core.training.objectives import OBJECTIVES  # noqa: E402
+
 METHODS = ("topl", "sft", "dpo", "sopl", "tldr", "unlikelihood", "tdpo")
 PAIR_METHODS = {"dpo", "tdpo"}
 
@@ -40,6 +43,7 @@ def method_command(args: argparse.Namespace, method: str, num_layers: int) -> li
         "--steps", str(args.steps),
         "--batch-size", str(args.pair_batch_size if pairs else args.batch_size),
         "--lr", str(args.lr),
+        *(["--head-lr-multiplier", str(args.head_lr_multiplier)] if OBJECTIVES[method].uses_head else []),
         "--lora-layer-start", "0",
         "--lora-layer-end", str(layer_end),
         "--eval-every", str(args.steps),
@@ -60,7 +64,6 @@ def run_one(cmd: list[str], log_path: Path) -> dict:
 
 def summarize(run_dir: Path, method: str) -> dict:
     from topl_core.runs import RunDir
-    from topl_core.training.objectives import OBJECTIVES
 
     run = RunDir(run_dir)
     rows = [r for r in run.read_metrics() if "loss" in r]
@@ -120,9 +123,8 @@ def write_table(path: Path, results: list[dict], command: str, per_method: dict[
         "",
         f"Data `{args.data}` ({len(data)} records of {n_docs} documents, {n_bad} of them perturbed with token labels "
         f"and paired with their faithful response; document-level 80/10/10 split, seed 0), model `{args.model}`, LoRA r=4 α=8 dropout 0.1 on q,k,v,o,gate,up,down, lr {args.lr} for every "
-        f"method, precision {args.precision}, documents capped at 320 tokens and responses at 128, {args.steps} steps, "
-        "validation on up to 64 validation records at the last step. CPU, 2 cores, shared with other jobs: "
-        "timings are indicative only.",
+        f"method (the heads of TOPL, SOPL and TLDR learn at lr × {args.head_lr_multiplier}), precision {args.precision}, documents capped at 320 tokens and responses at 128, {args.steps} steps, "
+        "validation on up to 64 validation records at the last step. CPU, 2 cores.",
         "",
         "| method | steps | examples/step | LoRA layers | head layer | train wall time (s) | median s/step | tokens/s (overall / median step) | loss step 1 | final loss (mean of last 5) | validation metric | other validation | final validation (s) | peak RSS (GB) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -193,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=8, help="examples per step (token and sequence methods)")
     p.add_argument("--pair-batch-size", type=int, default=4, help="pairs per step (dpo, tdpo)")
     p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--head-lr-multiplier", type=float, default=TrainConfig().head_lr_multiplier,
+                   help="the heads (topl, sopl, tldr) learn at lr × this")
     p.add_argument("--layer-end", type=int, default=20, help="last LoRA layer (TLDR always uses all layers)")
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--seed", type=int, default=0)

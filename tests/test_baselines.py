@@ -472,12 +472,14 @@ def test_presets_match_the_paper_and_tldr_uses_all_layers():
         for fam, lr in zip(families, lrs):
             c = preset_config(fam, method)
             assert (c.lr, c.batch_size, c.grad_accum, c.lora.r, c.lora.alpha, c.lora.dropout) == (lr, bs, ga, 4, 8.0, 0.1)
+            assert c.head_lr_multiplier == 1.0  # the paper's one lr, not the CPU default's faster head
             if method == "tldr":
                 assert (c.lora.layer_start, c.lora.layer_end) == (0, PRESETS[fam].num_layers - 1)
             else:
                 assert (c.lora.layer_start, c.lora.layer_end) == (PRESETS[fam].layer_start, PRESETS[fam].layer_end)
     assert [PRESETS[f].layer_end for f in families] == [29, 27, 27]
     assert preset_config("qwen3-8b", "dpo", beta=0.2, lr=3e-6).beta == 0.2
+    assert preset_config("qwen3-8b", "topl", head_lr_multiplier=5.0).head_lr_multiplier == 5.0
 
 
 def test_config_rejects_label_settings_for_methods_without_token_labels():

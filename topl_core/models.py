@@ -59,6 +59,8 @@ class MethodHyper:
     lr: float
     batch_size: int
     grad_accum: int = 1
+    # the paper states one learning rate per method, so its heads learn at lr (TrainConfig's CPU default is higher)
+    head_lr_multiplier: float = 1.0
 
 
 @dataclass(frozen=True)

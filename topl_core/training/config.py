@@ -149,6 +149,7 @@ def preset_config(preset: str, method: Method = "topl", **overrides) -> TrainCon
         lr=h.lr,
         batch_size=h.batch_size,
         grad_accum=h.grad_accum,
+        head_lr_multiplier=h.head_lr_multiplier,
         lora=LoraSettings(layer_start=0 if method == "tldr" else p.layer_start, layer_end=layer_end),
         device="cuda",
     )
