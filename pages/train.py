@@ -19,7 +19,7 @@ from topl_core import jobs
 from topl_core.models import PRESETS
 from topl_core.paths import runs_dir
 from topl_core.runs import RunDir
-from topl_core.training.config import ALL_MODULES, ConfigError, LoraSettings, TrainConfig
+from topl_core.training.config import ALL_MODULES, ConfigError, LoraSettings, TrainConfig, preset_config
 from topl_core.training.objectives import OBJECTIVES
 
 st.title("Train")
@@ -42,15 +42,14 @@ def form_defaults() -> dict:
     """The form's values for the chosen method + preset (the paper's hyperparameters, layer range clamped to this
     model) and a fresh run name."""
     method, preset = st.session_state[K + "method"], st.session_state[K + "preset"]
-    base = TrainConfig(method=method)
+    if preset == NO_PRESET:
+        base = TrainConfig(method=method)
+        layers = (0, default_layer_end(n_layers))
+    else:  # the CLI's --preset mapping, so the form and the CLI cannot disagree
+        base = preset_config(preset, method)
+        layers = (min(base.lora.layer_start, n_layers - 1), min(base.lora.layer_end, n_layers - 1))
     values = {"lr": base.lr, "head_lr_multiplier": base.head_lr_multiplier, "batch_size": base.batch_size,
-              "grad_accum": base.grad_accum, "layer_start": 0, "layer_end": default_layer_end(n_layers)}
-    if preset != NO_PRESET:
-        p = PRESETS[preset]
-        h = p.methods.get(method)
-        if h:
-            values.update(lr=h.lr, head_lr_multiplier=h.head_lr_multiplier, batch_size=h.batch_size, grad_accum=h.grad_accum)
-        values.update(layer_start=min(p.layer_start, n_layers - 1), layer_end=min(p.layer_end, n_layers - 1))
+              "grad_accum": base.grad_accum, "layer_start": layers[0], "layer_end": layers[1]}
     if method == "tldr":  # TLDR: LoRA on all layers, head on the last layer
         values.update(layer_start=0, layer_end=n_layers - 1)
     values["run_name"] = jobs.default_run_name(TrainConfig(method=method, model=model_name))

@@ -192,6 +192,23 @@ def test_train_form_keeps_its_values_across_a_page_switch(workbench):
     assert at.text_input(key="train.run_name").value.startswith("tldr-")
 
 
+def test_train_form_follows_a_preset_as_the_cli_does(workbench):
+    """Picking a paper preset fills the form from the same mapping as `train --preset` (preset_config), with the
+    LoRA layers clamped to the loaded model; going back to the CPU defaults restores TrainConfig's values."""
+    from topl_core.training.config import TrainConfig, preset_config
+
+    at = open_page("train")
+    at.selectbox(key="train.preset").set_value("qwen3-8b").run()
+    assert not at.exception, [e.value for e in at.exception]
+    paper = preset_config("qwen3-8b", "topl")
+    for key in ("lr", "head_lr_multiplier", "batch_size", "grad_accum"):
+        assert at.number_input(key=f"train.{key}").value == getattr(paper, key), key
+    assert (at.number_input(key="train.layer_start").value, at.number_input(key="train.layer_end").value) == (0, 3)
+    at.selectbox(key="train.preset").set_value("none (CPU defaults)").run()
+    assert at.number_input(key="train.head_lr_multiplier").value == TrainConfig().head_lr_multiplier
+    assert at.number_input(key="train.lr").value == TrainConfig().lr
+
+
 def test_train_form_refills_values_streamlit_dropped(workbench):
     """A session where the form was already filled for this model (train.for_model set) but whose widget values
     are gone — however Streamlit lost them — refills those from the defaults instead of showing the inputs'
