@@ -17,6 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from topl_core.models import DEFAULT_MODEL, EMBEDDED, TINY_FAMILIES, ModelSpec
+from topl_core.precision import DTYPES, PRECISIONS, describe_precision, resolve_dtype, resolve_precision
 
 SPEC_KEY = "model_spec"  # session_state: "name|dtype|device"
 # How many models each cache keeps (base, merged per run, token scorer). 8B models on one GPU: set 1.
@@ -80,7 +81,7 @@ def default_spec() -> str:
     raw = os.environ.get("TOPL_DEFAULT_MODEL", DEFAULT_MODEL).strip() or DEFAULT_MODEL
     parts = raw.split("|")
     name = parts[0]
-    dtype = parts[1] if len(parts) > 1 else os.environ.get("TOPL_DEFAULT_DTYPE", "float32")
+    dtype = parts[1] if len(parts) > 1 else os.environ.get("TOPL_DEFAULT_DTYPE", "auto")
     device = parts[2] if len(parts) > 2 else os.environ.get("TOPL_DEFAULT_DEVICE", "cpu")
     return f"{name}|{dtype}|{device}"
 
@@ -135,12 +136,25 @@ def sidebar_model_picker() -> str:
     else:
         name = choice
     with st.sidebar.expander("Precision & device"):
-        st.selectbox("dtype", ["float32", "bfloat16"], key="sidebar.dtype", persist_state="session")
-        st.selectbox("device", ["cpu", "cuda"], key="sidebar.device", persist_state="session",
-                     help="cuda needs a visible GPU (8B models: bfloat16 on cuda).")
+        device = st.selectbox("device", ["cpu", "cuda"], key="sidebar.device", persist_state="session",
+                              help="cuda needs a visible GPU (8B models: bfloat16 on cuda).")
+        st.selectbox("weights dtype", DTYPES, key="sidebar.dtype", persist_state="session",
+                     format_func=lambda d: f"auto → {resolve_dtype(d, device)}" if d == "auto" else d,
+                     help="auto: float32 on CPU (bf16 compute there comes from autocast, where the CPU has it), "
+                          "bfloat16 on a GPU with bf16 support.")
+        st.caption(f"compute precision here: {describe_precision('auto', device)}")
     spec = f"{name}|{st.session_state['sidebar.dtype']}|{st.session_state['sidebar.device']}"
     st.session_state[SPEC_KEY] = spec
     return spec
+
+
+def precision_select(container, key: str, device: str) -> str:
+    """The compute-precision picker of the forms (Train, Layer sweep): "auto" shows what it resolves to here."""
+    return container.selectbox(
+        "Precision", PRECISIONS, key=key, persist_state="session",
+        format_func=lambda p: f"auto → {resolve_precision('auto', device)}" if p == "auto" else p,
+        help=f"auto = bf16 autocast only where this machine computes bf16 natively and fast; here: "
+             f"{describe_precision('auto', device)}. bf16 on a CPU without it (AVX2 only) runs far slower than fp32.")
 
 
 # --- cached models ---------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-from pages._ui import csv_download, current_spec, dataset_paths, layer_count_or_stop, plot, split_spec
+from pages._ui import (csv_download, current_spec, dataset_paths, layer_count_or_stop, plot, precision_select,
+                       split_spec)
 from topl_core import jobs
 from topl_core.paths import runs_dir
 from topl_core.training.config import ConfigError, TrainConfig
@@ -52,7 +53,7 @@ with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS
         steps = a.number_input("Steps per window", 1, 100_000, 20, key=K + "steps", persist_state="session")
         lr = b.number_input("Learning rate", 1e-7, 1.0, 1e-4, format="%.1e", key=K + "lr", persist_state="session")
         batch = c.number_input("Batch size", 1, 1024, 8, key=K + "batch", persist_state="session")
-        precision = d.selectbox("Precision", ["bf16", "fp32"], key=K + "precision", persist_state="session")
+        precision = precision_select(d, K + "precision", device)
         a, b, c, _ = st.columns(4)
         reuse = a.toggle("Reuse frozen prefix", True, key=K + "reuse", persist_state="session",
                          help="Layers below a window carry no LoRA: their activations are computed once and reused.")

@@ -14,7 +14,8 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-from pages._ui import csv_download, current_spec, dataset_paths, layer_count_or_stop, plot, split_spec
+from pages._ui import (csv_download, current_spec, dataset_paths, layer_count_or_stop, plot, precision_select,
+                       split_spec)
 from topl_core import jobs
 from topl_core.models import PRESETS
 from topl_core.paths import runs_dir
@@ -102,8 +103,7 @@ with st.expander("New run", expanded=not any_active, icon=":material/add:"):
         a, b, c, d = st.columns(4)
         batch = a.number_input("Batch size", 1, 1024, key=K + "batch_size", persist_state="session")
         accum = b.number_input("Gradient accumulation", 1, 1024, key=K + "grad_accum", persist_state="session")
-        precision = c.selectbox("Precision", ["bf16", "fp32"], key=K + "precision", persist_state="session",
-                                help="bf16 autocast is ~30% faster on CPU for TOPL (DESIGN.md §3).")
+        precision = precision_select(c, K + "precision", device)
         eval_every = d.number_input("Validate every (steps)", 1, 100_000, 20, key=K + "eval_every",
                                     persist_state="session")
         st.markdown(f"**LoRA** — the model has {n_layers} layers (0–{n_layers - 1}); "

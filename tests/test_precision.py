@@ -11,8 +11,9 @@ from conftest import needs_smollm2
 from topl_core.data.encode import collate, encode_record
 from topl_core.forward import head_features
 from topl_core.metrics import auroc
+from topl_core.precision import autocast
 from topl_core.training.config import LoraSettings, TrainConfig
-from topl_core.training.objectives import OBJECTIVES, StepContext, autocast
+from topl_core.training.objectives import OBJECTIVES, StepContext
 from topl_core.training.trainer import apply_lora
 
 HEAD_LAYER = 20  # of SmolLM2's 30: the default TOPL head position
@@ -92,3 +93,92 @@ def test_bf16_topl_step_matches_fp32_loss_and_gradient(smollm2, tiny_records):
     l16, g16 = loss_and_grad("bf16")
     assert l16 == pytest.approx(l32, rel=0.002)
     assert torch.nn.functional.cosine_similarity(g32, g16, dim=0) >= 0.995
+
+
+# --- "auto" precision follows the hardware (issue 12) ---------------------------------------------------------
+
+from topl_core import precision as prec  # noqa: E402
+
+AVX2 = prec.Bf16Probe(capability="AVX2", amx=False, avx512_bf16=False, fp32_s=0.0005, bf16_s=0.035)
+AMX = prec.Bf16Probe(capability="AMX", amx=True, avx512_bf16=True, fp32_s=0.0007, bf16_s=0.0001)
+
+
+@pytest.fixture
+def fake_cpu(monkeypatch):
+    """Pretend the CPU probe measured `probe` (no timing: the rule alone is under test)."""
+    def use(probe: prec.Bf16Probe) -> None:
+        monkeypatch.setattr(prec, "cpu_bf16_probe", lambda: probe)
+    return use
+
+
+def test_auto_is_fp32_on_a_cpu_without_native_bf16(fake_cpu):
+    from topl_core.analysis.separability import ProbeSettings
+
+    fake_cpu(AVX2)
+    assert prec.resolve_precision("auto", "cpu") == "fp32"
+    assert TrainConfig().precision == "fp32"
+    assert TrainConfig(precision="auto").dumps().count('"precision": "fp32"') == 1  # the run records what ran
+    assert ProbeSettings().precision == "auto"  # resolved per run's device by ProbeSettings.resolved
+    assert "no AMX, no AVX-512-BF16" in prec.describe_precision("auto", "cpu")
+
+
+def test_auto_is_bf16_on_a_cpu_with_amx(fake_cpu):
+    fake_cpu(AMX)
+    assert prec.resolve_precision("auto", "cpu") == "bf16"
+    assert TrainConfig().precision == "bf16"
+    assert "AMX" in prec.describe_precision("auto", "cpu")
+
+
+def test_native_flags_but_measured_slower_stays_fp32(fake_cpu):
+    """Flags alone do not decide: bf16 must also measure faster than fp32 on this CPU."""
+    fake_cpu(prec.Bf16Probe(capability="AVX512", amx=False, avx512_bf16=True, fp32_s=0.001, bf16_s=0.0012))
+    assert prec.resolve_precision("auto", "cpu") == "fp32"
+
+
+def test_explicit_bf16_on_a_slow_cpu_is_kept_with_a_warning_naming_the_slowdown(fake_cpu):
+    fake_cpu(AVX2)
+    prec._warn_slow_bf16.cache_clear()
+    with pytest.warns(RuntimeWarning, match=r"70× the time of fp32"):
+        assert TrainConfig(precision="bf16").precision == "bf16"
+    prec._warn_slow_bf16.cache_clear()
+
+
+def test_weights_dtype_auto_and_cuda_rule(monkeypatch):
+    from topl_core.models import ModelSpec
+
+    assert ModelSpec("tiny-llama").dtype == "float32"  # CPU: float32 weights, bf16 compute is autocast's job
+    assert ModelSpec("tiny-llama", "bfloat16").dtype == "bfloat16"
+    monkeypatch.setattr(prec, "cuda_bf16", lambda: True)
+    assert prec.resolve_dtype("auto", "cuda") == "bfloat16" and prec.resolve_precision("auto", "cuda") == "bf16"
+    monkeypatch.setattr(prec, "cuda_bf16", lambda: False)
+    assert prec.resolve_dtype("auto", "cuda") == "float32" and prec.resolve_precision("auto", "cuda") == "fp32"
+    with pytest.raises(ValueError, match="choose one of"):
+        prec.resolve_precision("fp16")
+
+
+def test_preset_on_cpu_resolves_for_the_cpu(fake_cpu):
+    from topl_core.training.config import preset_config
+
+    fake_cpu(AVX2)
+    assert preset_config("qwen3-8b", device="cpu").precision == "fp32"
+
+
+def test_probe_is_cached_on_disk_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path))
+    prec.cpu_bf16_probe.cache_clear()
+    try:
+        first = prec.cpu_bf16_probe()
+        (f,) = (tmp_path / "machine").glob("bf16-*.json")
+        prec.cpu_bf16_probe.cache_clear()
+        assert prec.cpu_bf16_probe() == first  # read back, not re-measured (timings never repeat exactly)
+    finally:
+        prec.cpu_bf16_probe.cache_clear()
+
+
+def test_auto_resolves_to_the_faster_precision_on_this_machine():
+    """The real check: time both dtypes afresh; the one "auto" picks is not the slower one (1.5× margin for noise)."""
+    chosen = prec.resolve_precision("auto", "cpu")
+    fresh = prec.measure_bf16_probe()
+    t = {"fp32": fresh.fp32_s, "bf16": fresh.bf16_s}
+    other = "bf16" if chosen == "fp32" else "fp32"
+    assert t[chosen] <= 1.5 * t[other], (chosen, t, prec.cpu_bf16_probe())

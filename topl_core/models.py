@@ -23,8 +23,8 @@ from typing import Literal
 import torch
 
 from .paths import cache_dir
+from .precision import DTYPES, Dtype, resolve_dtype
 
-Dtype = Literal["float32", "bfloat16"]
 Device = Literal["cpu", "cuda"]
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -99,16 +99,17 @@ class ModelSpec:
     """What to load. `name` is an embedded key, a tiny test family, a preset key, a local path or a hub id."""
 
     name: str = DEFAULT_MODEL
-    dtype: Dtype = "float32"
+    dtype: Dtype = "auto"  # resolved here: float32 on CPU, bfloat16 on a GPU with bf16 (topl_core.precision)
     device: Device = "cpu"
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():
             raise ModelError("ModelSpec.name is empty: use 'smollm2-135m' (embedded default), a local path or a hub id.")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ModelError(f"ModelSpec.dtype={self.dtype!r}: choose 'float32' or 'bfloat16'.")
+        if self.dtype not in DTYPES:
+            raise ModelError(f"ModelSpec.dtype={self.dtype!r}: choose one of {DTYPES} ('auto' follows the hardware).")
         if self.device not in ("cpu", "cuda"):
             raise ModelError(f"ModelSpec.device={self.device!r}: choose 'cpu' or 'cuda'.")
+        object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ModelError("ModelSpec.device='cuda' but no CUDA device is visible: use device='cpu'.")
 

@@ -17,7 +17,7 @@ from .forward import head_features, next_token_logprobs
 from .metrics import auroc
 from .models import LoadedModel
 from .runs import RunDir, load_adapter
-from .training.trainer import autocast
+from .precision import autocast, resolve_precision
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class TokenScores:
 class TokenScorer:
     """Loads a run's adapter (unmerged) and head onto a base model it owns. Thread-safe: one forward at a time."""
 
-    def __init__(self, base: LoadedModel, run: RunDir | str | Path, precision: str = "fp32",
+    def __init__(self, base: LoadedModel, run: RunDir | str | Path, precision: str = "auto",
                  max_doc_tokens: int | None = 512, max_response_tokens: int = 256):
         self.run = run if isinstance(run, RunDir) else RunDir(run)
         meta = self.run.check_base(base)
@@ -48,7 +48,7 @@ class TokenScorer:
         self.model = load_adapter(base, self.run)
         self.head = self.run.load_head(base.model.device)
         self.device = base.model.device.type
-        self.precision = precision
+        self.precision = resolve_precision(precision, self.device)
         self.max_doc_tokens, self.max_response_tokens = max_doc_tokens, max_response_tokens
         self._lock = threading.Lock()
 

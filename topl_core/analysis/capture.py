@@ -34,6 +34,7 @@ import torch
 from ..data.encode import IGNORE, Encoded, collate, encode_record
 from ..data.records import Record
 from ..forward import hidden_after_layer
+from ..precision import autocast
 from .sites import Site, input_module, lora_sites, lora_weights, sort_sites
 
 Select = Literal["labelled", "response"]
@@ -279,7 +280,6 @@ def collect_projections(
     """Encode records, run them in length-sorted batches through `capture_lora`, and return the Projections of
     the chosen tokens (labelled response tokens by default). With `controls`, returns {"lora": …, name: …}.
     `progress(done, total)` is called after each batch."""
-    from ..training.trainer import autocast
 
     encoded = [encode_record(tokenizer, r, max_doc_tokens, max_response_tokens) for r in records]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))

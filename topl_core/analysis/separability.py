@@ -38,6 +38,7 @@ from typing import Literal, Mapping, Sequence
 
 import numpy as np
 
+from ..precision import PRECISIONS, Precision, resolve_precision
 from .capture import DEFAULT_SET, Projections
 from .sites import MODULE_ORDER, Site
 
@@ -297,7 +298,7 @@ class ProbeSettings:
     batch_size: int = 4
     max_doc_tokens: int | None = None
     max_response_tokens: int | None = None
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Precision = "auto"  # resolved for the run's device by resolved() (topl_core.precision)
     folds: int = 5
     seed: int = 0
     n_boot: int = 2000
@@ -309,13 +310,14 @@ class ProbeSettings:
             raise ValueError(f"ProbeSettings.folds={self.folds}: cross-validation needs at least 2 folds (paper-style: 5).")
         if self.batch_size < 1:
             raise ValueError(f"ProbeSettings.batch_size={self.batch_size}: must be at least 1.")
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"ProbeSettings.precision={self.precision!r}: choose 'fp32' or 'bf16'.")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"ProbeSettings.precision={self.precision!r}: choose one of {PRECISIONS}.")
 
     def resolved(self, run) -> "ProbeSettings":
         cfg, _ = run.read_config()
         return replace(self, max_doc_tokens=self.max_doc_tokens if self.max_doc_tokens is not None else cfg.max_doc_tokens,
-                       max_response_tokens=self.max_response_tokens or cfg.max_response_tokens)
+                       max_response_tokens=self.max_response_tokens or cfg.max_response_tokens,
+                       precision=resolve_precision(self.precision, cfg.device))
 
     def capture_key(self) -> dict:
         """The fields that change the captured projections (batch size does not)."""

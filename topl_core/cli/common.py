@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..data.records import Record, read_jsonl
 from ..data.split import SPLITS, split_records
 from ..models import DEFAULT_MODEL
+from ..precision import DTYPES, PRECISIONS, describe_precision
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="embedded model (smollm2-135m, gemma3-270m), preset, hub id or local path")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="weights: auto = float32 on CPU, bfloat16 on a GPU with bf16 support")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
 
 
@@ -27,3 +30,14 @@ def load_split(args: argparse.Namespace) -> list[Record]:
     if args.split != "all":
         records = split_records(records, seed=args.split_seed)[args.split]
     return records[: args.limit] if args.limit else records
+
+
+def add_precision_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument("--precision", choices=PRECISIONS, default="auto",
+                   help="compute precision (bf16 = autocast); auto = bf16 only where the device computes it natively "
+                        "and fast (AMX / AVX-512-BF16 CPUs, CUDA), fp32 otherwise")
+
+
+def announce_precision(requested: str, device: str = "cpu") -> None:
+    """Say which precision runs and why (stderr, so tables and JSON on stdout stay clean)."""
+    print(f"precision: {describe_precision(requested, device)}", file=sys.stderr, flush=True)

@@ -11,6 +11,8 @@ import sys
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     pass
 
+from .common import add_precision_arg, announce_precision
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from ..data.variants import LABEL_SETTINGS
@@ -36,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lora-layer-start", type=int, default=0)
     p.add_argument("--lora-layer-end", type=int, default=20)
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
+    add_precision_arg(p)
     p.add_argument("--max-val-examples", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -49,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from ..io import write_json
     from ..training.config import LoraSettings, TrainConfig
 
+    announce_precision(args.precision, args.device)
     train = TrainConfig(model=args.model, data=args.data, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
                         lora=LoraSettings(layer_start=args.lora_layer_start, layer_end=args.lora_layer_end),
                         precision=args.precision, max_val_examples=args.max_val_examples, seed=args.seed,

@@ -8,7 +8,7 @@ import argparse
 import math
 from pathlib import Path
 
-from .common import add_data_args, load_split
+from .common import add_data_args, add_precision_arg, announce_precision, load_split
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--random-control", action="store_true", help="also score a random-init A (same r) on the same inputs")
     p.add_argument("--column", choices=["cv_auroc", "component_auroc"], default="cv_auroc", help="heatmap value")
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    add_precision_arg(p)
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap draws for the CI of the mean over sites")
@@ -73,6 +73,7 @@ def run(args: argparse.Namespace) -> None:
     token_set, records = _token_set(args, cfg0)
     if not records:
         raise SystemExit("error: the token set holds no records with token labels; pick another --split or data file.")
+    announce_precision(args.precision, cfg0.device)
     settings = ProbeSettings(batch_size=args.batch_size, precision=args.precision, folds=args.folds, seed=args.seed,
                              n_boot=args.n_boot, random_control=args.random_control)
     ood = {}

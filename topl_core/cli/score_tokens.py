@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .common import add_data_args, load_split
+from .common import add_data_args, add_precision_arg, announce_precision, load_split
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--response", help="response text to score")
     add_data_args(p)
     p.add_argument("--cliff", help="also report on a CLIFF/AggreFact span CSV (e.g. ../shared/data/CLIFF_error_types.csv)")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
+    add_precision_arg(p)
     p.add_argument("--json", help="write the report / token values here")
     p.set_defaults(func=run)
 
@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> None:
 
     run_dir = RunDir(args.run)
     cfg, _ = run_dir.read_config()
-    scorer = TokenScorer(load_model(ModelSpec(cfg.model, "float32", cfg.device)), run_dir, precision=args.precision)
+    announce_precision(args.precision, cfg.device)
+    scorer = TokenScorer(load_model(ModelSpec(cfg.model, device=cfg.device)), run_dir, precision=args.precision)
     if args.document or args.response:
         if not (args.document and args.response):
             raise SystemExit("error: give both --document and --response")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .common import add_precision_arg, announce_precision
+
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     pass
@@ -42,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--steps", type=int, default=20)
     t.add_argument("--lr", type=float, default=1e-4)
     t.add_argument("--batch-size", type=int, default=8)
-    t.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
+    add_precision_arg(t)
     t.add_argument("--max-val-examples", type=int, default=32)
     t.add_argument("--max-doc-tokens", type=int, default=320)
     t.add_argument("--max-response-tokens", type=int, default=128)
@@ -129,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
             print("error: give --out SWEEP_DIR (or --resume / --show)", file=sys.stderr)
             return 2
         cfg = config_from_args(args)
+        announce_precision(args.precision, args.device)
         if args.background:
             print(f"sweep started in the background: {start_sweep(cfg, args.out)}\n"
                   f"follow it with: python -m topl_core sweep --show {args.out}")

@@ -9,6 +9,7 @@ import typing
 
 from ..models import PRESETS
 from ..training.config import LoraSettings, TrainConfig, preset_config
+from .common import announce_precision
 
 
 def _flags(cls=TrainConfig, prefix: str = "") -> list[tuple[str, str, object, object]]:
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> None:
     else:
         cfg = config_from_args(args)
         run_dir = RunDir(args.out or f"runs/{cfg.method}-{cfg.model.replace('/', '_')}")
+    announce_precision(args.precision or "auto" if not args.resume else cfg.precision, cfg.device)
 
     from ..training.objectives import OBJECTIVES
 

@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal
 
 from ..models import DEFAULT_MODEL, PRESETS
+from ..precision import PRECISIONS, Precision, resolve_precision
 
 Method = Literal["topl", "sft", "dpo", "sopl", "tldr", "unlikelihood", "tdpo"]
-Precision = Literal["fp32", "bf16"]
 ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -71,7 +71,9 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     warmup_steps: int = 0
     seed: int = 0
-    precision: Precision = "bf16"
+    # "auto" resolves when the config is built (bf16 autocast only where the device computes bf16 natively and
+    # fast, topl_core.precision), so a run directory records the precision that actually ran
+    precision: Precision = "auto"
     device: Literal["cpu", "cuda"] = "cpu"
     max_doc_tokens: int = 320
     max_response_tokens: int = 128
@@ -97,8 +99,9 @@ class TrainConfig:
             _fail("lr", self.lr, "must be positive (paper: 5e-5 to 1e-4 for TOPL).")
         if not self.head_lr_multiplier > 0:
             _fail("head_lr_multiplier", self.head_lr_multiplier, "must be positive (1 = the head learns at lr).")
-        if self.precision not in ("fp32", "bf16"):
-            _fail("precision", self.precision, "choose 'fp32' or 'bf16' (autocast).")
+        if self.precision not in PRECISIONS:
+            _fail("precision", self.precision, f"choose one of {PRECISIONS} ('auto' follows the hardware).")
+        object.__setattr__(self, "precision", resolve_precision(self.precision, self.device))
         if not self.beta > 0:
             _fail("beta", self.beta, "must be positive (DPO/TDPO temperature; paper-style default 0.1).")
         if not self.tdpo_alpha >= 0:
@@ -153,6 +156,8 @@ def preset_config(preset: str, method: Method = "topl", **overrides) -> TrainCon
         grad_accum=h.grad_accum,
         head_lr_multiplier=h.head_lr_multiplier,
         lora=LoraSettings(layer_start=0 if method == "tldr" else p.layer_start, layer_end=layer_end),
-        device="cuda",
+        # device and precision are given together: "auto" must resolve for the device the run will use
+        device=overrides.pop("device", "cuda"),
+        precision=overrides.pop("precision", "auto"),
     )
     return base.with_overrides(**overrides)

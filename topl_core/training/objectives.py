@@ -38,6 +38,7 @@ from ..data.encode import IGNORE, Batch, Encoded, EncodedPair, collate, collate_
 from ..data.records import DataError, Record
 from ..forward import head_features
 from ..metrics import auroc
+from ..precision import autocast
 from ..models import base_causal_lm
 
 Requirement = Literal["token_labels", "pairs", "sequence_labels", "faithful"]
@@ -149,10 +150,6 @@ class StepContext:
     head_layer: int | None
     beta: float
     tdpo_alpha: float = 0.5
-
-
-def autocast(cfg_precision: str, device: str):
-    return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=cfg_precision == "bf16")
 
 
 def head_logits(ctx: StepContext, batch: Batch) -> torch.Tensor:

@@ -26,7 +26,8 @@ from ..io import save_tensors, write_json
 from ..models import LoadedModel, ModelSpec, check_layer_range, load_model, model_fingerprint
 from ..runs import RunDir, RunError
 from .config import TrainConfig
-from .objectives import OBJECTIVES, EncodeSettings, Objective, StepContext, autocast, length_buckets, validate_head  # noqa: F401 (re-exported)
+from ..precision import autocast
+from .objectives import OBJECTIVES, EncodeSettings, Objective, StepContext, length_buckets
 
 
 @dataclass(frozen=True)

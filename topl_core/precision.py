@@ -1,0 +1,183 @@
+"""Precision that follows the hardware: "auto" resolves to bf16 only where the device computes it natively and fast.
+
+bf16 autocast is a large win on a CPU with AMX (bf16 matmuls ~7× faster than fp32) and a disaster on one with AVX2
+only, where PyTorch emulates bf16 (a 2048² matmul ran ~300× slower than fp32 and one TOPL step did not finish in
+5 minutes). So "auto" asks two things of a CPU: does it report native bf16 (AMX tiles or AVX-512-BF16), and does a
+sub-second matmul probe (cached per machine under cache/machine/) confirm bf16 is the faster of the two. On CUDA,
+`torch.cuda.is_bf16_supported()` decides. Weights (ModelSpec.dtype) follow a simpler rule: bfloat16 on a GPU that
+supports it, float32 on CPU, where bf16 compute comes from autocast over float32 weights (merging a LoRA into bf16
+weights rounds the delta away — README, merge-check).
+
+Configs resolve "auto" when they are built (TrainConfig, ProbeSettings, ModelSpec), so every run directory and cache
+key records the precision that actually ran.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import platform
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from .io import write_json
+from .paths import cache_dir
+
+Precision = Literal["auto", "fp32", "bf16"]
+ResolvedPrecision = Literal["fp32", "bf16"]
+PRECISIONS: tuple[str, ...] = ("auto", "fp32", "bf16")
+Dtype = Literal["auto", "float32", "bfloat16"]
+DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16")
+
+PROBE_SIZE = 256  # matmul side: ~0.5 ms in fp32, ~35 ms in emulated bf16 on one core of an AVX2 EPYC
+PROBE_REPEATS = 5
+
+
+@dataclass(frozen=True)
+class Bf16Probe:
+    """What this machine's CPU says and does about bf16: flags, and seconds per PROBE_SIZE² matmul in each dtype."""
+
+    capability: str  # torch.backends.cpu.get_cpu_capability(), e.g. "AVX2", "AVX512", "AMX"
+    amx: bool
+    avx512_bf16: bool
+    fp32_s: float
+    bf16_s: float
+
+    @property
+    def slowdown(self) -> float:
+        """bf16 time over fp32 time for the same matmul (> 1: bf16 is slower)."""
+        return self.bf16_s / self.fp32_s
+
+    @property
+    def flags_native(self) -> bool:
+        return self.amx or self.avx512_bf16
+
+    @property
+    def native(self) -> bool:
+        """bf16 is native on this CPU and measured faster than fp32."""
+        return self.flags_native and self.slowdown < 1.0
+
+    def describe(self) -> str:
+        flags = "AMX" if self.amx else "AVX-512-BF16" if self.avx512_bf16 else "no AMX, no AVX-512-BF16"
+        return f"CPU {self.capability} ({flags}); bf16 matmul {self.slowdown:.3g}× the time of fp32"
+
+
+def _time_matmul(dtype: torch.dtype) -> float:
+    """Best of PROBE_REPEATS single-threaded matmuls: one thread keeps the comparison per core and steady when
+    another job shares the CPU (threads waiting on a busy core made a 2-thread fp32 matmul look 30× slower)."""
+    a = torch.randn(PROBE_SIZE, PROBE_SIZE).to(dtype)
+    b = torch.randn(PROBE_SIZE, PROBE_SIZE).to(dtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a @ b  # warm-up: kernel selection, allocation
+        best = float("inf")
+        for _ in range(PROBE_REPEATS):
+            t = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(threads)
+    return max(best, 1e-9)
+
+
+def measure_bf16_probe() -> Bf16Probe:
+    """A fresh measurement (no cache): the flags and the best of PROBE_REPEATS matmuls per dtype."""
+    return Bf16Probe(
+        capability=torch.backends.cpu.get_cpu_capability(),
+        amx=bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()),
+        avx512_bf16=bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()),
+        fp32_s=_time_matmul(torch.float32),
+        bf16_s=_time_matmul(torch.bfloat16),
+    )
+
+
+def _machine_key() -> str:
+    """The probe's cache key: what decides the answer (CPU, instruction set, torch build, threads)."""
+    raw = "|".join([platform.processor() or platform.machine(), _cpu_model(), torch.backends.cpu.get_cpu_capability(),
+                     torch.__version__, str(torch.get_num_threads())])
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_bf16_probe() -> Bf16Probe:
+    """The probe for this machine, measured once and cached on disk (cache/machine/bf16-<key>.json)."""
+    path = cache_dir() / "machine" / f"bf16-{_machine_key()}.json"
+    try:
+        return Bf16Probe(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass  # absent or unreadable: measure (a fraction of a second) and store
+    probe = measure_bf16_probe()
+    try:
+        write_json(path, probe.__dict__)
+    except OSError:
+        pass  # a read-only cache is fine: the probe is cheap
+    return probe
+
+
+def cuda_bf16() -> bool:
+    """bf16 on CUDA: supported by the visible GPU, or assumed (a config for a GPU this machine cannot see)."""
+    return torch.cuda.is_bf16_supported() if torch.cuda.is_available() else True
+
+
+def bf16_native(device: str) -> bool:
+    return cuda_bf16() if device == "cuda" else cpu_bf16_probe().native
+
+
+def resolve_precision(precision: str, device: str = "cpu") -> ResolvedPrecision:
+    """"auto" → "bf16" where the device computes bf16 natively and fast, else "fp32". An explicit "bf16" on a CPU
+    without native bf16 is kept but warned about, with the measured slowdown."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: choose one of {PRECISIONS} ('auto' follows the hardware).")
+    if precision == "auto":
+        return "bf16" if bf16_native(device) else "fp32"
+    if precision == "bf16" and device == "cpu" and not cpu_bf16_probe().native:
+        _warn_slow_bf16()
+    return precision  # type: ignore[return-value]
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_slow_bf16() -> None:
+    probe = cpu_bf16_probe()
+    warnings.warn(
+        f"precision='bf16' on a CPU without fast native bf16 ({probe.describe()}): expect training and analysis to "
+        f"run far slower than in fp32. Use precision 'auto' or 'fp32' here.",
+        RuntimeWarning, stacklevel=3,
+    )
+
+
+def resolve_dtype(dtype: str, device: str = "cpu") -> Literal["float32", "bfloat16"]:
+    """Weights: "auto" → bfloat16 on a GPU with bf16, float32 on CPU (bf16 compute there is autocast's job)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: choose one of {DTYPES} ('auto' follows the hardware).")
+    if dtype == "auto":
+        return "bfloat16" if device == "cuda" and cuda_bf16() else "float32"
+    return dtype  # type: ignore[return-value]
+
+
+def describe_precision(requested: str, device: str = "cpu") -> str:
+    """One line for CLIs and pages: what ran and why, e.g. "fp32 (auto: CPU AVX2 (no AMX, …); bf16 … 68× …)"."""
+    resolved = resolve_precision(requested, device)
+    why = ("GPU bf16 support" if cuda_bf16() else "GPU without bf16") if device == "cuda" else cpu_bf16_probe().describe()
+    return f"{resolved} ({'auto' if requested == 'auto' else 'chosen'}: {why})"
+
+
+def autocast(precision: str, device: str):
+    """bf16 autocast when the (resolved) precision is bf16; a no-op context otherwise."""
+    return torch.autocast(device_type=device, dtype=torch.bfloat16,
+                          enabled=resolve_precision(precision, device) == "bf16")
