@@ -6,7 +6,7 @@ ensure_frame()  # first: see pages/_ui.py
 
 import streamlit as st
 
-from pages._ui import base_model, current_spec, load_error, runs_table, split_spec
+from pages._ui import all_runs, base_model, current_spec, load_error, split_spec
 from topl_core.paths import runs_dir
 
 st.title("TOPL Workbench")
@@ -37,9 +37,9 @@ with left:
 
 with right:
     st.subheader("Adapters found")
-    df = runs_table(str(runs_dir()))
+    df = all_runs()
     if df.empty:
-        st.info(f"No runs in `{runs_dir()}` yet.")
+        st.info(f"No runs in `{runs_dir()}` yet: train one on the **Train** page.")
     else:
         st.dataframe(
             df[["run", "method", "model", "state", "step", "steps", "val_token_auroc", "layers"]],
@@ -47,7 +47,9 @@ with right:
             column_config={"val_token_auroc": st.column_config.NumberColumn("val token AUROC", format="%.3f"),
                            "state": st.column_config.TextColumn("state")},
         )
-        st.caption(f"{len(df)} runs in `{runs_dir()}` · {int((df['model'] == name).sum())} for the current model")
+        n_ex = int((df["source"] == "example").sum())
+        st.caption(f"{len(df) - n_ex} runs in `{runs_dir()}` and {n_ex} shipped demo adapters (*example*) · "
+                   f"{int((df['model'] == name).sum())} for the current model")
 
 st.subheader("Where to start")
 cols = st.columns(4)

@@ -11,14 +11,15 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from pages._ui import csv_download, plot, run_factuality, runs_table
-from topl_core.paths import runs_dir
+from pages._ui import all_runs, csv_download, plot, run_factuality
+from topl_core.paths import examples_dir, runs_dir
 from topl_core.runs import RunDir
 
 st.title("Runs")
-st.caption(f"Every run directory in `{runs_dir()}`. Pick runs to compare their configs, curves and results.")
+st.caption(f"Every run directory in `{runs_dir()}`, and the demo adapters shipped in `{examples_dir()}` (marked "
+           "*example*). Pick runs to compare their configs, curves and results.")
 
-df = runs_table(str(runs_dir()))
+df = all_runs()
 if df.empty:
     st.info("No runs yet: start one on the **Train** page.")
     st.stop()
@@ -30,7 +31,7 @@ st.dataframe(df.drop(columns=["path", "complete"]), hide_index=True, key="runs.t
                             "has_head": st.column_config.CheckboxColumn("head")})
 
 names = df["run"].tolist()
-default = df[df["complete"]]["run"].tolist()[:2] or names[:2]
+default = df[df["complete"].astype(bool)]["run"].tolist()[:2] or names[:2]
 chosen = st.multiselect("Compare", names, default=default, key="runs.compare", persist_state="session")
 if not chosen:
     st.stop()

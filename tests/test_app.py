@@ -43,7 +43,8 @@ def build_workbench(root: Path, records) -> dict:
     common = dict(data=str(data), max_doc_tokens=64, max_val_examples=8)
     train(tiny_config(method="topl", lr=0.05, steps=12, eval_every=6, **common), runs / "topl-tiny", records=records)
     train(tiny_config(method="sft", lr=0.01, steps=2, **common), runs / "sft-tiny", records=records)
-    env = {"TOPL_CACHE_DIR": str(root / "cache"), "TOPL_RUNS_DIR": str(runs), "TOPL_DEFAULT_MODEL": "tiny-llama"}
+    env = {"TOPL_CACHE_DIR": str(root / "cache"), "TOPL_RUNS_DIR": str(runs), "TOPL_DEFAULT_MODEL": "tiny-llama",
+           "TOPL_EXAMPLES_DIR": ""}  # the shipped SmolLM2 demo adapters are tested on their own
     return {"root": root, "data": data, "runs": runs, "env": env}
 
 
@@ -120,6 +121,78 @@ def test_every_page_renders_inside_the_app_frame(workbench, name):
     at = open_page(name)
     assert at.title, f"{name}: no title"
     assert not [e.value for e in at.error if "analysis core" in e.value], "the page could not import the analysis core"
+
+
+# --- every page has an answer for every state (issue 12) -------------------------------------------------------
+
+ANALYSIS_PAGES = ["lora_a", "steering", "token_overlay", "evaluation"]
+
+
+def page_messages(at: AppTest) -> str:
+    return " ".join(m.value for m in [*at.info, *at.warning, *at.error])
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_every_page_answers_an_empty_workbench(workbench, monkeypatch, tmp_path, name):
+    """No runs, no data set, no demo adapters: no traceback, and the analysis pages name the next step."""
+    monkeypatch.setenv("TOPL_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TOPL_EXAMPLES_DIR", "")
+    at = open_page(name)
+    assert at.title
+    said = page_messages(at)
+    if name in ANALYSIS_PAGES and name != "evaluation":
+        assert "No finished run" in said and "**Train** page" in said, said
+    if name == "data":
+        assert "No data set yet" in said
+
+
+def _copy_run(src: Path, dst: Path, **status) -> Path:
+    import shutil
+
+    from topl_core.runs import RunDir
+
+    shutil.copytree(src, dst)
+    for f in ("job.json", "job_exit.json"):
+        (dst / f).unlink(missing_ok=True)
+    if status:
+        st = RunDir(dst).read_status()
+        RunDir(dst).write_status(**{"step": st["step"], "steps": st["steps"], **status})
+    return dst
+
+
+def test_pages_answer_runs_in_every_state(workbench, monkeypatch, tmp_path):
+    """Only a failed run, a run still training (this process stands in for its trainer), an SFT run without a
+    head and a finished run of another model: the pickers offer only what can be opened, and the head page says
+    what is missing, that a run is still training, and which model has finished runs."""
+    import json as _json
+
+    import subprocess
+    import sys
+
+    runs = tmp_path / "runs"
+    # a live process whose command line names topl_core stands in for the trainer of the running run
+    trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "topl_core"])
+    _copy_run(workbench["runs"] / "topl-tiny", runs / "topl-failed", state="failed", error="RuntimeError: boom")
+    _copy_run(workbench["runs"] / "topl-tiny", runs / "topl-training", state="running", pid=trainer.pid)
+    _copy_run(workbench["runs"] / "sft-tiny", runs / "sft-no-head")
+    other = _copy_run(workbench["runs"] / "topl-tiny", runs / "topl-other-model")
+    cfg = _json.loads((other / "topl_config.json").read_text())
+    cfg["config"]["model"] = "tiny-qwen3"
+    (other / "topl_config.json").write_text(_json.dumps(cfg))
+    monkeypatch.setenv("TOPL_RUNS_DIR", str(runs))
+
+    try:
+        at = open_page("token_overlay")
+        said = page_messages(at)
+        assert "No finished run with a head" in said and "still training" in said and "tiny-qwen3" in said, said
+        at = open_page("lora_a")
+        assert at.session_state["lora_a.run_a"].endswith("sft-no-head")  # the only finished tiny-llama adapter
+        at = open_page("runs")
+        assert set(at.dataframe[0].value["state"]) >= {"failed", "running", "finished"}
+    finally:
+        trainer.kill()
+        trainer.wait()
 
 
 def test_model_picker_sets_the_spec_for_every_page(workbench):

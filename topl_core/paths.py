@@ -21,3 +21,12 @@ def runs_dir() -> Path:
 def shared_data_dir() -> Path:
     """../shared/data beside the checkout (CLIFF lives there, not in the project); TOPL_SHARED_DATA overrides."""
     return Path(os.environ.get("TOPL_SHARED_DATA", PROJECT_ROOT.parent / "shared" / "data"))
+
+
+def examples_dir() -> Path | None:
+    """The demo adapters that ship with the repository (examples/adapters), listed beside the user's runs and
+    marked as examples; TOPL_EXAMPLES_DIR overrides, and an empty value hides them."""
+    raw = os.environ.get("TOPL_EXAMPLES_DIR")
+    if raw is None:
+        return PROJECT_ROOT / "examples" / "adapters"
+    return Path(raw) if raw.strip() else None
