@@ -47,6 +47,9 @@ def test_end_to_end_on_tiny_model(tmp_path, tiny_records, capsys):
     assert len((tmp_path / "g.jsonl").read_text().splitlines()) >= 1
     assert main(["score-tokens", "--run", str(run), "--data", str(data), "--split", "all", "--limit", "6",
                  "--json", str(tmp_path / "s.json")]) == 0
+    err = capsys.readouterr().err
+    assert "precision: fp32 (auto" in err or "precision: bf16 (auto" in err  # the resolved precision is said
+    assert "scoring" in err and "6/6 100%" in err  # long commands show progress (a log line when not a terminal)
     report = json.loads((tmp_path / "s.json").read_text())
     (row,) = report.values()
     assert row["records"] == 6 and 0 <= row["head_auroc"] <= 1

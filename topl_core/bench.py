@@ -41,6 +41,7 @@ import torch
 
 from .io import write_json
 from .precision import resolve_precision
+from .progress import Bar
 
 GOALS = {
     "train_mfu": (">=", 0.20),
@@ -122,6 +123,9 @@ def sweep_flops_ratio(windows: list[tuple[int, int]]) -> float:
     forward, with reuse the stored state is advanced once through max(s) layers for the whole grid."""
     window = sum(2 * k for _, k in windows)
     return (window + max(s for s, _ in windows)) / (window + sum(s for s, _ in windows))
+
+
+N_PHASES = 7  # the phase(...) calls in run_bench: peaks, TOPL, SFT, capture, generation, heatmap, sweep
 
 
 def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable[[str], None] = print) -> dict:
@@ -277,7 +281,8 @@ def format_table(res: dict) -> str:
 
 def main(quick: bool, data: str, json_path: str | None, model: str) -> dict:
     t = time.perf_counter()
-    res = run_bench(quick, data, model, log=lambda s: print(s, file=sys.stderr, flush=True))
+    with Bar("bench phases", total=N_PHASES) as bar:  # each phase's log line starts a stage
+        res = run_bench(quick, data, model, log=bar.stage)
     res["bench_wall_s"] = time.perf_counter() - t
     print(format_table(res))
     if json_path:

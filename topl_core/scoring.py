@@ -56,7 +56,8 @@ class TokenScorer:
         return [encode_record(self.tokenizer, r, self.max_doc_tokens, self.max_response_tokens) for r in records]
 
     @torch.no_grad()
-    def score(self, records: Sequence[Record], batch_size: int = 8) -> list[TokenScores]:
+    def score(self, records: Sequence[Record], batch_size: int = 8, progress=None) -> list[TokenScores]:
+        """Per-token p(good) and base-model surprisal; `progress(done, total)` is called after each batch."""
         encoded = self.encode(records)
         out: list[TokenScores] = []
         with self._lock:
@@ -71,6 +72,8 @@ class TokenScorer:
                 for j, e in enumerate(chunk):
                     sl = slice(e.response_start, e.response_end)
                     out.append(TokenScores(e.record_id, records[i + j].response, e.response_offsets, p[j, sl], s[j, sl], e.response_labels))
+                if progress is not None:
+                    progress(len(out), len(encoded))
         return out
 
     def score_text(self, document: str, response: str) -> TokenScores:

@@ -458,7 +458,8 @@ def run_sweep(
             run_path = sweep_dir / "windows" / w.name
             _write_status(sweep_dir, state="running", done=len(done & {x.name for x in windows}), total=total, current=w.name)
             if progress is not None:
-                progress({"event": "window", "window": w.name, "start": w.start, "size": w.size})
+                progress({"event": "window", "window": w.name, "start": w.start, "size": w.size,
+                          "todo": len([x for x in windows if x.name not in done])})  # windows left, this one included
             wcfg = cfg.window_config(w)
             t0 = time.perf_counter()
             before = replace(store.stats) if store is not None else None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..data.records import DataError, Record, read_jsonl, write_jsonl
 from ..data.split import split_records
+from ..progress import Bar
 from .common import add_model_args
 
 SOURCES = ("halueval-perturbed", "halueval-pairs", "fava", "cliff", "aggrefact", "mlqe", "jsonl")
@@ -45,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def load_source(source: str, input_path: str | None, limit: int | None, seed: int,
-                fava_form: str = "raw", mlqe_split: str = "train") -> list[Record]:
+                fava_form: str = "raw", mlqe_split: str = "train", progress=None) -> list[Record]:
     """Records from any supported source (shared by the CLI and the Data page)."""
     from ..data import cliff, fava, halueval, mlqe
 
@@ -53,7 +54,7 @@ def load_source(source: str, input_path: str | None, limit: int | None, seed: in
         rows = halueval.load_halueval_rows(input_path, limit=limit)
         if source == "halueval-pairs":
             return halueval.halueval_pair_records(rows)
-        return halueval.halueval_perturbation_records(rows, seed=seed)
+        return halueval.halueval_perturbation_records(rows, seed=seed, progress=progress)
     if input_path is None:
         raise DataError(f"source {source!r} needs an input path (--input PATH).")
     if source == "fava":
@@ -70,7 +71,8 @@ def load_source(source: str, input_path: str | None, limit: int | None, seed: in
 
 
 def build(args: argparse.Namespace) -> None:
-    records = load_source(args.source, args.input, args.limit, args.seed, args.fava_form, args.mlqe_split)
+    with Bar(f"building {args.source}") as bar:
+        records = load_source(args.source, args.input, args.limit, args.seed, args.fava_form, args.mlqe_split, bar)
     if args.limit and not args.source.startswith("halueval"):
         records = records[: args.limit]
     write_jsonl(records, args.out)
@@ -108,6 +110,10 @@ def stats(args: argparse.Namespace) -> None:
         print("no token-labelled records in this split")
         return
     tok = load_model(ModelSpec(args.model, args.dtype, args.device)).tokenizer
-    labels = [encode_record(tok, r).response_labels for r in chosen]
+    labels = []
+    with Bar("tokenizing", total=len(chosen)) as bar:
+        for r in chosen:
+            labels.append(encode_record(tok, r).response_labels)
+            bar.update()
     print(f"\ntoken labels per label setting ({args.split} split, {args.model} tokenizer):")
     print(label_settings_table(labels, seed=0).to_string(index=False))

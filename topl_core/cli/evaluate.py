@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..progress import Bar
+
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     pass
@@ -61,7 +63,6 @@ def run(args: argparse.Namespace) -> int:
     cfg = EvalConfig(data=args.data, split_seed=args.split_seed, n_id=args.n_id, n_ood=args.n_ood, cliff_csv=args.cliff,
                      max_new_tokens=args.max_new_tokens, max_doc_tokens=args.max_doc_tokens, batch_size=args.batch_size,
                      scorer=args.scorer, top_k=args.top_k, model=args.model, device=args.device)
-    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     out: dict = {"config": cfg.__dict__}
 
     if args.scorer_quality:
@@ -78,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.run:
             print("error: --lambdas needs --run RUN_DIR", file=sys.stderr)
             return 2
-        df = lambda_sweep(args.run[0], args.lambdas, cfg, sets=tuple(args.sets), progress=say, use_cache=not args.no_cache)
+        with Bar("λ values", total=len(args.lambdas)) as bar:
+            df = lambda_sweep(args.run[0], args.lambdas, cfg, sets=tuple(args.sets), progress=bar.stage,
+                              use_cache=not args.no_cache)
         curve = lambda_curve(df)
         print(f"λ sweep of {args.run[0]} (steered sites {df.attrs.get('sites')}; scorer {cfg.scorer}, sentence protocol)")
         print(curve.to_string(index=False, float_format=_fmt))
@@ -100,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
             from ..runs import RunDir
 
             variants[0] = Variant.base(RunDir(args.run[0]).read_config()[0].model)
-        res = evaluate(variants, cfg, progress=say, use_cache=not args.no_cache)
+        with Bar("variants", total=len(variants)) as bar:
+            res = evaluate(variants, cfg, progress=bar.stage, use_cache=not args.no_cache)
         per_doc = res.per_doc
         for protocol in ("sentence", "full"):
             print(f"\nfactuality ({res.scorer}, {protocol} protocol; ID = test split of {cfg.data}, OOD = CLIFF):")

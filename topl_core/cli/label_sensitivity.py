@@ -11,6 +11,7 @@ import sys
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     pass
 
+from ..progress import Bar
 from .common import add_precision_arg, announce_precision
 
 
@@ -63,7 +64,14 @@ def run(args: argparse.Namespace) -> int:
     elif args.show:
         df = read_label_study(args.out)
     else:
-        df = run_label_study(cfg, args.out, progress=lambda m: print(m, file=sys.stderr, flush=True))
+        from pathlib import Path
+
+        from ..runs import RunDir
+
+        todo = sum(not RunDir(Path(args.out) / s).is_complete for s in cfg.settings)
+        with Bar("label settings", total=todo) as bar:  # each "training setting …" message starts a stage
+            df = run_label_study(cfg, args.out,
+                                 progress=lambda m: bar.stage(m) if m.startswith("training setting") else bar.note(m))
     cols = [c for c in df.columns if c != "run"]
     print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if args.json:

@@ -8,6 +8,7 @@ import argparse
 import math
 from pathlib import Path
 
+from ..progress import Bar
 from .common import add_data_args, add_precision_arg, announce_precision, load_split
 
 
@@ -47,22 +48,6 @@ def _token_set(args: argparse.Namespace, run_cfg) -> tuple[str, list]:
     return f"{args.data} [{args.split}]", labelled_records(load_split(args))
 
 
-def _progress(name: str):
-    import sys
-
-    tty = sys.stdout.isatty()
-    step = {"next": 0.0}
-
-    def report(done: int, total: int) -> None:
-        if tty:
-            print(f"\r  capturing {name}: {done}/{total} records", end="\n" if done == total else "", flush=True)
-        elif done / total >= step["next"] or done == total:  # logs: a line per ~25%
-            print(f"  capturing {name}: {done}/{total} records", flush=True)
-            step["next"] = done / total + 0.25
-
-    return report
-
-
 def run(args: argparse.Namespace) -> None:
     from ..analysis.separability import METHOD, ProbeSettings, comparison_table, format_heatmap, probe_run
     from ..io import write_json
@@ -85,7 +70,8 @@ def run(args: argparse.Namespace) -> None:
     results, separabilities, names = [], {}, []
     for rd in runs:
         cfg, _ = rd.read_config()
-        res = probe_run(rd, records, settings, token_set=token_set, use_cache=not args.no_cache, progress=_progress(rd.name))
+        with Bar(f"capturing {rd.name}") as bar:
+            res = probe_run(rd, records, settings, token_set=token_set, use_cache=not args.no_cache, progress=bar)
         name = f"{cfg.method} ({rd.name})"
         while name in separabilities:
             name += "'"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..progress import Bar
 from .common import add_data_args, add_precision_arg, announce_precision, load_split
 
 
@@ -51,7 +52,10 @@ def run(args: argparse.Namespace) -> None:
                 sets[src] = [r for r in report.records if r.source == src]
         if not sets:
             raise SystemExit("error: give --document/--response, --data, or --cliff")
-        result = {name: detection_auroc(scorer.score(recs)) | {"records": len(recs)} for name, recs in sets.items()}
+        result = {}
+        for name, recs in sets.items():
+            with Bar(f"scoring {name}") as bar:
+                result[name] = detection_auroc(scorer.score(recs, progress=bar)) | {"records": len(recs)}
         print(f"{'set':44s} {'records':>8s} {'tokens':>8s} {'%bad':>6s} {'head AUROC':>11s} {'surprisal AUROC':>16s}")
         for name, r in result.items():
             print(f"{name:44s} {r['records']:8d} {r['tokens']:8d} {r['pct_bad']:6.1f} {r['head_auroc']:11.3f} {r['surprisal_auroc']:16.3f}")

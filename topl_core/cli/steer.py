@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..progress import Bar
 from .common import add_data_args, load_split
 
 
@@ -59,8 +60,9 @@ def run(args: argparse.Namespace) -> None:
             raise SystemExit(f"error: {args.data} [{args.split}] holds no records with token labels.")
         print(f"computing steering vectors from {args.data} [{args.split}]: {len(records)} records")
         lo, hi = min(args.lambdas), max(args.lambdas)
-        vectors = build_steering_vectors(rd, records, ProbeSettings(random_control=False), args.top_k,
-                                         use_cache=not args.no_cache, lambda_range=(lo, hi))
+        with Bar("capturing LoRA-A projections") as bar:
+            vectors = build_steering_vectors(rd, records, ProbeSettings(random_control=False), args.top_k,
+                                             use_cache=not args.no_cache, lambda_range=(lo, hi), progress=bar)
     norms = vectors.norms()
     print(f"steered sites ({vectors.n_good} good / {vectors.n_bad} bad tokens; v = scaling·B(μ+ − μ−)):")
     for s in vectors.sites:
@@ -72,11 +74,11 @@ def run(args: argparse.Namespace) -> None:
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, mode=args.mode, seed=args.seed)
     rows = []
     if not args.no_base:
-        base_text = generate(load_model(ModelSpec(cfg.model, "float32", cfg.device)), [args.document], gen)[0]
+        base_text = generate(load_model(ModelSpec(cfg.model, device=cfg.device)), [args.document], gen)[0]
         rows.append({"model": "base", "lambda": None, "text": base_text})
         print(f"\n== base model\n{base_text}")
     session = SteeringSession.from_run(rd, vectors)
-    for lam in args.lambdas:
+    for lam in args.lambdas:  # each text is printed as it is done: that is the progress here
         text = session.generate_steered(args.document, lam, gen)
         rows.append({"model": "merged" if lam == 0 else "steered", "lambda": lam, "text": text})
         print(f"\n== merged, λ = {lam:g}\n{text}")

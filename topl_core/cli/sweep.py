@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..progress import Bar
 from .common import add_precision_arg, announce_precision
 
 
@@ -108,13 +109,18 @@ def run(args: argparse.Namespace) -> int:
               f"(saving {100 * (1 - tr / tp):.0f}%)" if tp else "")
         return 0
 
+    bar = Bar("sweep windows")
+
     def report(ev: dict) -> None:
         if ev["event"] == "window":
-            print(f"== window {ev['window']} (layers {ev['start']}..{ev['start'] + ev['size'] - 1})", flush=True)
+            if bar.total is None:
+                bar.total = ev["todo"]
+            bar.note(f"== window {ev['window']} (layers {ev['start']}..{ev['start'] + ev['size'] - 1})")
         elif ev["event"] == "step" and (ev["step"] == ev["steps"] or ev["step"] % 5 == 0):
-            print(f"   step {ev['step']}/{ev['steps']} loss {ev['loss']:.4f}", flush=True)
+            bar.note(f"   step {ev['step']}/{ev['steps']} loss {ev['loss']:.4f}")
         elif ev["event"] == "done":
-            print(f"   val AUROC {ev['val_token_auroc']:.3f}  ({ev['train_s']:.1f} s)", flush=True)
+            bar.note(f"   val AUROC {ev['val_token_auroc']:.3f}  ({ev['train_s']:.1f} s)")
+            bar.update()
 
     if args.resume:
         import json

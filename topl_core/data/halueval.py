@@ -72,6 +72,8 @@ def halueval_pair_records(rows: Sequence[dict], source: str = "halueval") -> lis
     return records
 
 
-def halueval_perturbation_records(rows: Sequence[dict], seed: int, source: str = "halueval-perturbed") -> list[Record]:
+def halueval_perturbation_records(rows: Sequence[dict], seed: int, source: str = "halueval-perturbed",
+                                  progress=None) -> list[Record]:
     """Token-level pairs: each right summary and a seeded perturbation of it (names may come from other documents)."""
-    return build_perturbation_records(((r["doc_id"], r["document"], r["right_summary"]) for r in rows), seed, source)
+    return build_perturbation_records(((r["doc_id"], r["document"], r["right_summary"]) for r in rows), seed, source,
+                                      progress=progress)

@@ -318,12 +318,14 @@ def perturb_summary(
 
 
 def build_perturbation_records(
-    pairs: Iterable[tuple[str, str, str]], seed: int, source: str = "halueval-perturbed", donors_per_document: int = 2
+    pairs: Iterable[tuple[str, str, str]], seed: int, source: str = "halueval-perturbed", donors_per_document: int = 2,
+    progress=None,
 ) -> list[Record]:
     """Two records per (doc_id, document, faithful_summary): the faithful summary (all good) and a perturbed one.
 
     Entity swaps and invented sentences may also draw names from `donors_per_document` other documents of
     `pairs`. Each document's edits come from `random.Random(f"{seed}:{doc_id}")`: deterministic for a seed.
+    `progress(done, total)` is called after each document.
     """
     pairs = list(pairs)
     n_donors = min(donors_per_document, len(pairs) - 1)
@@ -338,4 +340,6 @@ def build_perturbation_records(
         records.append(Record(id=f"{doc_id}:perturbed", document=document, response=perturbed, bad_spans=spans,
                               sequence_label=0, faithful_response=summary, source=source, doc_id=doc_id,
                               meta={"edits": [s.kind for s in spans]}))
+        if progress is not None:
+            progress(index + 1, len(pairs))
     return records
