@@ -202,6 +202,24 @@ def test_every_page_renders_without_exception(app, browser):
     page.context.close()
 
 
+def test_every_page_answers_an_empty_workbench(browser, tmp_path):
+    """A fresh machine before anything exists: no runs, no data set, no demo adapters. Every page renders in the
+    real browser without an exception box, and the analysis pages name the next step."""
+    env = {"TOPL_RUNS_DIR": str(tmp_path / "runs"), "TOPL_CACHE_DIR": str(tmp_path / "cache"),
+           "TOPL_EXAMPLES_DIR": "", "TOPL_DEFAULT_MODEL": "tiny-llama"}
+    empty = App(env, tmp_path / "streamlit.log")
+    try:
+        page = new_page(browser, height=1400)
+        for name, title in PAGES.items():
+            visit(page, empty, "" if name == "home" else name, title)
+            if name in ("lora_a", "steering", "token_overlay"):
+                page.get_by_text("No finished run", exact=False).first.wait_for(timeout=30_000)
+            shot(page, f"empty-{name}")
+        page.context.close()
+    finally:
+        empty.stop()
+
+
 def test_train_form_opens_filled_with_the_defaults(app, browser):
     """Opened by URL in a new session, the Train form settles on TrainConfig's defaults (its inputs have no values
     of their own: the page fills them through session state), not on the inputs' minimums."""
