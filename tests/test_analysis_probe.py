@@ -318,6 +318,34 @@ def test_cache_round_trips_exactly(cache_tmp):
         cached("unit", {"obj": 1}, lambda: {"o": np.asarray([{}], dtype=object)}, NPZ)
 
 
+def test_shipped_cache_is_read_after_the_local_one_and_never_written(cache_tmp, tmp_path, monkeypatch):
+    """Results shipped beside the demo adapters (examples/analysis-cache) answer a local miss; a local entry wins;
+    with the demos hidden (TOPL_EXAMPLES_DIR empty) the shipped cache is not consulted."""
+    import shutil
+
+    from topl_core.analysis.cache import JSON, cache_path, cached, full_key, shipped_cache_path
+
+    monkeypatch.setenv("TOPL_EXAMPLES_DIR", str(tmp_path / "examples" / "adapters"))
+    local = cache_path("unit", full_key({"q": 1}), JSON)
+    shipped = shipped_cache_path(local)
+    assert shipped == tmp_path / "examples" / "analysis-cache" / "unit" / local.name
+    shipped.parent.mkdir(parents=True)
+    shipped.write_text('{"from": "shipped"}')
+
+    def must_not_run():
+        raise AssertionError("computed although a shipped entry exists")
+
+    assert cached("unit", {"q": 1}, must_not_run) == {"from": "shipped"}
+    assert not local.exists()  # read-only: nothing copied, nothing rewritten
+    local.parent.mkdir(parents=True, exist_ok=True)
+    local.write_text('{"from": "local"}')
+    assert cached("unit", {"q": 1}, must_not_run) == {"from": "local"}
+    local.unlink()
+    monkeypatch.setenv("TOPL_EXAMPLES_DIR", "")
+    assert cached("unit", {"q": 1}, lambda: {"from": "computed"}) == {"from": "computed"}
+    shutil.rmtree(tmp_path / "examples")
+
+
 def test_probe_is_cached_and_invalidated_by_a_changed_adapter(cache_tmp, tiny_run, news_records, tmp_path):
     import shutil
 

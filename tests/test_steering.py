@@ -156,6 +156,22 @@ def test_no_hooks_remain_after_exception(merged, vectors):
     assert all_hooks(merged.model) == before
 
 
+def test_steering_vectors_are_cached_exactly(run, news_records, tmp_path, monkeypatch):
+    """The second build reads the analysis cache (JSON) and gives back the same float32 arrays, bit for bit."""
+    monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path))
+    first = build_steering_vectors(run, news_records, top_k=3)
+    (entry,) = [p for p in (tmp_path / "analysis" / "steering_vectors").glob("*.json") if not p.name.endswith(".key.json")]
+    again = build_steering_vectors(run, news_records, top_k=3)
+    fresh = build_steering_vectors(run, news_records, top_k=3, use_cache=False)
+    assert entry.exists() and [s.key for s in again.sites] == [s.key for s in first.sites]
+    for other in (again, fresh):
+        for k in first.vectors:
+            assert np.array_equal(other.vectors[k], first.vectors[k]) and other.vectors[k].dtype == np.float32
+            assert np.array_equal(other.mu_good[k], first.mu_good[k]) and np.array_equal(other.mu_bad[k], first.mu_bad[k])
+        assert other.auroc == first.auroc and other.scaling == first.scaling
+    assert build_steering_vectors(run, news_records, top_k=2).sites == first.sites[:2]  # top_k is in the key
+
+
 def test_export_import_round_trip(vectors, tmp_path, run):
     vectors.save(tmp_path / "v")
     back = SteeringVectors.load(tmp_path / "v")

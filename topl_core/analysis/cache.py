@@ -3,7 +3,8 @@ fingerprint, stored atomically as json / npz / parquet under cache_dir()/analysi
 (never pickle), reloaded instantly.
 
     cached(kind, key, compute, codec=JSON, *, run=None, base_fingerprint=None, refresh=False, enabled=True)
-        -> the value: loaded from disk when present, else compute() — written atomically, then returned.
+        -> the value: loaded from disk when present (the local cache, then the read-only shipped cache of the
+        demo adapters, examples/analysis-cache), else compute() — written atomically, then returned.
         `key` is any JSON-able dict (the config of the computation). With `run` (RunDir or path), the run's
         RunDir.fingerprint() and its base model's fingerprint (topl_config.json meta) join the key, so a changed
         adapter or config gives a different key. `base_fingerprint` adds a base model fingerprint explicitly
@@ -30,7 +31,7 @@ from typing import IO, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..io import atomic_open, write_json
-from ..paths import cache_dir
+from ..paths import cache_dir, examples_dir
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,20 @@ def full_key(key: Mapping, run=None, base_fingerprint: str | None = None) -> dic
     return out
 
 
+def shipped_cache_dir() -> Path | None:
+    """Read-only analysis results shipped beside the demo adapters (examples/analysis-cache), so that the first
+    visit of a page on a demo adapter needs no computation. Same layout and keys as the local cache; absent
+    when the demo adapters are hidden (TOPL_EXAMPLES_DIR empty)."""
+    ex = examples_dir()
+    return ex.parent / "analysis-cache" if ex is not None else None
+
+
+def shipped_cache_path(local: Path) -> Path | None:
+    """Where the entry at `local` (under analysis_cache_dir()) would lie in the shipped cache."""
+    shipped = shipped_cache_dir()
+    return shipped / local.relative_to(analysis_cache_dir()) if shipped is not None else None
+
+
 def cache_path(kind: str, key_dict: Mapping, codec: Codec) -> Path:
     if not kind or "/" in kind or kind.startswith("."):
         raise ValueError(f"cache kind={kind!r}: use a plain folder name such as 'separability'.")
@@ -134,11 +149,13 @@ def cached(
         return compute()
     kd = full_key(key, run, base_fingerprint)
     path = cache_path(kind, kd, codec)
-    if path.exists() and not refresh:
-        try:
-            return codec.load(path)
-        except Exception:  # a corrupt or foreign file: recompute and overwrite it
-            pass
+    if not refresh:
+        for candidate in (path, shipped_cache_path(path)):
+            if candidate is not None and candidate.exists():
+                try:
+                    return codec.load(candidate)
+                except Exception:  # a corrupt or foreign file: recompute (and overwrite a local one)
+                    pass
     value = compute()
     with atomic_open(path, "wb") as f:
         codec.dump(value, f)

@@ -39,7 +39,7 @@ import threading
 import time
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
@@ -121,9 +121,24 @@ class SteeringVectors:
         sites = tuple(Site.from_json(s) for s in meta["sites"])
         try:
             get = lambda prefix: {s.key: t[f"{prefix}/{s.key}"].float().numpy() for s in sites}  # noqa: E731
-            vectors, mu_good, mu_bad = get("vector"), get("mu_good"), get("mu_bad")
+            return cls._from_parts(meta, get("vector"), get("mu_good"), get("mu_bad"))
         except KeyError as e:
             raise ModelError(f"{d / VECTORS_FILE}: missing tensor {e}; the export is incomplete — export it again.") from e
+
+    def to_json(self) -> dict:
+        """Metadata and arrays as JSON (the analysis cache; float32 values round-trip exactly through JSON)."""
+        arrays = lambda d: {k: np.asarray(v, np.float32).tolist() for k, v in d.items()}  # noqa: E731
+        return {**self.metadata(), "vectors": arrays(self.vectors), "mu_good": arrays(self.mu_good),
+                "mu_bad": arrays(self.mu_bad)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "SteeringVectors":
+        arrays = lambda m: {k: np.asarray(v, np.float32) for k, v in m.items()}  # noqa: E731
+        return cls._from_parts(d, arrays(d["vectors"]), arrays(d["mu_good"]), arrays(d["mu_bad"]))
+
+    @classmethod
+    def _from_parts(cls, meta: dict, vectors: dict, mu_good: dict, mu_bad: dict) -> "SteeringVectors":
+        sites = tuple(Site.from_json(s) for s in meta["sites"])
         return cls(sites, vectors, mu_good, mu_bad, {s["key"]: float(s["auroc"]) for s in meta["sites"]},
                    {s["key"]: float(s["scaling"]) for s in meta["sites"]}, meta.get("base_model"),
                    meta.get("base_fingerprint"), meta.get("adapter_fingerprint"), meta.get("adapter_path"),
@@ -198,19 +213,29 @@ def build_steering_vectors(run, records, settings=None, top_k: int = 4, base: Lo
     from .separability import ProbeSettings, _as_run, run_projections, separability
     from .sites import read_lora_weights
 
+    from .cache import cached, json_codec, records_fingerprint
+
     run = _as_run(run)
-    settings = settings or ProbeSettings()
+    settings = (settings or ProbeSettings()).resolved(run)
     cfg, meta = run.read_config()
-    proj = run_projections(run, records, settings, base, use_cache, progress)[DEFAULT_SET]
-    residual = [s for s in proj.sites if s.residual]
-    sub = Projections(tuple(residual), {s.key: proj[s] for s in residual}, proj.labels, proj.record_ids,
-                      proj.positions, proj.tokens, proj.doc_ids)
-    sep = separability(sub, run.name, settings.folds, settings.seed, n_boot=10)
-    return compute_steering_vectors(
-        read_lora_weights(run), proj, sep, top_k, lambda_range=lambda_range, base_model=cfg.model,
-        base_fingerprint=meta.get("base_fingerprint"), adapter_fingerprint=run.fingerprint(),
-        adapter_path=str(run.path), extra={"auroc_column": "cv_auroc", "tokens": "labelled", "created": time.time()},
-    )
+
+    def compute() -> SteeringVectors:
+        proj = run_projections(run, records, settings, base, use_cache, progress)[DEFAULT_SET]
+        residual = [s for s in proj.sites if s.residual]
+        sub = Projections(tuple(residual), {s.key: proj[s] for s in residual}, proj.labels, proj.record_ids,
+                          proj.positions, proj.tokens, proj.doc_ids)
+        sep = separability(sub, run.name, settings.folds, settings.seed, n_boot=10)
+        return compute_steering_vectors(
+            read_lora_weights(run), proj, sep, top_k, lambda_range=lambda_range, base_model=cfg.model,
+            base_fingerprint=meta.get("base_fingerprint"), adapter_fingerprint=run.fingerprint(),
+            adapter_path=str(run.path), extra={"auroc_column": "cv_auroc", "tokens": "labelled", "created": time.time()},
+        )
+
+    key = {"analysis": "steering_vectors", "settings": asdict(settings), "records": records_fingerprint(records),
+           "top_k": top_k, "lambda_range": [float(x) for x in lambda_range]}
+    vectors = cached("steering_vectors", key, compute, json_codec(SteeringVectors.to_json, SteeringVectors.from_json),
+                     run=run, enabled=use_cache)
+    return replace(vectors, adapter_path=str(run.path))  # a cached entry may come from another checkout
 
 
 # --- applying vectors --------------------------------------------------------------------------------------
