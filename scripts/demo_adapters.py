@@ -3,6 +3,8 @@
     .venv/bin/python scripts/demo_adapters.py               # retrain each demo into a temp dir, compare bit for bit
     .venv/bin/python scripts/demo_adapters.py --replace     # retrain into examples/adapters (after a recipe change)
     .venv/bin/python scripts/demo_adapters.py --only sft-smollm2 --out /tmp/demos
+    .venv/bin/python scripts/demo_adapters.py --first-visit ship   # time each analysis page's first visit on the demos,
+                                                               # then ship its small results in examples/analysis-cache
 
 `make demo-adapters` runs the first form. Training is seeded and its data order is a pure function of the seed, so
 the same command on the same precision and CPU kind gives the same weights: the check compares the sha256 of every
@@ -23,6 +25,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "adapters"
+SHIPPED_CACHE = REPO / "examples" / "analysis-cache"
+FIRST_VISIT_PAGES = ("home", "lora_a", "steering", "token_overlay")  # home first: it loads the base model
+SHIP_MAX_BYTES = 2_000_000  # JSON results only (separability, steering vectors, scorer quality); never projections
 DATA = "cache/data/halueval-perturbed.jsonl"  # built by scripts/setup.sh: 600 HaluEval documents, seed 0
 
 # name → train flags (the rest are TrainConfig's defaults: SmolLM2, LoRA r=4 α=8 on layers 0–20, lr 1e-4, batch 8)
@@ -63,12 +68,60 @@ def compare(name: str, built: Path) -> bool:
     return same
 
 
+def first_visit(ship: bool) -> dict[str, float]:
+    """Open each analysis page on the demo adapters (SmolLM2, the pages' defaults) through Streamlit's AppTest with
+    an empty analysis cache, and time it: what a newcomer waits on a first visit. With `ship`, the JSON results the
+    visits computed go to examples/analysis-cache, where the cache finds them read-only (same keys everywhere: the
+    data set is seeded, keys hold the adapter and base fingerprints and the resolved precision)."""
+    import os
+    import time
+
+    from streamlit.testing.v1 import AppTest
+
+    work = Path(tempfile.mkdtemp(prefix="topl-first-visit-"))
+    (work / "cache").mkdir()
+    for sub in ("models", "data"):  # the converted model and the data sets, not the analysis results
+        if (REPO / "cache" / sub).exists():
+            (work / "cache" / sub).symlink_to(REPO / "cache" / sub)
+    os.environ.update({"TOPL_CACHE_DIR": str(work / "cache"), "TOPL_RUNS_DIR": str(work / "runs"),
+                       "TOPL_EXAMPLES_DIR": str(EXAMPLES) if ship else str(work / "no-shipped" / "adapters"),
+                       "TOPL_DEFAULT_MODEL": "smollm2-135m"})
+    if ship:
+        shutil.rmtree(SHIPPED_CACHE, ignore_errors=True)  # recompute everything it holds
+    else:  # time without the shipped results: copy the demos where no analysis-cache lies beside them
+        shutil.copytree(EXAMPLES, work / "no-shipped" / "adapters")
+    seconds = {}
+    for name in FIRST_VISIT_PAGES:
+        t = time.perf_counter()
+        at = AppTest.from_file(str(REPO / "app.py"), default_timeout=1800)
+        at.run()
+        if name != "home":
+            at.switch_page(f"pages/{name}.py").run()
+        seconds[name] = time.perf_counter() - t
+        problems = [e.value for e in at.exception] + [e.value for e in at.error]
+        print(f"{name}: first visit {seconds[name]:.1f} s{'  PROBLEM: ' + str(problems) if problems else ''}", flush=True)
+    if ship:
+        for f in (work / "cache" / "analysis").rglob("*.json"):
+            if f.stat().st_size <= SHIP_MAX_BYTES:
+                dest = SHIPPED_CACHE / f.relative_to(work / "cache" / "analysis")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, dest)
+        print(f"shipped {sum(1 for _ in SHIPPED_CACHE.rglob('*.json'))} files in {SHIPPED_CACHE}")
+    return seconds
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="+", choices=sorted(DEMOS), default=sorted(DEMOS))
     p.add_argument("--replace", action="store_true", help="train into examples/adapters, replacing what is there")
     p.add_argument("--out", help="train into this folder instead of a temp dir, then compare")
+    p.add_argument("--first-visit", choices=["time", "ship"],
+                   help="time: each analysis page's first visit on the demos with no cache at all; ship: the same, "
+                        "then write the JSON results into examples/analysis-cache")
     args = p.parse_args()
+    if args.first_visit:
+        first_visit(ship=args.first_visit == "ship")
+        return 0
     if not (REPO / DATA).exists():
         print(f"error: {DATA} is missing; run `make setup` (or scripts/setup.sh) first", file=sys.stderr)
         return 2
