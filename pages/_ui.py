@@ -456,9 +456,9 @@ def token_set(kind: str, run_path: str, data_path: str | None, split: str, limit
 
     if kind.startswith("CLIFF"):
         from topl_core.data.cliff import load_factuality_csv
-        from topl_core.paths import shared_data_dir
+        from topl_core.paths import cliff_csv
 
-        path = shared_data_dir() / "CLIFF_error_types.csv"
+        path = cliff_csv()
         if not path.is_file():
             raise DataError(f"CLIFF spans not found at {path} (set TOPL_SHARED_DATA to its folder).")
         recs = labelled_records(load_factuality_csv(path).records)

@@ -17,7 +17,7 @@ from pages._ui import (base_model, csv_download, current_spec, dataset_picker, l
 from topl_core.cli.data import SOURCES, load_source
 from topl_core.data.records import DataError, write_jsonl
 from topl_core.data.split import split_records
-from topl_core.paths import cache_dir, shared_data_dir
+from topl_core.paths import cache_dir, cliff_csv
 
 st.title("Data")
 st.caption("Token-level supervision: a document, a response, and a good/bad label for every response token.")
@@ -141,7 +141,7 @@ with tab_build:
     b2.info(SOURCE_HELP[source])
     input_path = None
     if not source.startswith("halueval"):
-        default_in = str(shared_data_dir() / "CLIFF_error_types.csv") if source in ("cliff", "aggrefact") else ""
+        default_in = str(cliff_csv()) if source in ("cliff", "aggrefact") else ""
         input_path = st.text_input("Input path (file, or directory for MLQE-PE)", value=default_in,
                                    key=f"data.build_input.{source}", persist_state="session")
         upload = st.file_uploader("…or upload a file", type=["jsonl", "csv", "json"], key=f"data.build_upload.{source}")

@@ -24,11 +24,15 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from topl_core.models import DEFAULT_MODEL  # noqa: E402  (after the path insert)
+from topl_core.paths import DEFAULT_DATA  # noqa: E402
 EXAMPLES = REPO / "examples" / "adapters"
 SHIPPED_CACHE = REPO / "examples" / "analysis-cache"
 FIRST_VISIT_PAGES = ("home", "lora_a", "steering", "token_overlay")  # home first: it loads the base model
 SHIP_MAX_BYTES = 2_000_000  # JSON results only (separability, steering vectors, scorer quality); never projections
-DATA = "cache/data/halueval-perturbed.jsonl"  # built by scripts/setup.sh: 600 HaluEval documents, seed 0
+DATA = DEFAULT_DATA  # built by scripts/setup.sh: 600 HaluEval documents, seed 0
 
 # name → train flags (the rest are TrainConfig's defaults: SmolLM2, LoRA r=4 α=8 on layers 0–20, lr 1e-4, batch 8)
 DEMOS: dict[str, list[str]] = {
@@ -85,7 +89,7 @@ def first_visit(ship: bool) -> dict[str, float]:
             (work / "cache" / sub).symlink_to(REPO / "cache" / sub)
     os.environ.update({"TOPL_CACHE_DIR": str(work / "cache"), "TOPL_RUNS_DIR": str(work / "runs"),
                        "TOPL_EXAMPLES_DIR": str(EXAMPLES) if ship else str(work / "no-shipped" / "adapters"),
-                       "TOPL_DEFAULT_MODEL": "smollm2-135m"})
+                       "TOPL_DEFAULT_MODEL": DEFAULT_MODEL})
     if ship:
         shutil.rmtree(SHIPPED_CACHE, ignore_errors=True)  # recompute everything it holds
     else:  # time without the shipped results: copy the demos where no analysis-cache lies beside them

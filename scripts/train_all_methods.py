@@ -24,7 +24,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from topl_core.training.config import TrainConfig  # noqa: E402  (after the path insert)
+from topl_core.models import DEFAULT_MODEL  # noqa: E402  (after the path insert)
+from topl_core.paths import DEFAULT_DATA  # noqa: E402
+from topl_core.training.config import TrainConfig  # noqa: E402
 from topl_core.training.objectives import OBJECTIVES  # noqa: E402
 
 METHODS = ("topl", "sft", "dpo", "sopl", "tldr", "unlikelihood", "tdpo")
@@ -188,8 +190,8 @@ def write_table(path: Path, results: list[dict], command: str, per_method: dict[
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--data", default="cache/data/halueval-perturbed.jsonl")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--data", default=DEFAULT_DATA)
     p.add_argument("--out", default="runs/baselines")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=8, help="examples per step (token and sequence methods)")

@@ -40,6 +40,7 @@ from typing import Callable
 import torch
 
 from .io import write_json
+from .models import DEFAULT_MODEL
 from .precision import resolve_precision
 from .progress import Bar
 
@@ -128,7 +129,7 @@ def sweep_flops_ratio(windows: list[tuple[int, int]]) -> float:
 N_PHASES = 7  # the phase(...) calls in run_bench: peaks, TOPL, SFT, capture, generation, heatmap, sweep
 
 
-def run_bench(quick: bool, data: str, model: str = "smollm2-135m", log: Callable[[str], None] = print) -> dict:
+def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[[str], None] = print) -> dict:
     from .analysis.capture import capture_lora
     from .analysis.separability import ProbeSettings, probe_run
     from .analysis.steering import build_steering_vectors, steer

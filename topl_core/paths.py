@@ -30,3 +30,13 @@ def examples_dir() -> Path | None:
     if raw is None:
         return PROJECT_ROOT / "examples" / "adapters"
     return Path(raw) if raw.strip() else None
+
+
+# The default training/evaluation data set, as configs record it (relative to the project root): scripts/setup.sh
+# builds it (600 HaluEval documents with seeded token-level perturbations).
+DEFAULT_DATA = "cache/data/halueval-perturbed.jsonl"
+
+
+def cliff_csv() -> Path:
+    """CLIFF's span-labelled CSV, the offline OOD token set (lives in ../shared/data, not in the project)."""
+    return shared_data_dir() / "CLIFF_error_types.csv"

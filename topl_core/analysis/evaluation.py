@@ -33,8 +33,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..generate import GenerationConfig, generate
-from ..models import ModelSpec, load_model
-from ..paths import PROJECT_ROOT
+from ..models import DEFAULT_MODEL, ModelSpec, load_model
+from ..paths import DEFAULT_DATA, PROJECT_ROOT, cliff_csv
 from ..runs import RunDir
 from .scorers import PROTOCOLS, Scorer, ScorerQuality, make_scorer, score_summary
 
@@ -70,7 +70,7 @@ class Variant:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    data: str = "cache/data/halueval-perturbed.jsonl"  # ID: the held-out test split of this training data
+    data: str = DEFAULT_DATA  # ID: the held-out test split of this training data
     split_seed: int = 0
     n_id: int = 16
     n_ood: int = 16
@@ -80,7 +80,7 @@ class EvalConfig:
     batch_size: int = 4
     scorer: str = "grounding"
     top_k: int = 4  # steered sites
-    model: str = "smollm2-135m"  # base model when no run names one
+    model: str = DEFAULT_MODEL  # base model when no run names one
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -128,11 +128,10 @@ def ood_documents(cfg: EvalConfig) -> list[EvalDoc]:
     Empty when the CSV is absent."""
     import pandas as pd
 
-    from ..paths import shared_data_dir
 
     if cfg.n_ood == 0:
         return []
-    path = Path(cfg.cliff_csv) if cfg.cliff_csv else shared_data_dir() / "CLIFF_error_types.csv"
+    path = Path(cfg.cliff_csv) if cfg.cliff_csv else cliff_csv()
     if not path.is_file():
         return []
     table = pd.read_csv(path, dtype=str, keep_default_na=False)

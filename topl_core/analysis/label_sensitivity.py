@@ -93,10 +93,10 @@ def label_stats_for(cfg: LabelStudyConfig, records=None, tokenizer=None):
 
 def _cliff_auroc(cfg: LabelStudyConfig, run: RunDir) -> dict:
     from ..data.cliff import load_factuality_csv
-    from ..paths import shared_data_dir
+    from ..paths import cliff_csv
     from ..scoring import TokenScorer, detection_auroc
 
-    path = Path(cfg.cliff_csv) if cfg.cliff_csv else shared_data_dir() / "CLIFF_error_types.csv"
+    path = Path(cfg.cliff_csv) if cfg.cliff_csv else cliff_csv()
     if not path.is_file():
         return {}
     recs = list(load_factuality_csv(path).records)[: cfg.n_cliff]

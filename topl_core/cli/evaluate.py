@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..models import DEFAULT_MODEL
+from ..paths import DEFAULT_DATA
+
 from ..progress import Bar
 
 
@@ -32,8 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="λ sweep mode: factuality and length vs λ for the (first) --run")
     p.add_argument("--sets", nargs="+", choices=["ID", "OOD"], default=["ID"], help="document sets of the λ sweep")
     p.add_argument("--scorer-quality", action="store_true", help="print the scorer's measured AUROC on CLIFF / HaluEval")
-    p.add_argument("--model", default="smollm2-135m", help="base model when no --run is given")
-    p.add_argument("--data", default="cache/data/halueval-perturbed.jsonl", help="ID data (its test split is used)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="base model when no --run is given")
+    p.add_argument("--data", default=DEFAULT_DATA, help="ID data (its test split is used)")
     p.add_argument("--split-seed", type=int, default=0)
     p.add_argument("--cliff", help="CLIFF CSV for OOD documents (default ../shared/data/CLIFF_error_types.csv)")
     p.add_argument("--n-id", type=int, default=16, help="ID documents")

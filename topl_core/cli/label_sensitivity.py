@@ -7,6 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..models import DEFAULT_MODEL
+from ..paths import DEFAULT_DATA
+
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     pass
@@ -32,8 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-cliff", type=int, default=0, help="also head token AUROC on this many CLIFF span records")
     p.add_argument("--cliff", help="CLIFF CSV (default ../shared/data/CLIFF_error_types.csv)")
     p.add_argument("--n-generate", type=int, default=0, help="also generation factuality on this many test documents")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--data", default="cache/data/halueval-perturbed.jsonl")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--data", default=DEFAULT_DATA)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--batch-size", type=int, default=8)

@@ -7,6 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..models import DEFAULT_MODEL
+from ..paths import DEFAULT_DATA
+
 from ..progress import Bar
 from .common import add_precision_arg, announce_precision
 
@@ -40,8 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--scorer", default="grounding", help="factuality scorer for --n-generate")
     t = p.add_argument_group("training (per window)")
-    t.add_argument("--model", default="smollm2-135m")
-    t.add_argument("--data", default="cache/data/halueval-perturbed.jsonl")
+    t.add_argument("--model", default=DEFAULT_MODEL)
+    t.add_argument("--data", default=DEFAULT_DATA)
     t.add_argument("--steps", type=int, default=20)
     t.add_argument("--lr", type=float, default=1e-4)
     t.add_argument("--batch-size", type=int, default=8)

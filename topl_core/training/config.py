@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal
 
 from ..models import DEFAULT_MODEL, PRESETS
+from ..paths import DEFAULT_DATA
 from ..precision import PRECISIONS, Precision, resolve_precision
 
 Method = Literal["topl", "sft", "dpo", "sopl", "tldr", "unlikelihood", "tdpo"]
@@ -53,7 +54,7 @@ class LoraSettings:
 class TrainConfig:
     method: Method = "topl"
     model: str = DEFAULT_MODEL
-    data: str = "cache/data/halueval-perturbed.jsonl"
+    data: str = DEFAULT_DATA
     lora: LoraSettings = field(default_factory=LoraSettings)
     lr: float = 1e-4
     # the head's learning rate is lr × this: the head is a fresh linear layer (zero-initialised) while the LoRA
