@@ -6,7 +6,6 @@ from pages._ui import ensure_frame
 
 ensure_frame()  # first: see pages/_ui.py
 
-import math
 
 import numpy as np
 import pandas as pd

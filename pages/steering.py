@@ -16,7 +16,6 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st

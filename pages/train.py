@@ -6,7 +6,6 @@ from pages._ui import ensure_frame
 
 ensure_frame()  # first: see pages/_ui.py
 
-import time
 from pathlib import Path
 
 import pandas as pd

@@ -12,7 +12,6 @@ import ast
 import base64
 import json
 import os
-import re
 import time
 from pathlib import Path
 

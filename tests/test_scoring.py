@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from topl_core.data.records import Record
 from topl_core.generate import GenerationConfig, generate, load_merged
 from topl_core.models import load_model
 from topl_core.scoring import TokenScorer, detection_auroc

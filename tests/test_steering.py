@@ -13,7 +13,7 @@ import torch
 from conftest import NEWS_PAIRS, all_hooks
 from topl_core.analysis.capture import collect_projections
 from topl_core.analysis.separability import separability
-from topl_core.analysis.sites import RESIDUAL_MODULES, lora_sites
+from topl_core.analysis.sites import RESIDUAL_MODULES
 from topl_core.analysis.steering import (
     SteeringSession,
     SteeringVectors,

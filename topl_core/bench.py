@@ -27,7 +27,6 @@ shared machines). Definitions:
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import subprocess

@@ -46,6 +46,11 @@ class RunDir:
     checkpoint_dir = property(lambda self: self.path / "checkpoint")
     adapter_path = property(lambda self: self.path / "adapter_model.safetensors")
 
+    @classmethod
+    def of(cls, run: "RunDir | str | os.PathLike") -> "RunDir":
+        """A RunDir for a path, or the RunDir itself: what every function taking "a run" accepts."""
+        return run if isinstance(run, RunDir) else cls(run)
+
     @property
     def name(self) -> str:
         return self.path.name
@@ -149,7 +154,7 @@ def load_adapter(base: LoadedModel, run: RunDir | str | Path, merge: bool = Fals
     The base model is modified in place by PEFT injection: give it a model you own (not a shared cached one)."""
     from peft import PeftModel
 
-    run = run if isinstance(run, RunDir) else RunDir(run)
+    run = RunDir.of(run)
     if not (run.path / "adapter_config.json").exists() or not run.adapter_path.exists():
         status = run.read_status().get("state", "unknown")
         raise RunError(

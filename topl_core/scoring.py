@@ -41,7 +41,7 @@ class TokenScorer:
 
     def __init__(self, base: LoadedModel, run: RunDir | str | Path, precision: str = "auto",
                  max_doc_tokens: int | None = 512, max_response_tokens: int = 256):
-        self.run = run if isinstance(run, RunDir) else RunDir(run)
+        self.run = RunDir.of(run)
         meta = self.run.check_base(base)
         self.head_layer = int(meta["head_layer"])
         self.tokenizer = base.tokenizer

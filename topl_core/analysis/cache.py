@@ -103,7 +103,7 @@ def full_key(key: Mapping, run=None, base_fingerprint: str | None = None) -> dic
     if run is not None:
         from ..runs import RunDir
 
-        run = run if isinstance(run, RunDir) else RunDir(run)
+        run = RunDir.of(run)
         _, meta = run.read_config()
         out["adapter_fingerprint"] = run.fingerprint()
         out["base_fingerprint"] = meta.get("base_fingerprint")

@@ -173,7 +173,7 @@ def steering_vectors_for(run, cfg: EvalConfig, use_cache: bool = True):
     from .separability import ProbeSettings, labelled_records
     from .steering import build_steering_vectors
 
-    rd = run if isinstance(run, RunDir) else RunDir(run)
+    rd = RunDir.of(run)
     tcfg, _ = rd.read_config()
     records = labelled_records(split_records(read_jsonl(_resolve(tcfg.data)), seed=tcfg.split_seed)["val"])
     return build_steering_vectors(rd, records, ProbeSettings(random_control=False), cfg.top_k, use_cache=use_cache)

@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Literal, Mapping, Sequence
 
 import numpy as np
 
 from ..precision import PRECISIONS, Precision, resolve_precision
+from ..runs import RunDir
 from .capture import DEFAULT_SET, Projections
 from .sites import MODULE_ORDER, Site
 
@@ -349,12 +349,6 @@ class ProbeResult:
                       "control": Separability.from_json(d["control"]) if d.get("control") else None})
 
 
-def _as_run(run):
-    from ..runs import RunDir
-
-    return run if isinstance(run, RunDir) else RunDir(Path(run))
-
-
 def run_projections(run, records, settings: ProbeSettings = ProbeSettings(), base=None, use_cache: bool = True,
                     progress=None) -> dict[str, Projections]:
     """Projections of the run's LoRA-A (key "lora") and, with settings.random_control, of a random-init A
@@ -362,7 +356,7 @@ def run_projections(run, records, settings: ProbeSettings = ProbeSettings(), bas
     `base` (a LoadedModel the caller gives away: the adapter is injected into it) defaults to a fresh load."""
     from .cache import cached, npz_codec, records_fingerprint
 
-    run = _as_run(run)
+    run = RunDir.of(run)
     settings = settings.resolved(run)
     key = {"analysis": "lora_projections", "settings": settings.capture_key(), "records": records_fingerprint(records)}
 
@@ -403,7 +397,7 @@ def probe_run(run, records, settings: ProbeSettings = ProbeSettings(), token_set
     by settings + records + adapter fingerprint + base fingerprint; the projections are cached too (npz)."""
     from .cache import cached, json_codec, records_fingerprint
 
-    run = _as_run(run)
+    run = RunDir.of(run)
     settings = settings.resolved(run)
     rfp = records_fingerprint(records)
     key = {"analysis": "lora_separability", "settings": asdict(settings), "records": rfp}

@@ -48,6 +48,7 @@ import torch
 
 from ..generate import GenerationConfig
 from ..models import LoadedModel, ModelError
+from ..runs import RunDir
 from .capture import DEFAULT_SET, Projections
 from .sites import RESIDUAL_MODULES, LoraWeights, Site, active_adapter_name, lora_sites, lora_weights, site_module, sort_sites
 
@@ -210,12 +211,12 @@ def build_steering_vectors(run, records, settings=None, top_k: int = 4, base: Lo
                            progress=None) -> SteeringVectors:
     """Steering vectors of a run from a labelled token set: projections (cached), per-site cv AUROC of the
     residual-writing sites, A/B/scaling from the run's adapter files."""
-    from .separability import ProbeSettings, _as_run, run_projections, separability
+    from .separability import ProbeSettings, run_projections, separability
     from .sites import read_lora_weights
 
     from .cache import cached, json_codec, records_fingerprint
 
-    run = _as_run(run)
+    run = RunDir.of(run)
     settings = (settings or ProbeSettings()).resolved(run)
     cfg, meta = run.read_config()
 
@@ -315,9 +316,7 @@ class SteeringSession:
     def from_run(cls, run, vectors: SteeringVectors, spec=None) -> "SteeringSession":
         """Load a fresh base model with the run's LoRA merged in (load_merged) and wrap it."""
         from ..generate import load_merged
-        from .separability import _as_run
-
-        run = _as_run(run)
+        run = RunDir.of(run)
         if vectors.adapter_fingerprint and vectors.adapter_fingerprint != run.fingerprint():
             raise ModelError(
                 f"Steering vectors belong to adapter {vectors.adapter_fingerprint} ({vectors.adapter_path}), not to "

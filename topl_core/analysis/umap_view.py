@@ -18,6 +18,7 @@ from typing import Literal
 
 import numpy as np
 
+from ..runs import RunDir
 from .capture import Projections
 from .sites import Site
 
@@ -77,9 +78,9 @@ def run_umap(run, records, site: Site | str, settings=None, source: Literal["pro
     adapter and base fingerprints). Projections come from the cached run_projections; hidden states are
     captured for that one site only (the forward stops after its layer)."""
     from .cache import PARQUET, cached, records_fingerprint
-    from .separability import ProbeSettings, _as_run, run_projections
+    from .separability import ProbeSettings, run_projections
 
-    run = _as_run(run)
+    run = RunDir.of(run)
     settings = (settings or ProbeSettings()).resolved(run)
     key_name = site.key if isinstance(site, Site) else site
     key = {"analysis": "umap", "site": key_name, "source": source, "n_neighbors": n_neighbors, "min_dist": min_dist,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
-from pathlib import Path
 
 from ..data.records import DataError, Record, read_jsonl, write_jsonl
 from ..data.split import split_records

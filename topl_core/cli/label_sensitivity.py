@@ -5,7 +5,6 @@ good_only, dense_balanced; see topl_core.data.variants) and the scores per setti
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ..models import DEFAULT_MODEL
 from ..paths import DEFAULT_DATA

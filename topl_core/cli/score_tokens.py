@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..progress import Bar
 from .common import add_data_args, add_precision_arg, announce_precision, load_split

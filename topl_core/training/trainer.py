@@ -23,7 +23,7 @@ from ..data.encode import Encoded
 from ..data.records import DataError, Record, read_jsonl
 from ..data.split import split_records
 from ..io import save_tensors, write_json
-from ..models import LoadedModel, ModelSpec, check_layer_range, load_model, model_fingerprint
+from ..models import LoadedModel, ModelSpec, check_layer_range, load_model
 from ..runs import RunDir, RunError
 from .config import TrainConfig
 from ..precision import autocast
