@@ -435,11 +435,6 @@ def plot(fig, key: str, container=st) -> None:
     container.plotly_chart(fig, key=key, config=PLOTLY_CONFIG, width="stretch")
 
 
-def page_header(title: str, blurb: str) -> None:
-    st.title(title)
-    st.caption(blurb)
-
-
 # --- labelled token sets (LoRA-A, Steering) ------------------------------------------------------------------
 
 TOKEN_SETS = ("run's data · val split", "run's data · test split", "CLIFF spans (OOD)", "another data set")

@@ -252,7 +252,7 @@ def trim_heap() -> None:
         _LIBC.malloc_trim(0)
 
 
-def _token_rows(e: Encoded, record: Record, select: Select) -> tuple[np.ndarray, np.ndarray]:
+def _token_rows(e: Encoded, select: Select) -> tuple[np.ndarray, np.ndarray]:
     """Sequence positions to keep for one example and their index within the response."""
     idx = np.arange(e.response_start, e.response_end)
     if select == "labelled":
@@ -292,7 +292,7 @@ def collect_projections(
             keep = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
             for row, i in enumerate(chunk):
                 e, rec = encoded[i], records[i]
-                seq_idx, resp_idx = _token_rows(e, rec, select)
+                seq_idx, resp_idx = _token_rows(e, select)
                 keep[row, torch.from_numpy(seq_idx)] = True
                 labels.append(e.labels[seq_idx])
                 rids.extend([rec.id] * len(seq_idx))

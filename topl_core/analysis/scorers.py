@@ -33,7 +33,6 @@ from typing import Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-Protocol_ = Literal["sentence", "full"]
 PROTOCOLS: tuple[str, ...] = ("sentence", "full")
 
 

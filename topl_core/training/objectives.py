@@ -450,7 +450,7 @@ Validator = Callable[[StepContext, list, str, str], dict]
 class Objective:
     name: str
     description: str
-    requires: frozenset[str]
+    requires: frozenset[Requirement]
     head_position: Literal["lora_end", "last", "none"]
     loss: Callable[[StepContext, Batch], tuple[torch.Tensor, dict]]
     prepare: Callable[[object, Sequence[Record], EncodeSettings], list] | None = None
