@@ -489,10 +489,6 @@ def token_set_picker(prefix: str, run_path: str, container=st, default_limit: in
     return kind, run_path, data_path, split, int(limit)
 
 
-if __name__ == "__main__":  # the legacy router runs every pages/*.py as a page, this one included (URL /ui)
-    ensure_frame()
-
-
 # --- evaluations (Evaluation and Runs pages) ---------------------------------------------------------------
 
 
@@ -530,3 +526,7 @@ def run_factuality(run_name: str) -> dict:
                         "avg factuality": row.get("average"), "avg sentences": row.get("sentences"),
                         "evaluation": e.name}
     return {}
+
+
+if __name__ == "__main__":  # the legacy router runs every pages/*.py as a page, this one included (URL /ui)
+    ensure_frame()

@@ -16,10 +16,10 @@ from plotly.subplots import make_subplots
 from pages._ui import (csv_download, current_spec, dataset_paths, layer_count_or_stop, plot, precision_select,
                        split_spec)
 from topl_core import jobs
-from topl_core.models import PRESETS
 from topl_core.paths import runs_dir
 from topl_core.runs import RunDir
-from topl_core.training.config import ALL_MODULES, ConfigError, LoraSettings, TrainConfig, preset_config
+from topl_core.models import LORA_MODULES, PRESETS
+from topl_core.training.config import ConfigError, LoraSettings, TrainConfig, preset_config
 from topl_core.training.objectives import OBJECTIVES
 
 st.title("Train")
@@ -86,7 +86,7 @@ with st.expander("New run", expanded=not any_active, icon=":material/add:"):
     c1, c2, c3 = st.columns([1, 1, 2])
     methods = list(OBJECTIVES)
     c1.selectbox("Method", methods, key=K + "method", persist_state="session", on_change=apply_defaults,
-                 format_func=lambda m: m.upper() if m in ("topl", "sft", "dpo", "sopl", "tldr", "tdpo") else m)
+                 format_func=lambda m: m if m == "unlikelihood" else m.upper())
     c2.selectbox("Preset", [NO_PRESET, *PRESETS], key=K + "preset", persist_state="session", on_change=apply_defaults,
                  help="The paper's learning rate, batch and LoRA layers for that model family (8B/4B, GPU).")
     c3.info(OBJECTIVES[st.session_state[K + "method"]].description)
@@ -113,7 +113,7 @@ with st.expander("New run", expanded=not any_active, icon=":material/add:"):
         r = c.number_input("Rank r", 1, 256, 4, key=K + "r", persist_state="session")
         alpha = d.number_input("α", 0.1, 1024.0, 8.0, key=K + "alpha", persist_state="session")
         dropout = e.number_input("Dropout", 0.0, 0.9, 0.1, key=K + "dropout", persist_state="session")
-        modules = st.multiselect("Modules", ALL_MODULES, default=list(ALL_MODULES), key=K + "modules",
+        modules = st.multiselect("Modules", LORA_MODULES, default=list(LORA_MODULES), key=K + "modules",
                                  persist_state="session")
         with st.expander("More settings"):
             a, b, c, d = st.columns(4)

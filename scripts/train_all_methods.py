@@ -26,10 +26,9 @@ sys.path.insert(0, str(REPO))
 
 from topl_core.models import DEFAULT_MODEL  # noqa: E402  (after the path insert)
 from topl_core.paths import DEFAULT_DATA  # noqa: E402
-from topl_core.training.config import TrainConfig  # noqa: E402
+from topl_core.training.config import METHODS, TrainConfig  # noqa: E402
 from topl_core.training.objectives import OBJECTIVES  # noqa: E402
 
-METHODS = ("topl", "sft", "dpo", "sopl", "tldr", "unlikelihood", "tdpo")
 PAIR_METHODS = {"dpo", "tdpo"}
 
 

@@ -12,7 +12,8 @@ import torch
 
 from conftest import all_hooks
 from topl_core.analysis.capture import Projections, capture_lora, collect_projections, random_lora_A
-from topl_core.analysis.sites import MODULE_ORDER, Site, input_module, lora_sites, lora_weights, read_lora_weights
+from topl_core.models import LORA_MODULES
+from topl_core.analysis.sites import Site, input_module, lora_sites, lora_weights, read_lora_weights
 from topl_core.data.encode import IGNORE, encode_record
 from topl_core.models import ModelError, build_tiny_model, decoder_layers
 from topl_core.training.config import LoraSettings, TrainConfig
@@ -56,9 +57,9 @@ def cache_tmp(tmp_path, monkeypatch):
 def test_lora_sites_ordered_and_resolvable(family):
     peft, _ = peft_model(family)
     sites = lora_sites(peft)
-    assert [(s.layer, s.module) for s in sites] == [(l, m) for l in (1, 2) for m in MODULE_ORDER]
+    assert [(s.layer, s.module) for s in sites] == [(l, m) for l in (1, 2) for m in LORA_MODULES]
     for s in sites:
-        assert s.path == f"model.layers.{s.layer}.{'self_attn' if s.module in MODULE_ORDER[:4] else 'mlp'}.{s.module}"
+        assert s.path == f"model.layers.{s.layer}.{'self_attn' if s.module in LORA_MODULES[:4] else 'mlp'}.{s.module}"
         w = lora_weights(peft, s)
         assert w.A.shape == (4, input_module(peft, s).in_features) and w.scaling == 2.0
 
@@ -257,7 +258,7 @@ def test_heatmap_ci_and_comparison_table():
     proj = synthetic(sep=1.0)
     sep = separability(proj, "topl", n_boot=300, num_layers=3)
     hm = sep.heatmap()
-    assert hm.shape == (3, 7) and list(hm.columns) == list(MODULE_ORDER)
+    assert hm.shape == (3, 7) and list(hm.columns) == list(LORA_MODULES)
     assert hm.loc[0, "o_proj"] == sep.by_key()["L0.o_proj"].cv_auroc and math.isnan(hm.loc[2, "q_proj"])
     assert sep.ci_low <= sep.mean <= sep.ci_high
     assert "layer" in format_heatmap(hm) and "-" in format_heatmap(hm)

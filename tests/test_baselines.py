@@ -18,7 +18,7 @@ from topl_core.data.split import split_records
 from topl_core.forward import head_features, next_token_logprobs
 from topl_core.models import PRESETS, build_tiny_model, load_model
 from topl_core.training import trainer as trainer_module
-from topl_core.training.config import ConfigError, LoraSettings, TrainConfig, preset_config
+from topl_core.training.config import METHODS, ConfigError, LoraSettings, TrainConfig, preset_config
 from topl_core.training.objectives import (
     OBJECTIVES,
     EncodeSettings,
@@ -44,7 +44,6 @@ from topl_core.training.objectives import (
 )
 from topl_core.training.trainer import apply_lora, train
 
-METHODS = ("topl", "sft", "dpo", "sopl", "tldr", "unlikelihood", "tdpo")
 HEAD_METHODS = {"topl", "sopl", "tldr"}
 ENC = EncodeSettings(max_doc_tokens=48, max_response_tokens=24)
 
@@ -507,3 +506,13 @@ def test_non_head_methods_resume_exactly(method, records, tmp_path):
     assert seen == [3, 4]
     a, b = load_file(straight.adapter_path), load_file(run.adapter_path)
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_one_list_of_methods_behind_registry_presets_config_and_form():
+    """METHODS (training/config.py) is the only list of method names: the objective registry, every paper preset
+    and TrainConfig's validation agree with it (a method added in one place fails here until added everywhere)."""
+    assert set(OBJECTIVES) == set(METHODS)
+    for name, preset in PRESETS.items():
+        assert set(preset.methods) == set(METHODS), name
+    for m in METHODS:
+        assert TrainConfig(method=m, model="tiny-llama").method == m

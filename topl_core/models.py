@@ -28,6 +28,9 @@ from .precision import DTYPES, Dtype, resolve_dtype
 Device = Literal["cpu", "cuda"]
 
 DEFAULT_MODEL = "smollm2-135m"
+# The decoder layer's linear modules LoRA may adapt, in site order (attention q, k, v, o, then the MLP's gate, up,
+# down): the default LoRA target list and the column order of every layer × module heatmap.
+LORA_MODULES: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 class ModelError(ValueError):

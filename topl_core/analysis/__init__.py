@@ -13,13 +13,14 @@ Modules (each documents its public API in its docstring; no streamlit anywhere):
 from .cache import JSON, NPZ, PARQUET, cached, records_fingerprint
 from .capture import Projections, capture_lora, collect_projections, random_lora_A
 from .separability import ProbeResult, ProbeSettings, Separability, comparison_table, probe_run, separability
-from .sites import MODULE_ORDER, RESIDUAL_MODULES, LoraWeights, Site, lora_sites, lora_weights, read_lora_weights
+from ..models import LORA_MODULES
+from .sites import RESIDUAL_MODULES, LoraWeights, Site, lora_sites, lora_weights, read_lora_weights
 from .steering import SteeringSession, SteeringVectors, build_steering_vectors, compute_steering_vectors, steer
 
 __all__ = [
     "JSON", "NPZ", "PARQUET", "cached", "records_fingerprint",
     "Projections", "capture_lora", "collect_projections", "random_lora_A",
     "ProbeResult", "ProbeSettings", "Separability", "comparison_table", "probe_run", "separability",
-    "MODULE_ORDER", "RESIDUAL_MODULES", "LoraWeights", "Site", "lora_sites", "lora_weights", "read_lora_weights",
+    "LORA_MODULES", "RESIDUAL_MODULES", "LoraWeights", "Site", "lora_sites", "lora_weights", "read_lora_weights",
     "SteeringSession", "SteeringVectors", "build_steering_vectors", "compute_steering_vectors", "steer",
 ]

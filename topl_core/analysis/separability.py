@@ -40,7 +40,8 @@ import numpy as np
 from ..precision import PRECISIONS, Precision, resolve_precision
 from ..runs import RunDir
 from .capture import DEFAULT_SET, Projections
-from .sites import MODULE_ORDER, Site
+from ..models import LORA_MODULES
+from .sites import Site
 
 METHOD = (
     "cv_auroc: 5-fold stratified (grouped by document) cross-validated logistic regression on the standardised "
@@ -210,11 +211,11 @@ class Separability:
         return pd.DataFrame([{"key": s.site.key, **s.to_json()} for s in self.scores])
 
     def heatmap(self, column: Literal["cv_auroc", "component_auroc"] = "cv_auroc", num_layers: int | None = None):
-        """Layer × module DataFrame (rows: layers 0..num_layers−1, columns in MODULE_ORDER); NaN where no site."""
+        """Layer × module DataFrame (rows: layers 0..num_layers−1, columns in LORA_MODULES); NaN where no site."""
         import pandas as pd
 
         n = num_layers or self.num_layers or (max(s.site.layer for s in self.scores) + 1 if self.scores else 0)
-        df = pd.DataFrame(np.nan, index=pd.RangeIndex(n, name="layer"), columns=list(MODULE_ORDER))
+        df = pd.DataFrame(np.nan, index=pd.RangeIndex(n, name="layer"), columns=list(LORA_MODULES))
         for s in self.scores:
             if s.site.layer < n:
                 df.loc[s.site.layer, s.site.module] = getattr(s, column)

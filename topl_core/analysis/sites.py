@@ -10,7 +10,7 @@
     read_lora_weights(run) -> dict[Site, LoraWeights]    the same, read from a run's adapter files (no model needed)
     active_adapter_name(model) -> str
 
-Sites are ordered by layer, then by module in the order q, k, v, o, gate, up, down (MODULE_ORDER).
+Sites are ordered by layer, then by module in the order q, k, v, o, gate, up, down (LORA_MODULES).
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from pathlib import Path
 
 import torch
 
-from ..models import ModelError, base_causal_lm, decoder_layers
+from ..models import LORA_MODULES, ModelError, base_causal_lm, decoder_layers
 
-MODULE_ORDER: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 RESIDUAL_MODULES: tuple[str, ...] = ("o_proj", "down_proj")  # outputs live in the residual stream (steerable)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen3", "qwen2", "mistral", "gemma3_text", "gemma3")
 
@@ -58,7 +57,7 @@ class Site:
 
 
 def _sort_key(site: Site) -> tuple[int, int]:
-    return site.layer, MODULE_ORDER.index(site.module)
+    return site.layer, LORA_MODULES.index(site.module)
 
 
 def sort_sites(sites) -> list[Site]:
@@ -85,7 +84,7 @@ def _check_architecture(model: torch.nn.Module) -> str:
         raise ModelError(
             f"LoRA analysis does not know architecture {type(inner).__name__} (model_type={model_type!r}). Supported "
             f"model types: {', '.join(SUPPORTED_MODEL_TYPES)} (decoder layers at model.model.layers with modules "
-            f"{', '.join(MODULE_ORDER)}). Use a Llama, Qwen3 or Gemma3 family model, or add the type to "
+            f"{', '.join(LORA_MODULES)}). Use a Llama, Qwen3 or Gemma3 family model, or add the type to "
             "topl_core.analysis.sites.SUPPORTED_MODEL_TYPES if its layout matches."
         )
     decoder_layers(model)  # raises ModelError with its own advice when the layout differs
@@ -95,7 +94,7 @@ def _check_architecture(model: torch.nn.Module) -> str:
 def _parse_site(path: str) -> Site | None:
     m = _LAYER_RE.search(path)
     module = path.rsplit(".", 1)[-1]
-    if m is None or module not in MODULE_ORDER:
+    if m is None or module not in LORA_MODULES:
         return None
     return Site(int(m.group(1)), module, path)
 
@@ -103,7 +102,7 @@ def _parse_site(path: str) -> Site | None:
 def lora_sites(model: torch.nn.Module) -> list[Site]:
     """Every LoRA site of a PEFT-wrapped model, ordered by layer then q, k, v, o, gate, up, down.
 
-    Raises ModelError for an unknown architecture, for LoRA on modules outside MODULE_ORDER, and for a model
+    Raises ModelError for an unknown architecture, for LoRA on modules outside LORA_MODULES, and for a model
     that holds no LoRA layers (a plain or merged model: load the run with load_adapter(base, run), merge=False)."""
     from peft.tuners.lora import LoraLayer
 
@@ -121,7 +120,7 @@ def lora_sites(model: torch.nn.Module) -> list[Site]:
     if unknown:
         raise ModelError(
             f"LoRA on modules the analysis cannot place: {unknown[:4]}{' …' if len(unknown) > 4 else ''}. "
-            f"Supported sites are decoder layers' {', '.join(MODULE_ORDER)}."
+            f"Supported sites are decoder layers' {', '.join(LORA_MODULES)}."
         )
     if not sites:
         raise ModelError(

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+import typing
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal
 
-from ..models import DEFAULT_MODEL, PRESETS
+from ..models import DEFAULT_MODEL, LORA_MODULES, PRESETS
 from ..paths import DEFAULT_DATA
 from ..precision import PRECISIONS, Precision, resolve_precision
 
 Method = Literal["topl", "sft", "dpo", "sopl", "tldr", "unlikelihood", "tdpo"]
-ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+METHODS: tuple[str, ...] = typing.get_args(Method)  # the objective registry and the paper presets have these keys
 
 
 class ConfigError(ValueError):
@@ -31,7 +32,7 @@ class LoraSettings:
     dropout: float = 0.1
     layer_start: int = 0
     layer_end: int = 20
-    modules: tuple[str, ...] = ALL_MODULES
+    modules: tuple[str, ...] = LORA_MODULES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modules", tuple(self.modules))
@@ -41,9 +42,9 @@ class LoraSettings:
             _fail("lora.dropout", self.dropout, "use a probability in [0, 1) (paper: 0.1).")
         if self.layer_start < 0 or self.layer_end < self.layer_start:
             _fail("lora.layer_end", self.layer_end, f"needs 0 <= layer_start ({self.layer_start}) <= layer_end.")
-        bad = [m for m in self.modules if m not in ALL_MODULES]
+        bad = [m for m in self.modules if m not in LORA_MODULES]
         if bad or not self.modules:
-            _fail("lora.modules", self.modules, f"choose a non-empty subset of {ALL_MODULES}.")
+            _fail("lora.modules", self.modules, f"choose a non-empty subset of {LORA_MODULES}.")
 
     @property
     def layers(self) -> list[int]:
