@@ -55,6 +55,17 @@ def head_features(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     return final_norm(model)(hidden_after_layer(model, input_ids, attention_mask, layer))
 
 
+def lm_head_logits(lm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The causal LM's output head on `hidden` (N, d) → (N, vocab) float32 logits: computed in float32 outside
+    autocast (bf16 logits would quantise log-probs to ~0.1 nats), then the model's final logit soft-cap when its
+    config has one (Gemma), as in the model's own forward. `lm` is the base causal LM (models.base_causal_lm)."""
+    head = lm.get_output_embeddings()
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        logits = F.linear(hidden.float(), head.weight.float(), None if head.bias is None else head.bias.float())
+    cap = getattr(lm.config, "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
 def next_token_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -70,10 +81,7 @@ def next_token_logprobs(
     want = positions.clone()
     want[:, 0] = False  # the first token has no prediction
     rows, cols = want.nonzero(as_tuple=True)
-    logits = lm.lm_head(hidden[rows, cols - 1]).float()
-    cap = getattr(lm.config, "final_logit_softcapping", None)  # Gemma-style soft cap, as in the model's forward
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
+    logits = lm_head_logits(lm, hidden[rows, cols - 1])
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     out[rows, cols] = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[rows, cols, None]).squeeze(-1)
     return out

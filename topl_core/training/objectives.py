@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from ..data.encode import IGNORE, Batch, Encoded, EncodedPair, collate, collate_pairs, encode_record
 from ..data.records import DataError, Record
-from ..forward import head_features
+from ..forward import head_features, lm_head_logits
 from ..metrics import auroc
 from ..precision import autocast
 from ..models import base_causal_lm
@@ -188,12 +188,7 @@ def target_logprobs(model: torch.nn.Module, batch: Batch, vocab: bool = False) -
     predictors = torch.zeros_like(targets)
     predictors[:, :-1] = targets[:, 1:]
     hidden = lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
-    head = lm.get_output_embeddings()
-    with torch.autocast(device_type=hidden.device.type, enabled=False):
-        logits = F.linear(hidden[predictors].float(), head.weight.float(), None if head.bias is None else head.bias.float())
-    cap = getattr(lm.config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
+    logits = lm_head_logits(lm, hidden[predictors])
     logp = torch.log_softmax(logits, dim=-1)
     target_ids = batch.input_ids[targets]
     token_logp = logp.gather(-1, target_ids[:, None]).squeeze(-1)
