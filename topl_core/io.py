@@ -38,3 +38,18 @@ def save_tensors(path: str | os.PathLike, tensors: dict, metadata: dict[str, str
     with atomic_open(path, "wb") as f:
         f.write(data)
     return Path(path)
+
+
+def read_log_rows(path: str | os.PathLike) -> list[dict]:
+    """The rows of an append-only JSONL log (metrics, results) written by this project; [] when absent. A line
+    that does not parse — one cut short by a crash mid-write — is skipped: the rows before and after it are good."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows

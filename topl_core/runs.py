@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .io import atomic_open, write_json
+from .io import atomic_open, read_log_rows, write_json
 from .models import LoadedModel, ModelError
 from .training.config import TrainConfig
 
@@ -78,15 +78,7 @@ class RunDir:
         return [(r["step_s"], r["step_tokens"]) for r in self.read_metrics() if "step_s" in r]
 
     def read_metrics(self) -> list[dict]:
-        if not self.metrics_path.exists():
-            return []
-        rows = []
-        for line in self.metrics_path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut by a crash mid-write: the rest is still good
-        return rows
+        return read_log_rows(self.metrics_path)
 
     def truncate_metrics(self, after_step: int) -> None:
         """On resume, drop rows logged after the checkpoint's step (they will be logged again)."""

@@ -56,7 +56,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..io import write_json
+from ..io import read_log_rows, write_json
 from ..models import LoadedModel, ModelError, ModelSpec, base_causal_lm, load_model
 from ..runs import RunDir, RunError
 from ..training.config import ConfigError, TrainConfig
@@ -321,18 +321,6 @@ SweepProgress = Callable[[dict], "bool | None"]  # {"event": ..., "window": name
 CONFIG_FILE, STATUS_FILE, RESULTS_FILE, STOP_FILE = "sweep.json", "status.json", "results.jsonl", "STOP"
 
 
-def _read_rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a crash: that window is redone
-    return rows
-
-
 def _write_status(sweep_dir: Path, **kw) -> None:
     write_json(sweep_dir / STATUS_FILE, {"updated": time.time(), "pid": os.getpid(), **kw})
 
@@ -432,7 +420,7 @@ def run_sweep(
     base, records = _sweep_inputs(cfg, base_loader, records)
     windows = cfg.window_list(base.num_layers)
     results = sweep_dir / RESULTS_FILE
-    done = {r["window"] for r in _read_rows(results)}
+    done = {r["window"] for r in read_log_rows(results)}
     store = PrefixStore() if cfg.reuse_prefix else None
     total = len(windows)
     _write_status(sweep_dir, state="running", done=len(done & {w.name for w in windows}), total=total, current=None)
@@ -487,7 +475,7 @@ def run_sweep(
         raise
     state = "cancelled" if cancelled else "finished"
     _write_status(sweep_dir, state=state, done=len(done & {w.name for w in windows}), total=total, current=None)
-    return read_sweep(sweep_dir) if _read_rows(results) else pd.DataFrame()
+    return read_sweep(sweep_dir) if read_log_rows(results) else pd.DataFrame()
 
 
 def resume_sweep(sweep_dir: str | Path, progress: SweepProgress | None = None):
@@ -519,7 +507,7 @@ def read_sweep(sweep_dir: str | Path):
     """Results so far, one row per finished window (the latest row when a window appears twice)."""
     import pandas as pd
 
-    rows = _read_rows(Path(sweep_dir) / RESULTS_FILE)
+    rows = read_log_rows(Path(sweep_dir) / RESULTS_FILE)
     if not rows:
         return pd.DataFrame(columns=["window", "start", "size", "end", "val_token_auroc", "train_s"])
     df = pd.DataFrame(rows).drop_duplicates("window", keep="last")
