@@ -108,19 +108,13 @@ def _resolve(path: str) -> Path:
 def id_documents(cfg: EvalConfig) -> list[EvalDoc]:
     """The first n_id distinct documents of the test split (document-level split, as in training)."""
     from ..data.records import read_jsonl
-    from ..data.split import split_records
+    from ..data.split import first_documents, split_records
 
     if cfg.n_id == 0:
         return []
     test = split_records(read_jsonl(_resolve(cfg.data)), seed=cfg.split_seed)["test"]
-    docs, seen = [], set()
-    for r in test:
-        if r.doc_id not in seen:
-            seen.add(r.doc_id)
-            docs.append(EvalDoc("ID", r.source.replace("-perturbed", ""), r.doc_id, r.document))
-        if len(docs) >= cfg.n_id:
-            break
-    return docs
+    return [EvalDoc("ID", r.source.replace("-perturbed", ""), r.doc_id, r.document)
+            for r in first_documents(test, cfg.n_id)]
 
 
 def ood_documents(cfg: EvalConfig) -> list[EvalDoc]:

@@ -359,18 +359,12 @@ def _window_row(w: Window, run: RunDir, train_s: float, store: PrefixStore | Non
 
 
 def _generation_factuality(cfg: SweepConfig, run: RunDir, records) -> dict:
-    from ..data.split import split_records
+    from ..data.split import first_documents, split_records
     from ..generate import GenerationConfig, generate, load_merged
     from .scorers import make_scorer, score_summary
 
     test = split_records(records, seed=cfg.train.split_seed)["test"]
-    docs, seen = [], set()
-    for r in test:
-        if r.doc_id not in seen:
-            seen.add(r.doc_id)
-            docs.append(r.document)
-        if len(docs) >= cfg.n_generate:
-            break
+    docs = [r.document for r in first_documents(test, cfg.n_generate)]
     lm = load_merged(ModelSpec(cfg.train.model, "float32", cfg.train.device), run)
     texts = generate(lm, docs, GenerationConfig(max_new_tokens=cfg.max_new_tokens, max_doc_tokens=cfg.train.max_doc_tokens))
     scorer = make_scorer(cfg.scorer)

@@ -29,3 +29,16 @@ def split_records(
     for r in records:
         out[split_of(r.doc_id, fractions, seed)].append(r)
     return out
+
+
+def first_documents(records: Sequence[Record], n: int) -> list[Record]:
+    """One record per document — the first — for the first n distinct documents, in order (evaluation and sweep
+    generation pick their documents this way)."""
+    out, seen = [], set()
+    for r in records:
+        if len(out) >= n:
+            break
+        if r.doc_id not in seen:
+            seen.add(r.doc_id)
+            out.append(r)
+    return out
