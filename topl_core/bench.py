@@ -214,7 +214,7 @@ def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[
     reps = 2 if quick else 4
     t = best_times({"plain": plain, "captured": captured}, reps)
     res["capture_vs_plain_forward"] = t["captured"] / t["plain"]
-    del peft
+    peft = None  # free the all-layer copy before generation (a `del` would leave the closures above unbound)
 
     phase("steered vs plain generation")
     vectors = build_steering_vectors(topl_dir, test, top_k=4)
