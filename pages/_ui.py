@@ -1,7 +1,7 @@
 """Helpers shared by the pages: the current model spec, cached models/scorers, run and data-set pickers, colored
 token rendering, and figure downloads. Only thin glue: all computation lives in topl_core.
 
-Caching rules (DESIGN.md §4): models are `st.cache_resource` keyed by the spec string (and the run fingerprint for
+Caching rules (docs/design.md §4): models are `st.cache_resource` keyed by the spec string (and the run fingerprint for
 adapters); a cached model is shared by every session and is never mutated; small results are `st.cache_data`.
 `st.session_state` holds only strings (the spec, run paths) and widget values.
 """
@@ -28,7 +28,7 @@ MAX_MODELS = int(os.environ.get("TOPL_UI_MAX_MODELS", "3"))
 #
 # Streamlit (1.67) treats a folder named `pages/` next to the main script as a legacy multipage app: each script
 # run first goes through a router over pages/*.py, which runs app.py only for the main page and runs any other page
-# *file* directly — without app.py, so without its sidebar (DESIGN.md §4's AppTest/st.navigation trap; it hits the
+# *file* directly — without app.py, so without its sidebar (docs/design.md §4's AppTest/st.navigation trap; it hits the
 # real server too: direct links and reloads). And a URL that names no file there gets a "Page not found" dialog.
 # So every page's url_path equals its file name (the router finds it: no dialog), and every page starts with
 # `ensure_frame()`: when the router ran the file directly, it runs the frame instead (st.navigation picks this very

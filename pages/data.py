@@ -105,7 +105,7 @@ with tab_browse:
                     st.write(r.document)
 
 with tab_labels:
-    st.markdown("Label-sensitivity settings (DESIGN.md §2): the token labels TOPL would be trained on under each "
+    st.markdown("Label-sensitivity settings (docs/design.md §2): the token labels TOPL would be trained on under each "
                 "setting, counted on the current model's tokens.")
     path_l = dataset_picker("data.labels_dataset")
     if path_l:

@@ -35,7 +35,7 @@ NO_PRESET = "none (CPU defaults)"
 
 
 def default_layer_end(n: int) -> int:
-    return max(0, min(n - 1, (2 * n) // 3))  # SmolLM2 (30 layers) → 20, as measured in DESIGN.md §3
+    return max(0, min(n - 1, (2 * n) // 3))  # SmolLM2 (30 layers) → 20, as measured in docs/design.md §3
 
 
 def form_defaults() -> dict:

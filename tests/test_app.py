@@ -1,6 +1,6 @@
 """The Streamlit workbench, tested the way it is really run: AppTest.from_file("app.py"), then each page selected
 through the app's own st.navigation (so app.py's sidebar model picker is rendered around every page — the
-AppTest/st.navigation trap of DESIGN.md §4 is checked, not assumed). Tiny random model, tiny adapters trained in a
+AppTest/st.navigation trap of docs/design.md §4 is checked, not assumed). Tiny random model, tiny adapters trained in a
 temporary runs directory (TOPL_RUNS_DIR / TOPL_CACHE_DIR), all offline on CPU.
 
 Also the background jobs of topl_core.jobs: a detached training process, cancel by SIGTERM (checkpoint kept,

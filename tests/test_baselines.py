@@ -457,7 +457,7 @@ def test_sequence_only_pairs_still_train_sequence_methods(records, tmp_path):
 
 
 def test_presets_match_the_paper_and_tldr_uses_all_layers():
-    paper = {  # DESIGN.md §2: (lr per family qwen3-8b, llama3.1-8b, gemma3-4b), batch, grad_accum
+    paper = {  # docs/design.md §2: (lr per family qwen3-8b, llama3.1-8b, gemma3-4b), batch, grad_accum
         "topl": ((5e-5, 1e-4, 1e-4), 16, 1),
         "sft": ((1e-4, 1e-4, 5e-5), 4, 4),
         "dpo": ((1e-5, 2e-5, 5e-6), 1, 8),

@@ -222,7 +222,7 @@ def capture_lora(
 def random_lora_A(sites: Sequence[Site], r_of: Mapping[Site, int] | int, d_in_of: Mapping[Site, int],
                   seed: int = 0) -> dict[Site, torch.Tensor]:
     """Random A matrices drawn like PEFT's initialisation (kaiming-uniform, a=√5: U(−1/√d_in, 1/√d_in)), seeded,
-    one (r, d_in) per site: the random-init-A control of DESIGN.md §3."""
+    one (r, d_in) per site: the random-init-A control of docs/design.md §3."""
     g = torch.Generator().manual_seed(seed)
     out = {}
     for s in sort_sites(sites):

@@ -1,4 +1,4 @@
-"""Factuality evaluation (DESIGN.md §2, "Evaluation"): generate a summary per document with base / merged / steered
+"""Factuality evaluation (docs/design.md §2, "Evaluation"): generate a summary per document with base / merged / steered
 models, score it against its document with a pluggable Scorer under both protocols, count sentences, and tabulate
 like the paper (rows = model variant; columns ID, OOD, average, average sentence count). Also the λ sweep:
 factuality and length against λ for one adapter's steering vectors, with the generated texts.

@@ -1,4 +1,4 @@
-"""Label-sensitivity study (DESIGN.md §2): TOPL trained on each label setting of topl_core.data.variants
+"""Label-sensitivity study (docs/design.md §2): TOPL trained on each label setting of topl_core.data.variants
 (original, random, balanced, bad_skewed, good_skewed, good_only, dense_balanced) with everything else fixed, and
 the scores per setting next to the stats of the labels it trained on (#tokens, % good, % bad).
 

@@ -1,7 +1,7 @@
 """Factuality scorers: how well a summary is supported by its document, in [0, 1].
 
 A `Scorer` scores claims against a document: `score(document, claims) -> list[float]`, one value in [0, 1] per
-claim (1 = supported). Two protocols turn a summary into claims (DESIGN.md §2, "Evaluation"):
+claim (1 = supported). Two protocols turn a summary into claims (docs/design.md §2, "Evaluation"):
 
 - "sentence": split the summary into sentences (`split_sentences`), score each, and average;
 - "full": score the whole summary as one claim.

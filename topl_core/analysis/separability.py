@@ -15,7 +15,7 @@ How the r-dim projection becomes one score (both are reported per site):
 
 Across sites: mean ± std (population std, ddof=0) of cv_auroc, and a percentile bootstrap 95% CI of the mean
 that resamples *sites* (n_boot draws). Read these against the random-init-A control (same r, A drawn like PEFT's
-init, applied to the same inputs x): DESIGN.md §3 saw ≈ 0.58 there, not 0.5.
+init, applied to the same inputs x): docs/design.md §3 saw ≈ 0.58 there, not 0.5.
 
     site_scores(X, y, groups=None, folds=5, seed=0, splits=None) -> (cv_auroc, component_auroc, component, sign)
     cv_splits(y, groups=None, folds=5, seed=0) -> [(train_idx, test_idx)]     (computed once per token set)

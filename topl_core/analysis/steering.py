@@ -1,4 +1,4 @@
-"""LoRA-B steering (DESIGN.md §2): v = scaling · B (μ+ − μ−) at the top-k residual-writing sites, added as λ·v to
+"""LoRA-B steering (docs/design.md §2): v = scaling · B (μ+ − μ−) at the top-k residual-writing sites, added as λ·v to
 those sites' outputs while the merged model generates.
 
     compute_steering_vectors(weights, proj, aurocs, top_k=4, modules=("o_proj", "down_proj"), lambda_range=(-4, 4),

@@ -1,4 +1,4 @@
-"""Sliding-window layer sweep (DESIGN.md §2, "Layer selection"): TOPL trained with LoRA on layers [s, s+k) and
+"""Sliding-window layer sweep (docs/design.md §2, "Layer selection"): TOPL trained with LoRA on layers [s, s+k) and
 the head after layer s+k−1, for a grid of windows (start s, size k), each scored by the head's token AUROC on the
 validation split (and optionally by the factuality of the merged model's generations).
 

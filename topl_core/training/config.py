@@ -143,7 +143,7 @@ class TrainConfig:
 
 
 def preset_config(preset: str, method: Method = "topl", **overrides) -> TrainConfig:
-    """The paper's hyperparameters for a model family and method (DESIGN.md §2), with any field overridden."""
+    """The paper's hyperparameters for a model family and method (docs/design.md §2), with any field overridden."""
     if preset not in PRESETS:
         _fail("preset", preset, f"choose one of {sorted(PRESETS)}.")
     p = PRESETS[preset]

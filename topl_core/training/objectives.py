@@ -2,7 +2,7 @@
 
 An Objective says what data it needs (checked before training starts), where its head sits (if it has one),
 how to turn records into examples and examples into batches, how to compute the loss of one batch, and how to
-validate. The methods (DESIGN.md §2):
+validate. The methods (docs/design.md §2):
 
 - topl: BCE of a linear head on FinalNorm(layer m) per response token (m = last LoRA layer).
 - tldr: the same token-level BCE reward model with the head on the *last* layer and LoRA on all layers.
