@@ -6,6 +6,8 @@ from pages._ui import ensure_frame
 
 ensure_frame()  # first: see pages/_ui.py
 
+import dataclasses
+import typing
 from pathlib import Path
 
 import pandas as pd
@@ -32,6 +34,13 @@ n_layers = layer_count_or_stop(spec)
 
 K = "train."
 NO_PRESET = "none (CPU defaults)"
+DEFAULT = TrainConfig()  # every input starts at TrainConfig's own default (one place for defaults)
+SIDEBAR_FIELDS = ("model", "device")  # chosen in the sidebar, for every page
+# Laid out by hand below; every other TrainConfig field gets a generated input under "More settings", so a field
+# added to TrainConfig appears in this form (as in the CLI) without an edit here. tests/test_app.py checks it.
+HAND_LAID = {"method", "data", "lora", "lr", "batch_size", "grad_accum", "steps", "precision", "eval_every", "seed",
+             "label_setting", "beta", "checkpoint_every", "max_doc_tokens", "max_response_tokens", "max_val_examples",
+             "micro_batch_size", "head_lr_multiplier"}
 
 
 def default_layer_end(n: int) -> int:
@@ -79,6 +88,27 @@ if st.session_state.pop(K + "new_name", False):
 if flash := st.session_state.pop(K + "flash", None):
     st.success(flash, icon=":material/rocket_launch:")
 
+def generated_inputs(columns) -> dict:
+    """An input for every TrainConfig field the form does not lay out by hand, typed and defaulted from the
+    dataclass (as the CLI's flags are); returns {field: value}."""
+    hints = typing.get_type_hints(TrainConfig)
+    names = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in HAND_LAID | set(SIDEBAR_FIELDS)]
+    values = {}
+    for i, name in enumerate(names):
+        col, typ, default = columns[i % len(columns)], hints[name], getattr(DEFAULT, name)
+        label, key = name.replace("_", " ").capitalize(), K + name
+        if typing.get_origin(typ) is typing.Literal:
+            options = list(typing.get_args(typ))
+            values[name] = col.selectbox(label, options, index=options.index(default), key=key, persist_state="session")
+        elif typ is int:
+            values[name] = int(col.number_input(label, value=default, step=1, key=key, persist_state="session"))
+        elif typ is float:
+            values[name] = float(col.number_input(label, value=default, format="%g", key=key, persist_state="session"))
+        else:
+            values[name] = col.text_input(label, value=str(default), key=key, persist_state="session")
+    return values
+
+
 # --- the form -------------------------------------------------------------------------------------------------
 
 any_active = any(j.active for j in jobs.list_jobs() if j.kind == "train")
@@ -97,22 +127,22 @@ with st.expander("New run", expanded=not any_active, icon=":material/add:"):
         data_paths = dataset_paths()
         data = b.selectbox("Data set", data_paths, key=K + "data",
                            persist_state="session", format_func=lambda p: Path(p).name)
-        steps = c.number_input("Steps", 1, 1_000_000, 60, key=K + "steps", persist_state="session")
+        steps = c.number_input("Steps", 1, 1_000_000, DEFAULT.steps, key=K + "steps", persist_state="session")
         lr = d.number_input("Learning rate", 1e-7, 1.0, key=K + "lr", persist_state="session", format="%.1e", step=1e-5)
         a, b, c, d = st.columns(4)
         batch = a.number_input("Batch size", 1, 1024, key=K + "batch_size", persist_state="session")
         accum = b.number_input("Gradient accumulation", 1, 1024, key=K + "grad_accum", persist_state="session")
         precision = precision_select(c, K + "precision", device)
-        eval_every = d.number_input("Validate every (steps)", 1, 100_000, 20, key=K + "eval_every",
+        eval_every = d.number_input("Validate every (steps)", 1, 100_000, DEFAULT.eval_every, key=K + "eval_every",
                                     persist_state="session")
         st.markdown(f"**LoRA** — the model has {n_layers} layers (0–{n_layers - 1}); "
                     "the TOPL head sits after the last LoRA layer.")
         a, b, c, d, e = st.columns(5)
         layer_start = a.number_input("First layer", 0, n_layers - 1, key=K + "layer_start", persist_state="session")
         layer_end = b.number_input("Last layer", 0, n_layers - 1, key=K + "layer_end", persist_state="session")
-        r = c.number_input("Rank r", 1, 256, 4, key=K + "r", persist_state="session")
-        alpha = d.number_input("α", 0.1, 1024.0, 8.0, key=K + "alpha", persist_state="session")
-        dropout = e.number_input("Dropout", 0.0, 0.9, 0.1, key=K + "dropout", persist_state="session")
+        r = c.number_input("Rank r", 1, 256, DEFAULT.lora.r, key=K + "r", persist_state="session")
+        alpha = d.number_input("α", 0.1, 1024.0, DEFAULT.lora.alpha, key=K + "alpha", persist_state="session")
+        dropout = e.number_input("Dropout", 0.0, 0.9, DEFAULT.lora.dropout, key=K + "dropout", persist_state="session")
         modules = st.multiselect("Modules", LORA_MODULES, default=list(LORA_MODULES), key=K + "modules",
                                  persist_state="session")
         with st.expander("More settings"):
@@ -121,24 +151,26 @@ with st.expander("New run", expanded=not any_active, icon=":material/add:"):
 
             label_setting = a.selectbox("Label setting", LABEL_SETTINGS, key=K + "label_setting",
                                         persist_state="session")
-            beta = b.number_input("β (DPO/TDPO)", 0.0, 10.0, 0.1, key=K + "beta", persist_state="session")
-            seed = c.number_input("Seed", 0, 1_000_000, 0, key=K + "seed", persist_state="session")
-            ckpt = d.number_input("Checkpoint every", 1, 100_000, 10, key=K + "checkpoint_every",
+            beta = b.number_input("β (DPO/TDPO)", 0.0, 10.0, DEFAULT.beta, key=K + "beta", persist_state="session")
+            seed = c.number_input("Seed", 0, 1_000_000, DEFAULT.seed, key=K + "seed", persist_state="session")
+            ckpt = d.number_input("Checkpoint every", 1, 100_000, DEFAULT.checkpoint_every, key=K + "checkpoint_every",
                                   persist_state="session")
             a, b, c, d = st.columns(4)
-            max_doc = a.number_input("Max document tokens", 16, 32_768, 320, key=K + "max_doc_tokens",
+            max_doc = a.number_input("Max document tokens", 16, 32_768, DEFAULT.max_doc_tokens, key=K + "max_doc_tokens",
                                      persist_state="session")
-            max_resp = b.number_input("Max response tokens", 8, 8192, 128, key=K + "max_response_tokens",
-                                      persist_state="session")
-            max_val = c.number_input("Validation examples", 1, 100_000, 64, key=K + "max_val_examples",
-                                     persist_state="session")
-            micro = d.number_input("Micro-batch size", 1, 1024, 2, key=K + "micro_batch_size", persist_state="session",
+            max_resp = b.number_input("Max response tokens", 8, 8192, DEFAULT.max_response_tokens,
+                                      key=K + "max_response_tokens", persist_state="session")
+            max_val = c.number_input("Validation examples", 1, 100_000, DEFAULT.max_val_examples,
+                                     key=K + "max_val_examples", persist_state="session")
+            micro = d.number_input("Micro-batch size", 1, 1024, DEFAULT.micro_batch_size, key=K + "micro_batch_size",
+                                   persist_state="session",
                                    help="Examples per forward/backward pass. Splitting a batch keeps its gradient "
                                         "(micro-batches are weighted by tokens) and cuts peak memory.")
             has_head = OBJECTIVES[st.session_state[K + "method"]].uses_head
             head_mult = st.columns(4)[0].number_input("Head lr × (of lr)", 0.01, 100_000.0, key=K + "head_lr_multiplier",
                                        persist_state="session", disabled=not has_head,
                                        help="The head (TOPL, SOPL, TLDR) learns at lr × this; the LoRA at lr.")
+            other = generated_inputs(st.columns(4))
         submitted = st.form_submit_button("Start training", type="primary", icon=":material/play_arrow:")
 
 if submitted:
@@ -152,7 +184,7 @@ if submitted:
             lr=float(lr), head_lr_multiplier=float(head_mult), batch_size=int(batch), grad_accum=int(accum), micro_batch_size=int(micro), steps=int(steps), seed=int(seed),
             precision=precision, device=device, max_doc_tokens=int(max_doc), max_response_tokens=int(max_resp),
             eval_every=int(eval_every), checkpoint_every=int(ckpt), max_val_examples=int(max_val),
-            label_setting=label_setting, beta=float(beta),
+            label_setting=label_setting, beta=float(beta), **other,
         )
         name = run_name.strip().replace("/", "_") or jobs.default_run_name(cfg)
         path = jobs.launch_train(cfg, runs_dir() / name)

@@ -264,6 +264,24 @@ def test_train_form_keeps_its_values_across_a_page_switch(workbench):
     assert at.text_input(key="train.run_name").value.startswith("tldr-")
 
 
+def test_train_form_has_an_input_for_every_trainconfig_field(workbench):
+    """Every TrainConfig field (and LoRA field) has an input keyed train.<field> — laid out by hand or generated
+    from the dataclass — except model and device, which the sidebar sets; so a new field reaches the form as it
+    reaches the CLI. The generated inputs start at the dataclass defaults."""
+    import dataclasses
+
+    from topl_core.training.config import LoraSettings, TrainConfig
+
+    at = open_page("train")
+    widgets = [*at.number_input, *at.selectbox, *at.text_input, *at.multiselect]
+    keys = {w.key.removeprefix("train.") for w in widgets if w.key and w.key.startswith("train.")}
+    want = {f.name for f in dataclasses.fields(TrainConfig)} - {"model", "device", "lora"}
+    want |= {f.name for f in dataclasses.fields(LoraSettings)}
+    assert want <= keys, sorted(want - keys)
+    for name in ("weight_decay", "warmup_steps", "tdpo_alpha", "max_grad_norm", "split_seed"):
+        assert at.session_state[f"train.{name}"] == getattr(TrainConfig(), name)
+
+
 def test_train_form_follows_a_preset_as_the_cli_does(workbench):
     """Picking a paper preset fills the form from the same mapping as `train --preset` (preset_config), with the
     LoRA layers clamped to the loaded model; going back to the CPU defaults restores TrainConfig's values."""
