@@ -42,6 +42,8 @@ def test_end_to_end_on_tiny_model(tmp_path, tiny_records, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "step 3/3" in out and "finished" in out
+    # the adapter names its base model as the workbench knows it, not the local folder it was loaded from
+    assert json.loads((run / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny-llama"
     assert main(["generate", "--run", str(run), "--data", str(data), "--limit", "2", "--max-new-tokens", "4",
                  "--out", str(tmp_path / "g.jsonl")]) == 0
     assert len((tmp_path / "g.jsonl").read_text().splitlines()) >= 1
