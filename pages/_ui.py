@@ -143,7 +143,6 @@ def sidebar_model_picker() -> str:
                      help="auto: float32 on CPU (bf16 compute there comes from autocast, where the CPU has it), "
                           "bfloat16 on a GPU with bf16 support.")
         st.caption(f"compute precision here: {describe_precision('auto', device)}")
-    device = st.session_state["sidebar.device"]
     spec = f"{name}|{resolve_dtype(st.session_state['sidebar.dtype'], device)}|{device}"  # "auto" resolved: one key
     st.session_state[SPEC_KEY] = spec
     return spec
