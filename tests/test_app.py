@@ -194,6 +194,19 @@ def test_pages_answer_runs_in_every_state(workbench, monkeypatch, tmp_path):
         trainer.wait()
 
 
+def test_shipped_examples_are_listed_beside_the_users_runs_and_open(workbench, monkeypatch, tmp_path):
+    """Adapters in the examples folder (the shipped demos; here the tiny runs) appear, marked as examples, beside
+    the user's runs (none here) and open on the analysis pages."""
+    monkeypatch.setenv("TOPL_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("TOPL_EXAMPLES_DIR", str(workbench["runs"]))
+    at = open_page("home")
+    runs = at.dataframe[0].value
+    assert {"example: topl-tiny", "example: sft-tiny"} <= set(runs["run"])
+    at = open_page("steering")
+    assert at.session_state["steer.run"] == str(workbench["runs"] / "topl-tiny")
+    assert len(html_boxes(at)) == 3  # base | merged | steered from the example adapter
+
+
 def test_model_picker_sets_the_spec_for_every_page(workbench):
     at = open_page("home")
     at.sidebar.selectbox(key="sidebar.model_choice").set_value("tiny-qwen3").run()
