@@ -105,11 +105,13 @@ def first_visit(mode: str) -> dict[str, float]:
         problems = [e.value for e in at.exception] + [e.value for e in at.error]
         print(f"{name}: first visit {seconds[name]:.1f} s{'  PROBLEM: ' + str(problems) if problems else ''}", flush=True)
     if ship:
-        for f in (work / "cache" / "analysis").rglob("*.json"):
-            if f.stat().st_size <= SHIP_MAX_BYTES:
-                dest = SHIPPED_CACHE / f.relative_to(work / "cache" / "analysis")
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(f, dest)
+        results = [f for f in (work / "cache" / "analysis").rglob("*.json") if not f.name.endswith(".key.json")]
+        for f in results:
+            if f.stat().st_size <= SHIP_MAX_BYTES:  # the entry and the key file that documents it
+                for src in (f, f.with_name(f.name.removesuffix(".json") + ".key.json")):
+                    dest = SHIPPED_CACHE / src.relative_to(work / "cache" / "analysis")
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(src, dest)
         print(f"shipped {sum(1 for _ in SHIPPED_CACHE.rglob('*.json'))} files in {SHIPPED_CACHE}")
     return seconds
 
