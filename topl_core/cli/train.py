@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> None:
     else:
         cfg = config_from_args(args)
         run_dir = RunDir(args.out or f"runs/{cfg.method}-{cfg.model.replace('/', '_')}")
-    announce_precision(args.precision or "auto" if not args.resume else cfg.precision, cfg.device)
+    requested = cfg.precision if args.resume else (args.precision or "auto")  # a resumed run keeps what it recorded
+    announce_precision(requested, cfg.device)
 
     from ..training.objectives import OBJECTIVES
 
