@@ -118,12 +118,18 @@ class ModelSpec:
 
     @property
     def hf_id(self) -> str:
-        return PRESETS[self.name].hf_id if self.name in PRESETS else self.name
+        return hub_id(self.name)
 
     @property
     def key(self) -> str:
         """A string that identifies the spec (cache keys, st.cache_resource)."""
         return f"{self.name}|{self.dtype}|{self.device}"
+
+
+def hub_id(name: str) -> str:
+    """What `from_pretrained` gets for a model name: a paper preset's hub id, else the name itself (an embedded
+    model's key, a hub id or a local path)."""
+    return PRESETS[name].hf_id if name in PRESETS else name
 
 
 @dataclass

@@ -19,6 +19,7 @@ import hashlib
 import json
 import platform
 import time
+import typing
 import warnings
 from dataclasses import dataclass
 from typing import Literal
@@ -30,9 +31,9 @@ from .paths import cache_dir
 
 Precision = Literal["auto", "fp32", "bf16"]
 ResolvedPrecision = Literal["fp32", "bf16"]
-PRECISIONS: tuple[str, ...] = ("auto", "fp32", "bf16")
+PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 Dtype = Literal["auto", "float32", "bfloat16"]
-DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16")
+DTYPES: tuple[str, ...] = typing.get_args(Dtype)
 
 PROBE_SIZE = 256  # matmul side: ~0.5 ms in fp32, ~35 ms in emulated bf16 on one core of an AVX2 EPYC
 PROBE_REPEATS = 5

@@ -23,7 +23,7 @@ from ..data.encode import Encoded
 from ..data.records import DataError, Record, read_jsonl
 from ..data.split import split_records
 from ..io import save_tensors, write_json
-from ..models import PRESETS, LoadedModel, ModelSpec, check_layer_range, load_model
+from ..models import LoadedModel, ModelSpec, check_layer_range, hub_id, load_model
 from ..runs import RunDir, RunError
 from .config import TrainConfig
 from ..precision import autocast
@@ -263,7 +263,7 @@ def train(
     # name the base model as the workbench knows it (a hub id, an embedded name, a path the user gave) rather than
     # the local folder it was loaded from (e.g. the GGUF conversion under cache/models/), which no other machine has
     for peft_config in model.peft_config.values():
-        peft_config.base_model_name_or_path = PRESETS[cfg.model].hf_id if cfg.model in PRESETS else cfg.model
+        peft_config.base_model_name_or_path = hub_id(cfg.model)
     model.save_pretrained(run.path)
     if head is not None:
         save_tensors(run.head_path, head.state_dict(), {"head_layer": str(head_layer), "base_fingerprint": fingerprint})
