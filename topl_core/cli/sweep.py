@@ -147,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         df = run_sweep(cfg, args.out, report)
         out = args.out
+    bar.close()  # end the bar's line before the tables
     print(f"\nstatus: {sweep_status(out)['state']}")
     _print_results(df)
     return 0
