@@ -16,7 +16,9 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from topl_core.models import DEFAULT_MODEL, EMBEDDED, TINY_FAMILIES, ModelSpec
+from topl_core.models import EMBEDDED, ModelSpec
+from topl_core.presets import DEFAULT_MODEL
+from topl_core.tiny_models import TINY_FAMILIES
 from topl_core.precision import DTYPES, PRECISIONS, describe_precision, resolve_dtype, resolve_precision
 
 SPEC_KEY = "model_spec"  # session_state: "name|dtype|device"
@@ -443,7 +445,8 @@ TOKEN_SETS = ("run's data · val split", "run's data · test split", "CLIFF span
 def token_set(kind: str, run_path: str, data_path: str | None, split: str, limit: int) -> tuple[str, list]:
     """(description, labelled records) for a token-set choice. Raises DataError/RunError with a message to show."""
     from topl_core.analysis.separability import labelled_records
-    from topl_core.data.records import DataError, read_jsonl
+    from topl_core.data.records import read_jsonl
+    from topl_core.errors import DataError
     from topl_core.data.split import split_records
     from topl_core.paths import PROJECT_ROOT
     from topl_core.runs import RunDir

@@ -15,7 +15,8 @@ import streamlit as st
 from pages._ui import (base_model, csv_download, current_spec, dataset_picker, legend_html, load_error, plot,
                        records_of, token_html)
 from topl_core.cli.data import SOURCES, load_source
-from topl_core.data.records import DataError, write_jsonl
+from topl_core.data.records import write_jsonl
+from topl_core.errors import DataError
 from topl_core.data.split import split_records
 from topl_core.paths import cache_dir, cliff_csv
 

@@ -18,7 +18,8 @@ from pages._ui import (csv_download, current_spec, dataset_paths, layer_count_or
                        split_spec)
 from topl_core import jobs
 from topl_core.paths import runs_dir
-from topl_core.training.config import ConfigError, TrainConfig
+from topl_core.errors import ConfigError
+from topl_core.training.config import TrainConfig
 
 try:
     from topl_core.analysis.sweeps import (SweepConfig, heatmap_table, lines_table, plan_windows, read_sweep,

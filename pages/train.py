@@ -20,8 +20,9 @@ from pages._ui import (csv_download, current_spec, dataset_paths, layer_count_or
 from topl_core import jobs
 from topl_core.paths import runs_dir
 from topl_core.runs import RunDir
-from topl_core.models import LORA_MODULES, PRESETS
-from topl_core.training.config import ConfigError, LoraSettings, TrainConfig, preset_config
+from topl_core.presets import LORA_MODULES, PRESETS
+from topl_core.errors import ConfigError
+from topl_core.training.config import LoraSettings, preset_config, TrainConfig
 from topl_core.training.objectives import OBJECTIVES
 
 st.title("Train")

@@ -27,8 +27,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from topl_core.models import DEFAULT_MODEL  # noqa: E402  (after the path insert)
 from topl_core.paths import DEFAULT_DATA  # noqa: E402
+from topl_core.presets import DEFAULT_MODEL
+
 EXAMPLES = REPO / "examples" / "adapters"
 SHIPPED_CACHE = REPO / "examples" / "analysis-cache"
 FIRST_VISIT_PAGES = ("home", "lora_a", "steering", "token_overlay")  # home first: it loads the base model

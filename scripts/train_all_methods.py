@@ -24,8 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from topl_core.models import DEFAULT_MODEL  # noqa: E402  (after the path insert)
 from topl_core.paths import DEFAULT_DATA  # noqa: E402
+from topl_core.presets import DEFAULT_MODEL
 from topl_core.training.config import METHODS, TrainConfig  # noqa: E402
 from topl_core.training.objectives import OBJECTIVES  # noqa: E402
 

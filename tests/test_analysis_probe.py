@@ -9,13 +9,15 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from conftest import all_hooks
+
 from topl_core.analysis.capture import Projections, capture_lora, collect_projections, random_lora_A
-from topl_core.models import LORA_MODULES
 from topl_core.analysis.sites import Site, input_module, lora_sites, lora_weights, read_lora_weights
+from topl_core.architecture import decoder_layers
 from topl_core.data.encode import IGNORE, encode_record
-from topl_core.models import ModelError, build_tiny_model, decoder_layers
+from topl_core.errors import ModelError
+from topl_core.presets import LORA_MODULES
+from topl_core.tiny_models import build_tiny_model
 from topl_core.training.config import LoraSettings, TrainConfig
 from topl_core.training.trainer import apply_lora, train
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import tiny_config
 
 pytest.importorskip("streamlit")
@@ -165,7 +164,6 @@ def test_pages_answer_runs_in_every_state(workbench, monkeypatch, tmp_path):
     head and a finished run of another model: the pickers offer only what can be opened, and the head page says
     what is missing, that a run is still training, and which model has finished runs."""
     import json as _json
-
     import subprocess
     import sys
 

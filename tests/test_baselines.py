@@ -13,12 +13,15 @@ import torch
 import torch.nn.functional as F
 
 from topl_core.data.encode import IGNORE, collate, encode_record
-from topl_core.data.records import DataError, Record, Span
+from topl_core.data.records import Record, Span
 from topl_core.data.split import split_records
+from topl_core.errors import ConfigError, DataError
 from topl_core.forward import head_features, next_token_logprobs
-from topl_core.models import PRESETS, build_tiny_model, load_model
+from topl_core.models import load_model
+from topl_core.presets import PRESETS
+from topl_core.tiny_models import build_tiny_model
 from topl_core.training import trainer as trainer_module
-from topl_core.training.config import METHODS, ConfigError, LoraSettings, TrainConfig, preset_config
+from topl_core.training.config import METHODS, LoraSettings, TrainConfig, preset_config
 from topl_core.training.objectives import (
     OBJECTIVES,
     EncodeSettings,

@@ -7,7 +7,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from topl_core.bench import layer_forward_flops, sweep_flops_ratio
-from topl_core.models import build_tiny_model
+from topl_core.tiny_models import build_tiny_model
 
 
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-qwen3"])

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from topl_core.data.cliff import load_factuality_csv, match_spans
-from topl_core.data.records import DataError
+from topl_core.errors import DataError
 
 CLIFF_CSV = Path(__file__).parents[2] / "shared/data/CLIFF_error_types.csv"
 

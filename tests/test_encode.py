@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import needs_smollm2
+
 from topl_core.data.encode import IGNORE, build_prompt, collate, encode_record, token_labels_from_offsets
 from topl_core.data.records import Record, Span
 from topl_core.models import load_model
@@ -98,7 +98,7 @@ def test_collate_pads_and_masks(tiny_records):
 
 
 def test_bad_span_outside_response_rejected():
-    from topl_core.data.records import DataError
+    from topl_core.errors import DataError
 
     with pytest.raises(DataError, match="outside the response"):
         Record(id="x", document="d", response="short", bad_spans=(Span(2, 40, "entity"),))

@@ -7,13 +7,20 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import CLIFF_CSV
+
 from topl_core.analysis import scorers
 from topl_core.analysis.scorers import (
-    GroundingScorer, Scorer, ScorerError, count_sentences, make_scorer, measure_scorer_quality, score_summary,
-    scorer_quality, split_sentences,
+    GroundingScorer,
+    Scorer,
+    count_sentences,
+    make_scorer,
+    measure_scorer_quality,
+    score_summary,
+    scorer_quality,
+    split_sentences,
 )
+from topl_core.errors import ScorerError
 
 DOC = ("Police in Leeds arrested two men on Monday after a robbery at a jewellery shop on Briggate. "
        "Detective Inspector Sarah Hill said the men, aged 24 and 31, were held at a nearby station. "
@@ -194,6 +201,7 @@ def test_results_table_arithmetic():
 def gemma_run(tmp_path_factory, tiny_records):
     """A tiny Gemma3 TOPL run (the tiny Gemma3 generates non-empty text, unlike the tiny Llama)."""
     from conftest import tiny_config
+
     from topl_core.data.records import write_jsonl
     from topl_core.training.trainer import train
 
@@ -269,7 +277,8 @@ def test_hub_scorer_runs_on_local_models(tmp_path):
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
     from topl_core.analysis.scorers import HubScorer, _word_chunks
-    from topl_core.models import build_tiny_tokenizer, load_model
+    from topl_core.models import load_model
+    from topl_core.tiny_models import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer(chat=True)
     torch.manual_seed(0)

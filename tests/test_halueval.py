@@ -3,7 +3,7 @@ import json
 import pytest
 
 from topl_core.data import halueval
-from topl_core.data.records import DataError
+from topl_core.errors import DataError
 
 
 def write_rows(path, lines):

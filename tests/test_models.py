@@ -6,16 +6,12 @@ import time
 
 import pytest
 import torch
-
 from conftest import needs_smollm2
-from topl_core.models import (
-    TINY_FAMILIES,
-    ModelError,
-    ModelSpec,
-    check_layer_range,
-    decoder_layers,
-    load_model,
-)
+
+from topl_core.architecture import check_layer_range, decoder_layers
+from topl_core.errors import ModelError
+from topl_core.models import ModelSpec, load_model
+from topl_core.tiny_models import TINY_FAMILIES
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)

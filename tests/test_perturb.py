@@ -3,8 +3,16 @@ import re
 
 import pytest
 
-from topl_core.data.perturb import EDIT_KINDS, Edit, apply_edits, build_perturbation_records, extract_names, perturb_summary
-from topl_core.data.records import DataError, Span
+from topl_core.data.perturb import (
+    EDIT_KINDS,
+    Edit,
+    apply_edits,
+    build_perturbation_records,
+    extract_names,
+    perturb_summary,
+)
+from topl_core.data.records import Span
+from topl_core.errors import DataError
 
 DOCUMENT = (
     "Chelsea beat Arsenal 3-1 on Saturday at Stamford Bridge. Manager Jose Mourinho said the team was not at its best "

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from conftest import needs_smollm2
+
 from topl_core.data.encode import collate, encode_record
 from topl_core.forward import head_features
 from topl_core.metrics import auroc

@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 import torch
-
 from conftest import NEWS_PAIRS, all_hooks
+
 from topl_core.analysis.capture import collect_projections
 from topl_core.analysis.separability import separability
 from topl_core.analysis.sites import RESIDUAL_MODULES
@@ -22,8 +22,9 @@ from topl_core.analysis.steering import (
     steer,
     steering_vectors_from_model,
 )
+from topl_core.errors import ModelError
 from topl_core.generate import GenerationConfig, generate, load_merged
-from topl_core.models import ModelError, load_model
+from topl_core.models import load_model
 from topl_core.runs import load_adapter
 from topl_core.training.config import LoraSettings, TrainConfig
 from topl_core.training.trainer import train

@@ -9,15 +9,23 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_config
 from safetensors.torch import load_file
 
-from conftest import tiny_config
 from topl_core.analysis import sweeps
 from topl_core.analysis.sweeps import (
-    PrefixStore, SweepConfig, Window, embed_inputs, forward_from_hidden, heatmap_table, install_prefix_cache,
-    lines_table, plan_windows, read_sweep, run_sweep,
+    SweepConfig,
+    Window,
+    heatmap_table,
+    lines_table,
+    plan_windows,
+    read_sweep,
+    run_sweep,
 )
-from topl_core.models import TINY_FAMILIES, build_tiny_tokenizer, load_model
+from topl_core.architecture import embed_inputs, forward_from_hidden
+from topl_core.models import load_model
+from topl_core.tiny_models import TINY_FAMILIES, build_tiny_tokenizer
+from topl_core.training.prefix_cache import PrefixStore, install_prefix_cache
 
 TEXTS = ["The council approved the new budget on Monday after a long debate. Police arrested two men in London "
          "and released a third without charge.", "She won the election."]

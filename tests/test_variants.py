@@ -1,8 +1,14 @@
 import numpy as np
 import pytest
 
-from topl_core.data.records import DataError
-from topl_core.data.variants import DENSE_MIN_BAD_FRACTION, LABEL_SETTINGS, apply_label_setting, label_settings_table, label_stats
+from topl_core.data.variants import (
+    DENSE_MIN_BAD_FRACTION,
+    LABEL_SETTINGS,
+    apply_label_setting,
+    label_settings_table,
+    label_stats,
+)
+from topl_core.errors import DataError
 
 
 @pytest.fixture

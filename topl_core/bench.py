@@ -39,8 +39,8 @@ from typing import Callable
 import torch
 
 from .io import write_json
-from .models import DEFAULT_MODEL
 from .precision import resolve_precision
+from .presets import DEFAULT_MODEL
 from .progress import Bar
 
 GOALS = {

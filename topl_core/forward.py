@@ -12,7 +12,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from .models import base_causal_lm, decoder_layers
+from .architecture import base_causal_lm, decoder_layers, final_norm
 
 
 class _EarlyExit(Exception):
@@ -44,10 +44,6 @@ def hidden_after_layer(model: torch.nn.Module, input_ids: torch.Tensor, attentio
         except _EarlyExit as stop:
             return stop.hidden
     raise RuntimeError(f"decoder layer {layer} never ran: the model has {len(decoder_layers(model))} layers")
-
-
-def final_norm(model: torch.nn.Module) -> torch.nn.Module:
-    return base_causal_lm(model).model.norm
 
 
 def head_features(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int) -> torch.Tensor:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Sequence
 
+from .errors import JobError
 from .io import write_json
 from .paths import PROJECT_ROOT, runs_dir
 from .runs import RunDir
@@ -49,10 +50,6 @@ ACTIVE_STATES = ("starting", "running")
 _CHILDREN: dict[int, subprocess.Popen] = {}
 # Exit codes of reaped children (negative: killed by that signal), to say how a job died that could not say it.
 _EXIT_CODES: dict[int, int] = {}
-
-
-class JobError(RuntimeError):
-    """A job cannot be launched, resumed or cancelled; the message says why and what to do."""
 
 
 @dataclass(frozen=True)

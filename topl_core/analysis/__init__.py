@@ -10,10 +10,10 @@ Modules (each documents its public API in its docstring; no streamlit anywhere):
     cache        cached, Codec (JSON, NPZ, PARQUET), records_fingerprint
 """
 
+from ..presets import LORA_MODULES
 from .cache import JSON, NPZ, PARQUET, cached, records_fingerprint
 from .capture import Projections, capture_lora, collect_projections, random_lora_A
 from .separability import ProbeResult, ProbeSettings, Separability, comparison_table, probe_run, separability
-from ..models import LORA_MODULES
 from .sites import RESIDUAL_MODULES, LoraWeights, Site, lora_sites, lora_weights, read_lora_weights
 from .steering import SteeringSession, SteeringVectors, build_steering_vectors, compute_steering_vectors, steer
 

@@ -33,8 +33,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..generate import GenerationConfig, generate
-from ..models import DEFAULT_MODEL, ModelSpec, load_model
+from ..models import ModelSpec, load_model
 from ..paths import DEFAULT_DATA, PROJECT_ROOT, cliff_csv
+from ..presets import DEFAULT_MODEL
 from ..runs import RunDir
 from .scorers import PROTOCOLS, Scorer, ScorerQuality, make_scorer, score_summary
 

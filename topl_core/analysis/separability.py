@@ -38,9 +38,9 @@ from typing import Literal, Mapping, Sequence
 import numpy as np
 
 from ..precision import PRECISIONS, Precision, resolve_precision
+from ..presets import LORA_MODULES
 from ..runs import RunDir
 from .capture import DEFAULT_SET, Projections
-from ..models import LORA_MODULES
 from .sites import Site
 
 METHOD = (

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import torch
 
-from ..models import LORA_MODULES, ModelError, base_causal_lm, decoder_layers
+from ..architecture import base_causal_lm, decoder_layers
+from ..errors import ModelError
+from ..presets import LORA_MODULES
 
 RESIDUAL_MODULES: tuple[str, ...] = ("o_proj", "down_proj")  # outputs live in the residual stream (steerable)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen3", "qwen2", "mistral", "gemma3_text", "gemma3")

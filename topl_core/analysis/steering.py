@@ -46,11 +46,21 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
+from ..errors import ModelError
 from ..generate import GenerationConfig
-from ..models import LoadedModel, ModelError
+from ..models import LoadedModel
 from ..runs import RunDir
 from .capture import DEFAULT_SET, Projections
-from .sites import RESIDUAL_MODULES, LoraWeights, Site, active_adapter_name, lora_sites, lora_weights, site_module, sort_sites
+from .sites import (
+    RESIDUAL_MODULES,
+    LoraWeights,
+    Site,
+    active_adapter_name,
+    lora_sites,
+    lora_weights,
+    site_module,
+    sort_sites,
+)
 
 FORMULA = "v = scaling * B @ (mu_good - mu_bad); output += lambda * v"
 VECTORS_FILE = "steering_vectors.safetensors"
@@ -211,10 +221,9 @@ def build_steering_vectors(run, records, settings=None, top_k: int = 4, base: Lo
                            progress=None) -> SteeringVectors:
     """Steering vectors of a run from a labelled token set: projections (cached), per-site cv AUROC of the
     residual-writing sites, A/B/scaling from the run's adapter files."""
+    from .cache import cached, json_codec, records_fingerprint
     from .separability import ProbeSettings, run_projections, separability
     from .sites import read_lora_weights
-
-    from .cache import cached, json_codec, records_fingerprint
 
     run = RunDir.of(run)
     settings = (settings or ProbeSettings()).resolved(run)

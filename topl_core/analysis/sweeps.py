@@ -44,8 +44,6 @@ Qwen3, Gemma3 checkpoints) the result equals the plain forward; `run_sweep` refu
 from __future__ import annotations
 
 import copy
-import hashlib
-import inspect
 import json
 import os
 import time
@@ -54,186 +52,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
-import torch
 
+from ..errors import ConfigError, RunError
 from ..io import read_log_rows, write_json
-from ..models import LoadedModel, ModelError, ModelSpec, base_causal_lm, load_model
-from ..runs import RunDir, RunError
-from ..training.config import ConfigError, TrainConfig
-
-# --- forward from an intermediate hidden state ------------------------------------------------------------------
-
-
-def _decoder(model: torch.nn.Module) -> torch.nn.Module:
-    """The decoder stack (LlamaModel / Qwen3Model / Gemma3TextModel, or a PrefixCachedDecoder) of a causal LM."""
-    if hasattr(model, "layers") and hasattr(model, "rotary_emb"):
-        return model
-    inner = getattr(base_causal_lm(model), "model", None)
-    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
-        raise ModelError(
-            f"forward_from_hidden supports Llama/Qwen3/Gemma3-style models (model.model.layers + rotary_emb); "
-            f"got {type(base_causal_lm(model)).__name__}."
-        )
-    return inner
-
-
-def embed_inputs(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
-    """The residual stream entering layer 0 (Gemma's embedding module applies its own √d scale)."""
-    return _decoder(model).embed_tokens(input_ids)
-
-
-def _layer_types(config, n: int) -> list[str]:
-    types = getattr(config, "layer_types", None)
-    return list(types) if types else ["full_attention"] * n
-
-
-def _masks_and_positions(decoder, hidden: torch.Tensor, attention_mask: torch.Tensor | None, types: set[str]):
-    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
-
-    config = decoder.config
-    if getattr(config, "use_bidirectional_attention", False):
-        raise ModelError("forward_from_hidden: bidirectional-attention configs are not supported (causal LMs only).")
-    position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-    kw = dict(config=config, inputs_embeds=hidden, attention_mask=attention_mask, past_key_values=None, position_ids=position_ids)
-    masks = {}
-    for t in types:
-        if t == "full_attention":
-            masks[t] = create_causal_mask(**kw)
-        elif t == "sliding_attention":
-            masks[t] = create_sliding_window_causal_mask(**kw)
-        else:
-            raise ModelError(f"forward_from_hidden: unknown layer type {t!r} in config.layer_types.")
-    rotary = decoder.rotary_emb
-    if "layer_type" in inspect.signature(rotary.forward).parameters:  # Gemma3: local and global rope per type
-        pos_emb = {t: rotary(hidden, position_ids, t) for t in types}
-    else:
-        shared = rotary(hidden, position_ids)
-        pos_emb = {t: shared for t in types}
-    return position_ids, masks, pos_emb
-
-
-def forward_from_hidden(
-    model: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None, start: int, end: int | None = None
-) -> torch.Tensor:
-    """Run decoder layers start..end (inclusive) on `hidden`, the residual stream entering layer `start`.
-    Equals output_hidden_states[end + 1] of the full forward (hidden_states[0] is the embedding output)."""
-    decoder = _decoder(model)
-    n = len(decoder.layers)
-    end = n - 1 if end is None else end
-    if not 0 <= start <= end < n:
-        raise ModelError(f"forward_from_hidden: layers {start}..{end} are outside 0..{n - 1}.")
-    types = _layer_types(decoder.config, n)
-    position_ids, masks, pos_emb = _masks_and_positions(decoder, hidden, attention_mask, {types[i] for i in range(start, end + 1)})
-    h = hidden
-    for i in range(start, end + 1):
-        out = decoder.layers[i](h, attention_mask=masks[types[i]], position_embeddings=pos_emb[types[i]], position_ids=position_ids)
-        h = out[0] if isinstance(out, tuple) else out
-    return h
-
-
-# --- the prefix store -------------------------------------------------------------------------------------------
-
-
-@dataclass
-class PrefixStats:
-    batches_computed: int = 0  # prefix states built from the embeddings
-    batches_advanced: int = 0  # states moved up from a lower layer
-    batches_reused: int = 0  # states served as they were
-    layer_passes: int = 0  # decoder-layer applications spent on prefixes (one per layer per batch)
-    layer_passes_saved: int = 0  # decoder-layer applications a plain forward would have spent on them in addition
-
-
-class PrefixStore:
-    """Per batch (keyed by its token ids and mask), the residual stream entering some layer L, computed once with
-    the frozen base layers 0..L−1 (no gradients) and advanced upward on demand. One state per batch is kept (the
-    newest): windows should be visited in order of start."""
-
-    def __init__(self) -> None:
-        self._states: dict[str, tuple[int, torch.Tensor]] = {}
-        self.stats = PrefixStats()
-
-    @staticmethod
-    def key(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> str:
-        h = hashlib.sha1(str(tuple(input_ids.shape)).encode())
-        h.update(input_ids.detach().cpu().numpy().tobytes())
-        if attention_mask is not None:
-            h.update(attention_mask.detach().cpu().numpy().astype(np.int8).tobytes())
-        return h.hexdigest()
-
-    def __len__(self) -> int:
-        return len(self._states)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for _, t in self._states.values())
-
-    def clear(self) -> None:
-        self._states.clear()
-
-    @torch.no_grad()
-    def entering(self, decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, start: int) -> torch.Tensor:
-        """The residual stream entering layer `start` for this batch."""
-        if start == 0:
-            return embed_inputs(decoder, input_ids)
-        k = self.key(input_ids, attention_mask)
-        level, h = self._states.get(k, (None, None))
-        if level == start:
-            self.stats.batches_reused += 1
-            self.stats.layer_passes_saved += start
-            return h
-        if level is not None and level < start:
-            self.stats.batches_advanced += 1
-            self.stats.layer_passes_saved += level
-        else:
-            level, h = 0, embed_inputs(decoder, input_ids)
-            self.stats.batches_computed += 1
-        h = forward_from_hidden(decoder, h, attention_mask, level, start - 1)
-        self.stats.layer_passes += start - level
-        self._states[k] = (start, h.detach())
-        return h
-
-
-class PrefixCachedDecoder(torch.nn.Module):
-    """A drop-in for a causal LM's decoder stack whose forward starts at layer `start` from a PrefixStore state.
-    Holds the original embedding, layers, norm and rotary modules (shared, not copied)."""
-
-    def __init__(self, decoder: torch.nn.Module, store: PrefixStore, start: int):
-        super().__init__()
-        self.config = decoder.config
-        self.embed_tokens = decoder.embed_tokens
-        self.layers = decoder.layers
-        self.norm = decoder.norm
-        self.rotary_emb = decoder.rotary_emb
-        self.start = start
-        self._store = store
-
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def forward(self, input_ids=None, attention_mask=None, use_cache=False, **kwargs):
-        from transformers.modeling_outputs import BaseModelOutputWithPast
-
-        if input_ids is None:
-            raise ModelError("PrefixCachedDecoder needs input_ids (its cache is keyed by them).")
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        h = self._store.entering(self, input_ids, attention_mask, self.start)
-        h = forward_from_hidden(self, h, attention_mask, self.start)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(h))
-
-
-def install_prefix_cache(lm: LoadedModel, store: PrefixStore, start: int) -> LoadedModel:
-    """Make `lm` (a model this caller owns, e.g. freshly loaded for one window) start its forward at layer `start`
-    from `store`. Only for training windows whose LoRA starts at `start`; the model cannot generate afterwards."""
-    causal = base_causal_lm(lm.model)
-    cfg = causal.config
-    for name in ("attention_dropout", "hidden_dropout", "dropout"):
-        if float(getattr(cfg, name, 0.0) or 0.0) > 0:
-            raise ModelError(f"prefix reuse needs dropout-free base layers, but config.{name}={getattr(cfg, name)}; "
-                             "run the sweep with reuse_prefix=False.")
-    causal.model = PrefixCachedDecoder(_decoder(causal), store, start)
-    return lm
-
+from ..models import LoadedModel, ModelSpec, load_model
+from ..runs import RunDir
+from ..training.config import TrainConfig
+from ..training.prefix_cache import PrefixStats, PrefixStore, install_prefix_cache
 
 # --- windows and config -----------------------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from ..errors import WorkbenchError
+
 # Command modules, in --help order. Each defines register(subparsers) and sets a `func` default on its parsers.
 COMMAND_MODULES = ("data", "train", "generate", "score_tokens", "probe", "steer", "evaluate", "sweep", "label_sensitivity", "bench", "merge_check")
 
@@ -19,14 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..data.records import DataError
-    from ..models import ModelError
-    from ..runs import RunError
-    from ..training.config import ConfigError
 
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (DataError, ModelError, RunError, ConfigError) as e:
+    except WorkbenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..models import DEFAULT_MODEL
 from ..paths import DEFAULT_DATA
+from ..presets import DEFAULT_MODEL
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,8 +7,8 @@ import sys
 
 from ..data.records import Record, read_jsonl
 from ..data.split import SPLITS, split_records
-from ..models import DEFAULT_MODEL
 from ..precision import DTYPES, PRECISIONS, describe_precision
+from ..presets import DEFAULT_MODEL
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

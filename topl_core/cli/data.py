@@ -6,8 +6,9 @@ import argparse
 import json
 from collections import Counter
 
-from ..data.records import DataError, Record, read_jsonl, write_jsonl
+from ..data.records import Record, read_jsonl, write_jsonl
 from ..data.split import split_records
+from ..errors import DataError
 from ..progress import Bar
 from .common import add_model_args
 

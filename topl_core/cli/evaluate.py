@@ -8,9 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..models import DEFAULT_MODEL
 from ..paths import DEFAULT_DATA
-
+from ..presets import DEFAULT_MODEL
 from ..progress import Bar
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..models import DEFAULT_MODEL
 from ..paths import DEFAULT_DATA
+from ..presets import DEFAULT_MODEL
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

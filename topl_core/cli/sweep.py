@@ -7,9 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..models import DEFAULT_MODEL
 from ..paths import DEFAULT_DATA
-
+from ..presets import DEFAULT_MODEL
 from ..progress import Bar
 from .common import add_precision_arg, announce_precision
 
@@ -59,7 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def config_from_args(args: argparse.Namespace):
     from ..analysis.sweeps import SweepConfig
-    from ..training.config import ConfigError, TrainConfig
+    from ..errors import ConfigError
+    from ..training.config import TrainConfig
 
     windows = ()
     if args.windows:
@@ -93,7 +93,14 @@ def _print_results(df) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..analysis.sweeps import (
-        SweepConfig, compare_reuse, read_sweep, request_stop, resume_sweep, run_sweep, start_sweep, sweep_status,
+        SweepConfig,
+        compare_reuse,
+        read_sweep,
+        request_stop,
+        resume_sweep,
+        run_sweep,
+        start_sweep,
+        sweep_status,
     )
 
     if args.show:

@@ -7,7 +7,7 @@ import dataclasses
 import sys
 import typing
 
-from ..models import PRESETS
+from ..presets import PRESETS
 from ..training.config import LoraSettings, TrainConfig, preset_config
 from .common import announce_precision
 

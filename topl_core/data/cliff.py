@@ -26,7 +26,8 @@ from typing import Literal, Sequence
 
 import pandas as pd
 
-from .records import DataError, Record, Span
+from ..errors import DataError
+from .records import Record, Span
 
 SPAN_COLUMNS = ("doc", "summ", "annotated_span")
 LABEL_COLUMNS = ("doc", "summ", "label")

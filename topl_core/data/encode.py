@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .records import DataError, Record
+from ..errors import DataError
+from .records import Record
 
 IGNORE = -1  # label of tokens that are not supervised (prompt, document, end-of-turn)
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from typing import Iterable, Literal
 
-from .records import DataError, Record, Span
+from ..errors import DataError
+from .records import Record, Span
 
 FavaForm = Literal["raw", "completion"]
 TYPE_TAGS: tuple[str, ...] = ("entity", "relation", "contradictory", "invented", "subjective", "unverifiable")

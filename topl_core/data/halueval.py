@@ -11,8 +11,9 @@ import importlib.util
 from pathlib import Path
 from typing import Sequence
 
+from ..errors import DataError
 from .perturb import build_perturbation_records
-from .records import DataError, Record, json_lines
+from .records import Record, json_lines
 
 HALUEVAL_FILE = Path("benchs/halueval/dataset_halueval_summarization.jsonl")
 HALUEVAL_FIELDS = ("document", "right_summary", "hallucinated_summary")

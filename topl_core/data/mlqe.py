@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from .records import DataError, Record, Span
+from ..errors import DataError
+from .records import Record, Span
 
 WORD_TAGS = ("OK", "BAD")
 HUB_ID = "wmt/wmt20_mlqe_task2"  # formerly "wmt20_mlqe_task2"; configs "en-de" and "en-zh"

@@ -22,7 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .records import DataError, Record, Span
+from ..errors import DataError
+from .records import Record, Span
 
 EDIT_KINDS: tuple[str, ...] = ("entity", "number", "date", "negation", "relation", "invented")
 MAX_EDITS = 3

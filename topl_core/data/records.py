@@ -12,14 +12,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Literal
 
+from ..errors import DataError
 from ..io import atomic_open
 
 Task = Literal["summarization", "translation"]
 TASKS: tuple[str, ...] = ("summarization", "translation")
-
-
-class DataError(ValueError):
-    """Bad input data: the message names the row/field that is wrong and how to fix it."""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 from typing import Sequence
 
-from .records import DataError, Record
+from ..errors import DataError
+from .records import Record
 
 SPLITS = ("train", "val", "test")
 

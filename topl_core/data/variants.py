@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .records import DataError
+from ..errors import DataError
 
 LABEL_SETTINGS: tuple[str, ...] = ("original", "random", "balanced", "bad_skewed", "good_skewed", "good_only", "dense_balanced")
 BAD_FRACTION = {"balanced": 0.5, "bad_skewed": 0.75, "good_skewed": 0.25, "dense_balanced": 0.5}

@@ -7,16 +7,13 @@ import typing
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal
 
-from ..models import DEFAULT_MODEL, LORA_MODULES, PRESETS
+from ..errors import ConfigError
 from ..paths import DEFAULT_DATA
 from ..precision import PRECISIONS, Precision, resolve_precision
+from ..presets import DEFAULT_MODEL, LORA_MODULES, PRESETS
 
 Method = Literal["topl", "sft", "dpo", "sopl", "tldr", "unlikelihood", "tdpo"]
 METHODS: tuple[str, ...] = typing.get_args(Method)  # the objective registry and the paper presets have these keys
-
-
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the field, the value and the fix."""
 
 
 def _fail(field_name: str, value, fix: str):

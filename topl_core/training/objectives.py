@@ -34,12 +34,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..architecture import base_causal_lm
 from ..data.encode import IGNORE, Batch, Encoded, EncodedPair, collate, collate_pairs, encode_record
-from ..data.records import DataError, Record
+from ..data.records import Record
+from ..errors import DataError
 from ..forward import head_features, lm_head_logits
 from ..metrics import auroc
 from ..precision import autocast
-from ..models import base_causal_lm
 
 Requirement = Literal["token_labels", "pairs", "sequence_labels", "faithful"]
 

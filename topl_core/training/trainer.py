@@ -19,14 +19,16 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from ..architecture import check_layer_range
 from ..data.encode import Encoded
-from ..data.records import DataError, Record, read_jsonl
+from ..data.records import Record, read_jsonl
 from ..data.split import split_records
+from ..errors import DataError, RunError
 from ..io import save_tensors, write_json
-from ..models import LoadedModel, ModelSpec, check_layer_range, hub_id, load_model
-from ..runs import RunDir, RunError
-from .config import TrainConfig
+from ..models import LoadedModel, ModelSpec, hub_id, load_model
 from ..precision import autocast
+from ..runs import RunDir
+from .config import TrainConfig
 from .objectives import OBJECTIVES, EncodeSettings, Objective, StepContext, length_buckets
 
 
