@@ -444,7 +444,7 @@ TOKEN_SETS = ("run's data · val split", "run's data · test split", "CLIFF span
 @st.cache_data(show_spinner="Reading the token set…", max_entries=16)
 def token_set(kind: str, run_path: str, data_path: str | None, split: str, limit: int) -> tuple[str, list]:
     """(description, labelled records) for a token-set choice. Raises DataError/RunError with a message to show."""
-    from topl_core.analysis.separability import labelled_records
+    from topl_core.analysis.probe import labelled_records
     from topl_core.data.records import read_jsonl
     from topl_core.errors import DataError
     from topl_core.data.split import split_records

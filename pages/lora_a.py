@@ -20,7 +20,8 @@ st.caption("Rows of LoRA-A are concept directions. For every (layer, module) sit
            "onto A's r rows; the AUROC says how well that r-dim projection separates faithful from hallucinated tokens.")
 
 try:
-    from topl_core.analysis.separability import METHOD, ProbeSettings, comparison_table, probe_run, run_projections
+    from topl_core.analysis.probe import probe_run, ProbeSettings, run_projections
+    from topl_core.analysis.separability import comparison_table, METHOD
 except ImportError as e:  # the analysis core is missing or broken: say so instead of crashing the app
     st.error(f"The analysis core is not available: {e}")
     st.stop()

@@ -352,7 +352,7 @@ def test_shipped_cache_is_read_after_the_local_one_and_never_written(cache_tmp, 
 def test_probe_is_cached_and_invalidated_by_a_changed_adapter(cache_tmp, tiny_run, news_records, tmp_path):
     import shutil
 
-    from topl_core.analysis.separability import ProbeSettings, probe_run, run_projections
+    from topl_core.analysis.probe import ProbeSettings, probe_run, run_projections
     from topl_core.runs import RunDir
 
     settings = ProbeSettings(n_boot=50)

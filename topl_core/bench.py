@@ -130,7 +130,7 @@ N_PHASES = 7  # the phase(...) calls in run_bench: peaks, TOPL, SFT, capture, ge
 
 def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[[str], None] = print) -> dict:
     from .analysis.capture import capture_lora
-    from .analysis.separability import ProbeSettings, probe_run
+    from .analysis.probe import ProbeSettings, probe_run
     from .analysis.steering import build_steering_vectors, steer
     from .analysis.sweeps import SweepConfig, plan_windows, run_sweep
     from .data.encode import build_prompt, collate, encode_record

@@ -4,7 +4,8 @@ projections, LoRA-B steering vectors, and the disk cache that every analysis res
 Modules (each documents its public API in its docstring; no streamlit anywhere):
     sites        lora_sites, Site, lora_weights, read_lora_weights
     capture      capture_lora, collect_projections, Projections, random_lora_A
-    separability separability, Separability, comparison_table, probe_run, run_projections, ProbeSettings
+    separability separability, Separability, comparison_table (pure statistics on projections)
+    probe        probe_run, run_projections, ProbeSettings (adapter + token set → cached projections and scores)
     umap_view    umap_embedding, run_umap
     steering     steer, SteeringVectors, compute_steering_vectors, build_steering_vectors, SteeringSession
     cache        cached, Codec (JSON, NPZ, PARQUET), records_fingerprint
@@ -13,7 +14,8 @@ Modules (each documents its public API in its docstring; no streamlit anywhere):
 from ..presets import LORA_MODULES
 from .cache import JSON, NPZ, PARQUET, cached, records_fingerprint
 from .capture import Projections, capture_lora, collect_projections, random_lora_A
-from .separability import ProbeResult, ProbeSettings, Separability, comparison_table, probe_run, separability
+from .probe import ProbeResult, ProbeSettings, probe_run
+from .separability import Separability, comparison_table, separability
 from .sites import RESIDUAL_MODULES, LoraWeights, Site, lora_sites, lora_weights, read_lora_weights
 from .steering import SteeringSession, SteeringVectors, build_steering_vectors, compute_steering_vectors, steer
 

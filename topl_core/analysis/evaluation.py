@@ -165,7 +165,7 @@ def steering_vectors_for(run, cfg: EvalConfig, use_cache: bool = True):
     """Steering vectors of a run from the labelled tokens of its own data's validation split (as `steer` does)."""
     from ..data.records import read_jsonl
     from ..data.split import split_records
-    from .separability import ProbeSettings, labelled_records
+    from .probe import ProbeSettings, labelled_records
     from .steering import build_steering_vectors
 
     rd = RunDir.of(run)

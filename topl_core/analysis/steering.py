@@ -222,7 +222,8 @@ def build_steering_vectors(run, records, settings=None, top_k: int = 4, base: Lo
     """Steering vectors of a run from a labelled token set: projections (cached), per-site cv AUROC of the
     residual-writing sites, A/B/scaling from the run's adapter files."""
     from .cache import cached, json_codec, records_fingerprint
-    from .separability import ProbeSettings, run_projections, separability
+    from .probe import ProbeSettings, run_projections
+    from .separability import separability
     from .sites import read_lora_weights
 
     run = RunDir.of(run)

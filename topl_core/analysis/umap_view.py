@@ -78,7 +78,7 @@ def run_umap(run, records, site: Site | str, settings=None, source: Literal["pro
     adapter and base fingerprints). Projections come from the cached run_projections; hidden states are
     captured for that one site only (the forward stops after its layer)."""
     from .cache import PARQUET, cached, records_fingerprint
-    from .separability import ProbeSettings, run_projections
+    from .probe import ProbeSettings, run_projections
 
     run = RunDir.of(run)
     settings = (settings or ProbeSettings()).resolved(run)

@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _token_set(args: argparse.Namespace, run_cfg) -> tuple[str, list]:
-    from ..analysis.separability import labelled_records
+    from ..analysis.probe import labelled_records
     from ..data.cliff import load_factuality_csv
     from ..paths import PROJECT_ROOT
 
@@ -49,7 +49,8 @@ def _token_set(args: argparse.Namespace, run_cfg) -> tuple[str, list]:
 
 
 def run(args: argparse.Namespace) -> None:
-    from ..analysis.separability import METHOD, ProbeSettings, comparison_table, format_heatmap, probe_run
+    from ..analysis.probe import ProbeSettings, probe_run
+    from ..analysis.separability import METHOD, comparison_table, format_heatmap
     from ..io import write_json
     from ..runs import RunDir
 

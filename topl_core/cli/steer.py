@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from ..analysis.separability import ProbeSettings, labelled_records
+    from ..analysis.probe import ProbeSettings, labelled_records
     from ..analysis.steering import SteeringSession, SteeringVectors, build_steering_vectors
     from ..generate import GenerationConfig, generate
     from ..io import write_json

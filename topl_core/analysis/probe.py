@@ -1,0 +1,152 @@
+"""The LoRA-A probe pipeline: an adapter + a labelled token set → the r-dim projections of every LoRA site (and of a
+random-init A control on the same inputs) → per-site separability (analysis/separability.py) — each step cached on
+disk by settings, records and adapter fingerprint (analysis/cache.py).
+
+    ProbeSettings (frozen), probe_run(run, records, settings, token_set="", base=None, use_cache=True,
+                                      progress=None) -> ProbeResult (lora + control Separability, cached)
+    run_projections(run, records, settings, base=None, use_cache=True) -> dict[str, Projections] (cached npz)
+    labelled_records(records) -> the records a probe can use
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Literal, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..models import ModelSpec, load_model
+from ..precision import PRECISIONS, Precision, resolve_precision
+from ..runs import RunDir, load_adapter
+from .cache import cached, json_codec, npz_codec, records_fingerprint
+from .capture import DEFAULT_SET, Projections, collect_projections, random_lora_A
+from .separability import Separability, separability
+from .sites import input_module, lora_sites, lora_weights
+
+CONTROL_SET = "random"  # the projection set of the random-init A control
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How to probe an adapter. max_doc_tokens / max_response_tokens None → the run's training values."""
+
+    select: Literal["labelled", "response"] = "labelled"
+    batch_size: int = 4
+    max_doc_tokens: int | None = None
+    max_response_tokens: int | None = None
+    precision: Precision = "auto"  # resolved for the run's device by resolved() (topl_core.precision)
+    folds: int = 5
+    seed: int = 0
+    n_boot: int = 2000
+    random_control: bool = True
+    control_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.folds < 2:
+            raise ConfigError(f"ProbeSettings.folds={self.folds}: cross-validation needs at least 2 folds (paper-style: 5).")
+        if self.batch_size < 1:
+            raise ConfigError(f"ProbeSettings.batch_size={self.batch_size}: must be at least 1.")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"ProbeSettings.precision={self.precision!r}: choose one of {PRECISIONS}.")
+
+    def resolved(self, run) -> "ProbeSettings":
+        cfg, _ = run.read_config()
+        return replace(self, max_doc_tokens=self.max_doc_tokens if self.max_doc_tokens is not None else cfg.max_doc_tokens,
+                       max_response_tokens=self.max_response_tokens or cfg.max_response_tokens,
+                       precision=resolve_precision(self.precision, cfg.device))
+
+    def capture_key(self) -> dict:
+        """The fields that change the captured projections (batch size does not)."""
+        d = asdict(self)
+        for k in ("folds", "seed", "n_boot", "batch_size"):
+            d.pop(k)
+        return d
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    run: str
+    adapter_fingerprint: str
+    base_fingerprint: str | None
+    token_set: str
+    records_fingerprint: str
+    settings: dict
+    lora: Separability
+    control: Separability | None = None
+
+    def to_json(self) -> dict:
+        return {**{k: getattr(self, k) for k in ("run", "adapter_fingerprint", "base_fingerprint", "token_set",
+                                                 "records_fingerprint", "settings")},
+                "lora": self.lora.to_json(), "control": self.control.to_json() if self.control else None}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ProbeResult":
+        return cls(**{**d, "lora": Separability.from_json(d["lora"]),
+                      "control": Separability.from_json(d["control"]) if d.get("control") else None})
+
+
+def run_projections(run, records, settings: ProbeSettings = ProbeSettings(), base=None, use_cache: bool = True,
+                    progress=None) -> dict[str, Projections]:
+    """Projections of the run's LoRA-A (key "lora") and, with settings.random_control, of a random-init A
+    (key "random") on the same inputs, for `records`. Cached as npz keyed by settings + records + adapter.
+    `base` (a LoadedModel the caller gives away: the adapter is injected into it) defaults to a fresh load."""
+    run = RunDir.of(run)
+    settings = settings.resolved(run)
+    key = {"analysis": "lora_projections", "settings": settings.capture_key(), "records": records_fingerprint(records)}
+
+    def compute() -> dict[str, Projections]:
+        cfg, _ = run.read_config()
+        lm = base or load_model(ModelSpec(cfg.model, "float32", cfg.device))
+        model = load_adapter(lm, run)
+        sites = lora_sites(model)
+        controls = None
+        if settings.random_control:
+            r_of = {s: lora_weights(model, s).r for s in sites}
+            d_in = {s: input_module(model, s).in_features for s in sites}
+            controls = {CONTROL_SET: random_lora_A(sites, r_of, d_in, settings.control_seed)}
+        out = collect_projections(model, lm.tokenizer, records, settings.select, settings.batch_size,
+                                  settings.max_doc_tokens, settings.max_response_tokens, settings.precision,
+                                  sites=sites, controls=controls, progress=progress)
+        return out if isinstance(out, dict) else {DEFAULT_SET: out}
+
+    def to_arrays(sets: dict[str, Projections]) -> dict[str, np.ndarray]:
+        return {f"{name}::{k}": v for name, p in sets.items() for k, v in p.to_arrays().items()}
+
+    def from_arrays(arrays) -> dict[str, Projections]:
+        names = sorted({k.split("::", 1)[0] for k in arrays})
+        return {n: Projections.from_arrays({k.split("::", 1)[1]: v for k, v in arrays.items() if k.startswith(n + "::")})
+                for n in names}
+
+    return cached("lora_projections", key, compute, npz_codec(to_arrays, from_arrays), run=run, enabled=use_cache)
+
+
+def probe_run(run, records, settings: ProbeSettings = ProbeSettings(), token_set: str = "", base=None,
+              use_cache: bool = True, progress=None) -> ProbeResult:
+    """Per-site separability of a run's LoRA-A (and the random-A control) on a labelled token set. Cached (json)
+    by settings + records + adapter fingerprint + base fingerprint; the projections are cached too (npz)."""
+    run = RunDir.of(run)
+    settings = settings.resolved(run)
+    rfp = records_fingerprint(records)
+    key = {"analysis": "lora_separability", "settings": asdict(settings), "records": rfp}
+    _, meta = run.read_config()
+
+    def compute() -> ProbeResult:
+        sets = run_projections(run, records, settings, base, use_cache, progress)
+        n_layers = meta.get("num_layers")
+        lora = separability(sets[DEFAULT_SET], run.name, settings.folds, settings.seed, settings.n_boot, n_layers)
+        control = None
+        if CONTROL_SET in sets:
+            control = separability(sets[CONTROL_SET], f"{run.name} random-A", settings.folds, settings.seed,
+                                   settings.n_boot, n_layers)
+        return ProbeResult(str(run.path), run.fingerprint(), meta.get("base_fingerprint"), token_set, rfp,
+                           asdict(settings), lora, control)
+
+    res = cached("lora_separability", key, compute, json_codec(ProbeResult.to_json, ProbeResult.from_json), run=run,
+                 enabled=use_cache)
+    return replace(res, token_set=token_set or res.token_set)
+
+
+def labelled_records(records: Sequence) -> list:
+    """Records with token labels (token_labels_known): the ones a separability probe can use."""
+    return [r for r in records if r.token_labels_known]
