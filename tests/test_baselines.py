@@ -21,7 +21,7 @@ from topl_core.models import load_model
 from topl_core.presets import PRESETS
 from topl_core.tiny_models import build_tiny_model
 from topl_core.training import trainer as trainer_module
-from topl_core.training.config import METHODS, LoraSettings, TrainConfig, preset_config
+from topl_core.training.config import METHOD_DATA, METHODS, LoraSettings, TrainConfig, preset_config
 from topl_core.training.objectives import (
     OBJECTIVES,
     EncodeSettings,
@@ -514,7 +514,7 @@ def test_non_head_methods_resume_exactly(method, records, tmp_path):
 def test_one_list_of_methods_behind_registry_presets_config_and_form():
     """METHODS (training/config.py) is the only list of method names: the objective registry, every paper preset
     and TrainConfig's validation agree with it (a method added in one place fails here until added everywhere)."""
-    assert set(OBJECTIVES) == set(METHODS)
+    assert set(OBJECTIVES) == set(METHODS) == set(METHOD_DATA)
     for name, preset in PRESETS.items():
         assert set(preset.methods) == set(METHODS), name
     for m in METHODS:

@@ -7,6 +7,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal
 
+from ..data.variants import LABEL_SETTINGS
 from ..errors import ConfigError
 from ..paths import DEFAULT_DATA
 from ..precision import PRECISIONS, Precision, resolve_precision
@@ -14,6 +15,12 @@ from ..presets import DEFAULT_MODEL, LORA_MODULES, PRESETS
 
 Method = Literal["topl", "sft", "dpo", "sopl", "tldr", "unlikelihood", "tdpo"]
 METHODS: tuple[str, ...] = typing.get_args(Method)  # the objective registry and the paper presets have these keys
+# What each method's loss reads from a record; Objective.check_data tells the user when the data lacks it.
+Requirement = Literal["token_labels", "pairs", "sequence_labels", "faithful"]
+METHOD_DATA: dict[str, Requirement] = {
+    "topl": "token_labels", "tldr": "token_labels", "unlikelihood": "token_labels",
+    "sopl": "sequence_labels", "sft": "faithful", "dpo": "pairs", "tdpo": "pairs",
+}
 
 
 def _fail(field_name: str, value, fix: str):
@@ -85,12 +92,10 @@ class TrainConfig:
     tdpo_alpha: float = 0.5  # TDPO2 weight of the sequential-KL difference (Zeng et al. 2024 default)
 
     def __post_init__(self) -> None:
-        from .objectives import OBJECTIVES
-
         if isinstance(self.lora, dict):
             object.__setattr__(self, "lora", LoraSettings(**self.lora))
-        if self.method not in OBJECTIVES:
-            _fail("method", self.method, f"choose one of {sorted(OBJECTIVES)}.")
+        if self.method not in METHODS:
+            _fail("method", self.method, f"choose one of {sorted(METHODS)}.")
         for name in ("batch_size", "grad_accum", "micro_batch_size", "steps", "eval_every", "checkpoint_every"):
             if getattr(self, name) < 1:
                 _fail(name, getattr(self, name), "must be a positive integer.")
@@ -105,11 +110,9 @@ class TrainConfig:
             _fail("beta", self.beta, "must be positive (DPO/TDPO temperature; paper-style default 0.1).")
         if not self.tdpo_alpha >= 0:
             _fail("tdpo_alpha", self.tdpo_alpha, "must be non-negative (TDPO2 default 0.5).")
-        from ..data.variants import LABEL_SETTINGS
-
         if self.label_setting not in LABEL_SETTINGS:
             _fail("label_setting", self.label_setting, f"choose one of {LABEL_SETTINGS}.")
-        token_methods = sorted(k for k, o in OBJECTIVES.items() if "token_labels" in o.requires)
+        token_methods = sorted(k for k, needs in METHOD_DATA.items() if needs == "token_labels")
         if self.label_setting != "original" and self.method not in token_methods:
             _fail(
                 "label_setting", self.label_setting,

@@ -41,8 +41,8 @@ from ..errors import DataError
 from ..forward import head_features, lm_head_logits
 from ..metrics import auroc
 from ..precision import autocast
+from .config import METHOD_DATA, Requirement
 
-Requirement = Literal["token_labels", "pairs", "sequence_labels", "faithful"]
 
 
 # --- pure losses: tensors in, scalar out ------------------------------------------------------------------
@@ -446,7 +446,6 @@ Validator = Callable[[StepContext, list, str, str], dict]
 class Objective:
     name: str
     description: str
-    requires: frozenset[Requirement]
     head_position: Literal["lora_end", "last", "none"]
     loss: Callable[[StepContext, Batch], tuple[torch.Tensor, dict]]
     prepare: Callable[[object, Sequence[Record], EncodeSettings], list] | None = None
@@ -456,6 +455,10 @@ class Objective:
     validation_metric: str = "val_loss"  # the headline validation number (tables, progress)
     # the info key counting what the loss averages over (tokens, sequences, pairs): micro-batches are weighted by it
     units_key: str = "supervised_tokens"
+
+    @property
+    def requires(self) -> Requirement:
+        return METHOD_DATA[self.name]
 
     @property
     def uses_head(self) -> bool:
@@ -469,24 +472,24 @@ class Objective:
         if not records:
             raise DataError(f"{self.name}: the training split is empty; build or import more data.")
         n = len(records)
-        if "token_labels" in self.requires and not any(r.token_labels_known for r in records):
+        if self.requires == "token_labels" and not any(r.token_labels_known for r in records):
             raise DataError(
                 f"{self.name} needs token-level labels, but all {n} training records have only a sequence label "
                 "(token_labels_known=false). Build perturbation data (python -m topl_core data build) or import FAVA/CLIFF spans."
             )
-        if "pairs" in self.requires and not any(r.sequence_label == 0 and r.faithful_response for r in records):
+        if self.requires == "pairs" and not any(r.sequence_label == 0 and r.faithful_response for r in records):
             raise DataError(
                 f"{self.name} needs (faithful, unfaithful) pairs — unfaithful records (sequence_label 0) whose "
                 f"faithful_response holds the faithful response to the same prompt — but none of the {n} training "
                 "records has one. Use perturbation data (python -m topl_core data build) or HaluEval pairs."
             )
-        if "sequence_labels" in self.requires and len({r.sequence_label for r in records}) < 2:
+        if self.requires == "sequence_labels" and len({r.sequence_label for r in records}) < 2:
             only = records[0].sequence_label
             raise DataError(
                 f"{self.name} needs both faithful (sequence_label 1) and unfaithful (sequence_label 0) responses, but "
                 f"all {n} training records have sequence_label {only}. Add perturbed/hallucinated or faithful responses."
             )
-        if "faithful" in self.requires and not any(r.sequence_label == 1 or r.faithful_response for r in records):
+        if self.requires == "faithful" and not any(r.sequence_label == 1 or r.faithful_response for r in records):
             raise DataError(
                 f"{self.name} trains on faithful responses, but none of the {n} training records is faithful "
                 "(sequence_label 1) or carries a faithful_response. Add the faithful summaries."
@@ -497,7 +500,6 @@ OBJECTIVES: dict[str, Objective] = {
     "topl": Objective(
         name="topl",
         description="Token-level off-policy labeling: BCE of a linear head on FinalNorm(layer m) over response tokens.",
-        requires=frozenset({"token_labels"}),
         head_position="lora_end",
         loss=topl_loss_step,
         prepare=encode_token_labelled,
@@ -507,7 +509,6 @@ OBJECTIVES: dict[str, Objective] = {
     "tldr": Objective(
         name="tldr",
         description="TLDR token-level reward model: BCE of a linear head on FinalNorm(last layer) per response token, LoRA on all layers.",
-        requires=frozenset({"token_labels"}),
         head_position="last",
         loss=topl_loss_step,
         prepare=encode_token_labelled,
@@ -518,7 +519,6 @@ OBJECTIVES: dict[str, Objective] = {
     "sopl": Objective(
         name="sopl",
         description="Sequence-level labeling: BCE of the mean head logit over response tokens (head on FinalNorm(layer m)); faithful 1, perturbed 0.",
-        requires=frozenset({"sequence_labels"}),
         head_position="lora_end",
         loss=sopl_loss_step,
         prepare=encode_all,
@@ -529,7 +529,6 @@ OBJECTIVES: dict[str, Objective] = {
     "sft": Objective(
         name="sft",
         description="Supervised fine-tuning: next-token cross-entropy on faithful responses (response + end-of-turn tokens).",
-        requires=frozenset({"faithful"}),
         head_position="none",
         loss=sft_loss_step,
         prepare=encode_faithful,
@@ -539,7 +538,6 @@ OBJECTIVES: dict[str, Objective] = {
     "unlikelihood": Objective(
         name="unlikelihood",
         description="Token-level unlikelihood: −log p on good tokens, −log(1 − p) on bad tokens of token-labelled responses.",
-        requires=frozenset({"token_labels"}),
         head_position="none",
         loss=unlikelihood_loss_step,
         prepare=encode_token_labelled,
@@ -549,7 +547,6 @@ OBJECTIVES: dict[str, Objective] = {
     "dpo": Objective(
         name="dpo",
         description="DPO: chosen = faithful response, rejected = perturbed response; reference = the model with its adapter disabled.",
-        requires=frozenset({"pairs"}),
         head_position="none",
         loss=dpo_loss_step,
         prepare=encode_pairs,
@@ -561,7 +558,6 @@ OBJECTIVES: dict[str, Objective] = {
     "tdpo": Objective(
         name="tdpo",
         description="TDPO2 (Zeng et al. 2024): DPO margin minus α·(β·SeqKL(rejected) − sg(β·SeqKL(chosen))), KL(π_ref ‖ π_θ) per token; reference = adapter disabled.",
-        requires=frozenset({"pairs"}),
         head_position="none",
         loss=tdpo_loss_step,
         prepare=encode_pairs,
