@@ -5,7 +5,7 @@
       head.safetensors                                  the linear head (weight (1, d), bias (1,)), for head methods
       topl_config.json                                  {"config": TrainConfig, "meta": {base fingerprint, head layer, ...}}
       metrics.jsonl                                     one JSON object per logged step / validation
-      status.json                                       {"state": running|finished|failed|cancelled, "step", "steps", ...}
+      status.json, STOP                                 state and step / steps; a stop request (topl_core.status)
       checkpoint/                                       latest resumable state (adapter, head, optimizer, RNG, step)
 """
 
@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,10 +23,8 @@ import torch
 from .errors import ModelError, RunError
 from .io import atomic_open, read_log_rows, write_json
 from .models import LoadedModel
+from .status import STATUS_FILE, State, read_status, write_status
 from .training.config import TrainConfig
-
-STATES = ("running", "finished", "failed", "cancelled")
-
 
 @dataclass(frozen=True)
 class RunDir:
@@ -38,7 +35,7 @@ class RunDir:
 
     config_path = property(lambda self: self.path / "topl_config.json")
     metrics_path = property(lambda self: self.path / "metrics.jsonl")
-    status_path = property(lambda self: self.path / "status.json")
+    status_path = property(lambda self: self.path / STATUS_FILE)
     head_path = property(lambda self: self.path / "head.safetensors")
     checkpoint_dir = property(lambda self: self.path / "checkpoint")
     adapter_path = property(lambda self: self.path / "adapter_model.safetensors")
@@ -83,17 +80,11 @@ class RunDir:
         with atomic_open(self.metrics_path) as f:
             f.writelines(json.dumps(r) + "\n" for r in keep)
 
-    def write_status(self, state: str, step: int, steps: int, **extra) -> None:
-        assert state in STATES
-        write_json(self.status_path, {"state": state, "step": step, "steps": steps, "updated": time.time(), "pid": os.getpid(), **extra})
+    def write_status(self, state: State, step: int, steps: int, **extra) -> None:
+        write_status(self.path, state, step=step, steps=steps, **extra)
 
     def read_status(self) -> dict:
-        if not self.status_path.exists():
-            return {"state": "unknown", "step": 0, "steps": 0}
-        try:
-            return json.loads(self.status_path.read_text())
-        except json.JSONDecodeError:
-            return {"state": "unknown", "step": 0, "steps": 0}
+        return {"state": "unknown", "step": 0, "steps": 0, **read_status(self.path)}
 
     @property
     def is_complete(self) -> bool:

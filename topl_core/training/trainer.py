@@ -12,9 +12,10 @@ import os
 import shutil
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -28,6 +29,7 @@ from ..io import save_tensors, write_json
 from ..models import LoadedModel, ModelSpec, hub_id, load_model
 from ..precision import autocast
 from ..runs import RunDir
+from ..status import clear_stop, stop_requested
 from .config import TrainConfig
 from .objectives import OBJECTIVES, EncodeSettings, Objective, StepContext, length_buckets
 
@@ -125,6 +127,26 @@ def _apply_label_setting(examples: list[Encoded], setting: str, seed: int) -> li
     return out
 
 
+@dataclass
+class _Batches:
+    train: list  # one entry per batch of cfg.batch_size examples (length-bucketed), each as its micro-batches
+    val: list
+    n_train: int
+    n_val: int
+
+
+@dataclass
+class _Trainable:
+    """The model with its LoRA, the head, and what updates them."""
+
+    model: torch.nn.Module
+    head: torch.nn.Linear | None
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    ctx: StepContext
+
+
 def train(
     cfg: TrainConfig,
     out_dir: str | Path,
@@ -132,25 +154,69 @@ def train(
     records: Sequence[Record] | None = None,
     base: LoadedModel | None = None,
 ) -> RunDir:
-    """Train (or resume) a run into out_dir and return its RunDir. `base` is consumed (LoRA is injected into it)."""
+    """Train (or resume) a run into out_dir and return its RunDir. `base` is consumed (LoRA is injected into it).
+    Stops with a checkpoint and state "cancelled" when `progress` returns False or a STOP file appears in out_dir."""
     run = RunDir(out_dir)
     objective: Objective = OBJECTIVES[cfg.method]
     resuming = _check_resumable(run, cfg)
     if resuming and run.is_complete:
         return run
+    clear_stop(run.path)  # a stop request belongs to the start it was made for
+    base, batches = _prepare(cfg, objective, records, base)
+    meta = _run_meta(cfg, objective, base, batches)
+    torch.manual_seed(cfg.seed)  # after loading: LoRA/head init depends on cfg.seed alone, however the base was built
+    t = _trainable(cfg, objective, base, meta["head_layer"])
+    start = _open_run(run, cfg, meta, t, resuming)
 
-    # The data is checked before the model loads: a method given data it cannot use fails at once.
+    clock = _Clock()
+    last_ckpt = completed = start
+    try:
+        for step in range(start + 1, cfg.steps + 1):
+            loss, info, tokens = _train_step(cfg, objective, t, batches.train, step)
+            completed = step
+            row = {"step": step, "loss": loss, "lr": t.scheduler.get_last_lr()[0], **clock.step(tokens), **info}
+            with clock.overhead():  # validation and checkpoints are not training time
+                val = None
+                if objective.validate is not None and batches.val and (step % cfg.eval_every == 0 or step == cfg.steps):
+                    val = objective.validate(t.ctx, batches.val, cfg.precision, cfg.device)
+                    row.update(val)
+                run.append_metrics(row)
+                if step % cfg.checkpoint_every == 0:
+                    _save_checkpoint(run, t, step)
+                    last_ckpt = step
+                run.write_status("running", step, cfg.steps, loss=loss)
+            report = Progress(step, cfg.steps, loss, row["elapsed_s"], clock.eta(step - start, cfg.steps - step),
+                              row["tokens_per_s"], val)
+            if stop_requested(run.path) or (progress is not None and progress(report) is False):
+                raise Cancelled()
+    except BaseException as e:
+        # Keep every completed step: checkpoint before leaving, so `train` on the same directory resumes.
+        if completed > last_ckpt:
+            _save_checkpoint(run, t, completed)
+        state = "cancelled" if isinstance(e, (Cancelled, KeyboardInterrupt)) else "failed"
+        run.write_status(state, max(completed, last_ckpt), cfg.steps, error=f"{type(e).__name__}: {e}")
+        if isinstance(e, Cancelled):
+            return run
+        raise
+    _save_final(run, cfg, t, meta)
+    run.write_status("finished", cfg.steps, cfg.steps, elapsed_s=clock.wall())
+    return run
+
+
+def _prepare(cfg: TrainConfig, objective: Objective, records: Sequence[Record] | None,
+             base: LoadedModel | None) -> tuple[LoadedModel, _Batches]:
+    """The data, checked before the model loads (a method given data it cannot use fails at once), the base model
+    and the encoded, batched train / validation examples."""
     records = list(records) if records is not None else read_jsonl(cfg.data)
     splits = split_records(records, seed=cfg.split_seed)
     objective.check_data(splits["train"])
     base = base or load_model(ModelSpec(cfg.model, "float32", cfg.device))
     check_layer_range(base.num_layers, cfg.lora.layer_start, cfg.lora.layer_end)
-    lora_all_layers = cfg.lora.layer_start == 0 and cfg.lora.layer_end == base.num_layers - 1
-    if objective.lora_all_layers and not lora_all_layers:
+    if objective.lora_all_layers and not _lora_on_all_layers(cfg, base):
         warnings.warn(
             f"{cfg.method} is defined with LoRA on all layers, but lora layers are {cfg.lora.layer_start}-{cfg.lora.layer_end} "
             f"of 0-{base.num_layers - 1}; set lora.layer_start=0, lora.layer_end={base.num_layers - 1} to match the paper.",
-            stacklevel=2,
+            stacklevel=3,
         )
     enc = EncodeSettings(cfg.max_doc_tokens, cfg.max_response_tokens)
     train_ex = _apply_label_setting(objective.prepare(base.tokenizer, splits["train"], enc), cfg.label_setting, cfg.seed)
@@ -158,26 +224,35 @@ def train(
     if not train_ex:
         raise DataError(f"{cfg.method}: no training example could be built from {len(splits['train'])} training records.")
     pad = base.tokenizer.pad_token_id
-    # one entry per batch of cfg.batch_size examples (length-bucketed), each as its micro-batches
     train_batches = [objective.batches(group, cfg.micro_batch_size, pad) for group in length_buckets(train_ex, cfg.batch_size)]
     val_batches = objective.batches(val_ex, cfg.batch_size, pad) if val_ex else []
+    return base, _Batches(train_batches, val_batches, len(train_ex), len(val_ex))
 
-    head_layer = objective.head_layer(cfg.lora.layer_end, base.num_layers)
-    meta = {
+
+def _lora_on_all_layers(cfg: TrainConfig, base: LoadedModel) -> bool:
+    return cfg.lora.layer_start == 0 and cfg.lora.layer_end == base.num_layers - 1
+
+
+def _run_meta(cfg: TrainConfig, objective: Objective, base: LoadedModel, batches: _Batches) -> dict:
+    """What topl_config.json records beside the config: the base model and what the run trained on."""
+    return {
         "base_model": cfg.model,
         "base_fingerprint": base.fingerprint,
         "model_type": base.model.config.model_type,
         "num_layers": base.num_layers,
         "hidden_size": base.model.config.hidden_size,
-        "head_layer": head_layer,
-        "n_train_examples": len(train_ex),
-        "n_val_examples": len(val_ex),
+        "head_layer": objective.head_layer(cfg.lora.layer_end, base.num_layers),
+        "n_train_examples": batches.n_train,
+        "n_val_examples": batches.n_val,
         "objective": objective.description,
         "validation_metric": objective.validation_metric,
-        "lora_all_layers": lora_all_layers,
+        "lora_all_layers": _lora_on_all_layers(cfg, base),
     }
-    fingerprint = base.fingerprint
-    torch.manual_seed(cfg.seed)  # after loading: LoRA/head init depends on cfg.seed alone, however the base was built
+
+
+def _trainable(cfg: TrainConfig, objective: Objective, base: LoadedModel, head_layer: int | None) -> _Trainable:
+    """LoRA injected into the base model, a zero-initialised head for head methods, AdamW (the head at
+    lr × head_lr_multiplier) and a linear warm-up."""
     model = apply_lora(base.model, cfg)
     head = None
     if objective.uses_head:
@@ -186,92 +261,96 @@ def train(
         torch.nn.init.zeros_(head.bias)
     lora_params = [p for p in model.parameters() if p.requires_grad]
     head_params = list(head.parameters()) if head else []
-    params = lora_params + head_params
     groups = [{"params": lora_params}]
     if head_params:
         groups.append({"params": head_params, "lr": cfg.lr * cfg.head_lr_multiplier})
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
     ctx = StepContext(model, head, head_layer, cfg.beta, cfg.tdpo_alpha)
+    return _Trainable(model, head, lora_params + head_params, optimizer, scheduler, ctx)
 
+
+def _open_run(run: RunDir, cfg: TrainConfig, meta: dict, t: _Trainable, resuming: bool) -> int:
+    """Write the run's config and status; on resume load the checkpoint. Returns the last completed step."""
     start = 0
     if resuming and run.checkpoint_dir.exists():
-        start = _load_checkpoint(run, model, head, optimizer, scheduler)
+        start = _load_checkpoint(run, t)
         run.truncate_metrics(start)
     else:
         run.path.mkdir(parents=True, exist_ok=True)
         run.metrics_path.unlink(missing_ok=True)
     run.write_config(cfg, meta)
     run.write_status("running", start, cfg.steps)
+    return start
 
-    t0, tokens, overhead = time.perf_counter(), 0, 0.0
-    prev_elapsed, prev_tokens = 0.0, 0
-    last_ckpt = completed = start
-    try:
-        for step in range(start + 1, cfg.steps + 1):
-            model.train()
-            losses, infos = [], []
-            for k in range(cfg.grad_accum):
-                for batch in _batch_for(train_batches, (step - 1) * cfg.grad_accum + k, cfg.seed):
-                    batch = batch.to(cfg.device)
-                    with autocast(cfg.precision, cfg.device):
-                        loss, info = objective.loss(ctx, batch)
-                    # weight by what the loss averages over; the sum is divided by the step's total below
-                    (loss * info[objective.units_key]).backward()
-                    losses.append(loss.detach().item())
-                    infos.append(info)
-                    tokens += int(batch.attention_mask.sum())
-            loss_sum, info = _combine_micro_batches(losses, infos, objective.units_key, params)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            completed = step
-            if not math.isfinite(loss_sum):
-                raise FloatingPointError(f"loss became {loss_sum} at step {step}; lower lr (now {cfg.lr}) or use precision=fp32.")
 
-            elapsed = time.perf_counter() - t0 - overhead  # training time: validation and checkpoints excluded
-            done = step - start
-            # elapsed_s and tokens_per_s count from this (re)start; step_s and step_tokens are this step's alone
-            row = {"step": step, "loss": loss_sum, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
-                   "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed, "step_s": elapsed - prev_elapsed,
-                   "step_tokens": tokens - prev_tokens, **info}
-            prev_elapsed, prev_tokens = elapsed, tokens
-            val = None
-            t_extra = time.perf_counter()
-            if objective.validate is not None and val_batches and (step % cfg.eval_every == 0 or step == cfg.steps):
-                val = objective.validate(ctx, val_batches, cfg.precision, cfg.device)
-                row.update(val)
-            run.append_metrics(row)
-            if step % cfg.checkpoint_every == 0:
-                _save_checkpoint(run, model, head, optimizer, scheduler, step)
-                last_ckpt = step
-            run.write_status("running", step, cfg.steps, loss=loss_sum)
-            overhead += time.perf_counter() - t_extra
-            if progress is not None:
-                eta = (time.perf_counter() - t0) / done * (cfg.steps - step)
-                if progress(Progress(step, cfg.steps, loss_sum, elapsed, eta, tokens / elapsed, val)) is False:
-                    raise Cancelled()
-    except BaseException as e:
-        # Keep every completed step: checkpoint before leaving, so `train` on the same directory resumes.
-        if completed > last_ckpt:
-            _save_checkpoint(run, model, head, optimizer, scheduler, completed)
-        state = "cancelled" if isinstance(e, (Cancelled, KeyboardInterrupt)) else "failed"
-        run.write_status(state, max(completed, last_ckpt), cfg.steps, error=f"{type(e).__name__}: {e}")
-        if isinstance(e, Cancelled):
-            return run
-        raise
+def _train_step(cfg: TrainConfig, objective: Objective, t: _Trainable, batches: list, step: int) -> tuple[float, dict, int]:
+    """One optimizer step over grad_accum batches of micro-batches. Returns (loss, info, tokens seen)."""
+    t.model.train()
+    losses, infos, tokens = [], [], 0
+    for k in range(cfg.grad_accum):
+        for batch in _batch_for(batches, (step - 1) * cfg.grad_accum + k, cfg.seed):
+            batch = batch.to(cfg.device)
+            with autocast(cfg.precision, cfg.device):
+                loss, info = objective.loss(t.ctx, batch)
+            # weight by what the loss averages over; the sum is divided by the step's total below
+            (loss * info[objective.units_key]).backward()
+            losses.append(loss.detach().item())
+            infos.append(info)
+            tokens += int(batch.attention_mask.sum())
+    loss, info = _combine_micro_batches(losses, infos, objective.units_key, t.params)
+    info["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(t.params, cfg.max_grad_norm))
+    t.optimizer.step()
+    t.scheduler.step()
+    t.optimizer.zero_grad(set_to_none=True)
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"loss became {loss} at step {step}; lower lr (now {cfg.lr}) or use precision=fp32.")
+    return loss, info, tokens
 
+
+class _Clock:
+    """Training time since this (re)start, validation and checkpoints excluded: elapsed_s and tokens_per_s count
+    from the start, step_s and step_tokens are the last step's alone."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.excluded = 0.0
+        self.elapsed = 0.0
+        self.tokens = 0
+
+    def step(self, tokens: int) -> dict:
+        elapsed = time.perf_counter() - self.t0 - self.excluded
+        row = {"elapsed_s": elapsed, "tokens_per_s": (self.tokens + tokens) / elapsed,
+               "step_s": elapsed - self.elapsed, "step_tokens": tokens}
+        self.elapsed, self.tokens = elapsed, self.tokens + tokens
+        return row
+
+    @contextmanager
+    def overhead(self) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - t
+
+    def eta(self, steps_done: int, steps_left: int) -> float:
+        return self.wall() / steps_done * steps_left
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+def _save_final(run: RunDir, cfg: TrainConfig, t: _Trainable, meta: dict) -> None:
+    """The finished adapter (PEFT save_pretrained) and head; the checkpoint is no longer needed."""
     # name the base model as the workbench knows it (a hub id, an embedded name, a path the user gave) rather than
     # the local folder it was loaded from (e.g. the GGUF conversion under cache/models/), which no other machine has
-    for peft_config in model.peft_config.values():
+    for peft_config in t.model.peft_config.values():
         peft_config.base_model_name_or_path = hub_id(cfg.model)
-    model.save_pretrained(run.path)
-    if head is not None:
-        save_tensors(run.head_path, head.state_dict(), {"head_layer": str(head_layer), "base_fingerprint": fingerprint})
+    t.model.save_pretrained(run.path)
+    if t.head is not None:
+        save_tensors(run.head_path, t.head.state_dict(),
+                     {"head_layer": str(meta["head_layer"]), "base_fingerprint": meta["base_fingerprint"]})
     shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
-    run.write_status("finished", cfg.steps, cfg.steps, elapsed_s=time.perf_counter() - t0)
-    return run
 
 
 def _combine_micro_batches(losses: list[float], infos: list[dict], units_key: str,
@@ -315,15 +394,15 @@ def _check_resumable(run: RunDir, cfg: TrainConfig) -> bool:
     return True
 
 
-def _save_checkpoint(run: RunDir, model, head, optimizer, scheduler, step: int) -> None:
+def _save_checkpoint(run: RunDir, t: _Trainable, step: int) -> None:
     tmp = run.path / "checkpoint.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_tensors(tmp / "adapter.safetensors", lora_state(model))
-    if head is not None:
-        save_tensors(tmp / "head.safetensors", head.state_dict())
+    save_tensors(tmp / "adapter.safetensors", lora_state(t.model))
+    if t.head is not None:
+        save_tensors(tmp / "head.safetensors", t.head.state_dict())
     save_tensors(tmp / "rng.safetensors", {"torch": torch.get_rng_state()})
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
+    torch.save({"optimizer": t.optimizer.state_dict(), "scheduler": t.scheduler.state_dict()}, tmp / "optimizer.pt")
     write_json(tmp / "state.json", {"step": step})
     old = run.path / "checkpoint.old"
     shutil.rmtree(old, ignore_errors=True)
@@ -333,7 +412,7 @@ def _save_checkpoint(run: RunDir, model, head, optimizer, scheduler, step: int) 
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _load_checkpoint(run: RunDir, model, head, optimizer, scheduler) -> int:
+def _load_checkpoint(run: RunDir, t: _Trainable) -> int:
     import json
 
     from peft import set_peft_model_state_dict
@@ -342,12 +421,12 @@ def _load_checkpoint(run: RunDir, model, head, optimizer, scheduler) -> int:
     ck = run.checkpoint_dir
     try:
         step = json.loads((ck / "state.json").read_text())["step"]
-        set_peft_model_state_dict(model, load_file(ck / "adapter.safetensors"))
-        if head is not None:
-            head.load_state_dict(load_file(ck / "head.safetensors"))
+        set_peft_model_state_dict(t.model, load_file(ck / "adapter.safetensors"))
+        if t.head is not None:
+            t.head.load_state_dict(load_file(ck / "head.safetensors"))
         opt = torch.load(ck / "optimizer.pt", weights_only=True)
-        optimizer.load_state_dict(opt["optimizer"])
-        scheduler.load_state_dict(opt["scheduler"])
+        t.optimizer.load_state_dict(opt["optimizer"])
+        t.scheduler.load_state_dict(opt["scheduler"])
         torch.set_rng_state(load_file(ck / "rng.safetensors")["torch"])
     except Exception as e:
         raise RunError(f"{ck}: checkpoint is corrupt ({type(e).__name__}: {e}); delete {ck} to restart the run from step 0.") from e
