@@ -16,6 +16,7 @@ from topl_core.errors import DataError, ModelError, RunError
 from topl_core.forward import head_features
 from topl_core.models import load_model
 from topl_core.runs import RunDir, load_adapter
+from topl_core.status import request_stop, stop_requested
 from topl_core.training.objectives import token_bce_loss
 from topl_core.training.trainer import FastDropout, apply_lora, train
 
@@ -136,8 +137,11 @@ def _weights(run: RunDir) -> dict[str, torch.Tensor]:
     return {**load_file(run.adapter_path), **{f"head.{k}": v for k, v in load_file(run.head_path).items()}}
 
 
-@pytest.mark.parametrize("interrupt", ["cancel", "exception"])
+@pytest.mark.parametrize("interrupt", ["cancel", "stop_request", "exception"])
 def test_resume_after_interruption_continues_the_same_run(tmp_path, tiny_records, interrupt):
+    """Stopped at step 3 — by the progress callback, by a STOP request in the run directory (topl_core.status: how
+    the app and `jobs.cancel` stop a run, also one started from the command line), or by an exception — the run
+    keeps a checkpoint of step 3, and training the same directory again continues at step 4 to the same weights."""
     cfg = tiny_config(steps=6, checkpoint_every=4)
     straight = train(cfg, tmp_path / "straight", records=tiny_records)
 
@@ -145,9 +149,11 @@ def test_resume_after_interruption_continues_the_same_run(tmp_path, tiny_records
         if p.step == 3:
             if interrupt == "cancel":
                 return False
+            if interrupt == "stop_request":
+                return request_stop(tmp_path / "resumed")
             raise KeyboardInterrupt
 
-    if interrupt == "cancel":
+    if interrupt != "exception":
         run = train(cfg, tmp_path / "resumed", records=tiny_records, progress=stop_at_3)
     else:
         with pytest.raises(KeyboardInterrupt):
@@ -158,7 +164,7 @@ def test_resume_after_interruption_continues_the_same_run(tmp_path, tiny_records
     assert json.loads((run.checkpoint_dir / "state.json").read_text())["step"] == 3  # nothing lost
     seen = []
     train(cfg, run.path, records=tiny_records, progress=lambda p: seen.append(p.step))
-    assert seen == [4, 5, 6]
+    assert seen == [4, 5, 6] and not stop_requested(run.path)  # a new start clears an old stop request
     assert [r["step"] for r in run.read_metrics()] == list(range(1, 7))
     times = run.step_times()  # per-step clocks, whole across the restart
     assert len(times) == 6 and all(s > 0 and tok > 0 for s, tok in times)

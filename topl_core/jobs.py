@@ -1,15 +1,18 @@
-"""Background jobs: training runs (and any other `python -m topl_core` command) in detached processes.
+"""Background jobs: training runs, layer sweeps, evaluations and label studies (any `python -m topl_core`
+command) in detached processes, all read and stopped one way (topl_core.status).
 
-A job is a directory. For training it is the run directory itself:
+A job is a directory. For training it is the run directory itself; for a sweep, the sweep directory:
 
     runs/<name>/
-      job.json        what was launched: {kind, argv, pid, started, cancel_requested}
+      job.json        what was launched: {kind, argv, pid, started}
       job.log         the process's stdout + stderr
-      job_exit.json   written by the job process when it ends: {state, returncode, ended, error}
-      status.json, metrics.jsonl, topl_config.json, ...   written by the trainer (see topl_core.runs)
+      status.json     the protocol's status (topl_core.status): written by the work as it goes (the trainer: step
+                      / steps; a sweep: done / total), and by the job process when the work ended without saying so
+      STOP            a stop request (cancel writes it, then SIGTERMs the job)
+      metrics.jsonl, topl_config.json, ...   written by the trainer (see topl_core.runs)
 
-State is read back from these files only, so the job list survives page reloads, app restarts and several app
-sessions at once. A job is started as `python -m topl_core.jobs --job-dir DIR -- <cli args>` in a new session
+State is read back from these files only (read_job, through topl_core.status's state table), so the job list
+survives page reloads, app restarts and several app sessions at once. A job is started as `python -m topl_core.jobs --job-dir DIR -- <cli args>` in a new session
 (`start_new_session=True`, so it outlives the app and has its own process group). That entry point turns SIGTERM
 into KeyboardInterrupt: Python's default SIGTERM action kills the process without unwinding, which would skip the
 trainer's `except BaseException` path (checkpoint + status "cancelled"). Cancel = SIGTERM to the process group.
@@ -28,22 +31,22 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Sequence
 
-from .errors import JobError
+from .analysis.sweeps import SweepConfig, save_sweep_config
+from .cli import main as cli_main
+from .errors import JobError, WorkbenchError
 from .io import write_json
 from .paths import PROJECT_ROOT, runs_dir
 from .runs import RunDir
+from .status import (ACTIVE_STATES, ENDED_STATES, Facts, State, clear_stop, progress_of, read_status, request_stop,
+                     resolve_state, stop_requested, update_status)
 from .training.config import TrainConfig
 
 JOB_FILE = "job.json"
 LOG_FILE = "job.log"
-EXIT_FILE = "job_exit.json"
-
-JobStateName = Literal["starting", "running", "finished", "failed", "cancelled", "interrupted", "unknown"]
-ACTIVE_STATES = ("starting", "running")
 
 # Popen objects of the jobs this process started: polled so that finished children are reaped (a zombie still
 # answers kill(pid, 0)). Jobs started by an earlier app process are not our children: init reaps them.
@@ -58,7 +61,7 @@ class JobStatus:
 
     path: Path
     kind: str
-    state: JobStateName
+    state: State
     step: int = 0
     steps: int = 0
     loss: float | None = None
@@ -69,6 +72,7 @@ class JobStatus:
     updated: float | None = None
     error: str | None = None
     val: dict = field(default_factory=dict)  # latest validation metrics (e.g. val_token_auroc)
+    current: str | None = None  # what a sweep is training now (a window's name)
     label: str = ""  # the path relative to the listed root ("baselines/sft"), set by list_jobs
 
     @property
@@ -93,7 +97,7 @@ def launch(cli_args: Sequence[str], job_dir: str | Path, kind: str = "command", 
     job_dir.mkdir(parents=True, exist_ok=True)
     if (st := read_job(job_dir)) and st.active:
         raise JobError(f"{job_dir} already has a {st.kind} job running (pid {st.pid}); cancel it first.")
-    (job_dir / EXIT_FILE).unlink(missing_ok=True)
+    clear_stop(job_dir)
     argv = [sys.executable, "-m", "topl_core.jobs", "--job-dir", str(job_dir), "--", *map(str, cli_args)]
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(job_dir / LOG_FILE, "ab") as log:
@@ -105,7 +109,7 @@ def launch(cli_args: Sequence[str], job_dir: str | Path, kind: str = "command", 
         )
     _CHILDREN[proc.pid] = proc
     write_json(job_dir / JOB_FILE, {"kind": kind, "argv": list(map(str, cli_args)), "pid": proc.pid,
-                                    "started": time.time(), "cancel_requested": False})
+                                    "started": time.time()})
     return job_dir
 
 
@@ -137,24 +141,39 @@ def resume_train(run_dir: str | Path, env: dict | None = None) -> Path:
     return launch(["train", "--resume", str(run.path)], run.path, kind="train", env=env)
 
 
+def launch_sweep(cfg: SweepConfig, sweep_dir: str | Path) -> Path:
+    """Start (or continue) a layer sweep in the background; its windows checkpoint when cancelled."""
+    sweep_dir = Path(sweep_dir).resolve()
+    save_sweep_config(sweep_dir, cfg)
+    return resume_sweep_job(sweep_dir)
+
+
+def resume_sweep_job(sweep_dir: str | Path) -> Path:
+    """Continue the sweep in sweep_dir with its saved config, in the background."""
+    return launch(["sweep", "--resume", str(Path(sweep_dir).resolve())], sweep_dir, kind="sweep")
+
+
 def default_run_name(cfg: TrainConfig) -> str:
     model = Path(cfg.model).name.replace("/", "_")
     return f"{cfg.method}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def cancel(job_dir: str | Path) -> bool:
-    """SIGTERM the job's process group (the trainer checkpoints and writes status 'cancelled'). False if not running."""
-    job_dir = Path(job_dir)
-    info = _read_json(job_dir / JOB_FILE)
-    if not info or not process_alive(info.get("pid")):
+    """Stop the work in job_dir: a STOP request (the trainer and a sweep stop after the current step, with a
+    checkpoint), and for a background job also SIGTERM to its process group (work that does not check STOP, such
+    as an evaluation, ends at once; the trainer's SIGTERM path checkpoints too). Works for a run started from the
+    command line as well. False when nothing is running there."""
+    job = read_job(job_dir)
+    if job is None or not job.active:
         return False
-    if info.get("cancel_requested"):
-        return True  # already asked; the job is saving its checkpoint
-    write_json(job_dir / JOB_FILE, {**info, "cancel_requested": True})
-    try:
-        os.killpg(int(info["pid"]), signal.SIGTERM)
-    except ProcessLookupError:
-        return False
+    already = stop_requested(job_dir)
+    request_stop(job_dir)
+    info = _read_json(Path(job_dir) / JOB_FILE)
+    if info and not already and process_alive(info.get("pid")):
+        try:
+            os.killpg(int(info["pid"]), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
     return True
 
 
@@ -175,61 +194,47 @@ ETA_WINDOW = 20  # steps whose mean duration predicts the rest
 
 
 def read_job(job_dir: str | Path) -> JobStatus | None:
-    """The state of the job (or run) in job_dir, from its files; None when the directory is neither."""
+    """The state of the work in job_dir (a background job, a run, a sweep) from its files; None when the directory
+    holds none."""
     job_dir = Path(job_dir)
     info = _read_json(job_dir / JOB_FILE)
-    is_run = (job_dir / "topl_config.json").exists()
-    if info is None and not is_run:
+    is_run = RunDir(job_dir).config_path.exists()
+    status = read_status(job_dir)
+    if info is None and not is_run and not status:
         return None
-    kind = (info or {}).get("kind", "train")
-    pid = (info or {}).get("pid")
-    alive = process_alive(pid) if info else False
-    exit_info = _read_json(job_dir / EXIT_FILE)
-    status = RunDir(job_dir).read_status() if is_run else {}
-    if info is None and status.get("state") == "running":  # a run started from the command line, not as a job
-        pid = status.get("pid")
-        alive = process_alive(pid)
+    pid = (info or {}).get("pid") or status.get("pid")
+    facts = Facts(alive=process_alive(pid), written=status.get("state"), stop_requested=stop_requested(job_dir),
+                  launched=info is not None)
+    state = resolve_state(facts)
+    error = status.get("error")
+    if state == "interrupted" and not error:
+        error = _silent_death(job_dir, pid)
+    step, steps = progress_of(status)
     metrics = RunDir(job_dir).read_metrics() if is_run else []
-    last = metrics[-1] if metrics else {}
+    if is_run and not steps:
+        steps = _configured_steps(RunDir(job_dir))
     val = next(({k: v for k, v in r.items() if k.startswith("val_")} for r in reversed(metrics)
                 if any(k.startswith("val_") for k in r)), {})
-    step, steps = int(status.get("step", last.get("step", 0))), int(status.get("steps", 0))
-    if not steps and is_run:
-        try:
-            steps = RunDir(job_dir).read_config()[0].steps
-        except Exception:
-            steps = 0
-    error = status.get("error") or (exit_info or {}).get("error")
-
-    run_state = status.get("state")
-    if alive:
-        state: JobStateName = "running" if (metrics or (not is_run and info)) else "starting"
-    elif run_state in ("finished", "failed", "cancelled"):
-        state = run_state
-    elif exit_info:
-        state = exit_info.get("state", "failed")
-    elif info and info.get("cancel_requested"):
-        state = "cancelled"
-    elif run_state == "running" or info:
-        state = "interrupted"  # the process is gone without a word (killed, machine restarted): resumable
-        error = error or _silent_death(job_dir, pid)
-    else:
-        state = "unknown"
-
     step_s = [r["step_s"] for r in metrics if "step_s" in r]
     elapsed = sum(step_s) if step_s else None  # training time over every (re)start, validation excluded
     recent = step_s[-ETA_WINDOW:]
-    eta = sum(recent) / len(recent) * (steps - step) if (recent and steps) else None
-    return JobStatus(job_dir, kind, state, step, steps, last.get("loss"), elapsed, eta if state == "running" else None,
-                     pid, (info or {}).get("started"), status.get("updated"), error, val)
+    eta = sum(recent) / len(recent) * (steps - step) if (recent and steps and state == "running") else None
+    kind = (info or {}).get("kind", "train" if is_run else "sweep" if (job_dir / "sweep.json").exists() else "command")
+    return JobStatus(job_dir, kind, state, step, steps, status.get("loss"), elapsed, eta, pid,
+                     (info or {}).get("started"), status.get("updated"), error, val, current=status.get("current"))
+
+
+def _configured_steps(run: RunDir) -> int:
+    try:
+        return run.read_config()[0].steps
+    except WorkbenchError:
+        return 0
 
 
 def list_jobs(root: str | Path | None = None) -> list[JobStatus]:
     """Every run / job directory under root (default runs_dir()), newest first: its direct children, and the
     children of a plain folder that groups runs (e.g. runs/baselines/sft). A sweep's per-window runs are not
     listed (they belong to the sweep)."""
-    from dataclasses import replace
-
     root = Path(root) if root is not None else runs_dir()
     if not root.is_dir():
         return []
@@ -253,8 +258,8 @@ def _mtime(path: Path) -> float:
 
 
 def _silent_death(job_dir: Path, pid) -> str:
-    """Why a job that wrote no job_exit.json is gone, as far as this process can tell. When the job was our child
-    its exit code is known: that is written to job_exit.json, so every app session sees the same cause."""
+    """Why a job that said nothing about its end is gone, as far as this process can tell. When the job was our
+    child its exit code is known: that is written to status.json, so every app session sees the same cause."""
     resume = "resume continues from the last checkpoint"
     rc = _EXIT_CODES.get(int(pid)) if pid else None
     if rc is None:
@@ -265,7 +270,7 @@ def _silent_death(job_dir: Path, pid) -> str:
         error = f"the job process was killed by {name}{hint} (see {LOG_FILE}); {resume}"
     else:
         error = f"the job process exited with code {rc} without reporting (see {LOG_FILE}); {resume}"
-    write_json(job_dir / EXIT_FILE, {"state": "interrupted", "returncode": rc, "ended": time.time(), "error": error})
+    update_status(job_dir, "interrupted", returncode=rc, ended=time.time(), error=error)
     return error
 
 
@@ -335,8 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     job_dir = Path(args.job_dir)
     signal.signal(signal.SIGTERM, _sigterm)
     faulthandler.enable()  # a crash in native code (SIGSEGV, SIGABRT) leaves its Python traceback in job.log
-    from .cli import main as cli_main
-
+    update_status(job_dir, "running", pid=os.getpid())
     state, rc, error = "failed", 1, None
     try:
         rc = cli_main(cli_args)
@@ -352,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         error = f"{type(e).__name__}: {e}"
         raise
     finally:
-        write_json(job_dir / EXIT_FILE, {"state": state, "returncode": rc, "ended": time.time(), "error": error})
+        # the work's own final word (the trainer's "cancelled" at step 7, say) stands; else the exit says how it ended
+        if read_status(job_dir).get("state") not in ENDED_STATES:
+            update_status(job_dir, state, returncode=rc, ended=time.time(), error=error)
     return rc
 
 

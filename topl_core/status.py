@@ -38,8 +38,10 @@ def write_status(folder: str | Path, state: State, **fields) -> None:
 
 
 def update_status(folder: str | Path, state: State, **fields) -> None:
-    """Like write_status, keeping the fields already there (the progress of the work) — for the job runner."""
-    write_status(folder, state, **{**read_status(folder), **fields})
+    """Like write_status, keeping the fields already there (the progress of the work, and the pid of the process
+    that wrote them unless `fields` names another) — for the job runner and for the reader that finds a job dead."""
+    kept = {k: v for k, v in read_status(folder).items() if k not in ("state", "updated")}
+    write_status(folder, state, **{**kept, **fields})
 
 
 def read_status(folder: str | Path) -> dict:

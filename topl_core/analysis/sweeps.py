@@ -6,26 +6,21 @@ Public API
     plan_windows(num_layers, sizes=(3, 6, 12), stride=3) -> list[Window]
     SweepConfig(train=TrainConfig(...), sizes, stride, windows=(), reuse_prefix=True, n_generate=0, ...)
     run_sweep(cfg, sweep_dir, progress=None, base_loader=None, records=None) -> DataFrame  (foreground; resumable)
-    start_sweep(cfg, sweep_dir) -> Path          launch `python -m topl_core sweep --resume DIR` detached
+    save_sweep_config(sweep_dir, cfg)            write sweep.json (refusing a different sweep in the folder)
     read_sweep(sweep_dir) -> pandas.DataFrame    results so far (one row per finished window)
-    sweep_status(sweep_dir) -> dict              {state, done, total, current, ...}
+    (in the background: topl_core.jobs.launch_sweep; state and stop: topl_core.jobs.read_job / cancel)
     heatmap_table(df, value="val_token_auroc") -> DataFrame (rows start, columns size)
     lines_table(df, sizes=(3, 6, 12)) -> DataFrame (one line per size: x = start, y = value)
     compare_reuse(df_reuse, df_plain) -> DataFrame  per-window time with / without prefix reuse, AUROC of both
     benchmark_prefix_reuse(cfg, work_dir, windows=None) -> DataFrame   the same windows with and without reuse,
         interleaved window by window, wall and CPU seconds each
 
-    Forward from an intermediate hidden state (Llama / Qwen3 / Gemma3 families):
-    embed_inputs(model, input_ids) -> (B, T, d)                     the residual stream entering layer 0
-    forward_from_hidden(model, hidden, attention_mask, start, end=None) -> (B, T, d)
-        runs decoder layers start..end (inclusive, default the last) on `hidden`, the residual stream entering
-        layer `start`; builds the same position ids (0..T−1), rotary embeddings (per layer type for Gemma3) and
-        causal / sliding-window masks as the model's own forward. Not normed.
-    PrefixStore, install_prefix_cache(lm, store, start)
+    The forward from an intermediate hidden state is topl_core/architecture.py (forward_from_hidden); the prefix
+    store is topl_core/training/prefix_cache.py.
 
 Layout of a sweep directory (resumable: finished windows are kept and never redone):
     sweep.json          {"config": SweepConfig}
-    status.json         {"state": running|finished|failed|cancelled, "done", "total", "current", "pid", ...}
+    status.json, STOP   state, done / total windows and the current one; a stop request (topl_core.status)
     results.jsonl       one row per finished window
     windows/s{start:02d}-k{size:02d}/   a normal run directory (topl_core.runs) per window
     job.json, job.log   when started in the background (topl_core.jobs)
@@ -45,7 +40,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -58,6 +52,7 @@ from ..io import read_log_rows, write_json
 from ..models import LoadedModel, ModelSpec, load_model
 from ..runs import RunDir
 from ..training.config import TrainConfig
+from ..status import clear_stop, stop_requested, write_status
 from ..training.prefix_cache import PrefixStats, PrefixStore, install_prefix_cache
 
 # --- windows and config -----------------------------------------------------------------------------------------
@@ -143,14 +138,13 @@ class SweepConfig:
 # --- running --------------------------------------------------------------------------------------------------
 
 SweepProgress = Callable[[dict], "bool | None"]  # {"event": ..., "window": name, ...}; return False to cancel
-CONFIG_FILE, STATUS_FILE, RESULTS_FILE, STOP_FILE = "sweep.json", "status.json", "results.jsonl", "STOP"
+CONFIG_FILE, RESULTS_FILE = "sweep.json", "results.jsonl"
 
 
-def _write_status(sweep_dir: Path, **kw) -> None:
-    write_json(sweep_dir / STATUS_FILE, {"updated": time.time(), "pid": os.getpid(), **kw})
-
-
-def _check_config(sweep_dir: Path, cfg: SweepConfig) -> None:
+def save_sweep_config(sweep_dir: str | Path, cfg: SweepConfig) -> None:
+    """Write cfg as the sweep's config, refusing a folder that holds a sweep with another training/reuse config."""
+    sweep_dir = Path(sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
     path = sweep_dir / CONFIG_FILE
     if path.exists():
         try:
@@ -225,7 +219,7 @@ def run_sweep(
 
     Resumable: a window with a row in results.jsonl is skipped; a window whose run directory is complete but has
     no row (a crash in between) gets its row without retraining; an interrupted window resumes from its last
-    checkpoint (the trainer's resume). Creating a file named STOP in sweep_dir (or progress returning False)
+    checkpoint (the trainer's resume). A stop request (topl_core.status.request_stop; or progress returning False)
     stops after the current step with a checkpoint, state "cancelled". `base_loader` loads the base model (default:
     load_model of the config's model); it is called once and every window trains a deep copy."""
     import pandas as pd
@@ -234,20 +228,20 @@ def run_sweep(
 
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    _check_config(sweep_dir, cfg)
-    (sweep_dir / STOP_FILE).unlink(missing_ok=True)
+    save_sweep_config(sweep_dir, cfg)
+    clear_stop(sweep_dir)
     base, records = _sweep_inputs(cfg, base_loader, records)
     windows = cfg.window_list(base.num_layers)
     results = sweep_dir / RESULTS_FILE
     done = {r["window"] for r in read_log_rows(results)}
     store = PrefixStore() if cfg.reuse_prefix else None
     total = len(windows)
-    _write_status(sweep_dir, state="running", done=len(done & {w.name for w in windows}), total=total, current=None)
+    write_status(sweep_dir, "running", done=len(done & {w.name for w in windows}), total=total, current=None)
     cancelled = False
 
     def step_cb(w: Window):
         def cb(p) -> bool:
-            if (sweep_dir / STOP_FILE).exists():
+            if stop_requested(sweep_dir):
                 return False
             if progress is not None and progress({"event": "step", "window": w.name, "step": p.step, "steps": p.steps,
                                                   "loss": p.loss, "val": p.val}) is False:
@@ -259,11 +253,11 @@ def run_sweep(
         for w in windows:
             if w.name in done:
                 continue
-            if (sweep_dir / STOP_FILE).exists():
+            if stop_requested(sweep_dir):
                 cancelled = True
                 break
             run_path = sweep_dir / "windows" / w.name
-            _write_status(sweep_dir, state="running", done=len(done & {x.name for x in windows}), total=total, current=w.name)
+            write_status(sweep_dir, "running", done=len(done & {x.name for x in windows}), total=total, current=w.name)
             if progress is not None:
                 progress({"event": "window", "window": w.name, "start": w.start, "size": w.size,
                           "todo": len([x for x in windows if x.name not in done])})  # windows left, this one included
@@ -290,10 +284,10 @@ def run_sweep(
                 progress({"event": "done", **row})
     except BaseException as e:
         state = "cancelled" if isinstance(e, KeyboardInterrupt) else "failed"
-        _write_status(sweep_dir, state=state, done=len(done), total=total, current=None, error=f"{type(e).__name__}: {e}")
+        write_status(sweep_dir, state, done=len(done), total=total, current=None, error=f"{type(e).__name__}: {e}")
         raise
     state = "cancelled" if cancelled else "finished"
-    _write_status(sweep_dir, state=state, done=len(done & {w.name for w in windows}), total=total, current=None)
+    write_status(sweep_dir, state, done=len(done & {w.name for w in windows}), total=total, current=None)
     return read_sweep(sweep_dir) if read_log_rows(results) else pd.DataFrame()
 
 
@@ -305,23 +299,6 @@ def resume_sweep(sweep_dir: str | Path, progress: SweepProgress | None = None):
     return run_sweep(SweepConfig.from_json(json.loads(path.read_text())["config"]), sweep_dir, progress)
 
 
-def start_sweep(cfg: SweepConfig, sweep_dir: str | Path) -> Path:
-    """Start (or continue) a sweep in a detached background process (topl_core.jobs): job.json / job.log in
-    sweep_dir; state in status.json; cancel with topl_core.jobs.cancel(sweep_dir) (SIGTERM: the current window
-    checkpoints) or by creating sweep_dir/STOP."""
-    from ..jobs import launch
-
-    sweep_dir = Path(sweep_dir).resolve()
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    _check_config(sweep_dir, cfg)
-    return launch(["sweep", "--resume", str(sweep_dir)], sweep_dir, kind="sweep")
-
-
-def request_stop(sweep_dir: str | Path) -> None:
-    """Ask a running sweep to stop after its current training step (a checkpoint is kept)."""
-    (Path(sweep_dir) / STOP_FILE).touch()
-
-
 def read_sweep(sweep_dir: str | Path):
     """Results so far, one row per finished window (the latest row when a window appears twice)."""
     import pandas as pd
@@ -331,20 +308,6 @@ def read_sweep(sweep_dir: str | Path):
         return pd.DataFrame(columns=["window", "start", "size", "end", "val_token_auroc", "train_s"])
     df = pd.DataFrame(rows).drop_duplicates("window", keep="last")
     return df.sort_values(["size", "start"]).reset_index(drop=True)
-
-
-def sweep_status(sweep_dir: str | Path) -> dict:
-    """status.json plus liveness: a 'running' sweep whose process is gone reads as 'interrupted' (resumable)."""
-    from ..jobs import process_alive
-
-    path = Path(sweep_dir) / STATUS_FILE
-    try:
-        st = json.loads(path.read_text()) if path.exists() else {"state": "unknown"}
-    except json.JSONDecodeError:
-        st = {"state": "unknown"}
-    if st.get("state") == "running" and not process_alive(st.get("pid")):
-        st["state"] = "interrupted"
-    return st
 
 
 def heatmap_table(df, value: str = "val_token_auroc"):

@@ -92,19 +92,16 @@ def _print_results(df) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.sweeps import (
-        SweepConfig,
-        compare_reuse,
-        read_sweep,
-        request_stop,
-        resume_sweep,
-        run_sweep,
-        start_sweep,
-        sweep_status,
-    )
+    from ..analysis.sweeps import compare_reuse, read_sweep, resume_sweep, run_sweep
+    from ..jobs import launch_sweep, read_job, resume_sweep_job
+    from ..status import request_stop
 
     if args.show:
-        print(f"status: {sweep_status(args.show)}")
+        job = read_job(args.show)
+        print(f"status: {job.state if job else 'no sweep here'}"
+              + (f", {job.step}/{job.steps} windows done" if job else "")
+              + (f", training {job.current}" if job and job.current else "")
+              + (f" ({job.error})" if job and job.error else ""))
         _print_results(read_sweep(args.show))
         return 0
     if args.stop:
@@ -133,12 +130,8 @@ def run(args: argparse.Namespace) -> int:
             bar.update()
 
     if args.resume:
-        import json
-        from pathlib import Path
-
         if args.background:
-            cfg = SweepConfig.from_json(json.loads((Path(args.resume) / "sweep.json").read_text())["config"])
-            print(f"sweep continues in the background: {start_sweep(cfg, args.resume)} (job.log there)")
+            print(f"sweep continues in the background: {resume_sweep_job(args.resume)} (job.log there)")
             return 0
         df = resume_sweep(args.resume, report)
         out = args.resume
@@ -149,12 +142,12 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         announce_precision(args.precision, args.device)
         if args.background:
-            print(f"sweep started in the background: {start_sweep(cfg, args.out)}\n"
+            print(f"sweep started in the background: {launch_sweep(cfg, args.out)}\n"
                   f"follow it with: python -m topl_core sweep --show {args.out}")
             return 0
         df = run_sweep(cfg, args.out, report)
         out = args.out
     bar.close()  # end the bar's line before the tables
-    print(f"\nstatus: {sweep_status(out)['state']}")
+    print(f"\nstatus: {read_job(out).state}")
     _print_results(df)
     return 0

@@ -187,7 +187,7 @@ def train(
                 run.write_status("running", step, cfg.steps, loss=loss)
             report = Progress(step, cfg.steps, loss, row["elapsed_s"], clock.eta(step - start, cfg.steps - step),
                               row["tokens_per_s"], val)
-            if stop_requested(run.path) or (progress is not None and progress(report) is False):
+            if (progress is not None and progress(report) is False) or stop_requested(run.path):
                 raise Cancelled()
     except BaseException as e:
         # Keep every completed step: checkpoint before leaving, so `train` on the same directory resumes.

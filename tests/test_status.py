@@ -1,0 +1,90 @@
+"""The one status protocol (topl_core/status.py): the state table row by row, progress of every kind of work, and
+jobs.read_job on folders written the way a sweep, a foreground run and a dead job leave them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from topl_core import jobs
+from topl_core.status import (STATE_TABLE, Facts, progress_of, read_status, request_stop, resolve_state,
+                              stop_requested, update_status, write_status)
+
+
+@pytest.mark.parametrize("facts, state", [
+    (Facts(alive=True, written="running", stop_requested=False, launched=True), "running"),
+    (Facts(alive=True, written="running", stop_requested=True, launched=False), "running"),  # stopping: still running
+    (Facts(alive=True, written=None, stop_requested=False, launched=True), "starting"),
+    (Facts(alive=False, written="finished", stop_requested=False, launched=True), "finished"),
+    (Facts(alive=False, written="failed", stop_requested=True, launched=True), "failed"),  # its own word first
+    (Facts(alive=False, written="running", stop_requested=True, launched=False), "cancelled"),
+    (Facts(alive=False, written=None, stop_requested=True, launched=True), "cancelled"),
+    (Facts(alive=False, written="running", stop_requested=False, launched=False), "interrupted"),
+    (Facts(alive=False, written=None, stop_requested=False, launched=True), "interrupted"),
+    (Facts(alive=False, written=None, stop_requested=False, launched=False), "unknown"),
+])
+def test_state_table(facts, state):
+    assert resolve_state(facts) == state
+
+
+def test_every_row_of_the_state_table_is_reachable():
+    """No row is shadowed by the rows above it: for each, some facts make it the first match."""
+    import itertools
+
+    first = set()
+    for alive, written, stop, launched in itertools.product((True, False), (None, "running", "finished", "failed",
+                                                                           "cancelled", "interrupted"),
+                                                          (True, False), (True, False)):
+        f = Facts(alive, written, stop, launched)
+        first.add(next(name for name, matches, _ in STATE_TABLE if matches(f)))
+    assert first == {name for name, _, _ in STATE_TABLE}
+
+
+def test_progress_of_training_and_sweeps():
+    assert progress_of({"state": "running", "step": 3, "steps": 10}) == (3, 10)
+    assert progress_of({"state": "running", "done": 2, "total": 5, "current": "s00-k03"}) == (2, 5)
+    assert progress_of({"state": "running"}) == (0, 0)
+
+
+def test_status_round_trip_and_update_keeps_progress(tmp_path):
+    assert read_status(tmp_path) == {}
+    write_status(tmp_path, "running", done=1, total=4, current="s00-k03")
+    update_status(tmp_path, "interrupted", error="killed")
+    st = read_status(tmp_path)
+    assert st["state"] == "interrupted" and st["done"] == 1 and st["error"] == "killed" and st["pid"] == os.getpid()
+    write_status(tmp_path, "running", pid=12345)
+    update_status(tmp_path, "interrupted")  # the reader that finds the work dead keeps the work's pid
+    assert read_status(tmp_path)["pid"] == 12345
+    (tmp_path / "status.json").write_text("{half a fi")  # a torn copy reads as no status, not a crash
+    assert read_status(tmp_path) == {}
+
+
+def test_read_job_reads_a_sweep_and_a_stop_request(tmp_path):
+    """A sweep folder (no job.json, no run config) is read through the same function as runs, with its window
+    progress; a sweep whose process is gone after a stop request reads as cancelled, without one as interrupted."""
+    sweep = tmp_path / "sw"
+    (sweep).mkdir()
+    (sweep / "sweep.json").write_text("{}")
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "topl_core"])
+    try:
+        write_status(sweep, "running", done=1, total=3, current="s03-k03", pid=live.pid)
+        job = jobs.read_job(sweep)
+        assert (job.kind, job.state, job.step, job.steps, job.current) == ("sweep", "running", 1, 3, "s03-k03")
+        assert jobs.cancel(sweep) and stop_requested(sweep)  # not a job: the stop request is the whole cancel
+    finally:
+        live.kill()
+        live.wait()
+    assert jobs.read_job(sweep).state == "cancelled"
+    (sweep / "STOP").unlink()
+    job = jobs.read_job(sweep)
+    assert job.state == "interrupted" and "without reporting" in job.error
+    assert not jobs.cancel(sweep)  # nothing running: nothing to stop
+    assert jobs.read_job(tmp_path / "empty") is None
+
+
+def test_a_request_to_stop_nothing_is_harmless(tmp_path):
+    request_stop(tmp_path / "new")
+    assert stop_requested(tmp_path / "new") and jobs.read_job(tmp_path / "new") is None
