@@ -73,3 +73,19 @@ def test_data_build_from_fava_jsonl(tmp_path):
     assert main(["data", "build", "--source", "fava", "--input", str(src), "--out", str(tmp_path / "o.jsonl")]) == 0
     (rec,) = read_jsonl(tmp_path / "o.jsonl")
     assert rec.response == "The capital of France is Lyon." and rec.bad_texts == ["Lyon"]
+
+
+def test_listing_the_commands_does_not_load_the_core():
+    """`python -m topl_core --help` (or a mistyped command) imports no command module, so no torch: it answers at
+    once; naming a command loads that command's module alone."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from topl_core.cli import build_parser\n"
+             "try:\n    build_parser(sys.argv[1:]).parse_args(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in sys.modules if m.startswith('topl_core.cli.')), 'torch' in sys.modules)")
+    listing = subprocess.run([sys.executable, "-c", probe, "--help"], capture_output=True, text=True, check=True)
+    assert listing.stdout.strip().endswith("[] False") and "label-sensitivity" in listing.stdout
+    one = subprocess.run([sys.executable, "-c", probe, "merge-check", "--help"], capture_output=True, text=True, check=True)
+    loaded = one.stdout.strip().splitlines()[-1]
+    assert "'topl_core.cli.merge_check'" in loaded and "'topl_core.cli.train'" not in loaded, loaded

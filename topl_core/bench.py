@@ -38,10 +38,22 @@ from typing import Callable
 
 import torch
 
+from .analysis.capture import capture_lora
+from .analysis.probe import ProbeSettings, probe_run
+from .analysis.steering import build_steering_vectors, steer
+from .analysis.sweeps import SweepConfig, plan_windows, run_sweep
+from .data.encode import build_prompt, collate, encode_record
+from .data.records import read_jsonl
+from .data.split import split_records
 from .io import write_json
+from .models import load_model
+from .paths import cache_dir
 from .precision import resolve_precision
 from .presets import DEFAULT_MODEL
 from .progress import Bar
+from .runs import RunDir, load_adapter
+from .training.config import LoraSettings, TrainConfig
+from .training.trainer import apply_lora
 
 GOALS = {
     "train_mfu": (">=", 0.20),
@@ -93,8 +105,6 @@ def _train_subprocess(args: list[str], env: dict) -> tuple[Path, float]:
 
 def _step_seconds_per_token(run_dir: Path) -> float:
     """Seconds per token over the logged steps after the first (warm-up) step."""
-    from .runs import RunDir
-
     timed = RunDir(run_dir).step_times()[1:]
     return sum(s for s, _ in timed) / sum(tok for _, tok in timed)
 
@@ -129,23 +139,10 @@ N_PHASES = 7  # the phase(...) calls in run_bench: peaks, TOPL, SFT, capture, ge
 
 
 def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[[str], None] = print) -> dict:
-    from .analysis.capture import capture_lora
-    from .analysis.probe import ProbeSettings, probe_run
-    from .analysis.steering import build_steering_vectors, steer
-    from .analysis.sweeps import SweepConfig, plan_windows, run_sweep
-    from .data.encode import build_prompt, collate, encode_record
-    from .data.records import read_jsonl
-    from .data.split import split_records
-    from .models import load_model
-    from .runs import load_adapter
-    from .training.config import LoraSettings, TrainConfig
-    from .training.trainer import apply_lora
-
     res: dict = {"quick": quick, "model": model, "threads": torch.get_num_threads()}
     work = Path(tempfile.mkdtemp(prefix="topl-bench-"))
     env = {**os.environ, "TOPL_CACHE_DIR": str(work / "cache"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     # the converted model lives in the normal cache: point the child at it instead of converting again
-    from .paths import cache_dir
 
     (work / "cache").mkdir()
     if (cache_dir() / "models").exists():

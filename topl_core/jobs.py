@@ -41,8 +41,19 @@ from .errors import JobError, WorkbenchError
 from .io import write_json
 from .paths import PROJECT_ROOT, runs_dir
 from .runs import RunDir
-from .status import (ACTIVE_STATES, ENDED_STATES, Facts, State, clear_stop, progress_of, read_status, request_stop,
-                     resolve_state, stop_requested, update_status)
+from .status import (
+    ACTIVE_STATES,
+    ENDED_STATES,
+    Facts,
+    State,
+    clear_stop,
+    progress_of,
+    read_status,
+    request_stop,
+    resolve_state,
+    stop_requested,
+    update_status,
+)
 from .training.config import TrainConfig
 
 JOB_FILE = "job.json"

@@ -26,6 +26,7 @@ from .models import LoadedModel
 from .status import STATUS_FILE, State, read_status, write_status
 from .training.config import TrainConfig
 
+
 @dataclass(frozen=True)
 class RunDir:
     path: Path

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..io import atomic_open, write_json
 from ..paths import cache_dir, examples_dir
+from ..runs import RunDir
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,6 @@ def full_key(key: Mapping, run=None, base_fingerprint: str | None = None) -> dic
     """The key dict that is hashed: `key` plus the adapter and base model fingerprints."""
     out = {"config": dict(key)}
     if run is not None:
-        from ..runs import RunDir
-
         run = RunDir.of(run)
         _, meta = run.read_config()
         out["adapter_fingerprint"] = run.fingerprint()

@@ -32,12 +32,17 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..generate import GenerationConfig, generate
+from ..data.records import read_jsonl
+from ..data.split import first_documents, split_records
+from ..generate import GenerationConfig, generate, load_merged
 from ..models import ModelSpec, load_model
 from ..paths import DEFAULT_DATA, PROJECT_ROOT, cliff_csv
 from ..presets import DEFAULT_MODEL
 from ..runs import RunDir
-from .scorers import PROTOCOLS, Scorer, ScorerQuality, make_scorer, score_summary
+from .cache import JSON, cached
+from .probe import ProbeSettings, labelled_records
+from .scorers import PROTOCOLS, GroundingScorer, Scorer, ScorerQuality, make_scorer, score_summary, scorer_quality
+from .steering import SteeringSession, build_steering_vectors
 
 ProgressFn = Callable[[str], None]
 
@@ -108,9 +113,6 @@ def _resolve(path: str) -> Path:
 
 def id_documents(cfg: EvalConfig) -> list[EvalDoc]:
     """The first n_id distinct documents of the test split (document-level split, as in training)."""
-    from ..data.records import read_jsonl
-    from ..data.split import first_documents, split_records
-
     if cfg.n_id == 0:
         return []
     test = split_records(read_jsonl(_resolve(cfg.data)), seed=cfg.split_seed)["test"]
@@ -163,11 +165,6 @@ def vectors_fingerprint(vectors) -> str:
 
 def steering_vectors_for(run, cfg: EvalConfig, use_cache: bool = True):
     """Steering vectors of a run from the labelled tokens of its own data's validation split (as `steer` does)."""
-    from ..data.records import read_jsonl
-    from ..data.split import split_records
-    from .probe import ProbeSettings, labelled_records
-    from .steering import build_steering_vectors
-
     rd = RunDir.of(run)
     tcfg, _ = rd.read_config()
     records = labelled_records(split_records(read_jsonl(_resolve(tcfg.data)), seed=tcfg.split_seed)["val"])
@@ -182,8 +179,6 @@ class _Models:
         self._cache: dict = {}
 
     def get(self, v: Variant):
-        from ..generate import load_merged
-
         key = (v.run, v.model if v.run is None else None)
         if key not in self._cache:
             if v.run is None:
@@ -197,8 +192,6 @@ class _Models:
 def generate_for(v: Variant, docs: Sequence[EvalDoc], cfg: EvalConfig, models: _Models | None = None,
                  vectors=None, use_cache: bool = True) -> list[str]:
     """The variant's generation for each document (cached)."""
-    from .cache import JSON, cached
-
     if not docs:
         return []
     models = models or _Models(cfg)
@@ -213,8 +206,6 @@ def generate_for(v: Variant, docs: Sequence[EvalDoc], cfg: EvalConfig, models: _
         lm = models.get(v)
         documents = [d.document for d in docs]
         if v.kind == "steered":
-            from .steering import SteeringSession
-
             return SteeringSession(lm, vectors).generate_many(documents, v.lam, cfg.generation)
         return generate(lm, documents, cfg.generation)
 
@@ -283,7 +274,6 @@ def evaluate(variants: Sequence[Variant], cfg: EvalConfig = EvalConfig(), progre
     measure_quality (default: only for the offline grounding scorer) attaches the scorer's cached AUROC report."""
     import pandas as pd
 
-    from .scorers import GroundingScorer, scorer_quality
 
     docs = id_documents(cfg) + ood_documents(cfg)
     if not docs:

@@ -27,12 +27,20 @@ from typing import Callable
 
 import numpy as np
 
+from ..data.cliff import load_factuality_csv
+from ..data.records import read_jsonl
+from ..data.split import split_records
 from ..data.variants import LABEL_SETTINGS, apply_label_setting, label_stats
 from ..errors import ConfigError, RunError
 from ..io import write_json
 from ..models import LoadedModel, ModelSpec, load_model
+from ..paths import cliff_csv
 from ..runs import RunDir
+from ..scoring import TokenScorer, detection_auroc
 from ..training.config import TrainConfig
+from ..training.objectives import OBJECTIVES, EncodeSettings
+from ..training.trainer import train
+from .evaluation import EvalConfig, Variant, evaluate
 
 STUDY_FILE = "label_study.json"
 
@@ -72,9 +80,6 @@ class LabelStudyConfig:
 
 def _train_labels(cfg: TrainConfig, records, tokenizer) -> list[np.ndarray]:
     """The per-example response labels the trainer starts from (train split, TOPL encoding)."""
-    from ..data.split import split_records
-    from ..training.objectives import OBJECTIVES, EncodeSettings
-
     train_recs = split_records(records, seed=cfg.split_seed)["train"]
     examples = OBJECTIVES[cfg.method].prepare(tokenizer, train_recs, EncodeSettings(cfg.max_doc_tokens, cfg.max_response_tokens))
     return [e.response_labels for e in examples]
@@ -84,7 +89,6 @@ def label_stats_for(cfg: LabelStudyConfig, records=None, tokenizer=None):
     """Rows per setting: the stats of the training labels under that setting (see the module docstring)."""
     import pandas as pd
 
-    from ..data.records import read_jsonl
 
     records = list(records) if records is not None else read_jsonl(cfg.train.data)
     tokenizer = tokenizer or load_model(ModelSpec(cfg.train.model, "float32", cfg.train.device)).tokenizer
@@ -93,10 +97,6 @@ def label_stats_for(cfg: LabelStudyConfig, records=None, tokenizer=None):
 
 
 def _cliff_auroc(cfg: LabelStudyConfig, run: RunDir) -> dict:
-    from ..data.cliff import load_factuality_csv
-    from ..paths import cliff_csv
-    from ..scoring import TokenScorer, detection_auroc
-
     path = Path(cfg.cliff_csv) if cfg.cliff_csv else cliff_csv()
     if not path.is_file():
         return {}
@@ -107,8 +107,6 @@ def _cliff_auroc(cfg: LabelStudyConfig, run: RunDir) -> dict:
 
 
 def _generation(cfg: LabelStudyConfig, run: RunDir) -> dict:
-    from .evaluation import EvalConfig, Variant, evaluate
-
     ecfg = EvalConfig(data=cfg.train.data, split_seed=cfg.train.split_seed, n_id=cfg.n_generate, n_ood=0,
                       max_new_tokens=cfg.max_new_tokens, max_doc_tokens=cfg.train.max_doc_tokens, scorer=cfg.scorer,
                       model=cfg.train.model, device=cfg.train.device)
@@ -129,9 +127,6 @@ def _row(setting: str, run: RunDir) -> dict:
 def run_label_study(cfg: LabelStudyConfig, out_dir: str | Path, progress: Callable[[str], None] | None = None,
                     records=None, base_loader: Callable[[], LoadedModel] | None = None):
     """Train TOPL on every setting (resumable) and return the table: stats + scores per setting."""
-    from ..data.records import read_jsonl
-    from ..training.trainer import train
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / STUDY_FILE

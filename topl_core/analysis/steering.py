@@ -47,10 +47,14 @@ import numpy as np
 import torch
 
 from ..errors import ModelError
-from ..generate import GenerationConfig
+from ..generate import GenerationConfig, generate, load_merged
+from ..io import save_tensors, write_json
 from ..models import LoadedModel
 from ..runs import RunDir
+from .cache import cached, json_codec, records_fingerprint
 from .capture import DEFAULT_SET, Projections
+from .probe import ProbeSettings, run_projections
+from .separability import separability
 from .sites import (
     RESIDUAL_MODULES,
     LoraWeights,
@@ -58,6 +62,7 @@ from .sites import (
     active_adapter_name,
     lora_sites,
     lora_weights,
+    read_lora_weights,
     site_module,
     sort_sites,
 )
@@ -107,8 +112,6 @@ class SteeringVectors:
 
     def save(self, directory: str | Path) -> Path:
         """Write steering_vectors.safetensors + steering.json (atomically) into `directory`."""
-        from ..io import save_tensors, write_json
-
         d = Path(directory)
         tensors = {}
         for s in self.sites:
@@ -221,11 +224,6 @@ def build_steering_vectors(run, records, settings=None, top_k: int = 4, base: Lo
                            progress=None) -> SteeringVectors:
     """Steering vectors of a run from a labelled token set: projections (cached), per-site cv AUROC of the
     residual-writing sites, A/B/scaling from the run's adapter files."""
-    from .cache import cached, json_codec, records_fingerprint
-    from .probe import ProbeSettings, run_projections
-    from .separability import separability
-    from .sites import read_lora_weights
-
     run = RunDir.of(run)
     settings = (settings or ProbeSettings()).resolved(run)
     cfg, meta = run.read_config()
@@ -325,7 +323,6 @@ class SteeringSession:
     @classmethod
     def from_run(cls, run, vectors: SteeringVectors, spec=None) -> "SteeringSession":
         """Load a fresh base model with the run's LoRA merged in (load_merged) and wrap it."""
-        from ..generate import load_merged
         run = RunDir.of(run)
         if vectors.adapter_fingerprint and vectors.adapter_fingerprint != run.fingerprint():
             raise ModelError(
@@ -346,8 +343,6 @@ class SteeringSession:
         """One response per document at one λ, in left-padded batches of gen_cfg.batch_size (topl_core.generate).
         Greedy batched outputs can differ from one-at-a-time outputs in the last float bits (padding changes the
         matmul shapes); compare λ values within one mode."""
-        from ..generate import generate
-
         with self._lock, steer(self.lm.model, self.vectors, lam):
             if gen_cfg.mode == "sample":
                 with _SAMPLING_LOCK:

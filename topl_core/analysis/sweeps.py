@@ -47,13 +47,18 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..data.records import read_jsonl
+from ..data.split import first_documents, split_records
 from ..errors import ConfigError, RunError
+from ..generate import GenerationConfig, generate, load_merged
 from ..io import read_log_rows, write_json
 from ..models import LoadedModel, ModelSpec, load_model
 from ..runs import RunDir
-from ..training.config import TrainConfig
 from ..status import clear_stop, stop_requested, write_status
+from ..training.config import TrainConfig
 from ..training.prefix_cache import PrefixStats, PrefixStore, install_prefix_cache
+from ..training.trainer import train
+from .scorers import make_scorer, score_summary
 
 # --- windows and config -----------------------------------------------------------------------------------------
 
@@ -178,10 +183,6 @@ def _window_row(w: Window, run: RunDir, train_s: float, store: PrefixStore | Non
 
 
 def _generation_factuality(cfg: SweepConfig, run: RunDir, records) -> dict:
-    from ..data.split import first_documents, split_records
-    from ..generate import GenerationConfig, generate, load_merged
-    from .scorers import make_scorer, score_summary
-
     test = split_records(records, seed=cfg.train.split_seed)["test"]
     docs = [r.document for r in first_documents(test, cfg.n_generate)]
     lm = load_merged(ModelSpec(cfg.train.model, "float32", cfg.train.device), run)
@@ -196,8 +197,6 @@ def _generation_factuality(cfg: SweepConfig, run: RunDir, records) -> dict:
 def _sweep_inputs(cfg: SweepConfig, base_loader: Callable[[], LoadedModel] | None, records) -> tuple[LoadedModel, list]:
     """The base model (loaded once per sweep; default: the config's model in fp32) and the records (default: the
     config's data file)."""
-    from ..data.records import read_jsonl
-
     base = base_loader() if base_loader else load_model(ModelSpec(cfg.train.model, "float32", cfg.train.device))
     return base, list(records) if records is not None else read_jsonl(cfg.train.data)
 
@@ -224,7 +223,6 @@ def run_sweep(
     load_model of the config's model); it is called once and every window trains a deep copy."""
     import pandas as pd
 
-    from ..training.trainer import train
 
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -332,7 +330,6 @@ def benchmark_prefix_reuse(cfg: SweepConfig, work_dir: str | Path, windows: Sequ
 
     import pandas as pd
 
-    from ..training.trainer import train
 
     work_dir = Path(work_dir)
     base, records = _sweep_inputs(cfg, base_loader, records)

@@ -18,9 +18,12 @@ from typing import Literal
 
 import numpy as np
 
-from ..runs import RunDir
-from .capture import Projections
-from .sites import Site
+from ..models import ModelSpec, load_model
+from ..runs import RunDir, load_adapter
+from .cache import PARQUET, cached, records_fingerprint
+from .capture import Projections, collect_projections
+from .probe import ProbeSettings, run_projections
+from .sites import Site, lora_sites
 
 
 def umap_embedding(
@@ -77,9 +80,6 @@ def run_umap(run, records, site: Site | str, settings=None, source: Literal["pro
     """umap_embedding for a run's site on a labelled token set, cached as parquet (keyed by settings, token set,
     adapter and base fingerprints). Projections come from the cached run_projections; hidden states are
     captured for that one site only (the forward stops after its layer)."""
-    from .cache import PARQUET, cached, records_fingerprint
-    from .probe import ProbeSettings, run_projections
-
     run = RunDir.of(run)
     settings = (settings or ProbeSettings()).resolved(run)
     key_name = site.key if isinstance(site, Site) else site
@@ -90,11 +90,6 @@ def run_umap(run, records, site: Site | str, settings=None, source: Literal["pro
         if source == "projection":
             proj = run_projections(run, records, settings, base, use_cache)["lora"]
         else:
-            from ..models import ModelSpec, load_model
-            from ..runs import load_adapter
-            from .capture import collect_projections
-            from .sites import lora_sites
-
             cfg, _ = run.read_config()
             lm = base or load_model(ModelSpec(cfg.model, "float32", cfg.device))
             model = load_adapter(lm, run)

@@ -1,28 +1,57 @@
-"""`python -m topl_core <command>`: one module per command group, each with `register(subparsers)`."""
+"""`python -m topl_core <command>`: one module per command, each with `register(subparsers)` setting a `func`.
+
+Only the module of the command being run is imported. Each imports the core at its top (torch, transformers, PEFT:
+about 8 s on a 2-core CPU), which listing the commands or rejecting a mistyped one does not need. This dispatch is
+the project's one deferred import of its own modules (docs/architecture.md).
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+from typing import NamedTuple
 
 from ..errors import WorkbenchError
 
-# Command modules, in --help order. Each defines register(subparsers) and sets a `func` default on its parsers.
-COMMAND_MODULES = ("data", "train", "generate", "score_tokens", "probe", "steer", "evaluate", "sweep", "label_sensitivity", "bench", "merge_check")
+
+class Command(NamedTuple):
+    module: str  # in this package
+    help: str
 
 
-def build_parser() -> argparse.ArgumentParser:
+COMMANDS: dict[str, Command] = {  # in --help order
+    "data": Command("data", "build, inspect and count data sets"),
+    "train": Command("train", "train TOPL or a baseline; resumes when --out holds the same run"),
+    "generate": Command("generate", "generate with the base model or a merged adapter"),
+    "score-tokens": Command("score_tokens", "token p(good) for a text, or head/surprisal AUROC on labelled data"),
+    "probe": Command("probe", "LoRA-A AUROC per layer × module (heatmap, mean ± std, random-A control)"),
+    "steer": Command("steer", "LoRA-B steering: generate a summary for each λ"),
+    "evaluate": Command("evaluate", "factuality evaluation (ID/OOD table), λ sweep (--lambdas), scorer quality"),
+    "sweep": Command("sweep", "sliding-window layer sweep (heatmap of head AUROC by window start × size)"),
+    "label-sensitivity": Command("label_sensitivity", "train TOPL per label setting; table of label stats and scores"),
+    "bench": Command("bench", "benchmark: MFU, TOPL/SFT step, steering, capture, sweep reuse, cache, memory"),
+    "merge-check": Command("merge_check", "compare merged and unmerged logits of an adapter (fp32 and bf16)"),
+}
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for `argv`: with the full arguments of the command argv names (all commands when argv is None),
+    else every command by name and help line only (`python -m topl_core COMMAND --help` shows its arguments)."""
     parser = argparse.ArgumentParser(prog="python -m topl_core", description="TOPL Workbench command line.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(f"{__name__}.{name}").register(sub)
+    chosen = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
+    for name, command in COMMANDS.items():
+        if argv is None or name == chosen:
+            importlib.import_module(f"{__name__}.{command.module}").register(sub)
+        elif chosen not in COMMANDS:
+            sub.add_parser(name, help=command.help)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except WorkbenchError as e:

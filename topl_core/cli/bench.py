@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from ..bench import main
 from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL
+from . import COMMANDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmark: MFU, TOPL/SFT step, steering, capture, sweep reuse, cache, memory",
+    p = sub.add_parser(
+        "bench", help=COMMANDS["bench"].help,
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer steps and repeats (under 3 minutes on 2 cores)")
     p.add_argument("--data", default=DEFAULT_DATA)
@@ -19,6 +22,4 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from ..bench import main
-
     main(args.quick, args.data, args.json, args.model)

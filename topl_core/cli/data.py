@@ -6,17 +6,23 @@ import argparse
 import json
 from collections import Counter
 
+from ..data import cliff, fava, halueval, mlqe
+from ..data.encode import encode_record
 from ..data.records import Record, read_jsonl, write_jsonl
 from ..data.split import split_records
+from ..data.variants import label_settings_table
 from ..errors import DataError
+from ..models import ModelSpec, load_model
 from ..progress import Bar
+from . import COMMANDS
 from .common import add_model_args
 
 SOURCES = ("halueval-perturbed", "halueval-pairs", "fava", "cliff", "aggrefact", "mlqe", "jsonl")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("data", help="build, inspect and count data sets")
+    p = sub.add_parser(
+        "data", help=COMMANDS["data"].help)
     dsub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")
 
     b = dsub.add_parser("build", help="build a records JSONL from a source")
@@ -48,8 +54,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def load_source(source: str, input_path: str | None, limit: int | None, seed: int,
                 fava_form: str = "raw", mlqe_split: str = "train", progress=None) -> list[Record]:
     """Records from any supported source (shared by the CLI and the Data page)."""
-    from ..data import cliff, fava, halueval, mlqe
-
     if source.startswith("halueval"):
         rows = halueval.load_halueval_rows(input_path, limit=limit)
         if source == "halueval-pairs":
@@ -96,10 +100,6 @@ def inspect(args: argparse.Namespace) -> None:
 
 
 def stats(args: argparse.Namespace) -> None:
-    from ..data.encode import encode_record
-    from ..data.variants import label_settings_table
-    from ..models import ModelSpec, load_model
-
     records = read_jsonl(args.path)
     print(f"{len(records)} records, {len({r.doc_id for r in records})} documents")
     print("by source:", dict(Counter(r.source for r in records)))

@@ -8,9 +8,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..analysis.evaluation import EvalConfig, Variant, evaluate, lambda_curve, lambda_sweep, results_table
+from ..analysis.scorers import make_scorer, scorer_quality
+from ..io import write_json
 from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL
 from ..progress import Bar
+from ..runs import RunDir
+from . import COMMANDS
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -19,7 +24,7 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "evaluate", help="factuality evaluation (ID/OOD table), λ sweep (--lambdas), scorer quality",
+        "evaluate", help=COMMANDS["evaluate"].help,
         formatter_class=_Formatter,
         description="Examples:\n"
                     "  python -m topl_core evaluate --run runs/topl --steer 2 --n-id 16 --n-ood 16\n"
@@ -58,10 +63,6 @@ def _fmt(x) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.evaluation import EvalConfig, Variant, evaluate, lambda_curve, lambda_sweep, results_table
-    from ..analysis.scorers import make_scorer, scorer_quality
-    from ..io import write_json
-
     cfg = EvalConfig(data=args.data, split_seed=args.split_seed, n_id=args.n_id, n_ood=args.n_ood, cliff_csv=args.cliff,
                      max_new_tokens=args.max_new_tokens, max_doc_tokens=args.max_doc_tokens, batch_size=args.batch_size,
                      scorer=args.scorer, top_k=args.top_k, model=args.model, device=args.device)
@@ -102,8 +103,6 @@ def run(args: argparse.Namespace) -> int:
             print("error: nothing to evaluate (give --run, or drop --no-base)", file=sys.stderr)
             return 2
         if args.run and not args.no_base:
-            from ..runs import RunDir
-
             variants[0] = Variant.base(RunDir(args.run[0]).read_config()[0].model)
         with Bar("variants", total=len(variants)) as bar:
             res = evaluate(variants, cfg, progress=bar.stage, use_cache=not args.no_cache)

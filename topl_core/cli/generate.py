@@ -5,11 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..generate import GenerationConfig, generate, load_merged
+from ..io import atomic_open
+from ..models import ModelSpec
+from ..runs import RunDir
+from . import COMMANDS
 from .common import add_data_args, add_model_args, load_split
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="generate with the base model or a merged adapter",
+    p = sub.add_parser(
+        "generate", help=COMMANDS["generate"].help,
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--run", help="run directory whose LoRA is merged (omit for the base model)")
     add_model_args(p)
@@ -24,10 +30,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from ..generate import GenerationConfig, generate, load_merged
-    from ..io import atomic_open
-    from ..models import ModelSpec
-
     if args.document:
         items = [("input", args.document)]
     elif args.data:
@@ -37,8 +39,6 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit("error: give --document TEXT or --data PATH")
     spec = ModelSpec(args.model, args.dtype, args.device)
     if args.run:
-        from ..runs import RunDir
-
         spec = ModelSpec(RunDir(args.run).read_config()[0].model, args.dtype, args.device)
     lm = load_merged(spec, args.run)
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, mode=args.mode, temperature=args.temperature, seed=args.seed)

@@ -8,20 +8,24 @@ import argparse
 
 from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL
+from . import COMMANDS
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     pass
 
+from ..analysis.label_sensitivity import LabelStudyConfig, label_stats_for, read_label_study, run_label_study
+from ..data.variants import LABEL_SETTINGS
+from ..io import write_json
 from ..progress import Bar
+from ..runs import RunDir
+from ..training.config import LoraSettings, TrainConfig
 from .common import add_precision_arg, announce_precision
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..data.variants import LABEL_SETTINGS
-
     p = sub.add_parser(
-        "label-sensitivity", help="train TOPL per label setting; table of label stats and scores",
+        "label-sensitivity", help=COMMANDS["label-sensitivity"].help,
         formatter_class=_Formatter,
         description="Examples:\n"
                     "  python -m topl_core label-sensitivity --out runs/labels --stats-only\n"
@@ -50,10 +54,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.label_sensitivity import LabelStudyConfig, label_stats_for, read_label_study, run_label_study
-    from ..io import write_json
-    from ..training.config import LoraSettings, TrainConfig
-
     announce_precision(args.precision, args.device)
     train = TrainConfig(model=args.model, data=args.data, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
                         lora=LoraSettings(layer_start=args.lora_layer_start, layer_end=args.lora_layer_end),
@@ -68,7 +68,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         from pathlib import Path
 
-        from ..runs import RunDir
 
         todo = sum(not RunDir(Path(args.out) / s).is_complete for s in cfg.settings)
         with Bar("label settings", total=todo) as bar:  # each "training setting …" message starts a stage

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import argparse
 
+from ..data.encode import collate, encode_record
+from ..data.records import read_jsonl
+from ..data.split import split_records
+from ..models import ModelSpec, load_model
+from ..runs import RunDir, load_adapter
+from . import COMMANDS
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("merge-check", help="compare merged and unmerged logits of an adapter (fp32 and bf16)",
+    p = sub.add_parser(
+        "merge-check", help=COMMANDS["merge-check"].help,
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--run", required=True, help="run directory")
     p.add_argument("--n", type=int, default=8, help="test-split records of the run's data to compare on")
@@ -16,11 +24,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     import torch
 
-    from ..data.encode import collate, encode_record
-    from ..data.records import read_jsonl
-    from ..data.split import split_records
-    from ..models import ModelSpec, load_model
-    from ..runs import RunDir, load_adapter
 
     run_dir = RunDir(args.run)
     cfg, _ = run_dir.read_config()

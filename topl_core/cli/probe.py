@@ -8,12 +8,20 @@ import argparse
 import math
 from pathlib import Path
 
+from ..analysis.probe import ProbeSettings, labelled_records, probe_run
+from ..analysis.separability import METHOD, comparison_table, format_heatmap
+from ..data.cliff import load_factuality_csv
+from ..io import write_json
+from ..paths import PROJECT_ROOT
 from ..progress import Bar
+from ..runs import RunDir
+from . import COMMANDS
 from .common import add_data_args, add_precision_arg, announce_precision, load_split
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("probe", help="LoRA-A AUROC per layer × module (heatmap, mean ± std, random-A control)",
+    p = sub.add_parser(
+        "probe", help=COMMANDS["probe"].help,
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--run", required=True, help="run directory (its LoRA adapter is probed)")
     p.add_argument("--compare", nargs="*", default=[], metavar="RUN", help="more run directories, probed on the same tokens")
@@ -34,10 +42,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _token_set(args: argparse.Namespace, run_cfg) -> tuple[str, list]:
-    from ..analysis.probe import labelled_records
-    from ..data.cliff import load_factuality_csv
-    from ..paths import PROJECT_ROOT
-
     if args.cliff:
         report = load_factuality_csv(args.cliff)
         records = list(report.records)[: args.limit] if args.limit else list(report.records)
@@ -49,11 +53,6 @@ def _token_set(args: argparse.Namespace, run_cfg) -> tuple[str, list]:
 
 
 def run(args: argparse.Namespace) -> None:
-    from ..analysis.probe import ProbeSettings, probe_run
-    from ..analysis.separability import METHOD, comparison_table, format_heatmap
-    from ..io import write_json
-    from ..runs import RunDir
-
     runs = [RunDir(p) for p in [args.run, *args.compare]]
     cfg0, _ = runs[0].read_config()
     token_set, records = _token_set(args, cfg0)

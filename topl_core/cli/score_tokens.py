@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import argparse
 
+from ..data.cliff import load_factuality_csv
+from ..io import write_json
+from ..models import ModelSpec, load_model
 from ..progress import Bar
+from ..runs import RunDir
+from ..scoring import TokenScorer, detection_auroc
+from . import COMMANDS
 from .common import add_data_args, add_precision_arg, announce_precision, load_split
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("score-tokens", help="token p(good) for a text, or head/surprisal AUROC on labelled data",
+    p = sub.add_parser(
+        "score-tokens", help=COMMANDS["score-tokens"].help,
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--run", required=True, help="run directory with a head (topl, sopl, tldr)")
     p.add_argument("--document", help="document text (with --response)")
@@ -23,12 +30,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from ..data.cliff import load_factuality_csv
-    from ..io import write_json
-    from ..models import ModelSpec, load_model
-    from ..runs import RunDir
-    from ..scoring import TokenScorer, detection_auroc
-
     run_dir = RunDir(args.run)
     cfg, _ = run_dir.read_config()
     announce_precision(args.precision, cfg.device)

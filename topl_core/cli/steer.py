@@ -8,12 +8,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..analysis.probe import ProbeSettings, labelled_records
+from ..analysis.steering import SteeringSession, SteeringVectors, build_steering_vectors
+from ..generate import GenerationConfig, generate
+from ..io import write_json
+from ..models import ModelSpec, load_model
+from ..paths import PROJECT_ROOT
 from ..progress import Bar
+from ..runs import RunDir
+from . import COMMANDS
 from .common import add_data_args, load_split
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("steer", help="LoRA-B steering: generate a summary for each λ",
+    p = sub.add_parser(
+        "steer", help=COMMANDS["steer"].help,
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--run", required=True, help="run directory (its LoRA is merged; its B gives the vectors)")
     p.add_argument("--document", help="document text to summarise")
@@ -34,14 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from ..analysis.probe import ProbeSettings, labelled_records
-    from ..analysis.steering import SteeringSession, SteeringVectors, build_steering_vectors
-    from ..generate import GenerationConfig, generate
-    from ..io import write_json
-    from ..models import ModelSpec, load_model
-    from ..paths import PROJECT_ROOT
-    from ..runs import RunDir
-
     if args.document_file:
         args.document = Path(args.document_file).read_text(encoding="utf-8")
     if not args.document:

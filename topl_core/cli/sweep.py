@@ -7,9 +7,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..analysis.sweeps import SweepConfig, compare_reuse, heatmap_table, read_sweep, resume_sweep, run_sweep
+from ..errors import ConfigError
+from ..jobs import launch_sweep, read_job, resume_sweep_job
 from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL
 from ..progress import Bar
+from ..status import request_stop
+from ..training.config import TrainConfig
+from . import COMMANDS
 from .common import add_precision_arg, announce_precision
 
 
@@ -19,7 +25,7 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "sweep", help="sliding-window layer sweep (heatmap of head AUROC by window start × size)",
+        "sweep", help=COMMANDS["sweep"].help,
         formatter_class=_Formatter,
         description="Train TOPL on a grid of layer windows and score each. Examples:\n"
                     "  python -m topl_core sweep --out runs/sweep-smollm2 --sizes 3 6 12 --stride 6 --steps 15 --background\n"
@@ -57,10 +63,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
-    from ..analysis.sweeps import SweepConfig
-    from ..errors import ConfigError
-    from ..training.config import TrainConfig
-
     windows = ()
     if args.windows:
         try:
@@ -79,8 +81,6 @@ def config_from_args(args: argparse.Namespace):
 
 
 def _print_results(df) -> None:
-    from ..analysis.sweeps import heatmap_table
-
     if df.empty:
         print("no finished windows yet")
         return
@@ -92,10 +92,6 @@ def _print_results(df) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.sweeps import compare_reuse, read_sweep, resume_sweep, run_sweep
-    from ..jobs import launch_sweep, read_job, resume_sweep_job
-    from ..status import request_stop
-
     if args.show:
         job = read_job(args.show)
         print(f"status: {job.state if job else 'no sweep here'}"

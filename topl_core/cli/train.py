@@ -8,7 +8,11 @@ import sys
 import typing
 
 from ..presets import PRESETS
+from ..runs import RunDir
 from ..training.config import LoraSettings, TrainConfig, preset_config
+from ..training.objectives import OBJECTIVES
+from ..training.trainer import Progress, train
+from . import COMMANDS
 from .common import announce_precision
 
 
@@ -27,9 +31,8 @@ def _flags(cls=TrainConfig, prefix: str = "") -> list[tuple[str, str, object, ob
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..training.objectives import OBJECTIVES
-
-    p = sub.add_parser("train", help="train TOPL or a baseline; resumes when --out holds the same run")
+    p = sub.add_parser(
+        "train", help=COMMANDS["train"].help)
     p.add_argument("--out", help="run directory (default runs/<method>-<model>)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="the paper's hyperparameters for a model family")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run with its saved config")
@@ -55,9 +58,6 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> None:
-    from ..runs import RunDir
-    from ..training.trainer import Progress, train
-
     if args.resume:
         run_dir = RunDir(args.resume)
         cfg, _ = run_dir.read_config()
@@ -68,7 +68,6 @@ def run(args: argparse.Namespace) -> None:
     requested = cfg.precision if args.resume else (args.precision or "auto")  # a resumed run keeps what it recorded
     announce_precision(requested, cfg.device)
 
-    from ..training.objectives import OBJECTIVES
 
     metric = OBJECTIVES[cfg.method].validation_metric  # the method's headline number (AUROC, loss, reward accuracy)
 

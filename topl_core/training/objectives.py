@@ -43,8 +43,6 @@ from ..metrics import auroc
 from ..precision import autocast
 from .config import METHOD_DATA, Requirement
 
-
-
 # --- pure losses: tensors in, scalar out ------------------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ from ..architecture import check_layer_range
 from ..data.encode import Encoded
 from ..data.records import Record, read_jsonl
 from ..data.split import split_records
+from ..data.variants import apply_label_setting
 from ..errors import DataError, RunError
 from ..io import save_tensors, write_json
 from ..models import LoadedModel, ModelSpec, hub_id, load_model
@@ -116,7 +117,6 @@ def _apply_label_setting(examples: list[Encoded], setting: str, seed: int) -> li
         return examples
     from dataclasses import replace
 
-    from ..data.variants import apply_label_setting
 
     new = apply_label_setting([e.response_labels for e in examples], setting, seed)
     out = []
