@@ -23,6 +23,7 @@ from topl_core.analysis.sweeps import (
     run_sweep,
 )
 from topl_core.architecture import embed_inputs, forward_from_hidden
+from topl_core.bench import benchmark_prefix_reuse
 from topl_core.models import load_model
 from topl_core.tiny_models import TINY_FAMILIES, build_tiny_tokenizer
 from topl_core.training.prefix_cache import PrefixStore, install_prefix_cache
@@ -135,16 +136,14 @@ def _sweep_cfg(reuse=True, windows=((0, 1), (1, 2), (2, 1))):
 
 
 def test_sweep_resumes_without_redoing_finished_windows(tiny_records, tmp_path, monkeypatch):
-    from topl_core.training import trainer
-
     calls: list[str] = []
-    real_train = trainer.train
+    real_train = sweeps.train
 
     def counting_train(cfg, out_dir, **kw):
         calls.append(f"{cfg.lora.layer_start}-{cfg.lora.layer_end}")
         return real_train(cfg, out_dir, **kw)
 
-    monkeypatch.setattr(trainer, "train", counting_train)
+    monkeypatch.setattr(sweeps, "train", counting_train)  # the trainer as the sweep calls it
     loader = lambda: load_model("tiny-llama")  # noqa: E731
     cfg = _sweep_cfg()
 
@@ -243,7 +242,7 @@ def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path):
 
 def test_benchmark_interleaves_modes_and_agrees(tiny_records, tmp_path):
     cfg = SweepConfig(train=tiny_config(steps=2, eval_every=2))
-    df = sweeps.benchmark_prefix_reuse(cfg, tmp_path, windows=[(0, 1), (2, 1)], records=tiny_records,
+    df = benchmark_prefix_reuse(cfg, tmp_path, windows=[(0, 1), (2, 1)], records=tiny_records,
                                        base_loader=lambda: load_model("tiny-llama"))
     assert list(df["mode"]) == ["reuse", "plain", "plain", "reuse"]
     piv = df.pivot(index="window", columns="mode", values="val_token_auroc")

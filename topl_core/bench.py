@@ -29,31 +29,35 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
+import pandas as pd
 import torch
 
 from .analysis.capture import capture_lora
 from .analysis.probe import ProbeSettings, probe_run
 from .analysis.steering import build_steering_vectors, steer
-from .analysis.sweeps import SweepConfig, plan_windows, run_sweep
+from .analysis.sweeps import SweepConfig, Window, fresh_copy, plan_windows, run_sweep, sweep_inputs
 from .data.encode import build_prompt, collate, encode_record
 from .data.records import read_jsonl
 from .data.split import split_records
 from .io import write_json
-from .models import load_model
+from .models import LoadedModel, load_model
 from .paths import cache_dir
 from .precision import resolve_precision
 from .presets import DEFAULT_MODEL
 from .progress import Bar
 from .runs import RunDir, load_adapter
 from .training.config import LoraSettings, TrainConfig
-from .training.trainer import apply_lora
+from .training.prefix_cache import PrefixStore, install_prefix_cache
+from .training.trainer import apply_lora, train
 
 GOALS = {
     "train_mfu": (">=", 0.20),
@@ -260,6 +264,38 @@ def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[
     phase("")
     res["phase_s"] = phases
     return res
+
+
+def benchmark_prefix_reuse(cfg: SweepConfig, work_dir: str | Path, windows: Sequence[tuple[int, int]] | None = None,
+                           progress: Callable[[str], None] | None = None, records=None,
+                           base_loader: Callable[[], LoadedModel] | None = None):
+    """Time the same windows trained with and without frozen-prefix reuse, interleaved window by window (the
+    order of the two alternates), so that load from other processes hits both alike. Rows: window, start, size,
+    mode ("reuse" / "plain"), wall_s, cpu_s (this process's CPU time), val_token_auroc, prefix layer passes.
+    Runs go to work_dir/{reuse,plain}/<window>; existing finished runs are retrained (the directory is cleared)."""
+    work_dir = Path(work_dir)
+    base, records = sweep_inputs(cfg, base_loader, records)
+    ws = sorted({Window(s, k) for s, k in windows}) if windows else cfg.window_list(base.num_layers)
+    store = PrefixStore()
+    rows = []
+    for i, w in enumerate(ws):
+        for mode in (("reuse", "plain") if i % 2 == 0 else ("plain", "reuse")):
+            out = work_dir / mode / w.name
+            shutil.rmtree(out, ignore_errors=True)
+            before = replace(store.stats)
+            t0, c0 = time.perf_counter(), time.process_time()
+            lm = fresh_copy(base)
+            if mode == "reuse":
+                install_prefix_cache(lm, store, w.start)
+            run = train(cfg.window_config(w), out, records=records, base=lm)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            val = next((r for r in reversed(run.read_metrics()) if "val_token_auroc" in r), {})
+            passes = store.stats.layer_passes - before.layer_passes if mode == "reuse" else 0
+            rows.append({"window": w.name, "start": w.start, "size": w.size, "mode": mode, "wall_s": wall, "cpu_s": cpu,
+                         "val_token_auroc": val.get("val_token_auroc", float("nan")), "prefix_layer_passes": passes})
+            if progress:
+                progress(f"{w.name} {mode}: {wall:.1f} s wall, {cpu:.1f} s CPU, val AUROC {rows[-1]['val_token_auroc']:.3f}")
+    return pd.DataFrame(rows)
 
 
 def format_table(res: dict) -> str:

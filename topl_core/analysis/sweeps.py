@@ -12,8 +12,7 @@ Public API
     heatmap_table(df, value="val_token_auroc") -> DataFrame (rows start, columns size)
     lines_table(df, sizes=(3, 6, 12)) -> DataFrame (one line per size: x = start, y = value)
     compare_reuse(df_reuse, df_plain) -> DataFrame  per-window time with / without prefix reuse, AUROC of both
-    benchmark_prefix_reuse(cfg, work_dir, windows=None) -> DataFrame   the same windows with and without reuse,
-        interleaved window by window, wall and CPU seconds each
+    (the benchmark of reuse, the same windows trained with and without it: topl_core.bench.benchmark_prefix_reuse)
 
     The forward from an intermediate hidden state is topl_core/architecture.py (forward_from_hidden); the prefix
     store is topl_core/training/prefix_cache.py.
@@ -194,14 +193,14 @@ def _generation_factuality(cfg: SweepConfig, run: RunDir, records) -> dict:
             "gen_documents": len(docs), "scorer": scorer.name}
 
 
-def _sweep_inputs(cfg: SweepConfig, base_loader: Callable[[], LoadedModel] | None, records) -> tuple[LoadedModel, list]:
+def sweep_inputs(cfg: SweepConfig, base_loader: Callable[[], LoadedModel] | None, records) -> tuple[LoadedModel, list]:
     """The base model (loaded once per sweep; default: the config's model in fp32) and the records (default: the
     config's data file)."""
     base = base_loader() if base_loader else load_model(ModelSpec(cfg.train.model, "float32", cfg.train.device))
     return base, list(records) if records is not None else read_jsonl(cfg.train.data)
 
 
-def _fresh_copy(base: LoadedModel) -> LoadedModel:
+def fresh_copy(base: LoadedModel) -> LoadedModel:
     """A deep copy for one window (training injects LoRA into the model it gets): the base is loaded once per
     sweep; copying SmolLM2 took 0.9 s where loading it from disk took 1–3 s."""
     return LoadedModel(copy.deepcopy(base.model), base.tokenizer, base.spec)
@@ -228,7 +227,7 @@ def run_sweep(
     sweep_dir.mkdir(parents=True, exist_ok=True)
     save_sweep_config(sweep_dir, cfg)
     clear_stop(sweep_dir)
-    base, records = _sweep_inputs(cfg, base_loader, records)
+    base, records = sweep_inputs(cfg, base_loader, records)
     windows = cfg.window_list(base.num_layers)
     results = sweep_dir / RESULTS_FILE
     done = {r["window"] for r in read_log_rows(results)}
@@ -264,7 +263,7 @@ def run_sweep(
             before = replace(store.stats) if store is not None else None
             run = RunDir(run_path)
             if not run.is_complete:
-                lm = _fresh_copy(base)
+                lm = fresh_copy(base)
                 if store is not None:
                     install_prefix_cache(lm, store, w.start)
                 run = train(wcfg, run_path, progress=step_cb(w), records=records, base=lm)
@@ -317,43 +316,6 @@ def lines_table(df, sizes: Sequence[int] = (3, 6, 12), value: str = "val_token_a
     """Long table for the k = 3, 6, 12 lines: size, start, value (sorted)."""
     sub = df[df["size"].isin(list(sizes))][["size", "start", value]]
     return sub.sort_values(["size", "start"]).reset_index(drop=True)
-
-
-def benchmark_prefix_reuse(cfg: SweepConfig, work_dir: str | Path, windows: Sequence[tuple[int, int]] | None = None,
-                           progress: Callable[[str], None] | None = None, records=None,
-                           base_loader: Callable[[], LoadedModel] | None = None):
-    """Time the same windows trained with and without frozen-prefix reuse, interleaved window by window (the
-    order of the two alternates), so that load from other processes hits both alike. Rows: window, start, size,
-    mode ("reuse" / "plain"), wall_s, cpu_s (this process's CPU time), val_token_auroc, prefix layer passes.
-    Runs go to work_dir/{reuse,plain}/<window>; existing finished runs are retrained (the directory is cleared)."""
-    import shutil
-
-    import pandas as pd
-
-
-    work_dir = Path(work_dir)
-    base, records = _sweep_inputs(cfg, base_loader, records)
-    ws = sorted({Window(s, k) for s, k in windows}) if windows else cfg.window_list(base.num_layers)
-    store = PrefixStore()
-    rows = []
-    for i, w in enumerate(ws):
-        for mode in (("reuse", "plain") if i % 2 == 0 else ("plain", "reuse")):
-            out = work_dir / mode / w.name
-            shutil.rmtree(out, ignore_errors=True)
-            before = replace(store.stats)
-            t0, c0 = time.perf_counter(), time.process_time()
-            lm = _fresh_copy(base)
-            if mode == "reuse":
-                install_prefix_cache(lm, store, w.start)
-            run = train(cfg.window_config(w), out, records=records, base=lm)
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            val = next((r for r in reversed(run.read_metrics()) if "val_token_auroc" in r), {})
-            passes = store.stats.layer_passes - before.layer_passes if mode == "reuse" else 0
-            rows.append({"window": w.name, "start": w.start, "size": w.size, "mode": mode, "wall_s": wall, "cpu_s": cpu,
-                         "val_token_auroc": val.get("val_token_auroc", float("nan")), "prefix_layer_passes": passes})
-            if progress:
-                progress(f"{w.name} {mode}: {wall:.1f} s wall, {cpu:.1f} s CPU, val AUROC {rows[-1]['val_token_auroc']:.3f}")
-    return pd.DataFrame(rows)
 
 
 def compare_reuse(with_reuse, without_reuse):
