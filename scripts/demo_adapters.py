@@ -59,7 +59,9 @@ def build(name: str, out: Path) -> None:
     subprocess.run(cmd, cwd=REPO, check=True)
     shutil.rmtree(out / "checkpoint", ignore_errors=True)  # only an unfinished run has one; never committed
     shown = shlex.join(["python", *cmd[1:-1], f"examples/adapters/{name}"])
-    (out / "command.txt").write_text(f"# rebuilt bit for bit by: make demo-adapters (scripts/demo_adapters.py)\n{shown}\n")
+    (out / "command.txt").write_text(
+        f"# rebuilt bit for bit by: make demo-adapters (scripts/demo_adapters.py)\n{shown}\n"
+    )
 
 
 def compare(name: str, built: Path) -> bool:
@@ -91,8 +93,14 @@ def first_visit(mode: str) -> dict[str, float]:
     for sub in ("models", "data"):  # the converted model and the data sets, not the analysis results
         if (REPO / "cache" / sub).exists():
             (work / "cache" / sub).symlink_to(REPO / "cache" / sub)
-    os.environ.update({"TOPL_CACHE_DIR": str(work / "cache"), "TOPL_RUNS_DIR": str(work / "runs"),
-                       "TOPL_EXAMPLES_DIR": str(EXAMPLES), "TOPL_DEFAULT_MODEL": DEFAULT_MODEL})
+    os.environ.update(
+        {
+            "TOPL_CACHE_DIR": str(work / "cache"),
+            "TOPL_RUNS_DIR": str(work / "runs"),
+            "TOPL_EXAMPLES_DIR": str(EXAMPLES),
+            "TOPL_DEFAULT_MODEL": DEFAULT_MODEL,
+        }
+    )
     if ship:
         shutil.rmtree(SHIPPED_CACHE, ignore_errors=True)  # recompute everything it holds
     seconds = {}
@@ -104,7 +112,9 @@ def first_visit(mode: str) -> dict[str, float]:
             at.switch_page(f"pages/{name}.py").run()
         seconds[name] = time.perf_counter() - t
         problems = [e.value for e in at.exception] + [e.value for e in at.error]
-        print(f"{name}: first visit {seconds[name]:.1f} s{'  PROBLEM: ' + str(problems) if problems else ''}", flush=True)
+        print(
+            f"{name}: first visit {seconds[name]:.1f} s{'  PROBLEM: ' + str(problems) if problems else ''}", flush=True
+        )
     if ship:
         results = [f for f in (work / "cache" / "analysis").rglob("*.json") if not f.name.endswith(".key.json")]
         for f in results:
@@ -122,9 +132,12 @@ def main() -> int:
     p.add_argument("--only", nargs="+", choices=sorted(DEMOS), default=sorted(DEMOS))
     p.add_argument("--replace", action="store_true", help="train into examples/adapters, replacing what is there")
     p.add_argument("--out", help="train into this folder instead of a temp dir, then compare")
-    p.add_argument("--first-visit", choices=["ship", "shipped"],
-                   help="ship: time each analysis page's first visit on the demos with no cache at all, then write "
-                        "the JSON results into examples/analysis-cache; shipped: time them with those results")
+    p.add_argument(
+        "--first-visit",
+        choices=["ship", "shipped"],
+        help="ship: time each analysis page's first visit on the demos with no cache at all, then write "
+        "the JSON results into examples/analysis-cache; shipped: time them with those results",
+    )
     args = p.parse_args()
     if args.first_visit:
         first_visit(args.first_visit)
@@ -142,8 +155,12 @@ def main() -> int:
     for name in args.only:
         build(name, root / name)
         ok &= compare(name, root / name)
-    print("all demo adapters reproduced bit for bit" if ok else "some files differ (another CPU kind or library "
-          "version computes fp32 sums in another order: compare the metrics instead)")
+    print(
+        "all demo adapters reproduced bit for bit"
+        if ok
+        else "some files differ (another CPU kind or library "
+        "version computes fp32 sums in another order: compare the metrics instead)"
+    )
     return 0 if ok else 1
 
 

@@ -36,20 +36,35 @@ def method_command(args: argparse.Namespace, method: str, num_layers: int) -> li
     pairs = method in PAIR_METHODS
     layer_end = num_layers - 1 if method == "tldr" else args.layer_end
     return [
-        sys.executable, "-m", "topl_core", "train",
-        "--method", method,
-        "--model", args.model,
-        "--data", args.data,
-        "--out", str(Path(args.out) / method),
-        "--steps", str(args.steps),
-        "--batch-size", str(args.pair_batch_size if pairs else args.batch_size),
-        "--lr", str(args.lr),
+        sys.executable,
+        "-m",
+        "topl_core",
+        "train",
+        "--method",
+        method,
+        "--model",
+        args.model,
+        "--data",
+        args.data,
+        "--out",
+        str(Path(args.out) / method),
+        "--steps",
+        str(args.steps),
+        "--batch-size",
+        str(args.pair_batch_size if pairs else args.batch_size),
+        "--lr",
+        str(args.lr),
         *(["--head-lr-multiplier", str(args.head_lr_multiplier)] if OBJECTIVES[method].uses_head else []),
-        "--lora-layer-start", "0",
-        "--lora-layer-end", str(layer_end),
-        "--eval-every", str(args.steps),
-        "--precision", args.precision,
-        "--seed", str(args.seed),
+        "--lora-layer-start",
+        "0",
+        "--lora-layer-end",
+        str(layer_end),
+        "--eval-every",
+        str(args.steps),
+        "--precision",
+        args.precision,
+        "--seed",
+        str(args.seed),
     ]
 
 
@@ -81,7 +96,11 @@ def summarize(run_dir: Path, method: str) -> dict:
     extra = {}
     if val_rows:
         v = val_rows[-1]
-        extra = {k: v[k] for k in ("val_loss", "val_token_auroc", "val_seq_auroc", "val_reward_margin") if k in v and k != metric}
+        extra = {
+            k: v[k]
+            for k in ("val_loss", "val_token_auroc", "val_seq_auroc", "val_reward_margin")
+            if k in v and k != metric
+        }
     return {
         "method": method,
         "state": status.get("state"),
@@ -108,7 +127,9 @@ def _f(x, fmt: str) -> str:
     return "–" if x is None else format(x, fmt)
 
 
-def write_table(path: Path, results: list[dict], command: str, per_method: dict[str, str], args, num_layers: int) -> None:
+def write_table(
+    path: Path, results: list[dict], command: str, per_method: dict[str, str], args, num_layers: int
+) -> None:
     from topl_core.data.records import read_jsonl
 
     data = read_jsonl(args.data)
@@ -196,13 +217,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=8, help="examples per step (token and sequence methods)")
     p.add_argument("--pair-batch-size", type=int, default=4, help="pairs per step (dpo, tdpo)")
     p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--head-lr-multiplier", type=float, default=TrainConfig().head_lr_multiplier,
-                   help="the heads (topl, sopl, tldr) learn at lr × this")
+    p.add_argument(
+        "--head-lr-multiplier",
+        type=float,
+        default=TrainConfig().head_lr_multiplier,
+        help="the heads (topl, sopl, tldr) learn at lr × this",
+    )
     p.add_argument("--layer-end", type=int, default=20, help="last LoRA layer (TLDR always uses all layers)")
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--table", default="docs/baselines.md")
-    p.add_argument("--table-only", action="store_true", help="rewrite the table from the saved <out>/<method>.summary.json")
+    p.add_argument(
+        "--table-only", action="store_true", help="rewrite the table from the saved <out>/<method>.summary.json"
+    )
     args = p.parse_args(argv)
 
     from transformers import AutoConfig
@@ -234,8 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         r = {**summarize(out / method, method), **info}
         results.append(r)
         (out / f"{method}.summary.json").write_text(json.dumps(r, indent=2))
-        print(f"  {r['steps']} steps in {r['train_wall_s']:.0f}s, {r['tokens_per_s']:.0f} tok/s, loss {r['final_loss']:.4f}, "
-              f"{r['val_metric']} {_f(r['val_value'], '.3f')}, peak RSS {r['peak_rss_gb']:.1f} GB", flush=True)
+        print(
+            f"  {r['steps']} steps in {r['train_wall_s']:.0f}s, {r['tokens_per_s']:.0f} tok/s, loss {r['final_loss']:.4f}, "
+            f"{r['val_metric']} {_f(r['val_value'], '.3f')}, peak RSS {r['peak_rss_gb']:.1f} GB",
+            flush=True,
+        )
     given = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--table-only"]
     command = "flock /tmp/topl-heavy.lock " + shlex.join([".venv/bin/python", "scripts/train_all_methods.py", *given])
     write_table(Path(args.table), results, command, per_method, args, num_layers)

@@ -24,8 +24,6 @@ from topl_core.training.trainer import apply_lora, train
 FAMILIES = ("tiny-llama", "tiny-qwen3", "tiny-gemma3")
 
 
-
-
 def peft_model(family: str, layer_start: int = 1, layer_end: int = 2, random_b: bool = True):
     """A tiny model with LoRA on layers [layer_start, layer_end]; B randomised so the adapter changes activations."""
     model, tok = build_tiny_model(family)
@@ -41,8 +39,17 @@ def peft_model(family: str, layer_start: int = 1, layer_end: int = 2, random_b: 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, news_records):
-    cfg = TrainConfig(model="tiny-llama", lora=LoraSettings(layer_start=0, layer_end=3), steps=3, precision="fp32",
-                      batch_size=4, lr=5e-3, max_val_examples=4, eval_every=3, checkpoint_every=3)
+    cfg = TrainConfig(
+        model="tiny-llama",
+        lora=LoraSettings(layer_start=0, layer_end=3),
+        steps=3,
+        precision="fp32",
+        batch_size=4,
+        lr=5e-3,
+        max_val_examples=4,
+        eval_every=3,
+        checkpoint_every=3,
+    )
     return train(cfg, tmp_path_factory.mktemp("runs") / "topl-probe", records=news_records)
 
 
@@ -116,8 +123,12 @@ def test_capture_equals_manual_projection(family, news_records):
         keep = np.flatnonzero(e.labels != IGNORE)
         n_expected += len(keep)
         seen = {}
-        handles = [peft.base_model.model.get_submodule(s.path).register_forward_pre_hook(
-            lambda m, a, key=s.key: seen.__setitem__(key, a[0].detach())) for s in sites]
+        handles = [
+            peft.base_model.model.get_submodule(s.path).register_forward_pre_hook(
+                lambda m, a, key=s.key: seen.__setitem__(key, a[0].detach())
+            )
+            for s in sites
+        ]
         try:
             with torch.no_grad():
                 out = peft(input_ids=ids, output_hidden_states=True)
@@ -142,7 +153,9 @@ def test_capture_equals_manual_projection(family, news_records):
 def test_capture_stops_after_last_lora_layer():
     peft, tok = peft_model("tiny-llama", 0, 1)
     ran = []
-    handles = [layer.register_forward_hook(lambda m, a, o, i=i: ran.append(i)) for i, layer in enumerate(decoder_layers(peft))]
+    handles = [
+        layer.register_forward_hook(lambda m, a, o, i=i: ran.append(i)) for i, layer in enumerate(decoder_layers(peft))
+    ]
     handles.append(peft.base_model.model.lm_head.register_forward_hook(lambda *a: ran.append("lm_head")))
     try:
         ids = tok("Police arrested two men.", return_tensors="pt")["input_ids"]
@@ -204,7 +217,10 @@ def test_no_hooks_remain_after_exception_in_capture():
 
 def synthetic(n: int = 2000, sep: float = 6.0, seed: int = 0, sites=None) -> Projections:
     rng = np.random.default_rng(seed)
-    sites = sites or (Site(0, "o_proj", "model.layers.0.self_attn.o_proj"), Site(1, "down_proj", "model.layers.1.mlp.down_proj"))
+    sites = sites or (
+        Site(0, "o_proj", "model.layers.0.self_attn.o_proj"),
+        Site(1, "down_proj", "model.layers.1.mlp.down_proj"),
+    )
     y = (rng.random(n) < 0.7).astype(np.int8)
     values = {}
     for s in sites:
@@ -223,12 +239,26 @@ def test_auroc_is_one_on_separable_and_half_on_shuffled():
     for s in sep.scores:
         assert s.cv_auroc == 1.0 and s.component_auroc == 1.0 and s.component == 2 and s.sign == 1
     assert sep.mean == 1.0 and sep.std == 0.0 and sep.n_good + sep.n_bad == 2000
-    flipped = Projections(proj.sites, {k: -v for k, v in proj.values.items()}, proj.labels, proj.record_ids,
-                          proj.positions, proj.tokens, proj.doc_ids)
+    flipped = Projections(
+        proj.sites,
+        {k: -v for k, v in proj.values.items()},
+        proj.labels,
+        proj.record_ids,
+        proj.positions,
+        proj.tokens,
+        proj.doc_ids,
+    )
     assert all(s.sign == -1 and s.component_auroc == 1.0 for s in separability(flipped, n_boot=10).scores)
 
-    shuffled = Projections(proj.sites, proj.values, np.random.default_rng(1).permutation(proj.labels),
-                           proj.record_ids, proj.positions, proj.tokens, proj.doc_ids)
+    shuffled = Projections(
+        proj.sites,
+        proj.values,
+        np.random.default_rng(1).permutation(proj.labels),
+        proj.record_ids,
+        proj.positions,
+        proj.tokens,
+        proj.doc_ids,
+    )
     noise = separability(shuffled, n_boot=200)
     for s in noise.scores:
         assert abs(s.cv_auroc - 0.5) < 0.06, s
@@ -299,6 +329,7 @@ def test_cache_round_trips_exactly(cache_tmp):
         def f():
             calls.append(1)
             return value
+
         return f
 
     j = {"a": [0.1 + 0.2, 1e-300, float("nan")], "b": "x"}
@@ -390,8 +421,24 @@ def test_probe_cli_writes_json_and_prints_heatmap(cache_tmp, tiny_run, news_reco
 
     data = write_jsonl(news_records, tmp_path / "recs.jsonl")
     out = tmp_path / "probe.json"
-    rc = main(["probe", "--run", str(tiny_run.path), "--data", str(data), "--split", "all", "--random-control",
-               "--compare", str(tiny_run.path), "--json", str(out), "--n-boot", "50"])
+    rc = main(
+        [
+            "probe",
+            "--run",
+            str(tiny_run.path),
+            "--data",
+            str(data),
+            "--split",
+            "all",
+            "--random-control",
+            "--compare",
+            str(tiny_run.path),
+            "--json",
+            str(out),
+            "--n-boot",
+            "50",
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "mean ± std" in printed and "random-init A" in printed and "layer" in printed

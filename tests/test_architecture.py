@@ -80,8 +80,9 @@ def project_imports(path: Path) -> list[tuple[str, int, bool]]:
                     target = child.module or ""
                 # `from . import x` / `from pkg import module`: the imported names may be modules themselves
                 subs = [f"{target}.{a.name}" for a in child.names]
-                out.extend((s if layer_of(s) is not None and _is_module(s) else target, child.lineno, inner)
-                           for s in subs)
+                out.extend(
+                    (s if layer_of(s) is not None and _is_module(s) else target, child.lineno, inner) for s in subs
+                )
             visit(child, inner)
 
     visit(tree, False)
@@ -102,8 +103,11 @@ def test_the_doc_has_the_layer_table():
 def test_imports_only_run_downward(path):
     here = module_name(path)
     assert layer_of(here) is not None, f"{here} is in no layer of {DOC.name}'s table: add it to the right row"
-    upward = [f"line {line}: {m} ({LAYERS[layer_of(m)][0]})" for m, line, _ in project_imports(path)
-              if layer_of(m) > layer_of(here)]
+    upward = [
+        f"line {line}: {m} ({LAYERS[layer_of(m)][0]})"
+        for m, line, _ in project_imports(path)
+        if layer_of(m) > layer_of(here)
+    ]
     assert not upward, f"{here} ({LAYERS[layer_of(here)][0]}) imports from a layer below it: {upward}"
 
 
@@ -126,7 +130,7 @@ def test_no_import_cycle():
             if nxt == node or nxt not in graph:
                 continue
             if state.get(nxt) == 1:
-                cycle = trail[trail.index(nxt):] + [nxt] if nxt in trail else [node, nxt]
+                cycle = trail[trail.index(nxt) :] + [nxt] if nxt in trail else [node, nxt]
                 pytest.fail(f"import cycle: {' → '.join(cycle)}")
             if nxt not in state:
                 visit(nxt, trail + [nxt])

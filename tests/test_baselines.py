@@ -53,11 +53,36 @@ ENC = EncodeSettings(max_doc_tokens=48, max_response_tokens=24)
 # --- tiny data ------------------------------------------------------------------------------------------------
 
 _DOCS = [
-    ("The council approved the new budget on Monday after a long debate.", "The council approved the budget on Monday.", "Monday", "Friday"),
-    ("Police arrested two men in London and released a third without charge.", "Police arrested two men in London.", "London", "March"),
-    ("The company said profits increased by 12 percent in 2023.", "Profits increased by 12 percent in 2023.", "increased", "fell"),
-    ("She won the election with 54 percent of the vote, the commission said.", "She won the election with 54 percent.", "won", "lost"),
-    ("The match ended 3-1 and the manager praised his team.", "The match ended 3-1, the manager said.", "praised", "said"),
+    (
+        "The council approved the new budget on Monday after a long debate.",
+        "The council approved the budget on Monday.",
+        "Monday",
+        "Friday",
+    ),
+    (
+        "Police arrested two men in London and released a third without charge.",
+        "Police arrested two men in London.",
+        "London",
+        "March",
+    ),
+    (
+        "The company said profits increased by 12 percent in 2023.",
+        "Profits increased by 12 percent in 2023.",
+        "increased",
+        "fell",
+    ),
+    (
+        "She won the election with 54 percent of the vote, the commission said.",
+        "She won the election with 54 percent.",
+        "won",
+        "lost",
+    ),
+    (
+        "The match ended 3-1 and the manager praised his team.",
+        "The match ended 3-1, the manager said.",
+        "praised",
+        "said",
+    ),
 ]
 
 
@@ -72,10 +97,18 @@ def _records(n_docs: int = 20) -> list[Record]:
         k = summary.index(old)
         perturbed = summary[:k] + new + summary[k + len(old) :]
         out.append(Record(id=f"{doc_id}:f", document=f"{doc} ({i})", response=summary, doc_id=doc_id, source="t"))
-        out.append(Record(
-            id=f"{doc_id}:p", document=f"{doc} ({i})", response=perturbed, bad_spans=(Span(k, k + len(new), "entity"),),
-            sequence_label=0, faithful_response=summary, doc_id=doc_id, source="t",
-        ))
+        out.append(
+            Record(
+                id=f"{doc_id}:p",
+                document=f"{doc} ({i})",
+                response=perturbed,
+                bad_spans=(Span(k, k + len(new), "entity"),),
+                sequence_label=0,
+                faithful_response=summary,
+                doc_id=doc_id,
+                source="t",
+            )
+        )
     return out
 
 
@@ -165,7 +198,9 @@ def test_sequential_kl_and_tdpo_by_hand():
     beta, alpha = 0.1, 0.5
     mw, ml, kw, kl_ = 2.0, -1.0, 0.3, 0.8
     sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
-    t1 = tdpo_loss(torch.tensor([mw]), torch.tensor([ml]), torch.tensor([kw]), torch.tensor([kl_]), beta, variant="tdpo1")
+    t1 = tdpo_loss(
+        torch.tensor([mw]), torch.tensor([ml]), torch.tensor([kw]), torch.tensor([kl_]), beta, variant="tdpo1"
+    )
     assert t1.item() == pytest.approx(-math.log(sig(beta * ((mw - ml) - (kl_ - kw)))), rel=1e-6)
     chosen_kl = torch.tensor([kw], requires_grad=True)
     rejected_kl = torch.tensor([kl_], requires_grad=True)
@@ -182,7 +217,9 @@ def test_sequential_kl_and_tdpo_by_hand():
 
 
 def _lm_batch(tok, records):
-    return collate([encode_record(tok, r, ENC.max_doc_tokens, ENC.max_response_tokens) for r in records], tok.pad_token_id)
+    return collate(
+        [encode_record(tok, r, ENC.max_doc_tokens, ENC.max_response_tokens) for r in records], tok.pad_token_id
+    )
 
 
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-qwen3", "tiny-gemma3"])
@@ -322,9 +359,18 @@ def test_sopl_step_is_pooled_bce_of_the_head(records):
 def _cfg(method: str, **kw) -> TrainConfig:
     end = 3 if method == "tldr" else 2  # TLDR: LoRA on all 4 layers of the tiny model
     return TrainConfig(
-        method=method, model="tiny-llama", lora=kw.pop("lora", LoraSettings(layer_start=0, layer_end=end)), lr=1e-2,
-        batch_size=4, steps=kw.pop("steps", 1), eval_every=1, checkpoint_every=50, precision="fp32",
-        max_doc_tokens=ENC.max_doc_tokens, max_response_tokens=ENC.max_response_tokens, **kw,
+        method=method,
+        model="tiny-llama",
+        lora=kw.pop("lora", LoraSettings(layer_start=0, layer_end=end)),
+        lr=1e-2,
+        batch_size=4,
+        steps=kw.pop("steps", 1),
+        eval_every=1,
+        checkpoint_every=50,
+        precision="fp32",
+        max_doc_tokens=ENC.max_doc_tokens,
+        max_response_tokens=ENC.max_response_tokens,
+        **kw,
     )
 
 
@@ -350,7 +396,13 @@ def test_training_changes_lora_only_and_the_adapter_round_trips(method, records,
             assert torch.equal(p, original[_base_name(name)]), f"base weight {name} changed"
 
     files = {p.name for p in run.path.iterdir()}
-    assert {"adapter_config.json", "adapter_model.safetensors", "topl_config.json", "metrics.jsonl", "status.json"} <= files
+    assert {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "topl_config.json",
+        "metrics.jsonl",
+        "status.json",
+    } <= files
     assert ("head.safetensors" in files) == (method in HEAD_METHODS)
     assert "checkpoint" not in files and run.read_status()["state"] == "finished"
     cfg, meta = run.read_config()
@@ -376,8 +428,14 @@ def test_micro_batches_give_the_whole_batch_step(method, records, tmp_path):
     norm at both steps (fp32, no LoRA dropout, whose masks depend on the split); step 2 starts from step 1's update.
     Micro-batches hold different numbers of supervised tokens, so an unweighted mean of their losses fails this."""
     end = 3 if method == "tldr" else 2
-    runs = [train(_cfg(method, steps=2, micro_batch_size=micro, lora=LoraSettings(layer_start=0, layer_end=end, dropout=0.0)),
-                  tmp_path / f"micro{micro}", records=records) for micro in (4, 1)]
+    runs = [
+        train(
+            _cfg(method, steps=2, micro_batch_size=micro, lora=LoraSettings(layer_start=0, layer_end=end, dropout=0.0)),
+            tmp_path / f"micro{micro}",
+            records=records,
+        )
+        for micro in (4, 1)
+    ]
     whole, split = (r.read_metrics() for r in runs)
     for w, s in zip(whole, split, strict=True):
         assert s["loss"] == pytest.approx(w["loss"], rel=1e-5)
@@ -388,7 +446,9 @@ def test_tldr_head_on_last_layer_and_warns_without_all_layers(records, tmp_path)
     base = load_model("tiny-llama")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run = train(_cfg("tldr", lora=LoraSettings(layer_start=0, layer_end=1)), tmp_path / "t", records=records, base=base)
+        run = train(
+            _cfg("tldr", lora=LoraSettings(layer_start=0, layer_end=1)), tmp_path / "t", records=records, base=base
+        )
     assert any("all layers" in str(w.message) for w in caught)
     meta = json.loads(run.config_path.read_text())["meta"]
     assert meta["head_layer"] == 3 and meta["lora_all_layers"] is False
@@ -402,7 +462,9 @@ def _sequence_only(records):
     """HaluEval-style data: faithful records and hallucinated rewrites with only a sequence label."""
     import dataclasses
 
-    return [dataclasses.replace(r, bad_spans=(), token_labels_known=False) if r.sequence_label == 0 else r for r in records]
+    return [
+        dataclasses.replace(r, bad_spans=(), token_labels_known=False) if r.sequence_label == 0 else r for r in records
+    ]
 
 
 def _unpaired(records):
@@ -418,12 +480,18 @@ def _unpaired(records):
         ("tdpo", _unpaired, "needs (faithful, unfaithful) pairs"),
         ("topl", lambda rs: [r for r in _sequence_only(rs) if r.sequence_label == 0], "needs token-level labels"),
         ("tldr", lambda rs: [r for r in _sequence_only(rs) if r.sequence_label == 0], "needs token-level labels"),
-        ("unlikelihood", lambda rs: [r for r in _sequence_only(rs) if r.sequence_label == 0], "needs token-level labels"),
+        (
+            "unlikelihood",
+            lambda rs: [r for r in _sequence_only(rs) if r.sequence_label == 0],
+            "needs token-level labels",
+        ),
         ("sopl", lambda rs: [r for r in rs if r.sequence_label == 1], "needs both faithful"),
         ("sft", lambda rs: [r for r in _unpaired(rs) if r.sequence_label == 0], "trains on faithful responses"),
     ],
 )
-def test_data_lacking_what_a_method_needs_fails_before_the_model_loads(method, make, message, records, tmp_path, monkeypatch):
+def test_data_lacking_what_a_method_needs_fails_before_the_model_loads(
+    method, make, message, records, tmp_path, monkeypatch
+):
     def no_model(*a, **k):
         raise AssertionError("the model was loaded before the data check")
 
@@ -473,7 +541,14 @@ def test_presets_match_the_paper_and_tldr_uses_all_layers():
     for method, (lrs, bs, ga) in paper.items():
         for fam, lr in zip(families, lrs):
             c = preset_config(fam, method)
-            assert (c.lr, c.batch_size, c.grad_accum, c.lora.r, c.lora.alpha, c.lora.dropout) == (lr, bs, ga, 4, 8.0, 0.1)
+            assert (c.lr, c.batch_size, c.grad_accum, c.lora.r, c.lora.alpha, c.lora.dropout) == (
+                lr,
+                bs,
+                ga,
+                4,
+                8.0,
+                0.1,
+            )
             assert c.head_lr_multiplier == 1.0  # the paper's one lr, not the CPU default's faster head
             if method == "tldr":
                 assert (c.lora.layer_start, c.lora.layer_end) == (0, PRESETS[fam].num_layers - 1)
@@ -502,7 +577,9 @@ def test_non_head_methods_resume_exactly(method, records, tmp_path):
 
     cfg = _cfg(method, steps=4)
     straight = train(cfg, tmp_path / "straight", records=records, base=load_model("tiny-llama"))
-    run = train(cfg, tmp_path / "resumed", records=records, base=load_model("tiny-llama"), progress=lambda p: p.step != 2)
+    run = train(
+        cfg, tmp_path / "resumed", records=records, base=load_model("tiny-llama"), progress=lambda p: p.step != 2
+    )
     assert run.read_status()["state"] == "cancelled" and not run.head_path.exists()
     seen = []
     train(cfg, run.path, records=records, base=load_model("tiny-llama"), progress=lambda p: seen.append(p.step))

@@ -28,20 +28,39 @@ import pytest
 
 CHROMIUM = os.environ.get("TOPL_CHROMIUM", "/usr/bin/chromium")
 if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} not found: install Debian's chromium package (scripts/setup.sh does it)",
-                allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed (requirements.txt)")
+    pytest.skip(
+        f"{CHROMIUM} not found: install Debian's chromium package (scripts/setup.sh does it)", allow_module_level=True
+    )
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="the playwright package is not installed (requirements.txt)"
+)
 
 from test_app import build_workbench  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHOTS = REPO / "screenshots"
 DOC_SHOTS = REPO / "docs" / "screenshots"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-PAGES = {"home": "TOPL Workbench", "data": "Data", "train": "Train", "runs": "Runs", "lora_a": "LoRA-A separability",
-         "steering": "Steering", "token_overlay": "Token overlay", "layer_sweep": "Layer sweep",
-         "evaluation": "Evaluation"}
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+PAGES = {
+    "home": "TOPL Workbench",
+    "data": "Data",
+    "train": "Train",
+    "runs": "Runs",
+    "lora_a": "LoRA-A separability",
+    "steering": "Steering",
+    "token_overlay": "Token overlay",
+    "layer_sweep": "Layer sweep",
+    "evaluation": "Evaluation",
+}
 
 
 def free_port() -> int:
@@ -58,10 +77,31 @@ class App:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"), "--server.port", str(self.port),
-             "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
-             "--server.fileWatcherType", "none", "--client.toolbarMode", "viewer"],
-            cwd=REPO, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "streamlit",
+                "run",
+                str(REPO / "app.py"),
+                "--server.port",
+                str(self.port),
+                "--server.address",
+                "127.0.0.1",
+                "--server.headless",
+                "true",
+                "--browser.gatherUsageStats",
+                "false",
+                "--server.fileWatcherType",
+                "none",
+                "--client.toolbarMode",
+                "viewer",
+            ],
+            cwd=REPO,
+            env={**os.environ, **env},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 90
         while True:
             try:
@@ -115,8 +155,9 @@ def settle(page, quiet_s: float = 1.0, timeout_s: float = 180) -> None:
     """Wait until the script run is over: the app reports "notRunning" for `quiet_s` seconds in a row."""
     deadline, quiet_since = time.monotonic() + timeout_s, None
     while time.monotonic() < deadline:
-        state = page.evaluate("() => document.querySelector('[data-testid=stApp]')"
-                              "?.getAttribute('data-test-script-state') ?? null")
+        state = page.evaluate(
+            "() => document.querySelector('[data-testid=stApp]')?.getAttribute('data-test-script-state') ?? null"
+        )
         if state != "notRunning":
             quiet_since = None
         elif quiet_since is None:
@@ -205,8 +246,12 @@ def test_every_page_renders_without_exception(app, browser):
 def test_every_page_answers_an_empty_workbench(browser, tmp_path):
     """A fresh machine before anything exists: no runs, no data set, no demo adapters. Every page renders in the
     real browser without an exception box, and the analysis pages name the next step."""
-    env = {"TOPL_RUNS_DIR": str(tmp_path / "runs"), "TOPL_CACHE_DIR": str(tmp_path / "cache"),
-           "TOPL_EXAMPLES_DIR": "", "TOPL_DEFAULT_MODEL": "tiny-llama"}
+    env = {
+        "TOPL_RUNS_DIR": str(tmp_path / "runs"),
+        "TOPL_CACHE_DIR": str(tmp_path / "cache"),
+        "TOPL_EXAMPLES_DIR": "",
+        "TOPL_DEFAULT_MODEL": "tiny-llama",
+    }
     empty = App(env, tmp_path / "streamlit.log")
     try:
         page = new_page(browser, height=1400)
@@ -234,9 +279,11 @@ def demo_workbench(tmp_path: Path) -> dict:
     return {"TOPL_RUNS_DIR": str(tmp_path / "runs"), "TOPL_CACHE_DIR": str(cache), "TOPL_DEFAULT_MODEL": "smollm2-135m"}
 
 
-@pytest.mark.skipif(not (DEMOS / "topl-smollm2" / "adapter_model.safetensors").exists()
-                    or not (REPO / "cache" / "data" / "halueval-perturbed.jsonl").exists(),
-                    reason="needs the shipped demo adapters and the default data set (make setup builds it)")
+@pytest.mark.skipif(
+    not (DEMOS / "topl-smollm2" / "adapter_model.safetensors").exists()
+    or not (REPO / "cache" / "data" / "halueval-perturbed.jsonl").exists(),
+    reason="needs the shipped demo adapters and the default data set (make setup builds it)",
+)
 def test_demo_adapters_open_on_every_analysis_page_and_steer(browser, tmp_path):
     """A fresh clone has something to explore: LoRA-A, Steering and Token overlay open on the demo TOPL adapter
     (SmolLM2) with no run of the user's, and dragging λ to the end of its widest range changes the summary."""
@@ -261,9 +308,12 @@ def test_demo_adapters_open_on_every_analysis_page_and_steer(browser, tmp_path):
         assert steered == merged and merged, "λ = 0 must reproduce the merged output"
         choose_lambda_range(page, WIDEST_RANGE)
         drag_slider(page, lambda_slider(page), 0.0)
-        page.wait_for_function("() => document.querySelectorAll('.topl-box').length === 3 && "
-                               "document.querySelectorAll('.topl-box')[2].innerText.trim() !== "
-                               f"{merged!r}", timeout=600_000)
+        page.wait_for_function(
+            "() => document.querySelectorAll('.topl-box').length === 3 && "
+            "document.querySelectorAll('.topl-box')[2].innerText.trim() !== "
+            f"{merged!r}",
+            timeout=600_000,
+        )
         settle(page, timeout_s=600)
         assert_clean(page, "demo steering after drag")
         shot(page, "demo-steering")
@@ -298,9 +348,12 @@ def test_dragging_lambda_changes_the_steered_summary(app, browser, workbench):
     # ±4 may not move the tiny run's text; its repetition attractor gives way on the negative side
     choose_lambda_range(page, WIDEST_RANGE)
     drag_slider(page, lambda_slider(page), 0.0)
-    page.wait_for_function("() => [...document.querySelectorAll('.topl-box')].length === 3 && "
-                           "document.querySelectorAll('.topl-box')[2].innerText.trim() !== "
-                           f"{merged!r}", timeout=120_000)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.topl-box')].length === 3 && "
+        "document.querySelectorAll('.topl-box')[2].innerText.trim() !== "
+        f"{merged!r}",
+        timeout=120_000,
+    )
     settle(page)
     assert_clean(page, "steering after drag")
     assert float(lambda_slider(page).locator('input[type="range"]').first.get_attribute("value")) < -1000
@@ -339,9 +392,12 @@ def test_two_sessions_do_not_interfere(app, browser, workbench):
     from topl_core.generate import GenerationConfig, generate, load_merged
 
     document = read_jsonl(workbench["data"])[0].document
-    expected = generate(load_merged("tiny-llama", workbench["runs"] / "topl-tiny"), [document],
-                        GenerationConfig(max_new_tokens=160))[0]
-    assert " ".join(merged_b.split()) == " ".join(expected.split()), "session B's merged text differs from the unsteered merged model"
+    expected = generate(
+        load_merged("tiny-llama", workbench["runs"] / "topl-tiny"), [document], GenerationConfig(max_new_tokens=160)
+    )[0]
+    assert " ".join(merged_b.split()) == " ".join(expected.split()), (
+        "session B's merged text differs from the unsteered merged model"
+    )
     a.context.close()
     b.context.close()
 
@@ -363,9 +419,11 @@ def test_training_job_survives_reload_and_app_restart(app, browser, workbench):
     running = page.locator('[data-testid="stProgress"]').filter(has_text="ETA")
     running.first.wait_for(timeout=60_000)
     first = _step(running.first.inner_text())
-    page.wait_for_function(f"() => [...document.querySelectorAll('[data-testid=stProgress]')].some("
-                           f"e => /step (\\d+)\\//.test(e.innerText) && +e.innerText.match(/step (\\d+)\\//)[1] > {first})",
-                           timeout=120_000)
+    page.wait_for_function(
+        f"() => [...document.querySelectorAll('[data-testid=stProgress]')].some("
+        f"e => /step (\\d+)\\//.test(e.innerText) && +e.innerText.match(/step (\\d+)\\//)[1] > {first})",
+        timeout=120_000,
+    )
     assert_clean(page, "train after reload")
     run_dir = workbench["runs"] / "browser-run"
     from topl_core import jobs
@@ -381,12 +439,19 @@ def test_training_job_survives_reload_and_app_restart(app, browser, workbench):
         visit(page, restarted, "runs", "Runs")
         table = page.locator('[data-testid="stDataFrame"]').first
         table.wait_for()
-        page.wait_for_function("() => document.body.innerText.includes('browser-run') || "
-                               "[...document.querySelectorAll('[data-testid=stDataFrame]')].length > 0")
+        page.wait_for_function(
+            "() => document.body.innerText.includes('browser-run') || "
+            "[...document.querySelectorAll('[data-testid=stDataFrame]')].length > 0"
+        )
         visit(page, restarted, "train", "Train")
         page.get_by_text("browser-run").first.wait_for()
-        assert page.locator('[data-testid="stMarkdownContainer"]').filter(has_text="browser-run").filter(
-            has_text="finished").count() >= 1
+        assert (
+            page.locator('[data-testid="stMarkdownContainer"]')
+            .filter(has_text="browser-run")
+            .filter(has_text="finished")
+            .count()
+            >= 1
+        )
         shot(page, "train-after-restart")
         page.context.close()
     finally:
@@ -400,8 +465,10 @@ def _step(text: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-@pytest.mark.skipif(os.environ.get("TOPL_DOC_SCREENSHOTS") != "1",
-                    reason="writes docs/screenshots/ from the project's real runs: set TOPL_DOC_SCREENSHOTS=1")
+@pytest.mark.skipif(
+    os.environ.get("TOPL_DOC_SCREENSHOTS") != "1",
+    reason="writes docs/screenshots/ from the project's real runs: set TOPL_DOC_SCREENSHOTS=1",
+)
 def test_doc_screenshots(browser, tmp_path):
     """The README's screenshots, on the real model and the project's runs (slow: SmolLM2 on a CPU)."""
     model = os.environ.get("TOPL_DOC_MODEL", "smollm2-135m")

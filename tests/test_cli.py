@@ -37,37 +37,98 @@ def test_end_to_end_on_tiny_model(tmp_path, tiny_records, capsys):
     assert main(["data", "inspect", str(data), "-n", "2"]) == 0
     assert "[[" in capsys.readouterr().out  # bad spans are marked
     run = tmp_path / "run"
-    args = ["train", "--model", "tiny-llama", "--data", str(data), "--out", str(run), "--steps", "3",
-            "--lora-layer-end", "2", "--batch-size", "4", "--precision", "fp32", "--eval-every", "3"]
+    args = [
+        "train",
+        "--model",
+        "tiny-llama",
+        "--data",
+        str(data),
+        "--out",
+        str(run),
+        "--steps",
+        "3",
+        "--lora-layer-end",
+        "2",
+        "--batch-size",
+        "4",
+        "--precision",
+        "fp32",
+        "--eval-every",
+        "3",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "step 3/3" in out and "finished" in out
     # the adapter names its base model as the workbench knows it, not the local folder it was loaded from
     assert json.loads((run / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny-llama"
-    assert main(["generate", "--run", str(run), "--data", str(data), "--limit", "2", "--max-new-tokens", "4",
-                 "--out", str(tmp_path / "g.jsonl")]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--run",
+                str(run),
+                "--data",
+                str(data),
+                "--limit",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--out",
+                str(tmp_path / "g.jsonl"),
+            ]
+        )
+        == 0
+    )
     assert len((tmp_path / "g.jsonl").read_text().splitlines()) >= 1
-    assert main(["score-tokens", "--run", str(run), "--data", str(data), "--split", "all", "--limit", "6",
-                 "--json", str(tmp_path / "s.json")]) == 0
+    assert (
+        main(
+            [
+                "score-tokens",
+                "--run",
+                str(run),
+                "--data",
+                str(data),
+                "--split",
+                "all",
+                "--limit",
+                "6",
+                "--json",
+                str(tmp_path / "s.json"),
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "precision: fp32 (auto" in err or "precision: bf16 (auto" in err  # the resolved precision is said
     assert "scoring" in err and "6/6 100%" in err  # long commands show progress (a log line when not a terminal)
     report = json.loads((tmp_path / "s.json").read_text())
     (row,) = report.values()
     assert row["records"] == 6 and 0 <= row["head_auroc"] <= 1
-    assert main(["score-tokens", "--run", str(run), "--document", "Leeds council met.", "--response", "Leeds met."]) == 0
+    assert (
+        main(["score-tokens", "--run", str(run), "--document", "Leeds council met.", "--response", "Leeds met."]) == 0
+    )
 
 
 def test_cli_errors_are_clear(tmp_path, capsys):
-    assert main(["train", "--model", "tiny-llama", "--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "r")]) == 2
+    assert (
+        main(
+            ["train", "--model", "tiny-llama", "--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "r")]
+        )
+        == 2
+    )
     assert "data build" in capsys.readouterr().err
     assert main(["train", "--model", "tiny-llama", "--lr", "-1", "--out", str(tmp_path / "r")]) == 2
     assert "lr=-1" in capsys.readouterr().err
 
 
 def test_data_build_from_fava_jsonl(tmp_path):
-    rows = [{"id": "f1", "evidence": "Paris is the capital of France.",
-             "errored_passage": "The capital of France is <entity><mark>Lyon</mark><delete>Paris</delete></entity>."}]
+    rows = [
+        {
+            "id": "f1",
+            "evidence": "Paris is the capital of France.",
+            "errored_passage": "The capital of France is <entity><mark>Lyon</mark><delete>Paris</delete></entity>.",
+        }
+    ]
     src = tmp_path / "fava.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in rows))
     assert main(["data", "build", "--source", "fava", "--input", str(src), "--out", str(tmp_path / "o.jsonl")]) == 0
@@ -81,11 +142,15 @@ def test_listing_the_commands_does_not_load_the_core():
     import subprocess
     import sys
 
-    probe = ("import sys; from topl_core.cli import build_parser\n"
-             "try:\n    build_parser(sys.argv[1:]).parse_args(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-             "print(sorted(m for m in sys.modules if m.startswith('topl_core.cli.')), 'torch' in sys.modules)")
+    probe = (
+        "import sys; from topl_core.cli import build_parser\n"
+        "try:\n    build_parser(sys.argv[1:]).parse_args(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('topl_core.cli.')), 'torch' in sys.modules)"
+    )
     listing = subprocess.run([sys.executable, "-c", probe, "--help"], capture_output=True, text=True, check=True)
     assert listing.stdout.strip().endswith("[] False") and "label-sensitivity" in listing.stdout
-    one = subprocess.run([sys.executable, "-c", probe, "merge-check", "--help"], capture_output=True, text=True, check=True)
+    one = subprocess.run(
+        [sys.executable, "-c", probe, "merge-check", "--help"], capture_output=True, text=True, check=True
+    )
     loaded = one.stdout.strip().splitlines()[-1]
     assert "'topl_core.cli.merge_check'" in loaded and "'topl_core.cli.train'" not in loaded, loaded

@@ -27,12 +27,24 @@ def write_csv(path, rows):
 
 
 def span_row(summ, spans, **extra):
-    return {"dataset": "CLIFF", "origin": "xsum", "id": "7", "doc": "A document.", "summ": summ, "model_name": "BART",
-            "cut": "val", "error_type": "x", "annotated_span": repr(spans) if spans else "", **extra}
+    return {
+        "dataset": "CLIFF",
+        "origin": "xsum",
+        "id": "7",
+        "doc": "A document.",
+        "summ": summ,
+        "model_name": "BART",
+        "cut": "val",
+        "error_type": "x",
+        "annotated_span": repr(spans) if spans else "",
+        **extra,
+    }
 
 
 def test_span_csv_skips_or_raises_on_missing_spans(tmp_path):
-    path = write_csv(tmp_path / "c.csv", [span_row("A cat sat.", ["cat"]), span_row("A dog ran.", ["cow"]), span_row("Fine.", [])])
+    path = write_csv(
+        tmp_path / "c.csv", [span_row("A cat sat.", ["cat"]), span_row("A dog ran.", ["cow"]), span_row("Fine.", [])]
+    )
     report = load_factuality_csv(path)
     assert report.rows_read == 3 and len(report.records) == 2 and report.token_level
     assert [(s.row, s.reason) for s in report.skipped] == [(1, "annotated span(s) ['cow'] not found in the summary")]
@@ -55,8 +67,10 @@ def test_span_csv_structural_errors(tmp_path):
 
 
 def test_label_csv_is_sequence_level(tmp_path):
-    rows = [{"origin": "cnndm", "id": "1", "doc": "Doc.", "summ": "S one.", "label": "1"},
-            {"origin": "cnndm", "id": "2", "doc": "Doc.", "summ": "S two.", "label": "0"}]
+    rows = [
+        {"origin": "cnndm", "id": "1", "doc": "Doc.", "summ": "S one.", "label": "1"},
+        {"origin": "cnndm", "id": "2", "doc": "Doc.", "summ": "S two.", "label": "0"},
+    ]
     report = load_factuality_csv(write_csv(tmp_path / "agg.csv", rows))
     assert not report.token_level and report.sources == {"aggrefact-cnndm": 2}
     assert [r.sequence_label for r in report.records] == [1, 0]
@@ -65,7 +79,9 @@ def test_label_csv_is_sequence_level(tmp_path):
         load_factuality_csv(write_csv(tmp_path / "bad.csv", [{**rows[0], "label": "yes"}]))
 
 
-@pytest.mark.skipif(not CLIFF_CSV.is_file(), reason=f"{CLIFF_CSV} is not present (it lives in shared/, outside the repo)")
+@pytest.mark.skipif(
+    not CLIFF_CSV.is_file(), reason=f"{CLIFF_CSV} is not present (it lives in shared/, outside the repo)"
+)
 def test_real_cliff_csv():
     report = load_factuality_csv(CLIFF_CSV)
     table = pd.read_csv(CLIFF_CSV, dtype=str, keep_default_na=False)

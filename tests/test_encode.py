@@ -60,7 +60,10 @@ def test_prompt_and_document_are_not_supervised(tiny_records):
     assert (e.labels[: e.response_start] == IGNORE).all()
     assert (e.labels[e.response_end :] == IGNORE).all()  # end-of-turn
     assert set(e.response_labels.tolist()) <= {0, 1}
-    assert tok.decode(e.input_ids[e.response_start : e.response_end]).strip() == tiny_records[1].response[: e.response_offsets[-1][1]].strip()
+    assert (
+        tok.decode(e.input_ids[e.response_start : e.response_end]).strip()
+        == tiny_records[1].response[: e.response_offsets[-1][1]].strip()
+    )
 
 
 def test_chat_template_used_when_present_else_plain_prompt():
@@ -72,7 +75,9 @@ def test_chat_template_used_when_present_else_plain_prompt():
 
 def test_sequence_only_records_have_no_token_labels():
     tok = load_model("tiny-llama").tokenizer
-    r = Record(id="x", document="A doc.", response="A hallucinated rewrite.", token_labels_known=False, sequence_label=0)
+    r = Record(
+        id="x", document="A doc.", response="A hallucinated rewrite.", token_labels_known=False, sequence_label=0
+    )
     assert (encode_record(tok, r).labels == IGNORE).all()
 
 

@@ -22,9 +22,11 @@ from topl_core.analysis.scorers import (
 )
 from topl_core.errors import ScorerError
 
-DOC = ("Police in Leeds arrested two men on Monday after a robbery at a jewellery shop on Briggate. "
-       "Detective Inspector Sarah Hill said the men, aged 24 and 31, were held at a nearby station. "
-       "The shop's owner, Mark Jones, said stock worth 45,000 pounds was taken.")
+DOC = (
+    "Police in Leeds arrested two men on Monday after a robbery at a jewellery shop on Briggate. "
+    "Detective Inspector Sarah Hill said the men, aged 24 and 31, were held at a nearby station. "
+    "The shop's owner, Mark Jones, said stock worth 45,000 pounds was taken."
+)
 
 
 @pytest.fixture(autouse=True)
@@ -35,16 +37,22 @@ def _cache_in_tmp(tmp_path, monkeypatch):
 # --- sentences and protocols ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, want", [
-    ("One sentence only", ["One sentence only"]),
-    ("First one. Second one! Third?", ["First one.", "Second one!", "Third?"]),
-    ("Mr. Smith met Dr. Jones in the U.S. on Friday. They talked.", ["Mr. Smith met Dr. Jones in the U.S. on Friday.", "They talked."]),
-    ("J. K. Rowling wrote it. Sales rose 3.5 percent.", ["J. K. Rowling wrote it.", "Sales rose 3.5 percent."]),
-    ('He said "we won." Then he left.', ['He said "we won."', "Then he left."]),
-    ("the end. lower case does not start a sentence.", ["the end. lower case does not start a sentence."]),
-    ("Line one\nLine two", ["Line one", "Line two"]),
-    ("", []),
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("One sentence only", ["One sentence only"]),
+        ("First one. Second one! Third?", ["First one.", "Second one!", "Third?"]),
+        (
+            "Mr. Smith met Dr. Jones in the U.S. on Friday. They talked.",
+            ["Mr. Smith met Dr. Jones in the U.S. on Friday.", "They talked."],
+        ),
+        ("J. K. Rowling wrote it. Sales rose 3.5 percent.", ["J. K. Rowling wrote it.", "Sales rose 3.5 percent."]),
+        ('He said "we won." Then he left.', ['He said "we won."', "Then he left."]),
+        ("the end. lower case does not start a sentence.", ["the end. lower case does not start a sentence."]),
+        ("Line one\nLine two", ["Line one", "Line two"]),
+        ("", []),
+    ],
+)
 def test_split_sentences(text, want):
     assert split_sentences(text) == want
     assert count_sentences(text) == len(want)
@@ -93,15 +101,24 @@ def test_scorer_output_is_checked():
 # --- the offline grounding scorer -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("supported, hallucinated", [
-    ("Police in Leeds arrested two men after a jewellery shop robbery.", "Police in Leeds arrested five men after a jewellery shop robbery."),
-    ("The men were aged 24 and 31.", "The men were aged 24 and 39."),
-    ("Stock worth 45,000 pounds was taken from the shop.", "Stock worth 85,000 pounds was taken from the shop."),
-    ("Detective Inspector Sarah Hill said the men were held.", "Detective Inspector Sarah Brown said the men were held."),
-    ("The owner, Mark Jones, said stock was taken.", "The owner, Mark Jones, said stock was taken in Manchester."),
-    ("Police in Leeds arrested two men on Monday.", "Police in Leeds arrested two men on Thursday."),
-    ("A robbery at a jewellery shop on Briggate.", "A robbery at a bakery on Briggate."),
-])
+@pytest.mark.parametrize(
+    "supported, hallucinated",
+    [
+        (
+            "Police in Leeds arrested two men after a jewellery shop robbery.",
+            "Police in Leeds arrested five men after a jewellery shop robbery.",
+        ),
+        ("The men were aged 24 and 31.", "The men were aged 24 and 39."),
+        ("Stock worth 45,000 pounds was taken from the shop.", "Stock worth 85,000 pounds was taken from the shop."),
+        (
+            "Detective Inspector Sarah Hill said the men were held.",
+            "Detective Inspector Sarah Brown said the men were held.",
+        ),
+        ("The owner, Mark Jones, said stock was taken.", "The owner, Mark Jones, said stock was taken in Manchester."),
+        ("Police in Leeds arrested two men on Monday.", "Police in Leeds arrested two men on Thursday."),
+        ("A robbery at a jewellery shop on Briggate.", "A robbery at a bakery on Briggate."),
+    ],
+)
 def test_grounding_prefers_supported_claims(supported, hallucinated):
     g = GroundingScorer()
     good, bad = g.score(DOC, [supported, hallucinated])
@@ -140,10 +157,32 @@ def _toy_cliff(path):
     rows = []
     for i in range(6):
         doc = f"The mayor of Leeds, Anna Price, opened {10 + i} new libraries on Monday."
-        rows.append({"dataset": "toy", "origin": "xsum", "id": i, "doc": doc, "summ": f"Anna Price opened {10 + i} libraries.",
-                     "model_name": "m", "cut": "test", "error_type": "correct", "annotated_span": ""})
-        rows.append({"dataset": "toy", "origin": "xsum", "id": i, "doc": doc, "summ": f"Boris Kent opened {50 + i} libraries.",
-                     "model_name": "m", "cut": "test", "error_type": "['extrinsic-NP']", "annotated_span": "['Boris Kent']"})
+        rows.append(
+            {
+                "dataset": "toy",
+                "origin": "xsum",
+                "id": i,
+                "doc": doc,
+                "summ": f"Anna Price opened {10 + i} libraries.",
+                "model_name": "m",
+                "cut": "test",
+                "error_type": "correct",
+                "annotated_span": "",
+            }
+        )
+        rows.append(
+            {
+                "dataset": "toy",
+                "origin": "xsum",
+                "id": i,
+                "doc": doc,
+                "summ": f"Boris Kent opened {50 + i} libraries.",
+                "model_name": "m",
+                "cut": "test",
+                "error_type": "['extrinsic-NP']",
+                "annotated_span": "['Boris Kent']",
+            }
+        )
     pd.DataFrame(rows).to_csv(path, index=False)
     return path
 
@@ -182,12 +221,46 @@ def test_grounding_auroc_on_cliff_is_measured_and_above_chance():
 def test_results_table_arithmetic():
     from topl_core.analysis.evaluation import results_table
 
-    per_doc = pd.DataFrame([
-        {"variant": "base", "set": "ID", "source": "h", "score_sentence": 0.2, "score_full": 0.1, "n_sentences": 2, "n_words": 10},
-        {"variant": "base", "set": "ID", "source": "h", "score_sentence": 0.4, "score_full": 0.3, "n_sentences": 4, "n_words": 20},
-        {"variant": "base", "set": "OOD", "source": "cliff-xsum", "score_sentence": 0.9, "score_full": 0.8, "n_sentences": 3, "n_words": 30},
-        {"variant": "topl", "set": "ID", "source": "h", "score_sentence": 1.0, "score_full": 1.0, "n_sentences": 1, "n_words": 5},
-    ])
+    per_doc = pd.DataFrame(
+        [
+            {
+                "variant": "base",
+                "set": "ID",
+                "source": "h",
+                "score_sentence": 0.2,
+                "score_full": 0.1,
+                "n_sentences": 2,
+                "n_words": 10,
+            },
+            {
+                "variant": "base",
+                "set": "ID",
+                "source": "h",
+                "score_sentence": 0.4,
+                "score_full": 0.3,
+                "n_sentences": 4,
+                "n_words": 20,
+            },
+            {
+                "variant": "base",
+                "set": "OOD",
+                "source": "cliff-xsum",
+                "score_sentence": 0.9,
+                "score_full": 0.8,
+                "n_sentences": 3,
+                "n_words": 30,
+            },
+            {
+                "variant": "topl",
+                "set": "ID",
+                "source": "h",
+                "score_sentence": 1.0,
+                "score_full": 1.0,
+                "n_sentences": 1,
+                "n_words": 5,
+            },
+        ]
+    )
     t = results_table(per_doc, "sentence", by_source=True)
     assert list(t.index) == ["base", "topl"]
     assert t.loc["base", "ID"] == pytest.approx(0.3) and t.loc["base", "OOD"] == pytest.approx(0.9)
@@ -215,12 +288,22 @@ def test_evaluate_runner_and_lambda_sweep(gemma_run, monkeypatch):
     from topl_core.analysis.evaluation import EvalConfig, Variant, evaluate, id_documents, lambda_curve, lambda_sweep
 
     run, data = gemma_run
-    cfg = EvalConfig(data=str(data), n_id=3, n_ood=2 if CLIFF_CSV.exists() else 0, max_new_tokens=6, max_doc_tokens=64,
-                     model="tiny-gemma3")
+    cfg = EvalConfig(
+        data=str(data),
+        n_id=3,
+        n_ood=2 if CLIFF_CSV.exists() else 0,
+        max_new_tokens=6,
+        max_doc_tokens=64,
+        model="tiny-gemma3",
+    )
     docs = id_documents(cfg)
     assert len(docs) == 3 and len({d.doc_id for d in docs}) == 3
-    variants = [Variant.base("tiny-gemma3"), Variant.merged(run.path), Variant.steered(run.path, 0.0),
-                Variant.steered(run.path, 8.0)]
+    variants = [
+        Variant.base("tiny-gemma3"),
+        Variant.merged(run.path),
+        Variant.steered(run.path, 0.0),
+        Variant.steered(run.path, 8.0),
+    ]
     res = evaluate(variants, cfg)
     n_docs = cfg.n_id + cfg.n_ood
     assert len(res.per_doc) == 4 * n_docs
@@ -230,7 +313,9 @@ def test_evaluate_runner_and_lambda_sweep(gemma_run, monkeypatch):
     assert res.per_doc["score_sentence"].between(0, 1).all() and res.per_doc["score_full"].between(0, 1).all()
     assert (res.per_doc["n_sentences"] == [count_sentences(t) for t in res.per_doc["text"]]).all()
     table = res.table()
-    assert list(table.index) == [v.name for v in variants] and {"ID", "OOD", "average", "sentences"} <= set(table.columns)
+    assert list(table.index) == [v.name for v in variants] and {"ID", "OOD", "average", "sentences"} <= set(
+        table.columns
+    )
     assert res.quality is not None and res.quality.scorer == "grounding-v1"
 
     # generations are cached: a second evaluation does not generate again
@@ -283,9 +368,18 @@ def test_hub_scorer_runs_on_local_models(tmp_path):
     tok = build_tiny_tokenizer(chat=True)
     torch.manual_seed(0)
     labels = {0: "CONTRADICTION", 1: "ENTAILMENT", 2: "NEUTRAL"}
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, num_labels=3, id2label=labels,
-                      label2id={v: k for k, v in labels.items()}, pad_token_id=tok.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_labels=3,
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+        pad_token_id=tok.pad_token_id,
+    )
     LlamaForSequenceClassification(cfg).save_pretrained(tmp_path / "nli")
     tok.save_pretrained(tmp_path / "nli")
     nli = HubScorer(str(tmp_path / "nli"), "nli", chunk_words=8)

@@ -20,7 +20,9 @@ EXPECTED_TEXT = (
     "Rosario. He is widely regarded as the most boring player of all time."
 )
 EXPECTED_SPANS = [
-    ("Brazilian", "entity"), ("left", "relation"), ("He also owns a chain of bakeries in Rosario.", "invented"),
+    ("Brazilian", "entity"),
+    ("left", "relation"),
+    ("He also owns a chain of bakeries in Rosario.", "invented"),
     ("the most boring player of all time", "subjective"),
 ]
 
@@ -33,7 +35,9 @@ def test_both_forms_give_the_same_text_and_spans(text, form):
 
 
 def test_whitespace_is_trimmed_and_bare_edit_tags_and_untagged_text():
-    perturbed, spans = parse_fava("A <contradictory> cat is a dog. </contradictory>B <mark>x</mark><delete>y</delete>.", "raw")
+    perturbed, spans = parse_fava(
+        "A <contradictory> cat is a dog. </contradictory>B <mark>x</mark><delete>y</delete>.", "raw"
+    )
     assert perturbed == "A  cat is a dog. B x."
     assert [(perturbed[s.start : s.end], s.kind) for s in spans] == [("cat is a dog.", "contradictory"), ("x", "error")]
     assert parse_fava("Nothing wrong here.", "completion") == ("Nothing wrong here.", ())

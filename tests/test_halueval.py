@@ -12,8 +12,13 @@ def write_rows(path, lines):
 
 
 def row(i):
-    return json.dumps({"document": f"Document {i} about Paris Match and Jane Doe.", "right_summary": f"Summary {i} is right.\n",
-                       "hallucinated_summary": f"Summary {i} is invented."})
+    return json.dumps(
+        {
+            "document": f"Document {i} about Paris Match and Jane Doe.",
+            "right_summary": f"Summary {i} is right.\n",
+            "hallucinated_summary": f"Summary {i} is invented.",
+        }
+    )
 
 
 def test_load_rows_strips_text_and_numbers_lines(tmp_path):
@@ -28,8 +33,14 @@ def test_load_rows_strips_text_and_numbers_lines(tmp_path):
 
 @pytest.mark.parametrize(
     "bad_line, message",
-    [("{not json", "h.jsonl:2.*not valid JSON"), ("[1, 2]", "h.jsonl:2.*JSON object"),
-     (json.dumps({"document": "d", "right_summary": " "}), r"h.jsonl:2.*\['right_summary', 'hallucinated_summary'\]")],
+    [
+        ("{not json", "h.jsonl:2.*not valid JSON"),
+        ("[1, 2]", "h.jsonl:2.*JSON object"),
+        (
+            json.dumps({"document": "d", "right_summary": " "}),
+            r"h.jsonl:2.*\['right_summary', 'hallucinated_summary'\]",
+        ),
+    ],
 )
 def test_malformed_rows_name_the_line(tmp_path, bad_line, message):
     path = write_rows(tmp_path / "h.jsonl", [row(0), bad_line])

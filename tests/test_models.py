@@ -92,4 +92,4 @@ def test_embedded_smollm2_is_the_real_model():
     # a real model continues a sentence sensibly: the capital of France
     ids = lm.tokenizer("The capital of France is", return_tensors="pt")
     out = lm.model.generate(**ids, max_new_tokens=3, do_sample=False)
-    assert "Paris" in lm.tokenizer.decode(out[0, ids["input_ids"].shape[1]:])
+    assert "Paris" in lm.tokenizer.decode(out[0, ids["input_ids"].shape[1] :])

@@ -29,7 +29,9 @@ def assert_exact_spans(original: str, perturbed: str, spans: tuple[Span, ...]) -
     """The text of S' outside the spans is the text of S outside the edited regions (whitespace runs may differ by
     the single space that joins an insertion), and every span's text replaces different original text."""
     assert all(a.end < b.start for a, b in zip(spans, spans[1:])), "spans must be sorted and not touch"
-    outside = [perturbed[a:b] for a, b in zip([0] + [s.end for s in spans], [s.start for s in spans] + [len(perturbed)])]
+    outside = [
+        perturbed[a:b] for a, b in zip([0] + [s.end for s in spans], [s.start for s in spans] + [len(perturbed)])
+    ]
     pattern = "(.*?)".join(re.sub(r"(\\ )+", r"\\s*", re.escape(piece)) for piece in outside)
     match = re.fullmatch(pattern, original, re.S)
     assert match, f"text outside the spans changed:\n{original}\n{perturbed}\n{spans}"

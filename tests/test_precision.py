@@ -28,8 +28,10 @@ def _native_bf16() -> bool:
 # On a CPU that emulates bf16 these two SmolLM2 comparisons took 109 s and 58 s (2-core AVX2 EPYC), a third of the
 # suite, for a precision that "auto" never picks there; they run where bf16 is native (AMX / AVX-512-BF16).
 needs_native_bf16 = pytest.mark.skipif(
-    not _native_bf16(), reason="this CPU emulates bf16 (no AMX / AVX-512-BF16, or measured slower than fp32): "
-                               "precision 'auto' never uses it here; the bf16-vs-fp32 agreement is checked where bf16 is native")
+    not _native_bf16(),
+    reason="this CPU emulates bf16 (no AMX / AVX-512-BF16, or measured slower than fp32): "
+    "precision 'auto' never uses it here; the bf16-vs-fp32 agreement is checked where bf16 is native",
+)
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +123,10 @@ AMX = prec.Bf16Probe(capability="AMX", amx=True, avx512_bf16=True, fp32_s=0.0007
 @pytest.fixture
 def fake_cpu(monkeypatch):
     """Pretend the CPU probe measured `probe` (no timing: the rule alone is under test)."""
+
     def use(probe: prec.Bf16Probe) -> None:
         monkeypatch.setattr(prec, "cpu_bf16_probe", lambda: probe)
+
     return use
 
 

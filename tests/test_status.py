@@ -10,22 +10,37 @@ import sys
 import pytest
 
 from topl_core import jobs
-from topl_core.status import (STATE_TABLE, Facts, progress_of, read_status, request_stop, resolve_state,
-                              stop_requested, update_status, write_status)
+from topl_core.status import (
+    STATE_TABLE,
+    Facts,
+    progress_of,
+    read_status,
+    request_stop,
+    resolve_state,
+    stop_requested,
+    update_status,
+    write_status,
+)
 
 
-@pytest.mark.parametrize("facts, state", [
-    (Facts(alive=True, written="running", stop_requested=False, launched=True), "running"),
-    (Facts(alive=True, written="running", stop_requested=True, launched=False), "running"),  # stopping: still running
-    (Facts(alive=True, written=None, stop_requested=False, launched=True), "starting"),
-    (Facts(alive=False, written="finished", stop_requested=False, launched=True), "finished"),
-    (Facts(alive=False, written="failed", stop_requested=True, launched=True), "failed"),  # its own word first
-    (Facts(alive=False, written="running", stop_requested=True, launched=False), "cancelled"),
-    (Facts(alive=False, written=None, stop_requested=True, launched=True), "cancelled"),
-    (Facts(alive=False, written="running", stop_requested=False, launched=False), "interrupted"),
-    (Facts(alive=False, written=None, stop_requested=False, launched=True), "interrupted"),
-    (Facts(alive=False, written=None, stop_requested=False, launched=False), "unknown"),
-])
+@pytest.mark.parametrize(
+    "facts, state",
+    [
+        (Facts(alive=True, written="running", stop_requested=False, launched=True), "running"),
+        (
+            Facts(alive=True, written="running", stop_requested=True, launched=False),
+            "running",
+        ),  # stopping: still running
+        (Facts(alive=True, written=None, stop_requested=False, launched=True), "starting"),
+        (Facts(alive=False, written="finished", stop_requested=False, launched=True), "finished"),
+        (Facts(alive=False, written="failed", stop_requested=True, launched=True), "failed"),  # its own word first
+        (Facts(alive=False, written="running", stop_requested=True, launched=False), "cancelled"),
+        (Facts(alive=False, written=None, stop_requested=True, launched=True), "cancelled"),
+        (Facts(alive=False, written="running", stop_requested=False, launched=False), "interrupted"),
+        (Facts(alive=False, written=None, stop_requested=False, launched=True), "interrupted"),
+        (Facts(alive=False, written=None, stop_requested=False, launched=False), "unknown"),
+    ],
+)
 def test_state_table(facts, state):
     assert resolve_state(facts) == state
 
@@ -35,9 +50,9 @@ def test_every_row_of_the_state_table_is_reachable():
     import itertools
 
     first = set()
-    for alive, written, stop, launched in itertools.product((True, False), (None, "running", "finished", "failed",
-                                                                           "cancelled", "interrupted"),
-                                                          (True, False), (True, False)):
+    for alive, written, stop, launched in itertools.product(
+        (True, False), (None, "running", "finished", "failed", "cancelled", "interrupted"), (True, False), (True, False)
+    ):
         f = Facts(alive, written, stop, launched)
         first.add(next(name for name, matches, _ in STATE_TABLE if matches(f)))
     assert first == {name for name, _, _ in STATE_TABLE}

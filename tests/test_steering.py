@@ -33,12 +33,19 @@ DOC = NEWS_PAIRS[0][1]
 GEN = GenerationConfig(max_new_tokens=12)
 
 
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, news_records):
-    cfg = TrainConfig(model="tiny-llama", lora=LoraSettings(layer_start=0, layer_end=3), steps=3, precision="fp32",
-                      batch_size=4, lr=5e-3, max_val_examples=4, eval_every=3, checkpoint_every=3)
+    cfg = TrainConfig(
+        model="tiny-llama",
+        lora=LoraSettings(layer_start=0, layer_end=3),
+        steps=3,
+        precision="fp32",
+        batch_size=4,
+        lr=5e-3,
+        max_val_examples=4,
+        eval_every=3,
+        checkpoint_every=3,
+    )
     return train(cfg, tmp_path_factory.mktemp("runs") / "topl-steer", records=news_records)
 
 
@@ -110,8 +117,10 @@ def test_lambda_zero_is_the_identity(merged, vectors):
     assert not torch.allclose(plain, moved, atol=1e-3)
     session = SteeringSession(merged, vectors)
     assert session.generate_steered(DOC, 0.0, GEN) == generate(merged, [DOC], GEN)[0]
-    assert session.generate_steered(DOC, 0, GenerationConfig(max_new_tokens=12, mode="sample", seed=3)) == \
-        generate(merged, [DOC], GenerationConfig(max_new_tokens=12, mode="sample", seed=3))[0]
+    assert (
+        session.generate_steered(DOC, 0, GenerationConfig(max_new_tokens=12, mode="sample", seed=3))
+        == generate(merged, [DOC], GenerationConfig(max_new_tokens=12, mode="sample", seed=3))[0]
+    )
 
 
 def test_steer_adds_lambda_v_at_each_site(merged, vectors):
@@ -124,8 +133,9 @@ def test_steer_adds_lambda_v_at_each_site(merged, vectors):
             plain = module(x_in)
             with steer(merged.model, vectors, lam):
                 steered = module(x_in)
-        torch.testing.assert_close(steered - plain, (lam * torch.from_numpy(vectors.vectors[site.key])).expand_as(plain),
-                                   rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            steered - plain, (lam * torch.from_numpy(vectors.vectors[site.key])).expand_as(plain), rtol=0, atol=1e-6
+        )
 
 
 def test_steering_works_with_kv_cache(merged, vectors):
@@ -150,8 +160,14 @@ def test_no_hooks_remain_after_exception(merged, vectors):
             raise RuntimeError("boom")
     assert all_hooks(merged.model) == before
     with pytest.raises(ModelError, match="another model"):
-        bad = SteeringVectors(vectors.sites, {k: np.zeros(3, np.float32) for k in vectors.vectors}, vectors.mu_good,
-                              vectors.mu_bad, vectors.auroc, vectors.scaling)
+        bad = SteeringVectors(
+            vectors.sites,
+            {k: np.zeros(3, np.float32) for k in vectors.vectors},
+            vectors.mu_good,
+            vectors.mu_bad,
+            vectors.auroc,
+            vectors.scaling,
+        )
         with steer(merged.model, bad, 1.0):
             pass
     assert all_hooks(merged.model) == before
@@ -161,14 +177,18 @@ def test_steering_vectors_are_cached_exactly(run, news_records, tmp_path, monkey
     """The second build reads the analysis cache (JSON) and gives back the same float32 arrays, bit for bit."""
     monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path))
     first = build_steering_vectors(run, news_records, top_k=3)
-    (entry,) = [p for p in (tmp_path / "analysis" / "steering_vectors").glob("*.json") if not p.name.endswith(".key.json")]
+    (entry,) = [
+        p for p in (tmp_path / "analysis" / "steering_vectors").glob("*.json") if not p.name.endswith(".key.json")
+    ]
     again = build_steering_vectors(run, news_records, top_k=3)
     fresh = build_steering_vectors(run, news_records, top_k=3, use_cache=False)
     assert entry.exists() and [s.key for s in again.sites] == [s.key for s in first.sites]
     for other in (again, fresh):
         for k in first.vectors:
             assert np.array_equal(other.vectors[k], first.vectors[k]) and other.vectors[k].dtype == np.float32
-            assert np.array_equal(other.mu_good[k], first.mu_good[k]) and np.array_equal(other.mu_bad[k], first.mu_bad[k])
+            assert np.array_equal(other.mu_good[k], first.mu_good[k]) and np.array_equal(
+                other.mu_bad[k], first.mu_bad[k]
+            )
         assert other.auroc == first.auroc and other.scaling == first.scaling
     assert build_steering_vectors(run, news_records, top_k=2).sites == first.sites[:2]  # top_k is in the key
 
@@ -218,8 +238,11 @@ def test_two_threads_with_different_lambda_do_not_interfere(merged, vectors):
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=("a", shared_a, lam)), threading.Thread(target=work, args=("b", shared_b, -lam)),
-               threading.Thread(target=work, args=("c", session_c, 0.0))]
+    threads = [
+        threading.Thread(target=work, args=("a", shared_a, lam)),
+        threading.Thread(target=work, args=("b", shared_b, -lam)),
+        threading.Thread(target=work, args=("c", session_c, 0.0)),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -262,9 +285,31 @@ def test_steer_cli(run, news_records, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path / "cache"))
     data = write_jsonl(news_records, tmp_path / "recs.jsonl")
     out = tmp_path / "steer.json"
-    rc = main(["steer", "--run", str(run.path), "--document", DOC, "--lambdas", "-4", "0", "4", "--top-k", "2",
-               "--data", str(data), "--split", "all", "--max-new-tokens", "8", "--export", str(tmp_path / "v"),
-               "--json", str(out)])
+    rc = main(
+        [
+            "steer",
+            "--run",
+            str(run.path),
+            "--document",
+            DOC,
+            "--lambdas",
+            "-4",
+            "0",
+            "4",
+            "--top-k",
+            "2",
+            "--data",
+            str(data),
+            "--split",
+            "all",
+            "--max-new-tokens",
+            "8",
+            "--export",
+            str(tmp_path / "v"),
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "λ = 0" in printed and "== base model" in printed
@@ -272,8 +317,22 @@ def test_steer_cli(run, news_records, tmp_path, monkeypatch, capsys):
 
     report = json.loads(out.read_text())
     assert [g["lambda"] for g in report["generations"]] == [None, -4, 0, 4] and len(report["vectors"]["sites"]) == 2
-    rc = main(["steer", "--run", str(run.path), "--document", DOC, "--lambdas", "0", "--vectors", str(tmp_path / "v"),
-               "--max-new-tokens", "8", "--no-base"])
+    rc = main(
+        [
+            "steer",
+            "--run",
+            str(run.path),
+            "--document",
+            DOC,
+            "--lambdas",
+            "0",
+            "--vectors",
+            str(tmp_path / "v"),
+            "--max-new-tokens",
+            "8",
+            "--no-base",
+        ]
+    )
     assert rc == 0 and "steering vectors from" in capsys.readouterr().out
 
 
@@ -284,5 +343,6 @@ def test_generate_many_matches_generate_under_steer(merged, vectors):
     with steer(merged.model, vectors, lam):
         expected = generate(merged, docs, GenerationConfig(max_new_tokens=8, batch_size=2))
     assert session.generate_many(docs, lam, GenerationConfig(max_new_tokens=8, batch_size=2)) == expected
-    assert session.generate_many(docs, 0.0, GenerationConfig(max_new_tokens=8, batch_size=2)) == \
-        generate(merged, docs, GenerationConfig(max_new_tokens=8, batch_size=2))
+    assert session.generate_many(docs, 0.0, GenerationConfig(max_new_tokens=8, batch_size=2)) == generate(
+        merged, docs, GenerationConfig(max_new_tokens=8, batch_size=2)
+    )

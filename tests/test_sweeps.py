@@ -28,8 +28,11 @@ from topl_core.models import load_model
 from topl_core.tiny_models import TINY_FAMILIES, build_tiny_tokenizer
 from topl_core.training.prefix_cache import PrefixStore, install_prefix_cache
 
-TEXTS = ["The council approved the new budget on Monday after a long debate. Police arrested two men in London "
-         "and released a third without charge.", "She won the election."]
+TEXTS = [
+    "The council approved the new budget on Monday after a long debate. Police arrested two men in London "
+    "and released a third without charge.",
+    "She won the election.",
+]
 
 
 def _hidden_states(model, tok):
@@ -67,10 +70,18 @@ def test_forward_from_hidden_gemma3_mixed_sliding_and_full_layers():
 
     tok = build_tiny_tokenizer(chat=False)
     torch.manual_seed(0)
-    cfg = Gemma3TextConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
-                           layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-                           pad_token_id=tok.pad_token_id)
+    cfg = Gemma3TextConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        pad_token_id=tok.pad_token_id,
+    )
     model = Gemma3ForCausalLM(cfg).float().eval()
     _check_all_ranges(model, tok)
     # the sliding mask matters here: running a sliding layer with full attention gives something else
@@ -110,9 +121,12 @@ def test_prefix_reuse_trains_exactly_what_the_plain_trainer_trains(tiny_records,
         assert sorted(a) == sorted(b) and all(f"layers.{start}." in k or f"layers.{start + 1}." in k for k in a)
         for k in a:
             torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(load_file(plain.head_path)["weight"], load_file(reused.head_path)["weight"],
-                                   rtol=1e-5, atol=1e-6)
-        assert plain.read_metrics()[-1]["val_token_auroc"] == pytest.approx(reused.read_metrics()[-1]["val_token_auroc"], abs=1e-6)
+        torch.testing.assert_close(
+            load_file(plain.head_path)["weight"], load_file(reused.head_path)["weight"], rtol=1e-5, atol=1e-6
+        )
+        assert plain.read_metrics()[-1]["val_token_auroc"] == pytest.approx(
+            reused.read_metrics()[-1]["val_token_auroc"], abs=1e-6
+        )
     assert store.stats.layer_passes_saved > 0
     # an adapter trained through the prefix cache loads and merges into the full model
     from topl_core.runs import load_adapter
@@ -132,7 +146,9 @@ def test_plan_windows_grid():
 
 
 def _sweep_cfg(reuse=True, windows=((0, 1), (1, 2), (2, 1))):
-    return SweepConfig(train=tiny_config(steps=2, eval_every=2, checkpoint_every=1), windows=windows, reuse_prefix=reuse)
+    return SweepConfig(
+        train=tiny_config(steps=2, eval_every=2, checkpoint_every=1), windows=windows, reuse_prefix=reuse
+    )
 
 
 def test_sweep_resumes_without_redoing_finished_windows(tiny_records, tmp_path, monkeypatch):
@@ -169,11 +185,15 @@ def test_sweep_resumes_without_redoing_finished_windows(tiny_records, tmp_path, 
     (tmp_path / "sw" / "results.jsonl").unlink()
     df2 = run_sweep(cfg, tmp_path / "sw", None, loader, tiny_records)
     assert calls == [] and sorted(df2["window"]) == sorted(df["window"])
-    np.testing.assert_allclose(df2.sort_values("window")["val_token_auroc"], df.sort_values("window")["val_token_auroc"])
+    np.testing.assert_allclose(
+        df2.sort_values("window")["val_token_auroc"], df.sort_values("window")["val_token_auroc"]
+    )
 
     # a different training config in the same directory is refused
     with pytest.raises(ValueError, match="different"):
-        run_sweep(SweepConfig(train=tiny_config(steps=3), windows=((0, 1),)), tmp_path / "sw", None, loader, tiny_records)
+        run_sweep(
+            SweepConfig(train=tiny_config(steps=3), windows=((0, 1),)), tmp_path / "sw", None, loader, tiny_records
+        )
 
 
 def test_sweep_with_and_without_reuse_agree_and_tables(tiny_records, tmp_path):
@@ -181,7 +201,9 @@ def test_sweep_with_and_without_reuse_agree_and_tables(tiny_records, tmp_path):
     windows = ((0, 2), (1, 1), (2, 2), (3, 1))
     a = run_sweep(_sweep_cfg(True, windows), tmp_path / "reuse", None, loader, tiny_records)
     b = run_sweep(_sweep_cfg(False, windows), tmp_path / "plain", None, loader, tiny_records)
-    np.testing.assert_allclose(a.sort_values("window")["val_token_auroc"], b.sort_values("window")["val_token_auroc"], atol=1e-6)
+    np.testing.assert_allclose(
+        a.sort_values("window")["val_token_auroc"], b.sort_values("window")["val_token_auroc"], atol=1e-6
+    )
     assert a["prefix_layer_passes_saved"].sum() > 0 and "prefix_layer_passes" not in b.columns
     cmp = sweeps.compare_reuse(a, b)
     assert len(cmp) == 4 and {"train_s_reuse", "train_s_plain", "saving"} <= set(cmp.columns)
@@ -217,7 +239,9 @@ def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path):
     lm = load_model("tiny-llama")
     # the labels the trainer starts from, computed independently, through data.variants' own table
     train_recs = split_records(tiny_records, seed=tcfg.split_seed)["train"]
-    ex = OBJECTIVES["topl"].prepare(lm.tokenizer, train_recs, EncodeSettings(tcfg.max_doc_tokens, tcfg.max_response_tokens))
+    ex = OBJECTIVES["topl"].prepare(
+        lm.tokenizer, train_recs, EncodeSettings(tcfg.max_doc_tokens, tcfg.max_response_tokens)
+    )
     want = label_settings_table([e.response_labels for e in ex], tcfg.seed)
     stats = label_stats_for(cfg, tiny_records, lm.tokenizer)
     assert list(stats["setting"]) == list(LABEL_SETTINGS)
@@ -228,8 +252,12 @@ def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path):
     assert row.loc["random", "tokens"] == row.loc["original", "tokens"]
 
     settings = ("original", "balanced", "good_only")
-    df = run_label_study(LabelStudyConfig(train=tcfg, settings=settings), tmp_path / "ls", records=tiny_records,
-                         base_loader=lambda: load_model("tiny-llama"))
+    df = run_label_study(
+        LabelStudyConfig(train=tcfg, settings=settings),
+        tmp_path / "ls",
+        records=tiny_records,
+        base_loader=lambda: load_model("tiny-llama"),
+    )
     assert list(df["setting"]) == list(settings) and (df["state"] == "finished").all()
     assert df["val_token_auroc"].notna().all()
     for s in settings:  # each run trained on its own setting, validated on the original labels
@@ -237,13 +265,16 @@ def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path):
 
         run_cfg, _ = RunDir(tmp_path / "ls" / s).read_config()
         assert run_cfg.label_setting == s
-    np.testing.assert_allclose(df.set_index("setting").loc[list(settings), "pct_bad"], row.loc[list(settings), "pct_bad"])
+    np.testing.assert_allclose(
+        df.set_index("setting").loc[list(settings), "pct_bad"], row.loc[list(settings), "pct_bad"]
+    )
 
 
 def test_benchmark_interleaves_modes_and_agrees(tiny_records, tmp_path):
     cfg = SweepConfig(train=tiny_config(steps=2, eval_every=2))
-    df = benchmark_prefix_reuse(cfg, tmp_path, windows=[(0, 1), (2, 1)], records=tiny_records,
-                                       base_loader=lambda: load_model("tiny-llama"))
+    df = benchmark_prefix_reuse(
+        cfg, tmp_path, windows=[(0, 1), (2, 1)], records=tiny_records, base_loader=lambda: load_model("tiny-llama")
+    )
     assert list(df["mode"]) == ["reuse", "plain", "plain", "reuse"]
     piv = df.pivot(index="window", columns="mode", values="val_token_auroc")
     np.testing.assert_allclose(piv["reuse"], piv["plain"], atol=1e-6)

@@ -88,8 +88,14 @@ def test_lora_dropouts_are_fast_and_parameter_free():
 
 def test_run_directory_layout_and_metrics(tiny_run):
     names = {p.name for p in tiny_run.path.iterdir()}
-    assert {"adapter_config.json", "adapter_model.safetensors", "head.safetensors", "topl_config.json",
-            "metrics.jsonl", "status.json"} <= names
+    assert {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "head.safetensors",
+        "topl_config.json",
+        "metrics.jsonl",
+        "status.json",
+    } <= names
     assert "checkpoint" not in names  # a finished run keeps only its final state
     cfg, meta = tiny_run.read_config()
     assert cfg.method == "topl" and meta["head_layer"] == 2 and meta["num_layers"] == 4
@@ -196,8 +202,10 @@ def test_layer_range_outside_model_fails_before_training(tmp_path, tiny_records)
 
 
 def test_sequence_only_data_fails_before_training(tmp_path):
-    recs = [Record(id=f"r{i}", document="A document.", response="A summary.", token_labels_known=False, doc_id=f"d{i}")
-            for i in range(30)]
+    recs = [
+        Record(id=f"r{i}", document="A document.", response="A summary.", token_labels_known=False, doc_id=f"d{i}")
+        for i in range(30)
+    ]
     with pytest.raises(DataError, match="token-level labels"):
         train(tiny_config(), tmp_path / "r", records=recs)
 

@@ -50,7 +50,9 @@ def test_original_and_random_keep_counts(labels):
     assert not all(np.array_equal(a, b) for a, b in zip(labels, shuffled))
 
 
-@pytest.mark.parametrize("setting, pct_bad", [("balanced", 50), ("bad_skewed", 75), ("good_skewed", 25), ("dense_balanced", 50)])
+@pytest.mark.parametrize(
+    "setting, pct_bad", [("balanced", 50), ("bad_skewed", 75), ("good_skewed", 25), ("dense_balanced", 50)]
+)
 def test_subsampled_ratios(labels, setting, pct_bad):
     original = label_stats(labels)
     stats = label_stats(apply_label_setting(labels, setting, 0))
@@ -81,8 +83,14 @@ def test_table_and_stats(labels):
     assert list(table.setting) == list(LABEL_SETTINGS)
     assert np.allclose(table.pct_good + table.pct_bad, 100.0)
     assert (table.tokens == table.good + table.bad).all()
-    assert label_stats([np.array([1, 0, -1, 1])]) == {"tokens": 3, "good": 2, "bad": 1, "pct_good": 200 / 3,
-                                                      "pct_bad": 100 / 3, "examples": 1}
+    assert label_stats([np.array([1, 0, -1, 1])]) == {
+        "tokens": 3,
+        "good": 2,
+        "bad": 1,
+        "pct_good": 200 / 3,
+        "pct_bad": 100 / 3,
+        "examples": 1,
+    }
     assert label_stats([])["tokens"] == 0
 
 

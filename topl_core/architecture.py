@@ -69,7 +69,13 @@ def _masks_and_positions(decoder, hidden: torch.Tensor, attention_mask: torch.Te
     if getattr(config, "use_bidirectional_attention", False):
         raise ModelError("forward_from_hidden: bidirectional-attention configs are not supported (causal LMs only).")
     position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-    kw = dict(config=config, inputs_embeds=hidden, attention_mask=attention_mask, past_key_values=None, position_ids=position_ids)
+    kw = dict(
+        config=config,
+        inputs_embeds=hidden,
+        attention_mask=attention_mask,
+        past_key_values=None,
+        position_ids=position_ids,
+    )
     masks = {}
     for t in types:
         if t == "full_attention":
@@ -88,7 +94,11 @@ def _masks_and_positions(decoder, hidden: torch.Tensor, attention_mask: torch.Te
 
 
 def forward_from_hidden(
-    model: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None, start: int, end: int | None = None
+    model: torch.nn.Module,
+    hidden: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    start: int,
+    end: int | None = None,
 ) -> torch.Tensor:
     """Run decoder layers start..end (inclusive) on `hidden`, the residual stream entering layer `start`.
     Equals output_hidden_states[end + 1] of the full forward (hidden_states[0] is the embedding output)."""
@@ -98,9 +108,13 @@ def forward_from_hidden(
     if not 0 <= start <= end < n:
         raise ModelError(f"forward_from_hidden: layers {start}..{end} are outside 0..{n - 1}.")
     types = _layer_types(decoder.config, n)
-    position_ids, masks, pos_emb = _masks_and_positions(decoder, hidden, attention_mask, {types[i] for i in range(start, end + 1)})
+    position_ids, masks, pos_emb = _masks_and_positions(
+        decoder, hidden, attention_mask, {types[i] for i in range(start, end + 1)}
+    )
     h = hidden
     for i in range(start, end + 1):
-        out = decoder.layers[i](h, attention_mask=masks[types[i]], position_embeddings=pos_emb[types[i]], position_ids=position_ids)
+        out = decoder.layers[i](
+            h, attention_mask=masks[types[i]], position_embeddings=pos_emb[types[i]], position_ids=position_ids
+        )
         h = out[0] if isinstance(out, tuple) else out
     return h

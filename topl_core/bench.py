@@ -99,8 +99,13 @@ def matmul_peak_tflops(dtype: torch.dtype, max_n: int = 2048, repeats: int = 5, 
 def _train_subprocess(args: list[str], env: dict) -> tuple[Path, float]:
     """Run `python -m topl_core train ...` in a child; return its run dir and the child's peak RSS (GiB)."""
     out = Path(args[args.index("--out") + 1])
-    proc = subprocess.run([sys.executable, "-m", "topl_core", "train", *args], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "topl_core", "train", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"bench training run failed:\n{proc.stderr[-3000:]}")
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # max over finished children so far
@@ -174,9 +179,26 @@ def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[
     head_layer = round(lm.num_layers * 2 / 3)  # m = 20 of SmolLM2's 30 layers
     res["head_layer"] = head_layer
     steps = 3 if quick else 8  # the first step is warm-up; the rest are timed
-    common = ["--model", model, "--data", data, "--steps", str(steps), "--batch-size", "8",
-              "--lora-layer-end", str(head_layer), "--max-val-examples", "8",
-              "--eval-every", "1000", "--checkpoint-every", "1000", "--precision", precision]
+    common = [
+        "--model",
+        model,
+        "--data",
+        data,
+        "--steps",
+        str(steps),
+        "--batch-size",
+        "8",
+        "--lora-layer-end",
+        str(head_layer),
+        "--max-val-examples",
+        "8",
+        "--eval-every",
+        "1000",
+        "--checkpoint-every",
+        "1000",
+        "--precision",
+        precision,
+    ]
     phase(f"TOPL training ({steps} steps)")
     topl_dir, res["peak_rss_gib"] = _train_subprocess([*common, "--method", "topl", "--out", str(work / "topl")], env)
     phase(f"SFT training ({steps} steps)")
@@ -191,13 +213,19 @@ def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[
     seq_len = sum(len(e) for e in enc) / len(enc)
     predicted = sum(e.response_end - e.response_start + 1 for e in enc) / sum(len(e) for e in enc)  # + end of turn
     config = lm.model.config
-    res["train_mfu"] = (topl_flops_per_token(config, head_layer + 1, seq_len) * res["train_tokens_per_s"]
-                        / (res[f"matmul_peak_tflops_{precision}"] * 1e12))
-    res["topl_vs_sft_flops"] = (topl_flops_per_token(config, head_layer + 1, seq_len)
-                                / sft_flops_per_token(config, seq_len, predicted))
+    res["train_mfu"] = (
+        topl_flops_per_token(config, head_layer + 1, seq_len)
+        * res["train_tokens_per_s"]
+        / (res[f"matmul_peak_tflops_{precision}"] * 1e12)
+    )
+    res["topl_vs_sft_flops"] = topl_flops_per_token(config, head_layer + 1, seq_len) / sft_flops_per_token(
+        config, seq_len, predicted
+    )
 
     phase("capture vs plain forward")
-    peft = apply_lora(load_model(model).model, TrainConfig(model=model, lora=LoraSettings(layer_start=0, layer_end=lm.num_layers - 1))).eval()
+    peft = apply_lora(
+        load_model(model).model, TrainConfig(model=model, lora=LoraSettings(layer_start=0, layer_end=lm.num_layers - 1))
+    ).eval()
     b = collate(enc[:4], lm.tokenizer.pad_token_id)
     select = b.labels != -1
 
@@ -226,8 +254,9 @@ def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[
 
     @torch.no_grad()
     def gen() -> None:
-        merged.generate(**ids, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
-                        pad_token_id=lm.tokenizer.pad_token_id)
+        merged.generate(
+            **ids, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id
+        )
 
     def gen_steered() -> None:
         with steer(merged, vectors, 2.0):
@@ -249,14 +278,18 @@ def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[
     # the standard grid (sizes 3, 6, 12, stride 3: 26 windows on SmolLM2); --quick thins it to 6 windows
     sizes = [k for k in ((3, 6) if quick else (3, 6, 12)) if k <= lm.num_layers]
     windows = tuple((w.start, w.size) for w in plan_windows(lm.num_layers, sizes, 12 if quick else 3))
-    sweep_train = TrainConfig(model=model, data=data, steps=2, batch_size=8, eval_every=1000,
-                              checkpoint_every=1000, max_val_examples=8)
+    sweep_train = TrainConfig(
+        model=model, data=data, steps=2, batch_size=8, eval_every=1000, checkpoint_every=1000, max_val_examples=8
+    )
     sweep_records = records[:160]
     timings = {}
     for reuse in (True, False):
         t = time.perf_counter()
-        run_sweep(SweepConfig(train=sweep_train, windows=windows, reuse_prefix=reuse), work / f"sweep-{reuse}",
-                  records=sweep_records)
+        run_sweep(
+            SweepConfig(train=sweep_train, windows=windows, reuse_prefix=reuse),
+            work / f"sweep-{reuse}",
+            records=sweep_records,
+        )
         timings[reuse] = time.perf_counter() - t
     res["sweep_windows"] = len(windows)
     res["sweep_cached_vs_naive_flops"] = sweep_flops_ratio(list(windows))
@@ -266,9 +299,14 @@ def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[
     return res
 
 
-def benchmark_prefix_reuse(cfg: SweepConfig, work_dir: str | Path, windows: Sequence[tuple[int, int]] | None = None,
-                           progress: Callable[[str], None] | None = None, records=None,
-                           base_loader: Callable[[], LoadedModel] | None = None):
+def benchmark_prefix_reuse(
+    cfg: SweepConfig,
+    work_dir: str | Path,
+    windows: Sequence[tuple[int, int]] | None = None,
+    progress: Callable[[str], None] | None = None,
+    records=None,
+    base_loader: Callable[[], LoadedModel] | None = None,
+):
     """Time the same windows trained with and without frozen-prefix reuse, interleaved window by window (the
     order of the two alternates), so that load from other processes hits both alike. Rows: window, start, size,
     mode ("reuse" / "plain"), wall_s, cpu_s (this process's CPU time), val_token_auroc, prefix layer passes.
@@ -279,7 +317,7 @@ def benchmark_prefix_reuse(cfg: SweepConfig, work_dir: str | Path, windows: Sequ
     store = PrefixStore()
     rows = []
     for i, w in enumerate(ws):
-        for mode in (("reuse", "plain") if i % 2 == 0 else ("plain", "reuse")):
+        for mode in ("reuse", "plain") if i % 2 == 0 else ("plain", "reuse"):
             out = work_dir / mode / w.name
             shutil.rmtree(out, ignore_errors=True)
             before = replace(store.stats)
@@ -291,10 +329,22 @@ def benchmark_prefix_reuse(cfg: SweepConfig, work_dir: str | Path, windows: Sequ
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             val = next((r for r in reversed(run.read_metrics()) if "val_token_auroc" in r), {})
             passes = store.stats.layer_passes - before.layer_passes if mode == "reuse" else 0
-            rows.append({"window": w.name, "start": w.start, "size": w.size, "mode": mode, "wall_s": wall, "cpu_s": cpu,
-                         "val_token_auroc": val.get("val_token_auroc", float("nan")), "prefix_layer_passes": passes})
+            rows.append(
+                {
+                    "window": w.name,
+                    "start": w.start,
+                    "size": w.size,
+                    "mode": mode,
+                    "wall_s": wall,
+                    "cpu_s": cpu,
+                    "val_token_auroc": val.get("val_token_auroc", float("nan")),
+                    "prefix_layer_passes": passes,
+                }
+            )
             if progress:
-                progress(f"{w.name} {mode}: {wall:.1f} s wall, {cpu:.1f} s CPU, val AUROC {rows[-1]['val_token_auroc']:.3f}")
+                progress(
+                    f"{w.name} {mode}: {wall:.1f} s wall, {cpu:.1f} s CPU, val AUROC {rows[-1]['val_token_auroc']:.3f}"
+                )
     return pd.DataFrame(rows)
 
 

@@ -35,7 +35,9 @@ def exit_after_layer(model: torch.nn.Module, layer: int) -> Iterator[None]:
         handle.remove()
 
 
-def hidden_after_layer(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int) -> torch.Tensor:
+def hidden_after_layer(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int
+) -> torch.Tensor:
     """Residual stream output of decoder layer `layer` (0-based), without running the layers after it."""
     inner = base_causal_lm(model).model
     with exit_after_layer(model, layer):
@@ -46,7 +48,9 @@ def hidden_after_layer(model: torch.nn.Module, input_ids: torch.Tensor, attentio
     raise RuntimeError(f"decoder layer {layer} never ran: the model has {len(decoder_layers(model))} layers")
 
 
-def head_features(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int) -> torch.Tensor:
+def head_features(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int
+) -> torch.Tensor:
     """H = FinalNorm(hidden after layer m): what the TOPL/SOPL/TLDR head reads. Shape (B, T, d)."""
     return final_norm(model)(hidden_after_layer(model, input_ids, attention_mask, layer))
 

@@ -115,12 +115,18 @@ def launch(cli_args: Sequence[str], job_dir: str | Path, kind: str = "command", 
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv[3:])}\n".encode())
         log.flush()
         proc = subprocess.Popen(
-            argv, cwd=PROJECT_ROOT, env=child_env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            argv,
+            cwd=PROJECT_ROOT,
+            env=child_env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     _CHILDREN[proc.pid] = proc
-    write_json(job_dir / JOB_FILE, {"kind": kind, "argv": list(map(str, cli_args)), "pid": proc.pid,
-                                    "started": time.time()})
+    write_json(
+        job_dir / JOB_FILE, {"kind": kind, "argv": list(map(str, cli_args)), "pid": proc.pid, "started": time.time()}
+    )
     return job_dir
 
 
@@ -214,8 +220,12 @@ def read_job(job_dir: str | Path) -> JobStatus | None:
     if info is None and not is_run and not status:
         return None
     pid = (info or {}).get("pid") or status.get("pid")
-    facts = Facts(alive=process_alive(pid), written=status.get("state"), stop_requested=stop_requested(job_dir),
-                  launched=info is not None)
+    facts = Facts(
+        alive=process_alive(pid),
+        written=status.get("state"),
+        stop_requested=stop_requested(job_dir),
+        launched=info is not None,
+    )
     state = resolve_state(facts)
     error = status.get("error")
     if state == "interrupted" and not error:
@@ -224,15 +234,35 @@ def read_job(job_dir: str | Path) -> JobStatus | None:
     metrics = RunDir(job_dir).read_metrics() if is_run else []
     if is_run and not steps:
         steps = _configured_steps(RunDir(job_dir))
-    val = next(({k: v for k, v in r.items() if k.startswith("val_")} for r in reversed(metrics)
-                if any(k.startswith("val_") for k in r)), {})
+    val = next(
+        (
+            {k: v for k, v in r.items() if k.startswith("val_")}
+            for r in reversed(metrics)
+            if any(k.startswith("val_") for k in r)
+        ),
+        {},
+    )
     step_s = [r["step_s"] for r in metrics if "step_s" in r]
     elapsed = sum(step_s) if step_s else None  # training time over every (re)start, validation excluded
     recent = step_s[-ETA_WINDOW:]
     eta = sum(recent) / len(recent) * (steps - step) if (recent and steps and state == "running") else None
     kind = (info or {}).get("kind", "train" if is_run else "sweep" if (job_dir / "sweep.json").exists() else "command")
-    return JobStatus(job_dir, kind, state, step, steps, status.get("loss"), elapsed, eta, pid,
-                     (info or {}).get("started"), status.get("updated"), error, val, current=status.get("current"))
+    return JobStatus(
+        job_dir,
+        kind,
+        state,
+        step,
+        steps,
+        status.get("loss"),
+        elapsed,
+        eta,
+        pid,
+        (info or {}).get("started"),
+        status.get("updated"),
+        error,
+        val,
+        current=status.get("current"),
+    )
 
 
 def _configured_steps(run: RunDir) -> int:
@@ -256,8 +286,11 @@ def list_jobs(root: str | Path | None = None) -> list[JobStatus]:
         if st := read_job(d):
             out.append(replace(st, label=d.name))
         elif not (d / "sweep.json").exists():
-            out += [replace(st, label=f"{d.name}/{c.name}") for c in sorted(d.iterdir())
-                    if c.is_dir() and not c.name.startswith(".") and (st := read_job(c))]
+            out += [
+                replace(st, label=f"{d.name}/{c.name}")
+                for c in sorted(d.iterdir())
+                if c.is_dir() and not c.name.startswith(".") and (st := read_job(c))
+            ]
     return sorted(out, key=lambda s: -(s.started or s.updated or _mtime(s.path)))
 
 

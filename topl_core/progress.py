@@ -30,8 +30,14 @@ def format_seconds(s: float) -> str:
 class Bar:
     """A progress bar with elapsed time and ETA (mean time per unit so far × units left)."""
 
-    def __init__(self, desc: str, total: int | None = None, stream: TextIO | None = None, log_every_s: float = 30.0,
-                 tty: bool | None = None):
+    def __init__(
+        self,
+        desc: str,
+        total: int | None = None,
+        stream: TextIO | None = None,
+        log_every_s: float = 30.0,
+        tty: bool | None = None,
+    ):
         self.desc, self.total, self.done = desc, total, 0
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
@@ -88,8 +94,10 @@ class Bar:
         filled = int(round(frac * BAR_WIDTH))
         eta = self.eta_s()
         tail = f"ETA {format_seconds(eta)}" if eta is not None and frac < 1 else "done" if frac >= 1 else "ETA …"
-        return (f"{self.desc} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {self.done}/{self.total} "
-                f"{100 * frac:3.0f}%  {elapsed} elapsed, {tail}")
+        return (
+            f"{self.desc} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {self.done}/{self.total} "
+            f"{100 * frac:3.0f}%  {elapsed} elapsed, {tail}"
+        )
 
     def _report(self, final: bool, force: bool = False) -> None:
         now = time.perf_counter()

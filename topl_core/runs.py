@@ -1,12 +1,12 @@
 """Run directories: everything a training run leaves behind, and loading it back.
 
-    runs/<name>/
-      adapter_config.json, adapter_model.safetensors   PEFT save_pretrained output (PeftModel.from_pretrained loads it)
-      head.safetensors                                  the linear head (weight (1, d), bias (1,)), for head methods
-      topl_config.json                                  {"config": TrainConfig, "meta": {base fingerprint, head layer, ...}}
-      metrics.jsonl                                     one JSON object per logged step / validation
-      status.json, STOP                                 state and step / steps; a stop request (topl_core.status)
-      checkpoint/                                       latest resumable state (adapter, head, optimizer, RNG, step)
+runs/<name>/
+  adapter_config.json, adapter_model.safetensors   PEFT save_pretrained output (PeftModel.from_pretrained loads it)
+  head.safetensors                                  the linear head (weight (1, d), bias (1,)), for head methods
+  topl_config.json                                  {"config": TrainConfig, "meta": {base fingerprint, head layer, ...}}
+  metrics.jsonl                                     one JSON object per logged step / validation
+  status.json, STOP                                 state and step / steps; a stop request (topl_core.status)
+  checkpoint/                                       latest resumable state (adapter, head, optimizer, RNG, step)
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ class RunDir:
 
     def read_config(self) -> tuple[TrainConfig, dict]:
         if not self.config_path.exists():
-            raise RunError(f"{self.path}: no topl_config.json — not a run directory (train one with python -m topl_core train).")
+            raise RunError(
+                f"{self.path}: no topl_config.json — not a run directory (train one with python -m topl_core train)."
+            )
         try:
             d = json.loads(self.config_path.read_text())
             return TrainConfig.from_json(d["config"]), d.get("meta", {})
@@ -116,7 +118,9 @@ class RunDir:
         from safetensors.torch import load_file
 
         if not self.head_path.exists():
-            raise RunError(f"{self.path}: no head.safetensors; this method ({self.read_config()[0].method}) trains no head.")
+            raise RunError(
+                f"{self.path}: no head.safetensors; this method ({self.read_config()[0].method}) trains no head."
+            )
         try:
             t = load_file(self.head_path, device=str(device))
         except Exception as e:  # safetensors raises its own error types for truncated/corrupt files
@@ -147,6 +151,8 @@ def load_adapter(base: LoadedModel, run: RunDir | str | Path, merge: bool = Fals
         try:
             model = PeftModel.from_pretrained(base.model, run.path)
         except Exception as e:
-            raise RunError(f"{run.path}: PEFT could not load the adapter ({e}); the files may be corrupt — retrain.") from e
+            raise RunError(
+                f"{run.path}: PEFT could not load the adapter ({e}); the files may be corrupt — retrain."
+            ) from e
         model.eval()
         return model.merge_and_unload() if merge else model

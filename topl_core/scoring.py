@@ -39,8 +39,14 @@ class TokenScores:
 class TokenScorer:
     """Loads a run's adapter (unmerged) and head onto a base model it owns. Thread-safe: one forward at a time."""
 
-    def __init__(self, base: LoadedModel, run: RunDir | str | Path, precision: str = "auto",
-                 max_doc_tokens: int | None = 512, max_response_tokens: int = 256):
+    def __init__(
+        self,
+        base: LoadedModel,
+        run: RunDir | str | Path,
+        precision: str = "auto",
+        max_doc_tokens: int | None = 512,
+        max_response_tokens: int = 256,
+    ):
         self.run = RunDir.of(run)
         meta = self.run.check_base(base)
         self.head_layer = int(meta["head_layer"])
@@ -65,13 +71,24 @@ class TokenScorer:
                 chunk = encoded[i : i + batch_size]
                 b = collate(chunk, self.tokenizer.pad_token_id).to(self.model.device)
                 with autocast(self.precision, self.device):
-                    p = torch.sigmoid(self.head(head_features(self.model, b.input_ids, b.attention_mask, self.head_layer)).squeeze(-1))
+                    p = torch.sigmoid(
+                        self.head(head_features(self.model, b.input_ids, b.attention_mask, self.head_layer)).squeeze(-1)
+                    )
                     with self.model.disable_adapter():
                         lp = next_token_logprobs(self.model, b.input_ids, b.attention_mask, b.response_mask)
                 p, s = p.float().cpu().numpy(), (-lp).float().cpu().numpy()
                 for j, e in enumerate(chunk):
                     sl = slice(e.response_start, e.response_end)
-                    out.append(TokenScores(e.record_id, records[i + j].response, e.response_offsets, p[j, sl], s[j, sl], e.response_labels))
+                    out.append(
+                        TokenScores(
+                            e.record_id,
+                            records[i + j].response,
+                            e.response_offsets,
+                            p[j, sl],
+                            s[j, sl],
+                            e.response_labels,
+                        )
+                    )
                 if progress is not None:
                     progress(len(out), len(encoded))
         return out

@@ -83,8 +83,11 @@ STATE_TABLE: tuple[tuple[str, Callable[[Facts], bool], Callable[[Facts], State]]
     ("alive, nothing reported yet", lambda f: f.alive, lambda f: "starting"),
     ("ended and said how", lambda f: f.written in ENDED_STATES, lambda f: f.written),
     ("gone after a stop request", lambda f: f.stop_requested, lambda f: "cancelled"),
-    ("gone without a word (killed, machine restarted): resumable",
-     lambda f: f.written == "running" or f.launched, lambda f: "interrupted"),
+    (
+        "gone without a word (killed, machine restarted): resumable",
+        lambda f: f.written == "running" or f.launched,
+        lambda f: "interrupted",
+    ),
     ("nothing to go on", lambda f: True, lambda f: "unknown"),
 )
 

@@ -35,7 +35,10 @@ def build_tiny_tokenizer(chat: bool = True):
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        vocab_size=400,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tk.train_from_iterator([_TINY_CORPUS] * 4, trainer=trainer)
     tok = PreTrainedTokenizerFast(
@@ -92,5 +95,3 @@ def build_tiny_model(family: str, seed: int = 0):
     with torch.no_grad():
         model.get_input_embeddings().weight[lone_bytes] *= 0.01
     return model.float().eval(), tok
-
-

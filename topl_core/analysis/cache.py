@@ -50,7 +50,9 @@ def _npz_dump(value: Mapping[str, np.ndarray], f: IO[bytes]) -> None:
     arrays = {k: np.asarray(v) for k, v in value.items()}
     bad = [k for k, v in arrays.items() if v.dtype == object]
     if bad:
-        raise TypeError(f"NPZ codec: arrays {bad} have dtype object (would need pickle); convert them to str or numbers.")
+        raise TypeError(
+            f"NPZ codec: arrays {bad} have dtype object (would need pickle); convert them to str or numbers."
+        )
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     f.write(buf.getvalue())

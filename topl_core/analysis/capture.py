@@ -115,16 +115,28 @@ class Projections:
         sites = tuple(Site.from_json(d) for d in json.loads(str(arrays["meta/sites"])))
         values = {s.key: np.asarray(arrays[f"values/{s.key}"]) for s in sites}
         inputs = {k[len("inputs/") :]: np.asarray(v) for k, v in arrays.items() if k.startswith("inputs/")}
-        return cls(sites, values, np.asarray(arrays["labels"]), np.asarray(arrays["record_ids"]),
-                   np.asarray(arrays["positions"]), np.asarray(arrays["tokens"]),
-                   np.asarray(arrays["doc_ids"]) if "doc_ids" in arrays else None, inputs)
+        return cls(
+            sites,
+            values,
+            np.asarray(arrays["labels"]),
+            np.asarray(arrays["record_ids"]),
+            np.asarray(arrays["positions"]),
+            np.asarray(arrays["tokens"]),
+            np.asarray(arrays["doc_ids"]) if "doc_ids" in arrays else None,
+            inputs,
+        )
 
 
 class Capture:
     """What `capture_lora` yields: call `run` once per batch inside the context, then `result`."""
 
-    def __init__(self, model: torch.nn.Module, sites: Sequence[Site], sets: dict[str, dict[Site, torch.Tensor]],
-                 keep_inputs: Sequence[str]):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        sites: Sequence[Site],
+        sets: dict[str, dict[Site, torch.Tensor]],
+        keep_inputs: Sequence[str],
+    ):
         self.model = model
         self.sites = tuple(sites)
         self.sets = sets
@@ -165,8 +177,15 @@ class Capture:
         self._n += n
         return n
 
-    def result(self, labels: np.ndarray, record_ids: Sequence[str], positions: np.ndarray, tokens: Sequence[str],
-               name: str = DEFAULT_SET, doc_ids: Sequence[str] | None = None) -> Projections:
+    def result(
+        self,
+        labels: np.ndarray,
+        record_ids: Sequence[str],
+        positions: np.ndarray,
+        tokens: Sequence[str],
+        name: str = DEFAULT_SET,
+        doc_ids: Sequence[str] | None = None,
+    ) -> Projections:
         """The captured projections of set `name` ("lora", or a control's name), with per-token metadata
         (one entry per kept token, in the order the tokens were kept: batch by batch, row-major)."""
         if len(labels) != self._n:
@@ -177,9 +196,16 @@ class Capture:
             for k, c in self._chunks[name].items()
         }
         inputs = {k: np.concatenate(c).astype(np.float32) for k, c in self._inputs.items() if c}
-        return Projections(self.sites, values, np.asarray(labels, dtype=np.int8), np.asarray(record_ids, dtype=str),
-                           np.asarray(positions, dtype=np.int32), np.asarray(tokens, dtype=str),
-                           None if doc_ids is None else np.asarray(doc_ids, dtype=str), inputs)
+        return Projections(
+            self.sites,
+            values,
+            np.asarray(labels, dtype=np.int8),
+            np.asarray(record_ids, dtype=str),
+            np.asarray(positions, dtype=np.int32),
+            np.asarray(tokens, dtype=str),
+            None if doc_ids is None else np.asarray(doc_ids, dtype=str),
+            inputs,
+        )
 
 
 @contextmanager
@@ -219,8 +245,9 @@ def capture_lora(
         model.train(was_training)
 
 
-def random_lora_A(sites: Sequence[Site], r_of: Mapping[Site, int] | int, d_in_of: Mapping[Site, int],
-                  seed: int = 0) -> dict[Site, torch.Tensor]:
+def random_lora_A(
+    sites: Sequence[Site], r_of: Mapping[Site, int] | int, d_in_of: Mapping[Site, int], seed: int = 0
+) -> dict[Site, torch.Tensor]:
     """Random A matrices drawn like PEFT's initialisation (kaiming-uniform, a=√5: U(−1/√d_in, 1/√d_in)), seeded,
     one (r, d_in) per site: the random-init-A control of docs/design.md §3."""
     g = torch.Generator().manual_seed(seed)

@@ -95,7 +95,9 @@ class EvalConfig:
 
     @property
     def generation(self) -> GenerationConfig:
-        return GenerationConfig(max_new_tokens=self.max_new_tokens, max_doc_tokens=self.max_doc_tokens, batch_size=self.batch_size)
+        return GenerationConfig(
+            max_new_tokens=self.max_new_tokens, max_doc_tokens=self.max_doc_tokens, batch_size=self.batch_size
+        )
 
 
 @dataclass(frozen=True)
@@ -116,15 +118,15 @@ def id_documents(cfg: EvalConfig) -> list[EvalDoc]:
     if cfg.n_id == 0:
         return []
     test = split_records(read_jsonl(_resolve(cfg.data)), seed=cfg.split_seed)["test"]
-    return [EvalDoc("ID", r.source.replace("-perturbed", ""), r.doc_id, r.document)
-            for r in first_documents(test, cfg.n_id)]
+    return [
+        EvalDoc("ID", r.source.replace("-perturbed", ""), r.doc_id, r.document) for r in first_documents(test, cfg.n_id)
+    ]
 
 
 def ood_documents(cfg: EvalConfig) -> list[EvalDoc]:
     """n_ood distinct CLIFF documents, taken alternately from each source (cliff-xsum, cliff-cnndm), in file order.
     Empty when the CSV is absent."""
     import pandas as pd
-
 
     if cfg.n_ood == 0:
         return []
@@ -189,8 +191,14 @@ class _Models:
         return self._cache[key]
 
 
-def generate_for(v: Variant, docs: Sequence[EvalDoc], cfg: EvalConfig, models: _Models | None = None,
-                 vectors=None, use_cache: bool = True) -> list[str]:
+def generate_for(
+    v: Variant,
+    docs: Sequence[EvalDoc],
+    cfg: EvalConfig,
+    models: _Models | None = None,
+    vectors=None,
+    use_cache: bool = True,
+) -> list[str]:
     """The variant's generation for each document (cached)."""
     if not docs:
         return []
@@ -198,9 +206,16 @@ def generate_for(v: Variant, docs: Sequence[EvalDoc], cfg: EvalConfig, models: _
     run = RunDir(v.run) if v.run else None
     if v.kind == "steered" and vectors is None:
         vectors = steering_vectors_for(run, cfg)
-    key = {"kind": v.kind, "lam": v.lam, "model": None if run else (v.model or cfg.model), "device": cfg.device,
-           "docs": _docs_fingerprint(docs), "n": len(docs), "generation": asdict(cfg.generation),
-           "vectors": vectors_fingerprint(vectors) if v.kind == "steered" else None}
+    key = {
+        "kind": v.kind,
+        "lam": v.lam,
+        "model": None if run else (v.model or cfg.model),
+        "device": cfg.device,
+        "docs": _docs_fingerprint(docs),
+        "n": len(docs),
+        "generation": asdict(cfg.generation),
+        "vectors": vectors_fingerprint(vectors) if v.kind == "steered" else None,
+    }
 
     def compute() -> list[str]:
         lm = models.get(v)
@@ -217,9 +232,23 @@ def _rows(v: Variant, docs: Sequence[EvalDoc], texts: Sequence[str], scorer: Sco
     for d, t in zip(docs, texts):
         sent = score_summary(scorer, d.document, t, "sentence")
         full = score_summary(scorer, d.document, t, "full")
-        rows.append({"variant": v.name, "kind": v.kind, "run": v.run, "lambda": v.lam, "set": d.set, "source": d.source,
-                     "doc_id": d.doc_id, "text": t, "score_sentence": sent.score, "score_full": full.score,
-                     "n_sentences": len(sent.claims), "n_words": len(t.split()), "scorer": scorer.name})
+        rows.append(
+            {
+                "variant": v.name,
+                "kind": v.kind,
+                "run": v.run,
+                "lambda": v.lam,
+                "set": d.set,
+                "source": d.source,
+                "doc_id": d.doc_id,
+                "text": t,
+                "score_sentence": sent.score,
+                "score_full": full.score,
+                "n_sentences": len(sent.claims),
+                "n_words": len(t.split()),
+                "scorer": scorer.name,
+            }
+        )
     return rows
 
 
@@ -267,13 +296,18 @@ def results_table(per_doc, protocol: str = "sentence", by_source: bool = False):
     return df[cols + [c for c in df.columns if c not in cols]].set_index("variant")
 
 
-def evaluate(variants: Sequence[Variant], cfg: EvalConfig = EvalConfig(), progress: ProgressFn | None = None,
-             use_cache: bool = True, vectors: dict | None = None, measure_quality: bool | None = None) -> EvalResult:
+def evaluate(
+    variants: Sequence[Variant],
+    cfg: EvalConfig = EvalConfig(),
+    progress: ProgressFn | None = None,
+    use_cache: bool = True,
+    vectors: dict | None = None,
+    measure_quality: bool | None = None,
+) -> EvalResult:
     """Generate with every variant on the ID and OOD documents, score both protocols, and collect per-document rows.
     `vectors` maps a run path to its SteeringVectors (computed from the run's val split when missing).
     measure_quality (default: only for the offline grounding scorer) attaches the scorer's cached AUROC report."""
     import pandas as pd
-
 
     docs = id_documents(cfg) + ood_documents(cfg)
     if not docs:
@@ -298,8 +332,15 @@ def evaluate(variants: Sequence[Variant], cfg: EvalConfig = EvalConfig(), progre
     return EvalResult(pd.DataFrame(rows), cfg, scorer.name, quality)
 
 
-def lambda_sweep(run, lambdas: Sequence[float], cfg: EvalConfig = EvalConfig(), sets: Sequence[str] = ("ID",),
-                 vectors=None, progress: ProgressFn | None = None, use_cache: bool = True):
+def lambda_sweep(
+    run,
+    lambdas: Sequence[float],
+    cfg: EvalConfig = EvalConfig(),
+    sets: Sequence[str] = ("ID",),
+    vectors=None,
+    progress: ProgressFn | None = None,
+    use_cache: bool = True,
+):
     """Factuality and length against λ for one run: rows (lambda, set, source, doc_id, text, score_sentence,
     score_full, n_sentences, n_words). λ = 0 generates with the merged model unchanged."""
     import pandas as pd

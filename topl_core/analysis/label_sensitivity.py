@@ -47,7 +47,9 @@ STUDY_FILE = "label_study.json"
 
 @dataclass(frozen=True)
 class LabelStudyConfig:
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=20, eval_every=20, checkpoint_every=10, max_val_examples=32))
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(steps=20, eval_every=20, checkpoint_every=10, max_val_examples=32)
+    )
     settings: tuple[str, ...] = LABEL_SETTINGS
     n_cliff: int = 0  # > 0: also head token AUROC on this many CLIFF span records (OOD)
     cliff_csv: str | None = None
@@ -81,7 +83,9 @@ class LabelStudyConfig:
 def _train_labels(cfg: TrainConfig, records, tokenizer) -> list[np.ndarray]:
     """The per-example response labels the trainer starts from (train split, TOPL encoding)."""
     train_recs = split_records(records, seed=cfg.split_seed)["train"]
-    examples = OBJECTIVES[cfg.method].prepare(tokenizer, train_recs, EncodeSettings(cfg.max_doc_tokens, cfg.max_response_tokens))
+    examples = OBJECTIVES[cfg.method].prepare(
+        tokenizer, train_recs, EncodeSettings(cfg.max_doc_tokens, cfg.max_response_tokens)
+    )
     return [e.response_labels for e in examples]
 
 
@@ -89,11 +93,12 @@ def label_stats_for(cfg: LabelStudyConfig, records=None, tokenizer=None):
     """Rows per setting: the stats of the training labels under that setting (see the module docstring)."""
     import pandas as pd
 
-
     records = list(records) if records is not None else read_jsonl(cfg.train.data)
     tokenizer = tokenizer or load_model(ModelSpec(cfg.train.model, "float32", cfg.train.device)).tokenizer
     labels = _train_labels(cfg.train, records, tokenizer)
-    return pd.DataFrame([{"setting": s, **label_stats(apply_label_setting(labels, s, cfg.train.seed))} for s in cfg.settings])
+    return pd.DataFrame(
+        [{"setting": s, **label_stats(apply_label_setting(labels, s, cfg.train.seed))} for s in cfg.settings]
+    )
 
 
 def _cliff_auroc(cfg: LabelStudyConfig, run: RunDir) -> dict:
@@ -101,15 +106,25 @@ def _cliff_auroc(cfg: LabelStudyConfig, run: RunDir) -> dict:
     if not path.is_file():
         return {}
     recs = list(load_factuality_csv(path).records)[: cfg.n_cliff]
-    scorer = TokenScorer(load_model(ModelSpec(cfg.train.model, "float32", cfg.train.device)), run, precision=cfg.train.precision)
+    scorer = TokenScorer(
+        load_model(ModelSpec(cfg.train.model, "float32", cfg.train.device)), run, precision=cfg.train.precision
+    )
     r = detection_auroc(scorer.score(recs))
     return {"cliff_token_auroc": r["head_auroc"], "cliff_tokens": r["tokens"]}
 
 
 def _generation(cfg: LabelStudyConfig, run: RunDir) -> dict:
-    ecfg = EvalConfig(data=cfg.train.data, split_seed=cfg.train.split_seed, n_id=cfg.n_generate, n_ood=0,
-                      max_new_tokens=cfg.max_new_tokens, max_doc_tokens=cfg.train.max_doc_tokens, scorer=cfg.scorer,
-                      model=cfg.train.model, device=cfg.train.device)
+    ecfg = EvalConfig(
+        data=cfg.train.data,
+        split_seed=cfg.train.split_seed,
+        n_id=cfg.n_generate,
+        n_ood=0,
+        max_new_tokens=cfg.max_new_tokens,
+        max_doc_tokens=cfg.train.max_doc_tokens,
+        scorer=cfg.scorer,
+        model=cfg.train.model,
+        device=cfg.train.device,
+    )
     res = evaluate([Variant.merged(run.path)], ecfg, measure_quality=False)
     t = res.table()
     return {"gen_factuality": float(t["ID"].iloc[0]), "gen_sentences": float(t["sentences"].iloc[0])}
@@ -119,13 +134,24 @@ def _row(setting: str, run: RunDir) -> dict:
     metrics = run.read_metrics()
     val = next((r for r in reversed(metrics) if "val_token_auroc" in r), {})
     status = run.read_status()
-    return {"setting": setting, "val_token_auroc": val.get("val_token_auroc", float("nan")),
-            "val_tokens": val.get("val_tokens", 0), "loss": metrics[-1].get("loss") if metrics else float("nan"),
-            "train_s": status.get("elapsed_s"), "state": status.get("state"), "run": str(run.path)}
+    return {
+        "setting": setting,
+        "val_token_auroc": val.get("val_token_auroc", float("nan")),
+        "val_tokens": val.get("val_tokens", 0),
+        "loss": metrics[-1].get("loss") if metrics else float("nan"),
+        "train_s": status.get("elapsed_s"),
+        "state": status.get("state"),
+        "run": str(run.path),
+    }
 
 
-def run_label_study(cfg: LabelStudyConfig, out_dir: str | Path, progress: Callable[[str], None] | None = None,
-                    records=None, base_loader: Callable[[], LoadedModel] | None = None):
+def run_label_study(
+    cfg: LabelStudyConfig,
+    out_dir: str | Path,
+    progress: Callable[[str], None] | None = None,
+    records=None,
+    base_loader: Callable[[], LoadedModel] | None = None,
+):
     """Train TOPL on every setting (resumable) and return the table: stats + scores per setting."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -133,7 +159,9 @@ def run_label_study(cfg: LabelStudyConfig, out_dir: str | Path, progress: Callab
     if path.exists():
         old = LabelStudyConfig.from_json(json.loads(path.read_text())["config"])
         if replace(old, settings=cfg.settings) != cfg:
-            raise RunError(f"{out_dir} holds a label study with a different config; use another directory or the same config.")
+            raise RunError(
+                f"{out_dir} holds a label study with a different config; use another directory or the same config."
+            )
     write_json(path, {"config": cfg.to_json()})
     spec = ModelSpec(cfg.train.model, "float32", cfg.train.device)
     base_loader = base_loader or (lambda: load_model(spec))
@@ -174,8 +202,12 @@ def read_label_study(out_dir: str | Path, records=None, tokenizer=None):
     rows = []
     for setting in cfg.settings:
         run = RunDir(out_dir / setting)
-        rows.append({**(_row(setting, run) if run.config_path.exists() else {"setting": setting, "state": "not started"}),
-                     **extras.get(setting, {})})
+        rows.append(
+            {
+                **(_row(setting, run) if run.config_path.exists() else {"setting": setting, "state": "not started"}),
+                **extras.get(setting, {}),
+            }
+        )
     return stats.merge(pd.DataFrame(rows), on="setting", how="left")
 
 

@@ -44,7 +44,9 @@ class ProbeSettings:
 
     def __post_init__(self) -> None:
         if self.folds < 2:
-            raise ConfigError(f"ProbeSettings.folds={self.folds}: cross-validation needs at least 2 folds (paper-style: 5).")
+            raise ConfigError(
+                f"ProbeSettings.folds={self.folds}: cross-validation needs at least 2 folds (paper-style: 5)."
+            )
         if self.batch_size < 1:
             raise ConfigError(f"ProbeSettings.batch_size={self.batch_size}: must be at least 1.")
         if self.precision not in PRECISIONS:
@@ -52,9 +54,12 @@ class ProbeSettings:
 
     def resolved(self, run) -> "ProbeSettings":
         cfg, _ = run.read_config()
-        return replace(self, max_doc_tokens=self.max_doc_tokens if self.max_doc_tokens is not None else cfg.max_doc_tokens,
-                       max_response_tokens=self.max_response_tokens or cfg.max_response_tokens,
-                       precision=resolve_precision(self.precision, cfg.device))
+        return replace(
+            self,
+            max_doc_tokens=self.max_doc_tokens if self.max_doc_tokens is not None else cfg.max_doc_tokens,
+            max_response_tokens=self.max_response_tokens or cfg.max_response_tokens,
+            precision=resolve_precision(self.precision, cfg.device),
+        )
 
     def capture_key(self) -> dict:
         """The fields that change the captured projections (batch size does not)."""
@@ -76,18 +81,36 @@ class ProbeResult:
     control: Separability | None = None
 
     def to_json(self) -> dict:
-        return {**{k: getattr(self, k) for k in ("run", "adapter_fingerprint", "base_fingerprint", "token_set",
-                                                 "records_fingerprint", "settings")},
-                "lora": self.lora.to_json(), "control": self.control.to_json() if self.control else None}
+        return {
+            **{
+                k: getattr(self, k)
+                for k in (
+                    "run",
+                    "adapter_fingerprint",
+                    "base_fingerprint",
+                    "token_set",
+                    "records_fingerprint",
+                    "settings",
+                )
+            },
+            "lora": self.lora.to_json(),
+            "control": self.control.to_json() if self.control else None,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "ProbeResult":
-        return cls(**{**d, "lora": Separability.from_json(d["lora"]),
-                      "control": Separability.from_json(d["control"]) if d.get("control") else None})
+        return cls(
+            **{
+                **d,
+                "lora": Separability.from_json(d["lora"]),
+                "control": Separability.from_json(d["control"]) if d.get("control") else None,
+            }
+        )
 
 
-def run_projections(run, records, settings: ProbeSettings = ProbeSettings(), base=None, use_cache: bool = True,
-                    progress=None) -> dict[str, Projections]:
+def run_projections(
+    run, records, settings: ProbeSettings = ProbeSettings(), base=None, use_cache: bool = True, progress=None
+) -> dict[str, Projections]:
     """Projections of the run's LoRA-A (key "lora") and, with settings.random_control, of a random-init A
     (key "random") on the same inputs, for `records`. Cached as npz keyed by settings + records + adapter.
     `base` (a LoadedModel the caller gives away: the adapter is injected into it) defaults to a fresh load."""
@@ -105,9 +128,19 @@ def run_projections(run, records, settings: ProbeSettings = ProbeSettings(), bas
             r_of = {s: lora_weights(model, s).r for s in sites}
             d_in = {s: input_module(model, s).in_features for s in sites}
             controls = {CONTROL_SET: random_lora_A(sites, r_of, d_in, settings.control_seed)}
-        out = collect_projections(model, lm.tokenizer, records, settings.select, settings.batch_size,
-                                  settings.max_doc_tokens, settings.max_response_tokens, settings.precision,
-                                  sites=sites, controls=controls, progress=progress)
+        out = collect_projections(
+            model,
+            lm.tokenizer,
+            records,
+            settings.select,
+            settings.batch_size,
+            settings.max_doc_tokens,
+            settings.max_response_tokens,
+            settings.precision,
+            sites=sites,
+            controls=controls,
+            progress=progress,
+        )
         return out if isinstance(out, dict) else {DEFAULT_SET: out}
 
     def to_arrays(sets: dict[str, Projections]) -> dict[str, np.ndarray]:
@@ -115,14 +148,23 @@ def run_projections(run, records, settings: ProbeSettings = ProbeSettings(), bas
 
     def from_arrays(arrays) -> dict[str, Projections]:
         names = sorted({k.split("::", 1)[0] for k in arrays})
-        return {n: Projections.from_arrays({k.split("::", 1)[1]: v for k, v in arrays.items() if k.startswith(n + "::")})
-                for n in names}
+        return {
+            n: Projections.from_arrays({k.split("::", 1)[1]: v for k, v in arrays.items() if k.startswith(n + "::")})
+            for n in names
+        }
 
     return cached("lora_projections", key, compute, npz_codec(to_arrays, from_arrays), run=run, enabled=use_cache)
 
 
-def probe_run(run, records, settings: ProbeSettings = ProbeSettings(), token_set: str = "", base=None,
-              use_cache: bool = True, progress=None) -> ProbeResult:
+def probe_run(
+    run,
+    records,
+    settings: ProbeSettings = ProbeSettings(),
+    token_set: str = "",
+    base=None,
+    use_cache: bool = True,
+    progress=None,
+) -> ProbeResult:
     """Per-site separability of a run's LoRA-A (and the random-A control) on a labelled token set. Cached (json)
     by settings + records + adapter fingerprint + base fingerprint; the projections are cached too (npz)."""
     run = RunDir.of(run)
@@ -137,13 +179,28 @@ def probe_run(run, records, settings: ProbeSettings = ProbeSettings(), token_set
         lora = separability(sets[DEFAULT_SET], run.name, settings.folds, settings.seed, settings.n_boot, n_layers)
         control = None
         if CONTROL_SET in sets:
-            control = separability(sets[CONTROL_SET], f"{run.name} random-A", settings.folds, settings.seed,
-                                   settings.n_boot, n_layers)
-        return ProbeResult(str(run.path), run.fingerprint(), meta.get("base_fingerprint"), token_set, rfp,
-                           asdict(settings), lora, control)
+            control = separability(
+                sets[CONTROL_SET], f"{run.name} random-A", settings.folds, settings.seed, settings.n_boot, n_layers
+            )
+        return ProbeResult(
+            str(run.path),
+            run.fingerprint(),
+            meta.get("base_fingerprint"),
+            token_set,
+            rfp,
+            asdict(settings),
+            lora,
+            control,
+        )
 
-    res = cached("lora_separability", key, compute, json_codec(ProbeResult.to_json, ProbeResult.from_json), run=run,
-                 enabled=use_cache)
+    res = cached(
+        "lora_separability",
+        key,
+        compute,
+        json_codec(ProbeResult.to_json, ProbeResult.from_json),
+        run=run,
+        enabled=use_cache,
+    )
     return replace(res, token_set=token_set or res.token_set)
 
 

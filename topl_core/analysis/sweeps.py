@@ -93,7 +93,9 @@ class SweepConfig:
     """A sliding-window sweep. `train` is the template for every window (its LoRA layer range is replaced by the
     window; method must be "topl"). `windows` (explicit (start, size) pairs) overrides sizes/stride."""
 
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=20, eval_every=20, checkpoint_every=10, max_val_examples=32))
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(steps=20, eval_every=20, checkpoint_every=10, max_val_examples=32)
+    )
     sizes: tuple[int, ...] = (3, 6, 12)
     stride: int = 3
     windows: tuple[tuple[int, int], ...] = ()
@@ -108,9 +110,13 @@ class SweepConfig:
         object.__setattr__(self, "sizes", tuple(int(k) for k in self.sizes))
         object.__setattr__(self, "windows", tuple((int(s), int(k)) for s, k in self.windows))
         if self.train.method != "topl":
-            raise ConfigError(f"train.method={self.train.method!r}: the layer sweep trains TOPL windows; use method='topl'.")
+            raise ConfigError(
+                f"train.method={self.train.method!r}: the layer sweep trains TOPL windows; use method='topl'."
+            )
         if self.n_generate < 0:
-            raise ConfigError(f"n_generate={self.n_generate!r}: use 0 (no generation) or a positive number of documents.")
+            raise ConfigError(
+                f"n_generate={self.n_generate!r}: use 0 (no generation) or a positive number of documents."
+            )
         if not self.windows and not self.sizes:
             raise ConfigError("sizes=() and windows=(): give window sizes (e.g. 3 6 12) or explicit windows.")
 
@@ -169,10 +175,19 @@ def _window_row(w: Window, run: RunDir, train_s: float, store: PrefixStore | Non
     val = next((r for r in reversed(metrics) if "val_token_auroc" in r), {})
     last = metrics[-1] if metrics else {}
     row = {
-        "window": w.name, "start": w.start, "size": w.size, "end": w.end, "head_layer": w.end,
-        "val_token_auroc": val.get("val_token_auroc", float("nan")), "val_tokens": val.get("val_tokens", 0),
-        "loss": last.get("loss", float("nan")), "steps": last.get("step", 0), "train_s": train_s,
-        "reuse_prefix": store is not None, "run": str(run.path), "finished": time.time(),
+        "window": w.name,
+        "start": w.start,
+        "size": w.size,
+        "end": w.end,
+        "head_layer": w.end,
+        "val_token_auroc": val.get("val_token_auroc", float("nan")),
+        "val_tokens": val.get("val_tokens", 0),
+        "loss": last.get("loss", float("nan")),
+        "steps": last.get("step", 0),
+        "train_s": train_s,
+        "reuse_prefix": store is not None,
+        "run": str(run.path),
+        "finished": time.time(),
     }
     if store is not None:  # what this window's prefix work was (the store's counters are cumulative)
         now, then = asdict(store.stats), asdict(before or PrefixStats())
@@ -185,12 +200,17 @@ def _generation_factuality(cfg: SweepConfig, run: RunDir, records) -> dict:
     test = split_records(records, seed=cfg.train.split_seed)["test"]
     docs = [r.document for r in first_documents(test, cfg.n_generate)]
     lm = load_merged(ModelSpec(cfg.train.model, "float32", cfg.train.device), run)
-    texts = generate(lm, docs, GenerationConfig(max_new_tokens=cfg.max_new_tokens, max_doc_tokens=cfg.train.max_doc_tokens))
+    texts = generate(
+        lm, docs, GenerationConfig(max_new_tokens=cfg.max_new_tokens, max_doc_tokens=cfg.train.max_doc_tokens)
+    )
     scorer = make_scorer(cfg.scorer)
     scores = [score_summary(scorer, d, t, "sentence") for d, t in zip(docs, texts)]
-    return {"gen_factuality": float(np.mean([s.score for s in scores])) if scores else float("nan"),
-            "gen_sentences": float(np.mean([s.n_sentences for s in scores])) if scores else float("nan"),
-            "gen_documents": len(docs), "scorer": scorer.name}
+    return {
+        "gen_factuality": float(np.mean([s.score for s in scores])) if scores else float("nan"),
+        "gen_sentences": float(np.mean([s.n_sentences for s in scores])) if scores else float("nan"),
+        "gen_documents": len(docs),
+        "scorer": scorer.name,
+    }
 
 
 def sweep_inputs(cfg: SweepConfig, base_loader: Callable[[], LoadedModel] | None, records) -> tuple[LoadedModel, list]:
@@ -222,7 +242,6 @@ def run_sweep(
     load_model of the config's model); it is called once and every window trains a deep copy."""
     import pandas as pd
 
-
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     save_sweep_config(sweep_dir, cfg)
@@ -240,10 +259,16 @@ def run_sweep(
         def cb(p) -> bool:
             if stop_requested(sweep_dir):
                 return False
-            if progress is not None and progress({"event": "step", "window": w.name, "step": p.step, "steps": p.steps,
-                                                  "loss": p.loss, "val": p.val}) is False:
+            if (
+                progress is not None
+                and progress(
+                    {"event": "step", "window": w.name, "step": p.step, "steps": p.steps, "loss": p.loss, "val": p.val}
+                )
+                is False
+            ):
                 return False
             return True
+
         return cb
 
     try:
@@ -256,8 +281,15 @@ def run_sweep(
             run_path = sweep_dir / "windows" / w.name
             write_status(sweep_dir, "running", done=len(done & {x.name for x in windows}), total=total, current=w.name)
             if progress is not None:
-                progress({"event": "window", "window": w.name, "start": w.start, "size": w.size,
-                          "todo": len([x for x in windows if x.name not in done])})  # windows left, this one included
+                progress(
+                    {
+                        "event": "window",
+                        "window": w.name,
+                        "start": w.start,
+                        "size": w.size,
+                        "todo": len([x for x in windows if x.name not in done]),
+                    }
+                )  # windows left, this one included
             wcfg = cfg.window_config(w)
             t0 = time.perf_counter()
             before = replace(store.stats) if store is not None else None
@@ -292,7 +324,9 @@ def resume_sweep(sweep_dir: str | Path, progress: SweepProgress | None = None):
     """Continue the sweep in `sweep_dir` with its saved config."""
     path = Path(sweep_dir) / CONFIG_FILE
     if not path.exists():
-        raise RunError(f"{sweep_dir}: no {CONFIG_FILE}; not a sweep directory (start one with python -m topl_core sweep).")
+        raise RunError(
+            f"{sweep_dir}: no {CONFIG_FILE}; not a sweep directory (start one with python -m topl_core sweep)."
+        )
     return run_sweep(SweepConfig.from_json(json.loads(path.read_text())["config"]), sweep_dir, progress)
 
 

@@ -61,30 +61,52 @@ def umap_embedding(
         X = (X - X.mean(0)) / np.where(X.std(0) > 0, X.std(0), 1.0)
     import umap
 
-    reducer = umap.UMAP(n_components=2, n_neighbors=min(n_neighbors, len(rows) - 1), min_dist=min_dist,
-                        random_state=seed, n_jobs=1)
+    reducer = umap.UMAP(
+        n_components=2, n_neighbors=min(n_neighbors, len(rows) - 1), min_dist=min_dist, random_state=seed, n_jobs=1
+    )
     xy = reducer.fit_transform(X)
-    return pd.DataFrame({
-        "x": xy[:, 0].astype(np.float32),
-        "y": xy[:, 1].astype(np.float32),
-        "label": proj.labels[rows].astype(int),
-        "token": proj.tokens[rows].astype(str),
-        "record_id": proj.record_ids[rows].astype(str),
-        "position": proj.positions[rows].astype(int),
-    })
+    return pd.DataFrame(
+        {
+            "x": xy[:, 0].astype(np.float32),
+            "y": xy[:, 1].astype(np.float32),
+            "label": proj.labels[rows].astype(int),
+            "token": proj.tokens[rows].astype(str),
+            "record_id": proj.record_ids[rows].astype(str),
+            "position": proj.positions[rows].astype(int),
+        }
+    )
 
 
-def run_umap(run, records, site: Site | str, settings=None, source: Literal["projection", "hidden"] = "projection",
-             n_neighbors: int = 15, min_dist: float = 0.1, seed: int = 0, max_points: int = 4000,
-             base=None, use_cache: bool = True):
+def run_umap(
+    run,
+    records,
+    site: Site | str,
+    settings=None,
+    source: Literal["projection", "hidden"] = "projection",
+    n_neighbors: int = 15,
+    min_dist: float = 0.1,
+    seed: int = 0,
+    max_points: int = 4000,
+    base=None,
+    use_cache: bool = True,
+):
     """umap_embedding for a run's site on a labelled token set, cached as parquet (keyed by settings, token set,
     adapter and base fingerprints). Projections come from the cached run_projections; hidden states are
     captured for that one site only (the forward stops after its layer)."""
     run = RunDir.of(run)
     settings = (settings or ProbeSettings()).resolved(run)
     key_name = site.key if isinstance(site, Site) else site
-    key = {"analysis": "umap", "site": key_name, "source": source, "n_neighbors": n_neighbors, "min_dist": min_dist,
-           "seed": seed, "max_points": max_points, "capture": settings.capture_key(), "records": records_fingerprint(records)}
+    key = {
+        "analysis": "umap",
+        "site": key_name,
+        "source": source,
+        "n_neighbors": n_neighbors,
+        "min_dist": min_dist,
+        "seed": seed,
+        "max_points": max_points,
+        "capture": settings.capture_key(),
+        "records": records_fingerprint(records),
+    }
 
     def compute():
         if source == "projection":
@@ -96,9 +118,18 @@ def run_umap(run, records, site: Site | str, settings=None, source: Literal["pro
             target = [s for s in lora_sites(model) if s.key == key_name]
             if not target:
                 raise ValueError(f"run_umap: {run.path} has no LoRA site {key_name!r}.")
-            proj = collect_projections(model, lm.tokenizer, records, settings.select, settings.batch_size,
-                                       settings.max_doc_tokens, settings.max_response_tokens, settings.precision,
-                                       sites=target, keep_inputs=[key_name])
+            proj = collect_projections(
+                model,
+                lm.tokenizer,
+                records,
+                settings.select,
+                settings.batch_size,
+                settings.max_doc_tokens,
+                settings.max_response_tokens,
+                settings.precision,
+                sites=target,
+                keep_inputs=[key_name],
+            )
         return umap_embedding(proj, key_name, source, n_neighbors, min_dist, seed, max_points)
 
     return cached("umap", key, compute, PARQUET, run=run, enabled=use_cache)

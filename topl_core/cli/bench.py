@@ -11,9 +11,7 @@ from . import COMMANDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "bench", help=COMMANDS["bench"].help,
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser("bench", help=COMMANDS["bench"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer steps and repeats (under 3 minutes on 2 cores)")
     p.add_argument("--data", default=DEFAULT_DATA)
     p.add_argument("--model", default=DEFAULT_MODEL)

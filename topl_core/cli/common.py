@@ -12,9 +12,17 @@ from ..presets import DEFAULT_MODEL
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, help="embedded model (smollm2-135m, gemma3-270m), preset, hub id or local path")
-    p.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="weights: auto = float32 on CPU, bfloat16 on a GPU with bf16 support")
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="embedded model (smollm2-135m, gemma3-270m), preset, hub id or local path",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="weights: auto = float32 on CPU, bfloat16 on a GPU with bf16 support",
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
 
 
@@ -33,9 +41,13 @@ def load_split(args: argparse.Namespace) -> list[Record]:
 
 
 def add_precision_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    p.add_argument("--precision", choices=PRECISIONS, default="auto",
-                   help="compute precision (bf16 = autocast); auto = bf16 only where the device computes it natively "
-                        "and fast (AMX / AVX-512-BF16 CPUs, CUDA), fp32 otherwise")
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="auto",
+        help="compute precision (bf16 = autocast); auto = bf16 only where the device computes it natively "
+        "and fast (AMX / AVX-512-BF16 CPUs, CUDA), fp32 otherwise",
+    )
 
 
 def announce_precision(requested: str, device: str = "cpu") -> None:

@@ -21,15 +21,18 @@ SOURCES = ("halueval-perturbed", "halueval-pairs", "fava", "cliff", "aggrefact",
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "data", help=COMMANDS["data"].help)
+    p = sub.add_parser("data", help=COMMANDS["data"].help)
     dsub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")
 
     b = dsub.add_parser("build", help="build a records JSONL from a source")
-    b.add_argument("--source", choices=SOURCES, default="halueval-perturbed",
-                   help="halueval-perturbed: seeded edits of HaluEval's faithful summaries (token labels); "
-                        "halueval-pairs: HaluEval right/hallucinated (sequence labels); fava: JSONL rows of FAVA tagged "
-                        "text; cliff/aggrefact: CSV; mlqe: directory with SPLIT.src/.mt/.tags; jsonl: validate and copy")
+    b.add_argument(
+        "--source",
+        choices=SOURCES,
+        default="halueval-perturbed",
+        help="halueval-perturbed: seeded edits of HaluEval's faithful summaries (token labels); "
+        "halueval-pairs: HaluEval right/hallucinated (sequence labels); fava: JSONL rows of FAVA tagged "
+        "text; cliff/aggrefact: CSV; mlqe: directory with SPLIT.src/.mt/.tags; jsonl: validate and copy",
+    )
     b.add_argument("--input", help="input path (default: the embedded HaluEval file for halueval-*)")
     b.add_argument("--fava-form", choices=["raw", "completion"], default="raw")
     b.add_argument("--mlqe-split", default="train")
@@ -51,8 +54,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=stats)
 
 
-def load_source(source: str, input_path: str | None, limit: int | None, seed: int,
-                fava_form: str = "raw", mlqe_split: str = "train", progress=None) -> list[Record]:
+def load_source(
+    source: str,
+    input_path: str | None,
+    limit: int | None,
+    seed: int,
+    fava_form: str = "raw",
+    mlqe_split: str = "train",
+    progress=None,
+) -> list[Record]:
     """Records from any supported source (shared by the CLI and the Data page)."""
     if source.startswith("halueval"):
         rows = halueval.load_halueval_rows(input_path, limit=limit)

@@ -24,21 +24,35 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "evaluate", help=COMMANDS["evaluate"].help,
+        "evaluate",
+        help=COMMANDS["evaluate"].help,
         formatter_class=_Formatter,
         description="Examples:\n"
-                    "  python -m topl_core evaluate --run runs/topl --steer 2 --n-id 16 --n-ood 16\n"
-                    "  python -m topl_core evaluate --run runs/topl --lambdas -4 -2 -1 0 1 2 4 --n-id 12\n"
-                    "  python -m topl_core evaluate --scorer-quality",
+        "  python -m topl_core evaluate --run runs/topl --steer 2 --n-id 16 --n-ood 16\n"
+        "  python -m topl_core evaluate --run runs/topl --lambdas -4 -2 -1 0 1 2 4 --n-id 12\n"
+        "  python -m topl_core evaluate --scorer-quality",
     )
     p.add_argument("--run", action="append", default=[], help="run directory to evaluate merged (repeatable)")
     p.add_argument("--no-base", action="store_true", help="leave out the base model row")
-    p.add_argument("--steer", nargs="+", type=float, default=[], metavar="LAMBDA",
-                   help="also evaluate each run steered with these λ values (LoRA-B steering)")
-    p.add_argument("--lambdas", nargs="+", type=float, metavar="LAMBDA",
-                   help="λ sweep mode: factuality and length vs λ for the (first) --run")
+    p.add_argument(
+        "--steer",
+        nargs="+",
+        type=float,
+        default=[],
+        metavar="LAMBDA",
+        help="also evaluate each run steered with these λ values (LoRA-B steering)",
+    )
+    p.add_argument(
+        "--lambdas",
+        nargs="+",
+        type=float,
+        metavar="LAMBDA",
+        help="λ sweep mode: factuality and length vs λ for the (first) --run",
+    )
     p.add_argument("--sets", nargs="+", choices=["ID", "OOD"], default=["ID"], help="document sets of the λ sweep")
-    p.add_argument("--scorer-quality", action="store_true", help="print the scorer's measured AUROC on CLIFF / HaluEval")
+    p.add_argument(
+        "--scorer-quality", action="store_true", help="print the scorer's measured AUROC on CLIFF / HaluEval"
+    )
     p.add_argument("--model", default=DEFAULT_MODEL, help="base model when no --run is given")
     p.add_argument("--data", default=DEFAULT_DATA, help="ID data (its test split is used)")
     p.add_argument("--split-seed", type=int, default=0)
@@ -48,8 +62,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--max-doc-tokens", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--scorer", default="grounding",
-                   help="'grounding' (offline) or hub:nli:<id> / hub:classifier:<id> / hub:minicheck-lm:<id>")
+    p.add_argument(
+        "--scorer",
+        default="grounding",
+        help="'grounding' (offline) or hub:nli:<id> / hub:classifier:<id> / hub:minicheck-lm:<id>",
+    )
     p.add_argument("--top-k", type=int, default=4, help="steered sites")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--no-cache", action="store_true", help="regenerate instead of reading cached generations")
@@ -63,9 +80,20 @@ def _fmt(x) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = EvalConfig(data=args.data, split_seed=args.split_seed, n_id=args.n_id, n_ood=args.n_ood, cliff_csv=args.cliff,
-                     max_new_tokens=args.max_new_tokens, max_doc_tokens=args.max_doc_tokens, batch_size=args.batch_size,
-                     scorer=args.scorer, top_k=args.top_k, model=args.model, device=args.device)
+    cfg = EvalConfig(
+        data=args.data,
+        split_seed=args.split_seed,
+        n_id=args.n_id,
+        n_ood=args.n_ood,
+        cliff_csv=args.cliff,
+        max_new_tokens=args.max_new_tokens,
+        max_doc_tokens=args.max_doc_tokens,
+        batch_size=args.batch_size,
+        scorer=args.scorer,
+        top_k=args.top_k,
+        model=args.model,
+        device=args.device,
+    )
     out: dict = {"config": cfg.__dict__}
 
     if args.scorer_quality:
@@ -83,10 +111,13 @@ def run(args: argparse.Namespace) -> int:
             print("error: --lambdas needs --run RUN_DIR", file=sys.stderr)
             return 2
         with Bar("λ values", total=len(args.lambdas)) as bar:
-            df = lambda_sweep(args.run[0], args.lambdas, cfg, sets=tuple(args.sets), progress=bar.stage,
-                              use_cache=not args.no_cache)
+            df = lambda_sweep(
+                args.run[0], args.lambdas, cfg, sets=tuple(args.sets), progress=bar.stage, use_cache=not args.no_cache
+            )
         curve = lambda_curve(df)
-        print(f"λ sweep of {args.run[0]} (steered sites {df.attrs.get('sites')}; scorer {cfg.scorer}, sentence protocol)")
+        print(
+            f"λ sweep of {args.run[0]} (steered sites {df.attrs.get('sites')}; scorer {cfg.scorer}, sentence protocol)"
+        )
         print(curve.to_string(index=False, float_format=_fmt))
         print("\nfull-summary protocol:")
         print(lambda_curve(df, "full")[["lambda", "factuality", "sem"]].to_string(index=False, float_format=_fmt))

@@ -15,8 +15,8 @@ from .common import add_data_args, add_model_args, load_split
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "generate", help=COMMANDS["generate"].help,
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "generate", help=COMMANDS["generate"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--run", help="run directory whose LoRA is merged (omit for the base model)")
     add_model_args(p)
     p.add_argument("--document", help="one document (else --data)")
@@ -41,7 +41,9 @@ def run(args: argparse.Namespace) -> None:
     if args.run:
         spec = ModelSpec(RunDir(args.run).read_config()[0].model, args.dtype, args.device)
     lm = load_merged(spec, args.run)
-    cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, mode=args.mode, temperature=args.temperature, seed=args.seed)
+    cfg = GenerationConfig(
+        max_new_tokens=args.max_new_tokens, mode=args.mode, temperature=args.temperature, seed=args.seed
+    )
     texts = generate(lm, [d for _, d in items], cfg)
     rows = [{"id": rid, "document": doc, "generated": t} for (rid, doc), t in zip(items, texts)]
     if args.out:

@@ -14,6 +14,7 @@ from . import COMMANDS
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     pass
 
+
 from ..analysis.label_sensitivity import LabelStudyConfig, label_stats_for, read_label_study, run_label_study
 from ..data.variants import LABEL_SETTINGS
 from ..io import write_json
@@ -25,11 +26,12 @@ from .common import add_precision_arg, announce_precision
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "label-sensitivity", help=COMMANDS["label-sensitivity"].help,
+        "label-sensitivity",
+        help=COMMANDS["label-sensitivity"].help,
         formatter_class=_Formatter,
         description="Examples:\n"
-                    "  python -m topl_core label-sensitivity --out runs/labels --stats-only\n"
-                    "  python -m topl_core label-sensitivity --out runs/labels --steps 20 --n-cliff 100",
+        "  python -m topl_core label-sensitivity --out runs/labels --stats-only\n"
+        "  python -m topl_core label-sensitivity --out runs/labels --steps 20 --n-cliff 100",
     )
     p.add_argument("--out", required=True, help="study directory (one run directory per setting)")
     p.add_argument("--settings", nargs="+", choices=LABEL_SETTINGS, default=list(LABEL_SETTINGS))
@@ -55,12 +57,27 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     announce_precision(args.precision, args.device)
-    train = TrainConfig(model=args.model, data=args.data, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
-                        lora=LoraSettings(layer_start=args.lora_layer_start, layer_end=args.lora_layer_end),
-                        precision=args.precision, max_val_examples=args.max_val_examples, seed=args.seed,
-                        device=args.device, eval_every=args.steps, checkpoint_every=max(1, min(10, args.steps)))
-    cfg = LabelStudyConfig(train=train, settings=tuple(args.settings), n_cliff=args.n_cliff, cliff_csv=args.cliff,
-                           n_generate=args.n_generate)
+    train = TrainConfig(
+        model=args.model,
+        data=args.data,
+        steps=args.steps,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        lora=LoraSettings(layer_start=args.lora_layer_start, layer_end=args.lora_layer_end),
+        precision=args.precision,
+        max_val_examples=args.max_val_examples,
+        seed=args.seed,
+        device=args.device,
+        eval_every=args.steps,
+        checkpoint_every=max(1, min(10, args.steps)),
+    )
+    cfg = LabelStudyConfig(
+        train=train,
+        settings=tuple(args.settings),
+        n_cliff=args.n_cliff,
+        cliff_csv=args.cliff,
+        n_generate=args.n_generate,
+    )
     if args.stats_only:
         df = label_stats_for(cfg)
     elif args.show:
@@ -68,11 +85,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         from pathlib import Path
 
-
         todo = sum(not RunDir(Path(args.out) / s).is_complete for s in cfg.settings)
         with Bar("label settings", total=todo) as bar:  # each "training setting …" message starts a stage
-            df = run_label_study(cfg, args.out,
-                                 progress=lambda m: bar.stage(m) if m.startswith("training setting") else bar.note(m))
+            df = run_label_study(
+                cfg, args.out, progress=lambda m: bar.stage(m) if m.startswith("training setting") else bar.note(m)
+            )
     cols = [c for c in df.columns if c != "run"]
     print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if args.json:

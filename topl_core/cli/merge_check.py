@@ -14,8 +14,8 @@ from . import COMMANDS
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "merge-check", help=COMMANDS["merge-check"].help,
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "merge-check", help=COMMANDS["merge-check"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--run", required=True, help="run directory")
     p.add_argument("--n", type=int, default=8, help="test-split records of the run's data to compare on")
     p.set_defaults(func=run)
@@ -23,7 +23,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> None:
     import torch
-
 
     run_dir = RunDir(args.run)
     cfg, _ = run_dir.read_config()
@@ -41,5 +40,7 @@ def run(args: argparse.Namespace) -> None:
         m = b.attention_mask.bool()
         diff = (x - y).abs()[m]
         agree = (x.argmax(-1) == y.argmax(-1))[m].float().mean().item()
-        print(f"{dtype:9s} max |Δlogit| {diff.max().item():.3g}  mean {diff.mean().item():.3g}  "
-              f"logit std {x[m].std().item():.3g}  argmax agreement {agree:.4f}  ({int(m.sum())} positions)")
+        print(
+            f"{dtype:9s} max |Δlogit| {diff.max().item():.3g}  mean {diff.mean().item():.3g}  "
+            f"logit std {x[m].std().item():.3g}  argmax agreement {agree:.4f}  ({int(m.sum())} positions)"
+        )

@@ -20,22 +20,31 @@ from .common import add_data_args, add_precision_arg, announce_precision, load_s
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "probe", help=COMMANDS["probe"].help,
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser("probe", help=COMMANDS["probe"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--run", required=True, help="run directory (its LoRA adapter is probed)")
-    p.add_argument("--compare", nargs="*", default=[], metavar="RUN", help="more run directories, probed on the same tokens")
+    p.add_argument(
+        "--compare", nargs="*", default=[], metavar="RUN", help="more run directories, probed on the same tokens"
+    )
     add_data_args(p)
-    p.add_argument("--cliff", help="token set from a CLIFF span CSV (e.g. ../shared/data/CLIFF_error_types.csv) instead of --data")
-    p.add_argument("--random-control", action="store_true", help="also score a random-init A (same r) on the same inputs")
+    p.add_argument(
+        "--cliff", help="token set from a CLIFF span CSV (e.g. ../shared/data/CLIFF_error_types.csv) instead of --data"
+    )
+    p.add_argument(
+        "--random-control", action="store_true", help="also score a random-init A (same r) on the same inputs"
+    )
     p.add_argument("--column", choices=["cv_auroc", "component_auroc"], default="cv_auroc", help="heatmap value")
     p.add_argument("--batch-size", type=int, default=4)
     add_precision_arg(p)
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap draws for the CI of the mean over sites")
-    p.add_argument("--ood-score", nargs="*", default=[], metavar="RUN=SCORE",
-                   help="OOD factuality score per run (run directory name) for the comparison table")
+    p.add_argument(
+        "--ood-score",
+        nargs="*",
+        default=[],
+        metavar="RUN=SCORE",
+        help="OOD factuality score per run (run directory name) for the comparison table",
+    )
     p.add_argument("--no-cache", action="store_true", help="recompute instead of reading cache/analysis/")
     p.add_argument("--json", help="write the full report here")
     p.set_defaults(func=run)
@@ -59,8 +68,14 @@ def run(args: argparse.Namespace) -> None:
     if not records:
         raise SystemExit("error: the token set holds no records with token labels; pick another --split or data file.")
     announce_precision(args.precision, cfg0.device)
-    settings = ProbeSettings(batch_size=args.batch_size, precision=args.precision, folds=args.folds, seed=args.seed,
-                             n_boot=args.n_boot, random_control=args.random_control)
+    settings = ProbeSettings(
+        batch_size=args.batch_size,
+        precision=args.precision,
+        folds=args.folds,
+        seed=args.seed,
+        n_boot=args.n_boot,
+        random_control=args.random_control,
+    )
     ood = {}
     for item in args.ood_score:
         name, _, value = item.partition("=")
@@ -80,23 +95,37 @@ def run(args: argparse.Namespace) -> None:
         results.append(res)
         s = res.lora
         print(f"\n== {name}: {len(s.scores)} sites, {s.n_tokens} tokens ({s.n_bad} bad)")
-        print(f"LoRA-A AUROC mean ± std: {s.mean:.3f} ± {s.std:.3f}  (95% CI of mean {s.ci_low:.3f}–{s.ci_high:.3f}; "
-              f"best-component {s.component_mean:.3f} ± {s.component_std:.3f})")
+        print(
+            f"LoRA-A AUROC mean ± std: {s.mean:.3f} ± {s.std:.3f}  (95% CI of mean {s.ci_low:.3f}–{s.ci_high:.3f}; "
+            f"best-component {s.component_mean:.3f} ± {s.component_std:.3f})"
+        )
         if res.control is not None:
             c = res.control
-            print(f"random-init A (control) mean ± std: {c.mean:.3f} ± {c.std:.3f}  (95% CI {c.ci_low:.3f}–{c.ci_high:.3f})")
+            print(
+                f"random-init A (control) mean ± std: {c.mean:.3f} ± {c.std:.3f}  (95% CI {c.ci_low:.3f}–{c.ci_high:.3f})"
+            )
         print(format_heatmap(s.heatmap(args.column)))
     ood_by_name = {n: ood[r.path.name] for n, r in zip(names, runs) if r.path.name in ood}
     control = results[0].control
     table = comparison_table(separabilities, ood_by_name, control)
-    print("\n" + table.drop(columns=["mean", "std"]).to_string(index=False, float_format=lambda v: "nan" if math.isnan(v) else f"{v:.3f}"))
+    print(
+        "\n"
+        + table.drop(columns=["mean", "std"]).to_string(
+            index=False, float_format=lambda v: "nan" if math.isnan(v) else f"{v:.3f}"
+        )
+    )
     if args.json:
-        write_json(args.json, {
-            "token_set": token_set,
-            "records": len(records),
-            "method": METHOD,
-            "results": [r.to_json() | {"name": n, "heatmap": r.lora.heatmap(args.column).to_dict(orient="index")}
-                        for n, r in zip(names, results)],
-            "comparison": table.to_dict(orient="records"),
-        })
+        write_json(
+            args.json,
+            {
+                "token_set": token_set,
+                "records": len(records),
+                "method": METHOD,
+                "results": [
+                    r.to_json() | {"name": n, "heatmap": r.lora.heatmap(args.column).to_dict(orient="index")}
+                    for n, r in zip(names, results)
+                ],
+                "comparison": table.to_dict(orient="records"),
+            },
+        )
         print(f"\nwrote {args.json}")

@@ -21,9 +21,7 @@ from .common import add_data_args, load_split
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "steer", help=COMMANDS["steer"].help,
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser("steer", help=COMMANDS["steer"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--run", required=True, help="run directory (its LoRA is merged; its B gives the vectors)")
     p.add_argument("--document", help="document text to summarise")
     p.add_argument("--document-file", help="read the document from this file instead")
@@ -37,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=["greedy", "sample"], default="greedy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-base", action="store_true", help="skip the base model's summary")
-    p.add_argument("--no-cache", action="store_true", help="recompute the projections instead of reading cache/analysis/")
+    p.add_argument(
+        "--no-cache", action="store_true", help="recompute the projections instead of reading cache/analysis/"
+    )
     p.add_argument("--json", help="write vectors' metadata and the generations here")
     p.set_defaults(func=run)
 
@@ -62,8 +62,15 @@ def run(args: argparse.Namespace) -> None:
         print(f"computing steering vectors from {args.data} [{args.split}]: {len(records)} records")
         lo, hi = min(args.lambdas), max(args.lambdas)
         with Bar("capturing LoRA-A projections") as bar:
-            vectors = build_steering_vectors(rd, records, ProbeSettings(random_control=False), args.top_k,
-                                             use_cache=not args.no_cache, lambda_range=(lo, hi), progress=bar)
+            vectors = build_steering_vectors(
+                rd,
+                records,
+                ProbeSettings(random_control=False),
+                args.top_k,
+                use_cache=not args.no_cache,
+                lambda_range=(lo, hi),
+                progress=bar,
+            )
     norms = vectors.norms()
     print(f"steered sites ({vectors.n_good} good / {vectors.n_bad} bad tokens; v = scaling·B(μ+ − μ−)):")
     for s in vectors.sites:
@@ -84,6 +91,8 @@ def run(args: argparse.Namespace) -> None:
         rows.append({"model": "merged" if lam == 0 else "steered", "lambda": lam, "text": text})
         print(f"\n== merged, λ = {lam:g}\n{text}")
     if args.json:
-        write_json(args.json, {"run": str(rd.path), "vectors": vectors.metadata(), "document": args.document,
-                               "generations": rows})
+        write_json(
+            args.json,
+            {"run": str(rd.path), "vectors": vectors.metadata(), "document": args.document, "generations": rows},
+        )
         print(f"\nwrote {args.json}")

@@ -25,26 +25,33 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "sweep", help=COMMANDS["sweep"].help,
+        "sweep",
+        help=COMMANDS["sweep"].help,
         formatter_class=_Formatter,
         description="Train TOPL on a grid of layer windows and score each. Examples:\n"
-                    "  python -m topl_core sweep --out runs/sweep-smollm2 --sizes 3 6 12 --stride 6 --steps 15 --background\n"
-                    "  python -m topl_core sweep --resume runs/sweep-smollm2      # continue; finished windows are kept\n"
-                    "  python -m topl_core sweep --show runs/sweep-smollm2        # print the results table and heatmap",
+        "  python -m topl_core sweep --out runs/sweep-smollm2 --sizes 3 6 12 --stride 6 --steps 15 --background\n"
+        "  python -m topl_core sweep --resume runs/sweep-smollm2      # continue; finished windows are kept\n"
+        "  python -m topl_core sweep --show runs/sweep-smollm2        # print the results table and heatmap",
     )
     p.add_argument("--out", help="sweep directory (sweep.json, status.json, results.jsonl, windows/<run dirs>)")
     p.add_argument("--resume", metavar="SWEEP_DIR", help="continue a sweep with its saved config")
     p.add_argument("--show", metavar="SWEEP_DIR", help="print a sweep's results (heatmap table) and exit")
     p.add_argument("--background", action="store_true", help="run in a detached process (job.log in the sweep dir)")
     p.add_argument("--stop", metavar="SWEEP_DIR", help="ask a running sweep to stop after its current step")
-    p.add_argument("--compare", nargs=2, metavar=("REUSE_DIR", "PLAIN_DIR"),
-                   help="compare two sweeps of the same grid run with and without prefix reuse (time, AUROC)")
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("REUSE_DIR", "PLAIN_DIR"),
+        help="compare two sweeps of the same grid run with and without prefix reuse (time, AUROC)",
+    )
     g = p.add_argument_group("grid")
     g.add_argument("--sizes", nargs="+", type=int, default=[3, 6, 12], help="window sizes k")
     g.add_argument("--stride", type=int, default=3, help="start layers 0, stride, 2·stride, …")
     g.add_argument("--windows", nargs="+", metavar="START:SIZE", help="explicit windows instead of sizes/stride")
     g.add_argument("--no-reuse-prefix", action="store_true", help="run every window from the embeddings (for timing)")
-    g.add_argument("--n-generate", type=int, default=0, help="also score generation factuality on this many test documents")
+    g.add_argument(
+        "--n-generate", type=int, default=0, help="also score generation factuality on this many test documents"
+    )
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--scorer", default="grounding", help="factuality scorer for --n-generate")
     t = p.add_argument_group("training (per window)")
@@ -70,22 +77,51 @@ def config_from_args(args: argparse.Namespace):
         except ValueError as e:
             raise ConfigError(f"--windows {args.windows}: write each as START:SIZE, e.g. 0:3 6:6") from e
     train = TrainConfig(
-        model=args.model, data=args.data, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
-        precision=args.precision, max_val_examples=args.max_val_examples, max_doc_tokens=args.max_doc_tokens,
-        max_response_tokens=args.max_response_tokens, seed=args.seed, device=args.device,
-        eval_every=args.steps, checkpoint_every=max(1, min(10, args.steps)),
+        model=args.model,
+        data=args.data,
+        steps=args.steps,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        precision=args.precision,
+        max_val_examples=args.max_val_examples,
+        max_doc_tokens=args.max_doc_tokens,
+        max_response_tokens=args.max_response_tokens,
+        seed=args.seed,
+        device=args.device,
+        eval_every=args.steps,
+        checkpoint_every=max(1, min(10, args.steps)),
     )
-    return SweepConfig(train=train, sizes=tuple(args.sizes), stride=args.stride, windows=windows,
-                       reuse_prefix=not args.no_reuse_prefix, n_generate=args.n_generate,
-                       max_new_tokens=args.max_new_tokens, scorer=args.scorer)
+    return SweepConfig(
+        train=train,
+        sizes=tuple(args.sizes),
+        stride=args.stride,
+        windows=windows,
+        reuse_prefix=not args.no_reuse_prefix,
+        n_generate=args.n_generate,
+        max_new_tokens=args.max_new_tokens,
+        scorer=args.scorer,
+    )
 
 
 def _print_results(df) -> None:
     if df.empty:
         print("no finished windows yet")
         return
-    cols = [c for c in ("window", "start", "size", "val_token_auroc", "val_tokens", "loss", "train_s",
-                        "gen_factuality", "gen_sentences") if c in df.columns]
+    cols = [
+        c
+        for c in (
+            "window",
+            "start",
+            "size",
+            "val_token_auroc",
+            "val_tokens",
+            "loss",
+            "train_s",
+            "gen_factuality",
+            "gen_sentences",
+        )
+        if c in df.columns
+    ]
     print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print("\nhead token AUROC (val) by window start (rows) × size (columns):")
     print(heatmap_table(df).to_string(float_format=lambda x: f"{x:.3f}"))
@@ -94,10 +130,12 @@ def _print_results(df) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.show:
         job = read_job(args.show)
-        print(f"status: {job.state if job else 'no sweep here'}"
-              + (f", {job.step}/{job.steps} windows done" if job else "")
-              + (f", training {job.current}" if job and job.current else "")
-              + (f" ({job.error})" if job and job.error else ""))
+        print(
+            f"status: {job.state if job else 'no sweep here'}"
+            + (f", {job.step}/{job.steps} windows done" if job else "")
+            + (f", training {job.current}" if job and job.current else "")
+            + (f" ({job.error})" if job and job.error else "")
+        )
         _print_results(read_sweep(args.show))
         return 0
     if args.stop:
@@ -108,8 +146,12 @@ def run(args: argparse.Namespace) -> int:
         table = compare_reuse(read_sweep(args.compare[0]), read_sweep(args.compare[1]))
         print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
         tr, tp = table["train_s_reuse"].sum(), table["train_s_plain"].sum()
-        print(f"\ntotal: {tr:.0f} s with reuse vs {tp:.0f} s without over {len(table)} windows "
-              f"(saving {100 * (1 - tr / tp):.0f}%)" if tp else "")
+        print(
+            f"\ntotal: {tr:.0f} s with reuse vs {tp:.0f} s without over {len(table)} windows "
+            f"(saving {100 * (1 - tr / tp):.0f}%)"
+            if tp
+            else ""
+        )
         return 0
 
     bar = Bar("sweep windows")
@@ -138,8 +180,10 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         announce_precision(args.precision, args.device)
         if args.background:
-            print(f"sweep started in the background: {launch_sweep(cfg, args.out)}\n"
-                  f"follow it with: python -m topl_core sweep --show {args.out}")
+            print(
+                f"sweep started in the background: {launch_sweep(cfg, args.out)}\n"
+                f"follow it with: python -m topl_core sweep --show {args.out}"
+            )
             return 0
         df = run_sweep(cfg, args.out, report)
         out = args.out

@@ -31,8 +31,7 @@ def _flags(cls=TrainConfig, prefix: str = "") -> list[tuple[str, str, object, ob
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "train", help=COMMANDS["train"].help)
+    p = sub.add_parser("train", help=COMMANDS["train"].help)
     p.add_argument("--out", help="run directory (default runs/<method>-<model>)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="the paper's hyperparameters for a model family")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run with its saved config")
@@ -68,12 +67,17 @@ def run(args: argparse.Namespace) -> None:
     requested = cfg.precision if args.resume else (args.precision or "auto")  # a resumed run keeps what it recorded
     announce_precision(requested, cfg.device)
 
-
     metric = OBJECTIVES[cfg.method].validation_metric  # the method's headline number (AUROC, loss, reward accuracy)
 
     def report(p: Progress) -> None:
         val = f"  {metric} {p.val[metric]:.3f}" if p.val and metric in p.val else ""
-        print(f"step {p.step}/{p.steps}  loss {p.loss:.4f}  {p.tokens_per_s:.0f} tok/s  eta {p.eta_s:.0f}s{val}", flush=True)
+        print(
+            f"step {p.step}/{p.steps}  loss {p.loss:.4f}  {p.tokens_per_s:.0f} tok/s  eta {p.eta_s:.0f}s{val}",
+            flush=True,
+        )
 
     run = train(cfg, run_dir.path, progress=report)
-    print(f"{run.read_status()['state']}: {run.path}", file=sys.stderr if run.read_status()["state"] != "finished" else sys.stdout)
+    print(
+        f"{run.read_status()['state']}: {run.path}",
+        file=sys.stderr if run.read_status()["state"] != "finished" else sys.stdout,
+    )

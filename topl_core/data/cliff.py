@@ -56,8 +56,10 @@ class CsvLoadReport:
 
     def __str__(self) -> str:
         level = "token-level" if self.token_level else "sequence-level"
-        lines = [f"{self.path}: {self.rows_read} rows read, {len(self.records)} {level} records {self.sources}, "
-                 f"{len(self.skipped)} skipped"]
+        lines = [
+            f"{self.path}: {self.rows_read} rows read, {len(self.records)} {level} records {self.sources}, "
+            f"{len(self.skipped)} skipped"
+        ]
         lines += [f"  row {s.row}: {s.reason}" for s in self.skipped]
         return "\n".join(lines)
 
@@ -110,8 +112,10 @@ def _parse_span_list(value: str, where: str) -> list[str]:
     try:
         parsed = ast.literal_eval(value)
     except (ValueError, SyntaxError) as e:
-        raise DataError(f"{where}, column annotated_span: {value[:80]!r} is not a Python list literal ({e}). "
-                        "Write it like ['span one', 'span two'] or leave it empty.") from e
+        raise DataError(
+            f"{where}, column annotated_span: {value[:80]!r} is not a Python list literal ({e}). "
+            "Write it like ['span one', 'span two'] or leave it empty."
+        ) from e
     if not isinstance(parsed, (list, tuple)) or not all(isinstance(s, str) for s in parsed):
         raise DataError(f"{where}, column annotated_span: expected a list of strings, got {value[:80]!r}.")
     return list(parsed)
@@ -146,8 +150,10 @@ def load_factuality_csv(
     required = SPAN_COLUMNS if token_level else LABEL_COLUMNS
     absent = [c for c in required if c not in table.columns]
     if absent:
-        raise DataError(f"{path}: missing column(s) {absent}. A span CSV needs {SPAN_COLUMNS}, a label CSV "
-                        f"{LABEL_COLUMNS}; found {list(table.columns)}.")
+        raise DataError(
+            f"{path}: missing column(s) {absent}. A span CSV needs {SPAN_COLUMNS}, a label CSV "
+            f"{LABEL_COLUMNS}; found {list(table.columns)}."
+        )
     prefix = source_prefix or ("cliff" if token_level else "aggrefact")
     records, skipped = [], []
     for row, values in enumerate(table.to_dict("records")):
@@ -155,8 +161,14 @@ def load_factuality_csv(
         origin = values.get("origin", "")
         source = f"{prefix}-{origin}" if origin else prefix
         doc_id = f"{origin or prefix}-{values.get('id') or row}"
-        common = dict(id=f"{source}:{row}", document=values["doc"], response=values["summ"], source=source,
-                      doc_id=doc_id, meta={c: values[c] for c in META_COLUMNS if c in values})
+        common = dict(
+            id=f"{source}:{row}",
+            document=values["doc"],
+            response=values["summ"],
+            source=source,
+            doc_id=doc_id,
+            meta={c: values[c] for c in META_COLUMNS if c in values},
+        )
         if token_level:
             spans, missing = match_spans(values["summ"], _parse_span_list(values["annotated_span"], where))
             if missing:
@@ -167,5 +179,7 @@ def load_factuality_csv(
                 continue
             records.append(Record(**common, bad_spans=tuple(spans), sequence_label=0 if spans else 1))
         else:
-            records.append(Record(**common, token_labels_known=False, sequence_label=_parse_label(values["label"], where)))
+            records.append(
+                Record(**common, token_labels_known=False, sequence_label=_parse_label(values["label"], where))
+            )
     return CsvLoadReport(str(path), len(table), tuple(records), tuple(skipped), token_level)

@@ -48,7 +48,9 @@ def build_prompt(tokenizer, document: str, task: str = "summarization") -> str:
     """The text before the response: chat template with a generation prompt, or a plain prompt."""
     user = f"{INSTRUCTIONS[task]}\n\nDocument:\n{document}"
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
+        )
     bos = tokenizer.bos_token or ""
     answer = "Summary" if task == "summarization" else "Translation"
     return f"{bos}{user}\n\n{answer}:\n"
@@ -81,7 +83,11 @@ def token_labels_from_offsets(response: str, bad_chars: np.ndarray, offsets: np.
 
 
 def encode_record(
-    tokenizer, record: Record, max_doc_tokens: int | None = 512, max_response_tokens: int = 160, end_of_turn: bool = True
+    tokenizer,
+    record: Record,
+    max_doc_tokens: int | None = 512,
+    max_response_tokens: int = 160,
+    end_of_turn: bool = True,
 ) -> Encoded:
     prompt = build_prompt(tokenizer, truncate_document(tokenizer, record.document, max_doc_tokens), record.task)
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -118,7 +124,14 @@ class Batch:
     lm_mask: torch.Tensor | None = None  # (B, T) bool: response tokens + end-of-turn token
 
     def to(self, device) -> "Batch":
-        tensors = (self.input_ids, self.attention_mask, self.labels, self.response_mask, self.sequence_labels, self.lm_mask)
+        tensors = (
+            self.input_ids,
+            self.attention_mask,
+            self.labels,
+            self.response_mask,
+            self.sequence_labels,
+            self.lm_mask,
+        )
         return Batch(*(None if t is None else t.to(device) for t in tensors))
 
 

@@ -60,7 +60,9 @@ def parse_fava(text: str, form: FavaForm) -> tuple[str, tuple[Span, ...]]:
         cursor = m.end()
         closing, tag = m.group(1) == "/", m.group(2)
         if tag not in TYPE_TAGS + EDIT_TAGS:
-            raise DataError(f"unknown tag <{m.group()[1:-1]}> at character {m.start()}; FAVA tags are {TYPE_TAGS + EDIT_TAGS}.")
+            raise DataError(
+                f"unknown tag <{m.group()[1:-1]}> at character {m.start()}; FAVA tags are {TYPE_TAGS + EDIT_TAGS}."
+            )
         if not closing:
             if open_tags and (tag in TYPE_TAGS or open_tags[-1][0] in EDIT_TAGS):
                 outer, outer_position, _ = open_tags[-1]
@@ -74,7 +76,9 @@ def parse_fava(text: str, form: FavaForm) -> tuple[str, tuple[Span, ...]]:
             raise DataError(f"</{tag}> at character {m.start()} closes a tag that was never opened.")
         opened, opened_position, content_start = open_tags.pop()
         if opened != tag:
-            raise DataError(f"</{tag}> at character {m.start()} does not match <{opened}> opened at character {opened_position}.")
+            raise DataError(
+                f"</{tag}> at character {m.start()} does not match <{opened}> opened at character {opened_position}."
+            )
         is_type_span = tag in TYPE_TAGS
         is_bare_error = tag == erroneous_tag and not open_tags
         if is_type_span or is_bare_error:
@@ -106,6 +110,14 @@ def fava_records(rows: Iterable[dict], form: FavaForm, source: str = "fava") -> 
             response, spans = parse_fava(row[passage_key], form)
         except DataError as e:
             raise DataError(f"{where}, field {passage_key!r}: {e}") from e
-        records.append(Record(id=str(row.get("id", f"{source}-{index}")), document=document, response=response,
-                              bad_spans=spans, sequence_label=0 if spans else 1, source=source))
+        records.append(
+            Record(
+                id=str(row.get("id", f"{source}-{index}")),
+                document=document,
+                response=response,
+                bad_spans=spans,
+                sequence_label=0 if spans else 1,
+                source=source,
+            )
+        )
     return records

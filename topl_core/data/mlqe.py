@@ -35,7 +35,10 @@ def bad_word_spans(translation: str, tags: Sequence[str], where: str) -> tuple[S
 
 
 def mlqe_records(
-    sources: Sequence[str], translations: Sequence[str], tags: Sequence[Sequence[str]], id_prefix: str = "mlqe",
+    sources: Sequence[str],
+    translations: Sequence[str],
+    tags: Sequence[Sequence[str]],
+    id_prefix: str = "mlqe",
     source: str = "mlqe",
 ) -> list[Record]:
     """Translation records from aligned source sentences, MT sentences and per-sentence tag lists."""
@@ -47,8 +50,17 @@ def mlqe_records(
     records = []
     for i, (src, mt, sentence_tags) in enumerate(zip(sources, translations, tags)):
         spans = bad_word_spans(mt, sentence_tags, f"{source} line {i + 1}")
-        records.append(Record(id=f"{id_prefix}-{i}", document=src, response=mt, bad_spans=spans,
-                              sequence_label=0 if spans else 1, task="translation", source=source))
+        records.append(
+            Record(
+                id=f"{id_prefix}-{i}",
+                document=src,
+                response=mt,
+                bad_spans=spans,
+                sequence_label=0 if spans else 1,
+                task="translation",
+                source=source,
+            )
+        )
     return records
 
 
@@ -66,11 +78,14 @@ def load_mlqe_dir(directory: str | Path, split: str = "train", source: str = "ml
     paths = [directory / f"{split}.{ext}" for ext in ("src", "mt", "tags")]
     absent = [p.name for p in paths if not p.is_file()]
     if absent:
-        raise DataError(f"{directory}: missing {absent}. An MLQE-PE split needs {[p.name for p in paths]} "
-                        "(the WMT20 task 2 release, e.g. en-de/train/).")
+        raise DataError(
+            f"{directory}: missing {absent}. An MLQE-PE split needs {[p.name for p in paths]} "
+            "(the WMT20 task 2 release, e.g. en-de/train/)."
+        )
     sources, translations, tag_lines = (_read_lines(p) for p in paths)
-    return mlqe_records(sources, translations, [line.split() for line in tag_lines], id_prefix=f"{source}-{split}",
-                        source=source)
+    return mlqe_records(
+        sources, translations, [line.split() for line in tag_lines], id_prefix=f"{source}-{split}", source=source
+    )
 
 
 def load_mlqe_hub(lang_pair: str = "en-de", split: str = "train", source: str = "mlqe") -> list[Record]:

@@ -28,29 +28,97 @@ from .records import Record, Span
 EDIT_KINDS: tuple[str, ...] = ("entity", "number", "date", "negation", "relation", "invented")
 MAX_EDITS = 3
 
-MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-          "November", "December")
+MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 NUMBER_WORDS = ("two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve")
 
 # Opposites for "relation" edits (matched in lower case only: "West Ham" and "First Minister" are names).
 RELATION_SWAPS: dict[str, str] = {
-    "won": "lost", "lost": "won", "win": "lose", "lose": "win", "wins": "loses", "loses": "wins",
-    "beat": "lost to", "increased": "decreased", "decreased": "increased", "increase": "decrease",
-    "decrease": "increase", "rose": "fell", "fell": "rose", "rise": "fall", "fall": "rise",
-    "higher": "lower", "lower": "higher", "arrested": "released", "released": "arrested",
-    "before": "after", "after": "before", "approved": "rejected", "rejected": "approved",
-    "supported": "opposed", "opposed": "supported", "joined": "left", "hired": "fired", "fired": "hired",
-    "bought": "sold", "sold": "bought", "buy": "sell", "sell": "buy", "killed": "injured", "injured": "killed",
-    "died": "survived", "survived": "died", "guilty": "innocent", "innocent": "guilty",
-    "convicted": "acquitted", "acquitted": "convicted", "opened": "closed", "closed": "opened",
-    "started": "ended", "ended": "started", "first": "last", "last": "first", "largest": "smallest",
-    "smallest": "largest", "biggest": "smallest", "highest": "lowest", "lowest": "highest",
-    "praised": "criticised", "criticised": "praised", "criticized": "praised", "confirmed": "denied",
-    "denied": "confirmed", "allowed": "banned", "banned": "allowed", "agreed": "refused",
-    "refused": "agreed", "older": "younger", "younger": "older",
-    "north": "south", "south": "north", "east": "west", "west": "east", "accepted": "rejected",
-    "gained": "lost", "raised": "lowered", "lowered": "raised", "ally": "rival", "rival": "ally",
+    "won": "lost",
+    "lost": "won",
+    "win": "lose",
+    "lose": "win",
+    "wins": "loses",
+    "loses": "wins",
+    "beat": "lost to",
+    "increased": "decreased",
+    "decreased": "increased",
+    "increase": "decrease",
+    "decrease": "increase",
+    "rose": "fell",
+    "fell": "rose",
+    "rise": "fall",
+    "fall": "rise",
+    "higher": "lower",
+    "lower": "higher",
+    "arrested": "released",
+    "released": "arrested",
+    "before": "after",
+    "after": "before",
+    "approved": "rejected",
+    "rejected": "approved",
+    "supported": "opposed",
+    "opposed": "supported",
+    "joined": "left",
+    "hired": "fired",
+    "fired": "hired",
+    "bought": "sold",
+    "sold": "bought",
+    "buy": "sell",
+    "sell": "buy",
+    "killed": "injured",
+    "injured": "killed",
+    "died": "survived",
+    "survived": "died",
+    "guilty": "innocent",
+    "innocent": "guilty",
+    "convicted": "acquitted",
+    "acquitted": "convicted",
+    "opened": "closed",
+    "closed": "opened",
+    "started": "ended",
+    "ended": "started",
+    "first": "last",
+    "last": "first",
+    "largest": "smallest",
+    "smallest": "largest",
+    "biggest": "smallest",
+    "highest": "lowest",
+    "lowest": "highest",
+    "praised": "criticised",
+    "criticised": "praised",
+    "criticized": "praised",
+    "confirmed": "denied",
+    "denied": "confirmed",
+    "allowed": "banned",
+    "banned": "allowed",
+    "agreed": "refused",
+    "refused": "agreed",
+    "older": "younger",
+    "younger": "older",
+    "north": "south",
+    "south": "north",
+    "east": "west",
+    "west": "east",
+    "accepted": "rejected",
+    "gained": "lost",
+    "raised": "lowered",
+    "lowered": "raised",
+    "ally": "rival",
+    "rival": "ally",
 }
 
 NAMED_INVENTIONS = (
@@ -73,10 +141,14 @@ NEGATED_AUXILIARIES = AUXILIARIES + PERFECT_AUXILIARIES + ("do",)  # "do not" ->
 CONTRACTIONS = {"won't": "will", "can't": "can", "cannot": "can"}
 
 # Capitalised words that start phrases but are not names.
-NON_NAME_WORDS = frozenset(
-    "The A An This That These Those He She It They We I You His Her Its Their Our My Your In On At For From "
-    "By With After Before But And Or If When While As Some Many Most All Mr Mrs Ms Dr".split()
-) | frozenset(MONTHS) | frozenset(WEEKDAYS)
+NON_NAME_WORDS = (
+    frozenset(
+        "The A An This That These Those He She It They We I You His Her Its Their Our My Your In On At For From "
+        "By With After Before But And Or If When While As Some Many Most All Mr Mrs Ms Dr".split()
+    )
+    | frozenset(MONTHS)
+    | frozenset(WEEKDAYS)
+)
 MAX_NAME_WORDS = 4
 
 
@@ -96,17 +168,23 @@ NUMBER_WORD_RE = re.compile(_word(_alternatives(NUMBER_WORDS)), re.IGNORECASE)
 YEAR_RE = re.compile(r"^(?:18|19|20)\d\d$")
 # "May" is a month only after "in"/"of" or before a day number; otherwise it is usually the modal or a name.
 DATE_WORD_RE = re.compile(
-    _word(_alternatives([m for m in MONTHS if m != "May"] + list(WEEKDAYS))) + r"|(?<=\bin )May\b|(?<=\bof )May\b|\bMay(?= \d)"
+    _word(_alternatives([m for m in MONTHS if m != "May"] + list(WEEKDAYS)))
+    + r"|(?<=\bin )May\b|(?<=\bof )May\b|\bMay(?= \d)"
 )
 RELATION_RE = re.compile(_word(_alternatives(RELATION_SWAPS)))
 NEGATABLE_RE = re.compile(
-    _word(_alternatives(AUXILIARIES)) + r"(?= (?!not\b)[a-z])"
-    + "|" + _word(_alternatives(PERFECT_AUXILIARIES)) + r"(?= (?:been|[a-z]+(?:ed|en))\b)"
+    _word(_alternatives(AUXILIARIES))
+    + r"(?= (?!not\b)[a-z])"
+    + "|"
+    + _word(_alternatives(PERFECT_AUXILIARIES))
+    + r"(?= (?:been|[a-z]+(?:ed|en))\b)"
 )
 NEGATED_RE = re.compile(
     _word(r"(?P<aux>" + _alternatives(NEGATED_AUXILIARIES) + r") not")
-    + "|" + _word(r"(?P<short>" + _alternatives(NEGATED_AUXILIARIES) + r")n['’]t")
-    + "|" + _word(r"(?P<contracted>" + _alternatives(CONTRACTIONS) + ")"),
+    + "|"
+    + _word(r"(?P<short>" + _alternatives(NEGATED_AUXILIARIES) + r")n['’]t")
+    + "|"
+    + _word(r"(?P<contracted>" + _alternatives(CONTRACTIONS) + ")"),
     re.IGNORECASE,
 )
 OPENERS = r"[\"'‘“(\[]*"
@@ -142,7 +220,7 @@ def _sentence_starts(text: str) -> set[int]:
     """Offsets of the first word of every sentence (after any opening quotes or brackets)."""
     starts = {re.match(OPENERS, text).end()}
     for m in SENTENCE_END_RE.finditer(text):
-        gap = re.match(r"\s+" + OPENERS, text[m.end():])
+        gap = re.match(r"\s+" + OPENERS, text[m.end() :])
         if gap:
             starts.add(m.end() + gap.end())
     return starts
@@ -192,7 +270,7 @@ def _changed_number(text: str, rng: random.Random) -> str:
     """A different number written like `text` (same thousands separators and decimal places)."""
     decimals = len(text.split(".")[1]) if "." in text else 0
     value = float(text.replace(",", ""))
-    step = 10.0 ** -decimals
+    step = 10.0**-decimals
     options = [value + d * step for d in (-3, -2, -1, 1, 2, 3)] + [value * 2, value * 10]
     if value >= 2:
         options.append(value / 2)
@@ -202,8 +280,11 @@ def _changed_number(text: str, rng: random.Random) -> str:
 
 
 def _number_edits(summary: str, rng: random.Random) -> list[Edit]:
-    edits = [Edit(m.start(), m.end(), _changed_number(m.group(), rng), "number")
-             for m in NUMBER_RE.finditer(summary) if not YEAR_RE.match(m.group())]
+    edits = [
+        Edit(m.start(), m.end(), _changed_number(m.group(), rng), "number")
+        for m in NUMBER_RE.finditer(summary)
+        if not YEAR_RE.match(m.group())
+    ]
     for m in NUMBER_WORD_RE.finditer(summary):
         others = [w for w in NUMBER_WORDS if w != m.group().lower()]
         edits.append(Edit(m.start(), m.end(), _match_case(m.group(), rng.choice(others)), "number"))
@@ -234,8 +315,7 @@ def _negation_edits(summary: str) -> list[Edit]:
 
 
 def _relation_edits(summary: str) -> list[Edit]:
-    return [Edit(m.start(), m.end(), RELATION_SWAPS[m.group()], "relation")
-            for m in RELATION_RE.finditer(summary)]
+    return [Edit(m.start(), m.end(), RELATION_SWAPS[m.group()], "relation") for m in RELATION_RE.finditer(summary)]
 
 
 def _invented_edits(summary: str, names: Sequence[str], rng: random.Random) -> list[Edit]:
@@ -252,7 +332,9 @@ def _invented_edits(summary: str, names: Sequence[str], rng: random.Random) -> l
     return edits
 
 
-def _candidate_edits(summary: str, document: str, donor_texts: Sequence[str], rng: random.Random) -> dict[str, list[Edit]]:
+def _candidate_edits(
+    summary: str, document: str, donor_texts: Sequence[str], rng: random.Random
+) -> dict[str, list[Edit]]:
     document_names = list(dict.fromkeys(n for _, _, n in extract_names(document)))
     donor_names = list(dict.fromkeys(n for text in donor_texts for _, _, n in extract_names(text)))
     return {
@@ -273,7 +355,7 @@ def apply_edits(summary: str, edits: Iterable[Edit]) -> tuple[str, tuple[Span, .
     for e in sorted(edits, key=lambda e: (e.start, e.end)):
         if e.start < cursor:
             raise DataError(f"edit {e} overlaps the previous edit ending at {cursor}; edits must not overlap.")
-        kept = summary[cursor:e.start]
+        kept = summary[cursor : e.start]
         pieces += [kept, e.new_text]
         new_length += len(kept)
         bad_end = len(e.new_text) if e.bad_end is None else e.bad_end
@@ -307,7 +389,9 @@ def perturb_summary(
     candidates = _candidate_edits(summary, document, donor_texts, rng)
     chosen: list[Edit] = []
     for _ in range(n_edits):
-        free = {k: [e for e in edits if not any(e.conflicts_with(c) for c in chosen)] for k, edits in candidates.items()}
+        free = {
+            k: [e for e in edits if not any(e.conflicts_with(c) for c in chosen)] for k, edits in candidates.items()
+        }
         kinds = [k for k in EDIT_KINDS if free[k]]
         if not kinds:
             break
@@ -319,7 +403,10 @@ def perturb_summary(
 
 
 def build_perturbation_records(
-    pairs: Iterable[tuple[str, str, str]], seed: int, source: str = "halueval-perturbed", donors_per_document: int = 2,
+    pairs: Iterable[tuple[str, str, str]],
+    seed: int,
+    source: str = "halueval-perturbed",
+    donors_per_document: int = 2,
     progress=None,
 ) -> list[Record]:
     """Two records per (doc_id, document, faithful_summary): the faithful summary (all good) and a perturbed one.
@@ -336,11 +423,29 @@ def build_perturbation_records(
         other_indices = (i + (i >= index) for i in rng.sample(range(len(pairs) - 1), n_donors))  # skip `index`
         donors = [pairs[i][1] for i in other_indices]
         perturbed, spans = perturb_summary(summary, document, rng, donors)
-        records.append(Record(id=f"{doc_id}:faithful", document=document, response=summary, sequence_label=1,
-                              source=source, doc_id=doc_id))
-        records.append(Record(id=f"{doc_id}:perturbed", document=document, response=perturbed, bad_spans=spans,
-                              sequence_label=0, faithful_response=summary, source=source, doc_id=doc_id,
-                              meta={"edits": [s.kind for s in spans]}))
+        records.append(
+            Record(
+                id=f"{doc_id}:faithful",
+                document=document,
+                response=summary,
+                sequence_label=1,
+                source=source,
+                doc_id=doc_id,
+            )
+        )
+        records.append(
+            Record(
+                id=f"{doc_id}:perturbed",
+                document=document,
+                response=perturbed,
+                bad_spans=spans,
+                sequence_label=0,
+                faithful_response=summary,
+                source=source,
+                doc_id=doc_id,
+                meta={"edits": [s.kind for s in spans]},
+            )
+        )
         if progress is not None:
             progress(index + 1, len(pairs))
     return records

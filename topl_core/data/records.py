@@ -121,7 +121,9 @@ def json_lines(path: Path) -> Iterator[tuple[int, str, object]]:
             try:
                 yield line_index, where, json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno}). Fix or delete that line.") from e
+                raise DataError(
+                    f"{where}: not valid JSON ({e.msg} at column {e.colno}). Fix or delete that line."
+                ) from e
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[Record]:

@@ -25,7 +25,9 @@ def split_records(
     records: Sequence[Record], fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), seed: int = 0
 ) -> dict[str, list[Record]]:
     if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
-        raise DataError(f"split fractions={fractions!r} must be three non-negative numbers summing to 1 (train, val, test).")
+        raise DataError(
+            f"split fractions={fractions!r} must be three non-negative numbers summing to 1 (train, val, test)."
+        )
     out: dict[str, list[Record]] = {s: [] for s in SPLITS}
     for r in records:
         out[split_of(r.doc_id, fractions, seed)].append(r)

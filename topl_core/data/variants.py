@@ -22,7 +22,15 @@ import pandas as pd
 
 from ..errors import DataError
 
-LABEL_SETTINGS: tuple[str, ...] = ("original", "random", "balanced", "bad_skewed", "good_skewed", "good_only", "dense_balanced")
+LABEL_SETTINGS: tuple[str, ...] = (
+    "original",
+    "random",
+    "balanced",
+    "bad_skewed",
+    "good_skewed",
+    "good_only",
+    "dense_balanced",
+)
 BAD_FRACTION = {"balanced": 0.5, "bad_skewed": 0.75, "good_skewed": 0.25, "dense_balanced": 0.5}
 DENSE_MIN_BAD_FRACTION = 0.15
 GOOD, BAD, UNSUPERVISED = 1, 0, -1
@@ -47,7 +55,9 @@ def _flatten(labels: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return flat, np.cumsum([len(a) for a in labels])[:-1]
 
 
-def _subsample_to_bad_fraction(labels: list[np.ndarray], bad_fraction: float, rng: np.random.Generator) -> list[np.ndarray]:
+def _subsample_to_bad_fraction(
+    labels: list[np.ndarray], bad_fraction: float, rng: np.random.Generator
+) -> list[np.ndarray]:
     """Keep the most tokens whose bad share is `bad_fraction`; all others become -1."""
     flat, splits = _flatten(labels)
     good, bad = np.flatnonzero(flat == GOOD), np.flatnonzero(flat == BAD)

@@ -18,8 +18,13 @@ METHODS: tuple[str, ...] = typing.get_args(Method)  # the objective registry and
 # What each method's loss reads from a record; Objective.check_data tells the user when the data lacks it.
 Requirement = Literal["token_labels", "pairs", "sequence_labels", "faithful"]
 METHOD_DATA: dict[str, Requirement] = {
-    "topl": "token_labels", "tldr": "token_labels", "unlikelihood": "token_labels",
-    "sopl": "sequence_labels", "sft": "faithful", "dpo": "pairs", "tdpo": "pairs",
+    "topl": "token_labels",
+    "tldr": "token_labels",
+    "unlikelihood": "token_labels",
+    "sopl": "sequence_labels",
+    "sft": "faithful",
+    "dpo": "pairs",
+    "tdpo": "pairs",
 }
 
 
@@ -115,7 +120,8 @@ class TrainConfig:
         token_methods = sorted(k for k, needs in METHOD_DATA.items() if needs == "token_labels")
         if self.label_setting != "original" and self.method not in token_methods:
             _fail(
-                "label_setting", self.label_setting,
+                "label_setting",
+                self.label_setting,
                 f"label settings rewrite token labels, which method {self.method!r} does not use; "
                 f"use 'original', or one of the token-level methods {token_methods}.",
             )

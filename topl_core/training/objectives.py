@@ -87,7 +87,9 @@ def log_one_minus_p(vocab_logp: torch.Tensor, targets: torch.Tensor) -> torch.Te
     return torch.logsumexp(vocab_logp.scatter(-1, targets[:, None], float("-inf")), dim=-1)
 
 
-def unlikelihood_loss(token_logp: torch.Tensor, labels: torch.Tensor, log1m_p: torch.Tensor | None = None) -> torch.Tensor:
+def unlikelihood_loss(
+    token_logp: torch.Tensor, labels: torch.Tensor, log1m_p: torch.Tensor | None = None
+) -> torch.Tensor:
     """Token-level unlikelihood: mean over supervised targets of −log p (label 1, good) or −log(1 − p)
     (label 0, bad); label −1 is ignored. `token_logp` is log p(target token), same shape as labels; `log1m_p`,
     when given, is log(1 − p(target)) computed exactly (else it is derived from token_logp)."""
@@ -100,7 +102,11 @@ def unlikelihood_loss(token_logp: torch.Tensor, labels: torch.Tensor, log1m_p: t
 
 
 def dpo_loss(
-    policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor, beta: float
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
 ) -> torch.Tensor:
     """DPO (Rafailov et al. 2023): mean of −log σ(β[(π_c − ref_c) − (π_r − ref_r)]) over pairs; inputs are
     per-sequence summed log-probs (B,)."""
@@ -193,7 +199,13 @@ def target_logprobs(model: torch.nn.Module, batch: Batch, vocab: bool = False) -
     token_logp = logp.gather(-1, target_ids[:, None]).squeeze(-1)
     rows = targets.nonzero()[:, 0]
     return TargetLogprobs(
-        token_logp, target_ids, rows, batch.labels[targets], batch.response_mask[targets], targets.shape[0], logp if vocab else None
+        token_logp,
+        target_ids,
+        rows,
+        batch.labels[targets],
+        batch.response_mask[targets],
+        targets.shape[0],
+        logp if vocab else None,
     )
 
 
@@ -238,21 +250,31 @@ def unlikelihood_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor
     log1m_p = log_one_minus_p(lp.vocab_logp, lp.targets)
     good, bad = int((labels == 1).sum()), int((labels == 0).sum())
     return unlikelihood_loss(lp.token_logp, labels, log1m_p), {
-        "good_tokens": good, "bad_tokens": bad, "supervised_tokens": good + bad}
+        "good_tokens": good,
+        "bad_tokens": bad,
+        "supervised_tokens": good + bad,
+    }
 
 
 def _pair_halves(batch: Batch) -> int:
     n = batch.input_ids.shape[0]
-    if n % 2 or not (bool((batch.sequence_labels[: n // 2] == 1).all()) and bool((batch.sequence_labels[n // 2 :] == 0).all())):
-        raise ValueError("a pair batch needs chosen rows [0, B) labelled 1 and rejected rows [B, 2B) labelled 0 (collate_pairs).")
+    if n % 2 or not (
+        bool((batch.sequence_labels[: n // 2] == 1).all()) and bool((batch.sequence_labels[n // 2 :] == 0).all())
+    ):
+        raise ValueError(
+            "a pair batch needs chosen rows [0, B) labelled 1 and rejected rows [B, 2B) labelled 0 (collate_pairs)."
+        )
     return n // 2
 
 
 def _pair_info(ctx: StepContext, chosen_ratio: torch.Tensor, rejected_ratio: torch.Tensor) -> dict:
     """Implicit rewards r = β(log π_θ − log π_ref): accuracy = share of pairs with r_chosen > r_rejected."""
     margin = ctx.beta * (chosen_ratio - rejected_ratio).detach()
-    return {"reward_accuracy": float((margin > 0).float().mean()), "reward_margin": float(margin.mean()),
-            "pairs": int(margin.numel())}
+    return {
+        "reward_accuracy": float((margin > 0).float().mean()),
+        "reward_margin": float(margin.mean()),
+        "pairs": int(margin.numel()),
+    }
 
 
 def dpo_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict]:
@@ -274,7 +296,11 @@ def tdpo_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict]:
     margin = pol.per_sequence(pol.token_logp - ref.token_logp)
     kl = pol.per_sequence(sequential_kl(ref.vocab_logp, pol.vocab_logp))
     loss = tdpo_loss(margin[:B], margin[B:], kl[:B], kl[B:], ctx.beta, ctx.tdpo_alpha, "tdpo2")
-    return loss, {**_pair_info(ctx, margin[:B], margin[B:]), "seq_kl_chosen": float(kl[:B].detach().mean()), "seq_kl_rejected": float(kl[B:].detach().mean())}
+    return loss, {
+        **_pair_info(ctx, margin[:B], margin[B:]),
+        "seq_kl_chosen": float(kl[:B].detach().mean()),
+        "seq_kl_rejected": float(kl[B:].detach().mean()),
+    }
 
 
 # --- data preparation ---------------------------------------------------------------------------------------
@@ -289,7 +315,9 @@ class EncodeSettings:
 def encode_token_labelled(tokenizer, records: Sequence[Record], enc: EncodeSettings) -> list[Encoded]:
     """Every record whose token labels are known, encoded with per-token labels."""
     return [
-        encode_record(tokenizer, r, enc.max_doc_tokens, enc.max_response_tokens) for r in records if r.token_labels_known
+        encode_record(tokenizer, r, enc.max_doc_tokens, enc.max_response_tokens)
+        for r in records
+        if r.token_labels_known
     ]
 
 
@@ -315,8 +343,14 @@ def faithful_records(records: Sequence[Record]) -> list[Record]:
 
 def _chosen_record(r: Record) -> Record:
     return dataclasses.replace(
-        r, id=f"{r.id}:faithful", response=r.faithful_response, bad_spans=(), token_labels_known=True,
-        sequence_label=1, faithful_response=None, meta={},
+        r,
+        id=f"{r.id}:faithful",
+        response=r.faithful_response,
+        bad_spans=(),
+        token_labels_known=True,
+        sequence_label=1,
+        faithful_response=None,
+        meta={},
     )
 
 
@@ -369,7 +403,11 @@ def validate_head(ctx: StepContext, batches, precision: str, device: str) -> dic
         scores.append(torch.sigmoid(logits[mask]).float().cpu().numpy())
         labels.append(b.labels[mask].cpu().numpy())
     s, y = np.concatenate(scores), np.concatenate(labels)
-    return {"val_token_auroc": auroc(y, s), "val_tokens": int(len(y)), "val_bad_frac": float(1 - y.mean()) if len(y) else float("nan")}
+    return {
+        "val_token_auroc": auroc(y, s),
+        "val_tokens": int(len(y)),
+        "val_bad_frac": float(1 - y.mean()) if len(y) else float("nan"),
+    }
 
 
 def _mean_loss_and_info(step, keys: tuple[str, ...]):

@@ -53,7 +53,9 @@ class PrefixStore:
         self._states.clear()
 
     @torch.no_grad()
-    def entering(self, decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, start: int) -> torch.Tensor:
+    def entering(
+        self, decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, start: int
+    ) -> torch.Tensor:
         """The residual stream entering layer `start` for this batch."""
         if start == 0:
             return embed_inputs(decoder, input_ids)
@@ -109,7 +111,9 @@ def install_prefix_cache(lm: LoadedModel, store: PrefixStore, start: int) -> Loa
     cfg = causal.config
     for name in ("attention_dropout", "hidden_dropout", "dropout"):
         if float(getattr(cfg, name, 0.0) or 0.0) > 0:
-            raise ModelError(f"prefix reuse needs dropout-free base layers, but config.{name}={getattr(cfg, name)}; "
-                             "run the sweep with reuse_prefix=False.")
+            raise ModelError(
+                f"prefix reuse needs dropout-free base layers, but config.{name}={getattr(cfg, name)}; "
+                "run the sweep with reuse_prefix=False."
+            )
     causal.model = PrefixCachedDecoder(decoder_stack(causal), store, start)
     return lm

@@ -117,7 +117,6 @@ def _apply_label_setting(examples: list[Encoded], setting: str, seed: int) -> li
         return examples
     from dataclasses import replace
 
-
     new = apply_label_setting([e.response_labels for e in examples], setting, seed)
     out = []
     for e, lab in zip(examples, new):
@@ -185,8 +184,15 @@ def train(
                     _save_checkpoint(run, t, step)
                     last_ckpt = step
                 run.write_status("running", step, cfg.steps, loss=loss)
-            report = Progress(step, cfg.steps, loss, row["elapsed_s"], clock.eta(step - start, cfg.steps - step),
-                              row["tokens_per_s"], val)
+            report = Progress(
+                step,
+                cfg.steps,
+                loss,
+                row["elapsed_s"],
+                clock.eta(step - start, cfg.steps - step),
+                row["tokens_per_s"],
+                val,
+            )
             if (progress is not None and progress(report) is False) or stop_requested(run.path):
                 raise Cancelled()
     except BaseException as e:
@@ -203,8 +209,9 @@ def train(
     return run
 
 
-def _prepare(cfg: TrainConfig, objective: Objective, records: Sequence[Record] | None,
-             base: LoadedModel | None) -> tuple[LoadedModel, _Batches]:
+def _prepare(
+    cfg: TrainConfig, objective: Objective, records: Sequence[Record] | None, base: LoadedModel | None
+) -> tuple[LoadedModel, _Batches]:
     """The data, checked before the model loads (a method given data it cannot use fails at once), the base model
     and the encoded, batched train / validation examples."""
     records = list(records) if records is not None else read_jsonl(cfg.data)
@@ -219,12 +226,18 @@ def _prepare(cfg: TrainConfig, objective: Objective, records: Sequence[Record] |
             stacklevel=3,
         )
     enc = EncodeSettings(cfg.max_doc_tokens, cfg.max_response_tokens)
-    train_ex = _apply_label_setting(objective.prepare(base.tokenizer, splits["train"], enc), cfg.label_setting, cfg.seed)
+    train_ex = _apply_label_setting(
+        objective.prepare(base.tokenizer, splits["train"], enc), cfg.label_setting, cfg.seed
+    )
     val_ex = objective.prepare(base.tokenizer, splits["val"][: cfg.max_val_examples], enc) if splits["val"] else []
     if not train_ex:
-        raise DataError(f"{cfg.method}: no training example could be built from {len(splits['train'])} training records.")
+        raise DataError(
+            f"{cfg.method}: no training example could be built from {len(splits['train'])} training records."
+        )
     pad = base.tokenizer.pad_token_id
-    train_batches = [objective.batches(group, cfg.micro_batch_size, pad) for group in length_buckets(train_ex, cfg.batch_size)]
+    train_batches = [
+        objective.batches(group, cfg.micro_batch_size, pad) for group in length_buckets(train_ex, cfg.batch_size)
+    ]
     val_batches = objective.batches(val_ex, cfg.batch_size, pad) if val_ex else []
     return base, _Batches(train_batches, val_batches, len(train_ex), len(val_ex))
 
@@ -284,7 +297,9 @@ def _open_run(run: RunDir, cfg: TrainConfig, meta: dict, t: _Trainable, resuming
     return start
 
 
-def _train_step(cfg: TrainConfig, objective: Objective, t: _Trainable, batches: list, step: int) -> tuple[float, dict, int]:
+def _train_step(
+    cfg: TrainConfig, objective: Objective, t: _Trainable, batches: list, step: int
+) -> tuple[float, dict, int]:
     """One optimizer step over grad_accum batches of micro-batches. Returns (loss, info, tokens seen)."""
     t.model.train()
     losses, infos, tokens = [], [], 0
@@ -320,8 +335,12 @@ class _Clock:
 
     def step(self, tokens: int) -> dict:
         elapsed = time.perf_counter() - self.t0 - self.excluded
-        row = {"elapsed_s": elapsed, "tokens_per_s": (self.tokens + tokens) / elapsed,
-               "step_s": elapsed - self.elapsed, "step_tokens": tokens}
+        row = {
+            "elapsed_s": elapsed,
+            "tokens_per_s": (self.tokens + tokens) / elapsed,
+            "step_s": elapsed - self.elapsed,
+            "step_tokens": tokens,
+        }
         self.elapsed, self.tokens = elapsed, self.tokens + tokens
         return row
 
@@ -348,13 +367,17 @@ def _save_final(run: RunDir, cfg: TrainConfig, t: _Trainable, meta: dict) -> Non
         peft_config.base_model_name_or_path = hub_id(cfg.model)
     t.model.save_pretrained(run.path)
     if t.head is not None:
-        save_tensors(run.head_path, t.head.state_dict(),
-                     {"head_layer": str(meta["head_layer"]), "base_fingerprint": meta["base_fingerprint"]})
+        save_tensors(
+            run.head_path,
+            t.head.state_dict(),
+            {"head_layer": str(meta["head_layer"]), "base_fingerprint": meta["base_fingerprint"]},
+        )
     shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
 
 
-def _combine_micro_batches(losses: list[float], infos: list[dict], units_key: str,
-                           params: list[torch.nn.Parameter]) -> tuple[float, dict]:
+def _combine_micro_batches(
+    losses: list[float], infos: list[dict], units_key: str, params: list[torch.nn.Parameter]
+) -> tuple[float, dict]:
     """Turn the unit-weighted gradient sum into the step's mean (the gradient of the loss over all micro-batches
     at once) and merge the micro-batches' logs: counts add up, rates are unit-weighted means."""
     units = [info[units_key] for info in infos]
@@ -429,5 +452,7 @@ def _load_checkpoint(run: RunDir, t: _Trainable) -> int:
         t.scheduler.load_state_dict(opt["scheduler"])
         torch.set_rng_state(load_file(ck / "rng.safetensors")["torch"])
     except Exception as e:
-        raise RunError(f"{ck}: checkpoint is corrupt ({type(e).__name__}: {e}); delete {ck} to restart the run from step 0.") from e
+        raise RunError(
+            f"{ck}: checkpoint is corrupt ({type(e).__name__}: {e}); delete {ck} to restart the run from step 0."
+        ) from e
     return int(step)
