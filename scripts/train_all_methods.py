@@ -144,11 +144,15 @@ def write_table(
         "```",
         "",
         f"Data `{args.data}` ({len(data)} records of {n_docs} documents, {n_bad} of them perturbed with token labels "
-        f"and paired with their faithful response; document-level 80/10/10 split, seed 0), model `{args.model}`, LoRA r=4 α=8 dropout 0.1 on q,k,v,o,gate,up,down, lr {args.lr} for every "
-        f"method (the heads of TOPL, SOPL and TLDR learn at lr × {args.head_lr_multiplier}), precision {args.precision}, documents capped at 320 tokens and responses at 128, {args.steps} steps, "
+        f"and paired with their faithful response; document-level 80/10/10 split, seed 0), model `{args.model}`, "
+        f"LoRA r=4 α=8 dropout 0.1 on q,k,v,o,gate,up,down, lr {args.lr} for every method (the heads of TOPL, SOPL "
+        f"and TLDR learn at lr × {args.head_lr_multiplier}), precision {args.precision}, documents capped at 320 "
+        f"tokens and responses at 128, {args.steps} steps, "
         "validation on up to 64 validation records at the last step. CPU, 2 cores.",
         "",
-        "| method | steps | examples/step | LoRA layers | head layer | train wall time (s) | median s/step | tokens/s (overall / median step) | loss step 1 | final loss (mean of last 5) | validation metric | other validation | final validation (s) | peak RSS (GB) |",
+        "| method | steps | examples/step | LoRA layers | head layer | train wall time (s) | median s/step "
+        "| tokens/s (overall / median step) | loss step 1 | final loss (mean of last 5) | validation metric "
+        "| other validation | final validation (s) | peak RSS (GB) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -156,12 +160,17 @@ def write_table(
             lines.append(f"| {r['method']} | failed: {r['error']} |" + " |" * 12)
             continue
         extra = ", ".join(f"{k} {v:.3f}" for k, v in r["val_extra"].items())
-        lines.append(
-            f"| {r['method']} | {r['steps']} | {r['examples_per_step']}{' pairs' if r['method'] in PAIR_METHODS else ''} | "
-            f"{r['lora_layers']} | {r['head_layer'] if r['head_layer'] is not None else '–'} | {_f(r['train_wall_s'], '.0f')} | "
-            f"{_f(r.get('median_s_per_step'), '.1f')} | {_f(r['tokens_per_s'], '.0f')} / {_f(r.get('median_tokens_per_s'), '.0f')} | {_f(r['first_loss'], '.4f')} | "
-            f"{_f(r['final_loss'], '.4f')} ({_f(r['final_loss_mean5'], '.4f')}) | {r['val_metric']} {_f(r['val_value'], '.3f')} | {extra} | {_f(r.get('val_wall_s'), '.0f')} | {_f(r.get('peak_rss_gb'), '.1f')} |"
-        )
+        pairs = " pairs" if r["method"] in PAIR_METHODS else ""
+        head = r["head_layer"] if r["head_layer"] is not None else "–"
+        cells = [
+            r["method"], r["steps"], f"{r['examples_per_step']}{pairs}", r["lora_layers"], head,
+            _f(r["train_wall_s"], ".0f"), _f(r.get("median_s_per_step"), ".1f"),
+            f"{_f(r['tokens_per_s'], '.0f')} / {_f(r.get('median_tokens_per_s'), '.0f')}", _f(r["first_loss"], ".4f"),
+            f"{_f(r['final_loss'], '.4f')} ({_f(r['final_loss_mean5'], '.4f')})",
+            f"{r['val_metric']} {_f(r['val_value'], '.3f')}", extra, _f(r.get("val_wall_s"), ".0f"),
+            _f(r.get("peak_rss_gb"), ".1f"),
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     lines += [
         "",
         "Validation metrics (each method's own):",
@@ -174,7 +183,8 @@ def write_table(
         "- `val_loss` (sft): next-token cross-entropy on faithful validation responses (+ end-of-turn).",
         "",
         "train wall time is the training loop's clock at the last step (model loading and the final validation "
-        "excluded); median s/step and the median step's tokens/s are robust to the steps that other jobs on the machine slowed down. Peak RSS is the "
+        "excluded); median s/step and the median step's tokens/s are robust to the steps that other jobs on the "
+        "machine slowed down. Peak RSS is the "
         "training process's maximum resident memory (wait4).",
         "",
         "tokens/s counts the tokens of the training batches (for DPO/TDPO both responses of each pair; the reference "
@@ -262,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         (out / f"{method}.summary.json").write_text(json.dumps(r, indent=2))
         print(
-            f"  {r['steps']} steps in {r['train_wall_s']:.0f}s, {r['tokens_per_s']:.0f} tok/s, loss {r['final_loss']:.4f}, "
+            f"  {r['steps']} steps in {r['train_wall_s']:.0f}s, {r['tokens_per_s']:.0f} tok/s, "
+            f"loss {r['final_loss']:.4f}, "
             f"{r['val_metric']} {_f(r['val_value'], '.3f')}, peak RSS {r['peak_rss_gb']:.1f} GB",
             flush=True,
         )

@@ -19,7 +19,8 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     layers = getattr(getattr(inner, "model", None), "layers", None)
     if layers is None:
         raise ModelError(
-            f"Unsupported architecture {type(inner).__name__}: expected `model.model.layers` (Llama, Qwen3, Gemma3 families)."
+            f"Unsupported architecture {type(inner).__name__}: expected `model.model.layers` (Llama, Qwen3, Gemma3 "
+            "families)."
         )
     return layers
 

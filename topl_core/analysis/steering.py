@@ -403,7 +403,8 @@ class SteeringSession:
         if vectors.adapter_fingerprint and vectors.adapter_fingerprint != run.fingerprint():
             raise ModelError(
                 f"Steering vectors belong to adapter {vectors.adapter_fingerprint} ({vectors.adapter_path}), not to "
-                f"{run.path} ({run.fingerprint()}); recompute them for this run (python -m topl_core steer --run {run.path})."
+                f"{run.path} ({run.fingerprint()}); recompute them for this run (python -m topl_core steer --run "
+                f"{run.path})."
             )
         cfg, _ = run.read_config()
         return cls(load_merged(spec or cfg.model, run), vectors)

@@ -102,7 +102,8 @@ def run(args: argparse.Namespace) -> None:
         if res.control is not None:
             c = res.control
             print(
-                f"random-init A (control) mean ± std: {c.mean:.3f} ± {c.std:.3f}  (95% CI {c.ci_low:.3f}–{c.ci_high:.3f})"
+                f"random-init A (control) mean ± std: {c.mean:.3f} ± {c.std:.3f}  (95% CI "
+                f"{c.ci_low:.3f}–{c.ci_high:.3f})"
             )
         print(format_heatmap(s.heatmap(args.column)))
     ood_by_name = {n: ood[r.path.name] for n, r in zip(names, runs) if r.path.name in ood}

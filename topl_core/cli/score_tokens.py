@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> None:
         print(f"{'set':44s} {'records':>8s} {'tokens':>8s} {'%bad':>6s} {'head AUROC':>11s} {'surprisal AUROC':>16s}")
         for name, r in result.items():
             print(
-                f"{name:44s} {r['records']:8d} {r['tokens']:8d} {r['pct_bad']:6.1f} {r['head_auroc']:11.3f} {r['surprisal_auroc']:16.3f}"
+                f"{name:44s} {r['records']:8d} {r['tokens']:8d} {r['pct_bad']:6.1f} {r['head_auroc']:11.3f} "
+                f"{r['surprisal_auroc']:16.3f}"
             )
     if args.json:
         write_json(args.json, result)

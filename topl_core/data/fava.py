@@ -67,7 +67,8 @@ def parse_fava(text: str, form: FavaForm) -> tuple[str, tuple[Span, ...]]:
             if open_tags and (tag in TYPE_TAGS or open_tags[-1][0] in EDIT_TAGS):
                 outer, outer_position, _ = open_tags[-1]
                 raise DataError(
-                    f"<{tag}> at character {m.start()} is nested inside <{outer}> (opened at character {outer_position}); "
+                    f"<{tag}> at character {m.start()} is nested inside <{outer}> (opened at character "
+                    f"{outer_position}); "
                     "type tags cannot be nested, and <mark>/<delete> may only sit directly inside a type tag."
                 )
             open_tags.append((tag, m.start(), length))

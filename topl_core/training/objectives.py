@@ -511,7 +511,8 @@ class Objective:
         if self.requires == "token_labels" and not any(r.token_labels_known for r in records):
             raise DataError(
                 f"{self.name} needs token-level labels, but all {n} training records have only a sequence label "
-                "(token_labels_known=false). Build perturbation data (python -m topl_core data build) or import FAVA/CLIFF spans."
+                "(token_labels_known=false). Build perturbation data (python -m topl_core data build) or import "
+                "FAVA/CLIFF spans."
             )
         if self.requires == "pairs" and not any(r.sequence_label == 0 and r.faithful_response for r in records):
             raise DataError(
@@ -523,7 +524,8 @@ class Objective:
             only = records[0].sequence_label
             raise DataError(
                 f"{self.name} needs both faithful (sequence_label 1) and unfaithful (sequence_label 0) responses, but "
-                f"all {n} training records have sequence_label {only}. Add perturbed/hallucinated or faithful responses."
+                f"all {n} training records have sequence_label {only}. Add perturbed/hallucinated or faithful "
+                "responses."
             )
         if self.requires == "faithful" and not any(r.sequence_label == 1 or r.faithful_response for r in records):
             raise DataError(
@@ -544,7 +546,8 @@ OBJECTIVES: dict[str, Objective] = {
     ),
     "tldr": Objective(
         name="tldr",
-        description="TLDR token-level reward model: BCE of a linear head on FinalNorm(last layer) per response token, LoRA on all layers.",
+        description="TLDR token-level reward model: BCE of a linear head on FinalNorm(last layer) per response token, "
+        "LoRA on all layers.",
         head_position="last",
         loss=topl_loss_step,
         prepare=encode_token_labelled,
@@ -554,7 +557,8 @@ OBJECTIVES: dict[str, Objective] = {
     ),
     "sopl": Objective(
         name="sopl",
-        description="Sequence-level labeling: BCE of the mean head logit over response tokens (head on FinalNorm(layer m)); faithful 1, perturbed 0.",
+        description="Sequence-level labeling: BCE of the mean head logit over response tokens (head on "
+        "FinalNorm(layer m)); faithful 1, perturbed 0.",
         head_position="lora_end",
         loss=sopl_loss_step,
         prepare=encode_all,
@@ -564,7 +568,8 @@ OBJECTIVES: dict[str, Objective] = {
     ),
     "sft": Objective(
         name="sft",
-        description="Supervised fine-tuning: next-token cross-entropy on faithful responses (response + end-of-turn tokens).",
+        description="Supervised fine-tuning: next-token cross-entropy on faithful responses (response + end-of-turn "
+        "tokens).",
         head_position="none",
         loss=sft_loss_step,
         prepare=encode_faithful,
@@ -573,7 +578,8 @@ OBJECTIVES: dict[str, Objective] = {
     ),
     "unlikelihood": Objective(
         name="unlikelihood",
-        description="Token-level unlikelihood: −log p on good tokens, −log(1 − p) on bad tokens of token-labelled responses.",
+        description="Token-level unlikelihood: −log p on good tokens, −log(1 − p) on bad tokens of token-labelled "
+        "responses.",
         head_position="none",
         loss=unlikelihood_loss_step,
         prepare=encode_token_labelled,
@@ -582,7 +588,8 @@ OBJECTIVES: dict[str, Objective] = {
     ),
     "dpo": Objective(
         name="dpo",
-        description="DPO: chosen = faithful response, rejected = perturbed response; reference = the model with its adapter disabled.",
+        description="DPO: chosen = faithful response, rejected = perturbed response; reference = the model with its "
+        "adapter disabled.",
         head_position="none",
         loss=dpo_loss_step,
         prepare=encode_pairs,
@@ -593,7 +600,8 @@ OBJECTIVES: dict[str, Objective] = {
     ),
     "tdpo": Objective(
         name="tdpo",
-        description="TDPO2 (Zeng et al. 2024): DPO margin minus α·(β·SeqKL(rejected) − sg(β·SeqKL(chosen))), KL(π_ref ‖ π_θ) per token; reference = adapter disabled.",
+        description="TDPO2 (Zeng et al. 2024): DPO margin minus α·(β·SeqKL(rejected) − sg(β·SeqKL(chosen))), KL(π_ref "
+        "‖ π_θ) per token; reference = adapter disabled.",
         head_position="none",
         loss=tdpo_loss_step,
         prepare=encode_pairs,

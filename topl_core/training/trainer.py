@@ -221,8 +221,10 @@ def _prepare(
     check_layer_range(base.num_layers, cfg.lora.layer_start, cfg.lora.layer_end)
     if objective.lora_all_layers and not _lora_on_all_layers(cfg, base):
         warnings.warn(
-            f"{cfg.method} is defined with LoRA on all layers, but lora layers are {cfg.lora.layer_start}-{cfg.lora.layer_end} "
-            f"of 0-{base.num_layers - 1}; set lora.layer_start=0, lora.layer_end={base.num_layers - 1} to match the paper.",
+            f"{cfg.method} is defined with LoRA on all layers, but lora layers are "
+            f"{cfg.lora.layer_start}-{cfg.lora.layer_end} "
+            f"of 0-{base.num_layers - 1}; set lora.layer_start=0, lora.layer_end={base.num_layers - 1} to match the "
+            "paper.",
             stacklevel=3,
         )
     enc = EncodeSettings(cfg.max_doc_tokens, cfg.max_response_tokens)
