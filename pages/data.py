@@ -1,9 +1,9 @@
 """Data: browse examples with gold labels as colored tokens; label-sensitivity variants with their stats; build or
 import a data set (perturbation generator, HaluEval pairs, FAVA, CLIFF/AggreFact CSV, MLQE-PE, JSONL)."""
 
-from pages._ui import ensure_frame
+from pages._ui.frame import ensure_frame
 
-ensure_frame()  # first: see pages/_ui.py
+ensure_frame()  # first: see pages/_ui/frame.py
 
 from collections import Counter
 from pathlib import Path
@@ -12,12 +12,16 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from pages._ui import (base_model, csv_download, current_spec, dataset_picker, legend_html, load_error, plot,
-                       records_of, token_html)
+from pages._ui.datasets import dataset_picker, records_of
+from pages._ui.models import base_model, load_error
+from pages._ui.render import csv_download, legend_html, plot, token_html
+from pages._ui.spec import current_spec
 from topl_core.cli.data import SOURCES, load_source
+from topl_core.data.encode import encode_record
 from topl_core.data.records import write_jsonl
 from topl_core.errors import DataError
 from topl_core.data.split import split_records
+from topl_core.data.variants import label_settings_table
 from topl_core.paths import cache_dir, cliff_csv
 
 st.title("Data")
@@ -37,9 +41,6 @@ SOURCE_HELP = {
 
 @st.cache_data(show_spinner="Tokenizing and applying the label settings…", max_entries=16)
 def label_table(path: str, mtime: float, spec: str, split: str, limit: int, seed: int) -> pd.DataFrame:
-    from topl_core.data.encode import encode_record
-    from topl_core.data.variants import label_settings_table
-
     records = records_of(path)
     if split != "all":
         records = split_records(records)[split]
@@ -85,8 +86,6 @@ with tab_browse:
             with left:
                 st.markdown("**Response** (gold token labels, model tokenizer)")
                 try:
-                    from topl_core.data.encode import encode_record
-
                     tok = base_model(current_spec()).tokenizer
                     e = encode_record(tok, r, max_response_tokens=512)
                     tokens = [r.response[s:t] for s, t in e.response_offsets]

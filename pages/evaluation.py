@@ -2,9 +2,9 @@
 (ID, OOD, average), the summary-length table (sentences, words), per-document texts — with the offline scorer's
 measured quality shown next to its scores."""
 
-from pages._ui import ensure_frame
+from pages._ui.frame import ensure_frame
 
-ensure_frame()  # first: see pages/_ui.py
+ensure_frame()  # first: see pages/_ui/frame.py
 
 import json
 import time
@@ -15,8 +15,11 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-from pages._ui import (csv_download, current_model_name, dataset_paths, evaluations_dir, finished_runs, plot,
-                       read_evaluation, split_spec, current_spec)
+from pages._ui.datasets import dataset_paths
+from pages._ui.evaluations import evaluations_dir, read_evaluation
+from pages._ui.render import csv_download, plot
+from pages._ui.runs import finished_runs
+from pages._ui.spec import current_model_name, current_spec, split_spec
 from topl_core import jobs
 
 st.title("Evaluation")

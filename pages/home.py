@@ -1,12 +1,14 @@
 """Home: what the workbench does, the current model, the adapters found, and where to start."""
 
-from pages._ui import ensure_frame
+from pages._ui.frame import ensure_frame
 
-ensure_frame()  # first: see pages/_ui.py
+ensure_frame()  # first: see pages/_ui/frame.py
 
 import streamlit as st
 
-from pages._ui import all_runs, base_model, current_spec, load_error, split_spec
+from pages._ui.models import base_model, load_error
+from pages._ui.runs import all_runs
+from pages._ui.spec import current_spec, split_spec
 from topl_core.paths import runs_dir
 
 st.title("TOPL Workbench")

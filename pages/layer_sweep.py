@@ -2,9 +2,9 @@
 of (start, size), in a background process. The (start × size) heatmap and the k-lines fill in as windows finish;
 the sweep is resumable (finished windows are kept)."""
 
-from pages._ui import ensure_frame
+from pages._ui.frame import ensure_frame
 
-ensure_frame()  # first: see pages/_ui.py
+ensure_frame()  # first: see pages/_ui/frame.py
 
 import time
 from pathlib import Path
@@ -14,16 +14,18 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-from pages._ui import (csv_download, current_spec, dataset_paths, layer_count_or_stop, plot, precision_select,
-                       split_spec)
+from pages._ui.datasets import dataset_paths
+from pages._ui.forms import precision_select
+from pages._ui.models import layer_count_or_stop
+from pages._ui.render import csv_download, plot
+from pages._ui.spec import current_spec, split_spec
 from topl_core import jobs
 from topl_core.paths import runs_dir
 from topl_core.errors import ConfigError
 from topl_core.training.config import TrainConfig
 
 try:
-    from topl_core.analysis.sweeps import (SweepConfig, heatmap_table, lines_table, plan_windows, read_sweep,
-                                           request_stop, start_sweep, sweep_status)
+    from topl_core.analysis.sweeps import SweepConfig, heatmap_table, lines_table, plan_windows, read_sweep
 except ImportError as e:
     st.error(f"The analysis core is not available: {e}")
     st.stop()
@@ -77,7 +79,7 @@ with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS
                                 max_doc_tokens=int(max_doc))
             cfg = SweepConfig(train=train, sizes=tuple(sorted(sizes)), stride=int(stride), reuse_prefix=reuse,
                               n_generate=int(n_gen))
-            path = start_sweep(cfg, SWEEPS / name.strip().replace("/", "_"))
+            path = jobs.launch_sweep(cfg, SWEEPS / name.strip().replace("/", "_"))
             st.session_state[K + "show"] = str(path.relative_to(runs_dir().resolve()))
             st.rerun()
         except (ConfigError, jobs.JobError, ValueError) as e:
@@ -100,33 +102,31 @@ VALUE_LABEL = {"val_token_auroc": "head token AUROC (val)", "gen_factuality": "g
 
 
 def panel() -> None:
-    status = sweep_status(sweep_dir)
     job = jobs.read_job(sweep_dir)
-    state = status.get("state", "unknown")
-    if job is not None and job.active:
-        state = "running"
-    if st.session_state.get(K + "was_running") and state != "running":
+    state = job.state if job else "unknown"
+    active = job is not None and job.active
+    if st.session_state.get(K + "was_running") and not active:
         st.session_state[K + "was_running"] = False
         st.rerun(scope="app")  # the sweep ended: stop polling
-    st.session_state[K + "was_running"] = state == "running"
-    done, total = int(status.get("done", 0)), int(status.get("total", 0))
+    st.session_state[K + "was_running"] = active
+    done, total = (job.step, job.steps) if job else (0, 0)
     c1, c2 = st.columns([5, 1], vertical_alignment="center")
-    cur = f" · training {status['current']}" if status.get("current") else ""
+    cur = f" · training {job.current}" if job and job.current else ""
     c1.progress(done / total if total else 0.0, text=f"{state} · {done}/{total} windows{cur}")
-    if state == "running":
+    if active:
         if c2.button("Stop", key=K + "stop", icon=":material/stop:",
                      help="Stops after the current step; the window keeps a checkpoint and the sweep can resume."):
-            request_stop(sweep_dir)
+            jobs.cancel(sweep_dir)
             st.toast("Stopping after the current step…")
     elif state in ("cancelled", "failed", "interrupted") and c2.button("Resume", key=K + "resume",
                                                                         icon=":material/replay:"):
         try:
-            jobs.launch(["sweep", "--resume", str(sweep_dir)], sweep_dir, kind="sweep")
+            jobs.resume_sweep_job(sweep_dir)
             st.rerun(scope="app")
         except jobs.JobError as e:
             st.error(str(e))
-    if status.get("error") and state != "finished":
-        st.caption(status["error"][:300])
+    if job and job.error and state != "finished":
+        st.caption(job.error[:300])
 
     df = read_sweep(sweep_dir)
     if df.empty:
@@ -162,7 +162,7 @@ def panel() -> None:
 
 
 job = jobs.read_job(sweep_dir)
-running = (job is not None and job.active) or sweep_status(sweep_dir).get("state") == "running"
+running = job is not None and job.active
 st.fragment(panel, run_every=2 if running else None)()
 with st.expander("Log"):
     st.code(jobs.log_tail(sweep_dir, 30) or "(empty)", language=None)

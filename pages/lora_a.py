@@ -2,9 +2,9 @@
 two adapters side by side with their difference, mean ± std (with bootstrap CI and the random-init-A control),
 and a UMAP of one site's projections."""
 
-from pages._ui import ensure_frame
+from pages._ui.frame import ensure_frame
 
-ensure_frame()  # first: see pages/_ui.py
+ensure_frame()  # first: see pages/_ui/frame.py
 
 
 import numpy as np
@@ -13,15 +13,18 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-from pages._ui import (csv_download, finished_runs, plot, run_fingerprint, run_picker, token_set, token_set_picker)
+from pages._ui.render import csv_download, plot
+from pages._ui.runs import finished_runs, run_fingerprint, run_picker
 
 st.title("LoRA-A separability")
 st.caption("Rows of LoRA-A are concept directions. For every (layer, module) site, the module's input is projected "
            "onto A's r rows; the AUROC says how well that r-dim projection separates faithful from hallucinated tokens.")
 
-try:
+try:  # the token sets are read with the analysis core too
+    from pages._ui.token_sets import token_set, token_set_picker
     from topl_core.analysis.probe import probe_run, ProbeSettings, run_projections
     from topl_core.analysis.separability import comparison_table, METHOD
+    from topl_core.analysis.umap_view import umap_embedding  # loads umap (and numba) only when called
 except ImportError as e:  # the analysis core is missing or broken: say so instead of crashing the app
     st.error(f"The analysis core is not available: {e}")
     st.stop()
@@ -159,8 +162,6 @@ go_umap = u3.button("Compute UMAP", key="lora_a.umap_go", icon=":material/scatte
 
 @st.cache_data(show_spinner="Embedding with UMAP…", max_entries=16)
 def umap_df(run: str, fp: str, ts: tuple, site: str, n_neighbors: int) -> pd.DataFrame:
-    from topl_core.analysis.umap_view import umap_embedding
-
     _, records = token_set(*ts)
     proj = run_projections(run, records, ProbeSettings(random_control=False))["lora"]
     return umap_embedding(proj.labelled(), site, n_neighbors=n_neighbors)

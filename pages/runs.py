@@ -1,9 +1,9 @@
 """Runs: compare runs side by side — config diff, training/validation curves, final metrics, and the ID/OOD
 factuality and average sentence count of their evaluations (when evaluated)."""
 
-from pages._ui import ensure_frame
+from pages._ui.frame import ensure_frame
 
-ensure_frame()  # first: see pages/_ui.py
+ensure_frame()  # first: see pages/_ui/frame.py
 
 from pathlib import Path
 
@@ -11,7 +11,9 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from pages._ui import all_runs, csv_download, plot, run_factuality
+from pages._ui.evaluations import run_factuality
+from pages._ui.render import csv_download, plot
+from pages._ui.runs import all_runs
 from topl_core.paths import examples_dir, runs_dir
 from topl_core.runs import RunDir
 

@@ -6,9 +6,9 @@ Built for live demos: the merged model and the steering vectors are cached per (
 set, k) with st.cache_resource and shared read-only (steering hooks act only on the generating thread); every
 generated text is cached per λ, so dragging back to a λ already seen is instant."""
 
-from pages._ui import ensure_frame
+from pages._ui.frame import ensure_frame
 
-ensure_frame()  # first: see pages/_ui.py
+ensure_frame()  # first: see pages/_ui/frame.py
 
 import html
 import io
@@ -20,11 +20,14 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from pages._ui import (MAX_MODELS, base_model, csv_download, current_spec, dataset_picker, diff_html, load_error, merged_model,
-                       plot, records_of, resource_lock, run_fingerprint, run_picker, text_box, token_set,
-                       token_set_picker)
+from pages._ui.datasets import dataset_picker, records_of
+from pages._ui.models import MAX_MODELS, base_model, load_error, merged_model, resource_lock
+from pages._ui.render import csv_download, diff_html, plot, text_box
+from pages._ui.runs import run_fingerprint, run_picker
+from pages._ui.spec import current_spec
 
-try:
+try:  # the token sets are read with the analysis core too
+    from pages._ui.token_sets import token_set, token_set_picker
     from topl_core.analysis.scorers import GroundingScorer, count_sentences, score_summary, scorer_quality
     from topl_core.analysis.steering import SteeringSession, build_steering_vectors
 except ImportError as e:

@@ -1,18 +1,22 @@
 """Token overlay: tokens colored by the TOPL head's p(good), gold labels beside them when known, a threshold
 control, per-token values on hover, and the base model's surprisal as a baseline detector."""
 
-from pages._ui import ensure_frame
+from pages._ui.frame import ensure_frame
 
-ensure_frame()  # first: see pages/_ui.py
+ensure_frame()  # first: see pages/_ui/frame.py
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from pages._ui import (csv_download, current_spec, dataset_picker, legend_html, load_error, merged_model, plot,
-                       records_of, resource_lock, run_fingerprint, run_picker, token_html, token_scorer)
+from pages._ui.datasets import dataset_picker, records_of
+from pages._ui.models import load_error, merged_model, resource_lock, token_scorer
+from pages._ui.render import csv_download, legend_html, plot, token_html
+from pages._ui.runs import run_fingerprint, run_picker
+from pages._ui.spec import current_spec
 from topl_core.data.records import Record
+from topl_core.generate import GenerationConfig, generate
 from topl_core.metrics import auroc
 
 st.title("Token overlay")
@@ -39,8 +43,6 @@ def score(spec: str, run: str, fp: str, record: Record) -> dict:
 
 @st.cache_data(show_spinner="Generating a summary with the merged model…", max_entries=32)
 def generate_summary(spec: str, run: str, fp: str, document: str, max_new_tokens: int) -> str:
-    from topl_core.generate import GenerationConfig, generate
-
     lm = merged_model(spec, run, fp)
     with resource_lock(f"merged:{spec}:{run}:{fp}"):
         return generate(lm, [document], GenerationConfig(max_new_tokens=max_new_tokens))[0]

@@ -2,9 +2,9 @@
 and the page follows it live — progress bar with ETA, loss curve, validation metrics — with cancel and resume.
 Everything shown is read from the run directories, so it survives page reloads and app restarts."""
 
-from pages._ui import ensure_frame
+from pages._ui.frame import ensure_frame
 
-ensure_frame()  # first: see pages/_ui.py
+ensure_frame()  # first: see pages/_ui/frame.py
 
 import dataclasses
 import typing
@@ -15,8 +15,11 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-from pages._ui import (csv_download, current_spec, dataset_paths, layer_count_or_stop, plot, precision_select,
-                       split_spec)
+from pages._ui.datasets import dataset_paths
+from pages._ui.forms import precision_select
+from pages._ui.models import layer_count_or_stop
+from pages._ui.render import csv_download, plot
+from pages._ui.spec import current_spec, split_spec
 from topl_core import jobs
 from topl_core.paths import runs_dir
 from topl_core.runs import RunDir
@@ -24,6 +27,7 @@ from topl_core.presets import LORA_MODULES, PRESETS
 from topl_core.errors import ConfigError
 from topl_core.training.config import LoraSettings, preset_config, TrainConfig
 from topl_core.training.objectives import OBJECTIVES
+from topl_core.data.variants import LABEL_SETTINGS
 
 st.title("Train")
 st.caption("TOPL and its baselines with one training loop. Runs go to a background process: close the tab, "
@@ -148,8 +152,6 @@ with st.expander("New run", expanded=not any_active, icon=":material/add:"):
                                  persist_state="session")
         with st.expander("More settings"):
             a, b, c, d = st.columns(4)
-            from topl_core.data.variants import LABEL_SETTINGS
-
             label_setting = a.selectbox("Label setting", LABEL_SETTINGS, key=K + "label_setting",
                                         persist_state="session")
             beta = b.number_input("β (DPO/TDPO)", 0.0, 10.0, DEFAULT.beta, key=K + "beta", persist_state="session")

@@ -1,0 +1,54 @@
+"""Cached models: `st.cache_resource`, shared read-only by every session (never mutated), keyed by the spec string
+and, for adapters, the run path and fingerprint."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import streamlit as st
+
+from pages._ui.spec import spec_of
+from topl_core.generate import load_merged
+from topl_core.models import load_model
+from topl_core.scoring import TokenScorer
+
+# How many models each cache keeps (base, merged per run, token scorer). 8B models on one GPU: set 1.
+MAX_MODELS = int(os.environ.get("TOPL_UI_MAX_MODELS", "3"))
+
+
+@st.cache_resource(show_spinner="Loading model…", max_entries=MAX_MODELS)
+def base_model(spec_key: str):
+    """The base model for a spec, shared read-only by all sessions."""
+    return load_model(spec_of(spec_key))
+
+
+@st.cache_resource(show_spinner="Merging the adapter into a fresh copy of the base model…", max_entries=MAX_MODELS)
+def merged_model(spec_key: str, run_path: str, fingerprint: str):
+    """A fresh base model with the run's LoRA merged in (never the shared base model)."""
+    return load_merged(spec_of(spec_key), run_path)
+
+
+@st.cache_resource(show_spinner="Loading the adapter and its head…", max_entries=MAX_MODELS)
+def token_scorer(spec_key: str, run_path: str, fingerprint: str):
+    return TokenScorer(load_model(spec_of(spec_key)), run_path)
+
+
+@st.cache_resource
+def resource_lock(name: str) -> threading.Lock:
+    """One lock per shared resource: generation on a shared model touches its tokenizer's padding side."""
+    return threading.Lock()
+
+
+def load_error(e: Exception) -> None:
+    st.error(f"**Could not load the model.** {e}")
+    st.info("Pick an embedded model (smollm2-135m) or a tiny test model in the sidebar.")
+
+
+def layer_count_or_stop(spec: str) -> int:
+    """The base model's number of decoder layers; if it cannot be loaded, say why and stop the page."""
+    try:
+        return base_model(spec).num_layers
+    except Exception as e:
+        load_error(e)
+        st.stop()

@@ -1,0 +1,87 @@
+"""The model spec every page shares: a string "name|dtype|device" in st.session_state, set by the sidebar picker."""
+
+from __future__ import annotations
+
+import os
+
+import streamlit as st
+
+from topl_core.models import EMBEDDED, ModelSpec
+from topl_core.precision import DTYPES, describe_precision, resolve_dtype
+from topl_core.presets import DEFAULT_MODEL
+from topl_core.tiny_models import TINY_FAMILIES
+
+SPEC_KEY = "model_spec"  # session_state: "name|dtype|device"
+CUSTOM = "Hugging Face id or local path…"
+
+
+def default_spec() -> str:
+    """TOPL_DEFAULT_MODEL may be a name ("tiny-llama", "Qwen/Qwen3-8B") or a full spec "name|dtype|device"."""
+    raw = os.environ.get("TOPL_DEFAULT_MODEL", DEFAULT_MODEL).strip() or DEFAULT_MODEL
+    parts = raw.split("|")
+    name = parts[0]
+    dtype = parts[1] if len(parts) > 1 else os.environ.get("TOPL_DEFAULT_DTYPE", "auto")
+    device = parts[2] if len(parts) > 2 else os.environ.get("TOPL_DEFAULT_DEVICE", "cpu")
+    return f"{name}|{dtype}|{device}"
+
+
+def split_spec(key: str) -> tuple[str, str, str]:
+    name, dtype, device = key.rsplit("|", 2)
+    return name, dtype, device
+
+
+def current_spec() -> str:
+    return st.session_state.get(SPEC_KEY) or default_spec()
+
+
+def current_model_name() -> str:
+    return split_spec(current_spec())[0]
+
+
+def spec_of(key: str) -> ModelSpec:
+    name, dtype, device = split_spec(key)
+    return ModelSpec(name, dtype, device)
+
+
+def model_choices() -> list[str]:
+    return [*EMBEDDED, *TINY_FAMILIES, CUSTOM]
+
+
+def model_label(choice: str) -> str:
+    if choice in EMBEDDED:
+        return f"{choice} — {EMBEDDED[choice].description.split('(')[0].strip()}"
+    if choice in TINY_FAMILIES:
+        return f"{choice} — random tiny test model"
+    return choice
+
+
+def sidebar_model_picker() -> str:
+    """The model picker every page shares (rendered by the frame in the sidebar). Returns the spec string."""
+    name, dtype, device = split_spec(default_spec())
+    choices = model_choices()
+    if "sidebar.model_choice" not in st.session_state:
+        st.session_state["sidebar.model_choice"] = name if name in choices else CUSTOM
+        st.session_state["sidebar.model_custom"] = "" if name in choices else name
+        st.session_state["sidebar.dtype"] = dtype
+        st.session_state["sidebar.device"] = device
+    choice = st.sidebar.selectbox("Model", choices, key="sidebar.model_choice",
+                                  persist_state="session", format_func=model_label,
+                                  help="Embedded models run offline on CPU. Paste a hub id (e.g. Qwen/Qwen3-8B) or a "
+                                       "local save_pretrained directory for anything else.")
+    if choice == CUSTOM:
+        custom = st.sidebar.text_input("Hub id or local path", key="sidebar.model_custom", persist_state="session",
+                                       placeholder="Qwen/Qwen3-8B or /path/to/model")
+        name = custom.strip() or DEFAULT_MODEL
+    else:
+        name = choice
+    with st.sidebar.expander("Precision & device"):
+        device = st.selectbox("device", ["cpu", "cuda"], key="sidebar.device", persist_state="session",
+                              help="cuda needs a visible GPU (8B models: bfloat16 on cuda).")
+        st.selectbox("weights dtype", DTYPES, key="sidebar.dtype", persist_state="session",
+                     format_func=lambda d: f"auto → {resolve_dtype(d, device)}" if d == "auto" else d,
+                     help="auto: float32 on CPU (bf16 compute there comes from autocast, where the CPU has it), "
+                          "bfloat16 on a GPU with bf16 support.")
+        st.caption(f"compute precision here: {describe_precision('auto', device)}")
+    spec = f"{name}|{resolve_dtype(st.session_state['sidebar.dtype'], device)}|{device}"  # "auto" resolved: one key
+    st.session_state[SPEC_KEY] = spec
+    return spec

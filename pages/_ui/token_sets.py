@@ -1,0 +1,58 @@
+"""Labelled token sets (LoRA-A and Steering pages): the tokens on which separability and μ+ / μ− are measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from pages._ui.datasets import dataset_picker
+from topl_core.analysis.probe import labelled_records
+from topl_core.data.cliff import load_factuality_csv
+from topl_core.data.records import read_jsonl
+from topl_core.data.split import split_records
+from topl_core.errors import DataError
+from topl_core.paths import PROJECT_ROOT, cliff_csv
+from topl_core.runs import RunDir
+
+TOKEN_SETS = ("run's data · val split", "run's data · test split", "CLIFF spans (OOD)", "another data set")
+
+
+@st.cache_data(show_spinner="Reading the token set…", max_entries=16)
+def token_set(kind: str, run_path: str, data_path: str | None, split: str, limit: int) -> tuple[str, list]:
+    """(description, labelled records) for a token-set choice. Raises DataError/RunError with a message to show."""
+    if kind.startswith("CLIFF"):
+        path = cliff_csv()
+        if not path.is_file():
+            raise DataError(f"CLIFF spans not found at {path} (set TOPL_SHARED_DATA to its folder).")
+        recs = labelled_records(load_factuality_csv(path).records)
+        return f"CLIFF ({path.name})", recs[:limit]
+    if kind.startswith("run's data"):
+        cfg, _ = RunDir(run_path).read_config()
+        p = Path(cfg.data)
+        p = p if p.is_absolute() else PROJECT_ROOT / p
+        split = "val" if "val" in kind else "test"
+        recs = split_records(read_jsonl(p), seed=cfg.split_seed)[split]
+        return f"{p.name} [{split}]", labelled_records(recs)[:limit]
+    if not data_path:
+        raise DataError("pick a data set")
+    recs = read_jsonl(data_path)
+    if split != "all":
+        recs = split_records(recs)[split]
+    return f"{Path(data_path).name} [{split}]", labelled_records(recs)[:limit]
+
+
+def token_set_picker(prefix: str, run_path: str, container=st, default_limit: int = 48):
+    """Widgets for a token set; returns the arguments of token_set() (all hashable)."""
+    c1, c2, c3 = container.columns([2, 2, 1])
+    kind = c1.selectbox("Token set", TOKEN_SETS, key=f"{prefix}.token_set", persist_state="session",
+                        help="Labelled tokens on which LoRA-A separability (and μ+ / μ− for steering) are measured.")
+    data_path, split = None, "all"
+    if kind == "another data set":
+        data_path = dataset_picker(f"{prefix}.token_data", container=c2)
+        split = c2.selectbox("Split", ["val", "test", "train", "all"], key=f"{prefix}.token_split",
+                             persist_state="session")
+    limit = c3.number_input("Records", 4, 5000, default_limit, step=8, key=f"{prefix}.token_limit",
+                            persist_state="session",
+                            help="More records → steadier AUROCs, slower capture (cached on disk afterwards).")
+    return kind, run_path, data_path, split, int(limit)
