@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from pages._ui.datasets import dataset_paths
-from pages._ui.forms import precision_select
+from pages._ui.forms import SIDEBAR_FIELDS, config_inputs, field_input, precision_select
 from pages._ui.models import layer_count_or_stop
 from pages._ui.render import csv_download, plot
 from pages._ui.spec import current_spec, split_spec
@@ -39,6 +39,17 @@ model_name, _, device = split_spec(spec)
 n_layers = layer_count_or_stop(spec)
 SWEEPS = runs_dir() / "sweeps"
 K = "sweep."
+SWEEP = SweepConfig()  # every input starts at SweepConfig's default; a window's training at its template, .train
+# Laid out by hand below (the grid depends on the model's layers); every other field of SweepConfig, and of the
+# TrainConfig (with its LoraSettings) that a window trains with, gets a generated input, so a field added to either
+# appears in this form (as in the Train form) without an edit here. tests/test_app.py checks it.
+HAND_LAID = {"sizes", "stride", "data", "steps", "lr", "batch_size", "max_doc_tokens", "precision"}
+NOT_ASKED = {"train",  # its fields are asked one by one
+             "windows",  # explicit windows instead of sizes × stride: the CLI's --windows
+             "method",  # a sweep trains TOPL
+             "layer_start", "layer_end",  # the window's
+             "eval_every", "checkpoint_every",  # follow the steps, as in the CLI: validate at the window's end
+             "beta", "tdpo_alpha"}  # losses of other methods (DPO, TDPO)
 
 with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS.iterdir())):
     with st.form("sweep.form", border=False):
@@ -47,22 +58,19 @@ with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS
                             persist_state="session")
         data = b.selectbox("Data set", dataset_paths(), key=K + "data",
                            persist_state="session", format_func=lambda p: Path(p).name)
-        default_sizes = [k for k in (3, 6, 12) if k <= n_layers] or [max(1, n_layers // 2)]
-        sizes = c.multiselect("Window sizes k", list(range(1, n_layers + 1)), default=default_sizes, key=K + "sizes",
-                              persist_state="session")
-        stride = d.number_input("Start every … layers", 1, n_layers, min(3, n_layers), key=K + "stride",
-                                persist_state="session")
-        a, b, c, d = st.columns(4)
-        steps = a.number_input("Steps per window", 1, 100_000, 20, key=K + "steps", persist_state="session")
-        lr = b.number_input("Learning rate", 1e-7, 1.0, 1e-4, format="%.1e", key=K + "lr", persist_state="session")
-        batch = c.number_input("Batch size", 1, 1024, 8, key=K + "batch", persist_state="session")
-        precision = precision_select(d, K + "precision", device)
-        a, b, c, _ = st.columns(4)
-        reuse = a.toggle("Reuse frozen prefix", True, key=K + "reuse", persist_state="session",
-                         help="Layers below a window carry no LoRA: their activations are computed once and reused.")
-        n_gen = b.number_input("Also score generations on … test docs", 0, 1000, 0, key=K + "n_gen",
-                               persist_state="session")
-        max_doc = c.number_input("Max document tokens", 16, 32_768, 320, key=K + "max_doc", persist_state="session")
+        default_sizes = [k for k in SWEEP.sizes if k <= n_layers] or [max(1, n_layers // 2)]
+        sizes = field_input(c, SweepConfig, "sizes", K, default_sizes, options=list(range(1, n_layers + 1)))
+        stride = field_input(d, SweepConfig, "stride", K, min(SWEEP.stride, n_layers), max_value=n_layers)
+        a, b, c, d, e = st.columns(5)
+        steps = field_input(a, TrainConfig, "steps", K, SWEEP.train.steps, label="Steps per window")
+        lr = field_input(b, TrainConfig, "lr", K, SWEEP.train.lr)
+        batch = field_input(c, TrainConfig, "batch_size", K, SWEEP.train.batch_size)
+        max_doc = field_input(d, TrainConfig, "max_doc_tokens", K, SWEEP.train.max_doc_tokens)
+        precision = precision_select(e, K + "precision", device)
+        sweep_values = config_inputs(SweepConfig, st.columns(4), K, SWEEP, skip=HAND_LAID | NOT_ASKED)
+        with st.expander("More training settings (every window)"):
+            train_values = config_inputs(TrainConfig, st.columns(4), K, SWEEP.train,
+                                         skip=HAND_LAID | NOT_ASKED | SIDEBAR_FIELDS)
         go_sweep = st.form_submit_button("Start sweep", type="primary", icon=":material/play_arrow:")
     try:
         n_windows = len(plan_windows(n_layers, tuple(sizes), int(stride))) if sizes else 0
@@ -73,12 +81,10 @@ with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS
         try:
             if not data:
                 raise ConfigError("data: build a data set on the Data page first.")
-            train = TrainConfig(model=model_name, data=str(Path(data).resolve()), steps=int(steps), lr=float(lr),
-                                batch_size=int(batch), precision=precision, device=device, eval_every=int(steps),
-                                checkpoint_every=max(1, min(10, int(steps))), max_val_examples=32,
-                                max_doc_tokens=int(max_doc))
-            cfg = SweepConfig(train=train, sizes=tuple(sorted(sizes)), stride=int(stride), reuse_prefix=reuse,
-                              n_generate=int(n_gen))
+            train = TrainConfig(model=model_name, data=str(Path(data).resolve()), steps=steps, lr=lr,
+                                batch_size=batch, precision=precision, device=device, max_doc_tokens=max_doc,
+                                eval_every=steps, checkpoint_every=max(1, min(10, steps)), **train_values)
+            cfg = SweepConfig(train=train, sizes=tuple(sorted(sizes)), stride=stride, **sweep_values)
             path = jobs.launch_sweep(cfg, SWEEPS / name.strip().replace("/", "_"))
             st.session_state[K + "show"] = str(path.relative_to(runs_dir().resolve()))
             st.rerun()

@@ -6,8 +6,6 @@ from pages._ui.frame import ensure_frame
 
 ensure_frame()  # first: see pages/_ui/frame.py
 
-import dataclasses
-import typing
 from pathlib import Path
 
 import pandas as pd
@@ -16,18 +14,17 @@ import streamlit as st
 from plotly.subplots import make_subplots
 
 from pages._ui.datasets import dataset_paths
-from pages._ui.forms import precision_select
+from pages._ui.forms import SIDEBAR_FIELDS, config_inputs, field_input, precision_select
 from pages._ui.models import layer_count_or_stop
 from pages._ui.render import csv_download, plot
 from pages._ui.spec import current_spec, split_spec
 from topl_core import jobs
 from topl_core.paths import runs_dir
 from topl_core.runs import RunDir
-from topl_core.presets import LORA_MODULES, PRESETS
+from topl_core.presets import PRESETS
 from topl_core.errors import ConfigError
 from topl_core.training.config import LoraSettings, preset_config, TrainConfig
 from topl_core.training.objectives import OBJECTIVES
-from topl_core.data.variants import LABEL_SETTINGS
 
 st.title("Train")
 st.caption("TOPL and its baselines with one training loop. Runs go to a background process: close the tab, "
@@ -40,9 +37,9 @@ n_layers = layer_count_or_stop(spec)
 K = "train."
 NO_PRESET = "none (CPU defaults)"
 DEFAULT = TrainConfig()  # every input starts at TrainConfig's own default (one place for defaults)
-SIDEBAR_FIELDS = ("model", "device")  # chosen in the sidebar, for every page
-# Laid out by hand below; every other TrainConfig field gets a generated input under "More settings", so a field
-# added to TrainConfig appears in this form (as in the CLI) without an edit here. tests/test_app.py checks it.
+# Laid out by hand below (with the inputs of pages/_ui/forms.py); every other TrainConfig field gets a generated input
+# under "More settings", so a field added to TrainConfig appears in this form (as in the CLI) without an edit here.
+# tests/test_app.py checks it.
 HAND_LAID = {"method", "data", "lora", "lr", "batch_size", "grad_accum", "steps", "precision", "eval_every", "seed",
              "label_setting", "beta", "checkpoint_every", "max_doc_tokens", "max_response_tokens", "max_val_examples",
              "micro_batch_size", "head_lr_multiplier"}
@@ -93,27 +90,6 @@ if st.session_state.pop(K + "new_name", False):
 if flash := st.session_state.pop(K + "flash", None):
     st.success(flash, icon=":material/rocket_launch:")
 
-def generated_inputs(columns) -> dict:
-    """An input for every TrainConfig field the form does not lay out by hand, typed and defaulted from the
-    dataclass (as the CLI's flags are); returns {field: value}."""
-    hints = typing.get_type_hints(TrainConfig)
-    names = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in HAND_LAID | set(SIDEBAR_FIELDS)]
-    values = {}
-    for i, name in enumerate(names):
-        col, typ, default = columns[i % len(columns)], hints[name], getattr(DEFAULT, name)
-        label, key = name.replace("_", " ").capitalize(), K + name
-        if typing.get_origin(typ) is typing.Literal:
-            options = list(typing.get_args(typ))
-            values[name] = col.selectbox(label, options, index=options.index(default), key=key, persist_state="session")
-        elif typ is int:
-            values[name] = int(col.number_input(label, value=default, step=1, key=key, persist_state="session"))
-        elif typ is float:
-            values[name] = float(col.number_input(label, value=default, format="%g", key=key, persist_state="session"))
-        else:
-            values[name] = col.text_input(label, value=str(default), key=key, persist_state="session")
-    return values
-
-
 # --- the form -------------------------------------------------------------------------------------------------
 
 any_active = any(j.active for j in jobs.list_jobs() if j.kind == "train")
@@ -132,48 +108,36 @@ with st.expander("New run", expanded=not any_active, icon=":material/add:"):
         data_paths = dataset_paths()
         data = b.selectbox("Data set", data_paths, key=K + "data",
                            persist_state="session", format_func=lambda p: Path(p).name)
-        steps = c.number_input("Steps", 1, 1_000_000, DEFAULT.steps, key=K + "steps", persist_state="session")
-        lr = d.number_input("Learning rate", 1e-7, 1.0, key=K + "lr", persist_state="session", format="%.1e", step=1e-5)
+        steps = field_input(c, TrainConfig, "steps", K, DEFAULT.steps)
+        lr = field_input(d, TrainConfig, "lr", K)  # lr, batch, accumulation, layers, head lr: form_defaults()
         a, b, c, d = st.columns(4)
-        batch = a.number_input("Batch size", 1, 1024, key=K + "batch_size", persist_state="session")
-        accum = b.number_input("Gradient accumulation", 1, 1024, key=K + "grad_accum", persist_state="session")
+        batch = field_input(a, TrainConfig, "batch_size", K)
+        accum = field_input(b, TrainConfig, "grad_accum", K)
         precision = precision_select(c, K + "precision", device)
-        eval_every = d.number_input("Validate every (steps)", 1, 100_000, DEFAULT.eval_every, key=K + "eval_every",
-                                    persist_state="session")
+        eval_every = field_input(d, TrainConfig, "eval_every", K, DEFAULT.eval_every)
         st.markdown(f"**LoRA** — the model has {n_layers} layers (0–{n_layers - 1}); "
                     "the TOPL head sits after the last LoRA layer.")
         a, b, c, d, e = st.columns(5)
-        layer_start = a.number_input("First layer", 0, n_layers - 1, key=K + "layer_start", persist_state="session")
-        layer_end = b.number_input("Last layer", 0, n_layers - 1, key=K + "layer_end", persist_state="session")
-        r = c.number_input("Rank r", 1, 256, DEFAULT.lora.r, key=K + "r", persist_state="session")
-        alpha = d.number_input("α", 0.1, 1024.0, DEFAULT.lora.alpha, key=K + "alpha", persist_state="session")
-        dropout = e.number_input("Dropout", 0.0, 0.9, DEFAULT.lora.dropout, key=K + "dropout", persist_state="session")
-        modules = st.multiselect("Modules", LORA_MODULES, default=list(LORA_MODULES), key=K + "modules",
-                                 persist_state="session")
+        layer_start = field_input(a, LoraSettings, "layer_start", K, max_value=n_layers - 1)
+        layer_end = field_input(b, LoraSettings, "layer_end", K, max_value=n_layers - 1)
+        r = field_input(c, LoraSettings, "r", K, DEFAULT.lora.r)
+        alpha = field_input(d, LoraSettings, "alpha", K, DEFAULT.lora.alpha)
+        dropout = field_input(e, LoraSettings, "dropout", K, DEFAULT.lora.dropout)
+        modules = field_input(st, LoraSettings, "modules", K, DEFAULT.lora.modules)
         with st.expander("More settings"):
             a, b, c, d = st.columns(4)
-            label_setting = a.selectbox("Label setting", LABEL_SETTINGS, key=K + "label_setting",
-                                        persist_state="session")
-            beta = b.number_input("β (DPO/TDPO)", 0.0, 10.0, DEFAULT.beta, key=K + "beta", persist_state="session")
-            seed = c.number_input("Seed", 0, 1_000_000, DEFAULT.seed, key=K + "seed", persist_state="session")
-            ckpt = d.number_input("Checkpoint every", 1, 100_000, DEFAULT.checkpoint_every, key=K + "checkpoint_every",
-                                  persist_state="session")
+            label_setting = field_input(a, TrainConfig, "label_setting", K, DEFAULT.label_setting)
+            beta = field_input(b, TrainConfig, "beta", K, DEFAULT.beta)
+            seed = field_input(c, TrainConfig, "seed", K, DEFAULT.seed)
+            ckpt = field_input(d, TrainConfig, "checkpoint_every", K, DEFAULT.checkpoint_every)
             a, b, c, d = st.columns(4)
-            max_doc = a.number_input("Max document tokens", 16, 32_768, DEFAULT.max_doc_tokens, key=K + "max_doc_tokens",
-                                     persist_state="session")
-            max_resp = b.number_input("Max response tokens", 8, 8192, DEFAULT.max_response_tokens,
-                                      key=K + "max_response_tokens", persist_state="session")
-            max_val = c.number_input("Validation examples", 1, 100_000, DEFAULT.max_val_examples,
-                                     key=K + "max_val_examples", persist_state="session")
-            micro = d.number_input("Micro-batch size", 1, 1024, DEFAULT.micro_batch_size, key=K + "micro_batch_size",
-                                   persist_state="session",
-                                   help="Examples per forward/backward pass. Splitting a batch keeps its gradient "
-                                        "(micro-batches are weighted by tokens) and cuts peak memory.")
+            max_doc = field_input(a, TrainConfig, "max_doc_tokens", K, DEFAULT.max_doc_tokens)
+            max_resp = field_input(b, TrainConfig, "max_response_tokens", K, DEFAULT.max_response_tokens)
+            max_val = field_input(c, TrainConfig, "max_val_examples", K, DEFAULT.max_val_examples)
+            micro = field_input(d, TrainConfig, "micro_batch_size", K, DEFAULT.micro_batch_size)
             has_head = OBJECTIVES[st.session_state[K + "method"]].uses_head
-            head_mult = st.columns(4)[0].number_input("Head lr × (of lr)", 0.01, 100_000.0, key=K + "head_lr_multiplier",
-                                       persist_state="session", disabled=not has_head,
-                                       help="The head (TOPL, SOPL, TLDR) learns at lr × this; the LoRA at lr.")
-            other = generated_inputs(st.columns(4))
+            head_mult = field_input(st.columns(4)[0], TrainConfig, "head_lr_multiplier", K, disabled=not has_head)
+            other = config_inputs(TrainConfig, st.columns(4), K, DEFAULT, skip=HAND_LAID | SIDEBAR_FIELDS)
         submitted = st.form_submit_button("Start training", type="primary", icon=":material/play_arrow:")
 
 if submitted:

@@ -14,6 +14,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -296,6 +297,72 @@ def test_train_form_has_an_input_for_every_trainconfig_field(workbench):
         assert at.session_state[f"train.{name}"] == getattr(TrainConfig(), name)
 
 
+# What the Layer-sweep form does not ask: the sidebar's model and device, the method (a sweep trains TOPL), the LoRA
+# layers (each window's), the validation and checkpoint schedule (follows the steps, as in the CLI), the losses of
+# other methods, and SweepConfig's explicit windows (the CLI's --windows) — its `train` is asked field by field.
+SWEEP_NOT_ASKED = {"model", "device", "method", "layer_start", "layer_end", "eval_every", "checkpoint_every", "beta",
+                   "tdpo_alpha", "train", "windows"}
+
+
+def form_keys(at: AppTest, prefix: str) -> set[str]:
+    widgets = [*at.number_input, *at.selectbox, *at.text_input, *at.multiselect, *at.toggle]
+    return {w.key.removeprefix(prefix) for w in widgets if w.key and w.key.startswith(prefix)}
+
+
+def test_layer_sweep_form_has_an_input_for_every_field_a_window_trains_with(workbench):
+    """Every field of the TrainConfig (and LoraSettings) a sweep window trains with, and every SweepConfig field, has
+    an input keyed sweep.<field>, laid out by hand or generated from the dataclass as on the Train page; the inputs
+    start at the sweep's own defaults (SweepConfig(), whose `train` is the template of every window)."""
+    import dataclasses
+
+    from topl_core.analysis.sweeps import SweepConfig
+    from topl_core.training.config import LoraSettings, TrainConfig
+
+    at = open_page("layer_sweep")
+    want = {f.name for cls in (TrainConfig, LoraSettings, SweepConfig) for f in dataclasses.fields(cls)}
+    want -= SWEEP_NOT_ASKED | {"lora"}
+    assert want <= form_keys(at, "sweep."), sorted(want - form_keys(at, "sweep."))
+    sweep = SweepConfig()
+    for name in ("steps", "lr", "batch_size", "max_doc_tokens", "max_val_examples", "micro_batch_size",
+                 "head_lr_multiplier", "weight_decay", "split_seed", "label_setting"):
+        assert at.session_state[f"sweep.{name}"] == getattr(sweep.train, name), name
+    for name in ("r", "alpha", "dropout"):
+        assert at.session_state[f"sweep.{name}"] == getattr(sweep.train.lora, name), name
+    for name in ("stride", "reuse_prefix", "n_generate", "max_new_tokens", "scorer"):
+        assert at.session_state[f"sweep.{name}"] == getattr(sweep, name), name
+    assert tuple(at.multiselect(key="sweep.modules").value) == sweep.train.lora.modules
+
+
+def test_a_new_config_field_reaches_the_train_and_sweep_forms(workbench, monkeypatch):
+    """A field added to TrainConfig shows up, at its default, in both the Train and the Layer-sweep forms, and one
+    added to SweepConfig in the Layer-sweep form — with no edit to either page (both are built by pages/_ui/forms)."""
+    import dataclasses
+
+    import topl_core.analysis.sweeps as sweeps
+    import topl_core.training.config as config
+
+    @dataclasses.dataclass(frozen=True)
+    class ExtendedTrainConfig(config.TrainConfig):
+        extra_knob: int = 7
+        extra_rate: float = 0.25
+        extra_mode: Literal["plain", "fancy"] = "fancy"  # resolved in this module: Literal imported at its top
+
+    @dataclasses.dataclass(frozen=True)
+    class ExtendedSweepConfig(sweeps.SweepConfig):
+        extra_sweep_knob: int = 3
+
+    monkeypatch.setattr(config, "TrainConfig", ExtendedTrainConfig)
+    monkeypatch.setattr(sweeps, "TrainConfig", ExtendedTrainConfig)  # SweepConfig's default template
+    monkeypatch.setattr(sweeps, "SweepConfig", ExtendedSweepConfig)
+    new = {"extra_knob": 7, "extra_rate": 0.25, "extra_mode": "fancy"}
+    for page, prefix, fields in (("train", "train.", new), ("layer_sweep", "sweep.", {**new, "extra_sweep_knob": 3})):
+        at = open_page(page)
+        assert set(fields) <= form_keys(at, prefix), (page, sorted(set(fields) - form_keys(at, prefix)))
+        for name, default in fields.items():
+            assert at.session_state[prefix + name] == default, (page, name)
+    assert at.selectbox(key="sweep.extra_mode").options == ["plain", "fancy"]
+
+
 def test_train_form_follows_a_preset_as_the_cli_does(workbench):
     """Picking a paper preset fills the form from the same mapping as `train --preset` (preset_config), with the
     LoRA layers clamped to the loaded model; going back to the CPU defaults restores TrainConfig's values."""
@@ -505,7 +572,7 @@ def test_layer_sweep_runs_in_the_background_and_fills_the_heatmap(workbench):
     at.number_input(key="sweep.stride").set_value(2)
     at.number_input(key="sweep.steps").set_value(2)
     at.selectbox(key="sweep.precision").set_value("fp32")
-    at.number_input(key="sweep.max_doc").set_value(64)
+    at.number_input(key="sweep.max_doc_tokens").set_value(64)
     at.button[[b.label for b in at.button].index("Start sweep")].click().run()
     assert not at.exception, [e.value for e in at.exception]
     sweep_dir = workbench["runs"] / "sweeps" / "tiny-sweep"
