@@ -19,9 +19,9 @@ from pages._ui.spec import current_spec
 from topl_core.cli.data import SOURCES, load_source
 from topl_core.data.encode import encode_record
 from topl_core.data.records import write_jsonl
-from topl_core.errors import DataError
 from topl_core.data.split import split_records
 from topl_core.data.variants import label_settings_table
+from topl_core.errors import DataError
 from topl_core.paths import cache_dir, cliff_csv
 
 st.title("Data")
@@ -29,7 +29,7 @@ st.caption("Token-level supervision: a document, a response, and a good/bad labe
 
 SOURCE_HELP = {
     "halueval-perturbed": "HaluEval's faithful summaries with seeded edits (entity/number/date swaps, negation, "
-                          "relation changes, invented sentences): token labels. Embedded, offline.",
+    "relation changes, invented sentences): token labels. Embedded, offline.",
     "halueval-pairs": "HaluEval right vs hallucinated summaries: sequence labels only (SOPL, DPO). Embedded, offline.",
     "fava": "JSONL rows of FAVA tagged text (<entity>, <relation>, … with <mark>/<delete>).",
     "cliff": "CLIFF/AggreFact span CSV (real model hallucinations with annotated spans): the OOD token-level set.",
@@ -61,13 +61,16 @@ with tab_browse:
         c = st.columns(4)
         c[0].metric("Records", len(records))
         c[1].metric("Documents", docs)
-        c[2].metric("With token labels", f"{100 * sum(r.token_labels_known for r in records) / max(1, len(records)):.0f}%")
+        c[2].metric(
+            "With token labels", f"{100 * sum(r.token_labels_known for r in records) / max(1, len(records)):.0f}%"
+        )
         c[3].metric("Unfaithful (sequence label 0)", sum(r.sequence_label == 0 for r in records))
 
         f1, f2, f3 = st.columns([2, 1, 1])
         sources = sorted({r.source for r in records})
-        chosen_sources = f1.multiselect("Sources", sources, default=sources, key="data.sources",
-                                        persist_state="session")
+        chosen_sources = f1.multiselect(
+            "Sources", sources, default=sources, key="data.sources", persist_state="session"
+        )
         split = f2.selectbox("Split", ["all", "train", "val", "test"], key="data.split", persist_state="session")
         only_bad = f3.toggle("Only records with bad spans", value=True, key="data.only_bad", persist_state="session")
         pool = records if split == "all" else split_records(records)[split]
@@ -75,13 +78,16 @@ with tab_browse:
         if not pool:
             st.warning("No record matches these filters.")
         else:
-            i = st.number_input(f"Record (of {len(pool)})", 0, len(pool) - 1, 0, key="data.index",
-                                persist_state="session")
+            i = st.number_input(
+                f"Record (of {len(pool)})", 0, len(pool) - 1, 0, key="data.index", persist_state="session"
+            )
             r = pool[int(i)]
             kinds = Counter(s.kind for s in r.bad_spans)
-            st.markdown(f"**{r.id}** · source `{r.source}` · task `{r.task}` · sequence label "
-                        f"**{'faithful' if r.sequence_label else 'unfaithful'}**"
-                        + (" · edits: " + ", ".join(f"`{k}`×{n}" for k, n in kinds.items()) if kinds else ""))
+            st.markdown(
+                f"**{r.id}** · source `{r.source}` · task `{r.task}` · sequence label "
+                f"**{'faithful' if r.sequence_label else 'unfaithful'}**"
+                + (" · edits: " + ", ".join(f"`{k}`×{n}" for k, n in kinds.items()) if kinds else "")
+            )
             left, right = st.columns([3, 2], gap="large")
             with left:
                 st.markdown("**Response** (gold token labels, model tokenizer)")
@@ -105,15 +111,19 @@ with tab_browse:
                     st.write(r.document)
 
 with tab_labels:
-    st.markdown("Label-sensitivity settings (docs/design.md §2): the token labels TOPL would be trained on under each "
-                "setting, counted on the current model's tokens.")
+    st.markdown(
+        "Label-sensitivity settings (docs/design.md §2): the token labels TOPL would be trained on under each "
+        "setting, counted on the current model's tokens."
+    )
     path_l = dataset_picker("data.labels_dataset")
     if path_l:
         c1, c2, c3 = st.columns(3)
-        split_l = c1.selectbox("Split", ["train", "val", "test", "all"], key="data.labels_split",
-                               persist_state="session")
-        limit = c2.number_input("Records (at most)", 10, 100_000, 300, step=50, key="data.labels_limit",
-                                persist_state="session")
+        split_l = c1.selectbox(
+            "Split", ["train", "val", "test", "all"], key="data.labels_split", persist_state="session"
+        )
+        limit = c2.number_input(
+            "Records (at most)", 10, 100_000, 300, step=50, key="data.labels_limit", persist_state="session"
+        )
         seed = c3.number_input("Seed", 0, 10_000, 0, key="data.labels_seed", persist_state="session")
         try:
             table = label_table(path_l, Path(path_l).stat().st_mtime, current_spec(), split_l, int(limit), int(seed))
@@ -123,27 +133,45 @@ with tab_labels:
         if table is not None and table.empty:
             st.warning("No token-labelled records in this split.")
         elif table is not None:
-            st.dataframe(table, hide_index=True, key="data.labels_table",
-                         column_config={"pct_good": st.column_config.NumberColumn("% good", format="%.1f"),
-                                        "pct_bad": st.column_config.NumberColumn("% bad", format="%.1f")})
+            st.dataframe(
+                table,
+                hide_index=True,
+                key="data.labels_table",
+                column_config={
+                    "pct_good": st.column_config.NumberColumn("% good", format="%.1f"),
+                    "pct_bad": st.column_config.NumberColumn("% bad", format="%.1f"),
+                },
+            )
             long = table.melt(id_vars="setting", value_vars=["good", "bad"], var_name="label", value_name="count")
-            fig = px.bar(long, x="setting", y="count", color="label", barmode="stack",
-                         color_discrete_map={"good": "#16a34a", "bad": "#dc2626"},
-                         title="Supervised tokens per label setting")
+            fig = px.bar(
+                long,
+                x="setting",
+                y="count",
+                color="label",
+                barmode="stack",
+                color_discrete_map={"good": "#16a34a", "bad": "#dc2626"},
+                title="Supervised tokens per label setting",
+            )
             plot(fig, key="data.labels_fig")
             csv_download(table, "label_settings.csv", key="data.labels_csv")
 
 with tab_build:
-    st.markdown("Build a records JSONL under `cache/data/` from any supported source; it then appears in every "
-                "data-set picker (Train, Token overlay, Evaluation …).")
+    st.markdown(
+        "Build a records JSONL under `cache/data/` from any supported source; it then appears in every "
+        "data-set picker (Train, Token overlay, Evaluation …)."
+    )
     b1, b2 = st.columns([1, 2])
     source = b1.selectbox("Source", SOURCES, key="data.build_source", persist_state="session")
     b2.info(SOURCE_HELP[source])
     input_path = None
     if not source.startswith("halueval"):
         default_in = str(cliff_csv()) if source in ("cliff", "aggrefact") else ""
-        input_path = st.text_input("Input path (file, or directory for MLQE-PE)", value=default_in,
-                                   key=f"data.build_input.{source}", persist_state="session")
+        input_path = st.text_input(
+            "Input path (file, or directory for MLQE-PE)",
+            value=default_in,
+            key=f"data.build_input.{source}",
+            persist_state="session",
+        )
         upload = st.file_uploader("…or upload a file", type=["jsonl", "csv", "json"], key=f"data.build_upload.{source}")
         if upload is not None:
             up = cache_dir() / "uploads" / upload.name
@@ -151,15 +179,23 @@ with tab_build:
             up.write_bytes(upload.getvalue())
             input_path = str(up)
     o1, o2, o3, o4 = st.columns(4)
-    limit_b = o1.number_input("Limit (documents / rows)", 1, 100_000, 600, key="data.build_limit",
-                              persist_state="session")
+    limit_b = o1.number_input(
+        "Limit (documents / rows)", 1, 100_000, 600, key="data.build_limit", persist_state="session"
+    )
     seed_b = o2.number_input("Seed", 0, 10_000, 0, key="data.build_seed", persist_state="session")
-    fava_form = o3.selectbox("FAVA form", ["raw", "completion"], key="data.build_fava_form",
-                             persist_state="session", disabled=source != "fava")
-    mlqe_split = o4.text_input("MLQE split", "train", key="data.build_mlqe_split",
-                               persist_state="session", disabled=source != "mlqe")
-    out_name = st.text_input("Output name", value=f"{source}.jsonl", key=f"data.build_out.{source}",
-                             persist_state="session")
+    fava_form = o3.selectbox(
+        "FAVA form",
+        ["raw", "completion"],
+        key="data.build_fava_form",
+        persist_state="session",
+        disabled=source != "fava",
+    )
+    mlqe_split = o4.text_input(
+        "MLQE split", "train", key="data.build_mlqe_split", persist_state="session", disabled=source != "mlqe"
+    )
+    out_name = st.text_input(
+        "Output name", value=f"{source}.jsonl", key=f"data.build_out.{source}", persist_state="session"
+    )
     if st.button("Build data set", type="primary", key="data.build_go", icon=":material/build:"):
         out = cache_dir() / "data" / (out_name if out_name.endswith(".jsonl") else out_name + ".jsonl")
         try:

@@ -23,9 +23,11 @@ from pages._ui.spec import current_model_name, current_spec, split_spec
 from topl_core import jobs
 
 st.title("Evaluation")
-st.caption("Generate a summary per document with the base, merged and steered models, score its factual "
-           "consistency against the document, and count sentences. ID = held-out test split of the training data; "
-           "OOD = CLIFF documents (other datasets, real model outputs).")
+st.caption(
+    "Generate a summary per document with the base, merged and steered models, score its factual "
+    "consistency against the document, and count sentences. ID = held-out test split of the training data; "
+    "OOD = CLIFF documents (other datasets, real model outputs)."
+)
 
 K = "eval."
 EVALS = evaluations_dir()
@@ -33,33 +35,62 @@ runs = finished_runs()
 _, _, device = split_spec(current_spec())
 
 with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(EVALS.iterdir())):
-    mode = st.radio("Mode", ["Results table (base / merged / steered)", "λ sweep (one adapter)"], horizontal=True,
-                    key=K + "mode", persist_state="session")
+    mode = st.radio(
+        "Mode",
+        ["Results table (base / merged / steered)", "λ sweep (one adapter)"],
+        horizontal=True,
+        key=K + "mode",
+        persist_state="session",
+    )
     sweep_mode = mode.startswith("λ")
     with st.form("eval.form", border=False):
         a, b = st.columns([3, 1])
         labels = {r.path: f"{r.run} · {r.method}" for r in runs.itertuples()}
-        chosen = a.multiselect("Adapters (merged)", list(labels), default=list(labels)[:2], key=K + "runs",
-                               persist_state="session",
-                               format_func=lambda p: labels.get(p, Path(p).name),
-                               max_selections=1 if sweep_mode else None)
+        chosen = a.multiselect(
+            "Adapters (merged)",
+            list(labels),
+            default=list(labels)[:2],
+            key=K + "runs",
+            persist_state="session",
+            format_func=lambda p: labels.get(p, Path(p).name),
+            max_selections=1 if sweep_mode else None,
+        )
         include_base = b.toggle("Base model row", True, key=K + "base", persist_state="session", disabled=sweep_mode)
         a, b, c, d = st.columns(4)
-        lambdas_txt = a.text_input("λ values" if sweep_mode else "Also steered with λ", 
-                                   "-4 -2 -1 0 1 2 4" if sweep_mode else "", key=K + f"lambdas.{sweep_mode}",
-                                   persist_state="session",
-                                   help="Space-separated. λ > 0 pushes toward faithful, λ < 0 toward hallucinated.")
+        lambdas_txt = a.text_input(
+            "λ values" if sweep_mode else "Also steered with λ",
+            "-4 -2 -1 0 1 2 4" if sweep_mode else "",
+            key=K + f"lambdas.{sweep_mode}",
+            persist_state="session",
+            help="Space-separated. λ > 0 pushes toward faithful, λ < 0 toward hallucinated.",
+        )
         n_id = b.number_input("ID documents", 0, 10_000, 8, key=K + "n_id", persist_state="session")
-        n_ood = c.number_input("OOD documents (CLIFF)", 0, 10_000, 0 if sweep_mode else 8, key=K + f"n_ood.{sweep_mode}",
-                               persist_state="session")
+        n_ood = c.number_input(
+            "OOD documents (CLIFF)",
+            0,
+            10_000,
+            0 if sweep_mode else 8,
+            key=K + f"n_ood.{sweep_mode}",
+            persist_state="session",
+        )
         max_new = d.number_input("Max new tokens", 8, 1024, 64, key=K + "max_new", persist_state="session")
         a, b, c = st.columns([2, 2, 1])
         data_opts = dataset_paths()
-        data = a.selectbox("ID data (its test split)", data_opts, key=K + "data",
-                           persist_state="session", format_func=lambda p: Path(p).name)
-        scorer = b.text_input("Scorer", "grounding", key=K + "scorer", persist_state="session",
-                              help="'grounding' = the offline default (its measured AUROC is shown with the results); "
-                                   "with a hub: hub:nli:<model id> or hub:minicheck-lm:bespokelabs/Bespoke-MiniCheck-7B")
+        data = a.selectbox(
+            "ID data (its test split)",
+            data_opts,
+            key=K + "data",
+            persist_state="session",
+            format_func=lambda p: Path(p).name,
+        )
+        scorer = b.text_input(
+            "Scorer",
+            "grounding",
+            key=K + "scorer",
+            persist_state="session",
+            help="'grounding' = the offline default (its measured AUROC is shown with the results); "
+            "with a hub: hub:nli:<model id> or hub:minicheck-lm:bespokelabs/Bespoke-MiniCheck-7B",
+        )
         name = c.text_input("Name", f"eval-{time.strftime('%m%d-%H%M%S')}", key=K + "name", persist_state="session")
         go_eval = st.form_submit_button("Start evaluation", type="primary", icon=":material/play_arrow:")
     if go_eval:
@@ -70,9 +101,25 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
             if not sweep_mode and not chosen and not include_base:
                 raise ValueError("nothing to evaluate: pick an adapter or keep the base model row")
             out = EVALS / name.strip().replace("/", "_")
-            args = ["evaluate", "--model", current_model_name(), "--n-id", str(int(n_id)), "--n-ood", str(int(n_ood)),
-                    "--max-new-tokens", str(int(max_new)), "--scorer", scorer.strip() or "grounding",
-                    "--device", device, "--json", str(out / "eval.json"), "--csv", str(out / "per_doc.csv")]
+            args = [
+                "evaluate",
+                "--model",
+                current_model_name(),
+                "--n-id",
+                str(int(n_id)),
+                "--n-ood",
+                str(int(n_ood)),
+                "--max-new-tokens",
+                str(int(max_new)),
+                "--scorer",
+                scorer.strip() or "grounding",
+                "--device",
+                device,
+                "--json",
+                str(out / "eval.json"),
+                "--csv",
+                str(out / "per_doc.csv"),
+            ]
             if data:
                 args += ["--data", str(Path(data).resolve())]
             for r in chosen:
@@ -90,8 +137,11 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
         except (ValueError, jobs.JobError) as e:
             st.error(str(e))
 
-evals = sorted((p for p in EVALS.iterdir() if (p / jobs.JOB_FILE).exists()), key=lambda p: -p.stat().st_mtime) \
-    if EVALS.is_dir() else []
+evals = (
+    sorted((p for p in EVALS.iterdir() if (p / jobs.JOB_FILE).exists()), key=lambda p: -p.stat().st_mtime)
+    if EVALS.is_dir()
+    else []
+)
 if not evals:
     st.info("No evaluation yet: start one above (a few documents take a minute with SmolLM2 on a CPU).")
     st.stop()
@@ -125,51 +175,117 @@ def panel() -> None:
     if quality:
         rows = pd.DataFrame(quality["rows"])
         sent = rows[rows["protocol"] == "sentence"]
-        st.info(f"**Scorer {quality['scorer']}** — measured AUROC of faithful vs hallucinated summaries (sentence "
-                "protocol): " + ", ".join(f"{r.dataset} **{r.auroc:.2f}**" for r in sent.itertuples())
-                + ". Read small differences between rows against this.", icon=":material/straighten:")
+        st.info(
+            f"**Scorer {quality['scorer']}** — measured AUROC of faithful vs hallucinated summaries (sentence "
+            "protocol): "
+            + ", ".join(f"{r.dataset} **{r.auroc:.2f}**" for r in sent.itertuples())
+            + ". Read small differences between rows against this.",
+            icon=":material/straighten:",
+        )
     if "lambda_curve" in res:
         curve = pd.DataFrame(res["lambda_curve"])
         fig = go.Figure()
-        fig.add_trace(go.Scatter(x=curve["lambda"], y=curve["factuality"], mode="lines+markers", name="factuality",
-                                 error_y=dict(type="data", array=curve["sem"].fillna(0))))
-        fig.update_layout(title=f"λ sweep — sites {', '.join(res.get('sites') or [])}", xaxis_title="λ",
-                          yaxis_title="factuality (sentence protocol)", height=360)
+        fig.add_trace(
+            go.Scatter(
+                x=curve["lambda"],
+                y=curve["factuality"],
+                mode="lines+markers",
+                name="factuality",
+                error_y=dict(type="data", array=curve["sem"].fillna(0)),
+            )
+        )
+        fig.update_layout(
+            title=f"λ sweep — sites {', '.join(res.get('sites') or [])}",
+            xaxis_title="λ",
+            yaxis_title="factuality (sentence protocol)",
+            height=360,
+        )
         c1, c2 = st.columns(2)
         with c1:
             plot(fig, key=K + "lam_curve")
         with c2:
-            plot(px.line(curve, x="lambda", y=["sentences", "words"], markers=True, title="Length vs λ"),
-                 key=K + "lam_len")
+            plot(
+                px.line(curve, x="lambda", y=["sentences", "words"], markers=True, title="Length vs λ"),
+                key=K + "lam_len",
+            )
         st.dataframe(curve, hide_index=True, key=K + "lam_table")
         csv_download(curve, f"{sel}-lambda-curve.csv", key=K + "lam_csv")
     else:
-        protocol = st.radio("Protocol", ["sentence", "full"], horizontal=True, key=K + "protocol",
-                            persist_state="session",
-                            format_func=lambda p: {"sentence": "sentence-level (score each sentence, average)",
-                                                   "full": "full summary"}[p])
+        protocol = st.radio(
+            "Protocol",
+            ["sentence", "full"],
+            horizontal=True,
+            key=K + "protocol",
+            persist_state="session",
+            format_func=lambda p: {"sentence": "sentence-level (score each sentence, average)", "full": "full summary"}[
+                p
+            ],
+        )
         table = pd.DataFrame(res[f"table_{protocol}"])
         score_cols = [c for c in table.columns if c in ("ID", "OOD", "average") or c.startswith("cliff")]
         st.subheader("Factuality")
-        st.dataframe(table[["variant", *score_cols, "n_ID", "n_OOD"]], hide_index=True, key=K + "table",
-                     column_config={c: st.column_config.ProgressColumn(c, min_value=0.0, max_value=1.0, format="%.3f")
-                                    for c in score_cols})
-        long = table.melt(id_vars="variant", value_vars=[c for c in ("ID", "OOD", "average") if c in table],
-                          var_name="set", value_name="factuality")
-        plot(px.bar(long, x="variant", y="factuality", color="set", barmode="group", range_y=[0, 1],
-                    title=f"Factuality ({protocol} protocol)"), key=K + "bars")
+        st.dataframe(
+            table[["variant", *score_cols, "n_ID", "n_OOD"]],
+            hide_index=True,
+            key=K + "table",
+            column_config={
+                c: st.column_config.ProgressColumn(c, min_value=0.0, max_value=1.0, format="%.3f") for c in score_cols
+            },
+        )
+        long = table.melt(
+            id_vars="variant",
+            value_vars=[c for c in ("ID", "OOD", "average") if c in table],
+            var_name="set",
+            value_name="factuality",
+        )
+        plot(
+            px.bar(
+                long,
+                x="variant",
+                y="factuality",
+                color="set",
+                barmode="group",
+                range_y=[0, 1],
+                title=f"Factuality ({protocol} protocol)",
+            ),
+            key=K + "bars",
+        )
         st.subheader("Summary length")
-        st.dataframe(table[["variant", "sentences", "words"]], hide_index=True, key=K + "lengths",
-                     column_config={"sentences": st.column_config.NumberColumn("avg sentences", format="%.2f"),
-                                    "words": st.column_config.NumberColumn("avg words", format="%.1f")})
+        st.dataframe(
+            table[["variant", "sentences", "words"]],
+            hide_index=True,
+            key=K + "lengths",
+            column_config={
+                "sentences": st.column_config.NumberColumn("avg sentences", format="%.2f"),
+                "words": st.column_config.NumberColumn("avg words", format="%.1f"),
+            },
+        )
         csv_download(table, f"{sel}-{protocol}.csv", key=K + "table_csv")
     per_doc = edir / "per_doc.csv"
     if per_doc.exists():
         with st.expander("Generated summaries, per document"):
             df = pd.read_csv(per_doc)
-            st.dataframe(df[[c for c in ("variant", "lambda", "set", "source", "doc_id", "score_sentence",
-                                         "score_full", "n_sentences", "text") if c in df]],
-                         hide_index=True, key=K + "per_doc")
+            st.dataframe(
+                df[
+                    [
+                        c
+                        for c in (
+                            "variant",
+                            "lambda",
+                            "set",
+                            "source",
+                            "doc_id",
+                            "score_sentence",
+                            "score_full",
+                            "n_sentences",
+                            "text",
+                        )
+                        if c in df
+                    ]
+                ],
+                hide_index=True,
+                key=K + "per_doc",
+            )
             csv_download(df, f"{sel}-per-document.csv", key=K + "per_doc_csv")
 
 

@@ -45,21 +45,46 @@ with right:
     else:
         st.dataframe(
             df[["run", "method", "model", "state", "step", "steps", "val_token_auroc", "layers"]],
-            hide_index=True, key="home.runs",
-            column_config={"val_token_auroc": st.column_config.NumberColumn("val token AUROC", format="%.3f"),
-                           "state": st.column_config.TextColumn("state")},
+            hide_index=True,
+            key="home.runs",
+            column_config={
+                "val_token_auroc": st.column_config.NumberColumn("val token AUROC", format="%.3f"),
+                "state": st.column_config.TextColumn("state"),
+            },
         )
         n_ex = int((df["source"] == "example").sum())
-        st.caption(f"{len(df) - n_ex} runs in `{runs_dir()}` and {n_ex} shipped demo adapters (*example*) · "
-                   f"{int((df['model'] == name).sum())} for the current model")
+        st.caption(
+            f"{len(df) - n_ex} runs in `{runs_dir()}` and {n_ex} shipped demo adapters (*example*) · "
+            f"{int((df['model'] == name).sum())} for the current model"
+        )
 
 st.subheader("Where to start")
 cols = st.columns(4)
 starts = [
-    ("pages/data.py", "Data", ":material/dataset:", "Browse token labels, label-sensitivity variants, build or import data."),
-    ("pages/train.py", "Train", ":material/model_training:", "Launch TOPL or a baseline in the background and watch it."),
-    ("pages/steering.py", "Steering", ":material/tune:", "Drag λ and watch the summary move toward faithful or hallucinated."),
-    ("pages/token_overlay.py", "Token overlay", ":material/format_color_text:", "See which tokens the TOPL head flags."),
+    (
+        "pages/data.py",
+        "Data",
+        ":material/dataset:",
+        "Browse token labels, label-sensitivity variants, build or import data.",
+    ),
+    (
+        "pages/train.py",
+        "Train",
+        ":material/model_training:",
+        "Launch TOPL or a baseline in the background and watch it.",
+    ),
+    (
+        "pages/steering.py",
+        "Steering",
+        ":material/tune:",
+        "Drag λ and watch the summary move toward faithful or hallucinated.",
+    ),
+    (
+        "pages/token_overlay.py",
+        "Token overlay",
+        ":material/format_color_text:",
+        "See which tokens the TOPL head flags.",
+    ),
 ]
 for col, (path, label, icon, text) in zip(cols, starts):
     with col.container(border=True):

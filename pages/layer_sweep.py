@@ -20,8 +20,8 @@ from pages._ui.models import layer_count_or_stop
 from pages._ui.render import csv_download, plot
 from pages._ui.spec import current_spec, split_spec
 from topl_core import jobs
-from topl_core.paths import runs_dir
 from topl_core.errors import ConfigError
+from topl_core.paths import runs_dir
 from topl_core.training.config import TrainConfig
 
 try:
@@ -31,8 +31,10 @@ except ImportError as e:
     st.stop()
 
 st.title("Layer sweep")
-st.caption("Which layers should carry the LoRA? TOPL is trained on windows of k consecutive layers starting at s, "
-           "and each window is scored by its head's token AUROC on the validation split.")
+st.caption(
+    "Which layers should carry the LoRA? TOPL is trained on windows of k consecutive layers starting at s, "
+    "and each window is scored by its head's token AUROC on the validation split."
+)
 
 spec = current_spec()
 model_name, _, device = split_spec(spec)
@@ -44,20 +46,30 @@ SWEEP = SweepConfig()  # every input starts at SweepConfig's default; a window's
 # TrainConfig (with its LoraSettings) that a window trains with, gets a generated input, so a field added to either
 # appears in this form (as in the Train form) without an edit here. tests/test_app.py checks it.
 HAND_LAID = {"sizes", "stride", "data", "steps", "lr", "batch_size", "max_doc_tokens", "precision"}
-NOT_ASKED = {"train",  # its fields are asked one by one
-             "windows",  # explicit windows instead of sizes × stride: the CLI's --windows
-             "method",  # a sweep trains TOPL
-             "layer_start", "layer_end",  # the window's
-             "eval_every", "checkpoint_every",  # follow the steps, as in the CLI: validate at the window's end
-             "beta", "tdpo_alpha"}  # losses of other methods (DPO, TDPO)
+NOT_ASKED = {
+    "train",  # its fields are asked one by one
+    "windows",  # explicit windows instead of sizes × stride: the CLI's --windows
+    "method",  # a sweep trains TOPL
+    "layer_start",
+    "layer_end",  # the window's
+    "eval_every",
+    "checkpoint_every",  # follow the steps, as in the CLI: validate at the window's end
+    "beta",
+    "tdpo_alpha",
+}  # losses of other methods (DPO, TDPO)
 
 with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS.iterdir())):
     with st.form("sweep.form", border=False):
         a, b, c, d = st.columns(4)
-        name = a.text_input("Sweep name", f"sweep-{Path(model_name).name}-{time.strftime('%m%d-%H%M')}", key=K + "name",
-                            persist_state="session")
-        data = b.selectbox("Data set", dataset_paths(), key=K + "data",
-                           persist_state="session", format_func=lambda p: Path(p).name)
+        name = a.text_input(
+            "Sweep name",
+            f"sweep-{Path(model_name).name}-{time.strftime('%m%d-%H%M')}",
+            key=K + "name",
+            persist_state="session",
+        )
+        data = b.selectbox(
+            "Data set", dataset_paths(), key=K + "data", persist_state="session", format_func=lambda p: Path(p).name
+        )
         default_sizes = [k for k in SWEEP.sizes if k <= n_layers] or [max(1, n_layers // 2)]
         sizes = field_input(c, SweepConfig, "sizes", K, default_sizes, options=list(range(1, n_layers + 1)))
         stride = field_input(d, SweepConfig, "stride", K, min(SWEEP.stride, n_layers), max_value=n_layers)
@@ -69,8 +81,9 @@ with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS
         precision = precision_select(e, K + "precision", device)
         sweep_values = config_inputs(SweepConfig, st.columns(4), K, SWEEP, skip=HAND_LAID | NOT_ASKED)
         with st.expander("More training settings (every window)"):
-            train_values = config_inputs(TrainConfig, st.columns(4), K, SWEEP.train,
-                                         skip=HAND_LAID | NOT_ASKED | SIDEBAR_FIELDS)
+            train_values = config_inputs(
+                TrainConfig, st.columns(4), K, SWEEP.train, skip=HAND_LAID | NOT_ASKED | SIDEBAR_FIELDS
+            )
         go_sweep = st.form_submit_button("Start sweep", type="primary", icon=":material/play_arrow:")
     try:
         n_windows = len(plan_windows(n_layers, tuple(sizes), int(stride))) if sizes else 0
@@ -81,9 +94,19 @@ with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS
         try:
             if not data:
                 raise ConfigError("data: build a data set on the Data page first.")
-            train = TrainConfig(model=model_name, data=str(Path(data).resolve()), steps=steps, lr=lr,
-                                batch_size=batch, precision=precision, device=device, max_doc_tokens=max_doc,
-                                eval_every=steps, checkpoint_every=max(1, min(10, steps)), **train_values)
+            train = TrainConfig(
+                model=model_name,
+                data=str(Path(data).resolve()),
+                steps=steps,
+                lr=lr,
+                batch_size=batch,
+                precision=precision,
+                device=device,
+                max_doc_tokens=max_doc,
+                eval_every=steps,
+                checkpoint_every=max(1, min(10, steps)),
+                **train_values,
+            )
             cfg = SweepConfig(train=train, sizes=tuple(sorted(sizes)), stride=stride, **sweep_values)
             path = jobs.launch_sweep(cfg, SWEEPS / name.strip().replace("/", "_"))
             st.session_state[K + "show"] = str(path.relative_to(runs_dir().resolve()))
@@ -95,16 +118,21 @@ with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS
 found = [p for d in (SWEEPS, runs_dir()) if d.is_dir() for p in d.iterdir() if (p / "sweep.json").exists()]
 sweeps = sorted(set(found), key=lambda p: -p.stat().st_mtime)
 if not sweeps:
-    st.info("No sweep yet: start one above. On a CPU a tiny grid (e.g. k = 3, stride 6, 10 steps) takes minutes "
-            "with SmolLM2; the page fills in as windows finish.")
+    st.info(
+        "No sweep yet: start one above. On a CPU a tiny grid (e.g. k = 3, stride 6, 10 steps) takes minutes "
+        "with SmolLM2; the page fills in as windows finish."
+    )
     st.stop()
 names = [str(p.relative_to(runs_dir())) for p in sweeps]
 if st.session_state.get(K + "show") not in names:
     st.session_state[K + "show"] = names[0]
 sel = st.selectbox("Sweep", names, key=K + "show", persist_state="session")
 sweep_dir = runs_dir() / sel
-VALUE_LABEL = {"val_token_auroc": "head token AUROC (val)", "gen_factuality": "generation factuality",
-               "train_s": "training time (s)"}
+VALUE_LABEL = {
+    "val_token_auroc": "head token AUROC (val)",
+    "gen_factuality": "generation factuality",
+    "train_s": "training time (s)",
+}
 
 
 def panel() -> None:
@@ -120,12 +148,17 @@ def panel() -> None:
     cur = f" · training {job.current}" if job and job.current else ""
     c1.progress(done / total if total else 0.0, text=f"{state} · {done}/{total} windows{cur}")
     if active:
-        if c2.button("Stop", key=K + "stop", icon=":material/stop:",
-                     help="Stops after the current step; the window keeps a checkpoint and the sweep can resume."):
+        if c2.button(
+            "Stop",
+            key=K + "stop",
+            icon=":material/stop:",
+            help="Stops after the current step; the window keeps a checkpoint and the sweep can resume.",
+        ):
             jobs.cancel(sweep_dir)
             st.toast("Stopping after the current step…")
-    elif state in ("cancelled", "failed", "interrupted") and c2.button("Resume", key=K + "resume",
-                                                                        icon=":material/replay:"):
+    elif state in ("cancelled", "failed", "interrupted") and c2.button(
+        "Resume", key=K + "resume", icon=":material/replay:"
+    ):
         try:
             jobs.resume_sweep_job(sweep_dir)
             st.rerun(scope="app")
@@ -139,31 +172,73 @@ def panel() -> None:
         st.info("No window has finished yet.")
         return
     values = [v for v in ("val_token_auroc", "gen_factuality", "train_s") if v in df.columns]
-    value = st.radio("Value", values, horizontal=True, key=K + "value",
-                     persist_state="session", format_func=lambda v: VALUE_LABEL[v])
+    value = st.radio(
+        "Value", values, horizontal=True, key=K + "value", persist_state="session", format_func=lambda v: VALUE_LABEL[v]
+    )
     left, right = st.columns(2)
     hm = heatmap_table(df, value)
     z = hm.to_numpy(dtype=float)
-    fig = go.Figure(go.Heatmap(z=z, x=[f"k={k}" for k in hm.columns], y=hm.index.tolist(), colorscale="Viridis",
-                               text=np.where(np.isnan(z), "", np.vectorize(lambda v: f"{v:.3f}")(np.nan_to_num(z))),
-                               texttemplate="%{text}", hoverongaps=False,
-                               hovertemplate="start %{y} · %{x}<br>%{z:.3f}<extra></extra>",
-                               colorbar=dict(title=VALUE_LABEL[value].split(" (")[0], thickness=12)))
-    fig.update_layout(title=f"{VALUE_LABEL[value]} by window start × size", xaxis_title="window size",
-                      yaxis_title="start layer", yaxis=dict(autorange="reversed"), height=420)
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[f"k={k}" for k in hm.columns],
+            y=hm.index.tolist(),
+            colorscale="Viridis",
+            text=np.where(np.isnan(z), "", np.vectorize(lambda v: f"{v:.3f}")(np.nan_to_num(z))),
+            texttemplate="%{text}",
+            hoverongaps=False,
+            hovertemplate="start %{y} · %{x}<br>%{z:.3f}<extra></extra>",
+            colorbar=dict(title=VALUE_LABEL[value].split(" (")[0], thickness=12),
+        )
+    )
+    fig.update_layout(
+        title=f"{VALUE_LABEL[value]} by window start × size",
+        xaxis_title="window size",
+        yaxis_title="start layer",
+        yaxis=dict(autorange="reversed"),
+        height=420,
+    )
     with left:
         plot(fig, key=K + "heat")
     lines = lines_table(df, sorted(df["size"].unique()), value)
     lines["k"] = lines["size"].map(lambda k: f"k = {k}")
-    fig2 = px.line(lines, x="start", y=value, color="k", markers=True, title="One line per window size",
-                   labels={value: VALUE_LABEL[value], "start": "window start layer"})
+    fig2 = px.line(
+        lines,
+        x="start",
+        y=value,
+        color="k",
+        markers=True,
+        title="One line per window size",
+        labels={value: VALUE_LABEL[value], "start": "window start layer"},
+    )
     with right:
         plot(fig2, key=K + "lines")
-    cols = [c for c in ("window", "start", "size", "end", "val_token_auroc", "val_tokens", "loss", "train_s",
-                        "gen_factuality", "gen_sentences", "prefix_store_mb") if c in df.columns]
-    st.dataframe(df[cols], hide_index=True, key=K + "table",
-                 column_config={c: st.column_config.NumberColumn(format="%.3f")
-                                for c in ("val_token_auroc", "loss", "train_s", "gen_factuality")})
+    cols = [
+        c
+        for c in (
+            "window",
+            "start",
+            "size",
+            "end",
+            "val_token_auroc",
+            "val_tokens",
+            "loss",
+            "train_s",
+            "gen_factuality",
+            "gen_sentences",
+            "prefix_store_mb",
+        )
+        if c in df.columns
+    ]
+    st.dataframe(
+        df[cols],
+        hide_index=True,
+        key=K + "table",
+        column_config={
+            c: st.column_config.NumberColumn(format="%.3f")
+            for c in ("val_token_auroc", "loss", "train_s", "gen_factuality")
+        },
+    )
     csv_download(df, f"{Path(sel).name}.csv", key=K + "csv")
 
 

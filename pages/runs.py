@@ -18,19 +18,27 @@ from topl_core.paths import examples_dir, runs_dir
 from topl_core.runs import RunDir
 
 st.title("Runs")
-st.caption(f"Every run directory in `{runs_dir()}`, and the demo adapters shipped in `{examples_dir()}` (marked "
-           "*example*). Pick runs to compare their configs, curves and results.")
+st.caption(
+    f"Every run directory in `{runs_dir()}`, and the demo adapters shipped in `{examples_dir()}` (marked "
+    "*example*). Pick runs to compare their configs, curves and results."
+)
 
 df = all_runs()
 if df.empty:
     st.info("No runs yet: start one on the **Train** page.")
     st.stop()
 
-st.dataframe(df.drop(columns=["path", "complete"]), hide_index=True, key="runs.table",
-             column_config={"val_token_auroc": st.column_config.NumberColumn("val token AUROC", format="%.3f"),
-                            "loss": st.column_config.NumberColumn(format="%.4f"),
-                            "lr": st.column_config.NumberColumn(format="%.1e"),
-                            "has_head": st.column_config.CheckboxColumn("head")})
+st.dataframe(
+    df.drop(columns=["path", "complete"]),
+    hide_index=True,
+    key="runs.table",
+    column_config={
+        "val_token_auroc": st.column_config.NumberColumn("val token AUROC", format="%.3f"),
+        "loss": st.column_config.NumberColumn(format="%.4f"),
+        "lr": st.column_config.NumberColumn(format="%.1e"),
+        "has_head": st.column_config.CheckboxColumn("head"),
+    },
+)
 
 names = df["run"].tolist()
 default = df[df["complete"].astype(bool)]["run"].tolist()[:2] or names[:2]
@@ -60,14 +68,16 @@ differs = cfg_df.astype(str).nunique(axis=1) > 1
 
 tab_results, tab_curves, tab_cfg = st.tabs(["Results", "Curves", "Config diff"])
 with tab_cfg:
-    only_diff = st.toggle("Only fields that differ", value=len(chosen) > 1, key="runs.only_diff",
-                          persist_state="session")
+    only_diff = st.toggle(
+        "Only fields that differ", value=len(chosen) > 1, key="runs.only_diff", persist_state="session"
+    )
     shown = cfg_df[differs] if only_diff else cfg_df
     if shown.empty:
         st.success("These runs have identical configs.")
     else:
         styled = shown.astype(str).style.apply(
-            lambda row: ["background-color: rgba(250,204,21,.3)" if differs[row.name] else "" for _ in row], axis=1)
+            lambda row: ["background-color: rgba(250,204,21,.3)" if differs[row.name] else "" for _ in row], axis=1
+        )
         st.dataframe(styled, key="runs.cfg_diff")
     csv_download(cfg_df.reset_index(), "run_configs.csv", key="runs.cfg_csv")
 
@@ -101,21 +111,37 @@ with tab_results:
         m = run.read_metrics()
         last_val = next((r for r in reversed(m) if "val_token_auroc" in r or any(k.startswith("val_") for k in r)), {})
         status = run.read_status()
-        row = {"run": n, "method": configs[n]["method"], "state": status.get("state"), "steps": status.get("step"),
-               "final loss": m[-1]["loss"] if m else None,
-               "val token AUROC": last_val.get("val_token_auroc"),
-               "train time (s)": status.get("elapsed_s"), "train examples": metas[n].get("n_train_examples"),
-               "head layer": metas[n].get("head_layer")}
+        row = {
+            "run": n,
+            "method": configs[n]["method"],
+            "state": status.get("state"),
+            "steps": status.get("step"),
+            "final loss": m[-1]["loss"] if m else None,
+            "val token AUROC": last_val.get("val_token_auroc"),
+            "train time (s)": status.get("elapsed_s"),
+            "train examples": metas[n].get("n_train_examples"),
+            "head layer": metas[n].get("head_layer"),
+        }
         row.update(run_factuality(Path(p).name))  # ID/OOD factuality + sentences from the newest evaluation of this run
         rows.append(row)
     res = pd.DataFrame(rows)
-    st.dataframe(res, hide_index=True, key="runs.results",
-                 column_config={"final loss": st.column_config.NumberColumn(format="%.4f"),
-                                "val token AUROC": st.column_config.NumberColumn(format="%.3f"),
-                                "train time (s)": st.column_config.NumberColumn(format="%.0f"),
-                                **{c: st.column_config.NumberColumn(format="%.3f")
-                                   for c in ("ID factuality", "OOD factuality", "avg factuality")},
-                                "avg sentences": st.column_config.NumberColumn(format="%.2f")})
-    st.caption("ID / OOD factuality and the average sentence count appear here once a run has been evaluated "
-               "(Evaluation page).")
+    st.dataframe(
+        res,
+        hide_index=True,
+        key="runs.results",
+        column_config={
+            "final loss": st.column_config.NumberColumn(format="%.4f"),
+            "val token AUROC": st.column_config.NumberColumn(format="%.3f"),
+            "train time (s)": st.column_config.NumberColumn(format="%.0f"),
+            **{
+                c: st.column_config.NumberColumn(format="%.3f")
+                for c in ("ID factuality", "OOD factuality", "avg factuality")
+            },
+            "avg sentences": st.column_config.NumberColumn(format="%.2f"),
+        },
+    )
+    st.caption(
+        "ID / OOD factuality and the average sentence count appear here once a run has been evaluated "
+        "(Evaluation page)."
+    )
     csv_download(res, "run_results.csv", key="runs.results_csv")

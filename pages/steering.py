@@ -36,8 +36,10 @@ except ImportError as e:
 from topl_core.generate import GenerationConfig, generate
 
 st.title("Steering")
-st.caption("Push the merged model toward faithful (λ > 0) or hallucinated (λ < 0) summaries by adding "
-           "λ · scaling · B(μ+ − μ−) to the outputs of the adapter's most separating sites.")
+st.caption(
+    "Push the merged model toward faithful (λ > 0) or hallucinated (λ < 0) summaries by adding "
+    "λ · scaling · B(μ+ − μ−) to the outputs of the adapter's most separating sites."
+)
 
 spec = current_spec()
 top = st.columns([2, 1, 1])
@@ -105,34 +107,51 @@ if src == "From a data set":
     if not path:
         st.stop()
     docs = list(dict.fromkeys(r.document for r in records_of(path)))
-    i = c2.number_input(f"Document (of {len(docs)})", 0, len(docs) - 1, 0, key="steer.doc_index",
-                        persist_state="session")
+    i = c2.number_input(
+        f"Document (of {len(docs)})", 0, len(docs) - 1, 0, key="steer.doc_index", persist_state="session"
+    )
     document = docs[int(i)]
     with st.expander("Document text"):
         st.write(document)
 else:
-    document = st.text_area("Document", height=180, key="steer.document", persist_state="session",
-                            value="The council of Leeds approved the new budget on Monday after a long debate. "
-                                  "Police arrested two men in London and released a third. The company said profits "
-                                  "increased by 12 percent in 2023.")
+    document = st.text_area(
+        "Document",
+        height=180,
+        key="steer.document",
+        persist_state="session",
+        value="The council of Leeds approved the new budget on Monday after a long debate. "
+        "Police arrested two men in London and released a third. The company said profits "
+        "increased by 12 percent in 2023.",
+    )
 if not document.strip():
     st.stop()
 
 # --- λ and the three texts --------------------------------------------------------------------------------
 RANGES = sorted({1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, max(abs(lo), abs(hi))})
 c_lam, c_range = st.columns([6, 1], vertical_alignment="bottom")
-bound = c_range.selectbox("λ range ±", RANGES, index=RANGES.index(max(abs(lo), abs(hi))), key="steer.range",
-                          persist_state="session",
-                          format_func=lambda x: f"{x:g}",
-                          help="A briefly trained adapter has small steering vectors (see ‖v‖ below): widen the "
-                               "range until the text moves.")
+bound = c_range.selectbox(
+    "λ range ±",
+    RANGES,
+    index=RANGES.index(max(abs(lo), abs(hi))),
+    key="steer.range",
+    persist_state="session",
+    format_func=lambda x: f"{x:g}",
+    help="A briefly trained adapter has small steering vectors (see ‖v‖ below): widen the range until the text moves.",
+)
 lo, hi = -bound, bound
 STEP = (hi - lo) / 16
 GRID = [round(lo + i * STEP, 6) for i in range(17)]  # the slider's positions: warm them all for a live demo
-lam = c_lam.slider("λ  (← hallucinated · faithful →)", lo, hi, 0.0, step=STEP, key="steer.lambda",
-                   persist_state="session",
-                   help="0 reproduces the merged model exactly. Every position is cached once generated: press "
-                        "'Generate every λ' below before a talk and dragging is instant.")
+lam = c_lam.slider(
+    "λ  (← hallucinated · faithful →)",
+    lo,
+    hi,
+    0.0,
+    step=STEP,
+    key="steer.lambda",
+    persist_state="session",
+    help="0 reproduces the merged model exactly. Every position is cached once generated: press "
+    "'Generate every λ' below before a talk and dragging is instant.",
+)
 try:
     with st.spinner("Generating…"):
         t_base = base_text(spec, document, max_new)
@@ -143,17 +162,28 @@ except Exception as e:
     st.stop()
 
 cols = st.columns(3, gap="medium")
-boxes = [("Base model", t_base, t_base), ("Merged adapter (λ = 0)", t_merged, t_merged),
-         (f"Steered (λ = {lam:+.2f})", t_steered, None)]
+boxes = [
+    ("Base model", t_base, t_base),
+    ("Merged adapter (λ = 0)", t_merged, t_merged),
+    (f"Steered (λ = {lam:+.2f})", t_steered, None),
+]
 for col, (title, text, _) in zip(cols, boxes):
     body = diff_html(t_merged, text) if title.startswith("Steered") else html.escape(text).replace("\n", "<br>")
     n_sent = count_sentences(text)
-    cap = f"factuality {fact(document, text):.2f} · {n_sent} sentence{'s' if n_sent != 1 else ''} · {len(text.split())} words"
+    words = len(text.split())
+    cap = f"factuality {fact(document, text):.2f} · {n_sent} sentence{'s' if n_sent != 1 else ''} · {words} words"
     col.markdown(text_box(title, body or "<i>(empty)</i>", cap), unsafe_allow_html=True)
 changed = t_steered != t_merged
-st.markdown(f'<div id="steer-summary" data-lambda="{lam:.3f}" data-changed="{int(changed)}" style="opacity:.75">'
-            f"{'Highlighted: words that differ from the merged output; struck through: words it dropped.' if changed else 'Identical to the merged output at this λ.'}"
-            "</div>", unsafe_allow_html=True)
+summary = (
+    "Highlighted: words that differ from the merged output; struck through: words it dropped."
+    if changed
+    else "Identical to the merged output at this λ."
+)
+st.markdown(
+    f'<div id="steer-summary" data-lambda="{lam:.3f}" data-changed="{int(changed)}" style="opacity:.75">'
+    f"{summary}</div>",
+    unsafe_allow_html=True,
+)
 st.caption(f"Factuality: {scorer_caption()}")
 
 # --- sites and vectors ------------------------------------------------------------------------------------
@@ -161,10 +191,25 @@ left, right = st.columns([1, 1], gap="large")
 with left:
     st.subheader("Steered sites")
     norms = vec.norms()
-    sites = pd.DataFrame([{"site": s.key, "layer": s.layer, "module": s.module, "AUROC": vec.auroc[s.key],
-                           "scaling": vec.scaling[s.key], "‖v‖": norms[s.key]} for s in vec.sites])
-    st.dataframe(sites, hide_index=True, key="steer.sites",
-                 column_config={c: st.column_config.NumberColumn(format="%.3f") for c in ("AUROC", "scaling", "‖v‖")})
+    sites = pd.DataFrame(
+        [
+            {
+                "site": s.key,
+                "layer": s.layer,
+                "module": s.module,
+                "AUROC": vec.auroc[s.key],
+                "scaling": vec.scaling[s.key],
+                "‖v‖": norms[s.key],
+            }
+            for s in vec.sites
+        ]
+    )
+    st.dataframe(
+        sites,
+        hide_index=True,
+        key="steer.sites",
+        column_config={c: st.column_config.NumberColumn(format="%.3f") for c in ("AUROC", "scaling", "‖v‖")},
+    )
     st.caption(f"μ+ / μ− from {vec.n_good} good and {vec.n_bad} bad tokens ({token_set(*ts)[0]}).")
     buf = io.BytesIO()
     with tempfile.TemporaryDirectory() as d:
@@ -172,15 +217,23 @@ with left:
         with zipfile.ZipFile(buf, "w") as z:
             for f in Path(d).iterdir():
                 z.write(f, f.name)
-    st.download_button("Export steering vectors (safetensors + JSON)", buf.getvalue(),
-                       file_name=f"steering-{Path(run).name}.zip", mime="application/zip", key="steer.export",
-                       icon=":material/download:")
+    st.download_button(
+        "Export steering vectors (safetensors + JSON)",
+        buf.getvalue(),
+        file_name=f"steering-{Path(run).name}.zip",
+        mime="application/zip",
+        key="steer.export",
+        icon=":material/download:",
+    )
 
 with right:
     st.subheader("λ → factuality")
     key = (run, fp, document[:200], top_k, max_new, bound)
-    if st.button(f"Generate every λ ({len(GRID)} positions) for this document", key="steer.curve_go",
-                 icon=":material/show_chart:"):
+    if st.button(
+        f"Generate every λ ({len(GRID)} positions) for this document",
+        key="steer.curve_go",
+        icon=":material/show_chart:",
+    ):
         st.session_state["steer.curve_for"] = key
     if st.session_state.get("steer.curve_for") == key:
         grid = GRID
@@ -188,19 +241,33 @@ with right:
         rows = []
         for j, g in enumerate(grid):
             t = steered_text(spec, run, fp, ts, top_k, document, g, max_new)
-            rows.append({"lambda": g, "factuality": fact(document, t), "sentences": count_sentences(t),
-                         "words": len(t.split()), "text": t})
+            rows.append(
+                {
+                    "lambda": g,
+                    "factuality": fact(document, t),
+                    "sentences": count_sentences(t),
+                    "words": len(t.split()),
+                    "text": t,
+                }
+            )
             bar.progress((j + 1) / len(grid), text=f"λ = {g:+.2f}")
         bar.empty()
         curve = pd.DataFrame(rows)
-        fig = go.Figure(go.Scatter(x=curve["lambda"], y=curve["factuality"], mode="lines+markers",
-                                   customdata=curve["text"].str.slice(0, 120),
-                                   hovertemplate="λ=%{x:.2f}<br>factuality %{y:.3f}<br>%{customdata}<extra></extra>"))
+        fig = go.Figure(
+            go.Scatter(
+                x=curve["lambda"],
+                y=curve["factuality"],
+                mode="lines+markers",
+                customdata=curve["text"].str.slice(0, 120),
+                hovertemplate="λ=%{x:.2f}<br>factuality %{y:.3f}<br>%{customdata}<extra></extra>",
+            )
+        )
         fig.add_vline(x=lam, line_dash="dot", line_color="#dc2626")
-        fig.update_layout(xaxis_title="λ", yaxis_title="factuality (offline scorer)", height=300,
-                          yaxis_range=[0, 1.02])
+        fig.update_layout(xaxis_title="λ", yaxis_title="factuality (offline scorer)", height=300, yaxis_range=[0, 1.02])
         plot(fig, key="steer.curve")
         csv_download(curve, "lambda_curve.csv", key="steer.curve_csv")
     else:
-        st.caption("One summary per slider position (cached, so the slider is instant afterwards), scored by the "
-                   "offline factuality scorer.")
+        st.caption(
+            "One summary per slider position (cached, so the slider is instant afterwards), scored by the "
+            "offline factuality scorer."
+        )

@@ -20,25 +20,37 @@ from topl_core.generate import GenerationConfig, generate
 from topl_core.metrics import auroc
 
 st.title("Token overlay")
-st.caption("Which tokens does the head think are unfaithful to the document? Red = low p(good). Hover a token for "
-           "its values; a black underline marks gold-bad tokens.")
+st.caption(
+    "Which tokens does the head think are unfaithful to the document? Red = low p(good). Hover a token for "
+    "its values; a black underline marks gold-bad tokens."
+)
 
 spec = current_spec()
 top = st.columns([2, 1])
-run = run_picker("Adapter with a head (TOPL / SOPL / TLDR)", key="overlay.run", need_head=True, default_method="topl",
-                 container=top[0])
+run = run_picker(
+    "Adapter with a head (TOPL / SOPL / TLDR)",
+    key="overlay.run",
+    need_head=True,
+    default_method="topl",
+    container=top[0],
+)
 if run is None:
     st.stop()
 fp = run_fingerprint(run)
-threshold = top[1].slider("Flag tokens with p(good) below", 0.0, 1.0, 0.5, 0.01, key="overlay.threshold",
-                          persist_state="session")
+threshold = top[1].slider(
+    "Flag tokens with p(good) below", 0.0, 1.0, 0.5, 0.01, key="overlay.threshold", persist_state="session"
+)
 
 
 @st.cache_data(show_spinner="Scoring tokens…", max_entries=64)
 def score(spec: str, run: str, fp: str, record: Record) -> dict:
     s = token_scorer(spec, run, fp).score([record])[0]
-    return {"tokens": s.tokens, "p_good": s.p_good.astype(float), "surprisal": s.surprisal.astype(float),
-            "gold": s.gold.astype(int)}
+    return {
+        "tokens": s.tokens,
+        "p_good": s.p_good.astype(float),
+        "surprisal": s.surprisal.astype(float),
+        "gold": s.gold.astype(int),
+    }
 
 
 @st.cache_data(show_spinner="Generating a summary with the merged model…", max_entries=32)
@@ -48,8 +60,13 @@ def generate_summary(spec: str, run: str, fp: str, document: str, max_new_tokens
         return generate(lm, [document], GenerationConfig(max_new_tokens=max_new_tokens))[0]
 
 
-source = st.radio("Text", ["From a data set", "Paste", "Generate with the merged model"], horizontal=True,
-                  key="overlay.source", persist_state="session")
+source = st.radio(
+    "Text",
+    ["From a data set", "Paste", "Generate with the merged model"],
+    horizontal=True,
+    key="overlay.source",
+    persist_state="session",
+)
 record = None
 if source == "From a data set":
     c1, c2, c3 = st.columns([2, 1, 1])
@@ -58,21 +75,32 @@ if source == "From a data set":
         only_bad = c3.toggle("Only records with bad spans", True, key="overlay.only_bad", persist_state="session")
         pool = [r for r in records_of(path) if r.token_labels_known and (r.bad_spans or not only_bad)]
         if pool:
-            i = c2.number_input(f"Record (of {len(pool)})", 0, len(pool) - 1, 0, key="overlay.index",
-                                persist_state="session")
+            i = c2.number_input(
+                f"Record (of {len(pool)})", 0, len(pool) - 1, 0, key="overlay.index", persist_state="session"
+            )
             record = pool[int(i)]
             with st.expander("Document"):
                 st.write(record.document)
         else:
             st.warning("No token-labelled record here.")
 else:
-    doc = st.text_area("Document", height=160, key="overlay.document", persist_state="session",
-                       value="The council of Leeds approved the new budget on Monday after a long debate. Police "
-                             "arrested two men in London and released a third. The company said profits increased "
-                             "by 12 percent in 2023.")
+    doc = st.text_area(
+        "Document",
+        height=160,
+        key="overlay.document",
+        persist_state="session",
+        value="The council of Leeds approved the new budget on Monday after a long debate. Police "
+        "arrested two men in London and released a third. The company said profits increased "
+        "by 12 percent in 2023.",
+    )
     if source == "Paste":
-        resp = st.text_area("Summary / response", height=80, key="overlay.response", persist_state="session",
-                            value="The Leeds council rejected the budget on Friday. Profits increased by 40 percent.")
+        resp = st.text_area(
+            "Summary / response",
+            height=80,
+            key="overlay.response",
+            persist_state="session",
+            value="The Leeds council rejected the budget on Friday. Profits increased by 40 percent.",
+        )
     else:
         n_new = st.slider("Max new tokens", 16, 256, 64, key="overlay.max_new", persist_state="session")
         try:
@@ -108,8 +136,10 @@ if has_gold:
     rec = tp / max(1, int(bad.sum()))
     m[4].metric("Precision / recall", f"{prec:.2f} / {rec:.2f}")
 
-st.markdown(token_html(s["tokens"], p_good=p, gold=gold if has_gold else None, threshold=threshold,
-                       extra={"surprisal": sur}), unsafe_allow_html=True)
+st.markdown(
+    token_html(s["tokens"], p_good=p, gold=gold if has_gold else None, threshold=threshold, extra={"surprisal": sur}),
+    unsafe_allow_html=True,
+)
 st.markdown(legend_html(), unsafe_allow_html=True)
 if has_gold:
     st.markdown("**Gold labels**")
@@ -117,15 +147,34 @@ if has_gold:
     ha, sa = auroc(bad, 1 - p[keep]), auroc(bad, sur[keep])
     st.caption(f"On this example, flagging bad tokens: head AUROC {ha:.3f} · base-model surprisal AUROC {sa:.3f}.")
 
-table = pd.DataFrame({"position": np.arange(len(p)), "token": s["tokens"], "p_good": p, "surprisal": sur,
-                      "gold": np.where(gold == 1, "good", np.where(gold == 0, "bad", "")), "flagged": flag})
+table = pd.DataFrame(
+    {
+        "position": np.arange(len(p)),
+        "token": s["tokens"],
+        "p_good": p,
+        "surprisal": sur,
+        "gold": np.where(gold == 1, "good", np.where(gold == 0, "bad", "")),
+        "flagged": flag,
+    }
+)
 colors = np.where(gold == 0, "#111827", np.where(flag, "#dc2626", "#16a34a"))
-fig = go.Figure(go.Bar(x=table["position"], y=p, marker_color=colors,
-                       customdata=np.stack([table["token"], table["gold"], sur], axis=1),
-                       hovertemplate="%{customdata[0]}<br>p(good)=%{y:.3f}<br>gold=%{customdata[1]}"
-                                     "<br>surprisal=%{customdata[2]:.2f}<extra></extra>"))
+fig = go.Figure(
+    go.Bar(
+        x=table["position"],
+        y=p,
+        marker_color=colors,
+        customdata=np.stack([table["token"], table["gold"], sur], axis=1),
+        hovertemplate="%{customdata[0]}<br>p(good)=%{y:.3f}<br>gold=%{customdata[1]}"
+        "<br>surprisal=%{customdata[2]:.2f}<extra></extra>",
+    )
+)
 fig.add_hline(y=threshold, line_dash="dash", line_color="#dc2626", annotation_text="threshold")
-fig.update_layout(title="p(good) per token (black = gold bad)", xaxis_title="token", yaxis_title="p(good)",
-                  yaxis_range=[0, 1], height=280)
+fig.update_layout(
+    title="p(good) per token (black = gold bad)",
+    xaxis_title="token",
+    yaxis_title="p(good)",
+    yaxis_range=[0, 1],
+    height=280,
+)
 plot(fig, key="overlay.bar")
 csv_download(table, "token_scores.csv", key="overlay.csv")

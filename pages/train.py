@@ -19,16 +19,18 @@ from pages._ui.models import layer_count_or_stop
 from pages._ui.render import csv_download, plot
 from pages._ui.spec import current_spec, split_spec
 from topl_core import jobs
-from topl_core.paths import runs_dir
-from topl_core.runs import RunDir
-from topl_core.presets import PRESETS
 from topl_core.errors import ConfigError
-from topl_core.training.config import LoraSettings, preset_config, TrainConfig
+from topl_core.paths import runs_dir
+from topl_core.presets import PRESETS
+from topl_core.runs import RunDir
+from topl_core.training.config import LoraSettings, TrainConfig, preset_config
 from topl_core.training.objectives import OBJECTIVES
 
 st.title("Train")
-st.caption("TOPL and its baselines with one training loop. Runs go to a background process: close the tab, "
-           "reload, or restart the app — the run keeps going and is picked up again here.")
+st.caption(
+    "TOPL and its baselines with one training loop. Runs go to a background process: close the tab, "
+    "reload, or restart the app — the run keeps going and is picked up again here."
+)
 
 spec = current_spec()
 model_name, _dtype, device = split_spec(spec)
@@ -40,9 +42,26 @@ DEFAULT = TrainConfig()  # every input starts at TrainConfig's own default (one 
 # Laid out by hand below (with the inputs of pages/_ui/forms.py); every other TrainConfig field gets a generated input
 # under "More settings", so a field added to TrainConfig appears in this form (as in the CLI) without an edit here.
 # tests/test_app.py checks it.
-HAND_LAID = {"method", "data", "lora", "lr", "batch_size", "grad_accum", "steps", "precision", "eval_every", "seed",
-             "label_setting", "beta", "checkpoint_every", "max_doc_tokens", "max_response_tokens", "max_val_examples",
-             "micro_batch_size", "head_lr_multiplier"}
+HAND_LAID = {
+    "method",
+    "data",
+    "lora",
+    "lr",
+    "batch_size",
+    "grad_accum",
+    "steps",
+    "precision",
+    "eval_every",
+    "seed",
+    "label_setting",
+    "beta",
+    "checkpoint_every",
+    "max_doc_tokens",
+    "max_response_tokens",
+    "max_val_examples",
+    "micro_batch_size",
+    "head_lr_multiplier",
+}
 
 
 def default_layer_end(n: int) -> int:
@@ -59,8 +78,14 @@ def form_defaults() -> dict:
     else:  # the CLI's --preset mapping, so the form and the CLI cannot disagree
         base = preset_config(preset, method)
         layers = (min(base.lora.layer_start, n_layers - 1), min(base.lora.layer_end, n_layers - 1))
-    values = {"lr": base.lr, "head_lr_multiplier": base.head_lr_multiplier, "batch_size": base.batch_size,
-              "grad_accum": base.grad_accum, "layer_start": layers[0], "layer_end": layers[1]}
+    values = {
+        "lr": base.lr,
+        "head_lr_multiplier": base.head_lr_multiplier,
+        "batch_size": base.batch_size,
+        "grad_accum": base.grad_accum,
+        "layer_start": layers[0],
+        "layer_end": layers[1],
+    }
     if method == "tldr":  # TLDR: LoRA on all layers, head on the last layer
         values.update(layer_start=0, layer_end=n_layers - 1)
     values["run_name"] = jobs.default_run_name(TrainConfig(method=method, model=model_name))
@@ -85,8 +110,9 @@ else:
         st.session_state.setdefault(K + k, v)
 
 if st.session_state.pop(K + "new_name", False):
-    st.session_state[K + "run_name"] = jobs.default_run_name(TrainConfig(method=st.session_state[K + "method"],
-                                                                         model=model_name))
+    st.session_state[K + "run_name"] = jobs.default_run_name(
+        TrainConfig(method=st.session_state[K + "method"], model=model_name)
+    )
 if flash := st.session_state.pop(K + "flash", None):
     st.success(flash, icon=":material/rocket_launch:")
 
@@ -96,18 +122,31 @@ any_active = any(j.active for j in jobs.list_jobs() if j.kind == "train")
 with st.expander("New run", expanded=not any_active, icon=":material/add:"):
     c1, c2, c3 = st.columns([1, 1, 2])
     methods = list(OBJECTIVES)
-    c1.selectbox("Method", methods, key=K + "method", persist_state="session", on_change=apply_defaults,
-                 format_func=lambda m: m if m == "unlikelihood" else m.upper())
-    c2.selectbox("Preset", [NO_PRESET, *PRESETS], key=K + "preset", persist_state="session", on_change=apply_defaults,
-                 help="The paper's learning rate, batch and LoRA layers for that model family (8B/4B, GPU).")
+    c1.selectbox(
+        "Method",
+        methods,
+        key=K + "method",
+        persist_state="session",
+        on_change=apply_defaults,
+        format_func=lambda m: m if m == "unlikelihood" else m.upper(),
+    )
+    c2.selectbox(
+        "Preset",
+        [NO_PRESET, *PRESETS],
+        key=K + "preset",
+        persist_state="session",
+        on_change=apply_defaults,
+        help="The paper's learning rate, batch and LoRA layers for that model family (8B/4B, GPU).",
+    )
     c3.info(OBJECTIVES[st.session_state[K + "method"]].description)
 
     with st.form("train.form", border=False):
         a, b, c, d = st.columns(4)
         run_name = a.text_input("Run name", key=K + "run_name", persist_state="session")
         data_paths = dataset_paths()
-        data = b.selectbox("Data set", data_paths, key=K + "data",
-                           persist_state="session", format_func=lambda p: Path(p).name)
+        data = b.selectbox(
+            "Data set", data_paths, key=K + "data", persist_state="session", format_func=lambda p: Path(p).name
+        )
         steps = field_input(c, TrainConfig, "steps", K, DEFAULT.steps)
         lr = field_input(d, TrainConfig, "lr", K)  # lr, batch, accumulation, layers, head lr: form_defaults()
         a, b, c, d = st.columns(4)
@@ -115,8 +154,10 @@ with st.expander("New run", expanded=not any_active, icon=":material/add:"):
         accum = field_input(b, TrainConfig, "grad_accum", K)
         precision = precision_select(c, K + "precision", device)
         eval_every = field_input(d, TrainConfig, "eval_every", K, DEFAULT.eval_every)
-        st.markdown(f"**LoRA** — the model has {n_layers} layers (0–{n_layers - 1}); "
-                    "the TOPL head sits after the last LoRA layer.")
+        st.markdown(
+            f"**LoRA** — the model has {n_layers} layers (0–{n_layers - 1}); "
+            "the TOPL head sits after the last LoRA layer."
+        )
         a, b, c, d, e = st.columns(5)
         layer_start = field_input(a, LoraSettings, "layer_start", K, max_value=n_layers - 1)
         layer_end = field_input(b, LoraSettings, "layer_end", K, max_value=n_layers - 1)
@@ -145,13 +186,34 @@ if submitted:
         if not data:
             raise ConfigError("data: no data set; build one on the Data page first.")
         cfg = TrainConfig(
-            method=st.session_state[K + "method"], model=model_name, data=str(Path(data).resolve()),
-            lora=LoraSettings(r=int(r), alpha=float(alpha), dropout=float(dropout), layer_start=int(layer_start),
-                              layer_end=int(layer_end), modules=tuple(modules)),
-            lr=float(lr), head_lr_multiplier=float(head_mult), batch_size=int(batch), grad_accum=int(accum), micro_batch_size=int(micro), steps=int(steps), seed=int(seed),
-            precision=precision, device=device, max_doc_tokens=int(max_doc), max_response_tokens=int(max_resp),
-            eval_every=int(eval_every), checkpoint_every=int(ckpt), max_val_examples=int(max_val),
-            label_setting=label_setting, beta=float(beta), **other,
+            method=st.session_state[K + "method"],
+            model=model_name,
+            data=str(Path(data).resolve()),
+            lora=LoraSettings(
+                r=int(r),
+                alpha=float(alpha),
+                dropout=float(dropout),
+                layer_start=int(layer_start),
+                layer_end=int(layer_end),
+                modules=tuple(modules),
+            ),
+            lr=float(lr),
+            head_lr_multiplier=float(head_mult),
+            batch_size=int(batch),
+            grad_accum=int(accum),
+            micro_batch_size=int(micro),
+            steps=int(steps),
+            seed=int(seed),
+            precision=precision,
+            device=device,
+            max_doc_tokens=int(max_doc),
+            max_response_tokens=int(max_resp),
+            eval_every=int(eval_every),
+            checkpoint_every=int(ckpt),
+            max_val_examples=int(max_val),
+            label_setting=label_setting,
+            beta=float(beta),
+            **other,
         )
         name = run_name.strip().replace("/", "_") or jobs.default_run_name(cfg)
         path = jobs.launch_train(cfg, runs_dir() / name)
@@ -173,10 +235,15 @@ def fmt_s(s) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-STATE_ICON = {"starting": ":gray[:material/hourglass_top:]", "running": ":blue[:material/play_circle:]",
-              "finished": ":green[:material/check_circle:]", "failed": ":red[:material/error:]",
-              "cancelled": ":gray[:material/stop_circle:]", "interrupted": ":orange[:material/warning:]",
-              "unknown": ":gray[:material/help:]"}
+STATE_ICON = {
+    "starting": ":gray[:material/hourglass_top:]",
+    "running": ":blue[:material/play_circle:]",
+    "finished": ":green[:material/check_circle:]",
+    "failed": ":red[:material/error:]",
+    "cancelled": ":gray[:material/stop_circle:]",
+    "interrupted": ":orange[:material/warning:]",
+    "unknown": ":gray[:material/help:]",
+}
 
 
 def curves(path: Path) -> None:
@@ -185,8 +252,11 @@ def curves(path: Path) -> None:
         st.caption("No metrics yet: the process is loading the model and data.")
         return
     df = pd.DataFrame(rows)
-    val_cols = [c for c in df.columns if c.startswith("val_") and c not in ("val_tokens", "val_examples")
-                and pd.api.types.is_numeric_dtype(df[c])]
+    val_cols = [
+        c
+        for c in df.columns
+        if c.startswith("val_") and c not in ("val_tokens", "val_examples") and pd.api.types.is_numeric_dtype(df[c])
+    ]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Training loss", "Validation"))
     fig.add_trace(go.Scatter(x=df["step"], y=df["loss"], mode="lines", name="loss", line=dict(color="#2563eb")), 1, 1)
     for col in val_cols:
@@ -216,16 +286,22 @@ def jobs_panel() -> None:
             a, b, c = st.columns([3, 6, 1.3], vertical_alignment="center")
             a.markdown(f"{STATE_ICON.get(j.state, '')} **{j.name}**  \n`{j.state}`")
             if j.state in ("running", "starting"):
-                b.progress(j.fraction, text=f"step {j.step}/{j.steps} · ETA {fmt_s(j.eta_s)} · elapsed "
-                                            f"{fmt_s(j.elapsed_s)} · loss {'—' if j.loss is None else f'{j.loss:.4f}'}")
+                b.progress(
+                    j.fraction,
+                    text=f"step {j.step}/{j.steps} · ETA {fmt_s(j.eta_s)} · elapsed "
+                    f"{fmt_s(j.elapsed_s)} · loss {'—' if j.loss is None else f'{j.loss:.4f}'}",
+                )
                 if c.button("Cancel", key=f"train.cancel.{j.name}", icon=":material/stop:"):
                     jobs.cancel(j.path)
                     st.toast(f"Cancelling {j.name}: saving a checkpoint…")
             else:
                 auroc = j.val.get("val_token_auroc")
-                b.progress(j.fraction, text=f"step {j.step}/{j.steps} · loss "
-                                            f"{'—' if j.loss is None else f'{j.loss:.4f}'}"
-                                            + (f" · val token AUROC {auroc:.3f}" if auroc is not None else ""))
+                b.progress(
+                    j.fraction,
+                    text=f"step {j.step}/{j.steps} · loss "
+                    f"{'—' if j.loss is None else f'{j.loss:.4f}'}"
+                    + (f" · val token AUROC {auroc:.3f}" if auroc is not None else ""),
+                )
                 if j.state in ("cancelled", "failed", "interrupted"):
                     if c.button("Resume", key=f"train.resume.{j.name}", icon=":material/replay:"):
                         try:

@@ -42,8 +42,12 @@ def build_workbench(root: Path, records) -> dict:
     common = dict(data=str(data), max_doc_tokens=64, max_val_examples=8)
     train(tiny_config(method="topl", lr=0.05, steps=12, eval_every=6, **common), runs / "topl-tiny", records=records)
     train(tiny_config(method="sft", lr=0.01, steps=2, **common), runs / "sft-tiny", records=records)
-    env = {"TOPL_CACHE_DIR": str(root / "cache"), "TOPL_RUNS_DIR": str(runs), "TOPL_DEFAULT_MODEL": "tiny-llama",
-           "TOPL_EXAMPLES_DIR": ""}  # the shipped SmolLM2 demo adapters are tested on their own
+    env = {
+        "TOPL_CACHE_DIR": str(root / "cache"),
+        "TOPL_RUNS_DIR": str(runs),
+        "TOPL_DEFAULT_MODEL": "tiny-llama",
+        "TOPL_EXAMPLES_DIR": "",
+    }  # the shipped SmolLM2 demo adapters are tested on their own
     return {"root": root, "data": data, "runs": runs, "env": env}
 
 
@@ -88,7 +92,7 @@ def array(v) -> np.ndarray:
 
 def html_boxes(at: AppTest) -> list[str]:
     """The text boxes' markdown, from the box on (the shared CSS block before it is dropped)."""
-    return [m.value[m.value.index("<div style=\"font-weight"):] for m in at.markdown if 'class="topl-box"' in m.value]
+    return [m.value[m.value.index('<div style="font-weight') :] for m in at.markdown if 'class="topl-box"' in m.value]
 
 
 def box_body(box: str) -> str:
@@ -221,7 +225,9 @@ def test_model_picker_sets_the_spec_for_every_page(workbench):
 
 def test_custom_model_error_is_shown_not_raised(workbench):
     at = open_page("home")
-    at.sidebar.selectbox(key="sidebar.model_choice").set_value(at.sidebar.selectbox(key="sidebar.model_choice").options[-1])
+    at.sidebar.selectbox(key="sidebar.model_choice").set_value(
+        at.sidebar.selectbox(key="sidebar.model_choice").options[-1]
+    )
     at.run()
     at.sidebar.text_input(key="sidebar.model_custom").set_value(str(workbench["root"] / "no-such-model")).run()
     assert not at.exception
@@ -300,8 +306,19 @@ def test_train_form_has_an_input_for_every_trainconfig_field(workbench):
 # What the Layer-sweep form does not ask: the sidebar's model and device, the method (a sweep trains TOPL), the LoRA
 # layers (each window's), the validation and checkpoint schedule (follows the steps, as in the CLI), the losses of
 # other methods, and SweepConfig's explicit windows (the CLI's --windows) — its `train` is asked field by field.
-SWEEP_NOT_ASKED = {"model", "device", "method", "layer_start", "layer_end", "eval_every", "checkpoint_every", "beta",
-                   "tdpo_alpha", "train", "windows"}
+SWEEP_NOT_ASKED = {
+    "model",
+    "device",
+    "method",
+    "layer_start",
+    "layer_end",
+    "eval_every",
+    "checkpoint_every",
+    "beta",
+    "tdpo_alpha",
+    "train",
+    "windows",
+}
 
 
 def form_keys(at: AppTest, prefix: str) -> set[str]:
@@ -323,8 +340,18 @@ def test_layer_sweep_form_has_an_input_for_every_field_a_window_trains_with(work
     want -= SWEEP_NOT_ASKED | {"lora"}
     assert want <= form_keys(at, "sweep."), sorted(want - form_keys(at, "sweep."))
     sweep = SweepConfig()
-    for name in ("steps", "lr", "batch_size", "max_doc_tokens", "max_val_examples", "micro_batch_size",
-                 "head_lr_multiplier", "weight_decay", "split_seed", "label_setting"):
+    for name in (
+        "steps",
+        "lr",
+        "batch_size",
+        "max_doc_tokens",
+        "max_val_examples",
+        "micro_batch_size",
+        "head_lr_multiplier",
+        "weight_decay",
+        "split_seed",
+        "label_setting",
+    ):
         assert at.session_state[f"sweep.{name}"] == getattr(sweep.train, name), name
     for name in ("r", "alpha", "dropout"):
         assert at.session_state[f"sweep.{name}"] == getattr(sweep.train.lora, name), name
@@ -495,8 +522,14 @@ def test_job_cancel_checkpoints_and_resume_finishes(workbench, tmp_path):
     from topl_core import jobs
     from topl_core.runs import RunDir
 
-    cfg = tiny_config(data=str(workbench["data"]), steps=400, checkpoint_every=1000, eval_every=1000,
-                      max_doc_tokens=64, max_val_examples=4)
+    cfg = tiny_config(
+        data=str(workbench["data"]),
+        steps=400,
+        checkpoint_every=1000,
+        eval_every=1000,
+        max_doc_tokens=64,
+        max_val_examples=4,
+    )
     run_dir = tmp_path / "long"
     jobs.launch_train(cfg, run_dir)
     deadline = time.monotonic() + 180

@@ -1,6 +1,6 @@
 """Helpers shared by the pages, one module per topic. Only thin glue: all computation lives in topl_core.
 
-    frame        the app frame: page config, st.navigation over PAGES, the sidebar; ensure_frame() (first line of a page)
+    frame        the app frame: page config, st.navigation over PAGES, the sidebar; ensure_frame(), a page's first line
     spec         the model spec string "name|dtype|device" and the sidebar model picker
     models       cached models (base, merged, token scorer), the shared locks, model-load errors
     runs         the runs table (the user's runs and the demo adapters), run pickers, fingerprints

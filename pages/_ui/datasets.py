@@ -30,5 +30,6 @@ def dataset_picker(key: str, container=st, help: str | None = None) -> str | Non
     if not paths:
         container.info("No data set yet: build one on the **Data** page (or run `make setup`).")
         return None
-    return container.selectbox("Data set", paths, key=key,
-                               persist_state="session", format_func=lambda p: Path(p).name, help=help)
+    return container.selectbox(
+        "Data set", paths, key=key, persist_state="session", format_func=lambda p: Path(p).name, help=help
+    )

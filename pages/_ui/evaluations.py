@@ -36,7 +36,11 @@ def run_factuality(run_name: str) -> dict:
             continue
         for row in res.get("table_sentence", []):
             if row.get("variant") == f"merged ({run_name})":
-                return {"ID factuality": row.get("ID"), "OOD factuality": row.get("OOD"),
-                        "avg factuality": row.get("average"), "avg sentences": row.get("sentences"),
-                        "evaluation": e.name}
+                return {
+                    "ID factuality": row.get("ID"),
+                    "OOD factuality": row.get("OOD"),
+                    "avg factuality": row.get("average"),
+                    "avg sentences": row.get("sentences"),
+                    "evaluation": e.name,
+                }
     return {}

@@ -23,13 +23,21 @@ FIELD_WIDGETS: dict[str, dict] = {
     # TrainConfig
     "steps": dict(label="Steps", min_value=1, max_value=1_000_000),
     "lr": dict(label="Learning rate", min_value=1e-7, max_value=1.0, format="%.1e", step=1e-5),
-    "head_lr_multiplier": dict(label="Head lr × (of lr)", min_value=0.01, max_value=100_000.0,
-                               help="The head (TOPL, SOPL, TLDR) learns at lr × this; the LoRA at lr."),
+    "head_lr_multiplier": dict(
+        label="Head lr × (of lr)",
+        min_value=0.01,
+        max_value=100_000.0,
+        help="The head (TOPL, SOPL, TLDR) learns at lr × this; the LoRA at lr.",
+    ),
     "batch_size": dict(label="Batch size", min_value=1, max_value=1024),
     "grad_accum": dict(label="Gradient accumulation", min_value=1, max_value=1024),
-    "micro_batch_size": dict(label="Micro-batch size", min_value=1, max_value=1024,
-                             help="Examples per forward/backward pass. Splitting a batch keeps its gradient "
-                                  "(micro-batches are weighted by tokens) and cuts peak memory."),
+    "micro_batch_size": dict(
+        label="Micro-batch size",
+        min_value=1,
+        max_value=1024,
+        help="Examples per forward/backward pass. Splitting a batch keeps its gradient "
+        "(micro-batches are weighted by tokens) and cuts peak memory.",
+    ),
     "seed": dict(label="Seed", min_value=0, max_value=1_000_000),
     "max_doc_tokens": dict(label="Max document tokens", min_value=16, max_value=32_768),
     "max_response_tokens": dict(label="Max response tokens", min_value=8, max_value=8192),
@@ -48,13 +56,17 @@ FIELD_WIDGETS: dict[str, dict] = {
     # SweepConfig
     "sizes": dict(label="Window sizes k"),
     "stride": dict(label="Start every … layers", min_value=1),
-    "reuse_prefix": dict(label="Reuse frozen prefix",
-                         help="Layers below a window carry no LoRA: their activations are computed once and reused."),
+    "reuse_prefix": dict(
+        label="Reuse frozen prefix",
+        help="Layers below a window carry no LoRA: their activations are computed once and reused.",
+    ),
     "n_generate": dict(label="Also score generations on … test docs", min_value=0, max_value=1000),
     "max_new_tokens": dict(label="Max new tokens (generations)", min_value=8, max_value=1024),
-    "scorer": dict(label="Scorer (generations)",
-                   help="'grounding' = the offline default; with a hub: hub:nli:<model id> or "
-                        "hub:minicheck-lm:bespokelabs/Bespoke-MiniCheck-7B"),
+    "scorer": dict(
+        label="Scorer (generations)",
+        help="'grounding' = the offline default; with a hub: hub:nli:<model id> or "
+        "hub:minicheck-lm:bespokelabs/Bespoke-MiniCheck-7B",
+    ),
 }
 
 
@@ -115,7 +127,11 @@ def _inputs(cls, columns, key_prefix: str, defaults, skip: frozenset) -> dict:
 def precision_select(container, key: str, device: str) -> str:
     """The compute-precision picker of the forms (Train, Layer sweep): "auto" shows what it resolves to here."""
     return container.selectbox(
-        "Precision", PRECISIONS, key=key, persist_state="session",
+        "Precision",
+        PRECISIONS,
+        key=key,
+        persist_state="session",
         format_func=lambda p: f"auto → {resolve_precision('auto', device)}" if p == "auto" else p,
         help=f"auto = bf16 autocast only where this machine computes bf16 natively and fast; here: "
-             f"{describe_precision('auto', device)}. bf16 on a CPU without it (AVX2 only) runs far slower than fp32.")
+        f"{describe_precision('auto', device)}. bf16 on a CPU without it (AVX2 only) runs far slower than fp32.",
+    )

@@ -21,10 +21,15 @@ from pages._ui.spec import sidebar_model_picker
 PAGES = {
     "Start": [("home", "Home", ":material/home:"), ("data", "Data", ":material/dataset:")],
     "Train": [("train", "Train", ":material/model_training:"), ("runs", "Runs", ":material/compare_arrows:")],
-    "Look inside": [("lora_a", "LoRA-A separability", ":material/grid_on:"), ("steering", "Steering", ":material/tune:"),
-                    ("token_overlay", "Token overlay", ":material/format_color_text:")],
-    "Studies": [("layer_sweep", "Layer sweep", ":material/view_comfy:"),
-                ("evaluation", "Evaluation", ":material/fact_check:")],
+    "Look inside": [
+        ("lora_a", "LoRA-A separability", ":material/grid_on:"),
+        ("steering", "Steering", ":material/tune:"),
+        ("token_overlay", "Token overlay", ":material/format_color_text:"),
+    ],
+    "Studies": [
+        ("layer_sweep", "Layer sweep", ":material/view_comfy:"),
+        ("evaluation", "Evaluation", ":material/fact_check:"),
+    ],
 }
 PAGES_DIR = Path(__file__).resolve().parent.parent
 _FRAME = threading.local()
@@ -33,8 +38,13 @@ _FRAME = threading.local()
 def run_frame() -> None:
     """Page config, st.navigation over PAGES, the shared sidebar model picker, then the chosen page."""
     st.set_page_config(page_title="TOPL Workbench", page_icon=":material/biotech:", layout="wide")
-    nav = {section: [st.Page(PAGES_DIR / f"{stem}.py", title=title, icon=icon, url_path=stem, default=stem == "home")
-                     for stem, title, icon in items] for section, items in PAGES.items()}
+    nav = {
+        section: [
+            st.Page(PAGES_DIR / f"{stem}.py", title=title, icon=icon, url_path=stem, default=stem == "home")
+            for stem, title, icon in items
+        ]
+        for section, items in PAGES.items()
+    }
     page = st.navigation(nav)
     st.sidebar.caption("Model (shared by every page)")
     sidebar_model_picker()

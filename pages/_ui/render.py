@@ -55,23 +55,29 @@ def token_html(tokens, p_good=None, gold=None, threshold: float = 0.5, extra=Non
         if extra is not None:
             title.extend(f"{k}={v[i]:.3f}" for k, v in extra.items())
         title.insert(0, repr(t))
-        out.append(f'<span class="{" ".join(classes)}" style="{style}" title="{html.escape(" · ".join(title))}">'
-                   f"{html.escape(t).replace(chr(10), '<br>')}</span>")  # no raw newline: it would end the HTML block
+        out.append(
+            f'<span class="{" ".join(classes)}" style="{style}" title="{html.escape(" · ".join(title))}">'
+            f"{html.escape(t).replace(chr(10), '<br>')}</span>"
+        )  # no raw newline: it would end the HTML block
     return TOKEN_CSS + '<div class="topl-tokens">' + "".join(out) + "</div>"
 
 
 def legend_html(with_head: bool = True) -> str:
     items = []
     if with_head:
-        items += [f'<span style="background:{p_color(0.02)}">p(good) ≈ 0</span>',
-                  f'<span style="background:{p_color(0.4)}">0.4</span>',
-                  f'<span style="background:{p_color(0.7)}">0.7</span>',
-                  f'<span style="background:{p_color(0.99)}">≈ 1</span>',
-                  '<span style="border-bottom:3px solid #111">gold bad</span>',
-                  '<span style="outline:1.5px solid #b91c1c">flagged (below threshold)</span>']
+        items += [
+            f'<span style="background:{p_color(0.02)}">p(good) ≈ 0</span>',
+            f'<span style="background:{p_color(0.4)}">0.4</span>',
+            f'<span style="background:{p_color(0.7)}">0.7</span>',
+            f'<span style="background:{p_color(0.99)}">≈ 1</span>',
+            '<span style="border-bottom:3px solid #111">gold bad</span>',
+            '<span style="outline:1.5px solid #b91c1c">flagged (below threshold)</span>',
+        ]
     else:
-        items += ['<span style="background:rgba(220,38,38,.55)">bad (hallucinated span)</span>',
-                  '<span style="background:rgba(22,163,74,.12)">good</span>']
+        items += [
+            '<span style="background:rgba(220,38,38,.55)">bad (hallucinated span)</span>',
+            '<span style="background:rgba(22,163,74,.12)">good</span>',
+        ]
     return TOKEN_CSS + '<div class="topl-legend">' + "".join(items) + "</div>"
 
 
@@ -92,13 +98,16 @@ def diff_html(reference: str, text: str) -> str:
 
 def text_box(title: str, body_html: str, caption: str = "") -> str:
     cap = f'<div style="opacity:.65;font-size:.8rem;margin-top:.35rem">{html.escape(caption)}</div>' if caption else ""
-    return (TOKEN_CSS + f'<div style="font-weight:600;margin-bottom:.3rem">{html.escape(title)}</div>'
-            f'<div class="topl-box">{body_html}</div>{cap}')
+    return (
+        TOKEN_CSS + f'<div style="font-weight:600;margin-bottom:.3rem">{html.escape(title)}</div>'
+        f'<div class="topl-box">{body_html}</div>{cap}'
+    )
 
 
 def csv_download(df: pd.DataFrame, name: str, key: str, label: str = "Download CSV", container=st) -> None:
-    container.download_button(label, df.to_csv(index=False).encode(), file_name=name, mime="text/csv", key=key,
-                              icon=":material/download:")
+    container.download_button(
+        label, df.to_csv(index=False).encode(), file_name=name, mime="text/csv", key=key, icon=":material/download:"
+    )
 
 
 PLOTLY_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}

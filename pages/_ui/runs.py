@@ -28,17 +28,45 @@ def runs_table(root: str, examples: str | None = None) -> pd.DataFrame:
                 cfg, meta = RunDir(stt.path).read_config()
             except Exception:
                 continue
-            rows.append({
-                "run": (EXAMPLE_PREFIX if source == "example" else "") + stt.name, "method": cfg.method,
-                "model": cfg.model, "state": stt.state, "step": stt.step, "steps": stt.steps, "loss": stt.loss,
-                "val_token_auroc": stt.val.get("val_token_auroc"),
-                "layers": f"{cfg.lora.layer_start}–{cfg.lora.layer_end}", "lr": cfg.lr, "precision": cfg.precision,
-                "has_head": (stt.path / "head.safetensors").exists(),
-                "complete": stt.state == "finished" and (stt.path / "adapter_model.safetensors").exists(),
-                "source": source, "path": str(stt.path),
-            })
-    return pd.DataFrame(rows, columns=["run", "method", "model", "state", "step", "steps", "loss", "val_token_auroc",
-                                       "layers", "lr", "precision", "has_head", "complete", "source", "path"])
+            rows.append(
+                {
+                    "run": (EXAMPLE_PREFIX if source == "example" else "") + stt.name,
+                    "method": cfg.method,
+                    "model": cfg.model,
+                    "state": stt.state,
+                    "step": stt.step,
+                    "steps": stt.steps,
+                    "loss": stt.loss,
+                    "val_token_auroc": stt.val.get("val_token_auroc"),
+                    "layers": f"{cfg.lora.layer_start}–{cfg.lora.layer_end}",
+                    "lr": cfg.lr,
+                    "precision": cfg.precision,
+                    "has_head": (stt.path / "head.safetensors").exists(),
+                    "complete": stt.state == "finished" and (stt.path / "adapter_model.safetensors").exists(),
+                    "source": source,
+                    "path": str(stt.path),
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "run",
+            "method",
+            "model",
+            "state",
+            "step",
+            "steps",
+            "loss",
+            "val_token_auroc",
+            "layers",
+            "lr",
+            "precision",
+            "has_head",
+            "complete",
+            "source",
+            "path",
+        ],
+    )
 
 
 def all_runs() -> pd.DataFrame:
@@ -64,18 +92,24 @@ def no_finished_run_hint(need_head: bool = False) -> str:
     what = "with a head (TOPL, SOPL or TLDR) " if need_head else ""
     others = finished_runs(need_head, all_models=True)
     elsewhere = sorted(set(others["model"]) - {current_model_name()})
-    hint = (f" Finished runs exist for {', '.join(f'**{m}**' for m in elsewhere)}: pick that model in the sidebar."
-            if elsewhere else "")
+    hint = (
+        f" Finished runs exist for {', '.join(f'**{m}**' for m in elsewhere)}: pick that model in the sidebar."
+        if elsewhere
+        else ""
+    )
     active = all_runs()
     active = active[(active["model"] == current_model_name()) & active["state"].isin(["starting", "running"])]
     if not active.empty:
         hint += f" {len(active)} run(s) for this model are still training: follow them on the **Train** page."
-    return (f"No finished run {what}for **{current_model_name()}** yet. Train one on the **Train** page "
-            f"(a tiny model trains in seconds; SmolLM2 in minutes to an hour on a CPU).{hint}")
+    return (
+        f"No finished run {what}for **{current_model_name()}** yet. Train one on the **Train** page "
+        f"(a tiny model trains in seconds; SmolLM2 in minutes to an hour on a CPU).{hint}"
+    )
 
 
-def run_picker(label: str, key: str, need_head: bool = False, default_method: str | None = None,
-               container=st) -> str | None:
+def run_picker(
+    label: str, key: str, need_head: bool = False, default_method: str | None = None, container=st
+) -> str | None:
     """A selectbox over finished runs of the current model. Returns the run path or None (with a hint shown)."""
     df = finished_runs(need_head)
     if df.empty:
@@ -87,11 +121,13 @@ def run_picker(label: str, key: str, need_head: bool = False, default_method: st
         # default: the run of the preferred method with the best validation token AUROC (then the newest)
         pref = df[df["method"] == default_method] if default_method else df.iloc[:0]
         if not pref.empty:
-            pref = pref.assign(_a=pref["val_token_auroc"].astype(float).fillna(-1.0)).sort_values("_a", ascending=False,
-                                                                                                  kind="stable")
+            pref = pref.assign(_a=pref["val_token_auroc"].astype(float).fillna(-1.0)).sort_values(
+                "_a", ascending=False, kind="stable"
+            )
         st.session_state[key] = (pref["path"].tolist() or paths)[0]
-    return container.selectbox(label, paths, key=key,
-                               persist_state="session", format_func=lambda p: labels.get(p, Path(p).name))
+    return container.selectbox(
+        label, paths, key=key, persist_state="session", format_func=lambda p: labels.get(p, Path(p).name)
+    )
 
 
 def run_fingerprint(run_path: str) -> str:

@@ -64,23 +64,42 @@ def sidebar_model_picker() -> str:
         st.session_state["sidebar.model_custom"] = "" if name in choices else name
         st.session_state["sidebar.dtype"] = dtype
         st.session_state["sidebar.device"] = device
-    choice = st.sidebar.selectbox("Model", choices, key="sidebar.model_choice",
-                                  persist_state="session", format_func=model_label,
-                                  help="Embedded models run offline on CPU. Paste a hub id (e.g. Qwen/Qwen3-8B) or a "
-                                       "local save_pretrained directory for anything else.")
+    choice = st.sidebar.selectbox(
+        "Model",
+        choices,
+        key="sidebar.model_choice",
+        persist_state="session",
+        format_func=model_label,
+        help="Embedded models run offline on CPU. Paste a hub id (e.g. Qwen/Qwen3-8B) or a "
+        "local save_pretrained directory for anything else.",
+    )
     if choice == CUSTOM:
-        custom = st.sidebar.text_input("Hub id or local path", key="sidebar.model_custom", persist_state="session",
-                                       placeholder="Qwen/Qwen3-8B or /path/to/model")
+        custom = st.sidebar.text_input(
+            "Hub id or local path",
+            key="sidebar.model_custom",
+            persist_state="session",
+            placeholder="Qwen/Qwen3-8B or /path/to/model",
+        )
         name = custom.strip() or DEFAULT_MODEL
     else:
         name = choice
     with st.sidebar.expander("Precision & device"):
-        device = st.selectbox("device", ["cpu", "cuda"], key="sidebar.device", persist_state="session",
-                              help="cuda needs a visible GPU (8B models: bfloat16 on cuda).")
-        st.selectbox("weights dtype", DTYPES, key="sidebar.dtype", persist_state="session",
-                     format_func=lambda d: f"auto → {resolve_dtype(d, device)}" if d == "auto" else d,
-                     help="auto: float32 on CPU (bf16 compute there comes from autocast, where the CPU has it), "
-                          "bfloat16 on a GPU with bf16 support.")
+        device = st.selectbox(
+            "device",
+            ["cpu", "cuda"],
+            key="sidebar.device",
+            persist_state="session",
+            help="cuda needs a visible GPU (8B models: bfloat16 on cuda).",
+        )
+        st.selectbox(
+            "weights dtype",
+            DTYPES,
+            key="sidebar.dtype",
+            persist_state="session",
+            format_func=lambda d: f"auto → {resolve_dtype(d, device)}" if d == "auto" else d,
+            help="auto: float32 on CPU (bf16 compute there comes from autocast, where the CPU has it), "
+            "bfloat16 on a GPU with bf16 support.",
+        )
         st.caption(f"compute precision here: {describe_precision('auto', device)}")
     spec = f"{name}|{resolve_dtype(st.session_state['sidebar.dtype'], device)}|{device}"  # "auto" resolved: one key
     st.session_state[SPEC_KEY] = spec

@@ -45,14 +45,27 @@ def token_set(kind: str, run_path: str, data_path: str | None, split: str, limit
 def token_set_picker(prefix: str, run_path: str, container=st, default_limit: int = 48):
     """Widgets for a token set; returns the arguments of token_set() (all hashable)."""
     c1, c2, c3 = container.columns([2, 2, 1])
-    kind = c1.selectbox("Token set", TOKEN_SETS, key=f"{prefix}.token_set", persist_state="session",
-                        help="Labelled tokens on which LoRA-A separability (and μ+ / μ− for steering) are measured.")
+    kind = c1.selectbox(
+        "Token set",
+        TOKEN_SETS,
+        key=f"{prefix}.token_set",
+        persist_state="session",
+        help="Labelled tokens on which LoRA-A separability (and μ+ / μ− for steering) are measured.",
+    )
     data_path, split = None, "all"
     if kind == "another data set":
         data_path = dataset_picker(f"{prefix}.token_data", container=c2)
-        split = c2.selectbox("Split", ["val", "test", "train", "all"], key=f"{prefix}.token_split",
-                             persist_state="session")
-    limit = c3.number_input("Records", 4, 5000, default_limit, step=8, key=f"{prefix}.token_limit",
-                            persist_state="session",
-                            help="More records → steadier AUROCs, slower capture (cached on disk afterwards).")
+        split = c2.selectbox(
+            "Split", ["val", "test", "train", "all"], key=f"{prefix}.token_split", persist_state="session"
+        )
+    limit = c3.number_input(
+        "Records",
+        4,
+        5000,
+        default_limit,
+        step=8,
+        key=f"{prefix}.token_limit",
+        persist_state="session",
+        help="More records → steadier AUROCs, slower capture (cached on disk afterwards).",
+    )
     return kind, run_path, data_path, split, int(limit)
