@@ -1,4 +1,5 @@
-"""ruff (configured in pyproject.toml: pyflakes rules and syntax errors) is clean over the project's code."""
+"""ruff (configured in pyproject.toml: pyflakes rules, syntax errors, line length 120, import order) is clean over
+the project's code, and the code is formatted as `ruff format` leaves it."""
 
 from __future__ import annotations
 
@@ -9,26 +10,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+CODE = ("topl_core", "pages", "scripts", "tests", "app.py")
 
 
-def test_ruff_check_is_clean():
+@pytest.mark.parametrize("command", [["check", "--output-format", "concise"], ["format", "--check"]])
+def test_ruff_is_clean(command):
     pytest.importorskip("ruff", reason="ruff is not installed (requirements.txt pins it)")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ruff",
-            "check",
-            "--output-format",
-            "concise",
-            "topl_core",
-            "pages",
-            "scripts",
-            "tests",
-            "app.py",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "ruff", *command, *CODE], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, f"ruff {' '.join(command)}:\n{proc.stdout}{proc.stderr}(`ruff format` fixes the format)"
