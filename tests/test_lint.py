@@ -17,4 +17,6 @@ CODE = ("topl_core", "pages", "scripts", "tests", "app.py")
 def test_ruff_is_clean(command):
     pytest.importorskip("ruff", reason="ruff is not installed (requirements.txt pins it)")
     proc = subprocess.run([sys.executable, "-m", "ruff", *command, *CODE], cwd=REPO, capture_output=True, text=True)
-    assert proc.returncode == 0, f"ruff {' '.join(command)}:\n{proc.stdout}{proc.stderr}(`ruff format` fixes the format)"
+    assert proc.returncode == 0, (
+        f"ruff {' '.join(command)}:\n{proc.stdout}{proc.stderr}(`ruff format` fixes the format)"
+    )
