@@ -85,8 +85,8 @@ def test_lora_sites_errors_name_the_fix():
 
 
 def test_read_lora_weights_equals_peft(tiny_run):
+    from topl_core.adapters import load_adapter
     from topl_core.models import load_model
-    from topl_core.runs import load_adapter
 
     peft = load_adapter(load_model("tiny-llama"), tiny_run)
     from_files = read_lora_weights(tiny_run)

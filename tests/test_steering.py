@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import NEWS_PAIRS, all_hooks
 
+from topl_core.adapters import load_adapter
 from topl_core.analysis.capture import collect_projections
 from topl_core.analysis.separability import separability
 from topl_core.analysis.sites import RESIDUAL_MODULES
@@ -25,7 +26,6 @@ from topl_core.analysis.steering import (
 from topl_core.errors import ModelError
 from topl_core.generate import GenerationConfig, generate, load_merged
 from topl_core.models import load_model
-from topl_core.runs import load_adapter
 from topl_core.training.config import LoraSettings, TrainConfig
 from topl_core.training.trainer import train
 

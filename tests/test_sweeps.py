@@ -129,7 +129,7 @@ def test_prefix_reuse_trains_exactly_what_the_plain_trainer_trains(tiny_records,
         )
     assert store.stats.layer_passes_saved > 0
     # an adapter trained through the prefix cache loads and merges into the full model
-    from topl_core.runs import load_adapter
+    from topl_core.adapters import load_adapter
 
     merged = load_adapter(load_model("tiny-llama"), tmp_path / "reuse2", merge=True)
     assert len(merged.model.layers) == 4

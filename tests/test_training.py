@@ -10,12 +10,13 @@ import pytest
 import torch
 from conftest import tiny_config
 
+from topl_core.adapters import load_adapter
 from topl_core.data.encode import collate, encode_record
 from topl_core.data.records import Record
 from topl_core.errors import DataError, ModelError, RunError
 from topl_core.forward import head_features
 from topl_core.models import load_model
-from topl_core.runs import RunDir, load_adapter
+from topl_core.runs import RunDir
 from topl_core.status import request_stop, stop_requested
 from topl_core.training.objectives import token_bce_loss
 from topl_core.training.trainer import FastDropout, apply_lora, train

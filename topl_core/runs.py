@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,11 +94,7 @@ class RunDir:
 
     def fingerprint(self) -> str:
         """Changes whenever the adapter or head weights change (cache keys for analysis results)."""
-        h = hashlib.sha256()
-        for p in (self.adapter_path, self.head_path, self.path / "adapter_config.json"):
-            if p.exists():
-                h.update(p.read_bytes())
-        return h.hexdigest()[:16]
+        return fingerprint_files([self.adapter_path, self.head_path, self.path / "adapter_config.json"])
 
     # --- loading ---------------------------------------------------------------------------------------------
     def check_base(self, base: LoadedModel) -> dict:
@@ -130,29 +125,10 @@ class RunDir:
         return head.eval()
 
 
-_ADAPTER_LOCK = threading.Lock()
-
-
-def load_adapter(base: LoadedModel, run: RunDir | str | Path, merge: bool = False) -> torch.nn.Module:
-    """Wrap a base model with a run's adapter (PeftModel), or return a merged copy-free model when merge=True.
-
-    The base model is modified in place by PEFT injection: give it a model you own (not a shared cached one)."""
-    from peft import PeftModel
-
-    run = RunDir.of(run)
-    if not (run.path / "adapter_config.json").exists() or not run.adapter_path.exists():
-        status = run.read_status().get("state", "unknown")
-        raise RunError(
-            f"{run.path}: no finished adapter (run state: {status}). Wait for the run to finish, or resume it with "
-            f"python -m topl_core train --resume {run.path}."
-        )
-    run.check_base(base)
-    with _ADAPTER_LOCK:
-        try:
-            model = PeftModel.from_pretrained(base.model, run.path)
-        except Exception as e:
-            raise RunError(
-                f"{run.path}: PEFT could not load the adapter ({e}); the files may be corrupt — retrain."
-            ) from e
-        model.eval()
-        return model.merge_and_unload() if merge else model
+def fingerprint_files(paths: list[Path]) -> str:
+    """sha256 (16 hex) over the contents of those of `paths` that exist, in the given order."""
+    h = hashlib.sha256()
+    for p in paths:
+        if p.exists():
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from .adapters import load_adapter, open_adapter
 from .data.encode import IGNORE, Encoded, collate, encode_record
 from .data.records import Record
+from .errors import RunError
 from .forward import head_features, next_token_logprobs
 from .metrics import auroc
 from .models import LoadedModel
 from .precision import autocast, resolve_precision
-from .runs import RunDir, load_adapter
 
 
 @dataclass(frozen=True)
@@ -37,22 +37,33 @@ class TokenScores:
 
 
 class TokenScorer:
-    """Loads a run's adapter (unmerged) and head onto a base model it owns. Thread-safe: one forward at a time."""
+    """Loads an adapter (unmerged) and a head onto a base model it owns. Thread-safe: one forward at a time.
+
+    The head is the run's trained head (TOPL, SOPL, TLDR), or `head` = (layer, nn.Linear) for an adapter without
+    one — a probe head fitted on its hidden states (topl_core.analysis.probe_head)."""
 
     def __init__(
         self,
         base: LoadedModel,
-        run: RunDir | str | Path,
+        adapter,
         precision: str = "auto",
         max_doc_tokens: int | None = 512,
         max_response_tokens: int = 256,
+        head: tuple[int, torch.nn.Linear] | None = None,
     ):
-        self.run = RunDir.of(run)
-        meta = self.run.check_base(base)
-        self.head_layer = int(meta["head_layer"])
+        self.adapter = open_adapter(adapter)
+        if head is None and not self.adapter.has_head:
+            raise RunError(
+                f"{self.adapter.name} has no head (method: {self.adapter.method or 'unknown'}); token scores need "
+                "one. Fit a probe head on its hidden states (Token overlay page, or score-tokens --probe-head)."
+            )
         self.tokenizer = base.tokenizer
-        self.model = load_adapter(base, self.run)
-        self.head = self.run.load_head(base.model.device)
+        self.model = load_adapter(base, self.adapter)
+        if head is None:
+            self.head_layer = int(self.adapter.head_layer)
+            self.head = self.adapter.run.load_head(base.model.device)
+        else:
+            self.head_layer, self.head = head[0], head[1].to(base.model.device)
         self.device = base.model.device.type
         self.precision = resolve_precision(precision, self.device)
         self.max_doc_tokens, self.max_response_tokens = max_doc_tokens, max_response_tokens

@@ -2,14 +2,15 @@
 fingerprint, stored atomically as json / npz / parquet under cache_dir()/analysis/<kind>/<key>.<suffix>
 (never pickle), reloaded instantly.
 
-    cached(kind, key, compute, codec=JSON, *, run=None, base_fingerprint=None, refresh=False, enabled=True)
+    cached(kind, key, compute, codec=JSON, *, adapter=None, base_fingerprint=None, refresh=False, enabled=True)
         -> the value: loaded from disk when present (the local cache, then the read-only shipped cache of the
         demo adapters, examples/analysis-cache), else compute() — written atomically, then returned.
-        `key` is any JSON-able dict (the config of the computation). With `run` (RunDir or path), the run's
-        RunDir.fingerprint() and its base model's fingerprint (topl_config.json meta) join the key, so a changed
-        adapter or config gives a different key. `base_fingerprint` adds a base model fingerprint explicitly
-        (for analyses of a base model without an adapter).
-    full_key(key, run=None, base_fingerprint=None) -> dict     the dict that is hashed
+        `key` is any JSON-able dict (the config of the computation). With `adapter` (anything open_adapter
+        opens), the adapter's fingerprint and its base model's (a run's topl_config.json meta; for an adapter
+        from elsewhere, the base model's name) join the key, so a changed adapter or config gives a different
+        key. `base_fingerprint` adds a base model fingerprint explicitly (for analyses of a base model without an
+        adapter).
+    full_key(key, adapter=None, base_fingerprint=None) -> dict the dict that is hashed
     cache_key(key_dict) -> str                                 sha256 of the canonical JSON (24 hex)
     cache_path(kind, key_dict, codec) -> Path
     records_fingerprint(records) -> str                        identifies a token set (a list of Records)
@@ -30,9 +31,9 @@ from typing import IO, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..adapters import open_adapter
 from ..io import atomic_open, write_json
 from ..paths import cache_dir, examples_dir
-from ..runs import RunDir
 
 
 @dataclass(frozen=True)
@@ -100,14 +101,15 @@ def cache_key(key: Mapping) -> str:
     return hashlib.sha256(_canonical(key).encode()).hexdigest()[:24]
 
 
-def full_key(key: Mapping, run=None, base_fingerprint: str | None = None) -> dict:
+def full_key(key: Mapping, adapter=None, base_fingerprint: str | None = None) -> dict:
     """The key dict that is hashed: `key` plus the adapter and base model fingerprints."""
     out = {"config": dict(key)}
-    if run is not None:
-        run = RunDir.of(run)
-        _, meta = run.read_config()
-        out["adapter_fingerprint"] = run.fingerprint()
-        out["base_fingerprint"] = meta.get("base_fingerprint")
+    if adapter is not None:
+        adapter = open_adapter(adapter)
+        out["adapter_fingerprint"] = adapter.fingerprint()
+        out["base_fingerprint"] = adapter.base_fingerprint
+        if adapter.run is None:  # no recorded base fingerprint: the base model it is analysed on joins the key
+            out["base_model"] = adapter.base_model
     if base_fingerprint is not None:
         out["base_fingerprint"] = base_fingerprint
     return out
@@ -139,7 +141,7 @@ def cached(
     compute: Callable[[], Any],
     codec: Codec = JSON,
     *,
-    run=None,
+    adapter=None,
     base_fingerprint: str | None = None,
     refresh: bool = False,
     enabled: bool = True,
@@ -148,7 +150,7 @@ def cached(
     `refresh=True` recomputes and overwrites; `enabled=False` computes without touching the cache."""
     if not enabled:
         return compute()
-    kd = full_key(key, run, base_fingerprint)
+    kd = full_key(key, adapter, base_fingerprint)
     path = cache_path(kind, kd, codec)
     if not refresh:
         for candidate in (path, shipped_cache_path(path)):

@@ -32,13 +32,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..adapters import open_adapter
 from ..data.records import read_jsonl
 from ..data.split import first_documents, split_records
 from ..generate import GenerationConfig, generate, load_merged
 from ..models import ModelSpec, load_model
 from ..paths import DEFAULT_DATA, PROJECT_ROOT, cliff_csv
 from ..presets import DEFAULT_MODEL
-from ..runs import RunDir
 from .cache import JSON, cached
 from .probe import ProbeSettings, labelled_records
 from .scorers import PROTOCOLS, GroundingScorer, Scorer, ScorerQuality, make_scorer, score_summary, scorer_quality
@@ -165,12 +165,13 @@ def vectors_fingerprint(vectors) -> str:
     return h.hexdigest()[:16]
 
 
-def steering_vectors_for(run, cfg: EvalConfig, use_cache: bool = True):
-    """Steering vectors of a run from the labelled tokens of its own data's validation split (as `steer` does)."""
-    rd = RunDir.of(run)
-    tcfg, _ = rd.read_config()
+def steering_vectors_for(adapter, cfg: EvalConfig, use_cache: bool = True):
+    """Steering vectors of an adapter from the labelled tokens of the validation split of its run's data (the
+    default data set for an adapter from elsewhere), as `steer` does."""
+    adapter = open_adapter(adapter)
+    tcfg = adapter.settings
     records = labelled_records(split_records(read_jsonl(_resolve(tcfg.data)), seed=tcfg.split_seed)["val"])
-    return build_steering_vectors(rd, records, ProbeSettings(random_control=False), cfg.top_k, use_cache=use_cache)
+    return build_steering_vectors(adapter, records, ProbeSettings(random_control=False), cfg.top_k, use_cache=use_cache)
 
 
 class _Models:
@@ -186,8 +187,8 @@ class _Models:
             if v.run is None:
                 self._cache[key] = load_model(ModelSpec(v.model or self.cfg.model, "float32", self.cfg.device))
             else:
-                tcfg, _ = RunDir(v.run).read_config()
-                self._cache[key] = load_merged(ModelSpec(tcfg.model, "float32", self.cfg.device), v.run)
+                adapter = open_adapter(v.run)
+                self._cache[key] = load_merged(ModelSpec(adapter.base_model, "float32", self.cfg.device), adapter)
         return self._cache[key]
 
 
@@ -203,13 +204,13 @@ def generate_for(
     if not docs:
         return []
     models = models or _Models(cfg)
-    run = RunDir(v.run) if v.run else None
+    adapter = open_adapter(v.run) if v.run else None
     if v.kind == "steered" and vectors is None:
-        vectors = steering_vectors_for(run, cfg)
+        vectors = steering_vectors_for(adapter, cfg)
     key = {
         "kind": v.kind,
         "lam": v.lam,
-        "model": None if run else (v.model or cfg.model),
+        "model": None if adapter else (v.model or cfg.model),
         "device": cfg.device,
         "docs": _docs_fingerprint(docs),
         "n": len(docs),
@@ -224,7 +225,7 @@ def generate_for(
             return SteeringSession(lm, vectors).generate_many(documents, v.lam, cfg.generation)
         return generate(lm, documents, cfg.generation)
 
-    return cached("generations", key, compute, JSON, run=run, enabled=use_cache)
+    return cached("generations", key, compute, JSON, adapter=adapter, enabled=use_cache)
 
 
 def _rows(v: Variant, docs: Sequence[EvalDoc], texts: Sequence[str], scorer: Scorer) -> list[dict]:

@@ -15,10 +15,10 @@ from typing import Literal, Sequence
 
 import numpy as np
 
+from ..adapters import Adapter, load_adapter, open_adapter
 from ..errors import ConfigError
 from ..models import ModelSpec, load_model
 from ..precision import PRECISIONS, Precision, resolve_precision
-from ..runs import RunDir, load_adapter
 from .cache import cached, json_codec, npz_codec, records_fingerprint
 from .capture import DEFAULT_SET, Projections, collect_projections, random_lora_A
 from .separability import Separability, separability
@@ -52,8 +52,9 @@ class ProbeSettings:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"ProbeSettings.precision={self.precision!r}: choose one of {PRECISIONS}.")
 
-    def resolved(self, run) -> "ProbeSettings":
-        cfg, _ = run.read_config()
+    def resolved(self, adapter: Adapter) -> "ProbeSettings":
+        """Lengths and precision filled in from the adapter's run (or the workbench defaults)."""
+        cfg = adapter.settings
         return replace(
             self,
             max_doc_tokens=self.max_doc_tokens if self.max_doc_tokens is not None else cfg.max_doc_tokens,
@@ -109,19 +110,19 @@ class ProbeResult:
 
 
 def run_projections(
-    run, records, settings: ProbeSettings = ProbeSettings(), base=None, use_cache: bool = True, progress=None
+    adapter, records, settings: ProbeSettings = ProbeSettings(), base=None, use_cache: bool = True, progress=None
 ) -> dict[str, Projections]:
-    """Projections of the run's LoRA-A (key "lora") and, with settings.random_control, of a random-init A
+    """Projections of the adapter's LoRA-A (key "lora") and, with settings.random_control, of a random-init A
     (key "random") on the same inputs, for `records`. Cached as npz keyed by settings + records + adapter.
-    `base` (a LoadedModel the caller gives away: the adapter is injected into it) defaults to a fresh load."""
-    run = RunDir.of(run)
-    settings = settings.resolved(run)
+    `adapter`: anything open_adapter opens (a run, a PEFT folder, a hub id). `base` (a LoadedModel the caller
+    gives away: the adapter is injected into it) defaults to a fresh load of the adapter's base model."""
+    adapter = open_adapter(adapter)
+    settings = settings.resolved(adapter)
     key = {"analysis": "lora_projections", "settings": settings.capture_key(), "records": records_fingerprint(records)}
 
     def compute() -> dict[str, Projections]:
-        cfg, _ = run.read_config()
-        lm = base or load_model(ModelSpec(cfg.model, "float32", cfg.device))
-        model = load_adapter(lm, run)
+        lm = base or load_model(ModelSpec(adapter.base_model, "float32", adapter.device))
+        model = load_adapter(lm, adapter)
         sites = lora_sites(model)
         controls = None
         if settings.random_control:
@@ -153,11 +154,13 @@ def run_projections(
             for n in names
         }
 
-    return cached("lora_projections", key, compute, npz_codec(to_arrays, from_arrays), run=run, enabled=use_cache)
+    return cached(
+        "lora_projections", key, compute, npz_codec(to_arrays, from_arrays), adapter=adapter, enabled=use_cache
+    )
 
 
 def probe_run(
-    run,
+    adapter,
     records,
     settings: ProbeSettings = ProbeSettings(),
     token_set: str = "",
@@ -165,27 +168,26 @@ def probe_run(
     use_cache: bool = True,
     progress=None,
 ) -> ProbeResult:
-    """Per-site separability of a run's LoRA-A (and the random-A control) on a labelled token set. Cached (json)
-    by settings + records + adapter fingerprint + base fingerprint; the projections are cached too (npz)."""
-    run = RunDir.of(run)
-    settings = settings.resolved(run)
+    """Per-site separability of an adapter's LoRA-A (and the random-A control) on a labelled token set. Cached
+    (json) by settings + records + adapter fingerprint + base fingerprint; the projections are cached too (npz)."""
+    adapter = open_adapter(adapter)
+    settings = settings.resolved(adapter)
     rfp = records_fingerprint(records)
     key = {"analysis": "lora_separability", "settings": asdict(settings), "records": rfp}
-    _, meta = run.read_config()
 
     def compute() -> ProbeResult:
-        sets = run_projections(run, records, settings, base, use_cache, progress)
-        n_layers = meta.get("num_layers")
-        lora = separability(sets[DEFAULT_SET], run.name, settings.folds, settings.seed, settings.n_boot, n_layers)
+        sets = run_projections(adapter, records, settings, base, use_cache, progress)
+        n_layers, name = adapter.num_layers, adapter.name
+        lora = separability(sets[DEFAULT_SET], name, settings.folds, settings.seed, settings.n_boot, n_layers)
         control = None
         if CONTROL_SET in sets:
             control = separability(
-                sets[CONTROL_SET], f"{run.name} random-A", settings.folds, settings.seed, settings.n_boot, n_layers
+                sets[CONTROL_SET], f"{name} random-A", settings.folds, settings.seed, settings.n_boot, n_layers
             )
         return ProbeResult(
-            str(run.path),
-            run.fingerprint(),
-            meta.get("base_fingerprint"),
+            str(adapter.path),
+            adapter.fingerprint(),
+            adapter.base_fingerprint,
             token_set,
             rfp,
             asdict(settings),
@@ -198,7 +200,7 @@ def probe_run(
         key,
         compute,
         json_codec(ProbeResult.to_json, ProbeResult.from_json),
-        run=run,
+        adapter=adapter,
         enabled=use_cache,
     )
     return replace(res, token_set=token_set or res.token_set)

@@ -46,11 +46,11 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
+from ..adapters import open_adapter
 from ..errors import ModelError
 from ..generate import GenerationConfig, generate, load_merged
 from ..io import save_tensors, write_json
 from ..models import LoadedModel
-from ..runs import RunDir
 from .cache import cached, json_codec, records_fingerprint
 from .capture import DEFAULT_SET, Projections
 from .probe import ProbeSettings, run_projections
@@ -262,7 +262,7 @@ def steering_vectors_from_model(
 
 
 def build_steering_vectors(
-    run,
+    adapter,
     records,
     settings=None,
     top_k: int = 4,
@@ -271,14 +271,13 @@ def build_steering_vectors(
     lambda_range: tuple[float, float] = (-4.0, 4.0),
     progress=None,
 ) -> SteeringVectors:
-    """Steering vectors of a run from a labelled token set: projections (cached), per-site cv AUROC of the
-    residual-writing sites, A/B/scaling from the run's adapter files."""
-    run = RunDir.of(run)
-    settings = (settings or ProbeSettings()).resolved(run)
-    cfg, meta = run.read_config()
+    """Steering vectors of an adapter (a run, a PEFT folder, a hub id) from a labelled token set: projections
+    (cached), per-site cv AUROC of the residual-writing sites, A/B/scaling from the adapter's files."""
+    adapter = open_adapter(adapter)
+    settings = (settings or ProbeSettings()).resolved(adapter)
 
     def compute() -> SteeringVectors:
-        proj = run_projections(run, records, settings, base, use_cache, progress)[DEFAULT_SET]
+        proj = run_projections(adapter, records, settings, base, use_cache, progress)[DEFAULT_SET]
         residual = [s for s in proj.sites if s.residual]
         sub = Projections(
             tuple(residual),
@@ -289,17 +288,17 @@ def build_steering_vectors(
             proj.tokens,
             proj.doc_ids,
         )
-        sep = separability(sub, run.name, settings.folds, settings.seed, n_boot=10)
+        sep = separability(sub, adapter.name, settings.folds, settings.seed, n_boot=10)
         return compute_steering_vectors(
-            read_lora_weights(run),
+            read_lora_weights(adapter.path),
             proj,
             sep,
             top_k,
             lambda_range=lambda_range,
-            base_model=cfg.model,
-            base_fingerprint=meta.get("base_fingerprint"),
-            adapter_fingerprint=run.fingerprint(),
-            adapter_path=str(run.path),
+            base_model=adapter.base_model,
+            base_fingerprint=adapter.base_fingerprint,
+            adapter_fingerprint=adapter.fingerprint(),
+            adapter_path=str(adapter.path),
             extra={"auroc_column": "cv_auroc", "tokens": "labelled", "created": time.time()},
         )
 
@@ -315,10 +314,10 @@ def build_steering_vectors(
         key,
         compute,
         json_codec(SteeringVectors.to_json, SteeringVectors.from_json),
-        run=run,
+        adapter=adapter,
         enabled=use_cache,
     )
-    return replace(vectors, adapter_path=str(run.path))  # a cached entry may come from another checkout
+    return replace(vectors, adapter_path=str(adapter.path))  # a cached entry may come from another checkout
 
 
 # --- applying vectors --------------------------------------------------------------------------------------
@@ -397,17 +396,16 @@ class SteeringSession:
         self._lock = model_lock(lm.model)
 
     @classmethod
-    def from_run(cls, run, vectors: SteeringVectors, spec=None) -> "SteeringSession":
-        """Load a fresh base model with the run's LoRA merged in (load_merged) and wrap it."""
-        run = RunDir.of(run)
-        if vectors.adapter_fingerprint and vectors.adapter_fingerprint != run.fingerprint():
+    def from_run(cls, adapter, vectors: SteeringVectors, spec=None) -> "SteeringSession":
+        """Load a fresh base model with the adapter's LoRA merged in (load_merged) and wrap it."""
+        adapter = open_adapter(adapter)
+        if vectors.adapter_fingerprint and vectors.adapter_fingerprint != adapter.fingerprint():
             raise ModelError(
                 f"Steering vectors belong to adapter {vectors.adapter_fingerprint} ({vectors.adapter_path}), not to "
-                f"{run.path} ({run.fingerprint()}); recompute them for this run (python -m topl_core steer --run "
-                f"{run.path})."
+                f"{adapter.path} ({adapter.fingerprint()}); recompute them for this adapter (python -m topl_core "
+                f"steer --run {adapter.path})."
             )
-        cfg, _ = run.read_config()
-        return cls(load_merged(spec or cfg.model, run), vectors)
+        return cls(load_merged(spec or adapter.base_model, adapter), vectors)
 
     @torch.no_grad()
     def generate_steered(

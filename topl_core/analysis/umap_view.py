@@ -18,8 +18,8 @@ from typing import Literal
 
 import numpy as np
 
+from ..adapters import load_adapter, open_adapter
 from ..models import ModelSpec, load_model
-from ..runs import RunDir, load_adapter
 from .cache import PARQUET, cached, records_fingerprint
 from .capture import Projections, collect_projections
 from .probe import ProbeSettings, run_projections
@@ -78,7 +78,7 @@ def umap_embedding(
 
 
 def run_umap(
-    run,
+    adapter,
     records,
     site: Site | str,
     settings=None,
@@ -93,8 +93,8 @@ def run_umap(
     """umap_embedding for a run's site on a labelled token set, cached as parquet (keyed by settings, token set,
     adapter and base fingerprints). Projections come from the cached run_projections; hidden states are
     captured for that one site only (the forward stops after its layer)."""
-    run = RunDir.of(run)
-    settings = (settings or ProbeSettings()).resolved(run)
+    adapter = open_adapter(adapter)
+    settings = (settings or ProbeSettings()).resolved(adapter)
     key_name = site.key if isinstance(site, Site) else site
     key = {
         "analysis": "umap",
@@ -110,14 +110,13 @@ def run_umap(
 
     def compute():
         if source == "projection":
-            proj = run_projections(run, records, settings, base, use_cache)["lora"]
+            proj = run_projections(adapter, records, settings, base, use_cache)["lora"]
         else:
-            cfg, _ = run.read_config()
-            lm = base or load_model(ModelSpec(cfg.model, "float32", cfg.device))
-            model = load_adapter(lm, run)
+            lm = base or load_model(ModelSpec(adapter.base_model, "float32", adapter.device))
+            model = load_adapter(lm, adapter)
             target = [s for s in lora_sites(model) if s.key == key_name]
             if not target:
-                raise ValueError(f"run_umap: {run.path} has no LoRA site {key_name!r}.")
+                raise ValueError(f"run_umap: {adapter.path} has no LoRA site {key_name!r}.")
             proj = collect_projections(
                 model,
                 lm.tokenizer,
@@ -132,4 +131,4 @@ def run_umap(
             )
         return umap_embedding(proj, key_name, source, n_neighbors, min_dist, seed, max_points)
 
-    return cached("umap", key, compute, PARQUET, run=run, enabled=use_cache)
+    return cached("umap", key, compute, PARQUET, adapter=adapter, enabled=use_cache)

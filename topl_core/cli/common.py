@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from ..adapters import Adapter, open_adapter
 from ..data.records import Record, read_jsonl
 from ..data.split import SPLITS, split_records
+from ..paths import PROJECT_ROOT
 from ..precision import DTYPES, PRECISIONS, describe_precision
 from ..presets import DEFAULT_MODEL
 
@@ -24,6 +27,39 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="weights: auto = float32 on CPU, bfloat16 on a GPU with bf16 support",
     )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+
+
+ADAPTER_HELP = (
+    "the adapter: a run directory, a PEFT adapter folder (adapter_config.json + adapter_model.safetensors, e.g. from "
+    "TRL or peft) or a hub adapter id"
+)
+
+
+def add_adapter_args(p: argparse.ArgumentParser, help: str = ADAPTER_HELP) -> None:
+    p.add_argument("--run", required=True, metavar="ADAPTER", help=help)
+    p.add_argument(
+        "--base-model",
+        help="the base model to load the adapter on (default: the run's model, or the adapter's "
+        "base_model_name_or_path, an embedded model when it names one)",
+    )
+
+
+def open_adapter_arg(args: argparse.Namespace, ref: str | None = None) -> Adapter:
+    """The adapter named by --run (or `ref`), with --base-model applied; says what it opened on stderr."""
+    adapter = open_adapter(ref or args.run, getattr(args, "base_model", None))
+    print(
+        f"adapter: {adapter.name} ({adapter.source}; method {adapter.method or 'unknown'}; base {adapter.base_model}; "
+        f"{adapter.lora.describe()})",
+        file=sys.stderr,
+    )
+    return adapter
+
+
+def data_or_adapter_default(args: argparse.Namespace, adapter: Adapter) -> None:
+    """--data defaults to the adapter's run's data (the workbench's default data set for an adapter from elsewhere)."""
+    if not args.data:
+        data = Path(adapter.settings.data)
+        args.data = str(data if data.exists() or data.is_absolute() else PROJECT_ROOT / data)
 
 
 def add_data_args(p: argparse.ArgumentParser, required: bool = False) -> None:

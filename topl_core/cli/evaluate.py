@@ -8,13 +8,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..adapters import open_adapter
 from ..analysis.evaluation import EvalConfig, Variant, evaluate, lambda_curve, lambda_sweep, results_table
 from ..analysis.scorers import make_scorer, scorer_quality
 from ..io import write_json
 from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL
 from ..progress import Bar
-from ..runs import RunDir
 from . import COMMANDS
 
 
@@ -32,7 +32,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  python -m topl_core evaluate --run runs/topl --lambdas -4 -2 -1 0 1 2 4 --n-id 12\n"
         "  python -m topl_core evaluate --scorer-quality",
     )
-    p.add_argument("--run", action="append", default=[], help="run directory to evaluate merged (repeatable)")
+    p.add_argument(
+        "--run",
+        action="append",
+        default=[],
+        metavar="ADAPTER",
+        help="adapter to evaluate merged (repeatable): a run directory, a PEFT folder or a hub id",
+    )
     p.add_argument("--no-base", action="store_true", help="leave out the base model row")
     p.add_argument(
         "--steer",
@@ -134,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
             print("error: nothing to evaluate (give --run, or drop --no-base)", file=sys.stderr)
             return 2
         if args.run and not args.no_base:
-            variants[0] = Variant.base(RunDir(args.run[0]).read_config()[0].model)
+            variants[0] = Variant.base(open_adapter(args.run[0]).base_model)
         with Bar("variants", total=len(variants)) as bar:
             res = evaluate(variants, cfg, progress=bar.stage, use_cache=not args.no_cache)
         per_doc = res.per_doc

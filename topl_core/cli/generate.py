@@ -8,16 +8,16 @@ import json
 from ..generate import GenerationConfig, generate, load_merged
 from ..io import atomic_open
 from ..models import ModelSpec
-from ..runs import RunDir
+from ..presets import DEFAULT_MODEL
 from . import COMMANDS
-from .common import add_data_args, add_model_args, load_split
+from .common import ADAPTER_HELP, add_data_args, add_model_args, load_split, open_adapter_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "generate", help=COMMANDS["generate"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    p.add_argument("--run", help="run directory whose LoRA is merged (omit for the base model)")
+    p.add_argument("--run", metavar="ADAPTER", help=ADAPTER_HELP + " whose LoRA is merged (omit for the base model)")
     add_model_args(p)
     p.add_argument("--document", help="one document (else --data)")
     add_data_args(p)
@@ -38,9 +38,12 @@ def run(args: argparse.Namespace) -> None:
     else:
         raise SystemExit("error: give --document TEXT or --data PATH")
     spec = ModelSpec(args.model, args.dtype, args.device)
-    if args.run:
-        spec = ModelSpec(RunDir(args.run).read_config()[0].model, args.dtype, args.device)
-    lm = load_merged(spec, args.run)
+    adapter = None
+    if args.run:  # --model, when given, is the base model the adapter is loaded on
+        adapter = open_adapter_arg(args, args.run)
+        model = args.model if args.model != DEFAULT_MODEL else adapter.base_model
+        spec = ModelSpec(model, args.dtype, args.device)
+    lm = load_merged(spec, adapter)
     cfg = GenerationConfig(
         max_new_tokens=args.max_new_tokens, mode=args.mode, temperature=args.temperature, seed=args.seed
     )

@@ -4,31 +4,32 @@ from __future__ import annotations
 
 import argparse
 
+from ..adapters import load_adapter
 from ..data.encode import collate, encode_record
 from ..data.records import read_jsonl
 from ..data.split import split_records
 from ..models import ModelSpec, load_model
-from ..runs import RunDir, load_adapter
 from . import COMMANDS
+from .common import add_adapter_args, open_adapter_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "merge-check", help=COMMANDS["merge-check"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    p.add_argument("--run", required=True, help="run directory")
-    p.add_argument("--n", type=int, default=8, help="test-split records of the run's data to compare on")
+    add_adapter_args(p)
+    p.add_argument("--n", type=int, default=8, help="test-split records of the run's (or default) data to compare on")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
     import torch
 
-    run_dir = RunDir(args.run)
-    cfg, _ = run_dir.read_config()
+    run_dir = open_adapter_arg(args)
+    cfg = run_dir.settings
     records = split_records(read_jsonl(cfg.data), seed=cfg.split_seed)["test"][: args.n]
     for dtype in ("float32", "bfloat16"):
-        spec = ModelSpec(cfg.model, dtype=dtype, device=cfg.device)
+        spec = ModelSpec(run_dir.base_model, dtype=dtype, device=cfg.device)
         unmerged = load_adapter(load_model(spec), run_dir)
         merged_lm = load_model(spec)
         merged = load_adapter(merged_lm, run_dir, merge=True)

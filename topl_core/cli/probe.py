@@ -12,18 +12,24 @@ from ..analysis.probe import ProbeSettings, labelled_records, probe_run
 from ..analysis.separability import METHOD, comparison_table, format_heatmap
 from ..data.cliff import load_factuality_csv
 from ..io import write_json
-from ..paths import PROJECT_ROOT
 from ..progress import Bar
-from ..runs import RunDir
 from . import COMMANDS
-from .common import add_data_args, add_precision_arg, announce_precision, load_split
+from .common import (
+    add_adapter_args,
+    add_data_args,
+    add_precision_arg,
+    announce_precision,
+    data_or_adapter_default,
+    load_split,
+    open_adapter_arg,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("probe", help=COMMANDS["probe"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--run", required=True, help="run directory (its LoRA adapter is probed)")
+    add_adapter_args(p)
     p.add_argument(
-        "--compare", nargs="*", default=[], metavar="RUN", help="more run directories, probed on the same tokens"
+        "--compare", nargs="*", default=[], metavar="ADAPTER", help="more adapters, probed on the same tokens"
     )
     add_data_args(p)
     p.add_argument(
@@ -50,24 +56,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _token_set(args: argparse.Namespace, run_cfg) -> tuple[str, list]:
+def _token_set(args: argparse.Namespace, adapter) -> tuple[str, list]:
     if args.cliff:
         report = load_factuality_csv(args.cliff)
         records = list(report.records)[: args.limit] if args.limit else list(report.records)
         return f"CLIFF {Path(args.cliff).name} ({len(report.skipped)} rows skipped)", labelled_records(records)
-    if not args.data:
-        data = Path(run_cfg.data)
-        args.data = str(data if data.exists() or data.is_absolute() else PROJECT_ROOT / data)
+    data_or_adapter_default(args, adapter)
     return f"{args.data} [{args.split}]", labelled_records(load_split(args))
 
 
 def run(args: argparse.Namespace) -> None:
-    runs = [RunDir(p) for p in [args.run, *args.compare]]
-    cfg0, _ = runs[0].read_config()
-    token_set, records = _token_set(args, cfg0)
+    runs = [open_adapter_arg(args, ref) for ref in [args.run, *args.compare]]
+    token_set, records = _token_set(args, runs[0])
     if not records:
         raise SystemExit("error: the token set holds no records with token labels; pick another --split or data file.")
-    announce_precision(args.precision, cfg0.device)
+    announce_precision(args.precision, runs[0].device)
     settings = ProbeSettings(
         batch_size=args.batch_size,
         precision=args.precision,
@@ -84,10 +87,9 @@ def run(args: argparse.Namespace) -> None:
     print(f"method: {METHOD}")
     results, separabilities, names = [], {}, []
     for rd in runs:
-        cfg, _ = rd.read_config()
         with Bar(f"capturing {rd.name}") as bar:
             res = probe_run(rd, records, settings, token_set=token_set, use_cache=not args.no_cache, progress=bar)
-        name = f"{cfg.method} ({rd.name})"
+        name = f"{rd.method or 'adapter'} ({rd.name})"
         while name in separabilities:
             name += "'"
         names.append(name)

@@ -1,25 +1,42 @@
-"""`score-tokens`: per-token p(good) from a run's head, or the detection AUROC report over a labelled set
-(head vs base-model surprisal, on the same tokens)."""
+"""`score-tokens`: per-token p(good) from a run's head (or a probe head fitted on any adapter's hidden states), or
+the detection AUROC report over a labelled set (head vs base-model surprisal, on the same tokens)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
+from ..analysis.probe_head import ProbeHeadSettings, fit_probe_head
 from ..data.cliff import load_factuality_csv
+from ..data.records import read_jsonl
 from ..io import write_json
 from ..models import ModelSpec, load_model
 from ..progress import Bar
-from ..runs import RunDir
 from ..scoring import TokenScorer, detection_auroc
 from . import COMMANDS
-from .common import add_data_args, add_precision_arg, announce_precision, load_split
+from .common import (
+    ADAPTER_HELP,
+    add_adapter_args,
+    add_data_args,
+    add_precision_arg,
+    announce_precision,
+    load_split,
+    open_adapter_arg,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "score-tokens", help=COMMANDS["score-tokens"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    p.add_argument("--run", required=True, help="run directory with a head (topl, sopl, tldr)")
+    add_adapter_args(p, ADAPTER_HELP + "; with a head (topl, sopl, tldr), or see --probe-head")
+    p.add_argument(
+        "--probe-head",
+        action="store_true",
+        help="score with a linear probe head fitted on the adapter's hidden states (its last LoRA layer) from the "
+        "labelled training split of --probe-data; also reports the same probe on the base model (the control)",
+    )
+    p.add_argument("--probe-data", help="records for the probe head (default: the run's data, or the default set)")
     p.add_argument("--document", help="document text (with --response)")
     p.add_argument("--response", help="response text to score")
     add_data_args(p)
@@ -32,10 +49,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    run_dir = RunDir(args.run)
-    cfg, _ = run_dir.read_config()
-    announce_precision(args.precision, cfg.device)
-    scorer = TokenScorer(load_model(ModelSpec(cfg.model, device=cfg.device)), run_dir, precision=args.precision)
+    adapter = open_adapter_arg(args)
+    announce_precision(args.precision, adapter.device)
+    head = None
+    if args.probe_head or not adapter.has_head:
+        if not args.probe_head:
+            print(
+                f"{adapter.name} has no head: fitting a probe head on its hidden states (--probe-head)", file=sys.stderr
+            )
+        head = _probe_head(args, adapter)
+    scorer = TokenScorer(
+        load_model(ModelSpec(adapter.base_model, device=adapter.device)), adapter, precision=args.precision, head=head
+    )
     if args.document or args.response:
         if not (args.document and args.response):
             raise SystemExit("error: give both --document and --response")
@@ -68,3 +93,17 @@ def run(args: argparse.Namespace) -> None:
             )
     if args.json:
         write_json(args.json, result)
+
+
+def _probe_head(args: argparse.Namespace, adapter) -> tuple:
+    """Fit (or read from the cache) the probe head and its base-model control; print both AUROCs."""
+    records = read_jsonl(args.probe_data or adapter.settings.data)
+    settings = ProbeHeadSettings(precision=args.precision)
+    probe = fit_probe_head(adapter, records, settings)
+    control = fit_probe_head(adapter, records, settings, adapter_enabled=False)
+    print(
+        f"probe head at layer {probe.layer}: validation token AUROC {probe.val_auroc:.3f} ({probe.n_val_tokens} tokens;"
+        f" train {probe.train_auroc:.3f}); the same probe on the base model (control): {control.val_auroc:.3f}",
+        file=sys.stderr,
+    )
+    return probe.layer, probe.linear()

@@ -13,16 +13,14 @@ from ..analysis.steering import SteeringSession, SteeringVectors, build_steering
 from ..generate import GenerationConfig, generate
 from ..io import write_json
 from ..models import ModelSpec, load_model
-from ..paths import PROJECT_ROOT
 from ..progress import Bar
-from ..runs import RunDir
 from . import COMMANDS
-from .common import add_data_args, load_split
+from .common import ADAPTER_HELP, add_adapter_args, add_data_args, data_or_adapter_default, load_split, open_adapter_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("steer", help=COMMANDS["steer"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--run", required=True, help="run directory (its LoRA is merged; its B gives the vectors)")
+    add_adapter_args(p, ADAPTER_HELP + " (its LoRA is merged; its B gives the vectors)")
     p.add_argument("--document", help="document text to summarise")
     p.add_argument("--document-file", help="read the document from this file instead")
     p.add_argument("--lambdas", nargs="+", type=float, default=[-4, -2, 0, 2, 4], help="λ grid")
@@ -47,15 +45,12 @@ def run(args: argparse.Namespace) -> None:
         args.document = Path(args.document_file).read_text(encoding="utf-8")
     if not args.document:
         raise SystemExit("error: give --document TEXT or --document-file PATH")
-    rd = RunDir(args.run)
-    cfg, _ = rd.read_config()
+    rd = open_adapter_arg(args)
     if args.vectors:
         vectors = SteeringVectors.load(args.vectors)
         print(f"steering vectors from {args.vectors}")
     else:
-        if not args.data:
-            data = Path(cfg.data)
-            args.data = str(data if data.exists() or data.is_absolute() else PROJECT_ROOT / data)
+        data_or_adapter_default(args, rd)
         records = labelled_records(load_split(args))
         if not records:
             raise SystemExit(f"error: {args.data} [{args.split}] holds no records with token labels.")
@@ -82,10 +77,10 @@ def run(args: argparse.Namespace) -> None:
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, mode=args.mode, seed=args.seed)
     rows = []
     if not args.no_base:
-        base_text = generate(load_model(ModelSpec(cfg.model, device=cfg.device)), [args.document], gen)[0]
+        base_text = generate(load_model(ModelSpec(rd.base_model, device=rd.device)), [args.document], gen)[0]
         rows.append({"model": "base", "lambda": None, "text": base_text})
         print(f"\n== base model\n{base_text}")
-    session = SteeringSession.from_run(rd, vectors)
+    session = SteeringSession.from_run(rd, vectors, rd.base_model)
     for lam in args.lambdas:  # each text is printed as it is done: that is the progress here
         text = session.generate_steered(args.document, lam, gen)
         rows.append({"model": "merged" if lam == 0 else "steered", "lambda": lam, "text": text})
