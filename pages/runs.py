@@ -1,10 +1,12 @@
-"""Runs: compare runs side by side — config diff, training/validation curves, final metrics, and the ID/OOD
-factuality and average sentence count of their evaluations (when evaluated)."""
+"""Runs: every run and adapter, and opening an adapter from elsewhere (a PEFT folder or a hub id); compare runs side
+by side — config diff, training/validation curves, final metrics, and the ID/OOD factuality and average sentence
+count of their evaluations (when evaluated)."""
 
 from pages._ui.frame import ensure_frame
 
 ensure_frame()  # first: see pages/_ui/frame.py
 
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +15,9 @@ import streamlit as st
 
 from pages._ui.evaluations import run_factuality
 from pages._ui.render import csv_download, plot
-from pages._ui.runs import all_runs
+from pages._ui.runs import all_runs, open_by_reference
+from topl_core.adapters import open_adapter
+from topl_core.errors import WorkbenchError
 from topl_core.paths import examples_dir, runs_dir
 from topl_core.runs import RunDir
 
@@ -23,9 +27,26 @@ st.caption(
     "*example*). Pick runs to compare their configs, curves and results."
 )
 
+with st.expander("Open an adapter trained elsewhere", expanded=False):
+    st.caption(
+        "A PEFT LoRA folder (adapter_config.json + adapter_model.safetensors, e.g. saved by TRL or peft) or a hub "
+        "adapter id. Its base model comes from its adapter_config.json (SmolLM2-135M-Instruct opens on the embedded "
+        "smollm2-135m). LoRA-A, Steering, Evaluation and generation work on it as on a run; the Token overlay "
+        "fits a probe head on its hidden states, since it has no head. Folders under the runs folder are listed "
+        "without opening."
+    )
+    c1, c2 = st.columns([5, 1], vertical_alignment="bottom")
+    ref = c1.text_input("Folder or hub id", key="runs.open_ref", placeholder="/path/to/adapter  or  user/adapter")
+    if c2.button("Open", key="runs.open", icon=":material/folder_open:") and ref.strip():
+        try:
+            opened = open_by_reference(ref)
+            st.success(f"Opened **{opened.name}**: base model {opened.base_model}; {opened.lora.describe()}.")
+        except WorkbenchError as e:
+            st.error(str(e))
+
 df = all_runs()
 if df.empty:
-    st.info("No runs yet: start one on the **Train** page.")
+    st.info("No runs yet: start one on the **Train** page, or open an adapter above.")
     st.stop()
 
 st.dataframe(
@@ -60,8 +81,13 @@ def flat(d: dict, prefix: str = "") -> dict:
 
 configs, metas = {}, {}
 for n, p in paths.items():
-    cfg, meta = RunDir(p).read_config()
-    configs[n], metas[n] = flat(cfg.to_json()), meta
+    adapter = open_adapter(p)
+    if adapter.run is not None:
+        cfg, meta = adapter.run.read_config()
+        configs[n], metas[n] = flat(cfg.to_json()), meta
+    else:  # an adapter from elsewhere: what its adapter_config.json says
+        configs[n] = flat({"method": "unknown", "model": adapter.base_model, "lora": asdict(adapter.lora)})
+        metas[n] = {}
 cfg_df = pd.DataFrame(configs)
 cfg_df.index.name = "field"
 differs = cfg_df.astype(str).nunique(axis=1) > 1

@@ -1,5 +1,7 @@
-"""Token overlay: tokens colored by the TOPL head's p(good), gold labels beside them when known, a threshold
-control, per-token values on hover, and the base model's surprisal as a baseline detector."""
+"""Token overlay: tokens colored by the head's p(good) — a TOPL run's own head, or, for an adapter without one, a
+linear probe head fitted on its hidden states (with the same probe on the base model as the control) — gold labels
+beside them when known, a threshold control, per-token values on hover, and the base model's surprisal as a
+baseline detector."""
 
 from pages._ui.frame import ensure_frame
 
@@ -11,10 +13,11 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from pages._ui.datasets import dataset_picker, records_of
-from pages._ui.models import load_error, merged_model, resource_lock, token_scorer
+from pages._ui.models import load_error, merged_model, probe_heads, resource_lock, token_scorer
 from pages._ui.render import csv_download, legend_html, plot, token_html
 from pages._ui.runs import run_fingerprint, run_picker
 from pages._ui.spec import current_spec
+from topl_core.adapters import open_adapter
 from topl_core.data.records import Record
 from topl_core.generate import GenerationConfig, generate
 from topl_core.metrics import auroc
@@ -27,24 +30,41 @@ st.caption(
 
 spec = current_spec()
 top = st.columns([2, 1])
-run = run_picker(
-    "Adapter with a head (TOPL / SOPL / TLDR)",
-    key="overlay.run",
-    need_head=True,
-    default_method="topl",
-    container=top[0],
-)
+run = run_picker("Adapter", key="overlay.run", default_method="topl", container=top[0])
 if run is None:
     st.stop()
 fp = run_fingerprint(run)
+adapter = open_adapter(run)
+use_probe = not adapter.has_head
+if use_probe:
+    fitted = st.session_state.setdefault("overlay.probe_fitted", [])
+    if fp not in fitted:
+        st.info(
+            f"**{adapter.name}** has no head ({adapter.method or 'method unknown'}: only TOPL, SOPL and TLDR train "
+            "one). Fit a linear probe head on its frozen hidden states — FinalNorm after its last LoRA layer, "
+            "logistic regression on the labelled tokens of the training split, seconds to a minute on a CPU — and "
+            "the same probe on the base model, as the control. Stored in the cache, never in the adapter's folder."
+        )
+        if not st.button("Fit a probe head", key="overlay.fit_probe", icon=":material/model_training:"):
+            st.stop()
+        fitted.append(fp)
+    try:
+        probe, control = probe_heads(spec, run, fp)
+    except Exception as e:
+        load_error(e)
+        st.stop()
+    st.caption(
+        f"Probe head at layer {probe.layer}: held-out token AUROC **{probe.val_auroc:.3f}** "
+        f"({probe.n_val_tokens} tokens); the same probe on the base model (control): {control.val_auroc:.3f}."
+    )
 threshold = top[1].slider(
     "Flag tokens with p(good) below", 0.0, 1.0, 0.5, 0.01, key="overlay.threshold", persist_state="session"
 )
 
 
 @st.cache_data(show_spinner="Scoring tokens…", max_entries=64)
-def score(spec: str, run: str, fp: str, record: Record) -> dict:
-    s = token_scorer(spec, run, fp).score([record])[0]
+def score(spec: str, run: str, fp: str, record: Record, probe_head: bool) -> dict:
+    s = token_scorer(spec, run, fp, probe_head).score([record])[0]
     return {
         "tokens": s.tokens,
         "p_good": s.p_good.astype(float),
@@ -115,7 +135,7 @@ else:
 if record is None:
     st.stop()
 try:
-    s = score(spec, run, fp, record)
+    s = score(spec, run, fp, record, use_probe)
 except Exception as e:
     load_error(e)
     st.stop()

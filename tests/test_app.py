@@ -168,9 +168,10 @@ def _copy_run(src: Path, dst: Path, **status) -> Path:
 
 
 def test_pages_answer_runs_in_every_state(workbench, monkeypatch, tmp_path):
-    """Only a failed run, a run still training (this process stands in for its trainer), an SFT run without a
-    head and a finished run of another model: the pickers offer only what can be opened, and the head page says
-    what is missing, that a run is still training, and which model has finished runs."""
+    """Only a failed run, a run still training (this process stands in for its trainer) and a finished run of
+    another model: the pickers offer nothing, and say that a run is still training and which model has finished
+    runs. Then an SFT run without a head: the pickers offer it, and the Token overlay offers a probe head for it,
+    fits it on a click and colours the tokens with it."""
     import json as _json
     import subprocess
     import sys
@@ -180,7 +181,6 @@ def test_pages_answer_runs_in_every_state(workbench, monkeypatch, tmp_path):
     trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "topl_core"])
     _copy_run(workbench["runs"] / "topl-tiny", runs / "topl-failed", state="failed", error="RuntimeError: boom")
     _copy_run(workbench["runs"] / "topl-tiny", runs / "topl-training", state="running", pid=trainer.pid)
-    _copy_run(workbench["runs"] / "sft-tiny", runs / "sft-no-head")
     other = _copy_run(workbench["runs"] / "topl-tiny", runs / "topl-other-model")
     cfg = _json.loads((other / "topl_config.json").read_text())
     cfg["config"]["model"] = "tiny-qwen3"
@@ -190,7 +190,16 @@ def test_pages_answer_runs_in_every_state(workbench, monkeypatch, tmp_path):
     try:
         at = open_page("token_overlay")
         said = page_messages(at)
-        assert "No finished run with a head" in said and "still training" in said and "tiny-qwen3" in said, said
+        assert "No finished run for" in said and "still training" in said and "tiny-qwen3" in said, said
+        _copy_run(workbench["runs"] / "sft-tiny", runs / "sft-no-head")
+        time.sleep(2.1)  # the runs table is cached for 2 s
+        at = open_page("token_overlay")
+        assert "sft-no-head** has no head" in page_messages(at)
+        assert not any('<div class="topl-tokens">' in m.value for m in at.markdown)
+        at.button(key="overlay.fit_probe").click().run()
+        assert not at.exception, at.exception
+        assert "Probe head at layer 2:" in " ".join(c.value for c in at.caption)  # the run's last LoRA layer
+        assert any('<div class="topl-tokens">' in m.value for m in at.markdown)  # tokens coloured by the probe head
         at = open_page("lora_a")
         assert at.session_state["lora_a.run_a"].endswith("sft-no-head")  # the only finished tiny-llama adapter
         at = open_page("runs")

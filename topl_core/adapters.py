@@ -188,6 +188,27 @@ def is_adapter_folder(path: Path) -> bool:
     return (path / ADAPTER_CONFIG).is_file() and any((path / f).is_file() for f in WEIGHT_FILES)
 
 
+def find_adapter_folders(root: str | Path) -> list[Path]:
+    """PEFT adapter folders that are not run directories, directly under root or one folder down (e.g.
+    runs/imported/<name>): what the app lists beside the runs. Run and sweep directories are not searched."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if RunDir(d).config_path.exists() or (d / "sweep.json").exists():
+            continue
+        if is_adapter_folder(d):
+            out.append(d)
+        else:
+            out += [
+                c
+                for c in sorted(d.iterdir())
+                if c.is_dir() and is_adapter_folder(c) and not RunDir(c).config_path.exists()
+            ]
+    return out
+
+
 def open_adapter(ref: "Adapter | RunDir | str | Path", base_model: str | None = None) -> Adapter:
     """Open a run directory, a plain PEFT folder or a hub adapter id; `base_model` overrides the base model the
     adapter names. Refuses (RunError / ModelError, with the fix) what is missing, unfinished or not analysable."""

@@ -9,6 +9,9 @@ import threading
 import streamlit as st
 
 from pages._ui.spec import spec_of
+from topl_core.adapters import open_adapter
+from topl_core.analysis.probe_head import ProbeHead, fit_probe_head
+from topl_core.data.records import read_jsonl
 from topl_core.generate import load_merged
 from topl_core.models import load_model
 from topl_core.scoring import TokenScorer
@@ -30,8 +33,25 @@ def merged_model(spec_key: str, run_path: str, fingerprint: str):
 
 
 @st.cache_resource(show_spinner="Loading the adapter and its head…", max_entries=MAX_MODELS)
-def token_scorer(spec_key: str, run_path: str, fingerprint: str):
-    return TokenScorer(load_model(spec_of(spec_key)), run_path)
+def token_scorer(spec_key: str, run_path: str, fingerprint: str, probe_head: bool = False):
+    """The adapter with its own head, or (probe_head) with the probe head fitted on its hidden states."""
+    head = None
+    if probe_head:
+        probe, _ = probe_heads(spec_key, run_path, fingerprint)
+        head = (probe.layer, probe.linear())
+    return TokenScorer(load_model(spec_of(spec_key)), run_path, head=head)
+
+
+@st.cache_resource(show_spinner="Fitting a probe head on the adapter's hidden states (and on the base model)…")
+def probe_heads(spec_key: str, run_path: str, fingerprint: str) -> tuple[ProbeHead, ProbeHead]:
+    """(the probe head of the adapter, the same probe on the base model: the control), fitted on the labelled
+    tokens of the default data set (or the run's data); cached on disk by the adapter's fingerprint."""
+    adapter = open_adapter(run_path)
+    records = read_jsonl(adapter.settings.data)
+    spec = spec_of(spec_key)
+    probe = fit_probe_head(adapter, records, base=load_model(spec))
+    control = fit_probe_head(adapter, records, adapter_enabled=False, base=load_model(spec))
+    return probe, control
 
 
 @st.cache_resource

@@ -1,5 +1,6 @@
-"""Runs: the table of run directories (the user's and the shipped demo adapters), finished-run pickers, and the
-hint a page shows when it has no run to open."""
+"""Runs and adapters: the table of run directories (the user's and the shipped demo adapters) and of LoRA adapters
+from elsewhere (PEFT folders under the runs folder, or a path / hub id opened on the Runs page), the pickers over
+finished ones, and the hint a page shows when it has nothing to open."""
 
 from __future__ import annotations
 
@@ -10,10 +11,15 @@ import streamlit as st
 
 from pages._ui.spec import current_model_name
 from topl_core import jobs
+from topl_core.adapters import Adapter, find_adapter_folders, open_adapter
+from topl_core.errors import WorkbenchError
 from topl_core.paths import examples_dir, runs_dir
 from topl_core.runs import RunDir
 
 EXAMPLE_PREFIX = "example: "  # how a shipped demo adapter is named in tables and pickers
+OPENED_KEY = "opened_adapters"  # session_state: paths / hub ids opened on the Runs page in this session
+COLUMNS = ["run", "method", "model", "state", "step", "steps", "loss", "val_token_auroc", "layers", "lora", "lr",
+           "precision", "has_head", "complete", "source", "path"]  # fmt: skip
 
 
 @st.cache_data(ttl=2, show_spinner=False)
@@ -26,7 +32,8 @@ def runs_table(root: str, examples: str | None = None) -> pd.DataFrame:
         for stt in jobs.list_jobs(folder):
             try:
                 cfg, meta = RunDir(stt.path).read_config()
-            except Exception:
+                lora = open_adapter(stt.path).lora.describe() if stt.state == "finished" else ""
+            except WorkbenchError:
                 continue
             rows.append(
                 {
@@ -39,6 +46,7 @@ def runs_table(root: str, examples: str | None = None) -> pd.DataFrame:
                     "loss": stt.loss,
                     "val_token_auroc": stt.val.get("val_token_auroc"),
                     "layers": f"{cfg.lora.layer_start}–{cfg.lora.layer_end}",
+                    "lora": lora,
                     "lr": cfg.lr,
                     "precision": cfg.precision,
                     "has_head": (stt.path / "head.safetensors").exists(),
@@ -47,32 +55,65 @@ def runs_table(root: str, examples: str | None = None) -> pd.DataFrame:
                     "path": str(stt.path),
                 }
             )
-    return pd.DataFrame(
-        rows,
-        columns=[
-            "run",
-            "method",
-            "model",
-            "state",
-            "step",
-            "steps",
-            "loss",
-            "val_token_auroc",
-            "layers",
-            "lr",
-            "precision",
-            "has_head",
-            "complete",
-            "source",
-            "path",
-        ],
-    )
+        rows += [adapter_row(a, source) for a in _adapters_in(folder)]
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _adapters_in(folder: str) -> list[Adapter]:
+    out = []
+    for path in find_adapter_folders(folder):
+        try:
+            out.append(open_adapter(path))
+        except WorkbenchError:
+            continue  # listed nowhere; opening it by path on the Runs page says why
+    return out
+
+
+def adapter_row(adapter: Adapter, source: str) -> dict:
+    """A table row for an adapter that is not a run of this workbench: method unknown, ready to open."""
+    layers = adapter.lora.layers_to_transform
+    return {
+        "run": adapter.name,
+        "method": adapter.method or "unknown",
+        "model": adapter.base_model,
+        "state": "finished",
+        "layers": "all" if layers is None else f"{min(layers)}–{max(layers)}",
+        "lora": adapter.lora.describe(),
+        "has_head": adapter.has_head,
+        "complete": True,
+        "source": source,
+        "path": str(adapter.path),
+    }
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def opened_table(refs: tuple[str, ...]) -> pd.DataFrame:
+    rows = []
+    for ref in refs:
+        try:
+            rows.append(adapter_row(open_adapter(ref), "opened"))
+        except WorkbenchError:
+            continue
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def all_runs() -> pd.DataFrame:
-    """The user's runs (TOPL_RUNS_DIR) and the shipped demo adapters, as runs_table rows."""
+    """The user's runs and adapters (TOPL_RUNS_DIR), the adapters opened in this session, and the shipped demo
+    adapters, as runs_table rows."""
     ex = examples_dir()
-    return runs_table(str(runs_dir()), str(ex) if ex is not None else None)
+    table = runs_table(str(runs_dir()), str(ex) if ex is not None else None)
+    opened = opened_table(tuple(st.session_state.get(OPENED_KEY, ())))
+    opened = opened[~opened["path"].isin(table["path"])]
+    return pd.concat([table, opened], ignore_index=True) if not opened.empty else table
+
+
+def open_by_reference(ref: str) -> Adapter:
+    """Open a path or hub id typed on the Runs page and keep it in this session's list (raises WorkbenchError)."""
+    adapter = open_adapter(ref.strip())
+    refs = st.session_state.setdefault(OPENED_KEY, [])
+    if str(adapter.path) not in refs:
+        refs.append(str(adapter.path))
+    return adapter
 
 
 def finished_runs(need_head: bool = False, all_models: bool = False) -> pd.DataFrame:
@@ -131,4 +172,4 @@ def run_picker(
 
 
 def run_fingerprint(run_path: str) -> str:
-    return RunDir(run_path).fingerprint()
+    return open_adapter(run_path).fingerprint()

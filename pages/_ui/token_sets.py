@@ -7,13 +7,13 @@ from pathlib import Path
 import streamlit as st
 
 from pages._ui.datasets import dataset_picker
+from topl_core.adapters import open_adapter
 from topl_core.analysis.probe import labelled_records
 from topl_core.data.cliff import load_factuality_csv
 from topl_core.data.records import read_jsonl
 from topl_core.data.split import split_records
 from topl_core.errors import DataError
 from topl_core.paths import PROJECT_ROOT, cliff_csv
-from topl_core.runs import RunDir
 
 TOKEN_SETS = ("run's data · val split", "run's data · test split", "CLIFF spans (OOD)", "another data set")
 
@@ -28,7 +28,7 @@ def token_set(kind: str, run_path: str, data_path: str | None, split: str, limit
         recs = labelled_records(load_factuality_csv(path).records)
         return f"CLIFF ({path.name})", recs[:limit]
     if kind.startswith("run's data"):
-        cfg, _ = RunDir(run_path).read_config()
+        cfg = open_adapter(run_path).settings  # an adapter from elsewhere: the default data set
         p = Path(cfg.data)
         p = p if p.is_absolute() else PROJECT_ROOT / p
         split = "val" if "val" in kind else "test"
