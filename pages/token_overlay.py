@@ -49,6 +49,7 @@ if use_probe:
         if not st.button("Fit a probe head", key="overlay.fit_probe", icon=":material/model_training:"):
             st.stop()
         fitted.append(fp)
+        st.rerun()  # without the offer, straight to fitting
     try:
         probe, control = probe_heads(spec, run, fp)
     except Exception as e:

@@ -175,7 +175,8 @@ def test_a_plain_peft_adapter_gives_its_heatmap_and_steering(tmp_path, monkeypat
     out = capsys.readouterr()
     assert "base smollm2-135m" in out.err and "method unknown" in out.err  # mapped from its hub base model name
     heatmap = out.out.split("LoRA-A AUROC mean ± std:")[1]
-    assert "q_proj" in heatmap and "down_proj" in heatmap and "   20 " in heatmap and "   21 " not in heatmap
+    rows = [line.split()[0] for line in heatmap.splitlines() if line.strip()[:2].strip().isdigit()]
+    assert "down" in heatmap and rows == [str(i) for i in range(21)], heatmap  # layers 0–20, as it was trained
     doc = "The council approved the new budget on Monday after a long debate, the mayor said."
     args = ["steer", "--run", str(PEFT_DEMO), "--document", doc, "--lambdas", "0", "8", *small]
     assert main([*args, "--max-new-tokens", "12", "--no-base", "--top-k", "2"]) == 0
