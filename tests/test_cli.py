@@ -168,7 +168,9 @@ def test_a_plain_peft_adapter_gives_its_heatmap_and_steering(tmp_path, monkeypat
     `probe` prints its layer × module heatmap and `steer` its summaries, with no run directory anywhere."""
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "models").symlink_to(Path(__file__).resolve().parents[1] / "cache" / "models")
+    models = Path(__file__).resolve().parents[1] / "cache" / "models"  # the converted SmolLM2, shared
+    models.mkdir(parents=True, exist_ok=True)
+    (cache / "models").symlink_to(models)
     monkeypatch.setenv("TOPL_CACHE_DIR", str(cache))
     small = ["--split", "val", "--limit", "6"]
     assert main(["probe", "--run", str(PEFT_DEMO), *small, "--n-boot", "20"]) == 0

@@ -32,9 +32,9 @@ def runs_table(root: str, examples: str | None = None) -> pd.DataFrame:
         for stt in jobs.list_jobs(folder):
             try:
                 cfg, meta = RunDir(stt.path).read_config()
-                lora = open_adapter(stt.path).lora.describe() if stt.state == "finished" else ""
             except WorkbenchError:
                 continue
+            lora = _lora_of(stt.path) if stt.state == "finished" else ""
             rows.append(
                 {
                     "run": (EXAMPLE_PREFIX if source == "example" else "") + stt.name,
@@ -57,6 +57,13 @@ def runs_table(root: str, examples: str | None = None) -> pd.DataFrame:
             )
         rows += [adapter_row(a, source) for a in _adapters_in(folder)]
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _lora_of(path: Path) -> str:
+    try:
+        return open_adapter(path).lora.describe()
+    except WorkbenchError:
+        return ""  # listed all the same; opening it says what is wrong
 
 
 def _adapters_in(folder: str) -> list[Adapter]:
