@@ -136,7 +136,8 @@ with tab_results:
         run = RunDir(p)
         m = run.read_metrics()
         last_val = next((r for r in reversed(m) if "val_token_auroc" in r or any(k.startswith("val_") for k in r)), {})
-        status = run.read_status()
+        # an adapter from elsewhere has no status of ours: it is simply there, complete
+        status = run.read_status() if run.config_path.exists() else {"state": "finished"}
         row = {
             "run": n,
             "method": configs[n]["method"],

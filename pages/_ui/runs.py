@@ -80,7 +80,7 @@ def adapter_row(adapter: Adapter, source: str) -> dict:
     """A table row for an adapter that is not a run of this workbench: method unknown, ready to open."""
     layers = adapter.lora.layers_to_transform
     return {
-        "run": adapter.name,
+        "run": (EXAMPLE_PREFIX if source == "example" else "") + adapter.name,
         "method": adapter.method or "unknown",
         "model": adapter.base_model,
         "state": "finished",
