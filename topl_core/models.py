@@ -182,6 +182,11 @@ def _load_hub_or_path(name: str, dtype: torch.dtype):
         if not (path / "config.json").exists():
             raise ModelError(f"{path}: no config.json there; point at a directory written by save_pretrained.")
         return _load_pretrained_dir(path, dtype)
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:  # a path, not a hub id (org/name): no hub lookup
+        raise ModelError(
+            f"{path}: no such folder. Give a directory written by save_pretrained, an embedded model "
+            f"({', '.join(EMBEDDED)}) or a hub id such as org/name."
+        )
     try:
         return _from_hub(name, dtype)
     except (OSError, ValueError) as e:
