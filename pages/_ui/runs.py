@@ -151,7 +151,8 @@ def no_finished_run_hint(need_head: bool = False) -> str:
         hint += f" {len(active)} run(s) for this model are still training: follow them on the **Train** page."
     return (
         f"No finished run {what}for **{current_model_name()}** yet. Train one on the **Train** page "
-        f"(a tiny model trains in seconds; SmolLM2 in minutes to an hour on a CPU).{hint}"
+        f"(a tiny model trains in seconds; SmolLM2 in minutes to an hour on a CPU), or open an adapter trained "
+        f"elsewhere on the **Runs** page.{hint}"
     )
 
 
