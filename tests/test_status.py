@@ -103,3 +103,61 @@ def test_read_job_reads_a_sweep_and_a_stop_request(tmp_path):
 def test_a_request_to_stop_nothing_is_harmless(tmp_path):
     request_stop(tmp_path / "new")
     assert stop_requested(tmp_path / "new") and jobs.read_job(tmp_path / "new") is None
+
+
+def test_one_writer_per_folder(tmp_path, tiny_records):
+    """A folder held by a live process refuses a second writer (naming pid and host); a dead writer's lock is taken
+    over; the lock is gone after the work. train() into a locked run directory is refused before it writes."""
+    import json
+    import socket
+
+    from conftest import tiny_config
+
+    from topl_core.errors import RunError
+    from topl_core.status import LOCK_FILE, WriterLock
+    from topl_core.training.trainer import train
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / LOCK_FILE).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname()}))
+        with pytest.raises(RunError, match=f"being written by pid {holder.pid}"):
+            train(tiny_config(steps=2), tmp_path / "run", records=tiny_records)
+        assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [LOCK_FILE]  # nothing written
+    finally:
+        holder.kill()
+        holder.wait()
+    run = train(tiny_config(steps=2), tmp_path / "run", records=tiny_records)  # the dead holder's lock: taken over
+    assert run.read_status()["state"] == "finished" and not (run.path / LOCK_FILE).exists()
+    with WriterLock(tmp_path / "other"):  # held by this process: another process is refused
+        code = f"from topl_core.status import WriterLock; WriterLock({str(tmp_path / 'other')!r}).__enter__()"
+        other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert other.returncode != 0 and f"being written by pid {os.getpid()}" in other.stderr
+    assert not (tmp_path / "other" / LOCK_FILE).exists()
+
+
+def test_sigterm_stops_a_command_line_training_cleanly(tmp_path, tiny_records):
+    """SIGTERM to `python -m topl_core train` (what kill, a scheduler or a container stop sends): the same clean stop
+    as Cancel — a checkpoint of the last step, state "cancelled", exit code 130 — and --resume continues it."""
+    import json
+    import signal
+    import time
+
+    from topl_core.data.records import write_jsonl
+
+    data = write_jsonl(tiny_records, tmp_path / "d.jsonl")
+    out = tmp_path / "run"
+    args = ["train", "--model", "tiny-llama", "--data", str(data), "--steps", "400", "--eval-every", "1000",
+            "--checkpoint-every", "1000", "--max-doc-tokens", "64", "--lora-layer-end", "2",
+            "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "topl_core", *args], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while read_status(out).get("step", 0) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130, proc.stderr.read()
+    status = read_status(out)
+    ckpt = json.loads((out / "checkpoint" / "state.json").read_text())["step"]
+    assert status["state"] == "cancelled" and ckpt == status["step"] >= 2
+    assert jobs.read_job(out).state == "cancelled"

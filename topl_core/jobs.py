@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .analysis.sweeps import SweepConfig, save_sweep_config
+from .cli import CANCELLED
 from .cli import main as cli_main
 from .errors import JobError, WorkbenchError
 from .io import write_json
@@ -52,6 +53,7 @@ from .status import (
     read_status,
     request_stop,
     resolve_state,
+    stop_cleanly_on_sigterm,
     stop_requested,
     update_status,
 )
@@ -370,11 +372,6 @@ def process_alive(pid) -> bool:
 # --- the job process entry point ----------------------------------------------------------------------------
 
 
-def _sigterm(_signum, _frame):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the checkpoint being saved
-    raise KeyboardInterrupt("cancelled (SIGTERM)")
-
-
 def main(argv: list[str] | None = None) -> int:
     """`python -m topl_core.jobs --job-dir DIR -- <topl_core cli args>`: run one CLI command as a job."""
     p = argparse.ArgumentParser(prog="python -m topl_core.jobs")
@@ -383,14 +380,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     cli_args = args.cli_args[1:] if args.cli_args[:1] == ["--"] else args.cli_args
     job_dir = Path(args.job_dir)
-    signal.signal(signal.SIGTERM, _sigterm)
+    stop_cleanly_on_sigterm()
     faulthandler.enable()  # a crash in native code (SIGSEGV, SIGABRT) leaves its Python traceback in job.log
     update_status(job_dir, "running", pid=os.getpid())
     state, rc, error = "failed", 1, None
     try:
         rc = cli_main(cli_args)
-        state = "finished" if rc == 0 else "failed"
-        if rc:
+        state = "finished" if rc == 0 else "cancelled" if rc == CANCELLED else "failed"
+        if rc and rc != CANCELLED:
             error = f"exit code {rc} (see {LOG_FILE})"
     except KeyboardInterrupt:
         state, rc = "cancelled", 130

@@ -8,6 +8,7 @@ The work's folder holds:
                   runner when the work ended without saying so (a crash before the first write, a signal).
     STOP          a stop request: the work stops at its next check (training: after the current step, with a
                   checkpoint), sets state "cancelled", and the file is removed when the work is started again.
+    LOCK          the single writer's pid and host while it works (WriterLock): a second writer is refused.
 
 The state shown to people is read from these files and from whether the writing process still lives, by
 STATE_TABLE below — the same function for the UI and the CLI (topl_core.jobs.read_job).
@@ -17,11 +18,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
+from .errors import RunError
 from .io import write_json
 
 STATUS_FILE = "status.json"
@@ -106,3 +110,76 @@ def progress_of(status: dict) -> tuple[int, int]:
         if done in status:
             return int(status[done]), int(status.get(total, 0))
     return 0, 0
+
+
+# --- one writer per folder ----------------------------------------------------------------------------------------
+
+LOCK_FILE = "LOCK"
+
+
+class WriterLock:
+    """`with WriterLock(folder):` — the folder's single writer. A second writer is refused (RunError naming the
+    holder's pid and host); the lock of a process that is gone (same host) is taken over. Released on exit."""
+
+    def __init__(self, folder: str | Path):
+        self.path = Path(folder) / LOCK_FILE
+        self.me = {"pid": os.getpid(), "host": socket.gethostname()}
+
+    def __enter__(self) -> "WriterLock":
+        self.created = not self.path.parent.exists()  # removed again if the work leaves nothing in it
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                with open(self.path, "x", encoding="utf-8") as f:
+                    json.dump(self.me, f)
+                return self
+            except FileExistsError:
+                holder = self._holder()
+                if holder is not None and self._alive(holder):
+                    raise RunError(
+                        f"{self.path.parent} is being written by pid {holder.get('pid')} on {holder.get('host')}; "
+                        "wait for it to finish or stop it (Cancel, or python -m topl_core sweep --stop), or use "
+                        "another output folder."
+                    ) from None
+                self.path.unlink(missing_ok=True)  # a dead writer's lock (or an unreadable one): take it over
+        raise RunError(f"{self.path}: could not take the writer lock; another process keeps taking it.")
+
+    def __exit__(self, *exc) -> None:
+        if self._holder() == self.me:
+            self.path.unlink(missing_ok=True)
+        if self.created and not any(self.path.parent.iterdir()):
+            self.path.parent.rmdir()  # refused before writing anything: leave no empty folder behind
+
+    def _holder(self) -> dict | None:
+        try:
+            holder = json.loads(self.path.read_text())
+            return holder if isinstance(holder, dict) else None
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def _alive(self, holder: dict) -> bool:
+        if holder.get("host") != self.me["host"]:
+            return True  # another machine's process: cannot tell, so it holds the lock
+        if holder.get("pid") == self.me["pid"]:
+            return False  # this very process left it behind (a crash in an earlier call)
+        try:
+            os.kill(int(holder["pid"]), 0)
+        except ProcessLookupError:
+            return False
+        except (PermissionError, KeyError, TypeError, ValueError):
+            return True
+        return True
+
+
+# --- SIGTERM as a clean stop --------------------------------------------------------------------------------------
+
+
+def stop_cleanly_on_sigterm() -> None:
+    """Turn SIGTERM (what `kill`, a scheduler or a container stop sends) into KeyboardInterrupt, as Ctrl-C is: long
+    work then takes its cancel path (the trainer checkpoints and writes "cancelled") instead of dying mid-step."""
+
+    def handler(_signum, _frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the checkpoint
+        raise KeyboardInterrupt("cancelled (SIGTERM)")
+
+    signal.signal(signal.SIGTERM, handler)

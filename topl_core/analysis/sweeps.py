@@ -53,7 +53,7 @@ from ..generate import GenerationConfig, generate, load_merged
 from ..io import read_log_rows, write_json
 from ..models import LoadedModel, ModelSpec, load_model
 from ..runs import RunDir
-from ..status import clear_stop, stop_requested, write_status
+from ..status import WriterLock, clear_stop, stop_requested, write_status
 from ..training.config import TrainConfig
 from ..training.prefix_cache import PrefixStats, PrefixStore, install_prefix_cache
 from ..training.trainer import train
@@ -239,11 +239,15 @@ def run_sweep(
     no row (a crash in between) gets its row without retraining; an interrupted window resumes from its last
     checkpoint (the trainer's resume). A stop request (topl_core.status.request_stop; or progress returning False)
     stops after the current step with a checkpoint, state "cancelled". `base_loader` loads the base model (default:
-    load_model of the config's model); it is called once and every window trains a deep copy."""
+    load_model of the config's model); it is called once and every window trains a deep copy. One writer per sweep
+    directory: a second run_sweep there while this one runs is refused."""
+    with WriterLock(sweep_dir):
+        return _run_sweep(cfg, Path(sweep_dir), progress, base_loader, records)
+
+
+def _run_sweep(cfg: SweepConfig, sweep_dir: Path, progress, base_loader, records):
     import pandas as pd
 
-    sweep_dir = Path(sweep_dir)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
     save_sweep_config(sweep_dir, cfg)
     clear_stop(sweep_dir)
     base, records = sweep_inputs(cfg, base_loader, records)

@@ -13,6 +13,7 @@ import sys
 from typing import NamedTuple
 
 from ..errors import WorkbenchError
+from ..status import stop_cleanly_on_sigterm
 
 
 class Command(NamedTuple):
@@ -49,11 +50,18 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+CANCELLED = 130  # the exit code of work stopped by Ctrl-C or SIGTERM (128 + SIGINT, as shells report it)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
+    stop_cleanly_on_sigterm()  # `kill`, a scheduler or a container stop: the same clean stop as Ctrl-C
     try:
         return int(args.func(args) or 0)
     except WorkbenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # the work took its cancel path (training: checkpoint, state "cancelled")
+        print(f"cancelled ({e or 'Ctrl-C'}); a run resumes from its last checkpoint with --resume", file=sys.stderr)
+        return CANCELLED

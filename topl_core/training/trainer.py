@@ -30,7 +30,7 @@ from ..io import save_tensors, write_json
 from ..models import LoadedModel, ModelSpec, hub_id, load_model
 from ..precision import autocast
 from ..runs import RunDir
-from ..status import clear_stop, stop_requested
+from ..status import LOCK_FILE, STOP_FILE, WriterLock, clear_stop, stop_requested
 from .config import TrainConfig
 from .objectives import OBJECTIVES, EncodeSettings, Objective, StepContext, length_buckets
 
@@ -154,8 +154,14 @@ def train(
     base: LoadedModel | None = None,
 ) -> RunDir:
     """Train (or resume) a run into out_dir and return its RunDir. `base` is consumed (LoRA is injected into it).
-    Stops with a checkpoint and state "cancelled" when `progress` returns False or a STOP file appears in out_dir."""
+    Stops with a checkpoint and state "cancelled" when `progress` returns False or a STOP file appears in out_dir.
+    One writer per run directory: a second train into the same out_dir while this one runs is refused."""
     run = RunDir(out_dir)
+    with WriterLock(run.path):
+        return _train(cfg, run, progress, records, base)
+
+
+def _train(cfg: TrainConfig, run: RunDir, progress, records, base) -> RunDir:
     objective: Objective = OBJECTIVES[cfg.method]
     resuming = _check_resumable(run, cfg)
     if resuming and run.is_complete:
@@ -406,7 +412,7 @@ def _batch_for(batches: list, index: int, seed: int):
 def _check_resumable(run: RunDir, cfg: TrainConfig) -> bool:
     """True when out_dir already holds this very run (same config); refuse to mix two configs in one directory."""
     if not run.config_path.exists():
-        if run.path.exists() and any(run.path.iterdir()):
+        if run.path.exists() and any(p.name not in (LOCK_FILE, STOP_FILE) for p in run.path.iterdir()):
             raise RunError(f"{run.path} exists and is not a run directory; choose an empty or new --out directory.")
         return False
     old, _ = run.read_config()
