@@ -21,8 +21,8 @@ from topl_core.data.encode import encode_record
 from topl_core.data.records import write_jsonl
 from topl_core.data.split import split_records
 from topl_core.data.variants import label_settings_table
-from topl_core.errors import DataError
-from topl_core.paths import cache_dir, cliff_csv
+from topl_core.errors import ConfigError, DataError
+from topl_core.paths import cache_dir, cliff_csv, inside
 
 st.title("Data")
 st.caption("Token-level supervision: a document, a response, and a good/bad label for every response token.")
@@ -174,10 +174,13 @@ with tab_build:
         )
         upload = st.file_uploader("…or upload a file", type=["jsonl", "csv", "json"], key=f"data.build_upload.{source}")
         if upload is not None:
-            up = cache_dir() / "uploads" / upload.name
-            up.parent.mkdir(parents=True, exist_ok=True)
-            up.write_bytes(upload.getvalue())
-            input_path = str(up)
+            try:  # the browser sends the file's name: it becomes a path only inside cache/uploads
+                up = inside(cache_dir() / "uploads", upload.name, "Uploaded file name")
+                up.parent.mkdir(parents=True, exist_ok=True)
+                up.write_bytes(upload.getvalue())
+                input_path = str(up)
+            except ConfigError as ex:
+                st.error(str(ex))
     o1, o2, o3, o4 = st.columns(4)
     limit_b = o1.number_input(
         "Limit (documents / rows)", 1, 100_000, 600, key="data.build_limit", persist_state="session"
@@ -197,13 +200,15 @@ with tab_build:
         "Output name", value=f"{source}.jsonl", key=f"data.build_out.{source}", persist_state="session"
     )
     if st.button("Build data set", type="primary", key="data.build_go", icon=":material/build:"):
-        out = cache_dir() / "data" / (out_name if out_name.endswith(".jsonl") else out_name + ".jsonl")
         try:
+            out = inside(
+                cache_dir() / "data", out_name if out_name.endswith(".jsonl") else out_name + ".jsonl", "Output name"
+            )
             with st.spinner(f"Reading {source}…"):
                 recs = load_source(source, input_path or None, int(limit_b), int(seed_b), fava_form, mlqe_split)
                 if not source.startswith("halueval"):
                     recs = recs[: int(limit_b)]
                 write_jsonl(recs, out)
             st.success(f"Wrote {len(recs)} records ({sum(bool(r.bad_spans) for r in recs)} with bad spans) to `{out}`.")
-        except (DataError, OSError) as ex:
+        except (DataError, ConfigError, OSError) as ex:
             st.error(str(ex))

@@ -21,6 +21,7 @@ from pages._ui.render import csv_download, plot
 from pages._ui.runs import finished_runs
 from pages._ui.spec import current_model_name, current_spec, split_spec
 from topl_core import jobs
+from topl_core.paths import inside
 
 st.title("Evaluation")
 st.caption(
@@ -100,7 +101,7 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
                 raise ValueError("a λ sweep needs one adapter and some λ values")
             if not sweep_mode and not chosen and not include_base:
                 raise ValueError("nothing to evaluate: pick an adapter or keep the base model row")
-            out = EVALS / name.strip().replace("/", "_")
+            out = inside(EVALS, name, "Evaluation name")
             args = [
                 "evaluate",
                 "--model",

@@ -21,7 +21,7 @@ from pages._ui.render import csv_download, plot
 from pages._ui.spec import current_spec, split_spec
 from topl_core import jobs
 from topl_core.errors import ConfigError
-from topl_core.paths import runs_dir
+from topl_core.paths import inside, runs_dir
 from topl_core.training.config import TrainConfig
 
 try:
@@ -108,7 +108,7 @@ with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS
                 **train_values,
             )
             cfg = SweepConfig(train=train, sizes=tuple(sorted(sizes)), stride=stride, **sweep_values)
-            path = jobs.launch_sweep(cfg, SWEEPS / name.strip().replace("/", "_"))
+            path = jobs.launch_sweep(cfg, inside(SWEEPS, name, "Sweep name"))
             st.session_state[K + "show"] = str(path.relative_to(runs_dir().resolve()))
             st.rerun()
         except (ConfigError, jobs.JobError, ValueError) as e:

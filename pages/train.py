@@ -20,7 +20,7 @@ from pages._ui.render import csv_download, plot
 from pages._ui.spec import current_spec, split_spec
 from topl_core import jobs
 from topl_core.errors import ConfigError
-from topl_core.paths import runs_dir
+from topl_core.paths import inside, runs_dir
 from topl_core.presets import PRESETS
 from topl_core.runs import RunDir
 from topl_core.training.config import LoraSettings, TrainConfig, preset_config
@@ -215,8 +215,8 @@ if submitted:
             beta=float(beta),
             **other,
         )
-        name = run_name.strip().replace("/", "_") or jobs.default_run_name(cfg)
-        path = jobs.launch_train(cfg, runs_dir() / name)
+        name = run_name.strip() or jobs.default_run_name(cfg)
+        path = jobs.launch_train(cfg, inside(runs_dir(), name, "Run name"))
         st.session_state[K + "watch"] = str(path)
         st.session_state[K + "detail"] = path.name  # show the new run's curves
         st.session_state[K + "flash"] = f"Started **{name}** in the background (pid {jobs.read_job(path).pid})."

@@ -272,6 +272,12 @@ def test_data_browse_labels_and_build(workbench):
     assert not at.exception
     assert any("Wrote 80 records" in s.value for s in at.success)
     assert (workbench["root"] / "cache" / "data" / "copy.jsonl").exists()
+    # a name that would leave the data folder is refused, and nothing is written
+    for name in ("../../escaped.jsonl", "/tmp/escaped.jsonl", "sub/../../escaped.jsonl"):
+        at.text_input(key="data.build_out.jsonl").set_value(name).run()
+        at.button(key="data.build_go").click().run()
+        assert not at.exception and any("use a plain name" in e.value for e in at.error), name
+    assert not list(workbench["root"].rglob("escaped.jsonl")) and not Path("/tmp/escaped.jsonl").exists()
 
 
 def test_train_form_keeps_its_values_across_a_page_switch(workbench):

@@ -161,3 +161,13 @@ def test_sigterm_stops_a_command_line_training_cleanly(tmp_path, tiny_records):
     ckpt = json.loads((out / "checkpoint" / "state.json").read_text())["step"]
     assert status["state"] == "cancelled" and ckpt == status["step"] >= 2
     assert jobs.read_job(out).state == "cancelled"
+
+
+@pytest.mark.parametrize("name", ["../up", "/abs/path", "a/b", "..", ".", "", "  ", "~user", "a\\\\b"])
+def test_a_typed_name_never_leaves_its_folder(tmp_path, name):
+    from topl_core.errors import ConfigError
+    from topl_core.paths import inside
+
+    with pytest.raises(ConfigError, match="plain name"):
+        inside(tmp_path, name, "Run name")
+    assert inside(tmp_path, " run-1.v2 ") == tmp_path / "run-1.v2"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .errors import ConfigError
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -40,3 +42,15 @@ DEFAULT_DATA = "cache/data/halueval-perturbed.jsonl"
 def cliff_csv() -> Path:
     """CLIFF's span-labelled CSV, the offline OOD token set (lives in ../shared/data, not in the project)."""
     return shared_data_dir() / "CLIFF_error_types.csv"
+
+
+def inside(folder: str | Path, name: str, what: str = "name") -> Path:
+    """folder / name for a name a user typed (or an upload carried), kept inside `folder`: a plain file or folder
+    name — no path separator, no absolute path, not "." or "..". Anything else is refused with the reason."""
+    clean = (name or "").strip()
+    if not clean or clean in (".", "..") or any(c in clean for c in "/\\\0") or clean.startswith("~"):
+        raise ConfigError(
+            f"{what} {name!r}: use a plain name (letters, digits, - _ .), without / \\ or '..' — it becomes a file "
+            f"or folder inside {folder}."
+        )
+    return Path(folder) / clean
