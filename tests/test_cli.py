@@ -184,3 +184,12 @@ def test_a_plain_peft_adapter_gives_its_heatmap_and_steering(tmp_path, monkeypat
     assert main([*args, "--max-new-tokens", "12", "--no-base", "--top-k", "2"]) == 0
     out = capsys.readouterr().out
     assert "== merged, λ = 0" in out and "== merged, λ = 8" in out and "_proj" in out.split("steered sites")[1]
+
+
+def test_train_without_out_writes_into_the_runs_folder(tmp_path, tiny_records, monkeypatch, capsys):
+    """The default run directory lies in TOPL_RUNS_DIR (as the app's runs do), not in ./runs of the current folder."""
+    data = write_jsonl(tiny_records, tmp_path / "d.jsonl")
+    monkeypatch.setenv("TOPL_RUNS_DIR", str(tmp_path / "myruns"))
+    args = ["train", "--model", "tiny-llama", "--data", str(data), "--steps", "1", "--lora-layer-end", "2"]
+    assert main([*args, "--max-doc-tokens", "64", "--eval-every", "1"]) == 0
+    assert (tmp_path / "myruns" / "topl-tiny-llama" / "adapter_model.safetensors").exists()

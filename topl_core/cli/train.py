@@ -7,6 +7,7 @@ import dataclasses
 import sys
 import typing
 
+from ..paths import runs_dir
 from ..presets import PRESETS
 from ..runs import RunDir
 from ..training.config import LoraSettings, TrainConfig, preset_config
@@ -32,7 +33,9 @@ def _flags(cls=TrainConfig, prefix: str = "") -> list[tuple[str, str, object, ob
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help=COMMANDS["train"].help)
-    p.add_argument("--out", help="run directory (default runs/<method>-<model>)")
+    p.add_argument(
+        "--out", help="run directory (default <runs folder>/<method>-<model>; TOPL_RUNS_DIR sets the folder)"
+    )
     p.add_argument("--preset", choices=sorted(PRESETS), help="the paper's hyperparameters for a model family")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run with its saved config")
     for flag, name, typ, default in _flags():
@@ -63,7 +66,7 @@ def run(args: argparse.Namespace) -> None:
         print(f"resuming {run_dir.path} at step {run_dir.read_status().get('step', 0)} of {cfg.steps}")
     else:
         cfg = config_from_args(args)
-        run_dir = RunDir(args.out or f"runs/{cfg.method}-{cfg.model.replace('/', '_')}")
+        run_dir = RunDir(args.out or runs_dir() / f"{cfg.method}-{cfg.model.replace('/', '_')}")
     requested = cfg.precision if args.resume else (args.precision or "auto")  # a resumed run keeps what it recorded
     announce_precision(requested, cfg.device)
 
