@@ -80,7 +80,7 @@ def sidebar_model_picker() -> str:
             persist_state="session",
             placeholder="Qwen/Qwen3-8B or /path/to/model",
         )
-        name = custom.strip() or DEFAULT_MODEL
+        name = custom.strip() or split_spec(current_spec())[0]  # until one is typed: the model already in use
     else:
         name = choice
     with st.sidebar.expander("Precision & device"):
