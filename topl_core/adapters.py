@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -108,13 +109,18 @@ class Adapter:
     lora: LoraSpec
     run: RunDir | None = None  # when it is a run directory of this workbench
 
+    @cached_property
+    def _run_config(self) -> tuple[TrainConfig | None, dict]:
+        """A run's topl_config.json, read once per opened adapter (every property below reads it)."""
+        return self.run.read_config() if self.run is not None else (None, {})
+
     @property
     def train_config(self) -> TrainConfig | None:
-        return self.run.read_config()[0] if self.run is not None else None
+        return self._run_config[0]
 
     @property
     def meta(self) -> dict:
-        return self.run.read_config()[1] if self.run is not None else {}
+        return self._run_config[1]
 
     @property
     def method(self) -> str | None:

@@ -44,6 +44,13 @@ def cliff_csv() -> Path:
     return shared_data_dir() / "CLIFF_error_types.csv"
 
 
+def project_path(path: str | Path) -> Path:
+    """A path as a config or a user gave it: absolute, or existing from here, else relative to the project root
+    (run configs record data paths such as cache/data/halueval-perturbed.jsonl relative to it)."""
+    p = Path(path)
+    return p if p.is_absolute() or p.exists() else PROJECT_ROOT / p
+
+
 def inside(folder: str | Path, name: str, what: str = "name") -> Path:
     """folder / name for a name a user typed (or an upload carried), kept inside `folder`: a plain file or folder
     name — no path separator, no absolute path, not "." or "..". Anything else is refused with the reason."""

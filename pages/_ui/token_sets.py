@@ -13,7 +13,7 @@ from topl_core.data.cliff import load_factuality_csv
 from topl_core.data.records import read_jsonl
 from topl_core.data.split import split_records
 from topl_core.errors import DataError
-from topl_core.paths import PROJECT_ROOT, cliff_csv
+from topl_core.paths import cliff_csv, project_path
 
 TOKEN_SETS = ("run's data · val split", "run's data · test split", "CLIFF spans (OOD)", "another data set")
 
@@ -29,8 +29,7 @@ def token_set(kind: str, run_path: str, data_path: str | None, split: str, limit
         return f"CLIFF ({path.name})", recs[:limit]
     if kind.startswith("run's data"):
         cfg = open_adapter(run_path).settings  # an adapter from elsewhere: the default data set
-        p = Path(cfg.data)
-        p = p if p.is_absolute() else PROJECT_ROOT / p
+        p = project_path(cfg.data)
         split = "val" if "val" in kind else "test"
         recs = split_records(read_jsonl(p), seed=cfg.split_seed)[split]
         return f"{p.name} [{split}]", labelled_records(recs)[:limit]

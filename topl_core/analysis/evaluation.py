@@ -37,7 +37,7 @@ from ..data.records import read_jsonl
 from ..data.split import first_documents, split_records
 from ..generate import GenerationConfig, generate, load_merged
 from ..models import ModelSpec, load_model
-from ..paths import DEFAULT_DATA, PROJECT_ROOT, cliff_csv
+from ..paths import DEFAULT_DATA, cliff_csv, project_path
 from ..presets import DEFAULT_MODEL
 from .cache import JSON, cached
 from .probe import ProbeSettings, labelled_records
@@ -108,16 +108,11 @@ class EvalDoc:
     document: str
 
 
-def _resolve(path: str) -> Path:
-    p = Path(path)
-    return p if p.is_absolute() or p.exists() else PROJECT_ROOT / p
-
-
 def id_documents(cfg: EvalConfig) -> list[EvalDoc]:
     """The first n_id distinct documents of the test split (document-level split, as in training)."""
     if cfg.n_id == 0:
         return []
-    test = split_records(read_jsonl(_resolve(cfg.data)), seed=cfg.split_seed)["test"]
+    test = split_records(read_jsonl(project_path(cfg.data)), seed=cfg.split_seed)["test"]
     return [
         EvalDoc("ID", r.source.replace("-perturbed", ""), r.doc_id, r.document) for r in first_documents(test, cfg.n_id)
     ]
@@ -170,7 +165,7 @@ def steering_vectors_for(adapter, cfg: EvalConfig, use_cache: bool = True):
     default data set for an adapter from elsewhere), as `steer` does."""
     adapter = open_adapter(adapter)
     tcfg = adapter.settings
-    records = labelled_records(split_records(read_jsonl(_resolve(tcfg.data)), seed=tcfg.split_seed)["val"])
+    records = labelled_records(split_records(read_jsonl(project_path(tcfg.data)), seed=tcfg.split_seed)["val"])
     return build_steering_vectors(adapter, records, ProbeSettings(random_control=False), cfg.top_k, use_cache=use_cache)
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from ..adapters import Adapter, open_adapter
 from ..data.records import Record, read_jsonl
 from ..data.split import SPLITS, split_records
-from ..paths import PROJECT_ROOT
+from ..paths import project_path
 from ..precision import DTYPES, PRECISIONS, describe_precision
 from ..presets import DEFAULT_MODEL
 
@@ -58,8 +57,7 @@ def open_adapter_arg(args: argparse.Namespace, ref: str | None = None) -> Adapte
 def data_or_adapter_default(args: argparse.Namespace, adapter: Adapter) -> None:
     """--data defaults to the adapter's run's data (the workbench's default data set for an adapter from elsewhere)."""
     if not args.data:
-        data = Path(adapter.settings.data)
-        args.data = str(data if data.exists() or data.is_absolute() else PROJECT_ROOT / data)
+        args.data = str(project_path(adapter.settings.data))
 
 
 def add_data_args(p: argparse.ArgumentParser, required: bool = False) -> None:
