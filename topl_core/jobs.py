@@ -49,6 +49,7 @@ from .status import (
     Facts,
     State,
     clear_stop,
+    pid_exists,
     progress_of,
     read_status,
     request_stop,
@@ -349,12 +350,8 @@ def process_alive(pid) -> bool:
         _EXIT_CODES[pid] = rc
         del _CHILDREN[pid]
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_exists(pid):
         return False
-    except PermissionError:
-        return True
     proc = Path(f"/proc/{pid}")
     if proc.exists():
         try:

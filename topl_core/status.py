@@ -163,12 +163,20 @@ class WriterLock:
         if holder.get("pid") == self.me["pid"]:
             return False  # this very process left it behind (a crash in an earlier call)
         try:
-            os.kill(int(holder["pid"]), 0)
-        except ProcessLookupError:
-            return False
-        except (PermissionError, KeyError, TypeError, ValueError):
-            return True
+            return pid_exists(int(holder["pid"]))
+        except (KeyError, TypeError, ValueError):
+            return True  # a lock we cannot read the holder of: keep out
+
+
+def pid_exists(pid: int) -> bool:
+    """A process with this pid exists (possibly another user's); a zombie still counts."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
         return True
+    return True
 
 
 # --- SIGTERM as a clean stop --------------------------------------------------------------------------------------
