@@ -1,10 +1,13 @@
 import random
 import re
+from dataclasses import replace
 
 import pytest
 
 from topl_core.data.perturb import (
+    ALL_KINDS,
     EDIT_KINDS,
+    RECIPES,
     Edit,
     apply_edits,
     build_perturbation_records,
@@ -62,6 +65,100 @@ def test_every_kind_can_occur_and_is_exact(kind):
         assert_exact_spans(SUMMARY, new, spans)
         seen |= any(s.kind == kind for s in spans)
     assert seen, f"no {kind} edit in 200 seeds"
+
+
+def without_copied(perturbed: str, spans: tuple[Span, ...], document: str) -> tuple[str, tuple[Span, ...]]:
+    """S' with its copied-in sentence removed, after checking that sentence: outside its one bad span it is a
+    verbatim document sentence D = D[:a] + (replaced text) + D[len(D) - c:], the span taking the replaced text's
+    place (different text, or an insertion)."""
+    copied = [s for s in spans if s.kind == "copied"]
+    if not copied:
+        return perturbed, spans
+    (span,) = copied
+    bad = perturbed[span.start : span.end]
+    found, best = None, 0
+    for sentence in re.split(r"(?<=[.!?])\s+", document):
+        for a in range(len(sentence) + 1):
+            left = perturbed[: span.start]
+            if not (left.endswith(sentence[:a]) or left.endswith(sentence[:a] + " ")):  # " not" inserted
+                continue
+            c = next(
+                c
+                for c in range(len(sentence) - a, -1, -1)
+                if perturbed.startswith(sentence[len(sentence) - c :], span.end) or c == 0
+            )
+            if sentence[a : len(sentence) - c] != bad and a + c > max(best, len(sentence) // 2):
+                found, best = (span.start - a - (not left.endswith(sentence[:a])), span.end + c), a + c
+    assert found, f"copied sentence is not a document sentence outside its span: {perturbed!r} {span}"
+    cut_start, cut_end = (found[0] - 1, found[1]) if found[0] > 0 else (0, found[1] + 1)
+    shift = cut_end - cut_start
+    kept = tuple(
+        s if s.end <= cut_start else Span(s.start - shift, s.end - shift, s.kind) for s in spans if s is not span
+    )
+    return perturbed[:cut_start] + perturbed[cut_end:], kept
+
+
+@pytest.mark.parametrize("kind", [k for k in ALL_KINDS if k not in EDIT_KINDS])
+def test_every_v2_kind_can_occur_and_is_exact(kind):
+    """Recipe v2's kinds: each occurs, and every span is exactly its edit's new text (a swap's two names are two
+    spans; a copied sentence is good text except its one edited region)."""
+    seen = 0
+    for seed in range(200):
+        summary = SUMMARY + " On Saturday, Eden Hazard scored for Chelsea against Arsenal."
+        new, spans = perturb_summary(summary, DOCUMENT, random.Random(seed), DONORS, kinds=ALL_KINDS)
+        seen += sum(s.kind == kind for s in spans)
+        rest, rest_spans = without_copied(new, spans, DOCUMENT)
+        assert_exact_spans(summary, rest, rest_spans)
+    assert seen, f"no {kind} edit in 200 seeds"
+
+
+@pytest.mark.parametrize(
+    "kind, summary, document, expected",
+    [
+        ("attribution", "Jose Mourinho said the team was happy.", DOCUMENT, [["Eden Hazard"], ["Stamford Bridge"]]),
+        ("swap", "On Saturday Chelsea beat Arsenal.", DOCUMENT, [["Arsenal", "Chelsea"]]),
+        ("modal", "The club will appeal.", "The club will appeal.", [["may"]]),
+    ],
+)
+def test_v2_kind_examples(kind, summary, document, expected):
+    for seed in range(100):
+        new, spans = perturb_summary(summary, document, random.Random(seed), n_edits=1, kinds=("invented", kind))
+        if spans[0].kind == kind:
+            assert [new[s.start : s.end] for s in spans] in expected
+            return
+    pytest.fail(f"no {kind} edit")
+
+
+def test_extrinsic_facts_are_absent_from_the_document():
+    document = "Jose Mourinho said the team was happy in London."
+    for seed in range(100):
+        new, spans = perturb_summary(
+            "Jose Mourinho praised the team.", document, random.Random(seed), n_edits=1, kinds=("invented", "extrinsic")
+        )
+        for s in spans:
+            if s.kind == "extrinsic":
+                added = new[s.start : s.end].strip(",")
+                assert added.split()[-1] not in document, added
+
+
+def test_recipes_are_deterministic_and_v1_ignores_the_new_kinds():
+    pairs = [("d1", DOCUMENT, SUMMARY), ("d2", DONORS[0], "Manchester United signed Paul Pogba in August.")]
+    v1 = build_perturbation_records(pairs, seed=3)
+    assert v1 == build_perturbation_records(pairs, seed=3, recipe=RECIPES["v1"])
+    assert not {s.kind for r in v1 for s in r.bad_spans} - set(EDIT_KINDS)
+    v2 = build_perturbation_records(pairs * 1, seed=3, recipe=RECIPES["v2"])
+    assert v2 == build_perturbation_records(pairs, seed=3, recipe=RECIPES["v2"])
+    everything_lowercased = build_perturbation_records(pairs, seed=3, recipe=replace(RECIPES["v2"], lowercase_share=1))
+    for r, lower in zip(v2, everything_lowercased):
+        assert lower.response == r.response.lower() and lower.document == r.document.lower()
+        assert lower.bad_spans == r.bad_spans
+
+
+def test_unknown_or_incomplete_kinds_are_refused():
+    with pytest.raises(DataError, match="invented"):
+        perturb_summary(SUMMARY, DOCUMENT, random.Random(0), kinds=("entity",))
+    with pytest.raises(DataError, match="must be among"):
+        perturb_summary(SUMMARY, DOCUMENT, random.Random(0), kinds=("invented", "typo"))
 
 
 def test_edit_counts_and_determinism():
@@ -125,3 +222,8 @@ def test_real_halueval_summaries_many_seeds():
         records = halueval.halueval_perturbation_records(rows, seed)
         for r in records[1::2]:
             assert_exact_spans(r.faithful_response, r.response, r.bad_spans)
+    for r in halueval.halueval_perturbation_records(rows, 0, recipe="v2")[1::2]:
+        if r.document.islower():  # a lower-cased document: compare with the lower-cased faithful summary
+            assert r.faithful_response == r.faithful_response.lower()
+        rest, rest_spans = without_copied(r.response, r.bad_spans, r.document)
+        assert_exact_spans(r.faithful_response, rest, rest_spans)

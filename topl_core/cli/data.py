@@ -8,6 +8,7 @@ from collections import Counter
 
 from ..data import cliff, fava, halueval, mlqe
 from ..data.encode import encode_record
+from ..data.perturb import RECIPES
 from ..data.records import Record, read_jsonl, write_jsonl
 from ..data.split import split_records
 from ..data.variants import label_settings_table
@@ -38,6 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--mlqe-split", default="train")
     b.add_argument("--limit", type=int, default=600, help="documents to read (HaluEval has 10,000)")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument(
+        "--recipe",
+        choices=sorted(RECIPES),
+        default="v1",
+        help="halueval-perturbed edit recipe: v1 = entity, number, date, negation, relation, invented; v2 adds "
+        "attribution, swap, extrinsic, modal, copied and lower-cases 15%% of documents (docs/evaluation.md §6)",
+    )
     b.add_argument("--out", required=True, help="output JSONL")
     b.set_defaults(func=build)
 
@@ -62,13 +70,14 @@ def load_source(
     fava_form: str = "raw",
     mlqe_split: str = "train",
     progress=None,
+    recipe: str = "v1",
 ) -> list[Record]:
     """Records from any supported source (shared by the CLI and the Data page)."""
     if source.startswith("halueval"):
         rows = halueval.load_halueval_rows(input_path, limit=limit)
         if source == "halueval-pairs":
             return halueval.halueval_pair_records(rows)
-        return halueval.halueval_perturbation_records(rows, seed=seed, progress=progress)
+        return halueval.halueval_perturbation_records(rows, seed=seed, progress=progress, recipe=recipe)
     if input_path is None:
         raise DataError(f"source {source!r} needs an input path (--input PATH).")
     if source == "fava":
@@ -86,7 +95,9 @@ def load_source(
 
 def build(args: argparse.Namespace) -> None:
     with Bar(f"building {args.source}") as bar:
-        records = load_source(args.source, args.input, args.limit, args.seed, args.fava_form, args.mlqe_split, bar)
+        records = load_source(
+            args.source, args.input, args.limit, args.seed, args.fava_form, args.mlqe_split, bar, args.recipe
+        )
     if args.limit and not args.source.startswith("halueval"):
         records = records[: args.limit]
     write_jsonl(records, args.out)

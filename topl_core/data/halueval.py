@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import DataError
-from .perturb import build_perturbation_records
+from .perturb import RECIPES, build_perturbation_records
 from .records import Record, json_lines
 
 HALUEVAL_FILE = Path("benchs/halueval/dataset_halueval_summarization.jsonl")
@@ -97,9 +97,16 @@ def halueval_pair_records(rows: Sequence[dict], source: str = "halueval") -> lis
 
 
 def halueval_perturbation_records(
-    rows: Sequence[dict], seed: int, source: str = "halueval-perturbed", progress=None
+    rows: Sequence[dict], seed: int, source: str = "halueval-perturbed", progress=None, recipe: str = "v1"
 ) -> list[Record]:
-    """Token-level pairs: each right summary and a seeded perturbation of it (names may come from other documents)."""
+    """Token-level pairs: each right summary and a seeded perturbation of it (names may come from other documents);
+    `recipe` names a perturbation recipe of `perturb.RECIPES`."""
+    if recipe not in RECIPES:
+        raise DataError(f"perturbation recipe {recipe!r} is not one of {sorted(RECIPES)}.")
     return build_perturbation_records(
-        ((r["doc_id"], r["document"], r["right_summary"]) for r in rows), seed, source, progress=progress
+        ((r["doc_id"], r["document"], r["right_summary"]) for r in rows),
+        seed,
+        source,
+        progress=progress,
+        recipe=RECIPES[recipe],
     )

@@ -10,6 +10,17 @@ Edit kinds (`Span.kind`):
 - "invented": a fabricated sentence (built from document entities, or an unverifiable claim) is inserted at a
   sentence boundary; the span covers the whole sentence.
 
+Kinds closer to what summarizers get wrong (recipe "v2", `RECIPES`):
+- "attribution": the speaker of a quote or claim ("X said", "according to X") becomes another name from the
+  document (wrong attribution of who said/did what);
+- "swap": two names of one summary sentence that both occur in the document exchange places (a wrong relation
+  between entities that do occur in the document); both names are spans;
+- "extrinsic": a fact absent from the document is added: an age after a name (", 45,"), a place ("in Leeds") or a
+  time ("last year") before a sentence end; the span covers the added text (", 45,", "in Leeds");
+- "modal": a modal verb or the tense of a copula changes ("will" -> "may", "was" -> "is");
+- "copied": a document sentence absent from the summary is copied in with one entity/number/date/negation/relation
+  edit inside it; only the edited words are bad, the copied words around them are good.
+
 Edits never overlap or touch. Every span covers exactly the new text of its edit, so the text outside the spans
 of S' is the text of S outside the edited regions (up to the single space that joins an inserted word or
 sentence to its neighbours).
@@ -26,7 +37,23 @@ from ..errors import DataError
 from .records import Record, Span
 
 EDIT_KINDS: tuple[str, ...] = ("entity", "number", "date", "negation", "relation", "invented")
+V2_KINDS: tuple[str, ...] = EDIT_KINDS + ("attribution", "swap", "extrinsic", "modal", "copied")
+ALL_KINDS = V2_KINDS
 MAX_EDITS = 3
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How perturbation records are made: the edit kinds drawn from, and the share of documents whose records are
+    lower-cased (document and both responses; spans unchanged) so that lower-cased text, as in some CNN/DM
+    releases, is not foreign to a head."""
+
+    kinds: tuple[str, ...] = EDIT_KINDS
+    lowercase_share: float = 0.0
+
+
+# "v1": the original six kinds (the default data set and the demo adapters); "v2": all kinds, 15% lower-cased.
+RECIPES: dict[str, Recipe] = {"v1": Recipe(), "v2": Recipe(V2_KINDS, 0.15)}
 
 MONTHS = (
     "January",
@@ -201,6 +228,7 @@ class Edit:
     kind: str
     bad_start: int = 0
     bad_end: int | None = None
+    also_bad: tuple[tuple[int, int], ...] = ()  # further bad spans of new_text (a swap's second name)
 
     def conflicts_with(self, other: "Edit") -> bool:
         """True when the two edited regions overlap or touch (closed intervals)."""
@@ -332,12 +360,137 @@ def _invented_edits(summary: str, names: Sequence[str], rng: random.Random) -> l
     return edits
 
 
+ATTRIBUTION_AFTER_RE = re.compile(
+    r" (?:(?:has|had|have|also|later) )?(?:said|says|told|claimed|announced|admitted|insisted|revealed|warned|"
+    r"denied|added|explained|confirmed|described|argued|stated|wrote|tweeted)\b"
+)
+ACCORDING_TO_RE = re.compile(r"\baccording to $", re.IGNORECASE)
+
+
+def _other_names(name: str, pool: Sequence[str], summary: str) -> list[str]:
+    """Names of `pool` that share no word with `name` and do not occur in `summary`."""
+    words = set(name.split())
+    return [c for c in pool if not words & set(c.split()) and c not in summary]
+
+
+def _attribution_edits(summary: str, document: str, document_names: Sequence[str], rng: random.Random) -> list[Edit]:
+    """The speaker of "X said …" / "according to X" becomes another speaker named in the document."""
+    # Speakers are people and bodies: names of two words or more, or named at least twice in the document (a
+    # one-word capitalised token seen once is often an ordinary word after a quote).
+    speakers = [n for n in document_names if " " in n or len(re.findall(_word(re.escape(n)), document)) > 1]
+    edits = []
+    for start, end, name in extract_names(summary):
+        if ATTRIBUTION_AFTER_RE.match(summary, end) or ACCORDING_TO_RE.search(summary[:start]):
+            others = _other_names(name, speakers, summary)
+            same_length = [c for c in others if len(c.split()) == len(name.split())]
+            if others:
+                edits.append(Edit(start, end, rng.choice(same_length or others), "attribution"))
+    return edits
+
+
+def _sentence_index(text: str) -> list[int]:
+    """For every character of `text`, the index of its sentence (sentences end at SENTENCE_END_RE)."""
+    index, sentence, cursor = [], 0, 0
+    for m in SENTENCE_END_RE.finditer(text):
+        index += [sentence] * (m.end() - cursor)
+        sentence, cursor = sentence + 1, m.end()
+    return index + [sentence] * (len(text) - cursor)
+
+
+def _swap_edits(summary: str, document: str) -> list[Edit]:
+    """Two different names of one sentence, both found in the document, exchange places (both are spans)."""
+    names = [(s, e, n) for s, e, n in extract_names(summary) if n in document]
+    sentence = _sentence_index(summary)
+    edits = []
+    for i, (s1, e1, n1) in enumerate(names):
+        for s2, e2, n2 in names[i + 1 :]:
+            if sentence[s1] != sentence[s2] or set(n1.split()) & set(n2.split()):
+                continue
+            middle = summary[e1:s2]
+            new_text = n2 + middle + n1
+            edits.append(Edit(s1, e2, new_text, "swap", 0, len(n2), ((len(n2) + len(middle), len(new_text)),)))
+    return edits
+
+
+PLACES = ("Leeds", "Bristol", "Glasgow", "Cardiff", "Dublin", "Chicago", "Houston", "Sydney", "Toronto", "Madrid")
+TIMES = ("last year", "in 2009", "last month", "earlier this week", "two years ago", "on Tuesday")
+
+
+def _extrinsic_edits(summary: str, document: str, rng: random.Random) -> list[Edit]:
+    """Add a fact the document does not hold: an age after a multi-word name, or a place or time before a sentence
+    end (each filler checked absent from the document)."""
+    doc = document.lower()
+    edits = []
+    ages = [a for a in range(19, 80) if str(a) not in document]
+    for start, end, name in extract_names(summary):
+        if " " in name and ages and re.match(r" [a-z]", summary[end : end + 2]):
+            age = str(rng.choice(ages))
+            edits.append(Edit(end, end, f", {age},", "extrinsic"))  # the commas too: the text outside is S
+    fillers = [f"in {p}" for p in PLACES if p.lower() not in doc] + [t for t in TIMES if t.split()[-1] not in doc]
+    for m in SENTENCE_END_RE.finditer(summary):
+        if fillers and m.start() > 0 and summary[m.start() - 1].isalnum():
+            edits.append(Edit(m.start(), m.start(), " " + rng.choice(fillers), "extrinsic", bad_start=1))
+    return edits
+
+
+# Modal verbs and copula tenses; matched in lower case ("May" is a month or a name).
+MODAL_SWAPS: dict[str, str] = {
+    "will": "may",
+    "may": "will",
+    "would": "might",
+    "might": "will",
+    "could": "will",
+    "should": "will",
+    "must": "may",
+    "is": "was",
+    "was": "is",
+    "are": "were",
+    "were": "are",
+}
+MODAL_RE = re.compile(_word(_alternatives(MODAL_SWAPS)) + r"(?= [a-z])")
+
+
+def _modal_edits(summary: str) -> list[Edit]:
+    return [Edit(m.start(), m.end(), MODAL_SWAPS[m.group()], "modal") for m in MODAL_RE.finditer(summary)]
+
+
+COPIED_WORDS = (6, 40)  # length range of a document sentence worth copying in
+
+
+def _copied_edits(summary: str, document: str, names: Sequence[str], rng: random.Random) -> list[Edit]:
+    """Copy a document sentence that the summary lacks in, with one intrinsic edit inside it (its span only)."""
+    sentences = [
+        s.strip()
+        for s in re.split(r"(?<=[.!?])\s+", document)
+        if COPIED_WORDS[0] <= len(s.split()) <= COPIED_WORDS[1] and s.strip() not in summary
+    ]
+    if not sentences:
+        return []
+    sentence = rng.choice(sentences)
+    inner = [
+        e
+        for e in _entity_edits(sentence, names, rng)
+        + _number_edits(sentence, rng)
+        + _date_edits(sentence, rng)
+        + _negation_edits(sentence)
+        + _relation_edits(sentence)
+    ]
+    if not inner:
+        return []
+    edit = rng.choice(inner)
+    edited, (span,) = apply_edits(sentence, [edit])
+    edits = [Edit(0, 0, edited + " ", "copied", span.start, span.end)]
+    for m in SENTENCE_END_RE.finditer(summary):
+        edits.append(Edit(m.end(), m.end(), " " + edited, "copied", span.start + 1, span.end + 1))
+    return edits
+
+
 def _candidate_edits(
-    summary: str, document: str, donor_texts: Sequence[str], rng: random.Random
+    summary: str, document: str, donor_texts: Sequence[str], rng: random.Random, kinds: Sequence[str] = EDIT_KINDS
 ) -> dict[str, list[Edit]]:
     document_names = list(dict.fromkeys(n for _, _, n in extract_names(document)))
     donor_names = list(dict.fromkeys(n for text in donor_texts for _, _, n in extract_names(text)))
-    return {
+    candidates = {
         "entity": _entity_edits(summary, list(dict.fromkeys(document_names + donor_names)), rng),
         "number": _number_edits(summary, rng),
         "date": _date_edits(summary, rng),
@@ -345,6 +498,16 @@ def _candidate_edits(
         "relation": _relation_edits(summary),
         "invented": _invented_edits(summary, document_names or donor_names, rng),
     }
+    # The v2 kinds draw from the rng only when asked for, so v1 data stays what it was for a seed.
+    more = {
+        "attribution": lambda: _attribution_edits(summary, document, document_names, rng),
+        "swap": lambda: _swap_edits(summary, document),
+        "extrinsic": lambda: _extrinsic_edits(summary, document, rng),
+        "modal": lambda: _modal_edits(summary),
+        "copied": lambda: _copied_edits(summary, document, document_names or donor_names, rng),
+    }
+    candidates |= {kind: make() for kind, make in more.items() if kind in kinds}
+    return {kind: candidates[kind] for kind in kinds}
 
 
 def apply_edits(summary: str, edits: Iterable[Edit]) -> tuple[str, tuple[Span, ...]]:
@@ -359,7 +522,8 @@ def apply_edits(summary: str, edits: Iterable[Edit]) -> tuple[str, tuple[Span, .
         pieces += [kept, e.new_text]
         new_length += len(kept)
         bad_end = len(e.new_text) if e.bad_end is None else e.bad_end
-        spans.append(Span(new_length + e.bad_start, new_length + bad_end, e.kind))
+        for start, end in ((e.bad_start, bad_end),) + e.also_bad:
+            spans.append(Span(new_length + start, new_length + end, e.kind))
         new_length += len(e.new_text)
         cursor = e.end
     pieces.append(summary[cursor:])
@@ -372,6 +536,7 @@ def perturb_summary(
     rng: random.Random,
     donor_texts: Sequence[str] = (),
     n_edits: int | None = None,
+    kinds: Sequence[str] = EDIT_KINDS,
 ) -> tuple[str, tuple[Span, ...]]:
     """Perturb `summary` with `n_edits` non-overlapping edits (random 1-3 when None).
 
@@ -386,19 +551,25 @@ def perturb_summary(
         n_edits = rng.randint(1, MAX_EDITS)
     if n_edits < 1:
         raise DataError(f"perturb_summary: n_edits={n_edits} must be at least 1 (or None for a random 1-{MAX_EDITS}).")
-    candidates = _candidate_edits(summary, document, donor_texts, rng)
+    unknown = set(kinds) - set(ALL_KINDS)
+    if unknown or "invented" not in kinds:
+        raise DataError(
+            f"perturb_summary: kinds {sorted(kinds)} must be among {ALL_KINDS} and include 'invented' (the edit "
+            "that is always possible)."
+        )
+    candidates = _candidate_edits(summary, document, donor_texts, rng, kinds)
     chosen: list[Edit] = []
     for _ in range(n_edits):
         free = {
             k: [e for e in edits if not any(e.conflicts_with(c) for c in chosen)] for k, edits in candidates.items()
         }
-        kinds = [k for k in EDIT_KINDS if free[k]]
-        if not kinds:
+        open_kinds = [k for k in kinds if free[k]]
+        if not open_kinds:
             break
-        edit = rng.choice(free[rng.choice(kinds)])
+        edit = rng.choice(free[rng.choice(open_kinds)])
         chosen.append(edit)
-        if edit.kind == "invented":  # all invented candidates insert the same sentence: insert it once
-            candidates["invented"] = []
+        if edit.kind in ("invented", "copied"):  # their candidates insert the same sentence: insert it once
+            candidates[edit.kind] = []
     return apply_edits(summary, chosen)
 
 
@@ -408,12 +579,15 @@ def build_perturbation_records(
     source: str = "halueval-perturbed",
     donors_per_document: int = 2,
     progress=None,
+    recipe: Recipe = RECIPES["v1"],
 ) -> list[Record]:
     """Two records per (doc_id, document, faithful_summary): the faithful summary (all good) and a perturbed one.
 
     Entity swaps and invented sentences may also draw names from `donors_per_document` other documents of
     `pairs`. Each document's edits come from `random.Random(f"{seed}:{doc_id}")`: deterministic for a seed.
-    `progress(done, total)` is called after each document.
+    `recipe` picks the edit kinds and the lower-cased share (drawn from a second generator, so that a recipe
+    without lower-casing gives the same records as before it existed). `progress(done, total)` is called after
+    each document.
     """
     pairs = list(pairs)
     n_donors = min(donors_per_document, len(pairs) - 1)
@@ -422,7 +596,9 @@ def build_perturbation_records(
         rng = random.Random(f"{seed}:{doc_id}")
         other_indices = (i + (i >= index) for i in rng.sample(range(len(pairs) - 1), n_donors))  # skip `index`
         donors = [pairs[i][1] for i in other_indices]
-        perturbed, spans = perturb_summary(summary, document, rng, donors)
+        perturbed, spans = perturb_summary(summary, document, rng, donors, kinds=recipe.kinds)
+        if recipe.lowercase_share and random.Random(f"{seed}:{doc_id}:case").random() < recipe.lowercase_share:
+            document, summary, perturbed = _lowercased(document, summary, perturbed)
         records.append(
             Record(
                 id=f"{doc_id}:faithful",
@@ -449,3 +625,9 @@ def build_perturbation_records(
         if progress is not None:
             progress(index + 1, len(pairs))
     return records
+
+
+def _lowercased(*texts: str) -> tuple[str, ...]:
+    """The texts lower-cased, or unchanged when lower-casing would change a length (and so move the spans)."""
+    lowered = tuple(t.lower() for t in texts)
+    return lowered if all(len(a) == len(b) for a, b in zip(texts, lowered)) else texts
