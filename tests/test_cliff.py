@@ -1,11 +1,16 @@
 import ast
+import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from topl_core.data.cliff import load_factuality_csv, match_spans
+from topl_core.data.encode import encode_record
+from topl_core.data.records import Record, Span
+from topl_core.data.textform import detokenize
 from topl_core.errors import DataError
+from topl_core.models import load_model
 
 CLIFF_CSV = Path(__file__).parents[2] / "shared/data/CLIFF_error_types.csv"
 
@@ -96,3 +101,51 @@ def test_real_cliff_csv():
         assert (table.error_type[row] == "correct") == (not annotated)
         for text in record.bad_texts:
             assert "".join(text.split()).lower() in ["".join(a.split()).lower() for a in annotated]
+
+
+def test_detokenize_rewrites_ptb_forms():
+    old = "the 30 - year - old -lrb- pictured -rrb- said he `` did n't '' know it 's $ 5 , police said ."
+    assert detokenize(old).text == "the 30-year-old (pictured) said he \" didn't \" know it's $5, police said."
+    assert detokenize('An ordinary sentence (with brackets), quotes "here" and a well-known fact.').text == (
+        'An ordinary sentence (with brackets), quotes "here" and a well-known fact.'
+    )
+
+
+def test_detokenize_moves_every_word_span_exactly():
+    """Any span from the start of one word token to the end of another lands on the detokenized text of that span."""
+    old = "the 30 - year - old -lrb- pictured -rrb- did n't say , `` we 're fine '' ; it cost $ 5 ."
+    rewritten = detokenize(old)
+    words = [(m.start(), m.end()) for m in re.finditer(r"(?<!\S)[\w$][\w']*(?!\S)", old)]  # whole tokens
+    for i, (start, _) in enumerate(words):
+        for _, end in words[i:]:
+            moved = rewritten.span(Span(start, end))
+            assert rewritten.text[moved.start : moved.end] == detokenize(old[start:end]).text, old[start:end]
+
+
+def test_detokenized_labels_are_exact_token_by_token():
+    """Encoded with a tokenizer, the detokenized record labels bad exactly the tokens of the moved span."""
+    old = "Obraniak , 30 , was taken to hospital -lrb- in Rize -rrb- after the 5 - 1 win ."
+    rewritten = detokenize(old)
+    span = rewritten.span(Span(old.index("in Rize"), old.index("in Rize") + len("in Rize")))
+    record = Record(id="r", document="doc text", response=rewritten.text, bad_spans=(span,))
+    assert record.bad_texts == ["in Rize"] and rewritten.text.endswith("(in Rize) after the 5-1 win.")
+    tok = load_model("tiny-llama").tokenizer
+    encoded = encode_record(tok, record, None, None)
+    bad_chars = {i for i in range(span.start, span.end) if not rewritten.text[i].isspace()}
+    for (a, b), label in zip(encoded.response_offsets, encoded.response_labels):
+        assert label == (0 if bad_chars & set(range(a, b)) else 1), rewritten.text[a:b]
+    bad = [(a, b) for (a, b), label in zip(encoded.response_offsets, encoded.response_labels) if label == 0]
+    assert rewritten.text[bad[0][0] : bad[-1][1]].strip() == "in Rize"
+
+
+def test_real_cliff_csv_detokenized():
+    plain = load_factuality_csv(CLIFF_CSV)
+    report = load_factuality_csv(CLIFF_CSV, detokenized=True)
+    assert [r.id for r in report.records] == [r.id for r in plain.records]
+    spaced = re.compile(r"\w - \w")
+    assert sum(bool(spaced.search(r.response)) for r in plain.records) > 100
+    assert not any(spaced.search(r.response) or spaced.search(r.document) for r in report.records)
+    for before, after in zip(plain.records, report.records):
+        assert after.meta["text_form"] == "detokenized" and len(after.bad_spans) == len(before.bad_spans)
+        for old, new in zip(before.bad_texts, after.bad_texts):
+            assert new == detokenize(old).text.strip() or new in detokenize(old).text

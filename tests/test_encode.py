@@ -37,7 +37,10 @@ def test_perturbation_labels_are_exact_smollm2():
     tok = load_model("smollm2-135m").tokenizer
     records = halueval_perturbation_records(load_halueval_rows(limit=60), seed=3)
     assert sum(r.sequence_label == 0 for r in records) == 60
-    for r in records:
+    v2 = halueval_perturbation_records(load_halueval_rows(limit=200), seed=3, recipe="v2")
+    kinds = {s.kind for r in v2 for s in r.bad_spans}
+    assert {"attribution", "swap", "extrinsic", "modal", "copied"} <= kinds  # every v2 kind is checked below
+    for r in records + v2:
         _check_exact_labels(tok, r)
 
 

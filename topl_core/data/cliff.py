@@ -14,6 +14,10 @@ is absent it is matched ignoring whitespace and case ("( 656 ft)" matches "(656 
 typos, so by default (`on_missing="skip"`) a row with a substring that is still not found is dropped and
 reported in `CsvLoadReport.skipped`; `on_missing="raise"` raises DataError instead. Structural problems
 (missing columns, an unparseable span list, a label other than 0/1, empty text) always raise.
+
+`detokenized=True` rewrites document and summary with `textform.detokenize` ("30 - year - old" → "30-year-old",
+`-lrb-` → "(", "did n't" → "didn't") after the spans are matched, moving the spans with the text; meta then holds
+text_form = "detokenized".
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import pandas as pd
 
 from ..errors import DataError
 from .records import Record, Span
+from .textform import detokenize
 
 SPAN_COLUMNS = ("doc", "summ", "annotated_span")
 LABEL_COLUMNS = ("doc", "summ", "label")
@@ -132,7 +137,10 @@ def _parse_label(value: str, where: str) -> int:
 
 
 def load_factuality_csv(
-    path: str | Path, on_missing: Literal["skip", "raise"] = "skip", source_prefix: str | None = None
+    path: str | Path,
+    on_missing: Literal["skip", "raise"] = "skip",
+    source_prefix: str | None = None,
+    detokenized: bool = False,
 ) -> CsvLoadReport:
     """Records from a CLIFF span CSV or an AggreFact-style label CSV (detected from the columns).
 
@@ -161,13 +169,15 @@ def load_factuality_csv(
         origin = values.get("origin", "")
         source = f"{prefix}-{origin}" if origin else prefix
         doc_id = f"{origin or prefix}-{values.get('id') or row}"
+        summary = detokenize(values["summ"]) if detokenized else None
         common = dict(
             id=f"{source}:{row}",
-            document=values["doc"],
-            response=values["summ"],
+            document=detokenize(values["doc"]).text if detokenized else values["doc"],
+            response=summary.text if summary else values["summ"],
             source=source,
             doc_id=doc_id,
-            meta={c: values[c] for c in META_COLUMNS if c in values},
+            meta={c: values[c] for c in META_COLUMNS if c in values}
+            | ({"text_form": "detokenized"} if summary else {}),
         )
         if token_level:
             spans, missing = match_spans(values["summ"], _parse_span_list(values["annotated_span"], where))
@@ -177,6 +187,7 @@ def load_factuality_csv(
                     raise DataError(f"{where}: {reason}. Fix the annotation or load with on_missing='skip'.")
                 skipped.append(SkippedRow(row, reason))
                 continue
+            spans = [summary.span(s) for s in spans] if summary else spans
             records.append(Record(**common, bad_spans=tuple(spans), sequence_label=0 if spans else 1))
         else:
             records.append(
