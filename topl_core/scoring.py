@@ -1,5 +1,6 @@
 """Token scoring: a TOPL-style adapter + head over (document, response) → per-token p(good), with token text and
-character offsets for colored overlays; and the base model's token surprisal as a baseline detector."""
+character offsets for colored overlays; the base model's token surprisal as a baseline detector; and, optionally, a
+probe head on the base model's own hidden states (the frozen-probe control) on the same tokens."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class TokenScores:
     p_good: np.ndarray  # (n,) head probability that the token is faithful
     surprisal: np.ndarray  # (n,) base-model −log p(token | prefix), nats
     gold: np.ndarray  # (n,)
+    p_good_base: np.ndarray | None = None  # (n,) the probe_on_base head on the base model's states; None without one
 
     @property
     def tokens(self) -> list[str]:
@@ -40,7 +42,9 @@ class TokenScorer:
     """Loads an adapter (unmerged) and a head onto a base model it owns. Thread-safe: one forward at a time.
 
     The head is the run's trained head (TOPL, SOPL, TLDR), or `head` = (layer, nn.Linear) for an adapter without
-    one — a probe head fitted on its hidden states (topl_core.analysis.probe_head)."""
+    one — a probe head fitted on its hidden states (topl_core.analysis.probe_head). `probe_on_base` = (layer,
+    nn.Linear) also scores every token with a head on the base model's states (adapter disabled): the frozen-probe
+    control, in TokenScores.p_good_base."""
 
     def __init__(
         self,
@@ -50,6 +54,7 @@ class TokenScorer:
         max_doc_tokens: int | None = 512,
         max_response_tokens: int = 256,
         head: tuple[int, torch.nn.Linear] | None = None,
+        probe_on_base: tuple[int, torch.nn.Linear] | None = None,
     ):
         self.adapter = open_adapter(adapter)
         if head is None and not self.adapter.has_head:
@@ -64,6 +69,9 @@ class TokenScorer:
             self.head = self.adapter.run.load_head(base.model.device)
         else:
             self.head_layer, self.head = head[0], head[1].to(base.model.device)
+        self.probe_on_base = (
+            None if probe_on_base is None else (probe_on_base[0], probe_on_base[1].to(base.model.device))
+        )
         self.device = base.model.device.type
         self.precision = resolve_precision(precision, self.device)
         self.max_doc_tokens, self.max_response_tokens = max_doc_tokens, max_response_tokens
@@ -87,7 +95,9 @@ class TokenScorer:
                     )
                     with self.model.disable_adapter():
                         lp = next_token_logprobs(self.model, b.input_ids, b.attention_mask, b.response_mask)
+                        q = self._probe_on_base(b) if self.probe_on_base is not None else None
                 p, s = p.float().cpu().numpy(), (-lp).float().cpu().numpy()
+                q = q.float().cpu().numpy() if q is not None else None
                 for j, e in enumerate(chunk):
                     sl = slice(e.response_start, e.response_end)
                     out.append(
@@ -98,11 +108,17 @@ class TokenScorer:
                             p[j, sl],
                             s[j, sl],
                             e.response_labels,
+                            q[j, sl] if q is not None else None,
                         )
                     )
                 if progress is not None:
                     progress(len(out), len(encoded))
         return out
+
+    def _probe_on_base(self, b) -> torch.Tensor:
+        """p(good) of the probe_on_base head on the base model's states (called with the adapter disabled)."""
+        layer, head = self.probe_on_base
+        return torch.sigmoid(head(head_features(self.model, b.input_ids, b.attention_mask, layer)).squeeze(-1))
 
     def score_text(self, document: str, response: str) -> TokenScores:
         return self.score([Record(id="input", document=document, response=response, token_labels_known=False)])[0]

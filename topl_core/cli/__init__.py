@@ -26,6 +26,9 @@ COMMANDS: dict[str, Command] = {  # in --help order
     "train": Command("train", "train TOPL or a baseline; resumes when --out holds the same run"),
     "generate": Command("generate", "generate with the base model or a merged adapter"),
     "score-tokens": Command("score_tokens", "token p(good) for a text, or head/surprisal AUROC on labelled data"),
+    "transfer": Command(
+        "transfer", "detection transfer: dev / held-out AUROC with CIs for head, frozen probe, surprisal"
+    ),
     "probe": Command("probe", "LoRA-A AUROC per layer × module (heatmap, mean ± std, random-A control)"),
     "steer": Command("steer", "LoRA-B steering: generate a summary for each λ"),
     "evaluate": Command("evaluate", "factuality evaluation (ID/OOD table), λ sweep (--lambdas), scorer quality"),

@@ -1,0 +1,80 @@
+"""`transfer`: detection transfer of one or more adapters — AUROC of flagging bad tokens with a record-bootstrap
+95% CI for the head, the frozen probe (base model, same training records) and surprisal, on the dev sets (val split,
+CLIFF cut val) or the held-out sets (test split, CLIFF cut test; every evaluation is logged)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..analysis.transfer import STAGES, TransferSettings, format_markdown, heldout_count, transfer_table
+from ..data.records import read_jsonl
+from ..io import atomic_open, write_json
+from ..progress import Bar
+from . import COMMANDS
+from .common import ADAPTER_HELP, add_precision_arg, announce_precision, open_adapter_arg
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "transfer", help=COMMANDS["transfer"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument("--run", action="append", required=True, metavar="ADAPTER", help=ADAPTER_HELP + "; repeat for more")
+    p.add_argument("--base-model", help="the base model to load every adapter on; without it, each adapter's own")
+    p.add_argument(
+        "--stage",
+        required=True,
+        choices=STAGES,
+        help="dev: val split + CLIFF cut val, to compare and choose settings; heldout: test split + CLIFF cut test, "
+        "for the figures you report (logged)",
+    )
+    p.add_argument(
+        "--cliff", help="CLIFF span CSV; without it, ../shared/data/CLIFF_error_types.csv, skipped when absent"
+    )
+    p.add_argument(
+        "--detokenize-cliff",
+        action="store_true",
+        help="undo CLIFF's tokenized forms ('30 - year - old', -lrb-, \"did n't\") before scoring; spans move with it",
+    )
+    p.add_argument("--data", help="records JSONL for every adapter; without it, each run's training data")
+    defaults = TransferSettings()
+    p.add_argument("--max-records", type=int, default=defaults.max_records_per_set, help="records per set")
+    p.add_argument("--probe-records", type=int, default=defaults.probe_records, help="frozen-probe training records")
+    p.add_argument("--bootstrap", type=int, default=defaults.bootstrap, help="record resamples for the CI (0: none)")
+    p.add_argument("--seed", type=int, default=defaults.seed, help="bootstrap seed")
+    p.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    add_precision_arg(p)
+    p.add_argument("--csv", help="write the table here as CSV")
+    p.add_argument("--json", help="write the rows, the held-out counts and the notes here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    settings = TransferSettings(
+        stage=args.stage,
+        max_records_per_set=args.max_records,
+        probe_records=args.probe_records,
+        bootstrap=args.bootstrap,
+        seed=args.seed,
+        precision=args.precision,
+        batch_size=args.batch_size,
+        detokenized_cliff=args.detokenize_cliff,
+    )
+    adapters = [open_adapter_arg(args, ref) for ref in args.run]
+    announce_precision(args.precision, adapters[0].device)
+    if args.stage == "heldout":
+        for a in adapters:
+            print(
+                f"held-out: report these figures; do not use them to choose settings (layers, steps, thresholds, "
+                f"detectors). {a.name}'s held-out sets were evaluated {heldout_count(a)} time(s) before.",
+                file=sys.stderr,
+            )
+    records = read_jsonl(args.data) if args.data else None
+    with Bar("transfer") as bar:
+        table = transfer_table(adapters, settings, args.cliff, records, progress=bar.stage)
+    print(format_markdown(table))
+    if args.csv:
+        with atomic_open(args.csv) as f:
+            table.to_csv(f, index=False)
+    if args.json:
+        write_json(args.json, {"rows": table.to_dict("records"), **table.attrs})
