@@ -35,6 +35,7 @@ from topl_core.data.split import split_records
 from topl_core.errors import ConfigError, DataError
 from topl_core.forward import head_features
 from topl_core.io import read_log_rows
+from topl_core.metrics import auroc, weighted_aurocs
 from topl_core.models import load_model
 
 CLIFF_COLUMNS = ["dataset", "origin", "id", "doc", "summ", "model_name", "cut", "error_type", "annotated_span"]
@@ -117,6 +118,19 @@ def test_bootstrap_ci_holds_the_point_narrows_with_records_and_resamples_records
     assert tuple(perfect["s"]) == (1.0, 1.0, 1.0)
     assert perfect["t"] == bootstrap_auroc(bad, {"t": scores["s"]}, groups, n=100, seed=3)["t"]
     assert np.isnan(bootstrap_auroc(bad, scores, groups, n=0)["s"].ci_low)
+
+
+def test_weighted_aurocs_equal_auroc_on_the_repeated_items():
+    """A bootstrap resample as weights gives the AUROC of the resampled arrays themselves, ties included."""
+    rng = np.random.default_rng(1)
+    bad = rng.random(400) < 0.2
+    scores = np.round(rng.normal(size=400) + bad, 1)  # rounded: many ties
+    weights = rng.integers(0, 3, size=(20, 400))
+    weights[0] = 0
+    weights[0, ~bad] = 1  # only good tokens: undefined
+    expected = [auroc(np.repeat(bad, w), np.repeat(scores, w)) for w in weights]
+    np.testing.assert_allclose(weighted_aurocs(bad, scores, weights), expected, atol=1e-12)
+    assert np.isnan(weighted_aurocs(bad, scores, weights)[0])
 
 
 def test_dev_and_heldout_sets_share_no_document_and_read_cliff_by_cut(tiny_run, tiny_records, tmp_path):

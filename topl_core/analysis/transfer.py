@@ -57,7 +57,7 @@ from ..data.records import Record, read_jsonl
 from ..data.split import split_records
 from ..errors import ConfigError, DataError
 from ..io import read_log_rows
-from ..metrics import auroc
+from ..metrics import auroc, weighted_aurocs
 from ..models import ModelSpec, load_model
 from ..paths import cliff_csv, project_path
 from ..precision import PRECISIONS
@@ -112,13 +112,14 @@ def bootstrap_auroc(
     only are dropped; the CI is NaN when n = 0 or no resample holds both classes."""
     bad, groups = np.asarray(bad).astype(int), np.asarray(groups)
     ids, inverse = np.unique(groups, return_inverse=True)
-    members = [np.flatnonzero(inverse == g) for g in range(len(ids))]
-    picks = np.random.default_rng(seed).integers(0, len(ids), size=(n, len(ids))) if len(ids) else []
-    draws = [np.concatenate([members[g] for g in picked]) for picked in picks]
+    picks = np.random.default_rng(seed).integers(0, len(ids), size=(n, len(ids))) if len(ids) else np.zeros((n, 0))
+    # A resample is a count per record; each token is weighted by its record's count.
+    counts = np.stack([np.bincount(p.astype(int), minlength=len(ids)) for p in picks]) if n else np.zeros((0, 0))
+    weights = counts[:, inverse] if n else np.zeros((0, len(bad)))
     out = {}
     for name, s in scores.items():
         s = np.asarray(s, dtype=np.float64)
-        boot = np.array([auroc(bad[d], s[d]) for d in draws])
+        boot = weighted_aurocs(bad, s, weights) if n and len(bad) else np.zeros(0)
         boot = boot[~np.isnan(boot)]
         lo, hi = np.percentile(boot, [2.5, 97.5]) if len(boot) else (np.nan, np.nan)
         out[name] = AurocCI(auroc(bad, s), float(lo), float(hi))
