@@ -25,11 +25,13 @@ from topl_core.analysis.transfer import (
     evaluation_sets,
     format_markdown,
     heldout_log_path,
+    layer_scan,
     load_cliff,
     training_records,
     transfer_table,
 )
 from topl_core.cli import main
+from topl_core.data.encode import encode_record
 from topl_core.data.records import Record, write_jsonl
 from topl_core.data.split import split_records
 from topl_core.errors import ConfigError, DataError
@@ -242,3 +244,30 @@ def test_the_command_prints_the_table_and_the_heldout_warning(tiny_run, peft_fol
     bad = write_jsonl(unlabelled, tmp_path / "u.jsonl")
     assert main(["transfer", "--run", str(tiny_run.path), "--data", str(bad), "--stage", "dev"]) == 2
     assert "no record has token labels" in capsys.readouterr().err
+
+
+def test_layer_scan_reads_every_layer_from_one_forward_and_only_dev(peft_folder, tiny_records, tmp_path):
+    """The scan's features at layer l are head_features at l (base model, adapter disabled); one AUROC per (layer,
+    set); a held-out scan is refused."""
+    adapter = open_adapter(peft_folder)
+    settings = replace(SMALL, stage="dev")
+    lm = load_model("tiny-llama")
+    model = transfer.load_adapter(lm, adapter)
+    records = [r for r in tiny_records if r.token_labels_known][:6]
+    with model.disable_adapter():
+        features, labels = transfer._features_by_layer(model, lm.tokenizer, records, [0, 2], adapter.settings, settings)
+        for layer in (0, 2):
+            expected = []
+            for r in records:
+                e = encode_record(
+                    lm.tokenizer, r, adapter.settings.max_doc_tokens, adapter.settings.max_response_tokens
+                )
+                ids = torch.as_tensor(e.input_ids)[None]
+                h = head_features(model, ids, torch.ones_like(ids), layer)[0, e.response_start : e.response_end]
+                expected.append(h[torch.tensor(e.response_labels != -100)].numpy())
+            np.testing.assert_allclose(features[layer], np.concatenate(expected), atol=1e-4)
+    scan = layer_scan(adapter, settings, [0, 1, 2], write_cliff(tmp_path / "c.csv"), records=tiny_records)
+    assert sorted(scan.layer.unique()) == [0, 1, 2] and set(scan.set) >= {"cliff-xsum/val", "cliff-cnndm/val"}
+    assert scan.auroc.between(0, 1).all()
+    with pytest.raises(ConfigError, match="dev"):
+        layer_scan(adapter, SMALL, [0], records=tiny_records)

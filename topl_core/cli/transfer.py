@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..analysis.transfer import STAGES, TransferSettings, format_markdown, heldout_count, transfer_table
+from ..analysis.transfer import STAGES, TransferSettings, format_markdown, heldout_count, layer_scan, transfer_table
 from ..data.records import read_jsonl
 from ..io import atomic_open, write_json
 from ..progress import Bar
@@ -44,6 +44,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=defaults.seed, help="bootstrap seed")
     p.add_argument("--batch-size", type=int, default=defaults.batch_size)
     add_precision_arg(p)
+    p.add_argument(
+        "--layer-scan",
+        action="store_true",
+        help="instead: the frozen probe fitted at every layer (or --layers), AUROC per layer on the dev sets — to "
+        "choose layer m from data (dev only)",
+    )
+    p.add_argument("--layers", type=int, nargs="+", help="layers of --layer-scan (default: all)")
     p.add_argument("--csv", help="write the table here as CSV")
     p.add_argument("--json", help="write the rows, the held-out counts and the notes here")
     p.set_defaults(func=run)
@@ -62,6 +69,17 @@ def run(args: argparse.Namespace) -> None:
     )
     adapters = [open_adapter_arg(args, ref) for ref in args.run]
     announce_precision(args.precision, adapters[0].device)
+    records = read_jsonl(args.data) if args.data else None
+    if args.layer_scan:
+        scan = layer_scan(adapters[0], settings, args.layers, args.cliff, records)
+        table = scan.pivot(index="layer", columns="set", values="auroc")
+        table["mean"] = table.mean(axis=1)
+        print(table.round(3).to_string())
+        print(f"best layer by mean dev AUROC: {int(table['mean'].idxmax())}")
+        if args.csv:
+            with atomic_open(args.csv) as f:
+                scan.to_csv(f, index=False)
+        return
     if args.stage == "heldout":
         for a in adapters:
             print(
@@ -69,7 +87,6 @@ def run(args: argparse.Namespace) -> None:
                 f"detectors). {a.name}'s held-out sets were evaluated {heldout_count(a)} time(s) before.",
                 file=sys.stderr,
             )
-    records = read_jsonl(args.data) if args.data else None
     with Bar("transfer") as bar:
         table = transfer_table(adapters, settings, args.cliff, records, progress=bar.stage)
     print(format_markdown(table))
