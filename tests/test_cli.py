@@ -121,6 +121,11 @@ def test_cli_errors_are_clear(tmp_path, capsys):
     assert "data build" in capsys.readouterr().err
     assert main(["train", "--model", "tiny-llama", "--lr", "-1", "--out", str(tmp_path / "r")]) == 2
     assert "lr=-1" in capsys.readouterr().err
+    # flags a command would ignore are refused, not dropped
+    assert main(["train", "--resume", str(tmp_path / "r"), "--steps", "9", "--lr", "0.1"]) == 2
+    assert "--resume with --lr --steps" in capsys.readouterr().err
+    assert main(["evaluate", "--run", str(tmp_path / "r"), "--model", "tiny-llama"]) == 2
+    assert "--model tiny-llama with --run" in capsys.readouterr().err
 
 
 def test_data_build_from_fava_jsonl(tmp_path):

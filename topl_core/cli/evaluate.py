@@ -11,6 +11,7 @@ import sys
 from ..adapters import open_adapter
 from ..analysis.evaluation import EvalConfig, Variant, evaluate, lambda_curve, lambda_sweep, results_table
 from ..analysis.scorers import make_scorer, scorer_quality
+from ..errors import ConfigError
 from ..io import write_json
 from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL
@@ -59,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--scorer-quality", action="store_true", help="print the scorer's measured AUROC on CLIFF / HaluEval"
     )
-    p.add_argument("--model", default=DEFAULT_MODEL, help="base model when no --run is given")
+    p.add_argument("--model", help=f"base model when no --run is given (default {DEFAULT_MODEL})")
     p.add_argument("--data", default=DEFAULT_DATA, help="ID data (its test split is used)")
     p.add_argument("--split-seed", type=int, default=0)
     p.add_argument("--cliff", help="CLIFF CSV for OOD documents (default ../shared/data/CLIFF_error_types.csv)")
@@ -86,6 +87,12 @@ def _fmt(x) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.model and args.run:
+        raise ConfigError(
+            f"--model {args.model} with --run: an adapter is evaluated on the base model it was trained on, so "
+            "--model would be ignored. Drop --model (it names the base model of an evaluation without --run)."
+        )
+    args.model = args.model or DEFAULT_MODEL
     cfg = EvalConfig(
         data=args.data,
         split_seed=args.split_seed,

@@ -7,6 +7,7 @@ import dataclasses
 import sys
 import typing
 
+from ..errors import ConfigError
 from ..paths import runs_dir
 from ..presets import PRESETS
 from ..runs import RunDir
@@ -60,6 +61,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> None:
+    overrides = [flag for flag, name, _, _ in _flags() if getattr(args, name) is not None]
+    overrides += [flag for flag in ("--out", "--preset") if getattr(args, flag[2:])]
+    if args.resume and overrides:
+        raise ConfigError(
+            f"--resume with {' '.join(overrides)}: a resumed run continues with the config it saved, so these would "
+            f"be ignored. Drop them, or start a new run (--out) with the settings you want."
+        )
     if args.resume:
         run_dir = RunDir(args.resume)
         cfg, _ = run_dir.read_config()
