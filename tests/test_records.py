@@ -35,6 +35,17 @@ def test_malformed_rows_name_the_line(tmp_path, line, message):
     assert "bad.jsonl:2" in str(e.value)
 
 
+def test_no_records_never_replace_a_data_set(tmp_path, tiny_records):
+    path = write_jsonl(tiny_records, tmp_path / "r.jsonl")
+    before = path.read_bytes()
+    with pytest.raises(DataError, match="left as it was"):
+        write_jsonl([], path)
+    assert path.read_bytes() == before
+    with pytest.raises(DataError, match="not written"):
+        write_jsonl(iter(()), tmp_path / "new.jsonl")
+    assert not (tmp_path / "new.jsonl").exists()
+
+
 def test_missing_file_says_how_to_build(tmp_path):
     with pytest.raises(DataError, match="data build"):
         read_jsonl(tmp_path / "nope.jsonl")

@@ -103,7 +103,14 @@ class Record:
 
 
 def write_jsonl(records: Iterable[Record], path: str | os.PathLike) -> Path:
-    """Write records as JSONL atomically (a temp file renamed into place: a crash never leaves half a file)."""
+    """Write records as JSONL atomically (a temp file renamed into place: a crash never leaves half a file). No
+    records is an error, so an empty or unreadable input never replaces a data set with nothing."""
+    records = list(records)
+    if not records:
+        state = "left as it was" if Path(path).exists() else "not written"
+        raise DataError(
+            f"no records to write to {path} ({state}): the input gave none. Check its path, format and limit."
+        )
     with atomic_open(path) as f:
         for r in records:
             f.write(json.dumps(r.to_json(), ensure_ascii=False) + "\n")
