@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 from conftest import needs_smollm2
 
-from topl_core.data.encode import IGNORE, build_prompt, collate, encode_record, token_labels_from_offsets
+from topl_core.data.encode import (
+    IGNORE,
+    build_prompt,
+    collate,
+    encode_record,
+    token_labels_from_offsets,
+    truncate_document,
+)
 from topl_core.data.records import Record, Span
 from topl_core.models import load_model
 
@@ -92,6 +99,30 @@ def test_document_truncation_respects_token_budget(tiny_records):
     assert len(cut) < len(full)
     doc_tokens = len(tok(long.document, add_special_tokens=False)["input_ids"])
     assert len(full) - len(cut) == pytest.approx(doc_tokens - 50, abs=2)
+
+
+def test_huge_inputs_are_cut_before_tokenizing(tiny_records):
+    """A huge document or response is tokenized only up to a window bounded by the token limit, and the kept tokens
+    are those of the whole text."""
+    tok = load_model("tiny-llama").tokenizer
+    seen: list[int] = []
+
+    class Counting:  # the tokenizer, recording how many characters it is asked to tokenize
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+        def __call__(self, text, **kw):
+            seen.append(len(text))
+            return tok(text, **kw)
+
+    huge = Record(id="h", document=tiny_records[0].document * 5_000, response=tiny_records[0].response * 2_000)
+    assert len(huge.document) > 900_000
+    encoded = encode_record(Counting(), huge, max_doc_tokens=64, max_response_tokens=32)
+    assert max(seen) < 100_000
+    whole_doc = tok(huge.document[:200_000], add_special_tokens=False, return_offsets_mapping=True)
+    assert truncate_document(tok, huge.document, 64) == huge.document[: whole_doc["offset_mapping"][63][1]]
+    whole_response = tok(huge.response[:50_000], add_special_tokens=False)["input_ids"][:32]
+    assert encoded.input_ids[encoded.response_start : encoded.response_end].tolist() == whole_response
 
 
 def test_collate_pads_and_masks(tiny_records):
