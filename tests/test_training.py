@@ -217,6 +217,31 @@ def test_adapter_for_another_base_model_is_refused(tiny_run):
     assert "tiny-qwen3" in str(e.value)
 
 
+def test_changed_weights_and_a_missing_base_fingerprint_are_caught(tiny_run, tmp_path):
+    """A finished run records sha256 of its adapter and head; a flipped byte (the file still parses) is refused
+    at load, naming the file. A run without a base fingerprint loads only onto the model it names."""
+    import json
+    import shutil
+
+    assert set(tiny_run.read_config()[1]["checksums"]) == {"adapter_model.safetensors", "head.safetensors"}
+    for name in ("adapter_model.safetensors", "head.safetensors"):
+        run = RunDir(tmp_path / name)
+        shutil.copytree(tiny_run.path, run.path)
+        data = bytearray((run.path / name).read_bytes())
+        data[-3] ^= 0x01  # inside the last tensor's bytes: still a valid safetensors file
+        (run.path / name).write_bytes(bytes(data))
+        with pytest.raises(RunError, match=f"{name}: its content does not match the checksum"):
+            load_adapter(load_model("tiny-llama"), run)
+    blind = RunDir(tmp_path / "blind")
+    shutil.copytree(tiny_run.path, blind.path)
+    config = json.loads(blind.config_path.read_text())
+    del config["meta"]["base_fingerprint"]
+    blind.config_path.write_text(json.dumps(config))
+    load_adapter(load_model("tiny-llama"), blind)  # the model it names: loads
+    with pytest.raises(ModelError, match="records no base-model fingerprint"):
+        load_adapter(load_model("tiny-qwen3"), blind)
+
+
 def test_corrupt_or_missing_files_give_clear_errors(tiny_run, tmp_path):
     import shutil
 

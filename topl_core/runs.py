@@ -3,7 +3,8 @@
 runs/<name>/
   adapter_config.json, adapter_model.safetensors   PEFT save_pretrained output (PeftModel.from_pretrained loads it)
   head.safetensors                                  the linear head (weight (1, d), bias (1,)), for head methods
-  topl_config.json                                  {"config": TrainConfig, "meta": {base fingerprint, head layer, ...}}
+  topl_config.json                                  {"config": TrainConfig, "meta": {base fingerprint, head layer,
+                                                    sha256 of the adapter and head files when the run finished, ...}}
   metrics.jsonl                                     one JSON object per logged step / validation
   status.json, STOP                                 state and step / steps; a stop request (topl_core.status)
   checkpoint/                                       latest resumable state (adapter, head, optimizer, RNG, step)
@@ -96,17 +97,45 @@ class RunDir:
         """Changes whenever the adapter or head weights change (cache keys for analysis results)."""
         return fingerprint_files([self.adapter_path, self.head_path, self.path / "adapter_config.json"])
 
+    # --- integrity ---------------------------------------------------------------------------------------------
+    def record_checksums(self) -> None:
+        """Write the sha256 of the finished adapter and head files into the run's meta (verified at every load)."""
+        cfg, meta = self.read_config()
+        files = [p for p in (self.adapter_path, self.head_path) if p.exists()]
+        self.write_config(cfg, meta | {"checksums": {p.name: _sha256(p) for p in files}})
+
+    def verify_files(self) -> None:
+        """Refuse an adapter or head file whose content changed since the run recorded its checksum."""
+        _, meta = self.read_config()
+        for name, want in meta.get("checksums", {}).items():
+            path = self.path / name
+            if not path.exists():
+                raise RunError(f"{path}: missing (the run finished with it). Restore the file or retrain the run.")
+            if _sha256(path) != want:
+                raise RunError(
+                    f"{path}: its content does not match the checksum recorded when the run finished — the file "
+                    "was changed or corrupted. Restore it from a copy or retrain the run."
+                )
+
     # --- loading ---------------------------------------------------------------------------------------------
     def check_base(self, base: LoadedModel) -> dict:
-        """Refuse an adapter trained on another base model, naming both."""
+        """Refuse an adapter trained on another base model, naming both; a run that records no base fingerprint
+        loads only onto the model it names (never blind); files must match their recorded checksums."""
         _, meta = self.read_config()
-        want = meta.get("base_fingerprint")
+        want, named = meta.get("base_fingerprint"), meta.get("base_model")
         if want and want != base.fingerprint:
             raise ModelError(
-                f"Adapter {self.path} was trained on base model {meta.get('base_model')!r} (fingerprint {want}), "
+                f"Adapter {self.path} was trained on base model {named!r} (fingerprint {want}), "
                 f"but the loaded model is {base.spec.name!r} (fingerprint {base.fingerprint}). Load "
-                f"{meta.get('base_model')!r} or pick an adapter trained on {base.spec.name!r}."
+                f"{named!r} or pick an adapter trained on {base.spec.name!r}."
             )
+        if not want and named != base.spec.name:
+            raise ModelError(
+                f"{self.config_path} records no base-model fingerprint, and it names {named!r}, not the loaded "
+                f"{base.spec.name!r}: it cannot be checked, so it is not loaded. Load {named!r}, or set meta."
+                f"base_fingerprint in that file to {base.fingerprint!r} if you know the run was trained on this model."
+            )
+        self.verify_files()
         return meta
 
     def load_head(self, device: str | torch.device = "cpu") -> torch.nn.Linear:
@@ -123,6 +152,10 @@ class RunDir:
         head = torch.nn.Linear(t["weight"].shape[1], 1).to(device)
         head.load_state_dict(t)
         return head.eval()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def fingerprint_files(paths: list[Path]) -> str:

@@ -380,6 +380,7 @@ def _save_final(run: RunDir, cfg: TrainConfig, t: _Trainable, meta: dict) -> Non
             t.head.state_dict(),
             {"head_layer": str(meta["head_layer"]), "base_fingerprint": meta["base_fingerprint"]},
         )
+    run.record_checksums()
     shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
 
 
