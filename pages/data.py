@@ -18,7 +18,7 @@ from pages._ui.render import csv_download, legend_html, plot, token_html
 from pages._ui.spec import current_spec
 from topl_core.cli.data import SOURCES, load_source
 from topl_core.data.encode import encode_record
-from topl_core.data.records import write_jsonl
+from topl_core.data.records import Record, write_jsonl
 from topl_core.data.split import split_records
 from topl_core.data.variants import label_settings_table
 from topl_core.errors import ConfigError, DataError
@@ -51,12 +51,22 @@ def label_table(path: str, mtime: float, spec: str, split: str, limit: int, seed
     return label_settings_table([encode_record(tok, r).response_labels for r in records], seed=seed)
 
 
+def records_or_error(path: str | None) -> list[Record] | None:
+    """The picked data set's records, or None after showing why it cannot be read (the DataError names the line)."""
+    if not path:
+        return None
+    try:
+        return records_of(path)
+    except (DataError, OSError) as ex:
+        st.error(f"**Cannot read this data set.** {ex}")
+        return None
+
+
 tab_browse, tab_labels, tab_build = st.tabs(["Browse", "Label settings", "Build or import"])
 
 with tab_browse:
-    path = dataset_picker("data.dataset")
-    if path:
-        records = records_of(path)
+    records = records_or_error(dataset_picker("data.dataset"))
+    if records is not None:
         docs = len({r.doc_id for r in records})
         c = st.columns(4)
         c[0].metric("Records", len(records))
@@ -127,6 +137,9 @@ with tab_labels:
         seed = c3.number_input("Seed", 0, 10_000, 0, key="data.labels_seed", persist_state="session")
         try:
             table = label_table(path_l, Path(path_l).stat().st_mtime, current_spec(), split_l, int(limit), int(seed))
+        except (DataError, OSError) as ex:  # the data set, not the model
+            table = None
+            st.error(f"**Cannot read this data set.** {ex}")
         except Exception as ex:
             table = None
             load_error(ex)
@@ -179,7 +192,7 @@ with tab_build:
                 up.parent.mkdir(parents=True, exist_ok=True)
                 up.write_bytes(upload.getvalue())
                 input_path = str(up)
-            except ConfigError as ex:
+            except (ConfigError, OSError) as ex:
                 st.error(str(ex))
     o1, o2, o3, o4 = st.columns(4)
     limit_b = o1.number_input(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
 
 from ..data import cliff, fava, halueval, mlqe
@@ -81,9 +80,7 @@ def load_source(
     if input_path is None:
         raise DataError(f"source {source!r} needs an input path (--input PATH).")
     if source == "fava":
-        with open(input_path, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        return fava.fava_records(rows, fava_form)
+        return fava.load_fava_jsonl(input_path, fava_form)
     if source in ("cliff", "aggrefact"):
         report = cliff.load_factuality_csv(input_path)
         print(report)
@@ -105,6 +102,7 @@ def build(args: argparse.Namespace) -> None:
 
 
 def mark_spans(r: Record) -> str:
+    """The response with each bad span marked [[like this]]<kind> (a record's spans never overlap: it merges them)."""
     out, pos = [], 0
     for s in sorted(r.bad_spans, key=lambda s: s.start):
         out += [r.response[pos : s.start], "[[", r.response[s.start : s.end], f"]]<{s.kind}>"]

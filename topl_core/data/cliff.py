@@ -9,11 +9,12 @@ summary-level labels.
 
 Mapping an annotated substring to a character span: scanning the list left to right, each substring takes its
 first occurrence in `summ` that does not overlap a span already matched in that row (so "Zelizer" after
-"Julian Zelizer:" lands on the later "Zelizer"), or the first occurrence when all overlap; when the exact text
-is absent it is matched ignoring whitespace and case ("( 656 ft)" matches "(656 ft)"). Real annotations have
-typos, so by default (`on_missing="skip"`) a row with a substring that is still not found is dropped and
-reported in `CsvLoadReport.skipped`; `on_missing="raise"` raises DataError instead. Structural problems
-(missing columns, an unparseable span list, a label other than 0/1, empty text) always raise.
+"Julian Zelizer:" lands on the later "Zelizer"), or the first occurrence when all overlap (`Record` then merges
+the overlapping spans); when the exact text is absent it is matched ignoring whitespace and case ("( 656 ft)"
+matches "(656 ft)"). Real annotations have typos, so by default (`on_missing="skip"`) a row with a substring that
+is still not found is dropped and reported in `CsvLoadReport.skipped`; `on_missing="raise"` raises DataError
+instead. Structural problems (a file that is not UTF-8 or not a well-formed CSV, missing columns, an unparseable
+span list, a label other than 0/1, empty text) always raise DataError naming the file and the row.
 
 `detokenized=True` rewrites document and summary with `textform.detokenize` ("30 - year - old" → "30-year-old",
 `-lrb-` → "(", "did n't" → "didn't") after the spans are matched, moving the spans with the text; meta then holds
@@ -23,6 +24,8 @@ text_form = "detokenized".
 from __future__ import annotations
 
 import ast
+import io
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,12 +34,13 @@ from typing import Literal, Sequence
 import pandas as pd
 
 from ..errors import DataError
-from .records import Record, Span
+from .records import Record, Span, read_utf8
 from .textform import detokenize
 
 SPAN_COLUMNS = ("doc", "summ", "annotated_span")
 LABEL_COLUMNS = ("doc", "summ", "label")
 META_COLUMNS = ("dataset", "model_name", "error_type", "cut")
+CSV_FIX = 'Close every quoted field with a ", and give every row as many fields as the header.'
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,7 @@ def _parse_span_list(value: str, where: str) -> list[str]:
         return []
     try:
         parsed = ast.literal_eval(value)
-    except (ValueError, SyntaxError) as e:
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as e:  # what literal_eval raises
         raise DataError(
             f"{where}, column annotated_span: {value[:80]!r} is not a Python list literal ({e}). "
             "Write it like ['span one', 'span two'] or leave it empty."
@@ -136,6 +140,24 @@ def _parse_label(value: str, where: str) -> int:
     return int(label)
 
 
+def _read_table(path: Path) -> pd.DataFrame:
+    """The CSV's cells as strings (a missing trailing cell is ""); a malformed CSV raises DataError naming the file."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pd.errors.ParserWarning)  # a row longer than the header: not dropped silently
+        try:
+            return pd.read_csv(io.StringIO(read_utf8(path)), dtype=str, keep_default_na=False, index_col=False)
+        except pd.errors.EmptyDataError as e:
+            raise DataError(
+                f"{path}: empty CSV (no header row). A span CSV needs columns {SPAN_COLUMNS}, a label CSV "
+                f"{LABEL_COLUMNS}."
+            ) from e
+        except pd.errors.ParserWarning as e:
+            raise DataError(f"{path}: a row has more fields than the header. {CSV_FIX}") from e
+        except pd.errors.ParserError as e:
+            detail = str(e).removeprefix("Error tokenizing data. C error: ").strip()
+            raise DataError(f"{path}: not a well-formed CSV ({detail}). {CSV_FIX}") from e
+
+
 def load_factuality_csv(
     path: str | Path,
     on_missing: Literal["skip", "raise"] = "skip",
@@ -153,7 +175,7 @@ def load_factuality_csv(
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: CSV not found. Pass the path of CLIFF_error_types.csv or an AggreFact CSV.")
-    table = pd.read_csv(path, dtype=str, keep_default_na=False)
+    table = _read_table(path)
     token_level = "annotated_span" in table.columns
     required = SPAN_COLUMNS if token_level else LABEL_COLUMNS
     absent = [c for c in required if c not in table.columns]
@@ -188,9 +210,11 @@ def load_factuality_csv(
                 skipped.append(SkippedRow(row, reason))
                 continue
             spans = [summary.span(s) for s in spans] if summary else spans
-            records.append(Record(**common, bad_spans=tuple(spans), sequence_label=0 if spans else 1))
+            labels = dict(bad_spans=tuple(spans), sequence_label=0 if spans else 1)
         else:
-            records.append(
-                Record(**common, token_labels_known=False, sequence_label=_parse_label(values["label"], where))
-            )
+            labels = dict(token_labels_known=False, sequence_label=_parse_label(values["label"], where))
+        try:
+            records.append(Record(**common, **labels))
+        except DataError as e:
+            raise DataError(f"{where}: {e}") from e
     return CsvLoadReport(str(path), len(table), tuple(records), tuple(skipped), token_level)

@@ -93,12 +93,14 @@ def encode_record(
     tokenizer,
     record: Record,
     max_doc_tokens: int | None = 512,
-    max_response_tokens: int = 160,
+    max_response_tokens: int | None = 160,
     end_of_turn: bool = True,
 ) -> Encoded:
     prompt = build_prompt(tokenizer, truncate_document(tokenizer, record.document, max_doc_tokens), record.task)
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    response = record.response[: max_response_tokens * CHARS_PER_TOKEN_BOUND]
+    response = (
+        record.response[: max_response_tokens * CHARS_PER_TOKEN_BOUND] if max_response_tokens else record.response
+    )
     resp = tokenizer(response, add_special_tokens=False, return_offsets_mapping=True)
     resp_ids = resp["input_ids"][:max_response_tokens]
     offsets = np.asarray(resp["offset_mapping"][:max_response_tokens], dtype=np.int64).reshape(-1, 2)

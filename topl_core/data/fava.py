@@ -16,10 +16,11 @@ text is kept as it is.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Iterable, Literal
 
 from ..errors import DataError
-from .records import Record, Span
+from .records import Record, Span, json_lines
 
 FavaForm = Literal["raw", "completion"]
 TYPE_TAGS: tuple[str, ...] = ("entity", "relation", "contradictory", "invented", "subjective", "unverifiable")
@@ -93,32 +94,54 @@ def parse_fava(text: str, form: FavaForm) -> tuple[str, tuple[Span, ...]]:
     return perturbed, tuple(sorted((s for s in spans if s), key=lambda s: s.start))
 
 
-def fava_records(rows: Iterable[dict], form: FavaForm, source: str = "fava") -> list[Record]:
-    """Records from FAVA rows with the document under "evidence" or "document" and the tagged passage under
-    "errored_passage" (raw form) or "completion" (completion form); ids from "id" or f"{source}-{row index}"."""
-    _edit_roles(form)  # rejects an unknown form
+def fava_record(row: object, form: FavaForm, source: str, index: int, where: str) -> Record:
+    """One record from a FAVA row (see `fava_records`); anything malformed raises DataError starting with `where`."""
     passage_key = PASSAGE_KEYS[form]
-    records = []
-    for index, row in enumerate(rows):
-        where = f"{source} row {index}"
-        document = next((row[k] for k in DOCUMENT_KEYS if row.get(k)), None)
-        if document is None or passage_key not in row:
-            raise DataError(
-                f"{where}: needs a document under one of {DOCUMENT_KEYS} and the tagged passage under "
-                f"{passage_key!r} for form={form!r}; the row has keys {sorted(row)}."
-            )
-        try:
-            response, spans = parse_fava(row[passage_key], form)
-        except DataError as e:
-            raise DataError(f"{where}, field {passage_key!r}: {e}") from e
-        records.append(
-            Record(
-                id=str(row.get("id", f"{source}-{index}")),
-                document=document,
-                response=response,
-                bad_spans=spans,
-                sequence_label=0 if spans else 1,
-                source=source,
-            )
+    if not isinstance(row, dict):
+        raise DataError(
+            f"{where}: expected a JSON object with a document and {passage_key!r}, not a {type(row).__name__}."
         )
-    return records
+    document_key = next((k for k in DOCUMENT_KEYS if row.get(k)), None)
+    if document_key is None or passage_key not in row:
+        raise DataError(
+            f"{where}: needs a document under one of {DOCUMENT_KEYS} and the tagged passage under "
+            f"{passage_key!r} for form={form!r}; the row has keys {sorted(map(str, row))}."
+        )
+    row_id = row.get("id", f"{source}-{index}")
+    if isinstance(row_id, bool) or not isinstance(row_id, (str, int)):
+        raise DataError(f"{where}, field 'id': {row_id!r:.60} must be a string or an integer.")
+    for key in (document_key, passage_key):
+        if not isinstance(row[key], str):
+            raise DataError(
+                f"{where}, field {key!r}: must be a string (text in quotes), not {type(row[key]).__name__}."
+            )
+    try:
+        response, spans = parse_fava(row[passage_key], form)
+    except DataError as e:
+        raise DataError(f"{where}, field {passage_key!r}: {e}") from e
+    try:
+        return Record(
+            id=str(row_id),
+            document=row[document_key],
+            response=response,
+            bad_spans=spans,
+            sequence_label=0 if spans else 1,
+            source=source,
+        )
+    except DataError as e:
+        raise DataError(f"{where}: {e}") from e
+
+
+def fava_records(rows: Iterable[object], form: FavaForm, source: str = "fava") -> list[Record]:
+    """Records from FAVA rows with the document under "evidence" or "document" and the tagged passage under
+    "errored_passage" (raw form) or "completion" (completion form); ids from "id" (a string or an integer) or
+    f"{source}-{row index}". Errors name f"{source} row {index}"."""
+    _edit_roles(form)  # rejects an unknown form
+    return [fava_record(row, form, source, index, f"{source} row {index}") for index, row in enumerate(rows)]
+
+
+def load_fava_jsonl(path: str | Path, form: FavaForm, source: str = "fava") -> list[Record]:
+    """Records from a UTF-8 JSONL file of FAVA rows (one object per line, blank lines skipped); errors name the file
+    and line."""
+    _edit_roles(form)
+    return [fava_record(row, form, source, index, where) for index, (_, where, row) in enumerate(json_lines(path))]

@@ -58,7 +58,9 @@ def load_halueval_rows(path: str | Path | None = None, limit: int | None = None)
             raise DataError(f"{where}: expected a JSON object with {HALUEVAL_FIELDS}, got {type(raw).__name__}.")
         bad = [k for k in HALUEVAL_FIELDS if not isinstance(raw.get(k), str) or not raw[k].strip()]
         if bad:
-            raise DataError(f"{where}: field(s) {bad} missing or empty; every row needs non-empty {HALUEVAL_FIELDS}.")
+            raise DataError(
+                f"{where}: field(s) {bad} missing, empty or not a string; every row needs the texts {HALUEVAL_FIELDS}."
+            )
         rows.append({"doc_id": f"halueval-{line_index}", **{k: raw[k].strip() for k in HALUEVAL_FIELDS}})
         if len(rows) == limit:
             break  # the lines after the limit are not read

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import DataError
-from .records import Record, Span
+from .records import Record, Span, utf8_lines
 
 WORD_TAGS = ("OK", "BAD")
 HUB_ID = "wmt/wmt20_mlqe_task2"  # formerly "wmt20_mlqe_task2"; configs "en-de" and "en-zh"
@@ -40,40 +40,39 @@ def mlqe_records(
     tags: Sequence[Sequence[str]],
     id_prefix: str = "mlqe",
     source: str = "mlqe",
+    location: str | None = None,
 ) -> list[Record]:
-    """Translation records from aligned source sentences, MT sentences and per-sentence tag lists."""
+    """Translation records from aligned source sentences, MT sentences and per-sentence tag lists. Errors name
+    f"{location}:{line}" (default f"{source} line {line}"), 1-based."""
     if not len(sources) == len(translations) == len(tags):
         raise DataError(
-            f"{source}: {len(sources)} source sentences, {len(translations)} MT sentences and {len(tags)} tag lines; "
-            "all three must have one entry per sentence."
+            f"{location or source}: {len(sources)} source sentences, {len(translations)} MT sentences and {len(tags)} "
+            "tag lines; all three must have one entry per sentence."
         )
     records = []
     for i, (src, mt, sentence_tags) in enumerate(zip(sources, translations, tags)):
-        spans = bad_word_spans(mt, sentence_tags, f"{source} line {i + 1}")
-        records.append(
-            Record(
-                id=f"{id_prefix}-{i}",
-                document=src,
-                response=mt,
-                bad_spans=spans,
-                sequence_label=0 if spans else 1,
-                task="translation",
-                source=source,
+        where = f"{location}:{i + 1}" if location else f"{source} line {i + 1}"
+        spans = bad_word_spans(mt, sentence_tags, where)
+        try:
+            records.append(
+                Record(
+                    id=f"{id_prefix}-{i}",
+                    document=src,
+                    response=mt,
+                    bad_spans=spans,
+                    sequence_label=0 if spans else 1,
+                    task="translation",
+                    source=source,
+                )
             )
-        )
+        except DataError as e:
+            raise DataError(f"{where}: {e}") from e
     return records
 
 
-def _read_lines(path: Path) -> list[str]:
-    """Lines of a text file, split on "\\n" only (sentences may contain other Unicode line separators)."""
-    lines = path.read_text(encoding="utf-8").split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.rstrip("\r") for line in lines]
-
-
 def load_mlqe_dir(directory: str | Path, split: str = "train", source: str = "mlqe") -> list[Record]:
-    """Records from the WMT20 task 2 files `{split}.src`, `{split}.mt` and `{split}.tags` in `directory`."""
+    """Records from the UTF-8 WMT20 task 2 files `{split}.src`, `{split}.mt` and `{split}.tags` in `directory`, one
+    sentence per line (split on "\\n" only: sentences may contain other Unicode line separators)."""
     directory = Path(directory)
     paths = [directory / f"{split}.{ext}" for ext in ("src", "mt", "tags")]
     absent = [p.name for p in paths if not p.is_file()]
@@ -82,9 +81,14 @@ def load_mlqe_dir(directory: str | Path, split: str = "train", source: str = "ml
             f"{directory}: missing {absent}. An MLQE-PE split needs {[p.name for p in paths]} "
             "(the WMT20 task 2 release, e.g. en-de/train/)."
         )
-    sources, translations, tag_lines = (_read_lines(p) for p in paths)
+    sources, translations, tag_lines = ([line.rstrip("\r") for _, line in utf8_lines(p)] for p in paths)
     return mlqe_records(
-        sources, translations, [line.split() for line in tag_lines], id_prefix=f"{source}-{split}", source=source
+        sources,
+        translations,
+        [line.split() for line in tag_lines],
+        id_prefix=f"{source}-{split}",
+        source=source,
+        location=str(directory / f"{split}.{{src,mt,tags}}"),
     )
 
 
