@@ -104,8 +104,6 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
             out = inside(EVALS, name, "Evaluation name")
             args = [
                 "evaluate",
-                "--model",
-                current_model_name(),
                 "--n-id",
                 str(int(n_id)),
                 "--n-ood",
@@ -125,6 +123,8 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
                 args += ["--data", str(Path(data).resolve())]
             for r in chosen:
                 args += ["--run", r]
+            if not chosen:  # with adapters, each is evaluated on its own base model
+                args += ["--model", current_model_name()]
             if sweep_mode:
                 args += ["--lambdas", *map(str, lams), "--sets", *(["ID"] if n_ood == 0 else ["ID", "OOD"])]
             else:

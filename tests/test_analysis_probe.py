@@ -408,6 +408,7 @@ def test_probe_is_cached_and_invalidated_by_a_changed_adapter(cache_tmp, tiny_ru
     t[name] = t[name] + 0.5
     save_file(t, copy_dir / "adapter_model.safetensors")
     changed = RunDir(copy_dir)
+    changed.record_checksums()  # a deliberate change (the load would refuse an unrecorded one)
     assert changed.fingerprint() != tiny_run.fingerprint()
     res2 = probe_run(changed, news_records, settings)
     assert res2.adapter_fingerprint == changed.fingerprint() != res.adapter_fingerprint
