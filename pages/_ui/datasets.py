@@ -8,12 +8,14 @@ from pathlib import Path
 import streamlit as st
 
 from topl_core.data.records import read_jsonl
-from topl_core.paths import cache_dir
+from topl_core.paths import DEFAULT_DATA, cache_dir
 
 
 def dataset_paths() -> list[str]:
+    """The data sets under cache/data, the default one (paths.DEFAULT_DATA) first, then by name."""
     d = cache_dir() / "data"
-    return sorted(str(p) for p in d.glob("*.jsonl")) if d.is_dir() else []
+    default = Path(DEFAULT_DATA).name
+    return sorted((str(p) for p in d.glob("*.jsonl")), key=lambda p: (Path(p).name != default, p)) if d.is_dir() else []
 
 
 @st.cache_data(show_spinner="Reading records…", max_entries=8)
