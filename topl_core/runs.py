@@ -104,9 +104,8 @@ class RunDir:
         files = [p for p in (self.adapter_path, self.head_path) if p.exists()]
         self.write_config(cfg, meta | {"checksums": {p.name: _sha256(p) for p in files}})
 
-    def verify_files(self) -> None:
-        """Refuse an adapter or head file whose content changed since the run recorded its checksum."""
-        _, meta = self.read_config()
+    def _verify_files(self, meta: dict) -> None:
+        """Refuse an adapter or head file whose content changed since the run recorded its checksum in `meta`."""
         for name, want in meta.get("checksums", {}).items():
             path = self.path / name
             if not path.exists():
@@ -135,7 +134,7 @@ class RunDir:
                 f"{base.spec.name!r}: it cannot be checked, so it is not loaded. Load {named!r}, or set meta."
                 f"base_fingerprint in that file to {base.fingerprint!r} if you know the run was trained on this model."
             )
-        self.verify_files()
+        self._verify_files(meta)
         return meta
 
     def load_head(self, device: str | torch.device = "cpu") -> torch.nn.Linear:
