@@ -21,6 +21,7 @@ from pages._ui.render import csv_download, plot
 from pages._ui.runs import finished_runs
 from pages._ui.spec import current_model_name, current_spec, split_spec
 from topl_core import jobs
+from topl_core.analysis.steering import MODES
 from topl_core.paths import inside
 
 st.title("Evaluation")
@@ -38,7 +39,7 @@ _, _, device = split_spec(current_spec())
 with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(EVALS.iterdir())):
     mode = st.radio(
         "Mode",
-        ["Results table (base / merged / steered)", "λ sweep (one adapter)"],
+        ["Results table (base / merged / steered)", "λ sweep (steering study)"],
         horizontal=True,
         key=K + "mode",
         persist_state="session",
@@ -54,16 +55,16 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
             key=K + "runs",
             persist_state="session",
             format_func=lambda p: labels.get(p, Path(p).name),
-            max_selections=1 if sweep_mode else None,
         )
         include_base = b.toggle("Base model row", True, key=K + "base", persist_state="session", disabled=sweep_mode)
         a, b, c, d = st.columns(4)
         lambdas_txt = a.text_input(
             "λ values" if sweep_mode else "Also steered with λ",
-            "-4 -2 -1 0 1 2 4" if sweep_mode else "",
+            "-4 -2 0 1 2 3 4" if sweep_mode else "",
             key=K + f"lambdas.{sweep_mode}",
             persist_state="session",
-            help="Space-separated. λ > 0 pushes toward faithful, λ < 0 toward hallucinated.",
+            help="Space-separated, in normalised units (λ = 1 adds a tenth of each steered site's mean output norm). "
+            "λ > 0 pushes toward faithful, λ < 0 toward hallucinated.",
         )
         n_id = b.number_input("ID documents", 0, 10_000, 8, key=K + "n_id", persist_state="session")
         n_ood = c.number_input(
@@ -75,6 +76,21 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
             persist_state="session",
         )
         max_new = d.number_input("Max new tokens", 8, 1024, 64, key=K + "max_new", persist_state="session")
+        if sweep_mode:
+            a, b, c = st.columns([3, 2, 1])
+            modes = a.multiselect(
+                "Modes",
+                list(MODES),
+                default=["vector", "conditional"],
+                key=K + "modes",
+                persist_state="session",
+                help="vector: LoRA-B (the paper); conditional: the adapter's update scaled by λ (0 = base, "
+                "1 = merged); diff-mean and random: controls with the vector's norm.",
+            )
+            cond_txt = b.text_input(
+                "Conditional λ values", "-1 0 1 2 3", key=K + "cond_lambdas", persist_state="session"
+            )
+            gen_only = c.toggle("Generated tokens only", False, key=K + "gen_only", persist_state="session")
         a, b, c = st.columns([2, 2, 1])
         data_opts = dataset_paths()
         data = a.selectbox(
@@ -97,8 +113,8 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
     if go_eval:
         try:
             lams = [float(x) for x in lambdas_txt.replace(",", " ").split()]
-            if sweep_mode and (not chosen or not lams):
-                raise ValueError("a λ sweep needs one adapter and some λ values")
+            if sweep_mode and (not chosen or not lams or not modes):
+                raise ValueError("a λ sweep needs an adapter, a mode and some λ values")
             if not sweep_mode and not chosen and not include_base:
                 raise ValueError("nothing to evaluate: pick an adapter or keep the base model row")
             out = inside(EVALS, name, "Evaluation name")
@@ -127,6 +143,10 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
                 args += ["--model", current_model_name()]
             if sweep_mode:
                 args += ["--lambdas", *map(str, lams), "--sets", *(["ID"] if n_ood == 0 else ["ID", "OOD"])]
+                args += ["--modes", *modes, "--positions", "generated" if gen_only else "all"]
+                cond = [float(x) for x in cond_txt.replace(",", " ").split()]
+                if "conditional" in modes and cond:
+                    args += ["--conditional-lambdas", *map(str, cond)]
             else:
                 if lams:
                     args += ["--steer", *map(str, lams)]
@@ -151,6 +171,71 @@ if st.session_state.get(K + "show") not in names:
     st.session_state[K + "show"] = names[0]
 sel = st.selectbox("Evaluation", names, key=K + "show", persist_state="session")
 edir = EVALS / sel
+
+
+MODE_COLORS = {"vector": "#2563eb", "conditional": "#16a34a", "diff-mean": "#d97706", "random": "#6b7280"}
+
+
+def lambda_study(curve: pd.DataFrame, res: dict) -> None:
+    """The λ curves of a steering study: per adapter, factuality with its 95% interval for each mode (the controls
+    on the same axes as the LoRA-B vector), the share of degenerate texts and perplexity below; the conditional
+    mode (λ scales the adapter's update) on its own axis."""
+    if "mode" not in curve:  # a sweep written before the study had modes
+        curve = curve.assign(mode="vector", run=", ".join(res.get("sites") or []) or "adapter")
+    st.caption(
+        "95% intervals: mean ± 1.96 s.e. over documents. Solid: all texts; dotted: factuality of the texts that are "
+        "not degenerate. Constant modes in normalised λ (every mode the same length at each site); the conditional "
+        "mode's λ scales the adapter's update (0 = base, 1 = merged)."
+    )
+    for run, part in curve.groupby("run", sort=False):
+        for family, modes in (("constant", ("vector", "diff-mean", "random")), ("conditional", ("conditional",))):
+            sub = part[part["mode"].isin(modes)]
+            if sub.empty:
+                continue
+            fig = go.Figure()
+            lower = go.Figure()
+            for m, g in sub.groupby("mode", sort=False):
+                color = MODE_COLORS.get(m)
+                fig.add_trace(
+                    go.Scatter(
+                        x=g["lambda"],
+                        y=g["factuality"],
+                        name=m,
+                        mode="lines+markers",
+                        line=dict(color=color),
+                        error_y=dict(type="data", array=(g["factuality_hi"] - g["factuality"]).fillna(0)),
+                    )
+                )
+                if "factuality_fluent" in g:
+                    fig.add_trace(
+                        go.Scatter(
+                            x=g["lambda"],
+                            y=g["factuality_fluent"],
+                            name=f"{m}, fluent texts",
+                            mode="lines",
+                            line=dict(color=color, dash="dot"),
+                        )
+                    )
+                    lower.add_trace(
+                        go.Scatter(
+                            x=g["lambda"], y=g["degenerate"], name=m, mode="lines+markers", line=dict(color=color)
+                        )
+                    )
+            title = "λ (normalised)" if family == "constant" else "λ (scale of the adapter's update)"
+            fig.update_layout(
+                title=f"{run}: factuality vs λ", xaxis_title=title, yaxis_title="factuality (sentence)", height=340
+            )
+            lower.update_layout(
+                title="share of degenerate texts", xaxis_title=title, yaxis=dict(range=[-0.02, 1.02]), height=340
+            )
+            c1, c2 = st.columns([3, 2])
+            with c1:
+                plot(fig, key=K + f"lam_curve.{run}.{family}")
+            with c2:
+                plot(lower, key=K + f"lam_degenerate.{run}.{family}")
+    shown = [c for c in curve.columns if not c.endswith(("_sem", "_n"))]
+    st.dataframe(curve[shown], hide_index=True, key=K + "lam_table")
+    csv_download(curve, f"{sel}-lambda-curve.csv", key=K + "lam_csv")
 
 
 def panel() -> None:
@@ -184,33 +269,7 @@ def panel() -> None:
             icon=":material/straighten:",
         )
     if "lambda_curve" in res:
-        curve = pd.DataFrame(res["lambda_curve"])
-        fig = go.Figure()
-        fig.add_trace(
-            go.Scatter(
-                x=curve["lambda"],
-                y=curve["factuality"],
-                mode="lines+markers",
-                name="factuality",
-                error_y=dict(type="data", array=curve["sem"].fillna(0)),
-            )
-        )
-        fig.update_layout(
-            title=f"λ sweep — sites {', '.join(res.get('sites') or [])}",
-            xaxis_title="λ",
-            yaxis_title="factuality (sentence protocol)",
-            height=360,
-        )
-        c1, c2 = st.columns(2)
-        with c1:
-            plot(fig, key=K + "lam_curve")
-        with c2:
-            plot(
-                px.line(curve, x="lambda", y=["sentences", "words"], markers=True, title="Length vs λ"),
-                key=K + "lam_len",
-            )
-        st.dataframe(curve, hide_index=True, key=K + "lam_table")
-        csv_download(curve, f"{sel}-lambda-curve.csv", key=K + "lam_csv")
+        lambda_study(pd.DataFrame(res["lambda_curve"]), res)
     else:
         protocol = st.radio(
             "Protocol",

@@ -1,6 +1,9 @@
-"""Steering: a λ slider regenerates the summary with LoRA-B steering (v = scaling·B(μ+ − μ−) added at the
-top-k residual-writing sites of the merged model). Base | merged | steered side by side with the changed words
-highlighted; the sites used and their AUROC; the λ → factuality curve; export of the steering vectors.
+"""Steering: a λ slider regenerates the summary with the merged model steered in one of four modes — LoRA-B's
+vector v = scaling·B(μ+ − μ−) at the top-k residual-writing sites (the paper), the adapter's own update scaled by λ
+(conditional), and two controls with the vector's norm (the sites' diff-mean output, a random direction) — on every
+position or only on generated tokens. Base | merged | steered side by side with the changed words highlighted,
+factuality and fluency under each (a degenerate text is marked as such); the sites used; the λ curve of
+factuality and fluency; export of the vectors (safetensors + JSON, llama.cpp control vector).
 
 Built for live demos: the merged model and the steering vectors are cached per (model spec, run fingerprint, token
 set, k) with st.cache_resource and shared read-only (steering hooks act only on the generating thread); every
@@ -16,6 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
@@ -28,8 +32,9 @@ from pages._ui.spec import current_spec
 
 try:  # the token sets are read with the analysis core too
     from pages._ui.token_sets import token_set, token_set_picker
+    from topl_core.analysis.fluency import fluency
     from topl_core.analysis.scorers import GroundingScorer, count_sentences, score_summary, scorer_quality
-    from topl_core.analysis.steering import SteeringSession, build_steering_vectors
+    from topl_core.analysis.steering import UNIT_FRACTION, SteerConfig, SteeringSession, build_steering_vectors
 except ImportError as e:
     st.error(f"The analysis core is not available: {e}")
     st.stop()
@@ -38,7 +43,21 @@ from topl_core.generate import GenerationConfig, generate
 st.title("Steering")
 st.caption(
     "Push the merged model toward faithful (λ > 0) or hallucinated (λ < 0) summaries by adding "
-    "λ · scaling · B(μ+ − μ−) to the outputs of the adapter's most separating sites."
+    "λ · scaling · B(μ+ − μ−) to the outputs of the adapter's most separating sites — or scale the adapter's own "
+    "update, or compare with two controls of the same norm."
+)
+MODE_LABELS = {
+    "vector": "LoRA-B vector (paper)",
+    "conditional": "Scale the adapter's update",
+    "diff-mean": "Control: diff-mean",
+    "random": "Control: random direction",
+}
+MODE_HELP = (
+    "**LoRA-B vector**: λ · scaling · B(μ+ − μ−) added at the top-k sites, the same at every position (the "
+    "paper's formula). **Scale the adapter's update**: every LoRA site adds λ · scaling · B(A h) — the update gated "
+    "per token by A — so λ = 0 is the base model, 1 the merged model, > 1 amplifies and < 0 reverses it. "
+    "**Controls**: the mean output of good minus bad tokens at the same sites, or a seeded random direction, "
+    "with the LoRA-B vector's length: if these move the text as much, the LoRA-B direction carries nothing special."
 )
 
 spec = current_spec()
@@ -49,6 +68,24 @@ if run is None:
 fp = run_fingerprint(run)
 top_k = top[1].slider("Sites steered (top-k by AUROC)", 1, 8, 4, key="steer.top_k", persist_state="session")
 max_new = top[2].slider("Max new tokens", 16, 160, 64, step=8, key="steer.max_new", persist_state="session")
+c_mode, c_pos = st.columns([3, 1], vertical_alignment="bottom")
+mode = c_mode.radio(
+    "How λ steers",
+    list(MODE_LABELS),
+    horizontal=True,
+    format_func=MODE_LABELS.get,
+    key="steer.mode",
+    persist_state="session",
+    help=MODE_HELP,
+)
+generated_only = c_pos.toggle(
+    "Only generated tokens",
+    False,
+    key="steer.generated_only",
+    persist_state="session",
+    help="Leave the prompt (the document) untouched and steer only the tokens the model writes.",
+)
+how = SteerConfig(mode, "generated" if generated_only else "all")
 with st.expander("Token set for μ+ / μ− and the site AUROCs", expanded=False):
     ts = token_set_picker("steer", run, default_limit=16)
 
@@ -57,14 +94,18 @@ with st.expander("Token set for μ+ / μ− and the site AUROCs", expanded=False
 def steering_session(spec: str, run: str, fp: str, ts: tuple, top_k: int) -> SteeringSession:
     """Merged model (shared, never mutated) + the run's steering vectors. One per (spec, run fingerprint, …)."""
     _, records = token_set(*ts)
-    vectors = build_steering_vectors(run, records, top_k=top_k)
-    return SteeringSession(merged_model(spec, run, fp), vectors)
+    merged = merged_model(spec, run, fp)
+    with resource_lock(f"merged:{spec}:{run}"):  # the site outputs are read with a forward on the shared model
+        vectors = build_steering_vectors(run, records, top_k=top_k, merged=merged)
+    return SteeringSession(merged, vectors)
 
 
-@st.cache_data(show_spinner=False, max_entries=512)
-def steered_text(spec: str, run: str, fp: str, ts: tuple, top_k: int, document: str, lam: float, max_new: int) -> str:
+@st.cache_data(show_spinner=False, max_entries=1024)
+def steered_text(
+    spec: str, run: str, fp: str, ts: tuple, top_k: int, document: str, lam: float, max_new: int, how: SteerConfig
+) -> str:
     sess = steering_session(spec, run, fp, ts, top_k)
-    return sess.generate_steered(document, lam, GenerationConfig(max_new_tokens=max_new))
+    return sess.generate_steered(document, lam, GenerationConfig(max_new_tokens=max_new), how=how)
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
@@ -89,6 +130,25 @@ def scorer_caption() -> str:
 
 def fact(document: str, text: str) -> float:
     return score_summary(scorer(), document, text, "sentence").score
+
+
+@st.cache_data(show_spinner=False, max_entries=1024)
+def text_fluency(spec: str, text: str) -> dict:
+    """Fluency of one text, perplexity under the base model (topl_core.analysis.fluency)."""
+    lm = base_model(spec)
+    with resource_lock(f"base:{spec}"):
+        return fluency([text], lm)[0].to_json()
+
+
+def quality_caption(document: str, text: str) -> str:
+    """Factuality and fluency of a text, or why it is degenerate (a broken text is damage, not "unfaithful")."""
+    f = text_fluency(spec, text)
+    n_sent = count_sentences(text)
+    ppl = f"perplexity {f['perplexity']:.0f}" if f["perplexity"] is not None else "perplexity n/a"
+    size = f"{n_sent} sentence{'s' if n_sent != 1 else ''} · {f['words']} words · {ppl}"
+    if f["degenerate"]:
+        return f"DEGENERATE — {f['reason']} · not scored for factuality · {size}"
+    return f"factuality {fact(document, text):.2f} · {size} · distinct-2 {f['distinct_2']:.2f}"
 
 
 try:
@@ -127,36 +187,50 @@ if not document.strip():
     st.stop()
 
 # --- λ and the three texts --------------------------------------------------------------------------------
-RANGES = sorted({1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, max(abs(lo), abs(hi))})
-c_lam, c_range = st.columns([6, 1], vertical_alignment="bottom")
-bound = c_range.selectbox(
-    "λ range ±",
-    RANGES,
-    index=RANGES.index(max(abs(lo), abs(hi))),
-    key="steer.range",
-    persist_state="session",
-    format_func=lambda x: f"{x:g}",
-    help="A briefly trained adapter has small steering vectors (see ‖v‖ below): widen the range until the text moves.",
-)
-lo, hi = -bound, bound
-STEP = (hi - lo) / 16
-GRID = [round(lo + i * STEP, 6) for i in range(17)]  # the slider's positions: warm them all for a live demo
-lam = c_lam.slider(
+if how.mode == "conditional":
+    lo, hi, STEP, neutral = -1.0, 3.0, 0.25, 1.0
+    bound = None
+    lam_help = "λ scales the adapter's update: 0 = base model, 1 = merged model, 2 = twice the update, −1 = reversed."
+else:
+    RANGES = [1.0, 2.0, 4.0, 8.0, 16.0, 64.0]
+    c_lam, c_range = st.columns([6, 1], vertical_alignment="bottom")
+    bound = c_range.selectbox(
+        "λ range ±",
+        RANGES,
+        index=RANGES.index(4.0),
+        key="steer.range",
+        persist_state="session",
+        format_func=lambda x: f"{x:g}",
+        help="In normalised units; the raw λ of the paper's formula is shown under the slider.",
+    )
+    lo, hi, STEP, neutral = -bound, bound, bound / 8, 0.0
+    lam_help = (
+        f"Normalised: λ = 1 adds, at each steered site, {UNIT_FRACTION:g} × that site's mean output norm along the "
+        "mode's direction (every mode the same length; only the direction differs). 0 reproduces the merged model."
+    )
+GRID = [round(lo + i * STEP, 6) for i in range(int(round((hi - lo) / STEP)) + 1)]  # the slider's positions
+lam = (c_lam if bound is not None else st).slider(
     "λ  (← hallucinated · faithful →)",
     lo,
     hi,
-    0.0,
+    neutral,
     step=STEP,
-    key="steer.lambda",
+    key=f"steer.lambda.{'conditional' if how.mode == 'conditional' else 'normalised'}",
     persist_state="session",
-    help="0 reproduces the merged model exactly. Every position is cached once generated: press "
-    "'Generate every λ' below before a talk and dragging is instant.",
+    help=lam_help + " Every position is cached once generated: press 'Generate every λ' below before a talk and "
+    "dragging is instant.",
 )
+if how.mode != "conditional":
+    factor = vec.unit_factor(how.mode)
+    st.caption(
+        f"λ = {lam:+.2f} adds {abs(lam) * UNIT_FRACTION:.0%} of each site's mean output norm = raw λ "
+        f"{lam * min(factor.values()):+.3g} … {lam * max(factor.values()):+.3g} in the paper's formula (per site)."
+    )
 try:
     with st.spinner("Generating…"):
         t_base = base_text(spec, document, max_new)
-        t_merged = steered_text(spec, run, fp, ts, top_k, document, 0.0, max_new)
-        t_steered = steered_text(spec, run, fp, ts, top_k, document, round(float(lam), 6), max_new)
+        t_merged = steered_text(spec, run, fp, ts, top_k, document, neutral, max_new, how)
+        t_steered = steered_text(spec, run, fp, ts, top_k, document, round(float(lam), 6), max_new, how)
 except Exception as e:
     load_error(e)
     st.stop()
@@ -165,14 +239,11 @@ cols = st.columns(3, gap="medium")
 boxes = [
     ("Base model", t_base, t_base),
     ("Merged adapter (λ = 0)", t_merged, t_merged),
-    (f"Steered (λ = {lam:+.2f})", t_steered, None),
+    (f"Steered ({MODE_LABELS[how.mode]}, λ = {lam:+.2f})", t_steered, None),
 ]
 for col, (title, text, _) in zip(cols, boxes):
     body = diff_html(t_merged, text) if title.startswith("Steered") else html.escape(text).replace("\n", "<br>")
-    n_sent = count_sentences(text)
-    words = len(text.split())
-    cap = f"factuality {fact(document, text):.2f} · {n_sent} sentence{'s' if n_sent != 1 else ''} · {words} words"
-    col.markdown(text_box(title, body or "<i>(empty)</i>", cap), unsafe_allow_html=True)
+    col.markdown(text_box(title, body or "<i>(empty)</i>", quality_caption(document, text)), unsafe_allow_html=True)
 changed = t_steered != t_merged
 summary = (
     "Highlighted: words that differ from the merged output; struck through: words it dropped."
@@ -184,22 +255,32 @@ st.markdown(
     f"{summary}</div>",
     unsafe_allow_html=True,
 )
-st.caption(f"Factuality: {scorer_caption()}")
+st.caption(
+    f"Factuality: {scorer_caption()}. Fluency: perplexity under the base model, distinct-2; a text is marked "
+    "degenerate when it repeats itself, turns into non-words or is empty (thresholds: topl_core/analysis/fluency.py)."
+)
 
 # --- sites and vectors ------------------------------------------------------------------------------------
 left, right = st.columns([1, 1], gap="large")
 with left:
     st.subheader("Steered sites")
     norms = vec.norms()
+    raw_factor = vec.unit_factor("vector")
     sites = pd.DataFrame(
         [
             {
                 "site": s.key,
-                "layer": s.layer,
-                "module": s.module,
                 "AUROC": vec.auroc[s.key],
                 "scaling": vec.scaling[s.key],
                 "‖v‖": norms[s.key],
+                "mean ‖output‖": vec.output_norm[s.key],
+                "‖diff-mean‖": float(np.linalg.norm(vec.diff_mean[s.key])),
+                "cos(v, diff-mean)": float(
+                    vec.vectors[s.key]
+                    @ vec.diff_mean[s.key]
+                    / max(norms[s.key] * float(np.linalg.norm(vec.diff_mean[s.key])), 1e-30)
+                ),
+                "raw λ per unit": raw_factor[s.key],
             }
             for s in vec.sites
         ]
@@ -208,27 +289,44 @@ with left:
         sites,
         hide_index=True,
         key="steer.sites",
-        column_config={c: st.column_config.NumberColumn(format="%.3f") for c in ("AUROC", "scaling", "‖v‖")},
+        column_config={c: st.column_config.NumberColumn(format="%.3f") for c in sites.columns if c != "site"},
     )
-    st.caption(f"μ+ / μ− from {vec.n_good} good and {vec.n_bad} bad tokens ({token_set(*ts)[0]}).")
+    st.caption(
+        f"μ+ / μ− and the site outputs from {vec.n_good} good and {vec.n_bad} bad tokens ({token_set(*ts)[0]}). "
+        "The conditional mode acts on every LoRA site of the adapter, not only these."
+    )
+    config = session.lm.model.config
     buf = io.BytesIO()
     with tempfile.TemporaryDirectory() as d:
         vec.save(d)
+        for m in ("vector", "diff-mean"):  # llama-cli --control-vector-scaled FILE λ steers like normalised λ here
+            left_out = vec.save_control_vector(
+                Path(d) / f"{m}.gguf", m, "normalised", config.model_type, config.num_hidden_layers
+            )
         with zipfile.ZipFile(buf, "w") as z:
-            for f in Path(d).iterdir():
+            for f in sorted(Path(d).iterdir()):
                 z.write(f, f.name)
     st.download_button(
-        "Export steering vectors (safetensors + JSON)",
+        "Export steering vectors (safetensors + JSON, llama.cpp control vectors)",
         buf.getvalue(),
         file_name=f"steering-{Path(run).name}.zip",
         mime="application/zip",
         key="steer.export",
         icon=":material/download:",
+        help="vector.gguf / diff-mean.gguf hold λ = 1 in normalised units: `llama-cli -m MODEL.gguf "
+        "--control-vector-scaled vector.gguf 2` steers like λ = 2 here (an o_proj vector is added at the end of its "
+        "layer: an approximation). steering_vectors.safetensors + steering.json hold the raw vectors of the paper's "
+        "formula and the per-site factors."
+        + (
+            f" Left out of the .gguf files: {', '.join(left_out)} (llama.cpp has no direction for layer 0)."
+            if left_out
+            else ""
+        ),
     )
 
 with right:
-    st.subheader("λ → factuality")
-    key = (run, fp, document[:200], top_k, max_new, bound)
+    st.subheader("λ → factuality and fluency")
+    key = (run, fp, document[:200], top_k, max_new, bound, how)
     if st.button(
         f"Generate every λ ({len(GRID)} positions) for this document",
         key="steer.curve_go",
@@ -236,38 +334,72 @@ with right:
     ):
         st.session_state["steer.curve_for"] = key
     if st.session_state.get("steer.curve_for") == key:
-        grid = GRID
         bar = st.progress(0.0, text="Generating over the λ grid…")
         rows = []
-        for j, g in enumerate(grid):
-            t = steered_text(spec, run, fp, ts, top_k, document, g, max_new)
+        for j, g in enumerate(GRID):
+            t = steered_text(spec, run, fp, ts, top_k, document, g, max_new, how)
+            f = text_fluency(spec, t)
             rows.append(
                 {
                     "lambda": g,
-                    "factuality": fact(document, t),
+                    "factuality": None if f["degenerate"] else fact(document, t),
+                    "degenerate": f["degenerate"],
+                    "reason": f["reason"],
+                    "perplexity": f["perplexity"],
+                    "distinct_2": f["distinct_2"],
                     "sentences": count_sentences(t),
                     "words": len(t.split()),
                     "text": t,
                 }
             )
-            bar.progress((j + 1) / len(grid), text=f"λ = {g:+.2f}")
+            bar.progress((j + 1) / len(GRID), text=f"λ = {g:+.2f}")
         bar.empty()
         curve = pd.DataFrame(rows)
-        fig = go.Figure(
+        fig = go.Figure()
+        fig.add_trace(
             go.Scatter(
                 x=curve["lambda"],
                 y=curve["factuality"],
                 mode="lines+markers",
+                name="factuality",
                 customdata=curve["text"].str.slice(0, 120),
                 hovertemplate="λ=%{x:.2f}<br>factuality %{y:.3f}<br>%{customdata}<extra></extra>",
             )
         )
+        broken = curve[curve["degenerate"]]
+        fig.add_trace(
+            go.Scatter(
+                x=broken["lambda"],
+                y=[0.0] * len(broken),
+                mode="markers",
+                name="degenerate (not scored)",
+                marker=dict(symbol="x", size=11, color="#dc2626"),
+                customdata=broken["reason"],
+                hovertemplate="λ=%{x:.2f}<br>%{customdata}<extra></extra>",
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=curve["lambda"],
+                y=curve["perplexity"],
+                mode="lines",
+                name="perplexity (right axis)",
+                yaxis="y2",
+                line=dict(dash="dot", color="#6b7280"),
+            )
+        )
         fig.add_vline(x=lam, line_dash="dot", line_color="#dc2626")
-        fig.update_layout(xaxis_title="λ", yaxis_title="factuality (offline scorer)", height=300, yaxis_range=[0, 1.02])
+        fig.update_layout(
+            xaxis_title=f"λ ({MODE_LABELS[how.mode]})",
+            yaxis=dict(title="factuality (offline scorer)", range=[-0.05, 1.02]),
+            yaxis2=dict(title="perplexity", overlaying="y", side="right", type="log", showgrid=False),
+            height=320,
+            legend=dict(orientation="h", y=-0.25),
+        )
         plot(fig, key="steer.curve")
         csv_download(curve, "lambda_curve.csv", key="steer.curve_csv")
     else:
         st.caption(
-            "One summary per slider position (cached, so the slider is instant afterwards), scored by the "
-            "offline factuality scorer."
+            "One summary per slider position of this mode (cached, so the slider is instant afterwards), scored by "
+            "the offline factuality scorer and for fluency; degenerate texts are marked, not scored."
         )

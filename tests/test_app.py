@@ -499,20 +499,35 @@ def test_steering_lambda_slider_changes_the_steered_text(workbench):
     assert "\ufffd" not in box_body(merged_at_zero), "the tiny model's text must stay readable for these checks"
     # a random tiny model sits in a repetition attractor that one direction may only deepen: try both ends of the
     # widest range; at least one must change the text
-    at.selectbox(key="steer.range").set_value(1024.0).run()
+    at.selectbox(key="steer.range").set_value(64.0).run()
     changed_at = []
-    for lam in (1024.0, -1024.0):
-        at.slider(key="steer.lambda").set_value(lam).run()
+    for lam in (64.0, -64.0):
+        at.slider(key="steer.lambda.normalised").set_value(lam).run()
         assert not at.exception
         steered = html_boxes(at)[2]
         assert f"λ = {lam:+.2f}" in steered
         if 'class="topl-diff-ins"' in box_body(steered):
             changed_at.append(lam)
             break
-    assert changed_at, "the λ slider did not change the steered text at either end of ±1024"
+    assert changed_at, "the λ slider did not change the steered text at either end of ±64"
     assert any('data-changed="1"' in m.value for m in at.markdown)
     sites = next(d.value for d in at.dataframe if "site" in d.value.columns)
-    assert 1 <= len(sites) <= 4 and set(sites["module"]) <= {"o_proj", "down_proj"}
+    assert 1 <= len(sites) <= 4 and all(k.endswith(("o_proj", "down_proj")) for k in sites["site"])
+    assert (sites["mean ‖output‖"] > 0).all() and (sites["raw λ per unit"] > 0).all()
+    assert "raw λ" in " ".join(c.value for c in at.caption)  # the paper's scale is shown under the slider
+
+
+def test_steering_conditional_mode_spans_base_to_merged(workbench):
+    """Scaling the adapter's update: λ = 1 (the slider's start) shows the merged text, λ = 0 the base model's."""
+    at = open_page("steering")
+    at.selectbox(key="steer.run").set_value(str(workbench["runs"] / "topl-tiny")).run()
+    at.radio(key="steer.mode").set_value("conditional").run()
+    assert not at.exception
+    base, merged, steered = (box_body(b) for b in html_boxes(at))
+    assert steered == merged and at.slider(key="steer.lambda.conditional").value == 1.0
+    at.slider(key="steer.lambda.conditional").set_value(0.0).run()
+    assert not at.exception and box_body(html_boxes(at)[2]) == base
+    assert all("factuality" in c or "DEGENERATE" in c for c in (b.split("</div>")[-2] for b in html_boxes(at)))
 
 
 def test_token_overlay_threshold_flags_tokens(workbench):

@@ -194,7 +194,7 @@ def shot(page, name: str, folder: Path = SHOTS) -> Path:
     return path
 
 
-WIDEST_RANGE = "1024"  # the largest λ range the steering page offers
+WIDEST_RANGE = "64"  # the largest λ range the steering page offers (normalised units)
 
 
 def box_texts(page) -> list[str]:
@@ -412,7 +412,7 @@ def test_dragging_lambda_changes_the_steered_summary(app, browser, workbench):
     )
     settle(page)
     assert_clean(page, "steering after drag")
-    assert float(lambda_slider(page).locator('input[type="range"]').first.get_attribute("value")) < -1000
+    assert float(lambda_slider(page).locator('input[type="range"]').first.get_attribute("value")) <= -60
     _, merged2, steered2 = box_texts(page)
     assert merged2 == merged and steered2 != merged
     assert page.locator(".topl-diff-ins").count() > 0, "changed words are not highlighted"

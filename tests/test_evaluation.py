@@ -327,12 +327,28 @@ def test_evaluate_runner_and_lambda_sweep(gemma_run, monkeypatch):
     assert again.per_doc["text"].tolist() == res.per_doc["text"].tolist()[: 2 * n_docs]
     monkeypatch.undo()
 
-    df = lambda_sweep(run.path, [-8.0, 0.0, 8.0], cfg, sets=("ID",))
-    assert sorted(df["lambda"].unique()) == [-8.0, 0.0, 8.0] and len(df) == 3 * 3
-    assert df[df["lambda"] == 0.0]["text"].tolist() == by[variants[1].name][:3]
+    df = lambda_sweep(
+        run.path,
+        [-8.0, 0.0, 8.0],
+        cfg,
+        sets=("ID",),
+        modes=("vector", "conditional", "random"),
+        conditional_lambdas=[0.0, 1.0],
+    )
+    assert len(df) == (3 + 2 + 3) * 3
+    vector = df[df["mode"] == "vector"]
+    assert sorted(vector["lambda"].unique()) == [-8.0, 0.0, 8.0]
+    assert vector[vector["lambda"] == 0.0]["text"].tolist() == by[variants[1].name][:3]
+    cond = df[df["mode"] == "conditional"]  # λ = 1: the merged model; λ = 0: the base model
+    assert cond[cond["lambda"] == 1.0]["text"].tolist() == by[variants[1].name][:3]
+    assert cond[cond["lambda"] == 0.0]["text"].tolist() == by[variants[0].name][:3]
+    assert df["perplexity"].notna().any() and df["degenerate"].isin([True, False]).all()
     curve = lambda_curve(df)
-    assert list(curve["lambda"]) == [-8.0, 0.0, 8.0] and (curve["n"] == 3).all()
-    assert {"factuality", "sem", "sentences", "words"} <= set(curve.columns)
+    assert len(curve) == 3 + 2 + 3 and (curve["factuality_n"] == 3).all()
+    assert list(curve[curve["mode"] == "vector"]["lambda"]) == [-8.0, 0.0, 8.0]
+    assert {"factuality", "factuality_lo", "factuality_hi", "degenerate", "perplexity", "sentences"} <= set(curve)
+    row = curve.iloc[0]
+    assert row["factuality_lo"] <= row["factuality"] <= row["factuality_hi"]
 
 
 def test_evaluate_cli_help(capsys):

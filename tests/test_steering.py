@@ -16,6 +16,8 @@ from topl_core.analysis.capture import collect_projections
 from topl_core.analysis.separability import separability
 from topl_core.analysis.sites import RESIDUAL_MODULES
 from topl_core.analysis.steering import (
+    UNIT_FRACTION,
+    SteerConfig,
     SteeringSession,
     SteeringVectors,
     build_steering_vectors,
@@ -31,6 +33,7 @@ from topl_core.training.trainer import train
 
 DOC = NEWS_PAIRS[0][1]
 GEN = GenerationConfig(max_new_tokens=12)
+RAW = SteerConfig(units="raw")  # λ multiplies v itself (the paper's formula)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +114,7 @@ def test_lambda_zero_is_the_identity(merged, vectors):
         plain = merged.model(ids).logits
         with steer(merged.model, vectors, 0.0):
             zero = merged.model(ids).logits
-        with steer(merged.model, vectors, big_lambda(vectors)):
+        with steer(merged.model, vectors, big_lambda(vectors), RAW):
             moved = merged.model(ids).logits
     assert torch.equal(plain, zero)
     assert not torch.allclose(plain, moved, atol=1e-3)
@@ -131,7 +134,7 @@ def test_steer_adds_lambda_v_at_each_site(merged, vectors):
         x_in = x if module.in_features == x.shape[-1] else torch.randn(2, 5, module.in_features)
         with torch.no_grad():
             plain = module(x_in)
-            with steer(merged.model, vectors, lam):
+            with steer(merged.model, vectors, lam, RAW):
                 steered = module(x_in)
         torch.testing.assert_close(
             steered - plain, (lam * torch.from_numpy(vectors.vectors[site.key])).expand_as(plain), rtol=0, atol=1e-6
@@ -143,7 +146,7 @@ def test_steering_works_with_kv_cache(merged, vectors):
     tok = merged.tokenizer
     enc = tok(DOC, return_tensors="pt")
     kw = dict(max_new_tokens=10, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=None)
-    with torch.no_grad(), steer(merged.model, vectors, lam):
+    with torch.no_grad(), steer(merged.model, vectors, lam, RAW):
         cached = merged.model.generate(**enc, use_cache=True, **kw)
         full = merged.model.generate(**enc, use_cache=False, **kw)
     with torch.no_grad():
@@ -168,7 +171,7 @@ def test_no_hooks_remain_after_exception(merged, vectors):
             vectors.auroc,
             vectors.scaling,
         )
-        with steer(merged.model, bad, 1.0):
+        with steer(merged.model, bad, 1.0, RAW):
             pass
     assert all_hooks(merged.model) == before
 
@@ -226,7 +229,7 @@ def test_two_threads_with_different_lambda_do_not_interfere(merged, vectors):
     shared_a, shared_b = SteeringSession(merged, vectors), SteeringSession(merged, vectors)
     own = copy.deepcopy(merged)  # a session on its own model runs truly in parallel with the shared ones
     session_c = SteeringSession(own, vectors)
-    alone = {l: shared_a.generate_steered(DOC, l, GEN) for l in (lam, -lam, 0.0)}
+    alone = {l: shared_a.generate_steered(DOC, l, GEN, how=RAW) for l in (lam, -lam, 0.0)}
     assert len(set(alone.values())) > 1  # λ really changes the output, so interference would show
     results, errors = {}, []
     start = threading.Barrier(3)
@@ -234,7 +237,7 @@ def test_two_threads_with_different_lambda_do_not_interfere(merged, vectors):
     def work(name, session, l):
         try:
             start.wait()
-            results[name] = [session.generate_steered(DOC, l, GEN) for _ in range(3)]
+            results[name] = [session.generate_steered(DOC, l, GEN, how=RAW) for _ in range(3)]
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
@@ -261,7 +264,7 @@ def test_steer_context_is_invisible_to_other_threads(merged, vectors):
     seen = {}
 
     def steering_thread():
-        with torch.no_grad(), steer(merged.model, vectors, big_lambda(vectors)):
+        with torch.no_grad(), steer(merged.model, vectors, big_lambda(vectors), RAW):
             seen["steered"] = merged.model(ids).logits
             inside.set()
             done.wait(timeout=30)
@@ -334,15 +337,171 @@ def test_steer_cli(run, news_records, tmp_path, monkeypatch, capsys):
         ]
     )
     assert rc == 0 and "steering vectors from" in capsys.readouterr().out
+    # the conditional mode and the llama.cpp control vector of the diff-mean control, read back
+    from topl_core.analysis.control_vector import read_control_vector
+
+    gguf = tmp_path / "diff-mean.gguf"
+    rc = main(
+        [
+            "steer",
+            "--run",
+            str(run.path),
+            "--document",
+            DOC,
+            "--lambdas",
+            "0",
+            "1",
+            "--mode",
+            "diff-mean",
+            "--vectors",
+            str(tmp_path / "v"),
+            "--export-gguf",
+            str(gguf),
+            "--max-new-tokens",
+            "4",
+            "--no-base",
+        ]
+    )
+    assert rc == 0 and "normalised λ = 1 is raw λ" in capsys.readouterr().out
+    back, vectors = read_control_vector(gguf), SteeringVectors.load(tmp_path / "v")
+    deltas = vectors.deltas("diff-mean", "normalised")
+    carried = {s.layer for s in vectors.sites if s.layer >= 1}  # llama.cpp has no direction.0: layer 0 is left out
+    assert back.model_hint == "llama" and set(back.directions) == carried
+    for layer, direction in back.directions.items():
+        np.testing.assert_allclose(
+            direction, sum(deltas[s.key] for s in vectors.sites if s.layer == layer), rtol=1e-6, atol=1e-7
+        )
 
 
 def test_generate_many_matches_generate_under_steer(merged, vectors):
     session = SteeringSession(merged, vectors)
     lam = big_lambda(vectors)
     docs = [p[1] for p in NEWS_PAIRS[:3]]
-    with steer(merged.model, vectors, lam):
+    with steer(merged.model, vectors, lam, RAW):
         expected = generate(merged, docs, GenerationConfig(max_new_tokens=8, batch_size=2))
-    assert session.generate_many(docs, lam, GenerationConfig(max_new_tokens=8, batch_size=2)) == expected
+    assert session.generate_many(docs, lam, GenerationConfig(max_new_tokens=8, batch_size=2), how=RAW) == expected
     assert session.generate_many(docs, 0.0, GenerationConfig(max_new_tokens=8, batch_size=2)) == generate(
         merged, docs, GenerationConfig(max_new_tokens=8, batch_size=2)
     )
+
+
+# --- modes, units, positions (issue 15) ----------------------------------------------------------------------
+
+
+def _site_outputs_by_hand(merged, records, sites):
+    """Each site's output on the labelled tokens, captured by plain forward hooks (independent of site_outputs)."""
+    from topl_core.analysis.capture import _token_rows
+    from topl_core.data.encode import encode_record
+
+    outs, labels = {s.key: [] for s in sites}, []
+    for r in records:
+        e = encode_record(merged.tokenizer, r, 320, 128)
+        idx, _ = _token_rows(e, "labelled")
+        seen = {}
+        hooks = [
+            merged.model.get_submodule(s.path).register_forward_hook(
+                lambda _m, _i, o, k=s.key: seen.__setitem__(k, o[0].detach())
+            )
+            for s in sites
+        ]
+        try:
+            with torch.no_grad():
+                merged.model(torch.as_tensor(e.input_ids)[None])
+        finally:
+            for h in hooks:
+                h.remove()
+        for s in sites:
+            outs[s.key].append(seen[s.key][torch.from_numpy(idx)].double().numpy())
+        labels.append(e.labels[idx])
+    return {k: np.concatenate(v) for k, v in outs.items()}, np.concatenate(labels)
+
+
+def test_diff_mean_and_output_norm_are_the_merged_models_site_outputs(merged, vectors, news_records):
+    from topl_core.analysis.probe import labelled_records
+
+    outs, labels = _site_outputs_by_hand(merged, labelled_records(news_records), vectors.sites)
+    assert (labels == 1).sum() == vectors.n_good and (labels == 0).sum() == vectors.n_bad
+    for s in vectors.sites:
+        Y = outs[s.key]
+        np.testing.assert_allclose(vectors.diff_mean[s.key], Y[labels == 1].mean(0) - Y[labels == 0].mean(0), atol=1e-4)
+        assert vectors.output_norm[s.key] == pytest.approx(np.linalg.norm(Y, axis=1).mean(), rel=1e-4)
+
+
+def test_normalised_and_raw_differ_by_the_stated_factor(vectors):
+    for mode in ("vector", "diff-mean", "random"):
+        raw, norm, factor = vectors.deltas(mode, "raw"), vectors.deltas(mode, "normalised"), vectors.unit_factor(mode)
+        for k in raw:
+            np.testing.assert_allclose(norm[k], raw[k] * factor[k], rtol=1e-5)
+            # normalised λ = 1 adds UNIT_FRACTION of the site's mean output norm, whatever the mode
+            assert np.linalg.norm(norm[k]) == pytest.approx(UNIT_FRACTION * vectors.output_norm[k], rel=1e-5)
+    np.testing.assert_array_equal(
+        vectors.deltas("vector", "raw")[vectors.sites[0].key], vectors.vectors[vectors.sites[0].key]
+    )
+    rnd = vectors.raw("random")
+    for k, v in vectors.vectors.items():  # the control: same norm as v, another direction, the same every time
+        assert np.linalg.norm(rnd[k]) == pytest.approx(np.linalg.norm(v), rel=1e-5)
+        assert abs(rnd[k] @ v) / np.linalg.norm(v) ** 2 < 0.5
+        np.testing.assert_array_equal(rnd[k], vectors.raw("random")[k])
+
+
+def test_normalised_needs_output_statistics(vectors, merged):
+    import dataclasses
+
+    old = dataclasses.replace(vectors, diff_mean={}, output_norm={})  # an export from before the statistics
+    with pytest.raises(ModelError, match="recompute"):
+        with steer(merged.model, old, 1.0):
+            pass
+    with steer(merged.model, old, 1.0, RAW):  # the paper's raw formula still works
+        pass
+
+
+def test_conditional_mode_spans_base_to_merged(run, merged, vectors):
+    """λ = 1 is the merged model exactly, λ = 0 the base model (logits to float precision, greedy text equal),
+    λ = 2 doubles the adapter's update."""
+    base = load_model("tiny-llama")
+    cond = SteerConfig("conditional")
+    ids = merged.tokenizer(DOC, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        plain_merged, plain_base = merged.model(ids).logits, base.model(ids).logits
+        with steer(merged.model, vectors, 1.0, cond):
+            at_one = merged.model(ids).logits
+        with steer(merged.model, vectors, 0.0, cond):
+            at_zero = merged.model(ids).logits
+        with steer(merged.model, vectors, 2.0, cond):
+            at_two = merged.model(ids).logits
+    assert torch.equal(at_one, plain_merged)
+    assert not torch.allclose(plain_merged, plain_base, atol=1e-4)  # the adapter changes the model: the test can fail
+    torch.testing.assert_close(at_zero, plain_base, rtol=0, atol=1e-4)
+    assert (at_two - plain_merged).abs().max() > (at_zero - plain_merged).abs().max() * 0.5
+    session = SteeringSession(merged, vectors)
+    assert session.generate_steered(DOC, 0.0, GEN, how=cond) == generate(base, [DOC], GEN)[0]
+    assert session.generate_steered(DOC, 1.0, GEN, how=cond) == generate(merged, [DOC], GEN)[0]
+    # every LoRA site of the adapter is hooked (not only the top-k residual sites), and none remain afterwards
+    before = all_hooks(merged.model)
+    with steer(merged.model, vectors, 0.5, cond):
+        from topl_core.analysis.sites import read_lora_weights
+
+        assert all_hooks(merged.model) == before + len(read_lora_weights(run.path))
+    assert all_hooks(merged.model) == before
+
+
+def test_generated_only_leaves_the_prompt_untouched(merged, vectors):
+    how = SteerConfig("vector", "generated", "raw")
+    lam = big_lambda(vectors)
+    enc = merged.tokenizer(DOC, return_tensors="pt")
+    with torch.no_grad():
+        plain = merged.model(**enc, output_hidden_states=True).hidden_states
+        with steer(merged.model, vectors, lam, how):
+            prompt = merged.model(**enc, output_hidden_states=True).hidden_states
+        with steer(merged.model, vectors, lam, RAW):
+            everywhere = merged.model(**enc, output_hidden_states=True).hidden_states
+    assert all(torch.equal(a, b) for a, b in zip(plain, prompt))
+    assert not torch.allclose(plain[-1], everywhere[-1], atol=1e-3)
+    kw = dict(max_new_tokens=10, do_sample=False, pad_token_id=merged.tokenizer.pad_token_id, eos_token_id=None)
+    n = enc["input_ids"].shape[1]
+    with torch.no_grad():
+        unsteered = merged.model.generate(**enc, **kw)[0, n:]
+        with steer(merged.model, vectors, lam, how):
+            generated_only = merged.model.generate(**enc, **kw)[0, n:]
+    # the first new token comes from the unsteered prompt's last position; the tokens after it are steered
+    assert generated_only[0] == unsteered[0] and not torch.equal(generated_only, unsteered)

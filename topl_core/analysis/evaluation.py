@@ -40,9 +40,10 @@ from ..models import ModelSpec, load_model
 from ..paths import DEFAULT_DATA, cliff_csv, project_path
 from ..presets import DEFAULT_MODEL
 from .cache import JSON, cached
+from .fluency import Fluency, fluency, perplexities
 from .probe import ProbeSettings, labelled_records
 from .scorers import PROTOCOLS, GroundingScorer, Scorer, ScorerQuality, make_scorer, score_summary, scorer_quality
-from .steering import SteeringSession, build_steering_vectors
+from .steering import SteerConfig, SteeringSession, build_steering_vectors
 
 ProgressFn = Callable[[str], None]
 
@@ -50,12 +51,13 @@ ProgressFn = Callable[[str], None]
 @dataclass(frozen=True)
 class Variant:
     """A model to evaluate: the base model (`run` None; `model` names it), a run's merged adapter (`lam` None), or
-    the merged adapter steered with λ·v (LoRA-B steering vectors of that run)."""
+    the merged adapter steered with λ in mode `how` (topl_core.analysis.steering.SteerConfig)."""
 
     name: str
     run: str | None = None
     lam: float | None = None
     model: str | None = None  # base model spec for run=None (default: the config's / first run's base)
+    how: SteerConfig = SteerConfig()
 
     @classmethod
     def base(cls, model: str | None = None, name: str = "base") -> "Variant":
@@ -66,12 +68,18 @@ class Variant:
         return cls(name or f"merged ({Path(run).name})", str(run))
 
     @classmethod
-    def steered(cls, run, lam: float, name: str | None = None) -> "Variant":
-        return cls(name or f"steered λ={lam:g} ({Path(run).name})", str(run), float(lam))
+    def steered(cls, run, lam: float, name: str | None = None, how: SteerConfig = SteerConfig()) -> "Variant":
+        mode = "" if how == SteerConfig() else f" {how.mode}" + (" gen-only" if how.positions == "generated" else "")
+        return cls(name or f"steered{mode} λ={lam:g} ({Path(run).name})", str(run), float(lam), how=how)
 
     @property
     def kind(self) -> str:
         return "base" if self.run is None else "merged" if self.lam is None else "steered"
+
+    @property
+    def generates_like_merged(self) -> bool:
+        """Steered at the λ that changes nothing (0, or 1 in the conditional mode): the merged model's texts."""
+        return self.kind == "merged" or (self.kind == "steered" and self.lam == self.how.neutral)
 
 
 @dataclass(frozen=True)
@@ -153,10 +161,15 @@ def _docs_fingerprint(docs: Sequence[EvalDoc]) -> str:
     return h.hexdigest()[:16]
 
 
-def vectors_fingerprint(vectors) -> str:
+def vectors_fingerprint(vectors, how: SteerConfig = SteerConfig()) -> str:
+    """What a constant mode adds at λ = 1, hashed (the conditional mode adds the adapter's own update: its
+    fingerprint is the adapter's)."""
+    if how.mode == "conditional":
+        return "conditional"
     h = hashlib.sha256()
-    for k in sorted(vectors.vectors):
-        h.update(k.encode() + np.asarray(vectors.vectors[k], np.float32).tobytes())
+    deltas = vectors.deltas(how.mode, how.units)
+    for k in sorted(deltas):
+        h.update(k.encode() + np.asarray(deltas[k], np.float32).tobytes())
     return h.hexdigest()[:16]
 
 
@@ -186,6 +199,10 @@ class _Models:
                 self._cache[key] = load_merged(ModelSpec(adapter.base_model, "float32", self.cfg.device), adapter)
         return self._cache[key]
 
+    def base_of(self, run):
+        """The base model an adapter was trained on (for perplexity), loaded once."""
+        return self.get(Variant.base(open_adapter(run).base_model))
+
 
 def generate_for(
     v: Variant,
@@ -200,24 +217,26 @@ def generate_for(
         return []
     models = models or _Models(cfg)
     adapter = open_adapter(v.run) if v.run else None
-    if v.kind == "steered" and vectors is None:
+    steered = v.kind == "steered" and not v.generates_like_merged  # the neutral λ shares the merged model's entry
+    if steered and vectors is None:
         vectors = steering_vectors_for(adapter, cfg)
     key = {
-        "kind": v.kind,
-        "lam": v.lam,
+        "kind": "steered" if steered else "merged" if adapter else "base",
+        "lam": v.lam if steered else None,
         "model": None if adapter else (v.model or cfg.model),
         "device": cfg.device,
         "docs": _docs_fingerprint(docs),
         "n": len(docs),
         "generation": asdict(cfg.generation),
-        "vectors": vectors_fingerprint(vectors) if v.kind == "steered" else None,
+        "vectors": vectors_fingerprint(vectors, v.how) if steered else None,
+        **({"how": asdict(v.how)} if steered else {}),
     }
 
     def compute() -> list[str]:
         lm = models.get(v)
         documents = [d.document for d in docs]
-        if v.kind == "steered":
-            return SteeringSession(lm, vectors).generate_many(documents, v.lam, cfg.generation)
+        if steered:
+            return SteeringSession(lm, vectors).generate_many(documents, v.lam, cfg.generation, how=v.how)
         return generate(lm, documents, cfg.generation)
 
     return cached("generations", key, compute, JSON, adapter=adapter, enabled=use_cache)
@@ -329,41 +348,107 @@ def evaluate(
 
 
 def lambda_sweep(
-    run,
+    runs,
     lambdas: Sequence[float],
     cfg: EvalConfig = EvalConfig(),
     sets: Sequence[str] = ("ID",),
     vectors=None,
     progress: ProgressFn | None = None,
     use_cache: bool = True,
+    modes: Sequence[str] = ("vector",),
+    positions: str = "all",
+    conditional_lambdas: Sequence[float] | None = None,
+    fluency_model: bool = True,
 ):
-    """Factuality and length against λ for one run: rows (lambda, set, source, doc_id, text, score_sentence,
-    score_full, n_sentences, n_words). λ = 0 generates with the merged model unchanged."""
+    """Factuality and fluency against λ: one row per (run, mode, λ, document) with the text, both scores and the
+    fluency measures (topl_core.analysis.fluency; perplexity under the run's base model unless fluency_model is
+    False). `runs`: one adapter or a list; `modes`: SteerConfig modes, constant ones over `lambdas` (normalised
+    units), "conditional" over `conditional_lambdas` (default `lambdas`). The neutral λ of a mode reuses the merged
+    model's generations; every (run, mode, λ) is cached, so an interrupted sweep resumes where it stopped.
+    `vectors`: SteeringVectors of a single run, or {run: SteeringVectors}."""
     import pandas as pd
 
+    runs = [str(runs)] if isinstance(runs, (str, Path)) or hasattr(runs, "path") else [str(r) for r in runs]
     docs = (id_documents(cfg) if "ID" in sets else []) + (ood_documents(cfg) if "OOD" in sets else [])
     if not docs:
         raise ValueError(f"no documents for sets {tuple(sets)}: check cfg.n_id / cfg.n_ood and the data paths.")
-    vectors = vectors or steering_vectors_for(run, cfg, use_cache)
+    if vectors is not None and not isinstance(vectors, dict):
+        vectors = {runs[0]: vectors}
+    vectors = dict(vectors or {})
     scorer = make_scorer(cfg.scorer)
     models = _Models(cfg)
-    rows = []
-    for lam in lambdas:
-        if progress:
-            progress(f"λ = {lam:g}: generating {len(docs)} summaries")
-        v = Variant.steered(run, float(lam))
-        rows += _rows(v, docs, generate_for(v, docs, cfg, models, vectors, use_cache), scorer)
+    rows, sites = [], {}
+    for run in runs:
+        vec = vectors.get(run) or steering_vectors_for(run, cfg, use_cache)
+        sites[Path(run).name] = [s.key for s in vec.sites]
+        texts_of_run: list[str] = []
+        start = len(rows)
+        for mode in modes:
+            how = SteerConfig(mode, positions)
+            grid = conditional_lambdas if mode == "conditional" and conditional_lambdas is not None else lambdas
+            for lam in grid:
+                if progress:
+                    progress(f"{Path(run).name} {mode} λ = {lam:g}: generating {len(docs)} summaries")
+                v = Variant.steered(run, float(lam), how=how)
+                texts = generate_for(v, docs, cfg, models, vec, use_cache)
+                for row in _rows(v, docs, texts, scorer):
+                    rows.append({**row, "mode": mode, "positions": positions})
+                texts_of_run += texts
+        base = models.base_of(run) if fluency_model else None
+        for row, f in zip(rows[start:], fluency_of(texts_of_run, base, use_cache)):
+            row.update(f.to_json())
     df = pd.DataFrame(rows)
-    df.attrs["sites"] = [s.key for s in vectors.sites]
+    df.attrs["sites"] = sites
     return df
 
 
-def lambda_curve(df, protocol: str = "sentence"):
-    """Per λ: mean factuality, its standard error, mean sentence and word counts, number of documents."""
+def fluency_of(texts: Sequence[str], lm=None, use_cache: bool = True) -> list[Fluency]:
+    """topl_core.analysis.fluency.fluency of each text, with perplexity under `lm` when given (the perplexities
+    cached per (model, texts); the degenerate rule is applied afresh, so changed thresholds take effect)."""
+    if lm is None:
+        return fluency(texts)
+    key = {"model": lm.fingerprint, "texts": hashlib.sha256("\x00".join(texts).encode()).hexdigest(), "n": len(texts)}
+    ppl = cached("perplexity", key, lambda: perplexities(lm, texts), JSON, enabled=use_cache)
+    return fluency(texts, lm, perplexity=ppl)
+
+
+CURVE_KEYS = ("run", "mode", "lambda")
+
+
+def lambda_curve(df, protocol: str = "sentence", by_set: bool = False):
+    """Per (run, mode, λ[, set]): mean factuality with its standard error and 95% interval (normal approximation,
+    mean ± 1.96·s.e. over documents), the same over the texts that are not degenerate, the share of degenerate
+    texts, median perplexity, mean distinct-2 and repeated 3-grams, mean sentences and words, documents."""
     col = f"score_{protocol}"
-    g = df.groupby("lambda")
-    out = g[col].agg(["mean", "sem", "count"]).rename(columns={"mean": "factuality", "sem": "sem", "count": "n"})
-    out["sentences"] = g["n_sentences"].mean()
-    out["words"] = g["n_words"].mean()
-    out["empty"] = g["n_words"].apply(lambda x: int((x == 0).sum()))
-    return out.reset_index()
+    keys = [k for k in CURVE_KEYS if k in df.columns] + (["set"] if by_set else [])
+    out = []
+    for key, part in df.groupby(keys, sort=True, dropna=False):
+        row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        row.update(_mean_ci(part[col], "factuality"))
+        if "degenerate" in part:
+            fluent = part[~part["degenerate"].astype(bool)]
+            row.update(_mean_ci(fluent[col], "factuality_fluent"))
+            row["degenerate"] = float(part["degenerate"].astype(bool).mean())
+            row["perplexity"] = float(part["perplexity"].median())
+            row["distinct_2"] = float(part["distinct_2"].mean())
+            row["repeated_3gram"] = float(part["repeated_3gram"].mean())
+        row["sentences"] = float(part["n_sentences"].mean())
+        row["words"] = float(part["n_words"].mean())
+        row["empty"] = int((part["n_words"] == 0).sum())
+        out.append(row)
+    import pandas as pd
+
+    return pd.DataFrame(out)
+
+
+def _mean_ci(x, name: str) -> dict:
+    n = int(len(x))
+    mean = float(x.mean()) if n else float("nan")
+    sem = float(x.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+    return {
+        name: mean,
+        f"{name}_sem": sem,
+        f"{name}_lo": mean - 1.96 * sem,
+        f"{name}_hi": mean + 1.96 * sem,
+        f"{name}_n": n,
+    }

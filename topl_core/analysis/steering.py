@@ -33,6 +33,7 @@ those sites' outputs while the merged model generates.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import threading
@@ -47,12 +48,14 @@ import numpy as np
 import torch
 
 from ..adapters import open_adapter
+from ..architecture import base_causal_lm
 from ..errors import ModelError
 from ..generate import GenerationConfig, generate, load_merged
 from ..io import save_tensors, write_json
-from ..models import LoadedModel
+from ..models import LoadedModel, ModelSpec
 from .cache import cached, json_codec, records_fingerprint
-from .capture import DEFAULT_SET, Projections
+from .capture import DEFAULT_SET, Projections, collect_projections
+from .control_vector import control_vector_layers, model_hint_for, write_control_vector
 from .probe import ProbeSettings, run_projections
 from .separability import separability
 from .sites import (
@@ -68,6 +71,50 @@ from .sites import (
 )
 
 FORMULA = "v = scaling * B @ (mu_good - mu_bad); output += lambda * v"
+MODES: tuple[str, ...] = ("vector", "conditional", "diff-mean", "random")
+CONSTANT_MODES: tuple[str, ...] = ("vector", "diff-mean", "random")  # a fixed vector per site, added at every position
+POSITIONS: tuple[str, ...] = ("all", "generated")
+UNITS: tuple[str, ...] = ("normalised", "raw")
+# Normalised λ: |λ| = 1 adds, at each steered site, a vector whose norm is UNIT_FRACTION × that site's mean output
+# norm on the token set (the same norm for every constant mode: only the direction differs between them).
+UNIT_FRACTION = 0.1
+UNITS_DOC = (
+    f"normalised: lambda = 1 adds {UNIT_FRACTION:g} x the site's mean output norm (output_norm) along the mode's "
+    "direction; raw: lambda multiplies the stored vector (the paper's formula)"
+)
+RANDOM_SEED = 0  # the random control's directions are seeded per site from this and the site key
+
+
+@dataclass(frozen=True)
+class SteerConfig:
+    """How λ is applied. mode: "vector" (λ·v, the paper's LoRA-B formula), "conditional" (the adapter's own update
+    scaled by λ: 0 = base, 1 = merged), "diff-mean" (mean good − bad output at the site), "random" (a seeded random
+    direction with ‖v‖); positions: "all" or "generated" (the prompt is left untouched); units (constant modes):
+    "normalised" (module docstring) or "raw"."""
+
+    mode: str = "vector"
+    positions: str = "all"
+    units: str = "normalised"
+
+    def __post_init__(self) -> None:
+        for name, value, choices in (
+            ("mode", self.mode, MODES),
+            ("positions", self.positions, POSITIONS),
+            ("units", self.units, UNITS),
+        ):
+            if value not in choices:
+                raise ValueError(f"SteerConfig.{name}={value!r}: choose one of {choices}.")
+
+    @property
+    def neutral(self) -> float:
+        """The λ that leaves the merged model unchanged."""
+        return 1.0 if self.mode == "conditional" else 0.0
+
+    def label(self) -> str:
+        unit = "" if self.mode == "conditional" else f", {self.units}"
+        return f"{self.mode} ({self.positions} positions{unit})"
+
+
 VECTORS_FILE = "steering_vectors.safetensors"
 META_FILE = "steering.json"
 
@@ -90,9 +137,77 @@ class SteeringVectors:
     n_good: int = 0
     n_bad: int = 0
     extra: dict = field(default_factory=dict)
+    # the merged model's site outputs on the same token set: mean good − mean bad output (the diff-mean control)
+    # and the mean output norm (the unit of normalised λ); empty for vectors exported before they existed
+    diff_mean: dict[str, np.ndarray] = field(default_factory=dict)
+    output_norm: dict[str, float] = field(default_factory=dict)
 
     def norms(self) -> dict[str, float]:
         return {k: float(np.linalg.norm(v)) for k, v in self.vectors.items()}
+
+    def raw(self, mode: str) -> dict[str, np.ndarray]:
+        """The per-site vector of a constant mode at raw λ = 1: LoRA-B's v ("vector"), the output diff-mean
+        ("diff-mean"), or a seeded random direction with ‖v‖ at each site ("random")."""
+        if mode == "vector":
+            return self.vectors
+        if mode == "diff-mean":
+            self._need_outputs()
+            return self.diff_mean
+        if mode == "random":
+            out = {}
+            for s in self.sites:
+                seed = int.from_bytes(hashlib.sha256(f"{RANDOM_SEED}|{s.key}".encode()).digest()[:4], "little")
+                r = np.random.default_rng(seed).standard_normal(self.vectors[s.key].shape)
+                out[s.key] = (r * (np.linalg.norm(self.vectors[s.key]) / np.linalg.norm(r))).astype(np.float32)
+            return out
+        raise ValueError(f"mode={mode!r}: constant vectors exist for {CONSTANT_MODES}.")
+
+    def unit_factor(self, mode: str) -> dict[str, float]:
+        """Per site, the raw λ that normalised λ = 1 stands for: UNIT_FRACTION · (mean output norm) / ‖raw vector‖."""
+        self._need_outputs()
+        return {
+            k: float(UNIT_FRACTION * self.output_norm[k] / max(float(np.linalg.norm(v)), 1e-30))
+            for k, v in self.raw(mode).items()
+        }
+
+    def deltas(self, mode: str, units: str = "normalised") -> dict[str, np.ndarray]:
+        """Per site, what λ = 1 adds to the site's output in this mode and unit (float32)."""
+        raw = self.raw(mode)
+        if units == "raw":
+            return {k: np.asarray(v, np.float32) for k, v in raw.items()}
+        factor = self.unit_factor(mode)
+        return {k: (np.asarray(v, np.float64) * factor[k]).astype(np.float32) for k, v in raw.items()}
+
+    def save_control_vector(
+        self,
+        path: str | Path,
+        mode: str = "vector",
+        units: str = "normalised",
+        model_type: str = "llama",
+        layer_count: int | None = None,
+    ) -> list[str]:
+        """The mode's λ = 1 vectors as a llama.cpp control vector (GGUF; topl_core.analysis.control_vector):
+        `llama-cli --control-vector-scaled FILE λ` then steers like λ here (approximately: an o_proj vector is added
+        at the end of its layer). model_type / layer_count: the base model's config.model_type / num_hidden_layers.
+        Returns the sites left out: those of layer 0, which llama.cpp cannot carry (it rejects direction.0)."""
+        if mode not in ("vector", "diff-mean"):
+            raise ValueError(
+                f"mode={mode!r}: a control vector holds a fixed direction — export 'vector' or 'diff-mean'."
+            )
+        deltas = self.deltas(mode, units)
+        kept = [s for s in self.sites if s.layer >= 1]
+        if not kept:
+            raise ModelError("every steered site is in layer 0, which a llama.cpp control vector cannot carry.")
+        layers = control_vector_layers({s: deltas[s.key] for s in kept}, layer_count)
+        write_control_vector(path, layers, model_hint_for(model_type), layer_count)
+        return [s.key for s in self.sites if s.layer < 1]
+
+    def _need_outputs(self) -> None:
+        if not self.output_norm or not self.diff_mean:
+            raise ModelError(
+                "these steering vectors carry no site-output statistics (exported by an older version): normalised "
+                "λ and the diff-mean control need them — recompute the vectors (python -m topl_core steer --export)."
+            )
 
     def metadata(self) -> dict:
         norms = self.norms()
@@ -103,6 +218,7 @@ class SteeringVectors:
             "adapter_fingerprint": self.adapter_fingerprint,
             "adapter_path": self.adapter_path,
             "lambda_range": list(self.lambda_range),
+            "units": UNITS_DOC,
             "n_good": self.n_good,
             "n_bad": self.n_bad,
             "sites": [
@@ -112,6 +228,7 @@ class SteeringVectors:
                     "auroc": self.auroc[s.key],
                     "scaling": self.scaling[s.key],
                     "norm": norms[s.key],
+                    **({"output_norm": self.output_norm[s.key]} if s.key in self.output_norm else {}),
                 }
                 for s in self.sites
             ],
@@ -126,6 +243,10 @@ class SteeringVectors:
             tensors[f"vector/{s.key}"] = torch.from_numpy(np.ascontiguousarray(self.vectors[s.key], np.float32))
             tensors[f"mu_good/{s.key}"] = torch.from_numpy(np.ascontiguousarray(self.mu_good[s.key], np.float32))
             tensors[f"mu_bad/{s.key}"] = torch.from_numpy(np.ascontiguousarray(self.mu_bad[s.key], np.float32))
+            if s.key in self.diff_mean:
+                tensors[f"diff_mean/{s.key}"] = torch.from_numpy(
+                    np.ascontiguousarray(self.diff_mean[s.key], np.float32)
+                )
         meta = self.metadata()
         save_tensors(d / VECTORS_FILE, tensors, {"topl_steering": json.dumps(meta)})
         write_json(d / META_FILE, meta)
@@ -145,7 +266,8 @@ class SteeringVectors:
         sites = tuple(Site.from_json(s) for s in meta["sites"])
         try:
             get = lambda prefix: {s.key: t[f"{prefix}/{s.key}"].float().numpy() for s in sites}  # noqa: E731
-            return cls._from_parts(meta, get("vector"), get("mu_good"), get("mu_bad"))
+            diff_mean = get("diff_mean") if any(k.startswith("diff_mean/") for k in t) else {}
+            return cls._from_parts(meta, get("vector"), get("mu_good"), get("mu_bad"), diff_mean)
         except KeyError as e:
             raise ModelError(
                 f"{d / VECTORS_FILE}: missing tensor {e}; the export is incomplete — export it again."
@@ -159,31 +281,35 @@ class SteeringVectors:
             "vectors": arrays(self.vectors),
             "mu_good": arrays(self.mu_good),
             "mu_bad": arrays(self.mu_bad),
+            "diff_mean": arrays(self.diff_mean),
         }
 
     @classmethod
     def from_json(cls, d: dict) -> "SteeringVectors":
         arrays = lambda m: {k: np.asarray(v, np.float32) for k, v in m.items()}  # noqa: E731
-        return cls._from_parts(d, arrays(d["vectors"]), arrays(d["mu_good"]), arrays(d["mu_bad"]))
+        return cls._from_parts(
+            d, arrays(d["vectors"]), arrays(d["mu_good"]), arrays(d["mu_bad"]), arrays(d.get("diff_mean", {}))
+        )
 
     @classmethod
-    def _from_parts(cls, meta: dict, vectors: dict, mu_good: dict, mu_bad: dict) -> "SteeringVectors":
-        sites = tuple(Site.from_json(s) for s in meta["sites"])
+    def _from_parts(cls, meta: dict, vectors: dict, mu_good: dict, mu_bad: dict, diff_mean: dict) -> "SteeringVectors":
         return cls(
-            sites,
-            vectors,
-            mu_good,
-            mu_bad,
-            {s["key"]: float(s["auroc"]) for s in meta["sites"]},
-            {s["key"]: float(s["scaling"]) for s in meta["sites"]},
-            meta.get("base_model"),
-            meta.get("base_fingerprint"),
-            meta.get("adapter_fingerprint"),
-            meta.get("adapter_path"),
-            tuple(meta.get("lambda_range", (-4.0, 4.0))),
-            int(meta.get("n_good", 0)),
-            int(meta.get("n_bad", 0)),
-            meta.get("extra", {}),
+            sites=tuple(Site.from_json(s) for s in meta["sites"]),
+            vectors=vectors,
+            mu_good=mu_good,
+            mu_bad=mu_bad,
+            auroc={s["key"]: float(s["auroc"]) for s in meta["sites"]},
+            scaling={s["key"]: float(s["scaling"]) for s in meta["sites"]},
+            base_model=meta.get("base_model"),
+            base_fingerprint=meta.get("base_fingerprint"),
+            adapter_fingerprint=meta.get("adapter_fingerprint"),
+            adapter_path=meta.get("adapter_path"),
+            lambda_range=tuple(meta.get("lambda_range", (-4.0, 4.0))),
+            n_good=int(meta.get("n_good", 0)),
+            n_bad=int(meta.get("n_bad", 0)),
+            extra=meta.get("extra", {}),
+            diff_mean=diff_mean,
+            output_norm={s["key"]: float(s["output_norm"]) for s in meta["sites"] if "output_norm" in s},
         )
 
 
@@ -209,9 +335,12 @@ def compute_steering_vectors(
     top_k: int = 4,
     modules: Sequence[str] = RESIDUAL_MODULES,
     lambda_range: tuple[float, float] = (-4.0, 4.0),
+    outputs: Projections | None = None,
     **meta,
 ) -> SteeringVectors:
-    """v = scaling · B (μ+ − μ−) for the top_k sites (see the module docstring)."""
+    """v = scaling · B (μ+ − μ−) for the top_k sites (see the module docstring). `outputs`: the merged model's
+    outputs at (at least) the chosen sites on the same labelled tokens (site_outputs): with them the vectors carry
+    the diff-mean control and the mean output norm that normalised λ needs."""
     bad_modules = [m for m in modules if m not in RESIDUAL_MODULES]
     if bad_modules:
         raise ValueError(
@@ -238,6 +367,15 @@ def compute_steering_vectors(
         vectors[s.key] = v.float().numpy()
         mu_g[s.key], mu_b[s.key] = g.float().numpy(), b.float().numpy()
         scaling[s.key] = float(w.scaling)
+    diff_mean, output_norm = {}, {}
+    if outputs is not None:
+        o = outputs.labelled()
+        if not np.array_equal(o.labels, p.labels):
+            raise ValueError("outputs: the site outputs were captured on other tokens than the projections.")
+        for s in chosen:
+            Y = o[s].astype(np.float64)
+            diff_mean[s.key] = (Y[good].mean(0) - Y[bad].mean(0)).astype(np.float32)
+            output_norm[s.key] = float(np.linalg.norm(Y, axis=1).mean())
     return SteeringVectors(
         tuple(chosen),
         vectors,
@@ -248,8 +386,44 @@ def compute_steering_vectors(
         lambda_range=tuple(float(x) for x in lambda_range),
         n_good=int(good.sum()),
         n_bad=int(bad.sum()),
+        diff_mean=diff_mean,
+        output_norm=output_norm,
         **meta,
     )
+
+
+def site_outputs(
+    lm: LoadedModel, records, sites: Sequence[Site], settings: ProbeSettings, progress=None
+) -> Projections:
+    """The merged model's outputs at residual-writing `sites` (o_proj / down_proj: Linear layers) on the labelled
+    tokens of `records`, captured as "projections" onto the merged weight W (x·Wᵀ + bias = the module's output),
+    with the same encoding and token selection as the LoRA-A projections."""
+    weights, bias = {}, {}
+    for s in sites:
+        m = site_module(lm.model, s)
+        if hasattr(m, "base_layer") or not isinstance(m, torch.nn.Linear):
+            raise ModelError(
+                f"{s.key}: site outputs are read from a merged model's Linear layer, not {type(m).__name__}."
+            )
+        weights[s] = m.weight.detach()
+        if m.bias is not None:
+            bias[s.key] = m.bias.detach().float().cpu().numpy()
+    out = collect_projections(
+        lm.model,
+        lm.tokenizer,
+        records,
+        "labelled",
+        settings.batch_size,
+        settings.max_doc_tokens,
+        settings.max_response_tokens,
+        settings.precision,
+        sites=sites,
+        weights=weights,
+        progress=progress,
+    )
+    for k, b in bias.items():
+        out.values[k] = out.values[k] + b
+    return out
 
 
 def steering_vectors_from_model(
@@ -270,9 +444,11 @@ def build_steering_vectors(
     use_cache: bool = True,
     lambda_range: tuple[float, float] = (-4.0, 4.0),
     progress=None,
+    merged: LoadedModel | None = None,
 ) -> SteeringVectors:
     """Steering vectors of an adapter (a run, a PEFT folder, a hub id) from a labelled token set: projections
-    (cached), per-site cv AUROC of the residual-writing sites, A/B/scaling from the adapter's files."""
+    (cached), per-site cv AUROC of the residual-writing sites, A/B/scaling from the adapter's files, and the merged
+    model's outputs at the chosen sites (`merged`, loaded when not given) for the diff-mean control and λ's unit."""
     adapter = open_adapter(adapter)
     settings = (settings or ProbeSettings()).resolved(adapter)
 
@@ -289,12 +465,17 @@ def build_steering_vectors(
             proj.doc_ids,
         )
         sep = separability(sub, adapter.name, settings.folds, settings.seed, n_boot=10)
+        weights = read_lora_weights(adapter.path)
+        chosen = rank_sites([s for s in residual if s in weights], _aurocs(sep), top_k)
+        lm = merged or load_merged(ModelSpec(adapter.base_model, "float32", adapter.device), adapter)
+        outputs = site_outputs(lm, records, chosen, settings) if chosen else None
         return compute_steering_vectors(
-            read_lora_weights(adapter.path),
+            weights,
             proj,
             sep,
             top_k,
             lambda_range=lambda_range,
+            outputs=outputs,
             base_model=adapter.base_model,
             base_fingerprint=adapter.base_fingerprint,
             adapter_fingerprint=adapter.fingerprint(),
@@ -304,6 +485,7 @@ def build_steering_vectors(
 
     key = {
         "analysis": "steering_vectors",
+        "version": 2,  # 2: with the merged model's site outputs (diff-mean control, normalised λ)
         "settings": asdict(settings),
         "records": records_fingerprint(records),
         "top_k": top_k,
@@ -325,37 +507,89 @@ def build_steering_vectors(
 _HOOK_LOCK = threading.Lock()  # registering/removing hooks is serialised (hook dicts are shared by threads)
 
 
+def _is_prefill(kwargs: dict, args: tuple) -> bool:
+    """Whether a causal-LM forward processes the prompt: no KV cache yet (a plain forward, or generate's first step).
+    Later generate steps carry a cache holding the tokens before them."""
+    past = kwargs.get("past_key_values")
+    return past is None or past.get_seq_length() == 0
+
+
 @contextmanager
-def steer(model: torch.nn.Module, vectors: SteeringVectors, lam: float) -> Iterator[None]:
-    """Add lam·v to each steered site's output while active, for forwards from this thread (module docstring)."""
+def steer(
+    model: torch.nn.Module,
+    vectors: SteeringVectors,
+    lam: float,
+    how: SteerConfig = SteerConfig(),
+    lora: Mapping[Site, LoraWeights] | None = None,
+) -> Iterator[None]:
+    """Steer forwards from this thread while active (module docstring). Constant modes add lam·delta at the
+    vectors' sites; "conditional" adds (lam − 1)·s·B(A x) at every site of `lora` (default: read from
+    vectors.adapter_path) of the MERGED model `model`, i.e. scales the adapter's own update by lam."""
     lam = float(lam)
     owner = threading.get_ident()
-    modules = [(s, site_module(model, s)) for s in vectors.sites]
-    deltas = {}
+    state = {"prefill": False}
+    if how.mode == "conditional":
+        if lora is None:
+            if not vectors.adapter_path:
+                raise ModelError(
+                    "conditional steering needs the adapter's LoRA weights: pass lora= or vectors with adapter_path."
+                )
+            lora = read_lora_weights(vectors.adapter_path)
+        sites = sort_sites(lora)
+    else:
+        sites = list(vectors.sites)
+        deltas_np = vectors.deltas(how.mode, how.units)
+    modules = [(s, site_module(model, s)) for s in sites]
+    adds = {}
     for s, m in modules:
-        v = torch.from_numpy(np.asarray(vectors.vectors[s.key], np.float32))
-        out_features = getattr(m, "out_features", None)
-        if out_features is not None and out_features != v.shape[0]:
-            raise ModelError(
-                f"{s.key}: steering vector has {v.shape[0]} dims but {s.path} outputs {out_features}; "
-                "these vectors belong to another model."
-            )
         p = next(m.parameters())
-        deltas[s.key] = lam * v.to(p.device)
+        if how.mode == "conditional":
+            w = lora[s]
+            if (
+                getattr(m, "in_features", w.A.shape[1]) != w.A.shape[1]
+                or getattr(m, "out_features", w.B.shape[0]) != w.B.shape[0]
+            ):
+                raise ModelError(
+                    f"{s.key}: the adapter's LoRA is {w.B.shape[0]}×{w.A.shape[1]} but {s.path} is "
+                    f"{m.out_features}×{m.in_features}; this adapter belongs to another model."
+                )
+            adds[s.key] = ((lam - 1.0) * w.scaling, w.A.to(p.device), w.B.to(p.device))
+        else:
+            v = torch.from_numpy(deltas_np[s.key])
+            out_features = getattr(m, "out_features", None)
+            if out_features is not None and out_features != v.shape[0]:
+                raise ModelError(
+                    f"{s.key}: steering vector has {v.shape[0]} dims but {s.path} outputs {out_features}; "
+                    "these vectors belong to another model."
+                )
+            adds[s.key] = lam * v.to(p.device)
 
     def make_hook(key: str):
-        delta = deltas[key]
+        add = adds[key]
 
-        def hook(_module, _inputs, output):
-            if threading.get_ident() != owner:
+        def hook(_module, inputs, output):
+            if threading.get_ident() != owner or (how.positions == "generated" and state["prefill"]):
                 return None
-            return output + delta.to(output.dtype)
+            if how.mode != "conditional":
+                return output + add.to(output.dtype)
+            factor, A, B = add
+            if factor == 0.0:
+                return None
+            x = inputs[0]
+            return output + (factor * ((x.float() @ A.T) @ B.T)).to(output.dtype)
 
         return hook
+
+    def prefill_hook(_module, args, kwargs):
+        if threading.get_ident() == owner:
+            state["prefill"] = _is_prefill(kwargs, args)
+        return None
 
     handles = []
     try:
         with _HOOK_LOCK:
+            if how.positions == "generated":
+                handles.append(base_causal_lm(model).register_forward_pre_hook(prefill_hook, with_kwargs=True))
             for s, m in modules:
                 handles.append(m.register_forward_hook(make_hook(s.key)))
         yield
@@ -394,6 +628,17 @@ class SteeringSession:
         self.lm = lm
         self.vectors = vectors
         self._lock = model_lock(lm.model)
+        self._lora: dict[Site, LoraWeights] | None = None  # read on the first conditional generation
+
+    def lora(self) -> dict[Site, LoraWeights]:
+        """The adapter's LoRA pairs (the conditional mode's A, B, scaling), read once from vectors.adapter_path."""
+        if self._lora is None:
+            if not self.vectors.adapter_path:
+                raise ModelError(
+                    "these steering vectors name no adapter folder: conditional steering cannot read A, B."
+                )
+            self._lora = read_lora_weights(self.vectors.adapter_path)
+        return self._lora
 
     @classmethod
     def from_run(cls, adapter, vectors: SteeringVectors, spec=None) -> "SteeringSession":
@@ -409,10 +654,15 @@ class SteeringSession:
 
     @torch.no_grad()
     def generate_steered(
-        self, document: str, lam: float, gen_cfg: GenerationConfig = GenerationConfig(), task: str = "summarization"
+        self,
+        document: str,
+        lam: float,
+        gen_cfg: GenerationConfig = GenerationConfig(),
+        task: str = "summarization",
+        how: SteerConfig = SteerConfig(),
     ) -> str:
-        """One response for `document` with λ·v added at the steered sites (λ = 0: the merged model's output)."""
-        return self.generate_many([document], lam, gen_cfg, task)[0]
+        """One response for `document` steered with λ in mode `how` (λ = how.neutral: the merged model's output)."""
+        return self.generate_many([document], lam, gen_cfg, task, how)[0]
 
     def generate_many(
         self,
@@ -420,11 +670,13 @@ class SteeringSession:
         lam: float,
         gen_cfg: GenerationConfig = GenerationConfig(),
         task: str = "summarization",
+        how: SteerConfig = SteerConfig(),
     ) -> list[str]:
         """One response per document at one λ, in left-padded batches of gen_cfg.batch_size (topl_core.generate).
         Greedy batched outputs can differ from one-at-a-time outputs in the last float bits (padding changes the
         matmul shapes); compare λ values within one mode."""
-        with self._lock, steer(self.lm.model, self.vectors, lam):
+        lora = self.lora() if how.mode == "conditional" else None
+        with self._lock, steer(self.lm.model, self.vectors, lam, how, lora):
             if gen_cfg.mode == "sample":
                 with _SAMPLING_LOCK:
                     return generate(self.lm, documents, gen_cfg, task)
@@ -436,5 +688,8 @@ class SteeringSession:
         lambdas: Sequence[float],
         gen_cfg: GenerationConfig = GenerationConfig(),
         task: str = "summarization",
+        how: SteerConfig = SteerConfig(),
     ) -> list[dict]:
-        return [{"lambda": float(lam), "text": self.generate_steered(document, lam, gen_cfg, task)} for lam in lambdas]
+        return [
+            {"lambda": float(lam), "text": self.generate_steered(document, lam, gen_cfg, task, how)} for lam in lambdas
+        ]

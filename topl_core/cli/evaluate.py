@@ -9,8 +9,17 @@ import argparse
 import sys
 
 from ..adapters import open_adapter
-from ..analysis.evaluation import EvalConfig, Variant, evaluate, lambda_curve, lambda_sweep, results_table
+from ..analysis.evaluation import (
+    CURVE_KEYS,
+    EvalConfig,
+    Variant,
+    evaluate,
+    lambda_curve,
+    lambda_sweep,
+    results_table,
+)
 from ..analysis.scorers import make_scorer, scorer_quality
+from ..analysis.steering import MODES, POSITIONS, UNITS_DOC
 from ..errors import ConfigError
 from ..io import write_json
 from ..paths import DEFAULT_DATA
@@ -54,7 +63,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         nargs="+",
         type=float,
         metavar="LAMBDA",
-        help="λ sweep mode: factuality and length vs λ for the (first) --run",
+        help="λ sweep: factuality and fluency vs λ for every --run, in each of --modes",
+    )
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        default=["vector"],
+        help="λ sweep: how λ steers — vector (λ·scaling·B(μ+ − μ−)), conditional (the adapter's update scaled by λ: "
+        "0 = base, 1 = merged), diff-mean and random (controls with the vector's norm); constant modes in normalised "
+        "units (" + UNITS_DOC + ")",
+    )
+    p.add_argument(
+        "--conditional-lambdas",
+        nargs="+",
+        type=float,
+        metavar="LAMBDA",
+        help="λ grid of the conditional mode (default: --lambdas)",
+    )
+    p.add_argument(
+        "--positions", choices=POSITIONS, default="all", help="steer every position, or only generated tokens"
     )
     p.add_argument("--sets", nargs="+", choices=["ID", "OOD"], default=["ID"], help="document sets of the λ sweep")
     p.add_argument(
@@ -123,20 +151,37 @@ def run(args: argparse.Namespace) -> int:
         if not args.run:
             print("error: --lambdas needs --run RUN_DIR", file=sys.stderr)
             return 2
-        with Bar("λ values", total=len(args.lambdas)) as bar:
+        n_cond = len(args.conditional_lambdas or args.lambdas)
+        total = len(args.run) * sum(n_cond if m == "conditional" else len(args.lambdas) for m in args.modes)
+        with Bar("(run, mode, λ)", total=total) as bar:
             df = lambda_sweep(
-                args.run[0], args.lambdas, cfg, sets=tuple(args.sets), progress=bar.stage, use_cache=not args.no_cache
+                args.run,
+                args.lambdas,
+                cfg,
+                sets=tuple(args.sets),
+                progress=bar.stage,
+                use_cache=not args.no_cache,
+                modes=args.modes,
+                positions=args.positions,
+                conditional_lambdas=args.conditional_lambdas,
             )
         curve = lambda_curve(df)
-        print(
-            f"λ sweep of {args.run[0]} (steered sites {df.attrs.get('sites')}; scorer {cfg.scorer}, sentence protocol)"
-        )
-        print(curve.to_string(index=False, float_format=_fmt))
+        print(f"λ sweep (steered sites {df.attrs.get('sites')}; scorer {cfg.scorer}, sentence protocol; 95% interval")
+        print("= mean ± 1.96 s.e. over documents; *_fluent: the texts not marked degenerate)")
+        shown = [c for c in curve.columns if not c.endswith(("_sem", "_n"))]
+        print(curve[shown].to_string(index=False, float_format=_fmt))
         print("\nfull-summary protocol:")
-        print(lambda_curve(df, "full")[["lambda", "factuality", "sem"]].to_string(index=False, float_format=_fmt))
+        full = lambda_curve(df, "full")
+        print(
+            full[[*CURVE_KEYS, "factuality", "factuality_lo", "factuality_hi"]].to_string(
+                index=False, float_format=_fmt
+            )
+        )
         out["lambda_curve"] = curve.to_dict("records")
-        out["lambda_curve_full"] = lambda_curve(df, "full").to_dict("records")
+        out["lambda_curve_full"] = full.to_dict("records")
+        out["lambda_curve_by_set"] = lambda_curve(df, by_set=True).to_dict("records")
         out["sites"] = df.attrs.get("sites")
+        out["steering"] = {"modes": args.modes, "positions": args.positions, "units": UNITS_DOC}
         per_doc = df
     else:
         variants = [] if args.no_base else [Variant.base(args.model if not args.run else None)]

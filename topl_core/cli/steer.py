@@ -6,10 +6,20 @@ base model's. Vectors come from a labelled token set (default: the run's data, v
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 from pathlib import Path
 
 from ..analysis.probe import ProbeSettings, labelled_records
-from ..analysis.steering import SteeringSession, SteeringVectors, build_steering_vectors
+from ..analysis.steering import (
+    MODES,
+    POSITIONS,
+    UNITS,
+    UNITS_DOC,
+    SteerConfig,
+    SteeringSession,
+    SteeringVectors,
+    build_steering_vectors,
+)
 from ..generate import GenerationConfig, generate
 from ..io import write_json
 from ..models import ModelSpec, load_model
@@ -24,13 +34,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--document", help="document text to summarise")
     p.add_argument("--document-file", help="read the document from this file instead")
     p.add_argument("--lambdas", nargs="+", type=float, default=[-4, -2, 0, 2, 4], help="λ grid")
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="vector",
+        help="vector: λ·scaling·B(μ+ − μ−) (the paper); conditional: the adapter's own update scaled by λ (0 = base, "
+        "1 = merged); diff-mean / random: controls with the vector's norm",
+    )
+    p.add_argument("--positions", choices=POSITIONS, default="all", help="steer every position or only generated ones")
+    p.add_argument("--units", choices=UNITS, default="normalised", help=UNITS_DOC)
     p.add_argument("--top-k", type=int, default=4, help="number of steered sites (best o_proj/down_proj by AUROC)")
     p.add_argument("--vectors", help="import steering vectors from this directory instead of computing them")
     p.add_argument("--export", help="export the steering vectors (safetensors + JSON) to this directory")
+    p.add_argument(
+        "--export-gguf",
+        metavar="FILE",
+        help="also write the --mode (vector or diff-mean) vectors at λ = 1 in --units as a llama.cpp control vector",
+    )
     add_data_args(p)
     p.set_defaults(split="val")
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--mode", choices=["greedy", "sample"], default="greedy")
+    p.add_argument("--decoding", choices=["greedy", "sample"], default="greedy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-base", action="store_true", help="skip the base model's summary")
     p.add_argument(
@@ -70,24 +94,45 @@ def run(args: argparse.Namespace) -> None:
     print(f"steered sites ({vectors.n_good} good / {vectors.n_bad} bad tokens; v = scaling·B(μ+ − μ−)):")
     for s in vectors.sites:
         print(f"  {s.key:14s} AUROC {vectors.auroc[s.key]:.3f}  ‖v‖ {norms[s.key]:.4g}")
+    how = SteerConfig(args.mode, args.positions, args.units)
+    if how.mode != "conditional" and how.units == "normalised":
+        factor = vectors.unit_factor(how.mode)
+        print(
+            f"normalised λ = 1 is raw λ {min(factor.values()):.3g}–{max(factor.values()):.3g} (per site) "
+            f"in {how.mode} mode"
+        )
     if args.export:
         vectors.save(args.export)
         print(f"exported to {args.export}")
+    session = SteeringSession.from_run(rd, vectors, rd.base_model)
+    if args.export_gguf:
+        config = session.lm.model.config
+        left_out = vectors.save_control_vector(
+            args.export_gguf, how.mode, how.units, config.model_type, config.num_hidden_layers
+        )
+        print(f"llama.cpp control vector ({how.mode}, λ = 1 in {how.units} units): {args.export_gguf}")
+        if left_out:
+            print(f"  left out (llama.cpp has no direction for layer 0): {', '.join(left_out)}")
 
-    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, mode=args.mode, seed=args.seed)
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, mode=args.decoding, seed=args.seed)
     rows = []
     if not args.no_base:
         base_text = generate(load_model(ModelSpec(rd.base_model, device=rd.device)), [args.document], gen)[0]
         rows.append({"model": "base", "lambda": None, "text": base_text})
         print(f"\n== base model\n{base_text}")
-    session = SteeringSession.from_run(rd, vectors, rd.base_model)
     for lam in args.lambdas:  # each text is printed as it is done: that is the progress here
-        text = session.generate_steered(args.document, lam, gen)
-        rows.append({"model": "merged" if lam == 0 else "steered", "lambda": lam, "text": text})
-        print(f"\n== merged, λ = {lam:g}\n{text}")
+        text = session.generate_steered(args.document, lam, gen, how=how)
+        rows.append({"model": "merged" if lam == how.neutral else "steered", "lambda": lam, "text": text})
+        print(f"\n== merged, {how.label()}, λ = {lam:g}\n{text}")
     if args.json:
         write_json(
             args.json,
-            {"run": str(rd.path), "vectors": vectors.metadata(), "document": args.document, "generations": rows},
+            {
+                "run": str(rd.path),
+                "vectors": vectors.metadata(),
+                "steering": asdict(how),
+                "document": args.document,
+                "generations": rows,
+            },
         )
         print(f"\nwrote {args.json}")
