@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> None:
     for lam in args.lambdas:  # each text is printed as it is done: that is the progress here
         text = session.generate_steered(args.document, lam, gen, how=how)
         rows.append({"model": "merged" if lam == how.neutral else "steered", "lambda": lam, "text": text})
-        print(f"\n== merged, {how.label()}, λ = {lam:g}\n{text}")
+        print(f"\n== merged, λ = {lam:g} ({how.label()})\n{text}")
     if args.json:
         write_json(
             args.json,
