@@ -223,7 +223,10 @@ def lambda_study(curve: pd.DataFrame, res: dict) -> None:
                     )
             title = "λ (normalised)" if family == "constant" else "λ (scale of the adapter's update)"
             fig.update_layout(
-                title=f"{run}: factuality vs λ", xaxis_title=title, yaxis_title="factuality (sentence)", height=340
+                title=f"{Path(run).name}: factuality vs λ",
+                xaxis_title=title,
+                yaxis=dict(title="factuality", range=[0, 1]),
+                height=340,
             )
             lower.update_layout(
                 title="share of degenerate texts", xaxis_title=title, yaxis=dict(range=[-0.02, 1.02]), height=340
@@ -269,7 +272,16 @@ def panel() -> None:
             icon=":material/straighten:",
         )
     if "lambda_curve" in res:
-        lambda_study(pd.DataFrame(res["lambda_curve"]), res)
+        protocol = st.radio(
+            "Protocol",
+            ["sentence", "full"],
+            horizontal=True,
+            key=K + "lam_protocol",
+            persist_state="session",
+            format_func=lambda p: {"sentence": "sentence-level", "full": "full summary"}[p],
+        )
+        key = "lambda_curve" if protocol == "sentence" or "lambda_curve_full" not in res else "lambda_curve_full"
+        lambda_study(pd.DataFrame(res[key]), res)
     else:
         protocol = st.radio(
             "Protocol",

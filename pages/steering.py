@@ -226,8 +226,9 @@ lam = (c_lam if bound is not None else st).slider(
 if how.mode != "conditional":
     factor = vec.unit_factor(how.mode)
     st.caption(
-        f"λ = {lam:+.2f} adds {abs(lam) * UNIT_FRACTION:.0%} of each site's mean output norm = raw λ "
-        f"{lam * min(factor.values()):+.3g} … {lam * max(factor.values()):+.3g} in the paper's formula (per site)."
+        f"One unit of λ = {UNIT_FRACTION:.0%} of each steered site's mean output norm = raw λ "
+        f"{min(factor.values()):.3g}–{max(factor.values()):.3g} in the paper's formula (per site); at λ = {lam:+.2f}: "
+        f"raw {lam * min(factor.values()):+.3g} … {lam * max(factor.values()):+.3g}."
     )
 try:
     with st.spinner("Generating…"):

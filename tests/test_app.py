@@ -687,6 +687,40 @@ def test_evaluation_runs_in_the_background_and_shows_tables(workbench):
     assert res.loc[0, "evaluation"] == "tiny-eval" and 0 <= res.loc[0, "ID factuality"] <= 1
 
 
+def test_steering_study_runs_in_the_background_and_shows_its_curves(workbench):
+    """The Evaluation page's λ sweep: two modes on one adapter → per-mode curves, the degenerate share and the
+    table with paired changes; the conditional mode's λ = 1 is the merged model (change 0 by construction)."""
+    from topl_core import jobs
+
+    at = open_page("evaluation")
+    at.radio(key="eval.mode").set_value("λ sweep (steering study)").run()
+    at.multiselect(key="eval.runs").set_value([str(workbench["runs"] / "topl-tiny")])
+    at.text_input(key="eval.lambdas.True").set_value("0 8")
+    at.multiselect(key="eval.modes").set_value(["vector", "conditional"])
+    at.text_input(key="eval.cond_lambdas").set_value("0 1")
+    at.number_input(key="eval.n_id").set_value(2)
+    at.number_input(key="eval.n_ood.True").set_value(0)
+    at.number_input(key="eval.max_new").set_value(8)
+    at.text_input(key="eval.name").set_value("tiny-study")
+    at.button[[b.label for b in at.button].index("Start evaluation")].click().run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    edir = workbench["runs"] / "evaluations" / "tiny-study"
+    st = jobs.wait(edir, timeout_s=300)
+    assert st.state == "finished", jobs.log_tail(edir, 40)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    curve = next(d.value for d in at.dataframe if {"mode", "lambda", "factuality"} <= set(d.value.columns))
+    assert sorted(zip(curve["mode"], curve["lambda"])) == [
+        ("conditional", 0.0),
+        ("conditional", 1.0),
+        ("vector", 0.0),
+        ("vector", 8.0),
+    ]
+    neutral = curve[(curve["mode"] == "conditional") & (curve["lambda"] == 1.0)]
+    assert float(neutral["change"].iloc[0]) == 0.0 and {"degenerate", "perplexity"} <= set(curve.columns)
+    assert len(at.get("plotly_chart")) == 4  # factuality and degenerate share, for each mode family
+
+
 def test_a_run_started_from_the_command_line_reads_as_running(workbench, tmp_path):
     """No job.json (a foreground `python -m topl_core train`): liveness comes from status.json's pid."""
     import subprocess
