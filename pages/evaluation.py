@@ -236,7 +236,11 @@ def lambda_study(curve: pd.DataFrame, res: dict) -> None:
                 plot(fig, key=K + f"lam_curve.{run}.{family}")
             with c2:
                 plot(lower, key=K + f"lam_degenerate.{run}.{family}")
-    shown = [c for c in curve.columns if not c.endswith(("_sem", "_n"))]
+    first = ["run", "mode", "lambda", "factuality", "factuality_lo", "factuality_hi", "change", "change_lo"]
+    first += ["change_hi", "degenerate", "factuality_fluent", "perplexity", "distinct_2", "sentences", "words"]
+    shown = [c for c in first if c in curve] + [
+        c for c in curve.columns if c not in first and not c.endswith(("_sem", "_n"))
+    ]
     st.dataframe(curve[shown], hide_index=True, key=K + "lam_table")
     csv_download(curve, f"{sel}-lambda-curve.csv", key=K + "lam_csv")
 
