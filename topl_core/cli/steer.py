@@ -33,7 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_adapter_args(p, ADAPTER_HELP + " (its LoRA is merged; its B gives the vectors)")
     p.add_argument("--document", help="document text to summarise")
     p.add_argument("--document-file", help="read the document from this file instead")
-    p.add_argument("--lambdas", nargs="+", type=float, default=[-4, -2, 0, 2, 4], help="λ grid")
+    p.add_argument(
+        "--lambdas", nargs="+", type=float, default=[-2, -1, 0, 1, 2], help="λ grid (normalised units by default)"
+    )
     p.add_argument(
         "--mode",
         choices=MODES,
