@@ -164,19 +164,30 @@ class SteeringVectors:
 
     def unit_factor(self, mode: str) -> dict[str, float]:
         """Per site, the raw λ that normalised λ = 1 stands for: UNIT_FRACTION · (mean output norm) / ‖raw vector‖."""
+        return self._unit_factor(self.raw(mode))
+
+    def _unit_factor(self, raw: Mapping[str, np.ndarray]) -> dict[str, float]:
         self._need_outputs()
         return {
-            k: float(UNIT_FRACTION * self.output_norm[k] / max(float(np.linalg.norm(v)), 1e-30))
-            for k, v in self.raw(mode).items()
+            k: float(UNIT_FRACTION * self.output_norm[k] / max(float(np.linalg.norm(v)), 1e-30)) for k, v in raw.items()
         }
 
     def deltas(self, mode: str, units: str = "normalised") -> dict[str, np.ndarray]:
         """Per site, what λ = 1 adds to the site's output in this mode and unit (float32)."""
-        raw = self.raw(mode)
+        raw = self.raw(mode)  # computed once (the random control draws its directions here)
         if units == "raw":
             return {k: np.asarray(v, np.float32) for k, v in raw.items()}
-        factor = self.unit_factor(mode)
+        factor = self._unit_factor(raw)
         return {k: (np.asarray(v, np.float64) * factor[k]).astype(np.float32) for k, v in raw.items()}
+
+    def adapter_lora(self) -> dict[Site, LoraWeights]:
+        """Every LoRA pair of the adapter these vectors came from (what the conditional mode scales)."""
+        if not self.adapter_path:
+            raise ModelError(
+                "these steering vectors name no adapter folder: conditional steering cannot read its A and B "
+                "(pass lora= to steer, or recompute the vectors from the adapter)."
+            )
+        return read_lora_weights(self.adapter_path)
 
     def save_control_vector(
         self,
@@ -507,7 +518,7 @@ def build_steering_vectors(
 _HOOK_LOCK = threading.Lock()  # registering/removing hooks is serialised (hook dicts are shared by threads)
 
 
-def _is_prefill(kwargs: dict, args: tuple) -> bool:
+def _is_prefill(kwargs: dict) -> bool:
     """Whether a causal-LM forward processes the prompt: no KV cache yet (a plain forward, or generate's first step).
     Later generate steps carry a cache holding the tokens before them."""
     past = kwargs.get("past_key_values")
@@ -529,12 +540,7 @@ def steer(
     owner = threading.get_ident()
     state = {"prefill": False}
     if how.mode == "conditional":
-        if lora is None:
-            if not vectors.adapter_path:
-                raise ModelError(
-                    "conditional steering needs the adapter's LoRA weights: pass lora= or vectors with adapter_path."
-                )
-            lora = read_lora_weights(vectors.adapter_path)
+        lora = lora if lora is not None else vectors.adapter_lora()
         sites = sort_sites(lora)
     else:
         sites = list(vectors.sites)
@@ -580,9 +586,9 @@ def steer(
 
         return hook
 
-    def prefill_hook(_module, args, kwargs):
+    def prefill_hook(_module, _args, kwargs):
         if threading.get_ident() == owner:
-            state["prefill"] = _is_prefill(kwargs, args)
+            state["prefill"] = _is_prefill(kwargs)
         return None
 
     handles = []
@@ -633,11 +639,7 @@ class SteeringSession:
     def lora(self) -> dict[Site, LoraWeights]:
         """The adapter's LoRA pairs (the conditional mode's A, B, scaling), read once from vectors.adapter_path."""
         if self._lora is None:
-            if not self.vectors.adapter_path:
-                raise ModelError(
-                    "these steering vectors name no adapter folder: conditional steering cannot read A, B."
-                )
-            self._lora = read_lora_weights(self.vectors.adapter_path)
+            self._lora = self.vectors.adapter_lora()
         return self._lora
 
     @classmethod
