@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..adapters import open_adapter
+from ..data.cliff import csv_rows
 from ..data.records import read_jsonl
 from ..data.split import first_documents, split_records
 from ..generate import GenerationConfig, generate, load_merged
@@ -129,17 +130,14 @@ def id_documents(cfg: EvalConfig) -> list[EvalDoc]:
 def ood_documents(cfg: EvalConfig) -> list[EvalDoc]:
     """n_ood distinct CLIFF documents, taken alternately from each source (cliff-xsum, cliff-cnndm), in file order.
     Empty when the CSV is absent."""
-    import pandas as pd
-
     if cfg.n_ood == 0:
         return []
     path = Path(cfg.cliff_csv) if cfg.cliff_csv else cliff_csv()
     if not path.is_file():
         return []
-    table = pd.read_csv(path, dtype=str, keep_default_na=False)
     by_source: dict[str, list[EvalDoc]] = {}
     seen = set()
-    for row in table.to_dict("records"):
+    for row in csv_rows(path, required=("doc",)):
         doc_id = f"{row.get('origin', 'cliff')}-{row.get('id', '')}"
         if doc_id in seen:
             continue

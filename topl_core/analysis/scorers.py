@@ -33,6 +33,7 @@ from typing import Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from ..data.cliff import csv_rows
 from ..data.halueval import load_halueval_rows
 from ..errors import DataError, ScorerError
 from ..metrics import auroc
@@ -606,10 +607,7 @@ def labelled_summary_sets(
     if path.is_file():
         # Summary-level labels only ("correct" or not): read the CSV directly, so rows whose annotated spans do
         # not match the summary (dropped by the token-level loader) still count.
-        import pandas as pd
-
-        table = pd.read_csv(path, dtype=str, keep_default_na=False)
-        for row in table.to_dict("records"):
+        for row in csv_rows(path, required=("doc", "summ", "error_type", "origin", "id")):
             name = f"cliff-{row['origin']}" if row.get("origin") else "cliff"
             sets.setdefault(name, []).append(
                 (row["doc"], row["summ"], row["error_type"] == "correct", f"{row['origin']}-{row['id']}")

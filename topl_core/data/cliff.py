@@ -158,6 +158,21 @@ def _read_table(path: Path) -> pd.DataFrame:
             raise DataError(f"{path}: not a well-formed CSV ({detail}). {CSV_FIX}") from e
 
 
+def csv_rows(path: str | Path, required: Sequence[str]) -> list[dict[str, str]]:
+    """The rows of a CLIFF-style CSV as dicts of strings, read like `load_factuality_csv` reads it (UTF-8, malformed
+    CSV → DataError); a missing column in `required` raises DataError naming it. For readers that need only
+    summary-level columns (the OOD documents, scorer quality)."""
+    path = Path(path)
+    table = _read_table(path)
+    absent = [c for c in required if c not in table.columns]
+    if absent:
+        raise DataError(
+            f"{path}: missing column(s) {absent}; found {list(table.columns)}. Use CLIFF's "
+            "CLIFF_error_types.csv or a CSV with these columns."
+        )
+    return table.to_dict("records")
+
+
 def load_factuality_csv(
     path: str | Path,
     on_missing: Literal["skip", "raise"] = "skip",
