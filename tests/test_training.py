@@ -260,6 +260,21 @@ def test_corrupt_or_missing_files_give_clear_errors(tiny_run, tmp_path):
         RunDir(tmp_path / "empty").read_config()
 
 
+def test_a_changed_checkpoint_is_refused_not_resumed(tmp_path, tiny_records):
+    """A byte flipped inside a checkpoint file still parses; its checksum in state.json catches it before resuming,
+    and nothing of the run is touched."""
+    cfg = tiny_config(steps=6, checkpoint_every=4)
+    run = train(cfg, tmp_path / "r", records=tiny_records, progress=lambda p: p.step != 3)  # cancelled at step 3
+    ck = run.checkpoint_dir / "adapter.safetensors"
+    data = bytearray(ck.read_bytes())
+    data[-1] ^= 1  # the last byte of tensor data: the file still loads
+    ck.write_bytes(bytes(data))
+    metrics = run.metrics_path.read_text()
+    with pytest.raises(RunError, match="adapter.safetensors: changed since the checkpoint was written"):
+        train(cfg, run.path, records=tiny_records)
+    assert run.read_status()["step"] == 3 and run.metrics_path.read_text() == metrics
+
+
 @pytest.mark.parametrize("multiplier", [1.0, 30.0])
 def test_the_head_learns_at_lr_times_its_multiplier(tmp_path, tiny_records, multiplier):
     """Adam's first step moves every parameter with a clear gradient by ≈ its learning rate; the zero-initialised

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -53,3 +54,8 @@ def read_log_rows(path: str | os.PathLike) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The file's sha256 (hex): the checksum recorded for adapter, head and checkpoint files and verified at load."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

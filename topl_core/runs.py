@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from .errors import ModelError, RunError
-from .io import atomic_open, read_log_rows, write_json
+from .io import atomic_open, read_log_rows, sha256_file, write_json
 from .models import LoadedModel
 from .status import STATUS_FILE, State, read_status, write_status
 from .training.config import TrainConfig
@@ -102,7 +102,7 @@ class RunDir:
         """Write the sha256 of the finished adapter and head files into the run's meta (verified at every load)."""
         cfg, meta = self.read_config()
         files = [p for p in (self.adapter_path, self.head_path) if p.exists()]
-        self.write_config(cfg, meta | {"checksums": {p.name: _sha256(p) for p in files}})
+        self.write_config(cfg, meta | {"checksums": {p.name: sha256_file(p) for p in files}})
 
     def _verify_files(self, meta: dict) -> None:
         """Refuse an adapter or head file whose content changed since the run recorded its checksum in `meta`."""
@@ -110,7 +110,7 @@ class RunDir:
             path = self.path / name
             if not path.exists():
                 raise RunError(f"{path}: missing (the run finished with it). Restore the file or retrain the run.")
-            if _sha256(path) != want:
+            if sha256_file(path) != want:
                 raise RunError(
                     f"{path}: its content does not match the checksum recorded when the run finished — the file "
                     "was changed or corrupted. Restore it from a copy or retrain the run."
@@ -151,10 +151,6 @@ class RunDir:
         head = torch.nn.Linear(t["weight"].shape[1], 1).to(device)
         head.load_state_dict(t)
         return head.eval()
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def fingerprint_files(paths: list[Path]) -> str:

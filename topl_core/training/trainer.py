@@ -26,7 +26,7 @@ from ..data.records import Record, read_jsonl
 from ..data.split import split_records
 from ..data.variants import apply_label_setting
 from ..errors import DataError, RunError
-from ..io import save_tensors, write_json
+from ..io import save_tensors, sha256_file, write_json
 from ..models import LoadedModel, ModelSpec, hub_id, load_model
 from ..precision import autocast
 from ..runs import RunDir
@@ -435,7 +435,8 @@ def _save_checkpoint(run: RunDir, t: _Trainable, step: int) -> None:
         save_tensors(tmp / "head.safetensors", t.head.state_dict())
     save_tensors(tmp / "rng.safetensors", {"torch": torch.get_rng_state()})
     torch.save({"optimizer": t.optimizer.state_dict(), "scheduler": t.scheduler.state_dict()}, tmp / "optimizer.pt")
-    write_json(tmp / "state.json", {"step": step})
+    checksums = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
+    write_json(tmp / "state.json", {"step": step, "checksums": checksums})
     old = run.path / "checkpoint.old"
     shutil.rmtree(old, ignore_errors=True)
     if run.checkpoint_dir.exists():
@@ -452,7 +453,9 @@ def _load_checkpoint(run: RunDir, t: _Trainable) -> int:
 
     ck = run.checkpoint_dir
     try:
-        step = json.loads((ck / "state.json").read_text())["step"]
+        state = json.loads((ck / "state.json").read_text())
+        step = state["step"]
+        _verify_checkpoint(ck, state.get("checksums"))
         set_peft_model_state_dict(t.model, load_file(ck / "adapter.safetensors"))
         if t.head is not None:
             t.head.load_state_dict(load_file(ck / "head.safetensors"))
@@ -460,8 +463,28 @@ def _load_checkpoint(run: RunDir, t: _Trainable) -> int:
         t.optimizer.load_state_dict(opt["optimizer"])
         t.scheduler.load_state_dict(opt["scheduler"])
         torch.set_rng_state(load_file(ck / "rng.safetensors")["torch"])
+    except RunError:
+        raise
     except Exception as e:
         raise RunError(
             f"{ck}: checkpoint is corrupt ({type(e).__name__}: {e}); delete {ck} to restart the run from step 0."
         ) from e
     return int(step)
+
+
+def _verify_checkpoint(ck: Path, checksums: dict | None) -> None:
+    """Refuse a checkpoint whose files changed since it was written (a flipped byte can still parse, and would
+    resume silently from wrong weights or optimizer state)."""
+    if checksums is None:
+        raise RunError(
+            f"{ck}/state.json records no checksums (written by an older version or edited), so the checkpoint "
+            f"cannot be verified; delete {ck} to restart the run from step 0."
+        )
+    for name, want in checksums.items():
+        path = ck / name
+        problem = "missing" if not path.exists() else "changed" if sha256_file(path) != want else None
+        if problem:
+            raise RunError(
+                f"{path}: {problem} since the checkpoint was written (checksum in state.json) — the checkpoint is "
+                f"corrupt. Delete {ck} to restart the run from step 0."
+            )
