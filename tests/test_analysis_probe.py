@@ -363,21 +363,59 @@ def test_shipped_cache_is_read_after_the_local_one_and_never_written(cache_tmp, 
     local = cache_path("unit", full_key({"q": 1}), JSON)
     shipped = shipped_cache_path(local)
     assert shipped == tmp_path / "examples" / "analysis-cache" / "unit" / local.name
-    shipped.parent.mkdir(parents=True)
-    shipped.write_text('{"from": "shipped"}')
+    _write_entry(shipped, "unit", full_key({"q": 1}), '{"from": "shipped"}')
 
     def must_not_run():
         raise AssertionError("computed although a shipped entry exists")
 
     assert cached("unit", {"q": 1}, must_not_run) == {"from": "shipped"}
     assert not local.exists()  # read-only: nothing copied, nothing rewritten
-    local.parent.mkdir(parents=True, exist_ok=True)
-    local.write_text('{"from": "local"}')
+    _write_entry(local, "unit", full_key({"q": 1}), '{"from": "local"}')
     assert cached("unit", {"q": 1}, must_not_run) == {"from": "local"}
     local.unlink()
     monkeypatch.setenv("TOPL_EXAMPLES_DIR", "")
     assert cached("unit", {"q": 1}, lambda: {"from": "computed"}) == {"from": "computed"}
     shutil.rmtree(tmp_path / "examples")
+
+
+def _write_entry(path, kind: str, kd: dict, text: str) -> None:
+    """A cache entry and its key file (kind, key, checksum) as `cached` writes them."""
+    from topl_core.analysis.cache import key_file
+    from topl_core.io import sha256_file, write_json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    write_json(key_file(path), {"kind": kind, **kd, "sha256": sha256_file(path)})
+
+
+def test_a_tampered_cache_entry_is_recomputed_never_trusted(cache_tmp):
+    """An entry edited into other valid JSON, an entry whose key file was cut off (a kill between the two writes),
+    and another key's entry copied over with its key file: each is recomputed and rewritten, then hit again."""
+    import shutil
+
+    from topl_core.analysis.cache import JSON, cache_path, cached, full_key, key_file
+
+    def value(q):
+        return lambda: {"q": q}
+
+    path = cache_path("unit", full_key({"q": 1}), JSON)
+    tampers = {
+        "edited": lambda: path.write_text('{"q": 666}'),
+        "key file lost": lambda: key_file(path).unlink(),
+        "other entry copied in": lambda: (
+            shutil.copy(other, path),
+            shutil.copy(key_file(other), key_file(path)),
+        ),
+    }
+    cached("unit", {"q": 2}, value(2))
+    other = cache_path("unit", full_key({"q": 2}), JSON)
+    for name, tamper in tampers.items():
+        cached("unit", {"q": 1}, value(1))
+        tamper()
+        calls = []
+        assert cached("unit", {"q": 1}, lambda: calls.append(1) or {"q": 1}) == {"q": 1}, name
+        assert calls == [1], name
+        assert cached("unit", {"q": 1}, lambda: calls.append(1) or {"q": 1}) == {"q": 1} and calls == [1], name
 
 
 def test_probe_is_cached_and_invalidated_by_a_changed_adapter(cache_tmp, tiny_run, news_records, tmp_path):

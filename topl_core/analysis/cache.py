@@ -17,7 +17,10 @@ fingerprint, stored atomically as json / npz / parquet under cache_dir()/analysi
 
 Codecs (value ⇄ file): JSON (JSON-able values; floats round-trip exactly), NPZ (dict[str, np.ndarray]; no object
 arrays), PARQUET (pandas DataFrame), and json_codec(to_json, from_json) / npz_codec(to_arrays, from_arrays) to
-wrap value types. Next to every entry, <key>.key.json records the full key dict for people reading the cache.
+wrap value types. Next to every entry, <key>.key.json records the full key dict (for people reading the cache) and
+the sha256 of the entry's bytes. An entry is used only when its key file names the same kind and key and its bytes
+match that checksum: a file edited into other valid content, a key file swapped in, or a write cut between the entry
+and its key file is recomputed, never trusted.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import IO, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..adapters import open_adapter
-from ..io import atomic_open, write_json
+from ..io import atomic_open, sha256_file, write_json
 from ..paths import cache_dir, examples_dir
 
 
@@ -154,7 +157,7 @@ def cached(
     path = cache_path(kind, kd, codec)
     if not refresh:
         for candidate in (path, shipped_cache_path(path)):
-            if candidate is not None and candidate.exists():
+            if candidate is not None and candidate.exists() and _intact(candidate, kind, kd):
                 try:
                     return codec.load(candidate)
                 except Exception:  # a corrupt or foreign file: recompute (and overwrite a local one)
@@ -162,8 +165,27 @@ def cached(
     value = compute()
     with atomic_open(path, "wb") as f:
         codec.dump(value, f)
-    write_json(path.with_name(path.name.rsplit(".", 1)[0] + ".key.json"), {"kind": kind, **kd})
+    write_json(key_file(path), {"kind": kind, **kd, "sha256": sha256_file(path)})
     return value
+
+
+def key_file(entry: Path) -> Path:
+    """<key>.key.json beside the entry <key>.<suffix>: its kind, full key and the sha256 of its bytes."""
+    return entry.with_name(entry.name.rsplit(".", 1)[0] + ".key.json")
+
+
+def _intact(entry: Path, kind: str, kd: Mapping) -> bool:
+    """The entry's key file names this kind and key, and the entry's bytes match the checksum recorded there."""
+    try:
+        recorded = json.loads(key_file(entry).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(recorded, dict):
+        return False
+    checksum = recorded.pop("sha256", None)
+    return (
+        recorded.pop("kind", None) == kind and cache_key(recorded) == cache_key(kd) and checksum == sha256_file(entry)
+    )
 
 
 def records_fingerprint(records: Sequence) -> str:
