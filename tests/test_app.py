@@ -593,6 +593,44 @@ def test_job_cancel_checkpoints_and_resume_finishes(workbench, tmp_path):
     assert "resuming" in jobs.log_tail(run_dir, 200)
 
 
+def test_two_sessions_launching_the_same_run_at_once_start_one_job(workbench, tmp_path):
+    """Two app sessions press Train with the same run name at the same moment: one job starts, the other session
+    gets a JobError naming the holder, and the run that trains is the same as a run made alone."""
+    import threading
+
+    import torch
+
+    from topl_core import jobs
+    from topl_core.runs import RunDir
+    from topl_core.training.trainer import train
+
+    cfg = tiny_config(data=str(workbench["data"]), steps=3, max_doc_tokens=64)
+    run_dir = tmp_path / "twin"
+    barrier, outcomes = threading.Barrier(2), []
+
+    def press_train():
+        barrier.wait()
+        try:
+            outcomes.append(jobs.launch_train(cfg, run_dir))
+        except jobs.JobError as e:
+            outcomes.append(e)
+
+    sessions = [threading.Thread(target=press_train) for _ in range(2)]
+    for t in sessions:
+        t.start()
+    for t in sessions:
+        t.join()
+    errors = [o for o in outcomes if isinstance(o, jobs.JobError)]
+    assert len(errors) == 1 and "being written by pid" in str(errors[0]), outcomes
+    st = jobs.wait(run_dir, timeout_s=300)
+    assert st.state == "finished", jobs.log_tail(run_dir)
+    alone = train(cfg, tmp_path / "alone")
+    twin = RunDir(run_dir)
+    assert twin.adapter_path.read_bytes() == alone.adapter_path.read_bytes()
+    a, b = twin.load_head().state_dict(), alone.load_head().state_dict()  # (its header's metadata order varies)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_job_state_survives_a_restart_and_detects_dead_processes(workbench, tmp_path):
     """A run whose process vanished without a word reads as 'interrupted' (resumable), not 'running'."""
     from topl_core import jobs

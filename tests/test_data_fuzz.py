@@ -423,6 +423,7 @@ def test_record_types_are_checked(fields, message):
         (["data", "build", "--source", "halueval-pairs", "--input", "garbage.bin"], "garbage.bin:1"),
         (["data", "inspect", "float_span.jsonl"], "float_span.jsonl:1"),
         (["data", "inspect", "lone_surrogate.jsonl"], "lone_surrogate.jsonl:2"),
+        (["steer", "--run", "examples/adapters/topl-smollm2", "--document-file", "cp1252.jsonl"], "cp1252.jsonl:2"),
     ],
 )
 def test_cli_says_error_with_exit_code_2(argv, name, tmp_path, capsys):

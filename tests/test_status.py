@@ -136,6 +136,43 @@ def test_one_writer_per_folder(tmp_path, tiny_records):
     assert not (tmp_path / "other" / LOCK_FILE).exists()
 
 
+def test_the_writer_lock_nests_in_its_thread_and_is_handed_to_a_started_process(tmp_path):
+    """The same thread may nest the lock (a job around the trainer); another thread of the process (a second app
+    session) is refused; a launcher's lock handed over reaches only the process started with its token."""
+    import threading
+
+    from topl_core.errors import RunError
+    from topl_core.status import LOCK_FILE, WriterLock
+
+    folder = tmp_path / "job"
+    refused = []
+
+    def other_session():
+        try:
+            with WriterLock(folder):
+                pass
+        except RunError as e:
+            refused.append(str(e))
+
+    with WriterLock(folder):
+        with WriterLock(folder):
+            pass
+        assert (folder / LOCK_FILE).exists()  # the inner exit keeps the outer lock
+        t = threading.Thread(target=other_session)
+        t.start()
+        t.join()
+        assert refused and f"being written by pid {os.getpid()}" in refused[0]
+    assert not folder.exists()  # nothing was written: no folder left behind
+
+    lock = WriterLock(folder).__enter__()
+    env = lock.hand_over()
+    take = f"from topl_core.status import WriterLock; WriterLock({str(folder)!r}).__enter__(); print('took it')"
+    stranger = subprocess.run([sys.executable, "-c", take], capture_output=True, text=True)
+    assert stranger.returncode != 0 and "being written by pid" in stranger.stderr
+    heir = subprocess.run([sys.executable, "-c", take], capture_output=True, text=True, env={**os.environ, **env})
+    assert heir.returncode == 0 and "took it" in heir.stdout, heir.stderr
+
+
 def test_sigterm_stops_a_command_line_training_cleanly(tmp_path, tiny_records):
     """SIGTERM to `python -m topl_core train` (what kill, a scheduler or a container stop sends): the same clean stop
     as Cancel — a checkpoint of the last step, state "cancelled", exit code 130 — and --resume continues it."""

@@ -32,22 +32,25 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from .analysis.sweeps import SweepConfig, save_sweep_config
 from .cli import CANCELLED
 from .cli import main as cli_main
-from .errors import JobError, WorkbenchError
+from .errors import JobError, RunError, WorkbenchError
 from .io import write_json
 from .paths import PROJECT_ROOT, runs_dir
 from .runs import RunDir
 from .status import (
     ACTIVE_STATES,
     ENDED_STATES,
+    LOCK_FILE,
     Facts,
     State,
+    WriterLock,
     clear_stop,
     pid_exists,
     progress_of,
@@ -57,6 +60,7 @@ from .status import (
     stop_cleanly_on_sigterm,
     stop_requested,
     update_status,
+    zombie,
 )
 from .training.config import TrainConfig
 
@@ -107,14 +111,34 @@ class JobStatus:
 
 
 def launch(cli_args: Sequence[str], job_dir: str | Path, kind: str = "command", env: dict | None = None) -> Path:
-    """Start `python -m topl_core <cli_args>` detached, logging into job_dir/job.log. Returns job_dir."""
-    job_dir = Path(job_dir).resolve()
-    job_dir.mkdir(parents=True, exist_ok=True)
+    """Start `python -m topl_core <cli_args>` detached, logging into job_dir/job.log. Returns job_dir. Refused
+    (JobError) while another writer works in job_dir."""
+    with _claim(job_dir) as lock:
+        return _start(cli_args, lock, kind, env)
+
+
+@contextmanager
+def _claim(job_dir: str | Path) -> Iterator[WriterLock]:
+    """Hold job_dir's writer lock while a launch prepares it; `_start` hands it to the job process. Two sessions
+    launching into the same folder at once: one starts, the other gets a JobError naming the holder."""
+    lock = WriterLock(job_dir)
+    try:
+        lock.__enter__()
+    except RunError as e:
+        raise JobError(str(e)) from None
+    try:
+        yield lock
+    finally:
+        lock.__exit__(None, None, None)  # nothing left to release once handed over
+
+
+def _start(cli_args: Sequence[str], lock: WriterLock, kind: str, env: dict | None) -> Path:
+    job_dir = lock.path.parent
     if (st := read_job(job_dir)) and st.active:
         raise JobError(f"{job_dir} already has a {st.kind} job running (pid {st.pid}); cancel it first.")
     clear_stop(job_dir)
     argv = [sys.executable, "-m", "topl_core.jobs", "--job-dir", str(job_dir), "--", *map(str, cli_args)]
-    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), **lock.hand_over()}
     with open(job_dir / LOG_FILE, "ab") as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv[3:])}\n".encode())
         log.flush()
@@ -127,6 +151,7 @@ def launch(cli_args: Sequence[str], job_dir: str | Path, kind: str = "command", 
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    lock.handed_to(proc.pid)
     _CHILDREN[proc.pid] = proc
     write_json(
         job_dir / JOB_FILE, {"kind": kind, "argv": list(map(str, cli_args)), "pid": proc.pid, "started": time.time()}
@@ -139,17 +164,18 @@ def launch_train(cfg: TrainConfig, run_dir: str | Path | None = None, env: dict 
     if run_dir is None:
         run_dir = runs_dir() / default_run_name(cfg)
     run = RunDir(Path(run_dir).resolve())
-    if run.config_path.exists():
-        old, _ = run.read_config()
-        if old != cfg:
-            raise JobError(f"{run.path} already holds a different run; choose another run name.")
-        if run.is_complete:
-            raise JobError(f"{run.path} is already finished; choose another run name.")
-    elif run.path.exists() and any(run.path.iterdir()):
-        raise JobError(f"{run.path} exists and is not a run directory; choose another run name.")
-    else:
-        run.write_config(cfg, {"launched_by": "topl_core.jobs"})  # the trainer reads it back with --resume
-    return launch(["train", "--resume", str(run.path)], run.path, kind="train", env=env)
+    with _claim(run.path) as lock:  # checked and written under the lock: a twin launch cannot overwrite the config
+        if run.config_path.exists():
+            old, _ = run.read_config()
+            if old != cfg:
+                raise JobError(f"{run.path} already holds a different run; choose another run name.")
+            if run.is_complete:
+                raise JobError(f"{run.path} is already finished; choose another run name.")
+        elif any(p.name != LOCK_FILE for p in run.path.iterdir()):
+            raise JobError(f"{run.path} exists and is not a run directory; choose another run name.")
+        else:
+            run.write_config(cfg, {"launched_by": "topl_core.jobs"})  # the trainer reads it back with --resume
+        return _start(["train", "--resume", str(run.path)], lock, "train", env)
 
 
 def resume_train(run_dir: str | Path, env: dict | None = None) -> Path:
@@ -165,8 +191,9 @@ def resume_train(run_dir: str | Path, env: dict | None = None) -> Path:
 def launch_sweep(cfg: SweepConfig, sweep_dir: str | Path) -> Path:
     """Start (or continue) a layer sweep in the background; its windows checkpoint when cancelled."""
     sweep_dir = Path(sweep_dir).resolve()
-    save_sweep_config(sweep_dir, cfg)
-    return resume_sweep_job(sweep_dir)
+    with _claim(sweep_dir) as lock:
+        save_sweep_config(sweep_dir, cfg)
+        return _start(["sweep", "--resume", str(sweep_dir)], lock, "sweep", None)
 
 
 def resume_sweep_job(sweep_dir: str | Path) -> Path:
@@ -354,11 +381,11 @@ def process_alive(pid) -> bool:
         return False
     proc = Path(f"/proc/{pid}")
     if proc.exists():
+        if zombie(pid):
+            return False
         try:
-            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return False
             cmdline = (proc / "cmdline").read_bytes()
-        except (OSError, IndexError):
+        except OSError:
             return False
         # Guards against pid reuse after a restart. Empty while the kernel is still setting up a fresh exec (seen in
         # about 1 of 4 reads right after Popen returns): that process is alive and not yet identifiable.
@@ -379,6 +406,15 @@ def main(argv: list[str] | None = None) -> int:
     job_dir = Path(args.job_dir)
     stop_cleanly_on_sigterm()
     faulthandler.enable()  # a crash in native code (SIGSEGV, SIGABRT) leaves its Python traceback in job.log
+    try:
+        with WriterLock(job_dir):  # handed over by the launcher; the work's own lock on job_dir nests inside it
+            return _run_job(job_dir, cli_args)
+    except RunError as e:  # another writer holds job_dir: leave its status alone
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run_job(job_dir: Path, cli_args: list[str]) -> int:
     update_status(job_dir, "running", pid=os.getpid())
     state, rc, error = "failed", 1, None
     try:

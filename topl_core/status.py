@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,25 +119,56 @@ def progress_of(status: dict) -> tuple[int, int]:
 LOCK_FILE = "LOCK"
 
 
+# The folders this process holds a WriterLock on: folder's LOCK path → (holding thread, depth). A nested
+# WriterLock on the same folder in the same thread (a job around the trainer) is re-entrant; another thread of this
+# process (a second app session) is refused like another process.
+_HELD: dict[Path, tuple[int, int]] = {}
+_HELD_GUARD = threading.Lock()
+# A launcher that took a folder's lock passes it to the job process it starts through this environment variable;
+# until that process takes it, the launcher knows the lock is that child's (LOCK path → child pid).
+HANDOVER_ENV = "TOPL_LOCK_HANDOVER"
+_HANDED: dict[Path, int] = {}
+
+
 class WriterLock:
     """`with WriterLock(folder):` — the folder's single writer. A second writer is refused (RunError naming the
-    holder's pid and host); the lock of a process that is gone (same host) is taken over. Released on exit."""
+    holder's pid and host); the lock of a process that is gone (same host) is taken over. Released on exit.
+
+    A launcher takes the lock, starts the process with `hand_over()`'s environment and tells `handed_to(pid)`: that
+    process takes the lock with its own WriterLock, and no other writer slips in between the launch and the start
+    of the work."""
 
     def __init__(self, folder: str | Path):
-        self.path = Path(folder) / LOCK_FILE
+        self.path = Path(folder).resolve() / LOCK_FILE
         self.me = {"pid": os.getpid(), "host": socket.gethostname()}
 
     def __enter__(self) -> "WriterLock":
+        with _HELD_GUARD:
+            owner, depth = _HELD.get(self.path, (None, 0))
+            if owner == threading.get_ident():
+                _HELD[self.path] = (owner, depth + 1)
+                return self
+            self._acquire(held_by_other_thread=owner is not None)
+            _HELD[self.path] = (threading.get_ident(), 1)
+        return self
+
+    def _acquire(self, held_by_other_thread: bool) -> None:
         self.created = not self.path.parent.exists()  # removed again if the work leaves nothing in it
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(2):
             try:
                 with open(self.path, "x", encoding="utf-8") as f:
                     json.dump(self.me, f)
-                return self
+                return
             except FileExistsError:
                 holder = self._holder()
-                if holder is not None and self._alive(holder):
+                token = os.environ.get(HANDOVER_ENV)
+                handed_to_me = bool(token) and holder is not None and holder.get("handover") == token
+                if handed_to_me and not held_by_other_thread:
+                    write_json(self.path, self.me)  # atomic replace: no moment without a lock
+                    return
+                if held_by_other_thread or (holder is not None and self._alive(holder)):
+                    holder = holder or {}
                     raise RunError(
                         f"{self.path.parent} is being written by pid {holder.get('pid')} on {holder.get('host')}; "
                         "wait for it to finish or stop it (Cancel, or python -m topl_core sweep --stop), or use "
@@ -145,10 +178,31 @@ class WriterLock:
         raise RunError(f"{self.path}: could not take the writer lock; another process keeps taking it.")
 
     def __exit__(self, *exc) -> None:
-        if self._holder() == self.me:
-            self.path.unlink(missing_ok=True)
-        if self.created and not any(self.path.parent.iterdir()):
-            self.path.parent.rmdir()  # refused before writing anything: leave no empty folder behind
+        with _HELD_GUARD:
+            owner, depth = _HELD.get(self.path, (None, 0))
+            if owner != threading.get_ident():
+                return  # handed over to another process
+            if depth > 1:
+                _HELD[self.path] = (owner, depth - 1)
+                return
+            del _HELD[self.path]
+            holder = self._holder() or {}
+            if (holder.get("pid"), holder.get("host")) == (self.me["pid"], self.me["host"]):
+                self.path.unlink(missing_ok=True)
+            if self.created and not any(self.path.parent.iterdir()):
+                self.path.parent.rmdir()  # refused before writing anything: leave no empty folder behind
+
+    def hand_over(self) -> dict[str, str]:
+        """The environment for the process that is to take over this held lock (its WriterLock takes it)."""
+        token = secrets.token_hex(16)
+        write_json(self.path, {**self.me, "handover": token})
+        return {HANDOVER_ENV: token}
+
+    def handed_to(self, pid: int) -> None:
+        """That process has started: the lock is its own now (held for it until it takes it), not this thread's."""
+        with _HELD_GUARD:
+            _HANDED[self.path] = pid
+            _HELD.pop(self.path, None)
 
     def _holder(self) -> dict | None:
         try:
@@ -160,12 +214,16 @@ class WriterLock:
     def _alive(self, holder: dict) -> bool:
         if holder.get("host") != self.me["host"]:
             return True  # another machine's process: cannot tell, so it holds the lock
-        if holder.get("pid") == self.me["pid"]:
-            return False  # this very process left it behind (a crash in an earlier call)
+        if holder.get("pid") == self.me["pid"]:  # no thread of this process holds it: handed to a child, or left
+            return self._running(_HANDED.get(self.path))  # behind by a crash or by a child that died before taking it
         try:
-            return pid_exists(int(holder["pid"]))
+            return self._running(int(holder["pid"]))
         except (KeyError, TypeError, ValueError):
             return True  # a lock we cannot read the holder of: keep out
+
+    @staticmethod
+    def _running(pid: int | None) -> bool:
+        return pid is not None and pid_exists(pid) and not zombie(pid)
 
 
 def pid_exists(pid: int) -> bool:
@@ -177,6 +235,14 @@ def pid_exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def zombie(pid: int) -> bool:
+    """The process has exited and waits for its parent to reap it (a killed job the app has not polled yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 # --- SIGTERM as a clean stop --------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from ..models import LoadedModel, ModelSpec, load_model
 from ..paths import cliff_csv
 from ..runs import RunDir
 from ..scoring import TokenScorer, detection_auroc
+from ..status import WriterLock
 from ..training.config import TrainConfig
 from ..training.objectives import OBJECTIVES, EncodeSettings
 from ..training.trainer import train
@@ -152,9 +153,14 @@ def run_label_study(
     records=None,
     base_loader: Callable[[], LoadedModel] | None = None,
 ):
-    """Train TOPL on every setting (resumable) and return the table: stats + scores per setting."""
+    """Train TOPL on every setting (resumable) and return the table: stats + scores per setting. One writer per
+    study directory: a second study into out_dir while this one runs is refused."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with WriterLock(out_dir):
+        return _run_label_study(cfg, out_dir, progress, records, base_loader)
+
+
+def _run_label_study(cfg: LabelStudyConfig, out_dir: Path, progress, records, base_loader):
     path = out_dir / STUDY_FILE
     if path.exists():
         old = LabelStudyConfig.from_json(json.loads(path.read_text())["config"])

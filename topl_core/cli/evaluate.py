@@ -21,7 +21,7 @@ from ..analysis.evaluation import (
 from ..analysis.scorers import make_scorer, scorer_quality
 from ..analysis.steering import MODES, POSITIONS, UNITS_DOC
 from ..errors import ConfigError
-from ..io import write_json
+from ..io import atomic_open, write_json
 from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL
 from ..progress import Bar
@@ -204,10 +204,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"\n{res.quality.summary()}")
             out["scorer_quality"] = res.quality.to_json()
     if args.csv:
-        from pathlib import Path
-
-        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-        per_doc.to_csv(args.csv, index=False)
+        with atomic_open(args.csv) as f:  # a concurrent reader never sees half a table
+            per_doc.to_csv(f, index=False)
         print(f"wrote {args.csv}")
     if args.json:
         out["rows"] = per_doc.to_dict("records")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
-from pathlib import Path
 
 from ..analysis.probe import ProbeSettings, labelled_records
 from ..analysis.steering import (
@@ -20,6 +19,7 @@ from ..analysis.steering import (
     SteeringVectors,
     build_steering_vectors,
 )
+from ..data.records import read_utf8
 from ..generate import GenerationConfig, generate
 from ..io import write_json
 from ..models import ModelSpec, load_model
@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> None:
     if args.document_file:
-        args.document = Path(args.document_file).read_text(encoding="utf-8")
+        args.document = read_utf8(args.document_file)  # not UTF-8 or unreadable: a DataError naming the fix
     if not args.document:
         raise SystemExit("error: give --document TEXT or --document-file PATH")
     rd = open_adapter_arg(args)
