@@ -640,9 +640,10 @@ def test_job_state_survives_a_restart_and_detects_dead_processes(workbench, tmp_
     run = RunDir(tmp_path / "ghost")
     run.write_config(tiny_config(data=str(workbench["data"])), {})
     run.write_status("running", 3, 4)
+    write_json(run.checkpoint_dir / "state.json", {"step": 2})
     write_json(run.path / jobs.JOB_FILE, {"kind": "train", "argv": [], "pid": 2**22 + 12345, "started": time.time()})
     st = jobs.read_job(run.path)
-    assert st.state == "interrupted" and not st.active and st.step == 3
+    assert st.state == "interrupted" and not st.active and st.step == 2  # its last checkpoint, where it resumes
     # runs grouped in a folder (e.g. runs/baselines/<method>) are listed with their relative name
     grouped = RunDir(tmp_path / "baselines" / "sft")
     grouped.write_config(tiny_config(data=str(workbench["data"]), method="sft"), {})

@@ -16,6 +16,7 @@ embedded SmolLM2 (its TOPL and SFT runs must exist), each main page shot into do
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -199,6 +200,14 @@ WIDEST_RANGE = "64"  # the largest λ range the steering page offers (normalised
 
 def box_texts(page) -> list[str]:
     return [t.strip() for t in page.locator(".topl-box").all_inner_texts()]
+
+
+def steered_words(page) -> str:
+    """The steered text as generated: the steered box without the merged model's words it marks as deleted."""
+    return page.evaluate(
+        "() => { const box = document.querySelectorAll('.topl-box')[2].cloneNode(true);"
+        " box.querySelectorAll('.topl-diff-del').forEach(e => e.remove()); return box.textContent; }"
+    )
 
 
 def lambda_slider(page):
@@ -456,6 +465,52 @@ def test_two_sessions_do_not_interfere(app, browser, workbench):
     )
     a.context.close()
     b.context.close()
+
+
+def test_four_sessions_steering_at_once_get_what_each_would_get_alone(app, browser, workbench):
+    """Four browser sessions drag λ to four different places at the same time (the generations overlap on the one
+    shared merged model). Each shows exactly the text its λ gives when generated alone, in this test process without
+    the app or any cache; no session shows an error; every cache entry the app wrote verifies against its checksum."""
+    from topl_core.adapters import open_adapter
+    from topl_core.analysis.cache import key_file
+    from topl_core.analysis.probe import labelled_records
+    from topl_core.analysis.steering import SteerConfig, SteeringSession, build_steering_vectors
+    from topl_core.data.records import read_jsonl
+    from topl_core.data.split import split_records
+    from topl_core.generate import GenerationConfig, load_merged
+    from topl_core.io import sha256_file
+
+    pages = [new_page(browser) for _ in range(4)]
+    for page in pages:
+        visit(page, app, "steering", "Steering")
+        page.locator(".topl-box").nth(2).wait_for()
+        choose_lambda_range(page, WIDEST_RANGE)
+    for page, fraction in zip(pages, (0.0, 0.25, 0.75, 1.0)):  # all four drags land before any generation ends
+        drag_slider(page, lambda_slider(page), fraction)
+    shown = {}
+    for page in pages:
+        settle(page, timeout_s=600)
+        assert_clean(page, "one of four steering sessions")
+        lam = float(lambda_slider(page).locator('input[type="range"]').first.get_attribute("value"))
+        shown[lam] = steered_words(page)
+        page.context.close()
+    assert sorted(shown) == [-64.0, -32.0, 32.0, 64.0]
+
+    run = workbench["runs"] / "topl-tiny"
+    settings = open_adapter(run).settings
+    val = split_records(read_jsonl(workbench["data"]), seed=settings.split_seed)["val"]
+    merged = load_merged("tiny-llama", run)
+    vectors = build_steering_vectors(str(run), labelled_records(val)[:16], top_k=4, merged=merged, use_cache=False)
+    alone = SteeringSession(merged, vectors)
+    document = read_jsonl(workbench["data"])[0].document
+    for lam, text in shown.items():
+        expected = alone.generate_steered(document, lam, GenerationConfig(max_new_tokens=64), how=SteerConfig())
+        assert " ".join(text.split()) == " ".join(expected.split()), f"λ = {lam}: the session's text differs"
+    entries = [k for k in (workbench["root"] / "cache" / "analysis").rglob("*.key.json")]
+    assert entries
+    for k in entries:
+        (entry,) = [p for p in k.parent.glob(k.name.removesuffix(".key.json") + ".*") if p != k]
+        assert json.loads(k.read_text())["sha256"] == sha256_file(entry) and key_file(entry) == k, entry
 
 
 def test_training_job_survives_reload_and_app_restart(app, browser, workbench):

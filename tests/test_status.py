@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from topl_core import jobs
 from topl_core.status import (
@@ -171,6 +172,47 @@ def test_the_writer_lock_nests_in_its_thread_and_is_handed_to_a_started_process(
     assert stranger.returncode != 0 and "being written by pid" in stranger.stderr
     heir = subprocess.run([sys.executable, "-c", take], capture_output=True, text=True, env={**os.environ, **env})
     assert heir.returncode == 0 and "took it" in heir.stdout, heir.stderr
+
+
+def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_run(tmp_path, tiny_records):
+    """`python -m topl_core train` killed outright (SIGKILL: no handler runs) twice, wherever it happens to be:
+    each time the run reads "interrupted" at its last checkpoint's step, and resuming to the end gives the same
+    adapter and head as a run never interrupted."""
+    import signal
+    import time
+
+    from topl_core.data.records import write_jsonl
+    from topl_core.runs import RunDir
+
+    data = write_jsonl(tiny_records, tmp_path / "d.jsonl")
+
+    def train_cli(*args) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "topl_core", "train", *args], stderr=subprocess.PIPE, text=True)
+
+    config = ["--model", "tiny-llama", "--data", str(data), "--steps", "30", "--eval-every", "1000",
+              "--checkpoint-every", "4", "--max-doc-tokens", "64", "--lora-layer-end", "2"]  # fmt: skip
+    straight = train_cli(*config, "--out", str(tmp_path / "straight"))
+    assert straight.wait(timeout=300) == 0, straight.stderr.read()
+    run, killed_at = RunDir(tmp_path / "killed"), []
+    for kill_after, args in ((6, [*config, "--out", str(run.path)]), (17, ["--resume", str(run.path)])):
+        proc = train_cli(*args)
+        deadline = time.monotonic() + 180
+        while len(run.read_metrics()) < kill_after:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        st = jobs.read_job(run.path)
+        assert st.state == "interrupted" and st.step == run.checkpoint_step() and st.step % 4 == 0
+        killed_at.append(len(run.read_metrics()))
+    resume = train_cli("--resume", str(run.path))
+    assert resume.wait(timeout=300) == 0 and run.read_status()["state"] == "finished", resume.stderr.read()
+    assert killed_at[0] >= 6 and killed_at[1] >= 17  # two different places
+    assert [r["step"] for r in run.read_metrics()] == list(range(1, 31))
+    done = RunDir(tmp_path / "straight")
+    assert run.adapter_path.read_bytes() == done.adapter_path.read_bytes()
+    a, b = run.load_head().state_dict(), done.load_head().state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_sigterm_stops_a_command_line_training_cleanly(tmp_path, tiny_records):

@@ -262,6 +262,8 @@ def read_job(job_dir: str | Path) -> JobStatus | None:
     if state == "interrupted" and not error:
         error = _silent_death(job_dir, pid)
     step, steps = progress_of(status)
+    if is_run and state == "interrupted":  # died mid-way: what survives is its last checkpoint
+        step = RunDir(job_dir).checkpoint_step()
     metrics = RunDir(job_dir).read_metrics() if is_run else []
     if is_run and not steps:
         steps = _configured_steps(RunDir(job_dir))

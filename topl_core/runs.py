@@ -89,6 +89,13 @@ class RunDir:
     def read_status(self) -> dict:
         return {"state": "unknown", "step": 0, "steps": 0, **read_status(self.path)}
 
+    def checkpoint_step(self) -> int:
+        """The step a resume starts after: the last checkpoint's (0 when there is none or it cannot be read)."""
+        try:
+            return int(json.loads((self.checkpoint_dir / "state.json").read_text())["step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+
     @property
     def is_complete(self) -> bool:
         return self.read_status().get("state") == "finished" and self.adapter_path.exists()
