@@ -429,44 +429,6 @@ def test_dragging_lambda_changes_the_steered_summary(app, browser, workbench):
     page.context.close()
 
 
-def test_two_sessions_do_not_interfere(app, browser, workbench):
-    """Session A steers hard while session B generates at λ = 0: B's texts stay the merged model's, and A's
-    merged column never moves. Both sessions share the cached merged model (no copy), so this checks that steering
-    is confined to the session that asked for it."""
-    a, b = new_page(browser), new_page(browser)
-    visit(a, app, "steering", "Steering")
-    visit(b, app, "steering", "Steering")
-    # a longer generation in B than A ever ran (not cached), made while A drags
-    b.locator('[data-testid="stSlider"]').filter(has_text="Max new tokens").locator('input[type="range"]').first.focus()
-    a.locator(".topl-box").nth(2).wait_for()
-    _, merged_a, _ = box_texts(a)
-    choose_lambda_range(a, WIDEST_RANGE)
-    drag_slider(a, lambda_slider(a), 0.0)  # λ → most negative
-    b.keyboard.press("End")  # B: max new tokens to 160 → regenerate base/merged/steered at λ = 0
-    settle(a)
-    settle(b)
-    assert_clean(a, "session A")
-    assert_clean(b, "session B")
-    base_b, merged_b, steered_b = box_texts(b)
-    assert steered_b == merged_b, "session B at λ = 0 got a steered text: session A's steering leaked"
-    _, merged_a2, steered_a = box_texts(a)
-    assert merged_a2 == merged_a and steered_a != merged_a
-    assert merged_b.startswith(merged_a[: min(len(merged_a), 20)])  # same greedy merged model, longer budget
-    # ground truth, computed here without any steering: B's merged text is exactly the merged model's
-    from topl_core.data.records import read_jsonl
-    from topl_core.generate import GenerationConfig, generate, load_merged
-
-    document = read_jsonl(workbench["data"])[0].document
-    expected = generate(
-        load_merged("tiny-llama", workbench["runs"] / "topl-tiny"), [document], GenerationConfig(max_new_tokens=160)
-    )[0]
-    assert " ".join(merged_b.split()) == " ".join(expected.split()), (
-        "session B's merged text differs from the unsteered merged model"
-    )
-    a.context.close()
-    b.context.close()
-
-
 def test_four_sessions_steering_at_once_get_what_each_would_get_alone(app, browser, workbench):
     """Four browser sessions drag λ to four different places at the same time (the generations overlap on the one
     shared merged model). Each shows exactly the text its λ gives when generated alone, in this test process without

@@ -183,6 +183,7 @@ def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_run(tmp_path, tiny
 
     from topl_core.data.records import write_jsonl
     from topl_core.runs import RunDir
+    from topl_core.training.trainer import train
 
     data = write_jsonl(tiny_records, tmp_path / "d.jsonl")
 
@@ -191,8 +192,6 @@ def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_run(tmp_path, tiny
 
     config = ["--model", "tiny-llama", "--data", str(data), "--steps", "30", "--eval-every", "1000",
               "--checkpoint-every", "4", "--max-doc-tokens", "64", "--lora-layer-end", "2"]  # fmt: skip
-    straight = train_cli(*config, "--out", str(tmp_path / "straight"))
-    assert straight.wait(timeout=300) == 0, straight.stderr.read()
     run, killed_at = RunDir(tmp_path / "killed"), []
     for kill_after, args in ((6, [*config, "--out", str(run.path)]), (17, ["--resume", str(run.path)])):
         proc = train_cli(*args)
@@ -209,7 +208,7 @@ def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_run(tmp_path, tiny
     assert resume.wait(timeout=300) == 0 and run.read_status()["state"] == "finished", resume.stderr.read()
     assert killed_at[0] >= 6 and killed_at[1] >= 17  # two different places
     assert [r["step"] for r in run.read_metrics()] == list(range(1, 31))
-    done = RunDir(tmp_path / "straight")
+    done = train(run.read_config()[0], tmp_path / "straight")  # the same config, never interrupted
     assert run.adapter_path.read_bytes() == done.adapter_path.read_bytes()
     a, b = run.load_head().state_dict(), done.load_head().state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
