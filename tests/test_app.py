@@ -548,6 +548,20 @@ def test_token_overlay_threshold_flags_tokens(workbench):
     assert "Gold bad tokens" in {m.label for m in at.metric}
 
 
+def test_the_server_listens_on_this_machine_only_with_usage_statistics_off():
+    """What `make app` (a bare `streamlit run app.py` in the repository) gets, as Streamlit itself resolves its
+    config: the loopback address, no usage statistics, XSRF and CORS protection left on."""
+    import subprocess
+    import sys
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "streamlit", "config", "show"], cwd=REPO, capture_output=True, text=True, timeout=120
+    ).stdout
+    settings = dict(re.findall(r"^(\w+) = (.+)$", shown, flags=re.M))  # the lines not commented out
+    assert settings["address"] == '"127.0.0.1"' and settings["gatherUsageStats"] == "false"
+    assert settings.get("enableXsrfProtection", "true") == "true" and settings.get("enableCORS", "true") == "true"
+
+
 # --- background jobs --------------------------------------------------------------------------------------------
 
 
