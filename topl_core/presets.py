@@ -1,7 +1,8 @@
 """Defaults and the paper's training presets, as data (no project imports: every layer may read them).
 
 DEFAULT_MODEL is the embedded model every command and page starts on; LORA_MODULES the linear modules LoRA may adapt;
-PRESETS the paper's per-model-family LoRA layer range and per-method learning rate / batch (docs/design.md §2).
+PRESETS the paper's per-model-family settings: per-method learning rate / batch and LoRA layers (TOPL on a range,
+the baselines on every layer; docs/design.md §2).
 The method keys of every preset equal training.config.METHODS and the objective registry's keys (a test holds them).
 """
 
@@ -22,23 +23,28 @@ class MethodHyper:
     grad_accum: int = 1
     # the paper states one learning rate per method, so its heads learn at lr (TrainConfig's CPU default is higher)
     head_lr_multiplier: float = 1.0
+    # LoRA on every decoder layer (the paper's baselines), or only on the preset's TOPL range (TOPL)
+    all_layers: bool = True
 
 
 @dataclass(frozen=True)
 class Preset:
-    """The paper's settings for a model family: LoRA layer range and per-method learning rate / batch.
-    `num_layers` is the model's decoder depth (TLDR puts LoRA on all of them)."""
+    """The paper's settings for a model family: per-method learning rate / batch, the decoder depth, and the layer
+    range TOPL puts LoRA on (its head reads the last of them); every other method adapts all `num_layers` layers."""
 
     hf_id: str
-    layer_start: int
-    layer_end: int
+    num_layers: int
+    topl_layers: tuple[int, int]
     methods: dict[str, MethodHyper] = field(default_factory=dict)
-    num_layers: int = 0
+
+    def lora_layers(self, method: str) -> tuple[int, int]:
+        """(first, last) decoder layer the method puts LoRA on in the paper."""
+        return (0, self.num_layers - 1) if self.methods[method].all_layers else self.topl_layers
 
 
 def _paper_methods(topl_lr: float, sft_lr: float, dpo_lr: float) -> dict[str, MethodHyper]:
     return {
-        "topl": MethodHyper(topl_lr, 16),
+        "topl": MethodHyper(topl_lr, 16, all_layers=False),
         "sft": MethodHyper(sft_lr, 4, 4),
         "dpo": MethodHyper(dpo_lr, 1, 8),
         "sopl": MethodHyper(1e-4, 8),
@@ -49,7 +55,7 @@ def _paper_methods(topl_lr: float, sft_lr: float, dpo_lr: float) -> dict[str, Me
 
 
 PRESETS: dict[str, Preset] = {
-    "qwen3-8b": Preset("Qwen/Qwen3-8B", 0, 29, _paper_methods(5e-5, 1e-4, 1e-5), num_layers=36),
-    "llama3.1-8b": Preset("meta-llama/Llama-3.1-8B-Instruct", 0, 27, _paper_methods(1e-4, 1e-4, 2e-5), num_layers=32),
-    "gemma3-4b": Preset("google/gemma-3-4b-it", 0, 27, _paper_methods(1e-4, 5e-5, 5e-6), num_layers=34),
+    "qwen3-8b": Preset("Qwen/Qwen3-8B", 36, (0, 29), _paper_methods(5e-5, 1e-4, 1e-5)),
+    "llama3.1-8b": Preset("meta-llama/Llama-3.1-8B-Instruct", 32, (0, 27), _paper_methods(1e-4, 1e-4, 2e-5)),
+    "gemma3-4b": Preset("google/gemma-3-4b-it", 34, (0, 27), _paper_methods(1e-4, 5e-5, 5e-6)),
 }

@@ -154,8 +154,7 @@ def preset_config(preset: str, method: Method = "topl", **overrides) -> TrainCon
         _fail("preset", preset, f"choose one of {sorted(PRESETS)}.")
     p = PRESETS[preset]
     h = p.methods[method]
-    # TLDR is defined with LoRA on every layer (its head sits on the last one); the others use the paper's range.
-    layer_end = p.num_layers - 1 if method == "tldr" else p.layer_end
+    layer_start, layer_end = p.lora_layers(method)
     base = TrainConfig(
         method=method,
         model=preset,
@@ -163,7 +162,7 @@ def preset_config(preset: str, method: Method = "topl", **overrides) -> TrainCon
         batch_size=h.batch_size,
         grad_accum=h.grad_accum,
         head_lr_multiplier=h.head_lr_multiplier,
-        lora=LoraSettings(layer_start=0 if method == "tldr" else p.layer_start, layer_end=layer_end),
+        lora=LoraSettings(layer_start=layer_start, layer_end=layer_end),
         # device and precision are given together: "auto" must resolve for the device the run will use
         device=overrides.pop("device", "cuda"),
         precision=overrides.pop("precision", "auto"),
