@@ -62,6 +62,48 @@ def test_span_csv_skips_or_raises_on_missing_spans(tmp_path):
         load_factuality_csv(path, on_missing="raise")
 
 
+def test_every_shape_of_aggrefact_span_annotations_loads(tmp_path):
+    """Hand-written rows of the shapes AggreFact's error-type CSVs use: a flat list, one list per error type
+    (aligned with a list-valued error_type), annotator notes instead of quotes (alone, or beside found spans),
+    several spans abbreviated in one string, a typo'd one-word quote, a correct summary."""
+    rows = [
+        span_row("The capital is Lyon.", ["Lyon"]),
+        span_row(
+            "The capital is Lyon since 1990.",
+            [["Lyon"], ["since 1990"]],
+            error_type="['extrinsic-NP', 'intrinsic-predicate']",
+        ),
+        span_row("He was paid well.", ["[really bad overall]"]),
+        span_row("The capital is Lyon.", ["missing entity", "Lyon"]),
+        span_row("Smith met Jones in Leeds in 2010.", ["Smith; Jones", "Leeds ... 2010"]),
+        span_row("The capital is Lyon.", ["Lyonn"]),
+        span_row("Fine.", []),
+    ]
+    report = load_factuality_csv(write_csv(tmp_path / "shapes.csv", rows))
+    flat, nested, note_only, partial, abbreviated, correct = report.records
+    assert flat.bad_texts == ["Lyon"] and [s.kind for s in flat.bad_spans] == ["error"]
+    assert nested.bad_texts == ["Lyon", "since 1990"]
+    assert [s.kind for s in nested.bad_spans] == ["extrinsic-NP", "intrinsic-predicate"]
+    assert not note_only.token_labels_known and note_only.sequence_label == 0 and not note_only.bad_spans
+    assert note_only.meta["annotator_notes"] == ["[really bad overall]"]
+    assert partial.bad_texts == ["Lyon"] and partial.meta["annotator_notes"] == ["missing entity"]
+    assert abbreviated.bad_texts == ["Smith", "Jones", "Leeds", "2010"]
+    assert correct.sequence_label == 1 and correct.token_labels_known and not correct.bad_spans
+    assert [(s.row, s.reason) for s in report.skipped] == [(5, "annotated span(s) ['Lyonn'] not found in the summary")]
+    assert report.spans == {
+        "spans found": 8,
+        "annotator notes skipped": 2,
+        "rows kept as summary-level (notes only)": 1,
+        "rows partial (notes beside found spans)": 1,
+        "abbreviated annotations split into their spans": 2,
+        "spans dropped with their row": 1,
+    }
+    assert "annotator notes skipped: 2" in str(report)
+    broken = write_csv(tmp_path / "broken.csv", [span_row("A cat.", [["cat"], "dog"])])
+    with pytest.raises(DataError, match="row 0, column annotated_span: expected a list of strings or a list of lists"):
+        load_factuality_csv(broken)
+
+
 def test_span_csv_structural_errors(tmp_path):
     with pytest.raises(DataError, match=r"row 0, column annotated_span: .* not a Python list"):
         load_factuality_csv(write_csv(tmp_path / "a.csv", [span_row("A cat.", None, annotated_span="['cat'")]))

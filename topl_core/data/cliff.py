@@ -3,7 +3,13 @@ summary-level labels.
 
 - A CSV with an `annotated_span` column (CLIFF_error_types.csv: dataset, origin, id, doc, summ, model_name, cut,
   error_type, annotated_span) gives token-level records. `annotated_span` is a Python-list string of the
-  hallucinated substrings of `summ` (empty for correct summaries), parsed with `ast.literal_eval`.
+  hallucinated substrings of `summ` (empty for correct summaries), parsed with `ast.literal_eval`. The other shapes
+  of AggreFact's error-type CSVs load too: a list of lists (one list per error type; with a list-valued error_type
+  of the same length each span's kind is its error type), annotator notes instead of quotes ("[really bad overall]",
+  "missing entity": `is_annotator_note`) set aside in meta["annotator_notes"] — a row with only notes becomes a
+  summary-level record (token labels unknown), a row with notes beside found spans keeps them (partial) — and
+  several spans abbreviated in one string ("Smith; Jones", "Leeds ... 2010": `split_abbreviated`). The load report
+  counts what became of the annotations (`CsvLoadReport.spans`).
 - A CSV with doc, summ and label columns (AggreFact; label 1 = consistent, 0 = inconsistent) gives
   sequence-level records (`token_labels_known=False`).
 
@@ -25,9 +31,10 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -58,6 +65,7 @@ class CsvLoadReport:
     records: tuple[Record, ...]
     skipped: tuple[SkippedRow, ...]
     token_level: bool
+    spans: dict[str, int] = field(default_factory=dict)  # what became of the annotations (span CSVs), by outcome
 
     @property
     def sources(self) -> dict[str, int]:
@@ -69,6 +77,7 @@ class CsvLoadReport:
             f"{self.path}: {self.rows_read} rows read, {len(self.records)} {level} records {self.sources}, "
             f"{len(self.skipped)} skipped"
         ]
+        lines += [f"  {what}: {n}" for what, n in self.spans.items() if n]
         lines += [f"  row {s.row}: {s.reason}" for s in self.skipped]
         return "\n".join(lines)
 
@@ -92,13 +101,16 @@ def _occurrences(text: str, needle: str) -> list[tuple[int, int]]:
     return found
 
 
-def match_spans(text: str, substrings: Sequence[str], kind: str = "error") -> tuple[list[Span], list[str]]:
+def match_spans(
+    text: str, substrings: Sequence[str], kind: str | Sequence[str] = "error"
+) -> tuple[list[Span], list[str]]:
     """Character spans of `substrings` in `text` (see the module docstring for the rule) and the substrings not
-    found. Empty substrings are ignored."""
+    found. Empty substrings are ignored. `kind`: one kind for all, or one per substring."""
     normalised, offsets = _normalised(text)
+    kinds = [kind] * len(substrings) if isinstance(kind, str) else list(kind)
     spans: list[Span] = []
     missing: list[str] = []
-    for substring in substrings:
+    for substring, kind in zip(substrings, kinds):
         needle = substring.strip()
         if not needle:
             continue
@@ -115,7 +127,9 @@ def match_spans(text: str, substrings: Sequence[str], kind: str = "error") -> tu
     return sorted(spans, key=lambda s: s.start), missing
 
 
-def _parse_span_list(value: str, where: str) -> list[str]:
+def _parse_span_list(value: str, where: str) -> list[list[str]]:
+    """The annotated spans grouped as written: a flat list is one group; a list of lists (one list per error type,
+    aligned with the error_type column) is one group per inner list."""
     if not value.strip():
         return []
     try:
@@ -123,11 +137,59 @@ def _parse_span_list(value: str, where: str) -> list[str]:
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as e:  # what literal_eval raises
         raise DataError(
             f"{where}, column annotated_span: {value[:80]!r} is not a Python list literal ({e}). "
-            "Write it like ['span one', 'span two'] or leave it empty."
+            "Write it like ['span one', 'span two'] (or one list per error type) or leave it empty."
         ) from e
-    if not isinstance(parsed, (list, tuple)) or not all(isinstance(s, str) for s in parsed):
+    if isinstance(parsed, str):
+        parsed = [parsed]
+    if not isinstance(parsed, (list, tuple)):
         raise DataError(f"{where}, column annotated_span: expected a list of strings, got {value[:80]!r}.")
-    return list(parsed)
+    flat = [s for s in parsed if isinstance(s, str)]
+    nested = [g for g in parsed if isinstance(g, (list, tuple))]
+    if flat and not nested:
+        return [flat]
+    if nested and not flat and all(isinstance(s, str) for g in nested for s in g):
+        return [list(g) for g in nested]
+    if not parsed:
+        return []
+    raise DataError(
+        f"{where}, column annotated_span: expected a list of strings or a list of lists of strings, got {value[:80]!r}."
+    )
+
+
+def _group_kinds(error_type: str, groups: int) -> list[str]:
+    """The span kind of each group: the aligned entry of a list-valued error_type column, else "error"."""
+    try:
+        types = ast.literal_eval(error_type) if error_type.strip().startswith("[") else None
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        types = None
+    if isinstance(types, (list, tuple)) and len(types) == groups and all(isinstance(t, str) and t for t in types):
+        return list(types)
+    return ["error"] * groups
+
+
+_ELISION = re.compile(r"\s*(?:\.\.\.|…|;|\|)\s*")
+
+
+def is_annotator_note(annotation: str, summary: str) -> bool:
+    """An annotation that describes an error instead of quoting it ("[really bad overall]", "missing entity"):
+    bracketed, or of two or more words of which fewer than half occur in the summary. A single word that is not in
+    the summary is a typo'd quote, not a note (its row is dropped, not kept with a wrong label)."""
+    text = annotation.strip()
+    if text in summary:
+        return False
+    if text.startswith("[") and text.endswith("]"):
+        return True
+    words = re.findall(r"\w+", text.lower())
+    present = set(re.findall(r"\w+", summary.lower()))
+    return len(words) >= 2 and sum(w in present for w in words) < len(words) / 2
+
+
+def split_abbreviated(annotation: str, summary: str) -> list[str]:
+    """Several spans written as one ("won the Open ... in 2010", "Smith; Jones"): its parts, when the whole is not
+    in the summary (exactly or ignoring whitespace and case) but it splits on "...", "…", ";" or "|"."""
+    if not _ELISION.search(annotation) or not match_spans(summary, [annotation])[1]:
+        return [annotation]
+    return [part for part in _ELISION.split(annotation) if part.strip()]
 
 
 def _parse_label(value: str, where: str) -> int:
@@ -200,7 +262,7 @@ def load_factuality_csv(
             f"{LABEL_COLUMNS}; found {list(table.columns)}."
         )
     prefix = source_prefix or ("cliff" if token_level else "aggrefact")
-    records, skipped = [], []
+    records, skipped, counts = [], [], Counter()
     for row, values in enumerate(table.to_dict("records")):
         where = f"{path}, row {row}"
         origin = values.get("origin", "")
@@ -217,19 +279,50 @@ def load_factuality_csv(
             | ({"text_form": "detokenized"} if summary else {}),
         )
         if token_level:
-            spans, missing = match_spans(values["summ"], _parse_span_list(values["annotated_span"], where))
+            quotes, kinds, notes, split = _quotes(values, where)
+            spans, missing = match_spans(values["summ"], quotes, kinds)
             if missing:
                 reason = f"annotated span(s) {missing} not found in the summary"
                 if on_missing == "raise":
                     raise DataError(f"{where}: {reason}. Fix the annotation or load with on_missing='skip'.")
                 skipped.append(SkippedRow(row, reason))
+                counts["spans dropped with their row"] += len(quotes)
                 continue
+            counts["spans found"] += len(spans)
+            counts["abbreviated annotations split into their spans"] += split
             spans = [summary.span(s) for s in spans] if summary else spans
-            labels = dict(bad_spans=tuple(spans), sequence_label=0 if spans else 1)
+            if notes:
+                counts["annotator notes skipped"] += len(notes)
+                common["meta"] = common["meta"] | {"annotator_notes": notes}
+            if notes and not spans:  # hallucinated by the annotator's word, but no quoted tokens to label
+                counts["rows kept as summary-level (notes only)"] += 1
+                labels = dict(token_labels_known=False, sequence_label=0)
+            else:
+                counts["rows partial (notes beside found spans)"] += bool(notes)
+                labels = dict(bad_spans=tuple(spans), sequence_label=0 if spans else 1)
         else:
             labels = dict(token_labels_known=False, sequence_label=_parse_label(values["label"], where))
         try:
             records.append(Record(**common, **labels))
         except DataError as e:
             raise DataError(f"{where}: {e}") from e
-    return CsvLoadReport(str(path), len(table), tuple(records), tuple(skipped), token_level)
+    return CsvLoadReport(str(path), len(table), tuple(records), tuple(skipped), token_level, dict(counts))
+
+
+def _quotes(values: dict[str, str], where: str) -> tuple[list[str], list[str], list[str], int]:
+    """(quoted spans, their kinds, annotator notes, how many annotations were split) of a row: the groups flattened
+    with their error type, notes set aside, abbreviated spans split into their parts."""
+    groups = _parse_span_list(values["annotated_span"], where)
+    quotes, kinds, notes, split = [], [], [], 0
+    for group, kind in zip(groups, _group_kinds(values.get("error_type", ""), len(groups))):
+        for annotation in group:
+            if not annotation.strip():
+                continue
+            if is_annotator_note(annotation, values["summ"]):
+                notes.append(annotation)
+                continue
+            parts = split_abbreviated(annotation, values["summ"])
+            split += len(parts) > 1
+            quotes += parts
+            kinds += [kind] * len(parts)
+    return quotes, kinds, notes, split
