@@ -487,6 +487,79 @@ def test_probe_cli_writes_json_and_prints_heatmap(cache_tmp, tiny_run, news_reco
     assert len(report["comparison"]) == 3
 
 
+def test_the_indicator_table_puts_lora_a_beside_id_and_ood_factuality(
+    cache_tmp, tiny_run, news_records, tmp_path, monkeypatch
+):
+    """The paper's indicator table from three adapters: LoRA-A mean per adapter and the random-A row, each merged
+    model's ID / OOD factuality and sentence count from a real generation, and ρ equal to scipy's Spearman of those
+    columns; below three adapters ρ is NaN. A second table comes from the cache (no generation)."""
+    import pandas as pd
+    from scipy.stats import spearmanr
+
+    from topl_core.analysis import evaluation
+    from topl_core.analysis.evaluation import EvalConfig
+    from topl_core.analysis.indicator import factuality_by_adapter, indicator_table
+    from topl_core.analysis.probe import ProbeSettings, labelled_records, probe_run
+
+    others = {
+        method: train(
+            TrainConfig(
+                model="tiny-llama",
+                method=method,
+                lora=LoraSettings(layer_start=0, layer_end=3),
+                steps=2,
+                lr=5e-3,
+                precision="fp32",
+                batch_size=4,
+            ),
+            tmp_path / method,
+            records=news_records,
+        )
+        for method in ("sft", "unlikelihood")
+    }
+    adapters = {"topl": tiny_run.path, **{m: r.path for m, r in others.items()}}
+    settings = ProbeSettings(n_boot=20, random_control=True)
+    probes = {name: probe_run(path, labelled_records(news_records), settings) for name, path in adapters.items()}
+    ood = tmp_path / "ood.csv"
+    pd.DataFrame({"doc": [r.document for r in news_records[:2]], "origin": "xsum", "id": ["1", "2"]}).to_csv(
+        ood, index=False
+    )
+    cfg = EvalConfig(n_id=2, n_ood=2, cliff_csv=str(ood), max_new_tokens=8, model="tiny-llama")
+    factuality = factuality_by_adapter(adapters, cfg)
+    table, rho = indicator_table({n: p.lora for n, p in probes.items()}, factuality, probes["topl"].control)
+    assert list(table["method"]) == ["topl", "sft", "unlikelihood", "random-init A (control)"]
+    rows = table.iloc[:3]
+    assert rows["id_factuality"].between(0, 1).all() and rows["ood_factuality"].between(0, 1).all()
+    assert (rows["sentences"] >= 0).all() and table.iloc[3][["id_factuality", "ood_factuality"]].isna().all()
+    assert list(rows["mean"]) == [probes[n].lora.mean for n in adapters]
+    for column in ("ood_factuality", "id_factuality"):
+        expected = spearmanr(rows["mean"], rows[column]).statistic
+        assert rho[column] == pytest.approx(expected, nan_ok=True)
+    _, two = indicator_table({n: probes[n].lora for n in ("topl", "sft")}, factuality)
+    assert math.isnan(two["ood_factuality"])
+
+    def no_generation(*a, **k):
+        raise AssertionError("generated again although every summary is cached")
+
+    monkeypatch.setattr(evaluation, "generate", no_generation)
+    assert factuality_by_adapter(adapters, cfg).equals(factuality)
+
+
+def test_probe_cli_evaluate_adds_factuality_and_refuses_a_hand_given_score(cache_tmp, tiny_run, news_records, tmp_path):
+    from topl_core.cli import main
+    from topl_core.data.records import write_jsonl
+
+    data = write_jsonl(news_records, tmp_path / "recs.jsonl")
+    out = tmp_path / "indicator.json"
+    common = ["probe", "--run", str(tiny_run.path), "--data", str(data), "--split", "all", "--n-boot", "20"]
+    evaluate = ["--evaluate", "--n-id", "1", "--n-ood", "0", "--max-new-tokens", "4"]
+    assert main([*common, *evaluate, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["spearman"]) == {"ood_factuality", "id_factuality"}  # NaN: one adapter
+    assert 0 <= report["comparison"][0]["id_factuality"] <= 1
+    assert main([*common, *evaluate, "--ood-score", "topl-probe=0.5"]) == 2
+
+
 def test_run_umap_is_cached(cache_tmp, tiny_run, news_records):
     from topl_core.analysis.umap_view import run_umap
 

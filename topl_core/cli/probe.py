@@ -8,9 +8,12 @@ import argparse
 import math
 from pathlib import Path
 
+from ..analysis.evaluation import EvalConfig
+from ..analysis.indicator import MIN_ADAPTERS_FOR_RHO, factuality_by_adapter, indicator_table
 from ..analysis.probe import ProbeSettings, labelled_records, probe_run
 from ..analysis.separability import METHOD, comparison_table, format_heatmap
 from ..data.cliff import load_factuality_csv
+from ..errors import ConfigError
 from ..io import write_json
 from ..progress import Bar
 from . import COMMANDS
@@ -51,6 +54,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="RUN=SCORE",
         help="OOD factuality score per run (run directory name) for the comparison table",
     )
+    p.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="the paper's indicator table: also generate with every adapter's merged model and add its ID and OOD "
+        "factuality and sentence count, with Spearman ρ between LoRA-A AUROC and factuality (cached)",
+    )
+    p.add_argument("--n-id", type=int, default=16, help="with --evaluate: ID documents (the data's test split)")
+    p.add_argument("--n-ood", type=int, default=16, help="with --evaluate: OOD documents (CLIFF)")
+    p.add_argument("--max-new-tokens", type=int, default=96, help="with --evaluate: summary length")
+    p.add_argument("--scorer", default="grounding", help="with --evaluate: factuality scorer (see evaluate --help)")
     p.add_argument("--no-cache", action="store_true", help="recompute instead of reading cache/analysis/")
     p.add_argument("--json", help="write the full report here")
     p.set_defaults(func=run)
@@ -66,6 +79,8 @@ def _token_set(args: argparse.Namespace, adapter) -> tuple[str, list]:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.evaluate and args.ood_score:
+        raise ConfigError("--ood-score with --evaluate: --evaluate measures the OOD factuality itself; drop one.")
     runs = [open_adapter_arg(args, ref) for ref in [args.run, *args.compare]]
     token_set, records = _token_set(args, runs[0])
     if not records:
@@ -108,15 +123,36 @@ def run(args: argparse.Namespace) -> None:
                 f"{c.ci_low:.3f}–{c.ci_high:.3f})"
             )
         print(format_heatmap(s.heatmap(args.column)))
-    ood_by_name = {n: ood[r.path.name] for n, r in zip(names, runs) if r.path.name in ood}
-    control = results[0].control
-    table = comparison_table(separabilities, ood_by_name, control)
+    control, rho = results[0].control, {}
+    if args.evaluate:
+        cfg = EvalConfig(
+            data=args.data or EvalConfig.data,
+            n_id=args.n_id,
+            n_ood=args.n_ood,
+            max_new_tokens=args.max_new_tokens,
+            scorer=args.scorer,
+            device=runs[0].device,
+        )
+        with Bar("evaluating merged models", total=len(runs)) as bar:
+            factuality = factuality_by_adapter(
+                {n: r.path for n, r in zip(names, runs)}, cfg, bar.stage, use_cache=not args.no_cache
+            )
+        table, rho = indicator_table(separabilities, factuality, control)
+    else:
+        ood_by_name = {n: ood[r.path.name] for n, r in zip(names, runs) if r.path.name in ood}
+        table = comparison_table(separabilities, ood_by_name, control)
     print(
         "\n"
         + table.drop(columns=["mean", "std"]).to_string(
             index=False, float_format=lambda v: "nan" if math.isnan(v) else f"{v:.3f}"
         )
     )
+    if rho:
+        print(
+            f"Spearman ρ of LoRA-A mean AUROC with OOD factuality {rho['ood_factuality']:.3f}, with ID factuality "
+            f"{rho['id_factuality']:.3f} over {len(runs)} adapters (factuality: {args.scorer}, sentence protocol; "
+            f"NaN below {MIN_ADAPTERS_FOR_RHO} adapters)"
+        )
     if args.json:
         write_json(
             args.json,
@@ -129,6 +165,7 @@ def run(args: argparse.Namespace) -> None:
                     for n, r in zip(names, results)
                 ],
                 "comparison": table.to_dict(orient="records"),
+                "spearman": rho,
             },
         )
         print(f"\nwrote {args.json}")
