@@ -23,8 +23,8 @@ st.caption(
 )
 
 try:  # the token sets are read with the analysis core too
-    from pages._ui.token_sets import token_set, token_set_picker
-    from topl_core.analysis.probe import ProbeSettings, probe_run, run_projections
+    from pages._ui.token_sets import lora_a_probe, token_set, token_set_picker
+    from topl_core.analysis.probe import ProbeSettings, run_projections
     from topl_core.analysis.separability import METHOD, comparison_table
     from topl_core.analysis.umap_view import umap_embedding  # loads umap (and numba) only when called
 except ImportError as e:  # the analysis core is missing or broken: say so instead of crashing the app
@@ -73,19 +73,11 @@ with st.form("lora_a.form", border=True):
 st.caption(f"Method: {METHOD}")
 
 
-@st.cache_data(show_spinner="Capturing LoRA-A projections and scoring every site (cached on disk)…", max_entries=16)
-def probe(run: str, fp: str, ts: tuple, folds: int, control: bool):
-    desc, records = token_set(*ts)
-    if not records:
-        raise ValueError("the token set holds no records with token labels")
-    return probe_run(run, records, ProbeSettings(folds=folds, random_control=control), token_set=desc)
-
-
 results = {}
 try:
     for r in [run_a, run_b]:
         if r:
-            results[r] = probe(r, run_fingerprint(r), ts, int(folds), bool(control))  # the same tokens for both
+            results[r] = lora_a_probe(r, run_fingerprint(r), ts, int(folds), bool(control))  # the same tokens for both
 except Exception as e:
     st.error(f"Could not compute separability: {e}")
     st.stop()

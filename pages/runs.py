@@ -1,6 +1,6 @@
 """Runs: every run and adapter, and opening an adapter from elsewhere (a PEFT folder or a hub id); compare runs side
-by side — config diff, training/validation curves, final metrics, and the ID/OOD factuality and average sentence
-count of their evaluations (when evaluated)."""
+by side — config diff, training/validation curves, final metrics, the ID/OOD factuality and average sentence count
+of their evaluations (when evaluated), and the paper's LoRA-A indicator table (AUROC beside factuality, Spearman ρ)."""
 
 from pages._ui.frame import ensure_frame
 
@@ -15,8 +15,10 @@ import streamlit as st
 
 from pages._ui.evaluations import run_factuality
 from pages._ui.render import csv_download, plot
-from pages._ui.runs import all_runs, open_by_reference
+from pages._ui.runs import all_runs, open_by_reference, run_fingerprint
+from pages._ui.token_sets import default_token_set, lora_a_probe
 from topl_core.adapters import open_adapter
+from topl_core.analysis.indicator import MIN_ADAPTERS_FOR_RHO, indicator_table
 from topl_core.errors import WorkbenchError
 from topl_core.paths import examples_dir, runs_dir
 from topl_core.runs import RunDir
@@ -67,6 +69,10 @@ chosen = st.multiselect("Compare", names, default=default, key="runs.compare", p
 if not chosen:
     st.stop()
 paths = {n: df.set_index("run").loc[n, "path"] for n in chosen}
+
+
+# the Results table's factuality columns (from run_factuality) → the indicator table's
+RESULT_COLUMNS = {"ID factuality": "id_factuality", "OOD factuality": "ood_factuality", "avg sentences": "sentences"}
 
 
 def flat(d: dict, prefix: str = "") -> dict:
@@ -172,3 +178,38 @@ with tab_results:
         "(Evaluation page)."
     )
     csv_download(res, "run_results.csv", key="runs.results_csv")
+
+    st.subheader("LoRA-A as an indicator of OOD generalization")
+    if st.toggle(
+        "Add each run's LoRA-A AUROC, the random-A control and its rank correlation with factuality",
+        key="runs.indicator",
+        persist_state="session",
+        help="The paper's table: LoRA-A separability on one token set (the first run's val split, as the LoRA-A "
+        "page's default) beside the factuality above. Computed once per run, then read from the cache.",
+    ):
+        ts = default_token_set(paths[chosen[0]])
+        try:
+            probes = {n: lora_a_probe(p, run_fingerprint(p), ts) for n, p in paths.items()}
+        except Exception as e:  # a run without LoRA on any probed site, an unreadable token set, ...
+            st.error(f"Could not compute LoRA-A separability: {e}")
+        else:
+            factuality = res.set_index("run").reindex(columns=list(RESULT_COLUMNS)).rename(columns=RESULT_COLUMNS)
+            table, rho = indicator_table(
+                {n: pr.lora for n, pr in probes.items()}, factuality, probes[chosen[0]].control
+            )
+            st.dataframe(
+                table.drop(columns=["mean", "std"]),
+                hide_index=True,
+                key="runs.indicator_table",
+                column_config={
+                    c: st.column_config.NumberColumn(format="%.3f")
+                    for c in ("ci95_low", "ci95_high", "component_mean", "ood_factuality", "id_factuality")
+                },
+            )
+            st.caption(
+                f"Token set: {probes[chosen[0]].token_set}. Spearman ρ of LoRA-A mean AUROC with OOD factuality "
+                f"{rho['ood_factuality']:.2f}, with ID factuality {rho['id_factuality']:.2f} — over the runs with "
+                f"an evaluation; it needs {MIN_ADAPTERS_FOR_RHO} or more (NaN otherwise): compare the methods you "
+                "trained, each evaluated on the Evaluation page."
+            )
+            csv_download(table, "lora_a_indicator.csv", key="runs.indicator_csv")

@@ -738,6 +738,13 @@ def test_evaluation_runs_in_the_background_and_shows_tables(workbench):
     at.multiselect(key="runs.compare").set_value(["topl-tiny"]).run()
     res = next(d.value for d in at.dataframe if "ID factuality" in d.value.columns)
     assert res.loc[0, "evaluation"] == "tiny-eval" and 0 <= res.loc[0, "ID factuality"] <= 1
+    # ... and puts it beside the run's LoRA-A AUROC in the paper's indicator table
+    at.toggle(key="runs.indicator").set_value(True).run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    indicator = next(d.value for d in at.dataframe if "lora_a_auroc" in d.value.columns)
+    assert list(indicator["method"]) == ["topl-tiny", "random-init A (control)"]
+    assert indicator.loc[0, "id_factuality"] == pytest.approx(res.loc[0, "ID factuality"])
+    assert any("Spearman ρ" in c.value for c in at.caption)
 
 
 def test_steering_study_runs_in_the_background_and_shows_its_curves(workbench):

@@ -4,6 +4,8 @@ results table arithmetic, and the runner / λ sweep on a tiny model."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -270,6 +272,64 @@ def test_results_table_arithmetic():
     assert results_table(per_doc, "full").loc["base", "ID"] == pytest.approx(0.2)
 
 
+def _llm_aggrefact_rows() -> list[dict]:
+    """LLM-AggreFact's shape (doc, claim, label, dataset; no id), three datasets, documents repeated per claim."""
+    rows = []
+    for dataset in ("AggreFact-CNN", "Wice", "RAGTruth"):
+        for k in range(3):
+            doc = f"{dataset} document {k}. {DOC}"
+            rows += [{"doc": doc, "claim": f"claim {j}", "label": j % 2, "dataset": dataset} for j in range(2)]
+    return rows
+
+
+def test_ood_over_a_benchmark_takes_n_documents_per_dataset(tmp_path):
+    from topl_core.analysis.evaluation import EvalConfig, ood_documents
+    from topl_core.errors import DataError
+
+    table = pd.DataFrame(_llm_aggrefact_rows())
+    table.to_csv(tmp_path / "llm-aggrefact.csv", index=False)
+    table.to_parquet(tmp_path / "llm-aggrefact.parquet")
+    for name in ("llm-aggrefact.csv", "llm-aggrefact.parquet"):
+        docs = ood_documents(EvalConfig(n_id=0, n_ood=2, ood_data=str(tmp_path / name)))
+        assert [d.source for d in docs] == ["AggreFact-CNN"] * 2 + ["Wice"] * 2 + ["RAGTruth"] * 2
+        assert len({d.doc_id for d in docs}) == 6 and docs[0].document.startswith("AggreFact-CNN document 0.")
+    table.drop(columns=["dataset"]).to_csv(tmp_path / "no-dataset.csv", index=False)
+    with pytest.raises(DataError, match=r"missing column\(s\) \['dataset'\]"):
+        ood_documents(EvalConfig(n_id=0, n_ood=2, ood_data=str(tmp_path / "no-dataset.csv")))
+    with pytest.raises(DataError, match="no such file"):
+        ood_documents(EvalConfig(n_id=0, n_ood=2, ood_data=str(tmp_path / "absent.csv")))
+
+
+def test_mean_over_ood_sources_and_protocol_agreement_by_hand():
+    from scipy.stats import spearmanr
+
+    from topl_core.analysis.evaluation import protocol_agreement, results_table
+
+    rows = []
+    for variant, shift in (("a", 0.0), ("b", 0.1), ("c", 0.3)):
+        for source, scores in (("Wice", (0.2, 0.4, 0.9)), ("RAGTruth", (0.6,))):
+            for k, x in enumerate(scores):
+                rows.append(
+                    {
+                        "variant": variant,
+                        "set": "OOD",
+                        "source": source,
+                        "score_sentence": x + shift,
+                        "score_full": (x + shift) ** 2 - 0.05 * k,
+                        "n_sentences": 1,
+                        "n_words": 3,
+                    }  # fmt: skip
+                )
+    per_doc = pd.DataFrame(rows)
+    t = results_table(per_doc, "sentence", by_source=True)
+    assert t.loc["a", "OOD"] == pytest.approx(0.525)  # over documents: 3 of Wice, 1 of RAGTruth
+    assert t.loc["a", "OOD_mean_of_sources"] == pytest.approx((0.5 + 0.6) / 2)  # each dataset weighs the same
+    agreement = protocol_agreement(per_doc)
+    assert agreement["summaries"] == pytest.approx(spearmanr(per_doc["score_sentence"], per_doc["score_full"])[0])
+    assert agreement["variants"] == pytest.approx(1.0) and agreement["n_variants"] == 3
+    assert np.isnan(protocol_agreement(per_doc[per_doc["variant"] != "c"])["variants"])
+
+
 @pytest.fixture(scope="module")
 def gemma_run(tmp_path_factory, tiny_records):
     """A tiny Gemma3 TOPL run (the tiny Gemma3 generates non-empty text, unlike the tiny Llama)."""
@@ -349,6 +409,24 @@ def test_evaluate_runner_and_lambda_sweep(gemma_run, monkeypatch):
     assert {"factuality", "factuality_lo", "factuality_hi", "degenerate", "perplexity", "sentences"} <= set(curve)
     row = curve.iloc[0]
     assert row["factuality_lo"] <= row["factuality"] <= row["factuality_hi"]
+
+
+def test_evaluate_cli_over_a_benchmark_prints_datasets_and_protocol_agreement(gemma_run, tmp_path, capsys):
+    from topl_core.cli import main
+
+    run, data = gemma_run
+    bench = tmp_path / "llm-aggrefact.csv"
+    pd.DataFrame(_llm_aggrefact_rows()).to_csv(bench, index=False)
+    out = tmp_path / "eval.json"
+    args = ["evaluate", "--run", str(run.path), "--data", str(data), "--n-id", "1", "--ood-data", str(bench),
+            "--n-ood", "1", "--max-new-tokens", "4", "--max-doc-tokens", "64", "--json", str(out)]  # fmt: skip
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert f"OOD = {bench}" in printed and "protocols agree: Spearman" in printed
+    report = json.loads(out.read_text())
+    merged = next(r for r in report["table_sentence"] if r["variant"].startswith("merged"))
+    assert {"AggreFact-CNN", "Wice", "RAGTruth", "OOD_mean_of_sources"} <= set(merged) and merged["n_OOD"] == 3
+    assert report["protocol_agreement"]["n_summaries"] == 2 * 4  # base and merged, 1 ID + 3 OOD documents
 
 
 def test_evaluate_cli_help(capsys):

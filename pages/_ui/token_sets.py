@@ -8,7 +8,7 @@ import streamlit as st
 
 from pages._ui.datasets import dataset_picker
 from topl_core.adapters import open_adapter
-from topl_core.analysis.probe import labelled_records
+from topl_core.analysis.probe import ProbeResult, ProbeSettings, labelled_records, probe_run
 from topl_core.data.cliff import load_factuality_csv
 from topl_core.data.records import read_jsonl
 from topl_core.data.split import split_records
@@ -16,6 +16,12 @@ from topl_core.errors import DataError
 from topl_core.paths import cliff_csv, project_path
 
 TOKEN_SETS = ("run's data · val split", "run's data · test split", "CLIFF spans (OOD)", "another data set")
+DEFAULT_LIMIT = 48  # records of the default token set (LoRA-A page and the Runs page's indicator table)
+
+
+def default_token_set(run_path: str) -> tuple:
+    """token_set()'s arguments for the pickers' default: the run's val split, DEFAULT_LIMIT records."""
+    return TOKEN_SETS[0], run_path, None, "all", DEFAULT_LIMIT
 
 
 @st.cache_data(show_spinner="Reading the token set…", max_entries=16)
@@ -41,7 +47,7 @@ def token_set(kind: str, run_path: str, data_path: str | None, split: str, limit
     return f"{Path(data_path).name} [{split}]", labelled_records(recs)[:limit]
 
 
-def token_set_picker(prefix: str, run_path: str, container=st, default_limit: int = 48):
+def token_set_picker(prefix: str, run_path: str, container=st, default_limit: int = DEFAULT_LIMIT):
     """Widgets for a token set; returns the arguments of token_set() (all hashable)."""
     c1, c2, c3 = container.columns([2, 2, 1])
     kind = c1.selectbox(
@@ -68,3 +74,13 @@ def token_set_picker(prefix: str, run_path: str, container=st, default_limit: in
         help="More records → steadier AUROCs, slower capture (cached on disk afterwards).",
     )
     return kind, run_path, data_path, split, int(limit)
+
+
+@st.cache_data(show_spinner="Capturing LoRA-A projections and scoring every site (cached on disk)…", max_entries=16)
+def lora_a_probe(run: str, fp: str, ts: tuple, folds: int = 5, control: bool = True) -> ProbeResult:
+    """LoRA-A separability of a run on a token set (token_set's arguments), with the random-A control; `fp` (the
+    run's fingerprint) keys Streamlit's cache, the disk cache keys itself."""
+    desc, records = token_set(*ts)
+    if not records:
+        raise ValueError("the token set holds no records with token labels")
+    return probe_run(run, records, ProbeSettings(folds=folds, random_control=control), token_set=desc)

@@ -8,7 +8,9 @@ Public API
     Variant.base(model) / Variant.merged(run) / Variant.steered(run, lam)
     EvalConfig(data, split_seed, n_id, n_ood, cliff_csv, max_new_tokens, max_doc_tokens, batch_size, scorer, top_k)
     id_documents(cfg) -> list[EvalDoc]             first n_id documents of the held-out *test* split of `data`
-    ood_documents(cfg) -> list[EvalDoc]            n_ood CLIFF documents, alternating cliff-xsum / cliff-cnndm
+    ood_documents(cfg) -> list[EvalDoc]            n_ood CLIFF documents, alternating cliff-xsum / cliff-cnndm; or,
+                                                   with cfg.ood_data (AggreFact, LLM-AggreFact), n_ood per dataset
+    protocol_agreement(per_doc) -> dict            Spearman ρ of sentence-level vs full-summary scores
     evaluate(variants, cfg, progress=None, use_cache=True, vectors=None) -> EvalResult
     EvalResult.per_doc (DataFrame: variant, lambda, set, source, doc_id, text, score_sentence, score_full,
                n_sentences, n_words), .table(protocol="sentence", by_source=False), .quality (ScorerQuality or None)
@@ -26,6 +28,8 @@ without regenerating. Scores of the offline GroundingScorer come with its measur
 from __future__ import annotations
 
 import hashlib
+import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -36,6 +40,7 @@ from ..adapters import open_adapter
 from ..data.cliff import csv_rows
 from ..data.records import read_jsonl
 from ..data.split import first_documents, split_records
+from ..errors import DataError
 from ..generate import GenerationConfig, generate, load_merged
 from ..models import ModelSpec, load_model
 from ..paths import DEFAULT_DATA, cliff_csv, project_path
@@ -88,8 +93,11 @@ class EvalConfig:
     data: str = DEFAULT_DATA  # ID: the held-out test split of this training data
     split_seed: int = 0
     n_id: int = 16
-    n_ood: int = 16
+    n_ood: int = 16  # CLIFF: documents in all, alternating its sources; with ood_data: documents per dataset
     cliff_csv: str | None = None  # OOD documents; default shared/data/CLIFF_error_types.csv
+    # OOD over a benchmark of several datasets instead (the paper: LLM-AggreFact's 11, up to 300 documents each): a
+    # CSV or parquet with doc and dataset columns (AggreFact, LLM-AggreFact) by path, or a hub dataset id
+    ood_data: str | None = None
     max_new_tokens: int = 96
     max_doc_tokens: int = 512
     batch_size: int = 4
@@ -128,10 +136,13 @@ def id_documents(cfg: EvalConfig) -> list[EvalDoc]:
 
 
 def ood_documents(cfg: EvalConfig) -> list[EvalDoc]:
-    """n_ood distinct CLIFF documents, taken alternately from each source (cliff-xsum, cliff-cnndm), in file order.
-    Empty when the CSV is absent."""
+    """OOD documents. Default: n_ood distinct CLIFF documents, taken alternately from each source (cliff-xsum,
+    cliff-cnndm), in file order; empty when the CSV is absent. With cfg.ood_data: up to n_ood distinct documents of
+    every dataset in that benchmark (source = its dataset, and origin when the file has one), in file order."""
     if cfg.n_ood == 0:
         return []
+    if cfg.ood_data:
+        return _benchmark_documents(cfg.ood_data, cfg.n_ood)
     path = Path(cfg.cliff_csv) if cfg.cliff_csv else cliff_csv()
     if not path.is_file():
         return []
@@ -150,6 +161,62 @@ def ood_documents(cfg: EvalConfig) -> list[EvalDoc]:
             if q and len(out) < cfg.n_ood:
                 out.append(q.pop(0))
     return out
+
+
+def _benchmark_documents(spec: str, per_dataset: int) -> list[EvalDoc]:
+    out, seen, count = [], set(), Counter()
+    for row in benchmark_rows(spec):
+        source = "-".join(str(row[c]) for c in ("dataset", "origin") if row.get(c)) or "ood"
+        doc = str(row["doc"])
+        doc_id = f"{source}-{row.get('id') or hashlib.sha256(doc.encode()).hexdigest()[:12]}"
+        if doc_id in seen or count[source] >= per_dataset:
+            continue
+        seen.add(doc_id)
+        count[source] += 1
+        out.append(EvalDoc("OOD", source, doc_id, doc))
+    return out
+
+
+def benchmark_rows(spec: str) -> list[dict]:
+    """The rows of a factuality benchmark (AggreFact, LLM-AggreFact): a CSV or parquet file with at least doc and
+    dataset columns, or a hub dataset id (needs a hub; its "test" split, else its first)."""
+    path = Path(spec)
+    if path.is_file():
+        if path.suffix == ".parquet":
+            import pandas as pd
+
+            try:
+                table = pd.read_parquet(path)
+            except Exception as e:  # pyarrow's own error types for a file that is not parquet
+                raise DataError(f"{path}: not a readable parquet file ({e}).") from e
+            rows = table.astype(str).to_dict("records")
+        else:
+            rows = csv_rows(path, required=("doc", "dataset"))
+    elif path.suffix in (".csv", ".parquet") or not re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
+        raise DataError(f"{spec}: no such file. Give the path of an AggreFact / LLM-AggreFact CSV or parquet file.")
+    else:
+        rows = _hub_rows(spec)
+    absent = [c for c in ("doc", "dataset") if rows and c not in rows[0]]
+    if absent or not rows:
+        raise DataError(
+            f"{spec}: {'no rows' if not rows else f'missing column(s) {absent}'}; a benchmark needs "
+            "doc and dataset columns (one row per summary or claim)."
+        )
+    return rows
+
+
+def _hub_rows(dataset_id: str) -> list[dict]:
+    try:
+        import datasets
+
+        loaded = datasets.load_dataset(dataset_id)
+        split = "test" if "test" in loaded else next(iter(loaded))
+        return [dict(r) for r in loaded[split]]
+    except Exception as e:  # no hub here, an unknown id, a gated dataset
+        raise DataError(
+            f"{dataset_id}: not a file here, and loading it as a hub dataset failed ({type(e).__name__}: {e}). Give "
+            "the path of a CSV or parquet copy."
+        ) from e
 
 
 def _docs_fingerprint(docs: Sequence[EvalDoc]) -> str:
@@ -280,7 +347,8 @@ class EvalResult:
 def results_table(per_doc, protocol: str = "sentence", by_source: bool = False):
     """Rows = variant (in first-seen order); columns ID, OOD (means over documents of the protocol's score),
     average (mean of the ID and OOD means, as in the paper), sentences (mean sentence count over all documents),
-    words, n_ID, n_OOD; with by_source, one extra column per OOD source."""
+    words, n_ID, n_OOD; with by_source, one extra column per OOD source and, with several sources, their unweighted
+    mean (OOD_mean_of_sources)."""
     import pandas as pd
 
     if protocol not in PROTOCOLS:
@@ -301,12 +369,30 @@ def results_table(per_doc, protocol: str = "sentence", by_source: bool = False):
         row["sentences"] = float(sub["n_sentences"].mean())
         row["words"] = float(sub["n_words"].mean())
         if by_source:
-            for src, part in sub[sub["set"] == "OOD"].groupby("source"):
-                row[src] = float(part[col].mean())
+            by = {src: float(part[col].mean()) for src, part in sub[sub["set"] == "OOD"].groupby("source")}
+            if len(by) > 1:  # the paper's average over datasets: each dataset weighs the same, whatever its size
+                row["OOD_mean_of_sources"] = float(np.mean(list(by.values())))
+            row.update(by)
         out.append(row)
     cols = ["variant", "ID", "OOD", "average", "sentences", "words", "n_ID", "n_OOD"]
     df = pd.DataFrame(out)
     return df[cols + [c for c in df.columns if c not in cols]].set_index("variant")
+
+
+def protocol_agreement(per_doc) -> dict[str, float]:
+    """How far the two protocols agree (the paper's appendix): Spearman ρ between the sentence-level and the
+    full-summary score over every generated summary ("summaries"), and between the variants' mean scores over all
+    documents ("variants"; NaN below three variants, where a rank correlation says nothing)."""
+    means = per_doc.groupby("variant", sort=False)[["score_sentence", "score_full"]].mean()
+    summaries = per_doc[["score_sentence", "score_full"]].dropna()
+    return {
+        "summaries": float(summaries["score_sentence"].corr(summaries["score_full"], method="spearman")),
+        "variants": float(means["score_sentence"].corr(means["score_full"], method="spearman"))
+        if len(means) >= 3
+        else float("nan"),
+        "n_summaries": int(len(summaries)),
+        "n_variants": int(len(means)),
+    }
 
 
 def evaluate(

@@ -16,6 +16,7 @@ from ..analysis.evaluation import (
     evaluate,
     lambda_curve,
     lambda_sweep,
+    protocol_agreement,
     results_table,
 )
 from ..analysis.scorers import make_scorer, scorer_quality
@@ -93,7 +94,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split-seed", type=int, default=0)
     p.add_argument("--cliff", help="CLIFF CSV for OOD documents (default ../shared/data/CLIFF_error_types.csv)")
     p.add_argument("--n-id", type=int, default=16, help="ID documents")
-    p.add_argument("--n-ood", type=int, default=16, help="OOD documents (alternating CLIFF sources)")
+    p.add_argument(
+        "--ood-data",
+        help="OOD over a benchmark instead of CLIFF: an AggreFact / LLM-AggreFact CSV or parquet (doc and dataset "
+        "columns) or a hub dataset id; --n-ood documents per dataset (the paper: 300); per-dataset columns and "
+        "their mean",
+    )
+    p.add_argument(
+        "--n-ood",
+        type=int,
+        default=16,
+        help="OOD documents (CLIFF: in all, alternating its sources; per dataset with --ood-data)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--max-doc-tokens", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=4)
@@ -127,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         n_id=args.n_id,
         n_ood=args.n_ood,
         cliff_csv=args.cliff,
+        ood_data=args.ood_data,
         max_new_tokens=args.max_new_tokens,
         max_doc_tokens=args.max_doc_tokens,
         batch_size=args.batch_size,
@@ -196,10 +209,18 @@ def run(args: argparse.Namespace) -> int:
         with Bar("variants", total=len(variants)) as bar:
             res = evaluate(variants, cfg, progress=bar.stage, use_cache=not args.no_cache)
         per_doc = res.per_doc
+        ood = cfg.ood_data or "CLIFF"
         for protocol in ("sentence", "full"):
-            print(f"\nfactuality ({res.scorer}, {protocol} protocol; ID = test split of {cfg.data}, OOD = CLIFF):")
+            print(f"\nfactuality ({res.scorer}, {protocol} protocol; ID = test split of {cfg.data}, OOD = {ood}):")
             print(results_table(per_doc, protocol, by_source=True).to_string(float_format=_fmt))
             out[f"table_{protocol}"] = results_table(per_doc, protocol, by_source=True).reset_index().to_dict("records")
+        agreement = protocol_agreement(per_doc)
+        print(
+            f"\nprotocols agree: Spearman ρ sentence-level vs full-summary {agreement['summaries']:.3f} over "
+            f"{agreement['n_summaries']} summaries, {agreement['variants']:.3f} over the {agreement['n_variants']} "
+            "variants' means (NaN below 3)"
+        )
+        out["protocol_agreement"] = agreement
         if res.quality is not None:
             print(f"\n{res.quality.summary()}")
             out["scorer_quality"] = res.quality.to_json()
