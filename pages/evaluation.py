@@ -68,12 +68,14 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
         )
         n_id = b.number_input("ID documents", 0, 10_000, 8, key=K + "n_id", persist_state="session")
         n_ood = c.number_input(
-            "OOD documents (CLIFF)",
+            "OOD documents",
             0,
             10_000,
             0 if sweep_mode else 8,
             key=K + f"n_ood.{sweep_mode}",
             persist_state="session",
+            help="CLIFF: in all, alternating its two sources. With an OOD benchmark below: per dataset (the paper: "
+            "300 per LLM-AggreFact dataset).",
         )
         max_new = d.number_input("Max new tokens", 8, 1024, 64, key=K + "max_new", persist_state="session")
         if sweep_mode:
@@ -109,6 +111,15 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
             "with a hub: hub:nli:<model id> or hub:minicheck-lm:bespokelabs/Bespoke-MiniCheck-7B",
         )
         name = c.text_input("Name", f"eval-{time.strftime('%m%d-%H%M%S')}", key=K + "name", persist_state="session")
+        ood_data = st.text_input(
+            "OOD benchmark instead of CLIFF (optional)",
+            "",
+            key=K + "ood_data",
+            persist_state="session",
+            placeholder="/path/to/llm-aggrefact.csv  (or .parquet, or a hub dataset id)",
+            help="An AggreFact / LLM-AggreFact file with doc and dataset columns: the results get a column per "
+            "dataset and their mean. Empty: CLIFF, the offline default.",
+        )
         go_eval = st.form_submit_button("Start evaluation", type="primary", icon=":material/play_arrow:")
     if go_eval:
         try:
@@ -137,6 +148,8 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
             ]
             if data:
                 args += ["--data", str(Path(data).resolve())]
+            if ood_data.strip():
+                args += ["--ood-data", ood_data.strip()]
             for r in chosen:
                 args += ["--run", r]
             if not chosen:  # with adapters, each is evaluated on its own base model
@@ -245,6 +258,32 @@ def lambda_study(curve: pd.DataFrame, res: dict) -> None:
     csv_download(curve, f"{sel}-lambda-curve.csv", key=K + "lam_csv")
 
 
+def protocol_panel(res: dict, per_doc: Path) -> None:
+    """Sentence-level against full-summary scores, per summary, with the Spearman ρ evaluate measured."""
+    agreement = res.get("protocol_agreement")
+    if not agreement or not per_doc.exists():
+        return
+    st.subheader("Do the protocols agree?")
+    st.caption(
+        f"Spearman ρ between the sentence-level and the full-summary score: {agreement['summaries']:.2f} over "
+        f"{agreement['n_summaries']} summaries, {agreement['variants']:.2f} over the {agreement['n_variants']} "
+        "variants' means (NaN below three). Low agreement means the choice of protocol can reorder the methods."
+    )
+    df = pd.read_csv(per_doc)
+    fig = px.scatter(
+        df,
+        x="score_full",
+        y="score_sentence",
+        color="variant",
+        hover_data=[c for c in ("set", "source", "doc_id") if c in df],
+        range_x=[0, 1],
+        range_y=[0, 1],
+        title="Factuality per summary: full summary vs sentence-level",
+    )
+    fig.add_shape(type="line", x0=0, y0=0, x1=1, y1=1, line={"dash": "dot", "color": "gray"})
+    plot(fig, key=K + "protocols")
+
+
 def panel() -> None:
     job = jobs.read_job(edir)
     state = job.state if job else "unknown"
@@ -298,7 +337,8 @@ def panel() -> None:
             ],
         )
         table = pd.DataFrame(res[f"table_{protocol}"])
-        score_cols = [c for c in table.columns if c in ("ID", "OOD", "average") or c.startswith("cliff")]
+        # ID, OOD, average, then one column per OOD source (CLIFF's two, or a benchmark's datasets and their mean)
+        score_cols = [c for c in table.columns if c not in ("variant", "sentences", "words", "n_ID", "n_OOD")]
         st.subheader("Factuality")
         st.dataframe(
             table[["variant", *score_cols, "n_ID", "n_OOD"]],
@@ -337,6 +377,7 @@ def panel() -> None:
             },
         )
         csv_download(table, f"{sel}-{protocol}.csv", key=K + "table_csv")
+        protocol_panel(res, edir / "per_doc.csv")
     per_doc = edir / "per_doc.csv"
     if per_doc.exists():
         with st.expander("Generated summaries, per document"):
