@@ -6,6 +6,7 @@ from pages._ui.frame import ensure_frame
 
 ensure_frame()  # first: see pages/_ui/frame.py
 
+import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -206,10 +207,11 @@ with tab_results:
                     for c in ("ci95_low", "ci95_high", "component_mean", "ood_factuality", "id_factuality")
                 },
             )
+            shown = {k: "—" if math.isnan(v) else f"{v:.2f}" for k, v in rho.items()}
             st.caption(
                 f"Token set: {probes[chosen[0]].token_set}. Spearman ρ of LoRA-A mean AUROC with OOD factuality "
-                f"{rho['ood_factuality']:.2f}, with ID factuality {rho['id_factuality']:.2f} — over the runs with "
-                f"an evaluation; it needs {MIN_ADAPTERS_FOR_RHO} or more (NaN otherwise): compare the methods you "
+                f"{shown['ood_factuality']}, with ID factuality {shown['id_factuality']} — over the runs with an "
+                f"evaluation; it needs {MIN_ADAPTERS_FOR_RHO} or more (— otherwise): compare the methods you "
                 "trained, each evaluated on the Evaluation page."
             )
             csv_download(table, "lora_a_indicator.csv", key="runs.indicator_csv")
