@@ -43,11 +43,16 @@ def load_merged(spec: ModelSpec | str, adapter) -> LoadedModel:
 
 @torch.no_grad()
 def generate(
-    lm: LoadedModel, documents: Sequence[str], cfg: GenerationConfig = GenerationConfig(), task: str = "summarization"
+    lm: LoadedModel,
+    documents: Sequence[str],
+    cfg: GenerationConfig = GenerationConfig(),
+    task: str = "summarization",
+    lang_pair: str | None = None,
 ) -> list[str]:
-    """Generate one response per document (left-padded batches; stops at end-of-turn)."""
+    """Generate one response per document (left-padded batches; stops at end-of-turn). A translation's lang_pair
+    ("en-de") names the languages in the prompt."""
     tok, model = lm.tokenizer, lm.model
-    prompts = [build_prompt(tok, truncate_document(tok, d, cfg.max_doc_tokens), task) for d in documents]
+    prompts = [build_prompt(tok, truncate_document(tok, d, cfg.max_doc_tokens), task, lang_pair) for d in documents]
     outputs: list[str] = []
     old_side = tok.padding_side
     tok.padding_side = "left"

@@ -59,3 +59,36 @@ PRESETS: dict[str, Preset] = {
     "llama3.1-8b": Preset("meta-llama/Llama-3.1-8B-Instruct", 32, (0, 27), _paper_methods(1e-4, 1e-4, 2e-5)),
     "gemma3-4b": Preset("google/gemma-3-4b-it", 34, (0, 27), _paper_methods(1e-4, 5e-5, 5e-6)),
 }
+
+# Translation (the paper's second task). Language names for the prompt, by ISO 639-1 code; an unknown code is used
+# as it is. MLQE_PE_PAIRS: the MLQE-PE pairs with word-level (OK/BAD) tags, what TOPL trains on (WMT20 QE task 2).
+LANGUAGES: dict[str, str] = {
+    "en": "English",
+    "de": "German",
+    "zh": "Chinese",
+    "et": "Estonian",
+    "ne": "Nepali",
+    "ro": "Romanian",
+    "si": "Sinhala",
+    "ru": "Russian",
+}
+MLQE_PE_PAIRS: tuple[str, ...] = ("en-de", "en-zh")
+# FLORES+ file / config names of those languages (the OOD translation set)
+FLORES_CODES: dict[str, str] = {
+    "en": "eng_Latn",
+    "de": "deu_Latn",
+    "zh": "cmn_Hans",
+    "et": "est_Latn",
+    "ne": "npi_Deva",
+    "ro": "ron_Latn",
+    "si": "sin_Sinh",
+    "ru": "rus_Cyrl",
+}
+
+
+def language_pair(pair: str) -> tuple[str, str]:
+    """("en", "de") from "en-de"; a pair not written source-target raises ValueError."""
+    source, sep, target = pair.partition("-")
+    if not (sep and source and target):
+        raise ValueError(f"language pair {pair!r}: write it source-target, e.g. en-de.")
+    return source, target

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError
+from ..presets import LANGUAGES, language_pair
 from .records import Record
 
 IGNORE = -1  # label of tokens that are not supervised (prompt, document, end-of-turn)
@@ -44,9 +45,18 @@ class Encoded:
         return len(self.input_ids)
 
 
-def build_prompt(tokenizer, document: str, task: str = "summarization") -> str:
+def instruction(task: str, lang_pair: str | None = None) -> str:
+    """The task's instruction; a translation whose pair is known names both languages ("Translate the following
+    English sentence into German.")."""
+    if task == "translation" and lang_pair:
+        source, target = (LANGUAGES.get(code, code) for code in language_pair(lang_pair))
+        return f"Translate the following {source} sentence into {target}."
+    return INSTRUCTIONS[task]
+
+
+def build_prompt(tokenizer, document: str, task: str = "summarization", lang_pair: str | None = None) -> str:
     """The text before the response: chat template with a generation prompt, or a plain prompt."""
-    user = f"{INSTRUCTIONS[task]}\n\nDocument:\n{document}"
+    user = f"{instruction(task, lang_pair)}\n\n{'Document' if task == 'summarization' else 'Sentence'}:\n{document}"
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(
             [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
@@ -96,7 +106,8 @@ def encode_record(
     max_response_tokens: int | None = 160,
     end_of_turn: bool = True,
 ) -> Encoded:
-    prompt = build_prompt(tokenizer, truncate_document(tokenizer, record.document, max_doc_tokens), record.task)
+    document = truncate_document(tokenizer, record.document, max_doc_tokens)
+    prompt = build_prompt(tokenizer, document, record.task, record.meta.get("lang_pair"))
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     response = (
         record.response[: max_response_tokens * CHARS_PER_TOKEN_BOUND] if max_response_tokens else record.response

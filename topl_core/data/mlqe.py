@@ -41,16 +41,23 @@ def mlqe_records(
     id_prefix: str = "mlqe",
     source: str = "mlqe",
     location: str | None = None,
+    references: Sequence[str] | None = None,
+    lang_pair: str | None = None,
 ) -> list[Record]:
-    """Translation records from aligned source sentences, MT sentences and per-sentence tag lists. Errors name
+    """Translation records from aligned source sentences, MT sentences and per-sentence tag lists; the post-edits
+    (`references`, the evaluation's references) and the pair ("en-de", named in the prompt) go to meta. Errors name
     f"{location}:{line}" (default f"{source} line {line}"), 1-based."""
-    if not len(sources) == len(translations) == len(tags):
+    if not len(sources) == len(translations) == len(tags) == len(references if references is not None else tags):
+        post_edits = "" if references is None else f" and {len(references)} post-edits"
         raise DataError(
             f"{location or source}: {len(sources)} source sentences, {len(translations)} MT sentences and {len(tags)} "
-            "tag lines; all three must have one entry per sentence."
+            f"tag lines{post_edits}; all must have one entry per sentence."
         )
     records = []
     for i, (src, mt, sentence_tags) in enumerate(zip(sources, translations, tags)):
+        meta = {"lang_pair": lang_pair} if lang_pair else {}
+        if references is not None:
+            meta["reference"] = references[i]
         where = f"{location}:{i + 1}" if location else f"{source} line {i + 1}"
         spans = bad_word_spans(mt, sentence_tags, where)
         try:
@@ -63,6 +70,7 @@ def mlqe_records(
                     sequence_label=0 if spans else 1,
                     task="translation",
                     source=source,
+                    meta=meta,
                 )
             )
         except DataError as e:
@@ -70,10 +78,17 @@ def mlqe_records(
     return records
 
 
-def load_mlqe_dir(directory: str | Path, split: str = "train", source: str = "mlqe") -> list[Record]:
+def load_mlqe_dir(
+    directory: str | Path, split: str = "train", source: str = "mlqe", lang_pair: str | None = None
+) -> list[Record]:
     """Records from the UTF-8 WMT20 task 2 files `{split}.src`, `{split}.mt` and `{split}.tags` in `directory`, one
-    sentence per line (split on "\\n" only: sentences may contain other Unicode line separators)."""
+    sentence per line (split on "\\n" only: sentences may contain other Unicode line separators); `{split}.pe`, the
+    post-edits, become the references when present. The pair defaults to the name of the directory or its parent
+    when it reads like one ("en-de/test" → "en-de")."""
     directory = Path(directory)
+    lang_pair = lang_pair or next(
+        (d.name for d in (directory, directory.parent) if re.fullmatch(r"[a-z]{2,3}-[a-z]{2,3}", d.name)), None
+    )
     paths = [directory / f"{split}.{ext}" for ext in ("src", "mt", "tags")]
     absent = [p.name for p in paths if not p.is_file()]
     if absent:
@@ -82,6 +97,7 @@ def load_mlqe_dir(directory: str | Path, split: str = "train", source: str = "ml
             "(the WMT20 task 2 release, e.g. en-de/train/)."
         )
     sources, translations, tag_lines = ([line.rstrip("\r") for _, line in utf8_lines(p)] for p in paths)
+    post_edits = directory / f"{split}.pe"
     return mlqe_records(
         sources,
         translations,
@@ -89,6 +105,8 @@ def load_mlqe_dir(directory: str | Path, split: str = "train", source: str = "ml
         id_prefix=f"{source}-{split}",
         source=source,
         location=str(directory / f"{split}.{{src,mt,tags}}"),
+        references=[line.rstrip("\r") for _, line in utf8_lines(post_edits)] if post_edits.is_file() else None,
+        lang_pair=lang_pair,
     )
 
 
@@ -105,4 +123,6 @@ def load_mlqe_hub(lang_pair: str = "en-de", split: str = "train", source: str = 
         [tag_names(row["mt_tags"]) for row in table],
         id_prefix=f"{source}-{lang_pair}-{split}",
         source=source,
+        references=[row["pe"] for row in table] if "pe" in table.column_names else None,
+        lang_pair=lang_pair,
     )
