@@ -12,7 +12,7 @@ import os
 import shutil
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -33,6 +33,7 @@ from ..runs import RunDir
 from ..status import LOCK_FILE, STOP_FILE, WriterLock, clear_stop, stop_requested
 from .config import TrainConfig
 from .objectives import OBJECTIVES, EncodeSettings, Objective, StepContext, length_buckets
+from .world import World
 
 
 @dataclass(frozen=True)
@@ -156,62 +157,73 @@ def train(
     """Train (or resume) a run into out_dir and return its RunDir. `base` is consumed (LoRA is injected into it).
     Stops with a checkpoint and state "cancelled" when `progress` returns False or a STOP file appears in out_dir.
     One writer per run directory: a second train into the same out_dir while this one runs is refused."""
-    run = RunDir(out_dir)
-    with WriterLock(run.path):
-        return _train(cfg, run, progress, records, base)
+    run, world = RunDir(out_dir), World.current()
+    with WriterLock(run.path) if world.is_main else nullcontext():  # rank 0 writes; the other ranks only compute
+        return _train(cfg, run, progress, records, base, world)
 
 
-def _train(cfg: TrainConfig, run: RunDir, progress, records, base) -> RunDir:
+def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World) -> RunDir:
     objective: Objective = OBJECTIVES[cfg.method]
     resuming = _check_resumable(run, cfg)
+    world.barrier()  # every rank has looked at the directory before rank 0 writes to it
     if resuming and run.is_complete:
         return run
-    clear_stop(run.path)  # a stop request belongs to the start it was made for
+    if world.is_main:
+        clear_stop(run.path)  # a stop request belongs to the start it was made for
     base, batches = _prepare(cfg, objective, records, base)
-    meta = _run_meta(cfg, objective, base, batches)
+    meta = _run_meta(cfg, objective, base, batches) | ({"world_size": world.size} if world.size > 1 else {})
     torch.manual_seed(cfg.seed)  # after loading: LoRA/head init depends on cfg.seed alone, however the base was built
     t = _trainable(cfg, objective, base, meta["head_layer"])
-    start = _open_run(run, cfg, meta, t, resuming)
+    start = _open_run(run, cfg, meta, t, resuming, world)
 
     clock = _Clock()
     last_ckpt = completed = start
     try:
         for step in range(start + 1, cfg.steps + 1):
-            loss, info, tokens = _train_step(cfg, objective, t, batches.train, step)
+            loss, info, tokens = _train_step(cfg, objective, t, batches.train, step, world)
             completed = step
             row = {"step": step, "loss": loss, "lr": t.scheduler.get_last_lr()[0], **clock.step(tokens), **info}
-            with clock.overhead():  # validation and checkpoints are not training time
-                val = None
-                if objective.validate is not None and batches.val and (step % cfg.eval_every == 0 or step == cfg.steps):
-                    val = objective.validate(t.ctx, batches.val, cfg.precision, cfg.device)
-                    row.update(val)
-                run.append_metrics(row)
-                if step % cfg.checkpoint_every == 0:
-                    _save_checkpoint(run, t, step)
-                    last_ckpt = step
-                run.write_status("running", step, cfg.steps, loss=loss)
-            report = Progress(
-                step,
-                cfg.steps,
-                loss,
-                row["elapsed_s"],
-                clock.eta(step - start, cfg.steps - step),
-                row["tokens_per_s"],
-                val,
-            )
-            if (progress is not None and progress(report) is False) or stop_requested(run.path):
+            val, stop = None, False
+            if world.is_main:
+                with clock.overhead():  # validation and checkpoints are not training time
+                    if (
+                        objective.validate is not None
+                        and batches.val
+                        and (step % cfg.eval_every == 0 or step == cfg.steps)
+                    ):
+                        val = objective.validate(t.ctx, batches.val, cfg.precision, cfg.device)
+                        row.update(val)
+                    run.append_metrics(row)
+                    if step % cfg.checkpoint_every == 0:
+                        _save_checkpoint(run, t, step)
+                    run.write_status("running", step, cfg.steps, loss=loss)
+                report = Progress(
+                    step,
+                    cfg.steps,
+                    loss,
+                    row["elapsed_s"],
+                    clock.eta(step - start, cfg.steps - step),
+                    row["tokens_per_s"],
+                    val,
+                )
+                stop = (progress is not None and progress(report) is False) or stop_requested(run.path)
+            if step % cfg.checkpoint_every == 0:
+                last_ckpt = step
+            if world.any(stop):
                 raise Cancelled()
     except BaseException as e:
-        # Keep every completed step: checkpoint before leaving, so `train` on the same directory resumes.
-        if completed > last_ckpt:
-            _save_checkpoint(run, t, completed)
         state = "cancelled" if isinstance(e, (Cancelled, KeyboardInterrupt)) else "failed"
-        run.write_status(state, max(completed, last_ckpt), cfg.steps, error=f"{type(e).__name__}: {e}")
+        if world.is_main:  # keep every completed step: checkpoint before leaving, so `train` here resumes
+            if completed > last_ckpt:
+                _save_checkpoint(run, t, completed)
+            run.write_status(state, max(completed, last_ckpt), cfg.steps, error=f"{type(e).__name__}: {e}")
         if isinstance(e, Cancelled):
             return run
         raise
-    _save_final(run, cfg, t, meta)
-    run.write_status("finished", cfg.steps, cfg.steps, elapsed_s=clock.wall())
+    if world.is_main:
+        _save_final(run, cfg, t, meta)
+        run.write_status("finished", cfg.steps, cfg.steps, elapsed_s=clock.wall())
+    world.barrier()  # the run is whole on disk before any rank returns it
     return run
 
 
@@ -291,36 +303,44 @@ def _trainable(cfg: TrainConfig, objective: Objective, base: LoadedModel, head_l
     return _Trainable(model, head, lora_params + head_params, optimizer, scheduler, ctx)
 
 
-def _open_run(run: RunDir, cfg: TrainConfig, meta: dict, t: _Trainable, resuming: bool) -> int:
-    """Write the run's config and status; on resume load the checkpoint. Returns the last completed step."""
+def _open_run(run: RunDir, cfg: TrainConfig, meta: dict, t: _Trainable, resuming: bool, world: World) -> int:
+    """Write the run's config and status (rank 0); on resume every rank loads the checkpoint. Returns the last
+    completed step."""
     start = 0
     if resuming and run.checkpoint_dir.exists():
         start = _load_checkpoint(run, t)
-        run.truncate_metrics(start)
-    else:
+        world.barrier()  # all have read it before rank 0 may write a new one
+        if world.is_main:
+            run.truncate_metrics(start)
+    elif world.is_main:
         run.path.mkdir(parents=True, exist_ok=True)
         run.metrics_path.unlink(missing_ok=True)
-    run.write_config(cfg, meta)
-    run.write_status("running", start, cfg.steps)
+    if world.is_main:
+        run.write_config(cfg, meta)
+        run.write_status("running", start, cfg.steps)
     return start
 
 
 def _train_step(
-    cfg: TrainConfig, objective: Objective, t: _Trainable, batches: list, step: int
+    cfg: TrainConfig, objective: Objective, t: _Trainable, batches: list, step: int, world: World = World()
 ) -> tuple[float, dict, int]:
-    """One optimizer step over grad_accum batches of micro-batches. Returns (loss, info, tokens seen)."""
+    """One optimizer step over grad_accum batches of micro-batches (this rank's share of them). Returns (loss, info,
+    tokens seen) of the whole step."""
     t.model.train()
-    losses, infos, tokens = [], [], 0
-    for k in range(cfg.grad_accum):
-        for batch in _batch_for(batches, (step - 1) * cfg.grad_accum + k, cfg.seed):
-            batch = batch.to(cfg.device)
-            with autocast(cfg.precision, cfg.device):
-                loss, info = objective.loss(t.ctx, batch)
-            # weight by what the loss averages over; the sum is divided by the step's total below
-            (loss * info[objective.units_key]).backward()
-            losses.append(loss.detach().item())
-            infos.append(info)
-            tokens += int(batch.attention_mask.sum())
+    done = []  # (micro-batch index, loss, info, tokens) of this rank's micro-batches
+    micro = (b for k in range(cfg.grad_accum) for b in _batch_for(batches, (step - 1) * cfg.grad_accum + k, cfg.seed))
+    for index, batch in enumerate(micro):
+        if not world.mine(index):
+            continue
+        batch = batch.to(cfg.device)
+        with autocast(cfg.precision, cfg.device):
+            loss, info = objective.loss(t.ctx, batch)
+        # weight by what the loss averages over; the sum is divided by the step's total below
+        (loss * info[objective.units_key]).backward()
+        done.append((index, loss.detach().item(), info, int(batch.attention_mask.sum())))
+    world.sum_grads(t.params)
+    done = sorted(world.gather(done), key=lambda d: d[0])  # the whole step, in one process's order
+    losses, infos, tokens = [d[1] for d in done], [d[2] for d in done], sum(d[3] for d in done)
     loss, info = _combine_micro_batches(losses, infos, objective.units_key, t.params)
     info["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(t.params, cfg.max_grad_norm))
     t.optimizer.step()
