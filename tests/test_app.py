@@ -310,7 +310,7 @@ def test_train_form_has_an_input_for_every_trainconfig_field(workbench):
     from topl_core.training.config import LoraSettings, TrainConfig
 
     at = open_page("train")
-    widgets = [*at.number_input, *at.selectbox, *at.text_input, *at.multiselect]
+    widgets = [*at.number_input, *at.selectbox, *at.text_input, *at.multiselect, *at.toggle]
     keys = {w.key.removeprefix("train.") for w in widgets if w.key and w.key.startswith("train.")}
     want = {f.name for f in dataclasses.fields(TrainConfig)} - {"model", "device", "lora"}
     want |= {f.name for f in dataclasses.fields(LoraSettings)}

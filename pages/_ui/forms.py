@@ -31,6 +31,9 @@ FIELD_WIDGETS: dict[str, dict] = {
     ),
     "batch_size": dict(label="Batch size", min_value=1, max_value=1024),
     "grad_accum": dict(label="Gradient accumulation", min_value=1, max_value=1024),
+    "gradient_checkpointing": dict(
+        label="Gradient checkpointing", help="Recompute activations in the backward pass: less memory, ~⅓ more time."
+    ),
     "micro_batch_size": dict(
         label="Micro-batch size",
         min_value=1,

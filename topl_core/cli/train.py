@@ -44,6 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             p.add_argument(flag, dest=name, choices=sorted(OBJECTIVES), default=None, help=f"(default {default})")
         elif name == "lora_modules":
             p.add_argument(flag, dest=name, nargs="+", default=None, help=f"(default {' '.join(default)})")
+        elif typ is bool:
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None)
         else:
             literal = typing.get_origin(typ) is typing.Literal
             kind = str if literal or typ not in (int, float) else typ

@@ -77,6 +77,9 @@ class TrainConfig:
     # examples per forward/backward: each batch is split into micro-batches of this size and their gradients are
     # summed with the loss's own weights (tokens or sequences), so the step equals the whole batch's, in less memory
     micro_batch_size: int = 2
+    # recompute each decoder layer's activations in the backward pass instead of keeping them: less memory for long
+    # inputs or large models, about a third more compute; the same gradients
+    gradient_checkpointing: bool = False
     steps: int = 60
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0

@@ -287,6 +287,8 @@ def _trainable(cfg: TrainConfig, objective: Objective, base: LoadedModel, head_l
     """LoRA injected into the base model, a zero-initialised head for head methods, AdamW (the head at
     lr × head_lr_multiplier) and a linear warm-up."""
     model = apply_lora(base.model, cfg)
+    if cfg.gradient_checkpointing:  # the decoder layers recompute their activations in backward (training mode only)
+        model.base_model.model.activation_checkpointing_enable({"use_reentrant": False})
     head = None
     if objective.uses_head:
         head = torch.nn.Linear(base.model.config.hidden_size, 1).to(cfg.device)
