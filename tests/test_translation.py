@@ -14,15 +14,15 @@ from topl_core.analysis.translation import ChrfScorer, flores_pairs, make_transl
 from topl_core.data.mlqe import load_mlqe_dir
 from topl_core.errors import DataError, ScorerError
 
-PAIRS = [  # (English source, German MT, German post-edit, the MT words' tags)
-    ("The house is small.", "Das Haus ist klein.", "Das Haus ist klein.", "OK OK OK OK"),
-    ("The cat sleeps.", "Die Hund schläft.", "Die Katze schläft.", "OK BAD OK"),
-    ("I drink water.", "Ich trinke Wasser.", "Ich trinke Wasser.", "OK OK OK"),
-    ("We read a book.", "Wir lesen ein Auto.", "Wir lesen ein Buch.", "OK OK OK BAD"),
-    ("She is tired.", "Sie ist müde.", "Sie ist müde.", "OK OK OK"),
-    ("The sun is hot.", "Der Mond ist heiß.", "Die Sonne ist heiß.", "BAD BAD OK OK"),
-    ("He writes a letter.", "Er schreibt einen Brief.", "Er schreibt einen Brief.", "OK OK OK OK"),
-    ("The tree is green.", "Der Baum ist rot.", "Der Baum ist grün.", "OK OK OK BAD"),
+PAIRS = [  # (English source, German MT, German post-edit, the MT words' tags, HTER: share of MT words changed)
+    ("The house is small.", "Das Haus ist klein.", "Das Haus ist klein.", "OK OK OK OK", 0.0),
+    ("The cat sleeps.", "Die Hund schläft.", "Die Katze schläft.", "OK BAD OK", 1 / 3),
+    ("I drink water.", "Ich trinke Wasser.", "Ich trinke Wasser.", "OK OK OK", 0.0),
+    ("We read a book.", "Wir lesen ein Auto.", "Wir lesen ein Buch.", "OK OK OK BAD", 1 / 4),
+    ("She is tired.", "Sie ist müde.", "Sie ist müde.", "OK OK OK", 0.0),
+    ("The sun is hot.", "Der Mond ist heiß.", "Die Sonne ist heiß.", "BAD BAD OK OK", 2 / 4),
+    ("He writes a letter.", "Er schreibt einen Brief.", "Er schreibt einen Brief.", "OK OK OK OK", 0.0),
+    ("The tree is green.", "Der Baum ist rot.", "Der Baum ist grün.", "OK OK OK BAD", 1 / 4),
 ]
 
 
@@ -34,12 +34,13 @@ def _tags(word_tags: str) -> str:
 @pytest.fixture(scope="module")
 def mlqe(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlqe") / "en-de"
-    for split, rows in (("train", PAIRS * 3), ("test", PAIRS[:4])):
+    for split, rows in (("train", PAIRS * 3), ("test", PAIRS)):
         folder = root / split
         folder.mkdir(parents=True)
         for ext, column in (("src", 0), ("mt", 1), ("pe", 2)):
             (folder / f"{split}.{ext}").write_text("\n".join(r[column] for r in rows) + "\n", encoding="utf-8")
         (folder / f"{split}.tags").write_text("\n".join(_tags(r[3]) for r in rows) + "\n", encoding="utf-8")
+        (folder / f"{split}.hter").write_text("\n".join(f"{r[4]:.4f}" for r in rows) + "\n", encoding="utf-8")
     return root
 
 
@@ -66,6 +67,19 @@ def test_chrf_is_one_for_the_reference_and_low_for_unrelated_text():
         make_translation_scorer("bleu")
     with pytest.raises(ScorerError, match="unbabel-comet"):  # the package is not installed here
         make_translation_scorer("comet:Unbabel/wmt22-comet-da").score(["a"], ["b"], ["c"])
+
+
+def test_the_scorer_agrees_with_mlqe_pe_human_effort(mlqe):
+    """chrF of MLQE-PE's own translations against their post-edits ranks them as 1 − HTER does (ties apart)."""
+    from scipy.stats import spearmanr
+
+    from topl_core.analysis.translation import scorer_agreement
+
+    agreement = scorer_agreement(mlqe / "test", "test")
+    chrf = ChrfScorer().score([p[0] for p in PAIRS], [p[1] for p in PAIRS], [p[2] for p in PAIRS])
+    assert agreement["n"] == len(PAIRS) and agreement["scorer"] == "chrf"
+    assert agreement["spearman"] == pytest.approx(spearmanr(chrf, [1 - p[4] for p in PAIRS]).statistic)
+    assert agreement["spearman"] > 0.8  # the unchanged translations score 1, the most edited lowest
 
 
 def test_parallel_and_flores_files_and_their_errors(mlqe, tmp_path):
@@ -111,7 +125,8 @@ def test_train_on_word_tags_then_translate_and_score_end_to_end(mlqe, tmp_path, 
             "--ood-src", str(ood_src), "--ood-ref", str(ood_ref), "--n-id", "3", "--max-new-tokens", "6",
             "--json", str(out), "--csv", str(tmp_path / "mt.csv")]  # fmt: skip
     assert main(args) == 0
-    assert "translation en-de (chrf" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "translation en-de (chrf" in printed and "Spearman ρ with MLQE-PE's 1 − HTER" in printed
     table = {row["variant"]: row for row in json.loads(out.read_text())["table"]}
     assert set(table) == {"base", "merged (topl-mt)"}
     for row in table.values():

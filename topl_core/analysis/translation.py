@@ -5,6 +5,7 @@ against its reference, ID on MLQE-PE's test split (the post-edits are the refere
     ChrfScorer                             the offline default: sentence chrF (sacrebleu) / 100
     CometScorer(model_id)                  COMET / XCOMET by hub id through the unbabel-comet package (needs a hub)
     make_translation_scorer(name)          "chrf" | "comet:<model id>"
+    scorer_agreement(directory, split)     Spearman ρ of the scorer with MLQE-PE's 1 − HTER on its own MT outputs
     mlqe_pairs(directory, split, n)        (source, reference) of an MLQE-PE split with its .pe post-edits
     parallel_pairs(source_file, ref_file)  (source, reference) from two line-aligned UTF-8 files
     flores_pairs(spec, lang_pair, n)       FLORES+ by path (a folder of devtest/<code>.devtest files) or hub id
@@ -137,6 +138,31 @@ def flores_pairs(spec: str, lang_pair: str, n: int | None = None, split: str = "
             "FLORES folder or two parallel files."
         ) from e
     return list(zip(source, target))[:n]
+
+
+def scorer_agreement(
+    directory: str | Path, split: str = "test", scorer: str = "chrf", n: int | None = None
+) -> dict[str, float | int | str]:
+    """How the scorer agrees with MLQE-PE's human sentence quality: Spearman ρ between its scores of the split's own
+    machine translations (against the post-edits) and 1 − HTER (the {split}.hter file: the share of words a
+    translator changed). A reference-based scorer reads the same post-edit that HTER is computed from, so a high ρ
+    is expected: it checks the scorer's direction and resolution, not an independent judgement."""
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    records = load_mlqe_dir(directory, split)[:n]
+    path = Path(directory) / f"{split}.hter"
+    if not path.is_file() or (records and "reference" not in records[0].meta):
+        raise DataError(f"{directory}: scorer agreement needs {split}.hter and {split}.pe beside {split}.src.")
+    hter = [float(line) for _, line in utf8_lines(path) if line.strip()][: len(records)]
+    if len(hter) != len(records):
+        raise DataError(f"{path}: {len(hter)} HTER lines for {len(records)} sentences; one per sentence.")
+    made = make_translation_scorer(scorer)
+    scores = made.score(
+        [r.document for r in records], [r.response for r in records], [r.meta["reference"] for r in records]
+    )
+    rho = spearmanr(scores, 1 - np.asarray(hter)).statistic if len(records) > 2 else float("nan")
+    return {"scorer": made.name, "spearman": float(rho), "n": len(records)}
 
 
 # --- evaluation -------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ post-edits as references) and FLORES+ or any parallel files (OOD), scored with c
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..adapters import open_adapter
 from ..analysis.evaluation import Variant
@@ -13,6 +14,7 @@ from ..analysis.translation import (
     flores_pairs,
     mlqe_pairs,
     parallel_pairs,
+    scorer_agreement,
     translation_table,
 )
 from ..errors import ConfigError
@@ -83,12 +85,24 @@ def run(args: argparse.Namespace) -> int:
     scorer = per_sentence["scorer"].iloc[0]
     print(f"translation {args.lang_pair} ({scorer}; ID = MLQE-PE {args.split}, OOD = {args.flores or args.ood_src}):")
     print(table.to_string(float_format=lambda v: f"{v:.3f}"))
+    agreement = None
+    if args.mlqe and (Path(args.mlqe) / f"{args.split}.hter").is_file():  # the scorer's measured quality, as for
+        agreement = scorer_agreement(args.mlqe, args.split, args.scorer)  # the summarization scorer's AUROC
+        print(
+            f"scorer {agreement['scorer']}: Spearman ρ with MLQE-PE's 1 − HTER {agreement['spearman']:.3f} over "
+            f"{agreement['n']} machine translations of {args.split}"
+        )
     if args.csv:
         with atomic_open(args.csv) as f:
             per_sentence.to_csv(f, index=False)
     if args.json:
         write_json(
             args.json,
-            {"config": cfg.__dict__, "scorer": scorer, "table": table.reset_index().to_dict("records")},
+            {
+                "config": cfg.__dict__,
+                "scorer": scorer,
+                "scorer_agreement": agreement,
+                "table": table.reset_index().to_dict("records"),
+            },
         )
     return 0
