@@ -734,7 +734,8 @@ def test_evaluation_runs_in_the_background_and_shows_tables(workbench):
     assert any({"variant", "sentences", "words"} == set(f.columns) for f in frames), "no summary-length table"
     assert any("measured AUROC" in i.value for i in at.info), "the offline scorer's measured quality is not shown"
     scatter = next(f for f in figures(at) if "full summary vs sentence" in f["layout"]["title"]["text"])
-    assert sum(len(array(trace["x"])) for trace in scatter["data"]) == 3 * 3  # every summary: 3 variants × 3 docs
+    summaries = int((table["n_ID"] + table["n_OOD"]).sum())  # 3 variants × (2 ID + 1 OOD when CLIFF is beside)
+    assert sum(len(array(trace["x"])) for trace in scatter["data"]) == summaries
     assert any("Spearman ρ between the sentence-level and the full-summary" in c.value for c in at.caption)
     # the Runs page picks the run's ID/OOD factuality up from this evaluation
     at.switch_page("pages/runs.py").run()
