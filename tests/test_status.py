@@ -204,8 +204,8 @@ def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_run(tmp_path, tiny
         st = jobs.read_job(run.path)
         assert st.state == "interrupted" and st.step == run.checkpoint_step() and st.step % 4 == 0
         killed_at.append(len(run.read_metrics()))
-    resume = train_cli("--resume", str(run.path))
-    assert resume.wait(timeout=300) == 0 and run.read_status()["state"] == "finished", resume.stderr.read()
+    train(run.read_config()[0], run.path)  # resumed to the end (here, in this process: one interpreter start less)
+    assert run.read_status()["state"] == "finished"
     assert killed_at[0] >= 6 and killed_at[1] >= 17  # two different places
     assert [r["step"] for r in run.read_metrics()] == list(range(1, 31))
     done = train(run.read_config()[0], tmp_path / "straight")  # the same config, never interrupted
