@@ -183,30 +183,7 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World)
             loss, info, tokens = _train_step(cfg, objective, t, batches.train, step, world)
             completed = step
             row = {"step": step, "loss": loss, "lr": t.scheduler.get_last_lr()[0], **clock.step(tokens), **info}
-            val, stop = None, False
-            if world.is_main:
-                with clock.overhead():  # validation and checkpoints are not training time
-                    if (
-                        objective.validate is not None
-                        and batches.val
-                        and (step % cfg.eval_every == 0 or step == cfg.steps)
-                    ):
-                        val = objective.validate(t.ctx, batches.val, cfg.precision, cfg.device)
-                        row.update(val)
-                    run.append_metrics(row)
-                    if step % cfg.checkpoint_every == 0:
-                        _save_checkpoint(run, t, step)
-                    run.write_status("running", step, cfg.steps, loss=loss)
-                report = Progress(
-                    step,
-                    cfg.steps,
-                    loss,
-                    row["elapsed_s"],
-                    clock.eta(step - start, cfg.steps - step),
-                    row["tokens_per_s"],
-                    val,
-                )
-                stop = (progress is not None and progress(report) is False) or stop_requested(run.path)
+            stop = world.is_main and _record_step(run, cfg, objective, t, batches, row, clock, start, progress)
             if step % cfg.checkpoint_every == 0:
                 last_ckpt = step
             if world.any(stop):
@@ -225,6 +202,34 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World)
         run.write_status("finished", cfg.steps, cfg.steps, elapsed_s=clock.wall())
     world.barrier()  # the run is whole on disk before any rank returns it
     return run
+
+
+def _record_step(
+    run: RunDir,
+    cfg: TrainConfig,
+    objective: Objective,
+    t: _Trainable,
+    batches: _Batches,
+    row: dict,
+    clock: _Clock,
+    start: int,
+    progress: ProgressCallback | None,
+) -> bool:
+    """Rank 0's bookkeeping after a step: validation when due, the metrics row, a checkpoint when due, the status,
+    and the progress report. True when the run is to stop (the callback said so, or a STOP request)."""
+    step = row["step"]
+    val = None
+    with clock.overhead():  # validation and checkpoints are not training time
+        if objective.validate is not None and batches.val and (step % cfg.eval_every == 0 or step == cfg.steps):
+            val = objective.validate(t.ctx, batches.val, cfg.precision, cfg.device)
+            row.update(val)
+        run.append_metrics(row)
+        if step % cfg.checkpoint_every == 0:
+            _save_checkpoint(run, t, step)
+        run.write_status("running", step, cfg.steps, loss=row["loss"])
+    eta = clock.eta(step - start, cfg.steps - step)
+    report = Progress(step, cfg.steps, row["loss"], row["elapsed_s"], eta, row["tokens_per_s"], val)
+    return (progress is not None and progress(report) is False) or stop_requested(run.path)
 
 
 def _prepare(
