@@ -43,7 +43,7 @@ from ..paths import cache_dir, examples_dir
 class Codec:
     suffix: str
     dump: Callable[[Any, IO[bytes]], None]  # write the value to a binary file object
-    load: Callable[[Path], Any]
+    load: Callable[[bytes], Any]  # the value from the file's bytes (read once: they are checksummed too)
 
 
 def _json_dump(value, f: IO[bytes]) -> None:
@@ -62,8 +62,8 @@ def _npz_dump(value: Mapping[str, np.ndarray], f: IO[bytes]) -> None:
     f.write(buf.getvalue())
 
 
-def _npz_load(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as z:
+def _npz_load(data: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
 
 
@@ -71,25 +71,25 @@ def _parquet_dump(value, f: IO[bytes]) -> None:
     value.to_parquet(f, index=True)
 
 
-def _parquet_load(path: Path):
+def _parquet_load(data: bytes):
     import pandas as pd
 
-    return pd.read_parquet(path)
+    return pd.read_parquet(io.BytesIO(data))
 
 
-JSON = Codec("json", _json_dump, lambda p: json.loads(Path(p).read_text(encoding="utf-8")))
+JSON = Codec("json", _json_dump, lambda data: json.loads(data.decode("utf-8")))
 NPZ = Codec("npz", _npz_dump, _npz_load)
 PARQUET = Codec("parquet", _parquet_dump, _parquet_load)
 
 
 def json_codec(to_json: Callable[[Any], Any], from_json: Callable[[Any], Any]) -> Codec:
     """A JSON codec for a value type with to_json/from_json."""
-    return Codec("json", lambda v, f: _json_dump(to_json(v), f), lambda p: from_json(JSON.load(p)))
+    return Codec("json", lambda v, f: _json_dump(to_json(v), f), lambda data: from_json(JSON.load(data)))
 
 
 def npz_codec(to_arrays: Callable[[Any], Mapping[str, np.ndarray]], from_arrays: Callable[[Mapping], Any]) -> Codec:
     """An NPZ codec for a value type with to_arrays/from_arrays."""
-    return Codec("npz", lambda v, f: _npz_dump(to_arrays(v), f), lambda p: from_arrays(_npz_load(p)))
+    return Codec("npz", lambda v, f: _npz_dump(to_arrays(v), f), lambda data: from_arrays(_npz_load(data)))
 
 
 def analysis_cache_dir() -> Path:
@@ -157,9 +157,10 @@ def cached(
     path = cache_path(kind, kd, codec)
     if not refresh:
         for candidate in (path, shipped_cache_path(path)):
-            if candidate is not None and candidate.exists() and _intact(candidate, kind, kd):
+            data = _intact_bytes(candidate, kind, kd) if candidate is not None else None
+            if data is not None:
                 try:
-                    return codec.load(candidate)
+                    return codec.load(data)
                 except Exception:  # a corrupt or foreign file: recompute (and overwrite a local one)
                     pass
     value = compute()
@@ -174,18 +175,23 @@ def key_file(entry: Path) -> Path:
     return entry.with_name(entry.name.rsplit(".", 1)[0] + ".key.json")
 
 
-def _intact(entry: Path, kind: str, kd: Mapping) -> bool:
-    """The entry's key file names this kind and key, and the entry's bytes match the checksum recorded there."""
+def _intact_bytes(entry: Path, kind: str, kd: Mapping) -> bytes | None:
+    """The entry's bytes when its key file names this kind and key and the bytes match the checksum recorded there;
+    None otherwise (absent, unreadable, changed or foreign)."""
     try:
         recorded = json.loads(key_file(entry).read_text(encoding="utf-8"))
+        data = entry.read_bytes()
     except (OSError, ValueError):
-        return False
+        return None
     if not isinstance(recorded, dict):
-        return False
+        return None
     checksum = recorded.pop("sha256", None)
-    return (
-        recorded.pop("kind", None) == kind and cache_key(recorded) == cache_key(kd) and checksum == sha256_file(entry)
+    intact = (
+        recorded.pop("kind", None) == kind
+        and cache_key(recorded) == cache_key(kd)
+        and checksum == hashlib.sha256(data).hexdigest()
     )
+    return data if intact else None
 
 
 def records_fingerprint(records: Sequence) -> str:
