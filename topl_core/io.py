@@ -59,3 +59,15 @@ def read_log_rows(path: str | os.PathLike) -> list[dict]:
 def sha256_file(path: str | os.PathLike) -> str:
     """The file's sha256 (hex): the checksum recorded for adapter, head and checkpoint files and verified at load."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def checksum_problem(folder: str | os.PathLike, checksums: dict[str, str]) -> tuple[Path, str] | None:
+    """The first file of `checksums` (name → sha256, as recorded) that is "missing" or "changed" in `folder`, with
+    which; None when every file matches."""
+    for name, want in checksums.items():
+        path = Path(folder) / name
+        if not path.exists():
+            return path, "missing"
+        if sha256_file(path) != want:
+            return path, "changed"
+    return None

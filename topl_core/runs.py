@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from .errors import ModelError, RunError
-from .io import atomic_open, read_log_rows, sha256_file, write_json
+from .io import atomic_open, checksum_problem, read_log_rows, sha256_file, write_json
 from .models import LoadedModel
 from .status import STATUS_FILE, State, read_status, write_status
 from .training.config import TrainConfig
@@ -113,11 +113,10 @@ class RunDir:
 
     def _verify_files(self, meta: dict) -> None:
         """Refuse an adapter or head file whose content changed since the run recorded its checksum in `meta`."""
-        for name, want in meta.get("checksums", {}).items():
-            path = self.path / name
-            if not path.exists():
+        match checksum_problem(self.path, meta.get("checksums", {})):
+            case (path, "missing"):
                 raise RunError(f"{path}: missing (the run finished with it). Restore the file or retrain the run.")
-            if sha256_file(path) != want:
+            case (path, _):
                 raise RunError(
                     f"{path}: its content does not match the checksum recorded when the run finished — the file "
                     "was changed or corrupted. Restore it from a copy or retrain the run."

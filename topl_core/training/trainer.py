@@ -26,7 +26,7 @@ from ..data.records import Record, read_jsonl
 from ..data.split import split_records
 from ..data.variants import apply_label_setting
 from ..errors import DataError, RunError
-from ..io import save_tensors, sha256_file, write_json
+from ..io import checksum_problem, save_tensors, sha256_file, write_json
 from ..models import LoadedModel, ModelSpec, hub_id, load_model
 from ..precision import autocast
 from ..runs import RunDir
@@ -507,11 +507,9 @@ def _verify_checkpoint(ck: Path, checksums: dict | None) -> None:
             f"{ck}/state.json records no checksums (written by an older version or edited), so the checkpoint "
             f"cannot be verified; delete {ck} to restart the run from step 0."
         )
-    for name, want in checksums.items():
-        path = ck / name
-        problem = "missing" if not path.exists() else "changed" if sha256_file(path) != want else None
-        if problem:
-            raise RunError(
-                f"{path}: {problem} since the checkpoint was written (checksum in state.json) — the checkpoint is "
-                f"corrupt. Delete {ck} to restart the run from step 0."
-            )
+    if problem := checksum_problem(ck, checksums):
+        path, what = problem
+        raise RunError(
+            f"{path}: {what} since the checkpoint was written (checksum in state.json) — the checkpoint is "
+            f"corrupt. Delete {ck} to restart the run from step 0."
+        )
