@@ -247,6 +247,15 @@ def steering_vectors_for(adapter, cfg: EvalConfig, use_cache: bool = True):
     return build_steering_vectors(adapter, records, ProbeSettings(random_control=False), cfg.top_k, use_cache=use_cache)
 
 
+def variant_model(v: Variant, default_model: str, device: str):
+    """The model a base or merged variant generates with (fp32): the base model (v.model, else default_model), or
+    the variant's adapter merged into the base model it was trained on."""
+    if v.run is None:
+        return load_model(ModelSpec(v.model or default_model, "float32", device))
+    adapter = open_adapter(v.run)
+    return load_merged(ModelSpec(adapter.base_model, "float32", device), adapter)
+
+
 class _Models:
     """Loads each base / merged model once per evaluation (steered variants share their run's merged model)."""
 
@@ -257,11 +266,7 @@ class _Models:
     def get(self, v: Variant):
         key = (v.run, v.model if v.run is None else None)
         if key not in self._cache:
-            if v.run is None:
-                self._cache[key] = load_model(ModelSpec(v.model or self.cfg.model, "float32", self.cfg.device))
-            else:
-                adapter = open_adapter(v.run)
-                self._cache[key] = load_merged(ModelSpec(adapter.base_model, "float32", self.cfg.device), adapter)
+            self._cache[key] = variant_model(v, self.cfg.model, self.cfg.device)
         return self._cache[key]
 
     def base_of(self, run):

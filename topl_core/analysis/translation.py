@@ -26,11 +26,10 @@ from ..adapters import open_adapter
 from ..data.mlqe import load_mlqe_dir
 from ..data.records import utf8_lines
 from ..errors import DataError, ScorerError
-from ..generate import GenerationConfig, generate, load_merged
-from ..models import ModelSpec, load_model
+from ..generate import GenerationConfig, generate
 from ..presets import DEFAULT_MODEL, FLORES_CODES, language_pair
 from .cache import JSON, cached
-from .evaluation import Variant
+from .evaluation import Variant, variant_model
 
 
 class TranslationScorer(Protocol):
@@ -200,10 +199,7 @@ def translate(variant: Variant, sources: Sequence[str], cfg: TranslationConfig, 
     }
 
     def compute() -> list[str]:
-        if adapter is None:
-            lm = load_model(ModelSpec(variant.model or cfg.model, "float32", cfg.device))
-        else:
-            lm = load_merged(ModelSpec(adapter.base_model, "float32", cfg.device), adapter)
+        lm = variant_model(variant, cfg.model, cfg.device)
         return generate(lm, sources, cfg.generation, task="translation", lang_pair=cfg.lang_pair)
 
     return cached("translations", key, compute, JSON, adapter=adapter, enabled=use_cache)
