@@ -47,7 +47,6 @@ from .runs import RunDir
 from .status import (
     ACTIVE_STATES,
     ENDED_STATES,
-    LOCK_FILE,
     Facts,
     State,
     WriterLock,
@@ -171,7 +170,7 @@ def launch_train(cfg: TrainConfig, run_dir: str | Path | None = None, env: dict 
                 raise JobError(f"{run.path} already holds a different run; choose another run name.")
             if run.is_complete:
                 raise JobError(f"{run.path} is already finished; choose another run name.")
-        elif any(p.name != LOCK_FILE for p in run.path.iterdir()):
+        elif run.is_foreign:
             raise JobError(f"{run.path} exists and is not a run directory; choose another run name.")
         else:
             run.write_config(cfg, {"launched_by": "topl_core.jobs"})  # the trainer reads it back with --resume

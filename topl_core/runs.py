@@ -23,7 +23,7 @@ import torch
 from .errors import ModelError, RunError
 from .io import atomic_open, checksum_problem, read_log_rows, sha256_file, write_json
 from .models import LoadedModel
-from .status import STATUS_FILE, State, read_status, write_status
+from .status import LOCK_FILE, STATUS_FILE, STOP_FILE, State, read_status, write_status
 from .training.config import TrainConfig
 
 
@@ -88,6 +88,16 @@ class RunDir:
 
     def read_status(self) -> dict:
         return {"state": "unknown", "step": 0, "steps": 0, **read_status(self.path)}
+
+    @property
+    def is_foreign(self) -> bool:
+        """The folder holds something other than a run: files, but no run config (a writer lock or a stop request
+        alone do not count)."""
+        return (
+            not self.config_path.exists()
+            and self.path.is_dir()
+            and any(p.name not in (LOCK_FILE, STOP_FILE) for p in self.path.iterdir())
+        )
 
     def checkpoint_step(self) -> int:
         """The step a resume starts after: the last checkpoint's (0 when there is none or it cannot be read)."""

@@ -30,7 +30,7 @@ from ..io import checksum_problem, save_tensors, sha256_file, write_json
 from ..models import LoadedModel, ModelSpec, hub_id, load_model
 from ..precision import autocast
 from ..runs import RunDir
-from ..status import LOCK_FILE, STOP_FILE, WriterLock, clear_stop, stop_requested
+from ..status import WriterLock, clear_stop, stop_requested
 from .config import TrainConfig
 from .objectives import OBJECTIVES, EncodeSettings, Objective, StepContext, length_buckets
 from .world import World
@@ -439,9 +439,9 @@ def _batch_for(batches: list, index: int, seed: int):
 
 def _check_resumable(run: RunDir, cfg: TrainConfig) -> bool:
     """True when out_dir already holds this very run (same config); refuse to mix two configs in one directory."""
+    if run.is_foreign:
+        raise RunError(f"{run.path} exists and is not a run directory; choose an empty or new --out directory.")
     if not run.config_path.exists():
-        if run.path.exists() and any(p.name not in (LOCK_FILE, STOP_FILE) for p in run.path.iterdir()):
-            raise RunError(f"{run.path} exists and is not a run directory; choose an empty or new --out directory.")
         return False
     old, _ = run.read_config()
     if old != cfg:
