@@ -314,28 +314,18 @@ def panel() -> None:
             + ". Read small differences between rows against this.",
             icon=":material/straighten:",
         )
+    protocol = st.radio(
+        "Protocol",
+        ["sentence", "full"],
+        horizontal=True,
+        key=K + "protocol",
+        persist_state="session",
+        format_func=lambda p: {"sentence": "sentence-level (score each sentence, average)", "full": "full summary"}[p],
+    )
     if "lambda_curve" in res:
-        protocol = st.radio(
-            "Protocol",
-            ["sentence", "full"],
-            horizontal=True,
-            key=K + "lam_protocol",
-            persist_state="session",
-            format_func=lambda p: {"sentence": "sentence-level", "full": "full summary"}[p],
-        )
         key = "lambda_curve" if protocol == "sentence" or "lambda_curve_full" not in res else "lambda_curve_full"
         lambda_study(pd.DataFrame(res[key]), res)
     else:
-        protocol = st.radio(
-            "Protocol",
-            ["sentence", "full"],
-            horizontal=True,
-            key=K + "protocol",
-            persist_state="session",
-            format_func=lambda p: {"sentence": "sentence-level (score each sentence, average)", "full": "full summary"}[
-                p
-            ],
-        )
         table = pd.DataFrame(res[f"table_{protocol}"])
         # ID, OOD, average, then one column per OOD source (CLIFF's two, or a benchmark's datasets and their mean)
         score_cols = [c for c in table.columns if c not in ("variant", "sentences", "words", "n_ID", "n_OOD")]
