@@ -282,86 +282,32 @@ def test_steer_context_is_invisible_to_other_threads(merged, vectors):
 
 
 def test_steer_cli(run, news_records, tmp_path, monkeypatch, capsys):
+    import json
+
+    from topl_core.analysis.control_vector import read_control_vector
     from topl_core.cli import main
     from topl_core.data.records import write_jsonl
 
     monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path / "cache"))
     data = write_jsonl(news_records, tmp_path / "recs.jsonl")
     out = tmp_path / "steer.json"
-    rc = main(
-        [
-            "steer",
-            "--run",
-            str(run.path),
-            "--document",
-            DOC,
-            "--lambdas",
-            "-4",
-            "0",
-            "4",
-            "--top-k",
-            "2",
-            "--data",
-            str(data),
-            "--split",
-            "all",
-            "--max-new-tokens",
-            "8",
-            "--export",
-            str(tmp_path / "v"),
-            "--json",
-            str(out),
-        ]
-    )
+
+    def steer(*args: str) -> int:
+        return main(["steer", "--run", str(run.path), "--document", DOC, *args])
+
+    vectors_dir, gguf = str(tmp_path / "v"), tmp_path / "diff-mean.gguf"
+    rc = steer("--lambdas", "-4", "0", "4", "--top-k", "2", "--data", str(data), "--split", "all",
+               "--max-new-tokens", "8", "--export", vectors_dir, "--json", str(out))  # fmt: skip
     assert rc == 0
     printed = capsys.readouterr().out
     assert "λ = 0" in printed and "== base model" in printed
-    import json
-
     report = json.loads(out.read_text())
     assert [g["lambda"] for g in report["generations"]] == [None, -4, 0, 4] and len(report["vectors"]["sites"]) == 2
-    rc = main(
-        [
-            "steer",
-            "--run",
-            str(run.path),
-            "--document",
-            DOC,
-            "--lambdas",
-            "0",
-            "--vectors",
-            str(tmp_path / "v"),
-            "--max-new-tokens",
-            "8",
-            "--no-base",
-        ]
-    )
+    rc = steer("--lambdas", "0", "--vectors", vectors_dir, "--max-new-tokens", "8", "--no-base")
     assert rc == 0 and "steering vectors from" in capsys.readouterr().out
     # the conditional mode and the llama.cpp control vector of the diff-mean control, read back
-    from topl_core.analysis.control_vector import read_control_vector
-
-    gguf = tmp_path / "diff-mean.gguf"
-    rc = main(
-        [
-            "steer",
-            "--run",
-            str(run.path),
-            "--document",
-            DOC,
-            "--lambdas",
-            "0",
-            "1",
-            "--mode",
-            "diff-mean",
-            "--vectors",
-            str(tmp_path / "v"),
-            "--export-gguf",
-            str(gguf),
-            "--max-new-tokens",
-            "4",
-            "--no-base",
-        ]
-    )
+    rc = steer("--lambdas", "0", "1", "--mode", "diff-mean", "--vectors", vectors_dir, "--export-gguf", str(gguf),
+               "--max-new-tokens", "4", "--no-base")  # fmt: skip
     assert rc == 0 and "normalised λ = 1 is raw λ" in capsys.readouterr().out
     back, vectors = read_control_vector(gguf), SteeringVectors.load(tmp_path / "v")
     deltas = vectors.deltas("diff-mean", "normalised")
