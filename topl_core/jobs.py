@@ -132,9 +132,7 @@ def _claim(job_dir: str | Path) -> Iterator[WriterLock]:
 
 
 def _start(cli_args: Sequence[str], lock: WriterLock, kind: str, env: dict | None) -> Path:
-    job_dir = lock.path.parent
-    if (st := read_job(job_dir)) and st.active:
-        raise JobError(f"{job_dir} already has a {st.kind} job running (pid {st.pid}); cancel it first.")
+    job_dir = lock.path.parent  # a job still working here holds this lock, so _claim refused this launch already
     clear_stop(job_dir)
     argv = [sys.executable, "-m", "topl_core.jobs", "--job-dir", str(job_dir), "--", *map(str, cli_args)]
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), **lock.hand_over()}
