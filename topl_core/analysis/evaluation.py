@@ -191,11 +191,11 @@ def benchmark_rows(spec: str) -> list[dict]:
                 raise DataError(f"{path}: not a readable parquet file ({e}).") from e
             rows = table.astype(str).to_dict("records")
         else:
-            rows = csv_rows(path, required=("doc", "dataset"))
+            rows = csv_rows(path, required=())  # the columns are checked below, for every kind of input
     elif path.suffix in (".csv", ".parquet") or not re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
         raise DataError(f"{spec}: no such file. Give the path of an AggreFact / LLM-AggreFact CSV or parquet file.")
     else:
-        rows = _hub_rows(spec)
+        rows = hub_rows(spec, "Give the path of a CSV or parquet copy.")
     absent = [c for c in ("doc", "dataset") if rows and c not in rows[0]]
     if absent or not rows:
         raise DataError(
@@ -205,17 +205,21 @@ def benchmark_rows(spec: str) -> list[dict]:
     return rows
 
 
-def _hub_rows(dataset_id: str) -> list[dict]:
+def hub_rows(dataset_id: str, fix: str, config: str | None = None, split: str | None = None) -> list[dict]:
+    """The rows of a hub dataset (needs a hub): `split`, else its "test" split, else its first. Any failure (no hub
+    here, an unknown or gated id) is a DataError ending with `fix` (what to give instead)."""
     try:
         import datasets
 
-        loaded = datasets.load_dataset(dataset_id)
-        split = "test" if "test" in loaded else next(iter(loaded))
-        return [dict(r) for r in loaded[split]]
-    except Exception as e:  # no hub here, an unknown id, a gated dataset
+        if split is None:
+            loaded = datasets.load_dataset(dataset_id, config)
+            table = loaded["test" if "test" in loaded else next(iter(loaded))]
+        else:
+            table = datasets.load_dataset(dataset_id, config, split=split)
+        return [dict(r) for r in table]
+    except Exception as e:
         raise DataError(
-            f"{dataset_id}: not a file here, and loading it as a hub dataset failed ({type(e).__name__}: {e}). Give "
-            "the path of a CSV or parquet copy."
+            f"{dataset_id}: not a file here, and loading it as a hub dataset failed ({type(e).__name__}: {e}). {fix}"
         ) from e
 
 

@@ -29,7 +29,7 @@ from ..errors import DataError, ScorerError
 from ..generate import GenerationConfig, generate
 from ..presets import DEFAULT_MODEL, FLORES_CODES, language_pair
 from .cache import JSON, cached
-from .evaluation import Variant, variant_model
+from .evaluation import Variant, hub_rows, variant_model
 
 
 class TranslationScorer(Protocol):
@@ -127,15 +127,8 @@ def flores_pairs(spec: str, lang_pair: str, n: int | None = None, split: str = "
         return parallel_pairs(*(folder / f"{code}.{split}" for code in codes), n=n)
     if Path(spec).exists():
         raise DataError(f"{spec}: expected a FLORES folder with {split}/{codes[0]}.{split} and {codes[1]}.{split}.")
-    try:
-        import datasets
-
-        source, target = ([row["text"] for row in datasets.load_dataset(spec, code, split=split)] for code in codes)
-    except Exception as e:  # no hub here, an unknown id
-        raise DataError(
-            f"{spec}: not a folder here, and loading it as a hub dataset failed ({type(e).__name__}: {e}). Give a "
-            "FLORES folder or two parallel files."
-        ) from e
+    fix = "Give a FLORES folder or two parallel files."
+    source, target = ([row["text"] for row in hub_rows(spec, fix, code, split)] for code in codes)
     return list(zip(source, target))[:n]
 
 
@@ -153,7 +146,10 @@ def scorer_agreement(
     path = Path(directory) / f"{split}.hter"
     if not path.is_file() or (records and "reference" not in records[0].meta):
         raise DataError(f"{directory}: scorer agreement needs {split}.hter and {split}.pe beside {split}.src.")
-    hter = [float(line) for _, line in utf8_lines(path) if line.strip()][: len(records)]
+    try:
+        hter = [float(line) for _, line in utf8_lines(path) if line.strip()][: len(records)]
+    except ValueError as e:
+        raise DataError(f"{path}: every line must be one HTER value, a number in [0, 1] ({e}).") from e
     if len(hter) != len(records):
         raise DataError(f"{path}: {len(hter)} HTER lines for {len(records)} sentences; one per sentence.")
     made = make_translation_scorer(scorer)
