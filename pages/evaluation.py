@@ -17,7 +17,7 @@ import streamlit as st
 
 from pages._ui.datasets import dataset_paths
 from pages._ui.evaluations import evaluations_dir, read_evaluation
-from pages._ui.render import csv_download, plot
+from pages._ui.render import csv_download, plot, rho_text
 from pages._ui.runs import finished_runs
 from pages._ui.spec import current_model_name, current_spec, split_spec
 from topl_core import jobs
@@ -265,9 +265,9 @@ def protocol_panel(res: dict, per_doc: Path) -> None:
         return
     st.subheader("Do the protocols agree?")
     st.caption(
-        f"Spearman ρ between the sentence-level and the full-summary score: {agreement['summaries']:.2f} over "
-        f"{agreement['n_summaries']} summaries, {agreement['variants']:.2f} over the {agreement['n_variants']} "
-        "variants' means (NaN below three). Low agreement means the choice of protocol can reorder the methods."
+        f"Spearman ρ between the sentence-level and the full-summary score: {rho_text(agreement['summaries'])} over "
+        f"{agreement['n_summaries']} summaries, {rho_text(agreement['variants'])} over the {agreement['n_variants']} "
+        "variants' means (— below three). Low agreement means the choice of protocol can reorder the methods."
     )
     df = pd.read_csv(per_doc)
     fig = px.scatter(

@@ -6,7 +6,6 @@ from pages._ui.frame import ensure_frame
 
 ensure_frame()  # first: see pages/_ui/frame.py
 
-import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import plotly.express as px
 import streamlit as st
 
 from pages._ui.evaluations import run_factuality
-from pages._ui.render import csv_download, plot
+from pages._ui.render import csv_download, plot, rho_text
 from pages._ui.runs import all_runs, open_by_reference, run_fingerprint
 from pages._ui.token_sets import default_token_set, lora_a_probe
 from topl_core.adapters import open_adapter
@@ -207,10 +206,10 @@ with tab_results:
                     for c in ("ci95_low", "ci95_high", "component_mean", "ood_factuality", "id_factuality")
                 },
             )
-            shown = {k: "—" if math.isnan(v) else f"{v:.2f}" for k, v in rho.items()}
             st.caption(
                 f"Token set: {probes[chosen[0]].token_set}. Spearman ρ of LoRA-A mean AUROC with OOD factuality "
-                f"{shown['ood_factuality']}, with ID factuality {shown['id_factuality']} — over the runs with an "
+                f"{rho_text(rho['ood_factuality'])}, with ID factuality {rho_text(rho['id_factuality'])} — over the "
+                "runs with an "
                 f"evaluation; it needs {MIN_ADAPTERS_FOR_RHO} or more (— otherwise): compare the methods you "
                 "trained, each evaluated on the Evaluation page."
             )

@@ -104,6 +104,11 @@ def text_box(title: str, body_html: str, caption: str = "") -> str:
     )
 
 
+def rho_text(value: float) -> str:
+    """A correlation for a caption: two decimals, or "—" where it is undefined (too few points)."""
+    return "—" if value != value else f"{value:.2f}"  # NaN is the one value unequal to itself
+
+
 def csv_download(df: pd.DataFrame, name: str, key: str, label: str = "Download CSV", container=st) -> None:
     container.download_button(
         label, df.to_csv(index=False).encode(), file_name=name, mime="text/csv", key=key, icon=":material/download:"
