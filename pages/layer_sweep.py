@@ -21,6 +21,7 @@ from pages._ui.render import csv_download, plot
 from pages._ui.spec import current_spec, split_spec
 from topl_core import jobs
 from topl_core.errors import ConfigError
+from topl_core.executor import ExecutorConfig
 from topl_core.paths import inside, runs_dir
 from topl_core.training.config import TrainConfig
 
@@ -84,6 +85,8 @@ with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS
             train_values = config_inputs(
                 TrainConfig, st.columns(4), K, SWEEP.train, skip=HAND_LAID | NOT_ASKED | SIDEBAR_FIELDS
             )
+        with st.expander("Where the windows run"):
+            executor_values = config_inputs(ExecutorConfig, st.columns(5), K + "executor.", ExecutorConfig())
         go_sweep = st.form_submit_button("Start sweep", type="primary", icon=":material/play_arrow:")
     try:
         n_windows = len(plan_windows(n_layers, tuple(sizes), int(stride))) if sizes else 0
@@ -108,7 +111,7 @@ with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS
                 **train_values,
             )
             cfg = SweepConfig(train=train, sizes=tuple(sorted(sizes)), stride=stride, **sweep_values)
-            path = jobs.launch_sweep(cfg, inside(SWEEPS, name, "Sweep name"))
+            path = jobs.launch_sweep(cfg, inside(SWEEPS, name, "Sweep name"), ExecutorConfig(**executor_values))
             st.session_state[K + "show"] = str(path.relative_to(runs_dir().resolve()))
             st.rerun()
         except (ConfigError, jobs.JobError, ValueError) as e:

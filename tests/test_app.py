@@ -349,6 +349,7 @@ def test_layer_sweep_form_has_an_input_for_every_field_a_window_trains_with(work
     import dataclasses
 
     from topl_core.analysis.sweeps import SweepConfig
+    from topl_core.executor import ExecutorConfig
     from topl_core.training.config import LoraSettings, TrainConfig
 
     at = open_page("layer_sweep")
@@ -374,6 +375,10 @@ def test_layer_sweep_form_has_an_input_for_every_field_a_window_trains_with(work
     for name in ("stride", "reuse_prefix", "n_generate", "max_new_tokens", "scorer"):
         assert at.session_state[f"sweep.{name}"] == getattr(sweep, name), name
     assert tuple(at.multiselect(key="sweep.modules").value) == sweep.train.lora.modules
+    executor = ExecutorConfig()  # where the windows run: every field, at its default
+    for f in dataclasses.fields(ExecutorConfig):
+        want = getattr(executor, f.name)
+        assert at.session_state[f"sweep.executor.{f.name}"] == ("" if want is None else want), f.name
 
 
 def test_a_new_config_field_reaches_the_train_and_sweep_forms(workbench, monkeypatch):
@@ -685,6 +690,7 @@ def test_a_killed_job_says_how_it_died(workbench, tmp_path):
 
 
 def test_layer_sweep_runs_in_the_background_and_fills_the_heatmap(workbench):
+    """Started from the form with its windows as Ray tasks: the job starts a Ray instance of its own."""
     from topl_core import jobs
 
     at = open_page("layer_sweep")
@@ -694,17 +700,82 @@ def test_layer_sweep_runs_in_the_background_and_fills_the_heatmap(workbench):
     at.number_input(key="sweep.steps").set_value(2)
     at.selectbox(key="sweep.precision").set_value("fp32")
     at.number_input(key="sweep.max_doc_tokens").set_value(64)
+    at.selectbox(key="sweep.executor.kind").set_value("ray")
     at.button[[b.label for b in at.button].index("Start sweep")].click().run()
     assert not at.exception, [e.value for e in at.exception]
     sweep_dir = workbench["runs"] / "sweeps" / "tiny-sweep"
+    assert json.loads((sweep_dir / "sweep.json").read_text())["executor"]["kind"] == "ray"
     st = jobs.wait(sweep_dir, timeout_s=300)
     assert st.state == "finished", jobs.log_tail(sweep_dir, 40)
+    job_pid = json.loads((sweep_dir / "job.json").read_text())["pid"]
+    assert json.loads((sweep_dir / "windows" / "s00-k01" / "status.json").read_text())["pid"] != job_pid
     at.run()
     assert not at.exception
     heat = next(f for f in figures(at) if f["data"] and f["data"][0]["type"] == "heatmap")
     z = array(heat["data"][0]["z"])
     assert z.shape == (2, 2)  # starts {0, 2} × sizes {1, 2}: 4 windows on 4 layers
     assert np.isfinite(z).all()
+    assert any("4/4 windows" in p.proto.text for p in at.get("progress"))
+
+
+def test_a_sweep_as_ray_tasks_equals_the_serial_sweep_and_fills_the_page(workbench, tiny_records):
+    """Four windows run as Ray tasks on a local Ray instance started here (2 CPUs) give the serial sweep's rows and
+    adapters, each trained in a worker process; the Layer sweep page shows them; a window that cannot train is
+    reported with its traceback while the others finish; a finished sweep run again redoes nothing."""
+    import ray
+    from safetensors.torch import load_file
+
+    from topl_core.analysis.sweeps import SweepConfig, heatmap_table, read_sweep, run_sweep
+    from topl_core.errors import RunError
+    from topl_core.executor import ExecutorConfig
+
+    cfg = SweepConfig(
+        train=tiny_config(steps=2, eval_every=2, checkpoint_every=1, data=str(workbench["data"])),
+        windows=((0, 1), (1, 2), (2, 2), (3, 1)),
+    )
+    sweeps = workbench["runs"] / "sweeps"
+    serial = run_sweep(cfg, sweeps / "serial", records=tiny_records).set_index("window")
+    on_ray = ExecutorConfig(kind="ray")
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        events: list[dict] = []
+        par = run_sweep(cfg, sweeps / "ray", events.append, records=tiny_records, executor=on_ray)
+        broken = sweeps / "ray-broken"
+        (broken / "windows" / "s01-k02").mkdir(parents=True)
+        (broken / "windows" / "s01-k02" / "notes.txt").write_text("not a run")
+        with pytest.raises(RunError, match="s01-k02"):
+            run_sweep(cfg, broken, records=tiny_records, executor=on_ray)
+    finally:
+        ray.shutdown()
+    par = par.set_index("window")
+    assert sorted(par.index) == sorted(serial.index) == ["s00-k01", "s01-k02", "s02-k02", "s03-k01"]
+    for col in ("val_token_auroc", "loss"):
+        np.testing.assert_allclose(par.loc[serial.index, col], serial[col], rtol=1e-5, atol=1e-6)
+    for w in serial.index:
+        a = load_file(sweeps / "ray" / "windows" / w / "adapter_model.safetensors")
+        b = load_file(sweeps / "serial" / "windows" / w / "adapter_model.safetensors")
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_allclose(a[k].numpy(), b[k].numpy(), rtol=1e-4, atol=1e-6)
+        assert json.loads((sweeps / "ray" / "windows" / w / "status.json").read_text())["pid"] != os.getpid()
+    assert [e["event"] for e in events] == ["plan"] + ["done"] * 4  # rows reach this process as tasks end
+    assert json.loads((sweeps / "ray" / "sweep.json").read_text())["executor"]["kind"] == "ray"
+
+    status = json.loads((broken / "status.json").read_text())
+    assert status["state"] == "failed" and "not a run directory" in status["error"]
+    assert "not a run directory" in (broken / "task-errors" / "s01-k02.log").read_text()
+    assert sorted(read_sweep(broken)["window"]) == ["s00-k01", "s02-k02", "s03-k01"]  # the others finished
+
+    rows = (sweeps / "ray" / "results.jsonl").read_text()
+    run_sweep(cfg, sweeps / "ray", records=tiny_records)  # all done: no task, no Ray
+    assert (sweeps / "ray" / "results.jsonl").read_text() == rows
+
+    at = open_page("layer_sweep")
+    at.selectbox(key="sweep.show").set_value("sweeps/ray").run()
+    assert not at.exception, [e.value for e in at.exception]
+    heat = next(f for f in figures(at) if f["data"] and f["data"][0]["type"] == "heatmap")
+    np.testing.assert_allclose(array(heat["data"][0]["z"]), heatmap_table(read_sweep(sweeps / "ray")).to_numpy())
     assert any("4/4 windows" in p.proto.text for p in at.get("progress"))
 
 

@@ -37,10 +37,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .analysis.sweeps import SweepConfig, save_sweep_config
+from .analysis.sweeps import SweepConfig, save_sweep_config, saved_executor
 from .cli import CANCELLED
 from .cli import main as cli_main
 from .errors import JobError, RunError, WorkbenchError
+from .executor import ExecutorConfig
 from .io import write_json
 from .paths import PROJECT_ROOT, runs_dir
 from .runs import RunDir
@@ -185,17 +186,20 @@ def resume_train(run_dir: str | Path, env: dict | None = None) -> Path:
     return launch(["train", "--resume", str(run.path)], run.path, kind="train", env=env)
 
 
-def launch_sweep(cfg: SweepConfig, sweep_dir: str | Path) -> Path:
-    """Start (or continue) a layer sweep in the background; its windows checkpoint when cancelled."""
+def launch_sweep(cfg: SweepConfig, sweep_dir: str | Path, executor: ExecutorConfig | None = None) -> Path:
+    """Start (or continue) a layer sweep in the background, its windows run by `executor` (default: the sweep's
+    saved one, else local); its windows checkpoint when cancelled."""
     sweep_dir = Path(sweep_dir).resolve()
     with _claim(sweep_dir) as lock:
-        save_sweep_config(sweep_dir, cfg)
+        save_sweep_config(sweep_dir, cfg, executor or saved_executor(sweep_dir))
         return _start(["sweep", "--resume", str(sweep_dir)], lock, "sweep", None)
 
 
-def resume_sweep_job(sweep_dir: str | Path) -> Path:
-    """Continue the sweep in sweep_dir with its saved config, in the background."""
-    return launch(["sweep", "--resume", str(Path(sweep_dir).resolve())], sweep_dir, kind="sweep")
+def resume_sweep_job(sweep_dir: str | Path, executor: ExecutorConfig | None = None) -> Path:
+    """Continue the sweep in sweep_dir with its saved config (and executor, unless one is given), in the
+    background."""
+    flags = executor.cli_args() if executor else []
+    return launch(["sweep", "--resume", str(Path(sweep_dir).resolve()), *flags], sweep_dir, kind="sweep")
 
 
 def default_run_name(cfg: TrainConfig) -> str:

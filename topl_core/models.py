@@ -148,6 +148,25 @@ def list_available_models() -> list[str]:
 _LOAD_LOCK = threading.Lock()
 
 
+def layer_count(spec: ModelSpec | str) -> int:
+    """The model's decoder layers from its config, without loading its weights (a study's driver plans its grid
+    with it while the workers load the model)."""
+    name = spec.name if isinstance(spec, ModelSpec) else spec
+    if name in TINY_FAMILIES:
+        return build_tiny_model(name)[0].config.num_hidden_layers
+    from transformers import AutoConfig
+
+    with _LOAD_LOCK:
+        where = _converted_embedded_dir(name) if name in EMBEDDED else hub_id(name)
+    if not Path(where).expanduser().exists() and not hub_reachable():
+        raise ModelError(f"model {name!r}: not a local directory, and the hub is unreachable.")
+    try:
+        config = AutoConfig.from_pretrained(where)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"Could not read the config of model {name!r}: {str(e).splitlines()[0]}") from e
+    return getattr(config, "text_config", config).num_hidden_layers
+
+
 def load_model(spec: ModelSpec | str = DEFAULT_MODEL) -> LoadedModel:
     """Load model + tokenizer for a spec, in eval mode, on the requested device and dtype."""
     if isinstance(spec, str):

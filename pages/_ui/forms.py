@@ -1,7 +1,8 @@
-"""Config forms (Train, Layer sweep) built from the config dataclasses — TrainConfig with its LoraSettings, and
-SweepConfig — as the CLI builds its flags: one input per field, the widget chosen by the field's type, the default
-taken from a config instance. A field added to a config reaches every form that shows that config with no edit
-here; FIELD_WIDGETS only words a field better (label, bounds, format, help, options) than its type alone can."""
+"""Config forms (Train, Layer sweep) built from the config dataclasses — TrainConfig with its LoraSettings,
+SweepConfig and ExecutorConfig — as the CLI builds its flags: one input per field, the widget chosen by the
+field's type, the default taken from a config instance. A field added to a config reaches every form that shows
+that config with no edit here; FIELD_WIDGETS only words a field better (label, bounds, format, help, options)
+than its type alone can."""
 
 from __future__ import annotations
 
@@ -70,6 +71,17 @@ FIELD_WIDGETS: dict[str, dict] = {
         help="'grounding' = the offline default; with a hub: hub:nli:<model id> or "
         "hub:minicheck-lm:bespokelabs/Bespoke-MiniCheck-7B",
     ),
+    # ExecutorConfig (where a study's tasks run)
+    "kind": dict(
+        label="Run the windows",
+        format_func=lambda k: {"local": "here, one after another", "ray": "as Ray tasks"}[k],
+        help="Ray runs windows side by side, each in its own worker process: on this machine (a Ray instance "
+        "started for the sweep) or on a cluster (its address).",
+    ),
+    "address": dict(label="Ray address", help="Empty: start Ray on this machine. 'auto' or host:port: join a cluster."),
+    "cpus_per_task": dict(label="CPUs per task", min_value=0.1, max_value=1024.0),
+    "gpus_per_task": dict(label="GPUs per task", min_value=0.0, max_value=64.0),
+    "max_retries": dict(label="Retries (worker died)", min_value=0, max_value=100),
 }
 
 
@@ -103,7 +115,7 @@ def field_input(container, cls, name: str, key_prefix: str, default=NO_VALUE, **
     if typ is float:
         fmt = {} if name in FIELD_WIDGETS else {"format": "%g"}
         return float(container.number_input(label, **({"value": default} if given else {}), **fmt, **kw))
-    return container.text_input(label, **({"value": str(default)} if given else {}), **kw)
+    return container.text_input(label, **({"value": "" if default is None else str(default)} if given else {}), **kw)
 
 
 def config_inputs(cls, columns, key_prefix: str, defaults, skip=frozenset()) -> dict:

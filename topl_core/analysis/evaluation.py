@@ -11,7 +11,8 @@ Public API
     ood_documents(cfg) -> list[EvalDoc]            n_ood CLIFF documents, alternating cliff-xsum / cliff-cnndm; or,
                                                    with cfg.ood_data (AggreFact, LLM-AggreFact), n_ood per dataset
     protocol_agreement(per_doc) -> dict            Spearman ρ of sentence-level vs full-summary scores
-    evaluate(variants, cfg, progress=None, use_cache=True, vectors=None) -> EvalResult
+    evaluate(variants, cfg, progress=None, use_cache=True, vectors=None, executor=ExecutorConfig()) -> EvalResult
+        (each variant's generation a task: in this process or as Ray tasks, topl_core.executor)
     EvalResult.per_doc (DataFrame: variant, lambda, set, source, doc_id, text, score_sentence, score_full,
                n_sentences, n_words), .table(protocol="sentence", by_source=False), .quality (ScorerQuality or None)
     results_table(per_doc, protocol="sentence", by_source=False) -> DataFrame
@@ -40,7 +41,8 @@ from ..adapters import open_adapter
 from ..data.cliff import csv_rows
 from ..data.records import read_jsonl
 from ..data.split import first_documents, split_records
-from ..errors import DataError
+from ..errors import DataError, RunError
+from ..executor import ExecutorConfig, failure_report, run_tasks, worker_memo
 from ..generate import GenerationConfig, generate, load_merged
 from ..models import ModelSpec, load_model
 from ..paths import DEFAULT_DATA, cliff_csv, project_path
@@ -404,6 +406,29 @@ def protocol_agreement(per_doc) -> dict[str, float]:
     }
 
 
+@dataclass(frozen=True)
+class _Shard:
+    """What every variant's task of one evaluation needs (sent to Ray's object store once)."""
+
+    cfg: EvalConfig
+    docs: tuple[EvalDoc, ...]
+    vectors: dict
+    use_cache: bool
+    progress: ProgressFn | None  # only when the variants run in this process
+
+
+def generate_variant(shard: _Shard, v: Variant) -> dict:
+    """One variant of an evaluation as a task (topl_core.executor): its generations for every document (from the
+    cache when there; written to it otherwise). The worker keeps the models it loaded for the evaluation."""
+    if shard.progress:
+        shard.progress(f"{v.name}: generating {len(shard.docs)} summaries")
+    models = worker_memo("eval-models", shard.cfg, lambda: _Models(shard.cfg))
+    vec = None
+    if v.kind == "steered":
+        vec = shard.vectors.get(v.run) or steering_vectors_for(v.run, shard.cfg, shard.use_cache)
+    return {"texts": generate_for(v, shard.docs, shard.cfg, models, vec, shard.use_cache)}
+
+
 def evaluate(
     variants: Sequence[Variant],
     cfg: EvalConfig = EvalConfig(),
@@ -411,29 +436,33 @@ def evaluate(
     use_cache: bool = True,
     vectors: dict | None = None,
     measure_quality: bool | None = None,
+    executor: ExecutorConfig = ExecutorConfig(),
 ) -> EvalResult:
     """Generate with every variant on the ID and OOD documents, score both protocols, and collect per-document rows.
     `vectors` maps a run path to its SteeringVectors (computed from the run's val split when missing).
-    measure_quality (default: only for the offline grounding scorer) attaches the scorer's cached AUROC report."""
+    measure_quality (default: only for the offline grounding scorer) attaches the scorer's cached AUROC report.
+    Each variant's generation is a task run by `executor` (local: one after another here; ray: as Ray tasks, each
+    worker writing the shared cache); scoring happens here as the tasks end."""
     import pandas as pd
 
     docs = id_documents(cfg) + ood_documents(cfg)
     if not docs:
         raise ValueError(f"no documents to evaluate: {cfg.data} has no test split documents and CLIFF is absent.")
     scorer = make_scorer(cfg.scorer)
-    models = _Models(cfg)
-    vectors = dict(vectors or {})
-    rows: list[dict] = []
-    for v in variants:
-        if progress:
-            progress(f"{v.name}: generating {len(docs)} summaries")
-        vec = None
-        if v.kind == "steered":
-            if v.run not in vectors:
-                vectors[v.run] = steering_vectors_for(v.run, cfg, use_cache)
-            vec = vectors[v.run]
-        texts = generate_for(v, docs, cfg, models, vec, use_cache)
-        rows += _rows(v, docs, texts, scorer)
+    texts: dict[str, list[str]] = {}
+
+    local = executor.kind == "local"
+
+    def on_done(v: Variant, result: dict) -> None:
+        texts[v.name] = result["texts"]
+        if progress and not local:
+            progress(f"{v.name}: {len(result['texts'])} summaries generated")
+
+    shard = _Shard(cfg, tuple(docs), dict(vectors or {}), use_cache, progress if local else None)
+    failures = run_tasks(generate_variant, shard, variants, executor, on_done)
+    if failures:
+        raise RunError(failure_report(None, {f.item.name: f for f in failures}))
+    rows = [row for v in variants for row in _rows(v, docs, texts[v.name], scorer)]
     quality = None
     if measure_quality or (measure_quality is None and isinstance(scorer, GroundingScorer)):
         quality = scorer_quality(scorer, cfg.cliff_csv)

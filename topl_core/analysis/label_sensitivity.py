@@ -7,8 +7,9 @@ Public API
     label_stats_for(cfg, records=None, tokenizer=None) -> DataFrame
         one row per setting: tokens, good, bad, pct_good, pct_bad, examples — exactly the labels the trainer
         uses: the train split encoded by the TOPL objective, then data.variants.apply_label_setting(…, cfg.seed)
-    run_label_study(cfg, out_dir, progress=None, records=None, base_loader=None) -> DataFrame
-        trains out_dir/<setting>/ per setting (resumable: finished runs are kept, interrupted ones resume) and
+    run_label_study(cfg, out_dir, progress=None, records=None, base_loader=None, executor=ExecutorConfig())
+        trains out_dir/<setting>/ per setting, each a task (in this process, or as Ray tasks: topl_core.executor;
+        resumable: finished runs are kept, interrupted ones resume) and
         returns the stats columns plus val_token_auroc (head token AUROC on the *original* validation labels),
         optionally cliff_token_auroc (head vs CLIFF span labels on n_cliff records) and gen_factuality.
     read_label_study(out_dir) -> DataFrame     the table from the run directories (what has finished so far)
@@ -32,6 +33,7 @@ from ..data.records import read_jsonl
 from ..data.split import split_records
 from ..data.variants import LABEL_SETTINGS, apply_label_setting, label_stats
 from ..errors import ConfigError, RunError
+from ..executor import ExecutorConfig, failure_report, run_tasks
 from ..io import write_json
 from ..models import LoadedModel, ModelSpec, load_model
 from ..paths import cliff_csv
@@ -152,15 +154,56 @@ def run_label_study(
     progress: Callable[[str], None] | None = None,
     records=None,
     base_loader: Callable[[], LoadedModel] | None = None,
+    executor: ExecutorConfig = ExecutorConfig(),
 ):
-    """Train TOPL on every setting (resumable) and return the table: stats + scores per setting. One writer per
-    study directory: a second study into out_dir while this one runs is refused."""
+    """Train TOPL on every setting (resumable) and return the table: stats + scores per setting. Each setting is a
+    task (`train_setting`) run by `executor` (local: one after another here; ray: as Ray tasks); this process alone
+    writes the study's files. One writer per study directory: a second study into out_dir while this one runs is
+    refused."""
     out_dir = Path(out_dir)
     with WriterLock(out_dir):
-        return _run_label_study(cfg, out_dir, progress, records, base_loader)
+        return _run_label_study(cfg, out_dir, progress, records, base_loader, executor)
 
 
-def _run_label_study(cfg: LabelStudyConfig, out_dir: Path, progress, records, base_loader):
+@dataclass(frozen=True)
+class _LabelStudy:
+    """What every setting's task needs (sent to Ray's object store once)."""
+
+    cfg: LabelStudyConfig
+    out_dir: Path
+    records: list
+    base_loader: Callable[[], LoadedModel] | None
+    progress: Callable[[str], None] | None  # only when the settings train in this process
+
+
+def train_setting(study: _LabelStudy, item: tuple[str, dict]) -> dict:
+    """One label setting as a task (topl_core.executor): train out_dir/<setting> — or resume it, or find it
+    complete — then compute the extra scores it does not have yet. Returns {"extras": …}, or {"cancelled": …} when
+    the run did not finish."""
+    setting, have = item
+    cfg, say = study.cfg, study.progress or (lambda _: None)
+    run = RunDir(study.out_dir / setting)
+    if not run.is_complete:
+        say(f"training setting {setting}")
+        t0 = time.perf_counter()
+        base = (
+            study.base_loader()
+            if study.base_loader
+            else load_model(ModelSpec(cfg.train.model, "float32", cfg.train.device))
+        )
+        run = train(cfg.setting_config(setting), run.path, records=study.records, base=base)
+        say(f"  {setting}: {run.read_status().get('state')} in {time.perf_counter() - t0:.0f} s")
+        if not run.is_complete:
+            return {"cancelled": setting}
+    have = dict(have)
+    if cfg.n_cliff and "cliff_token_auroc" not in have:
+        have.update(_cliff_auroc(cfg, run))
+    if cfg.n_generate and "gen_factuality" not in have:
+        have.update(_generation(cfg, run))
+    return {"extras": have}
+
+
+def _run_label_study(cfg: LabelStudyConfig, out_dir: Path, progress, records, base_loader, executor):
     path = out_dir / STUDY_FILE
     if path.exists():
         old = LabelStudyConfig.from_json(json.loads(path.read_text())["config"])
@@ -169,30 +212,32 @@ def _run_label_study(cfg: LabelStudyConfig, out_dir: Path, progress, records, ba
                 f"{out_dir} holds a label study with a different config; use another directory or the same config."
             )
     write_json(path, {"config": cfg.to_json()})
-    spec = ModelSpec(cfg.train.model, "float32", cfg.train.device)
-    base_loader = base_loader or (lambda: load_model(spec))
     records = list(records) if records is not None else read_jsonl(cfg.train.data)
     extras_path = out_dir / "extras.json"
     extras = json.loads(extras_path.read_text()) if extras_path.exists() else {}
-    for setting in cfg.settings:
-        run = RunDir(out_dir / setting)
-        if not run.is_complete:
-            if progress:
-                progress(f"training setting {setting}")
-            t0 = time.perf_counter()
-            run = train(cfg.setting_config(setting), run.path, records=records, base=base_loader())
-            if progress:
-                progress(f"  {setting}: {run.read_status().get('state')} in {time.perf_counter() - t0:.0f} s")
-            if not run.is_complete:
-                break
+
+    def missing(setting: str) -> bool:
         have = extras.get(setting, {})
-        if (cfg.n_cliff and "cliff_token_auroc" not in have) or (cfg.n_generate and "gen_factuality" not in have):
-            if cfg.n_cliff and "cliff_token_auroc" not in have:
-                have.update(_cliff_auroc(cfg, run))
-            if cfg.n_generate and "gen_factuality" not in have:
-                have.update(_generation(cfg, run))
-            extras[setting] = have
-            write_json(extras_path, extras)
+        return (
+            not RunDir(out_dir / setting).is_complete
+            or (cfg.n_cliff and "cliff_token_auroc" not in have)
+            or bool(cfg.n_generate and "gen_factuality" not in have)
+        )
+
+    def on_done(item: tuple[str, dict], result: dict) -> bool:
+        if "cancelled" in result:
+            return False
+        extras[item[0]] = result["extras"]
+        write_json(extras_path, extras)
+        return True
+
+    todo = [(s, extras.get(s, {})) for s in cfg.settings if missing(s)]
+    study = _LabelStudy(cfg, out_dir, records, base_loader, progress if executor.kind == "local" else None)
+    if progress and todo and executor.kind != "local":
+        progress(f"{len(todo)} settings, {executor.describe()}")
+    failures = run_tasks(train_setting, study, todo, executor, on_done)
+    if failures:
+        raise RunError(failure_report(out_dir, {f.item[0]: f for f in failures}))
     return read_label_study(out_dir, records=records)
 
 

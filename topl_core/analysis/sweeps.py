@@ -49,9 +49,10 @@ import numpy as np
 from ..data.records import read_jsonl
 from ..data.split import first_documents, split_records
 from ..errors import ConfigError, RunError
+from ..executor import ExecutorConfig, failure_report, run_tasks, worker_memo
 from ..generate import GenerationConfig, generate, load_merged
 from ..io import read_log_rows, write_json
-from ..models import LoadedModel, ModelSpec, load_model
+from ..models import LoadedModel, ModelSpec, layer_count, load_model
 from ..runs import RunDir
 from ..status import WriterLock, clear_stop, stop_requested, write_status
 from ..training.config import TrainConfig
@@ -151,8 +152,9 @@ SweepProgress = Callable[[dict], "bool | None"]  # {"event": ..., "window": name
 CONFIG_FILE, RESULTS_FILE = "sweep.json", "results.jsonl"
 
 
-def save_sweep_config(sweep_dir: str | Path, cfg: SweepConfig) -> None:
-    """Write cfg as the sweep's config, refusing a folder that holds a sweep with another training/reuse config."""
+def save_sweep_config(sweep_dir: str | Path, cfg: SweepConfig, executor: ExecutorConfig | None = None) -> None:
+    """Write cfg as the sweep's config (and where its windows run: not part of what the sweep computes, so a resume
+    may change it), refusing a folder that holds a sweep with another training/reuse config."""
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     path = sweep_dir / CONFIG_FILE
@@ -167,7 +169,15 @@ def save_sweep_config(sweep_dir: str | Path, cfg: SweepConfig) -> None:
                 f"{sweep_dir} holds a sweep with a different training/reuse config; resume it with its own config "
                 f"(python -m topl_core sweep --resume {sweep_dir}) or use another --out directory."
             )
-    write_json(path, {"config": cfg.to_json()})
+    write_json(path, {"config": cfg.to_json(), "executor": (executor or ExecutorConfig()).to_json()})
+
+
+def saved_executor(sweep_dir: str | Path) -> ExecutorConfig:
+    """Where the sweep in sweep_dir last ran its windows (local when it has not run or the field is missing)."""
+    try:
+        return ExecutorConfig.from_json(json.loads((Path(sweep_dir) / CONFIG_FILE).read_text()).get("executor"))
+    except (OSError, json.JSONDecodeError, TypeError):
+        return ExecutorConfig()
 
 
 def _window_row(w: Window, run: RunDir, train_s: float, store: PrefixStore | None, before: PrefixStats | None) -> dict:
@@ -222,8 +232,55 @@ def sweep_inputs(cfg: SweepConfig, base_loader: Callable[[], LoadedModel] | None
 
 def fresh_copy(base: LoadedModel) -> LoadedModel:
     """A deep copy for one window (training injects LoRA into the model it gets): the base is loaded once per
-    sweep; copying SmolLM2 took 0.9 s where loading it from disk took 1–3 s."""
+    worker; copying SmolLM2 took 0.9 s where loading it from disk took 1–3 s."""
     return LoadedModel(copy.deepcopy(base.model), base.tokenizer, base.spec)
+
+
+@dataclass(frozen=True)
+class _Sweep:
+    """What every window task of one sweep needs (sent to Ray's object store once)."""
+
+    cfg: SweepConfig
+    sweep_dir: Path
+    records: list
+    base_loader: Callable[[], LoadedModel] | None
+    progress: SweepProgress | None  # step events: only when the windows train in this process
+
+
+def train_window(sweep: _Sweep, w: Window) -> dict:
+    """One window of the sweep as a task (topl_core.executor): train windows/<name> — or resume it from its
+    checkpoint, or find it complete — and return its results row; {"cancelled": ...} when the sweep was asked to
+    stop. The worker keeps the base model (each window trains a deep copy) and the prefix store between windows."""
+    cfg, sweep_dir = sweep.cfg, sweep.sweep_dir
+    if stop_requested(sweep_dir):
+        return {"cancelled": w.name}
+    if sweep.progress is not None:
+        sweep.progress({"event": "window", "window": w.name, "start": w.start, "size": w.size})
+    base = worker_memo("base", str(sweep_dir), lambda: sweep_inputs(cfg, sweep.base_loader, ())[0])
+    store = worker_memo("prefix", str(sweep_dir), PrefixStore) if cfg.reuse_prefix else None
+
+    def step(p) -> bool:
+        if stop_requested(sweep_dir):
+            return False
+        event = {"event": "step", "window": w.name, "step": p.step, "steps": p.steps, "loss": p.loss, "val": p.val}
+        return sweep.progress is None or sweep.progress(event) is not False
+
+    run_path = sweep_dir / "windows" / w.name
+    t0 = time.perf_counter()
+    before = replace(store.stats) if store is not None else None
+    run = RunDir(run_path)
+    if not run.is_complete:
+        lm = fresh_copy(base)
+        if store is not None:
+            install_prefix_cache(lm, store, w.start)
+        run = train(cfg.window_config(w), run_path, progress=step, records=sweep.records, base=lm)
+        del lm
+        if not run.is_complete:  # cancelled: checkpoint kept, resume continues it
+            return {"cancelled": w.name}
+    row = _window_row(w, run, time.perf_counter() - t0, store, before)
+    if cfg.n_generate:
+        row.update(_generation_factuality(cfg, run, sweep.records))
+    return row
 
 
 def run_sweep(
@@ -232,106 +289,87 @@ def run_sweep(
     progress: SweepProgress | None = None,
     base_loader: Callable[[], LoadedModel] | None = None,
     records=None,
+    executor: ExecutorConfig | None = None,
 ):
     """Train and score every window of `cfg` not finished yet in `sweep_dir`; return the results table.
 
-    Resumable: a window with a row in results.jsonl is skipped; a window whose run directory is complete but has
-    no row (a crash in between) gets its row without retraining; an interrupted window resumes from its last
-    checkpoint (the trainer's resume). A stop request (topl_core.status.request_stop; or progress returning False)
-    stops after the current step with a checkpoint, state "cancelled". `base_loader` loads the base model (default:
-    load_model of the config's model); it is called once and every window trains a deep copy. One writer per sweep
-    directory: a second run_sweep there while this one runs is refused."""
+    Every window is a task (`train_window`) run by `executor` (default: the one saved with the sweep, else local:
+    one after another in this process; ExecutorConfig(kind="ray") runs them as Ray tasks). This process alone writes
+    results.jsonl and status.json, a row as each window ends. Resumable: a window with a row in results.jsonl is
+    skipped; a window whose run directory is complete but has no row (a crash in between) gets its row without
+    retraining; an interrupted window resumes from its last checkpoint (the trainer's resume). A stop request
+    (topl_core.status.request_stop; or progress returning False) stops after the current step with a checkpoint,
+    state "cancelled". `base_loader` loads the base model (default: load_model of the config's model); each worker
+    calls it once and every window trains a deep copy. A window that fails is reported (state "failed", its
+    traceback in task-errors/<window>.log) after the others have run. One writer per sweep directory: a second
+    run_sweep there while this one runs is refused."""
     with WriterLock(sweep_dir):
-        return _run_sweep(cfg, Path(sweep_dir), progress, base_loader, records)
+        return _run_sweep(cfg, Path(sweep_dir), progress, base_loader, records, executor)
 
 
-def _run_sweep(cfg: SweepConfig, sweep_dir: Path, progress, base_loader, records):
+def _run_sweep(cfg: SweepConfig, sweep_dir: Path, progress, base_loader, records, executor):
     import pandas as pd
 
-    save_sweep_config(sweep_dir, cfg)
+    executor = executor or saved_executor(sweep_dir)
+    save_sweep_config(sweep_dir, cfg, executor)
     clear_stop(sweep_dir)
-    base, records = sweep_inputs(cfg, base_loader, records)
-    windows = cfg.window_list(base.num_layers)
+    windows = cfg.window_list(layer_count(cfg.train.model))
+    records = list(records) if records is not None else read_jsonl(cfg.train.data)
     results = sweep_dir / RESULTS_FILE
-    done = {r["window"] for r in read_log_rows(results)}
-    store = PrefixStore() if cfg.reuse_prefix else None
+    done = {r["window"] for r in read_log_rows(results)} & {w.name for w in windows}
+    todo = [w for w in windows if w.name not in done]
     total = len(windows)
-    write_status(sweep_dir, "running", done=len(done & {w.name for w in windows}), total=total, current=None)
-    cancelled = False
+    local = executor.kind == "local"
+    cancelled: list[str] = []
 
-    def step_cb(w: Window):
-        def cb(p) -> bool:
-            if stop_requested(sweep_dir):
-                return False
-            if (
-                progress is not None
-                and progress(
-                    {"event": "step", "window": w.name, "step": p.step, "steps": p.steps, "loss": p.loss, "val": p.val}
-                )
-                is False
-            ):
-                return False
-            return True
+    def status(current: str | None) -> None:
+        write_status(sweep_dir, "running", done=len(done), total=total, current=current)
 
-        return cb
+    def window_progress(ev: dict) -> bool | None:  # local: the window now training, then its steps
+        if ev["event"] == "window":
+            status(ev["window"])
+        return None if progress is None else progress(ev)
 
+    def on_done(w: Window, row: dict) -> bool:
+        if "cancelled" in row:
+            cancelled.append(w.name)
+            return False
+        with open(results, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        done.add(w.name)
+        status(None if local else f"{len(todo) - len(done & {x.name for x in todo})} windows as Ray tasks")
+        if progress is not None:
+            progress({"event": "done", **row})
+        return True
+
+    status(None if local else f"{len(todo)} windows as Ray tasks")
+    if progress is not None and todo:
+        progress({"event": "plan", "todo": len(todo), "executor": executor.describe()})
+    task = _Sweep(cfg, sweep_dir, records, base_loader, window_progress if local else None)
     try:
-        for w in windows:
-            if w.name in done:
-                continue
-            if stop_requested(sweep_dir):
-                cancelled = True
-                break
-            run_path = sweep_dir / "windows" / w.name
-            write_status(sweep_dir, "running", done=len(done & {x.name for x in windows}), total=total, current=w.name)
-            if progress is not None:
-                progress(
-                    {
-                        "event": "window",
-                        "window": w.name,
-                        "start": w.start,
-                        "size": w.size,
-                        "todo": len([x for x in windows if x.name not in done]),
-                    }
-                )  # windows left, this one included
-            wcfg = cfg.window_config(w)
-            t0 = time.perf_counter()
-            before = replace(store.stats) if store is not None else None
-            run = RunDir(run_path)
-            if not run.is_complete:
-                lm = fresh_copy(base)
-                if store is not None:
-                    install_prefix_cache(lm, store, w.start)
-                run = train(wcfg, run_path, progress=step_cb(w), records=records, base=lm)
-                del lm
-                if not run.is_complete:  # cancelled: checkpoint kept, resume continues it
-                    cancelled = True
-                    break
-            row = _window_row(w, run, time.perf_counter() - t0, store, before)
-            if cfg.n_generate:
-                row.update(_generation_factuality(cfg, run, records))
-            with open(results, "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
-            done.add(w.name)
-            if progress is not None:
-                progress({"event": "done", **row})
+        failures = run_tasks(train_window, task, todo, executor, on_done)
     except BaseException as e:
         state = "cancelled" if isinstance(e, KeyboardInterrupt) else "failed"
         write_status(sweep_dir, state, done=len(done), total=total, current=None, error=f"{type(e).__name__}: {e}")
         raise
-    state = "cancelled" if cancelled else "finished"
-    write_status(sweep_dir, state, done=len(done & {w.name for w in windows}), total=total, current=None)
+    if failures:
+        error = failure_report(sweep_dir, {f.item.name: f for f in failures})
+        write_status(sweep_dir, "failed", done=len(done), total=total, current=None, error=error)
+        raise RunError(error)
+    state = "cancelled" if cancelled or (stop_requested(sweep_dir) and len(done) < total) else "finished"
+    write_status(sweep_dir, state, done=len(done), total=total, current=None)
     return read_sweep(sweep_dir) if read_log_rows(results) else pd.DataFrame()
 
 
-def resume_sweep(sweep_dir: str | Path, progress: SweepProgress | None = None):
-    """Continue the sweep in `sweep_dir` with its saved config."""
+def resume_sweep(sweep_dir: str | Path, progress: SweepProgress | None = None, executor: ExecutorConfig | None = None):
+    """Continue the sweep in `sweep_dir` with its saved config (and its saved executor unless one is given)."""
     path = Path(sweep_dir) / CONFIG_FILE
     if not path.exists():
         raise RunError(
             f"{sweep_dir}: no {CONFIG_FILE}; not a sweep directory (start one with python -m topl_core sweep)."
         )
-    return run_sweep(SweepConfig.from_json(json.loads(path.read_text())["config"]), sweep_dir, progress)
+    cfg = SweepConfig.from_json(json.loads(path.read_text())["config"])
+    return run_sweep(cfg, sweep_dir, progress, executor=executor)
 
 
 def read_sweep(sweep_dir: str | Path):

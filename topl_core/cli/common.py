@@ -8,6 +8,8 @@ import sys
 from ..adapters import Adapter, open_adapter
 from ..data.records import Record, read_jsonl
 from ..data.split import SPLITS, split_records
+from ..errors import ConfigError
+from ..executor import EXECUTORS, ExecutorConfig
 from ..paths import project_path
 from ..precision import DTYPES, PRECISIONS, describe_precision
 from ..presets import DEFAULT_MODEL
@@ -87,3 +89,35 @@ def add_precision_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> N
 def announce_precision(requested: str, device: str = "cpu") -> None:
     """Say which precision runs and why (stderr, so tables and JSON on stdout stay clean)."""
     print(f"precision: {describe_precision(requested, device)}", file=sys.stderr, flush=True)
+
+
+def add_executor_args(p: argparse.ArgumentParser) -> None:
+    """Where a study's independent tasks run (topl_core.executor)."""
+    d = ExecutorConfig()
+    g = p.add_argument_group("where the tasks run")
+    g.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default=None,
+        help="local: one task after another in this process; ray: as Ray tasks (default: what the study last "
+        "used, else local)",
+    )
+    g.add_argument("--ray-address", help="join this Ray cluster ('auto', host:port) instead of starting one here")
+    g.add_argument("--task-cpus", type=float, default=d.cpus_per_task, help="CPUs each Ray task holds")
+    g.add_argument("--task-gpus", type=float, default=d.gpus_per_task, help="GPUs each Ray task holds")
+    g.add_argument("--max-retries", type=int, default=d.max_retries, help="times Ray restarts a task whose worker died")
+
+
+def executor_from_args(args: argparse.Namespace) -> ExecutorConfig | None:
+    """The executor the flags ask for; None when --executor is not given (the study's saved one, else local)."""
+    if args.executor is None:
+        if args.ray_address:
+            raise ConfigError(f"--ray-address {args.ray_address!r} needs --executor ray.")
+        return None
+    return ExecutorConfig(
+        kind=args.executor,
+        address=args.ray_address,
+        cpus_per_task=args.task_cpus,
+        gpus_per_task=args.task_gpus,
+        max_retries=args.max_retries,
+    )

@@ -22,11 +22,13 @@ from ..analysis.evaluation import (
 from ..analysis.scorers import make_scorer, scorer_quality
 from ..analysis.steering import MODES, POSITIONS, UNITS_DOC
 from ..errors import ConfigError
+from ..executor import ExecutorConfig
 from ..io import atomic_open, write_json
 from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL
 from ..progress import Bar
 from . import COMMANDS
+from .common import add_executor_args, executor_from_args
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -119,6 +121,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-cache", action="store_true", help="regenerate instead of reading cached generations")
     p.add_argument("--csv", help="write the per-document rows (with texts) here")
     p.add_argument("--json", help="write tables and settings here")
+    add_executor_args(p)
     p.set_defaults(func=run)
 
 
@@ -133,6 +136,12 @@ def run(args: argparse.Namespace) -> int:
             "--model would be ignored. Drop --model (it names the base model of an evaluation without --run)."
         )
     args.model = args.model or DEFAULT_MODEL
+    executor = executor_from_args(args) or ExecutorConfig()
+    if executor.kind != "local" and args.lambdas is not None:
+        raise ConfigError(
+            "--executor ray runs an evaluation's variants (base, merged, --steer) as tasks; the λ study "
+            "(--lambdas) runs in this process. Drop --executor or --lambdas."
+        )
     cfg = EvalConfig(
         data=args.data,
         split_seed=args.split_seed,
@@ -207,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         if args.run and not args.no_base:
             variants[0] = Variant.base(open_adapter(args.run[0]).base_model)
         with Bar("variants", total=len(variants)) as bar:
-            res = evaluate(variants, cfg, progress=bar.stage, use_cache=not args.no_cache)
+            res = evaluate(variants, cfg, progress=bar.stage, use_cache=not args.no_cache, executor=executor)
         per_doc = res.per_doc
         ood = cfg.ood_data or "CLIFF"
         for protocol in ("sentence", "full"):

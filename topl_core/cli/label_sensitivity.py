@@ -5,23 +5,23 @@ good_only, dense_balanced; see topl_core.data.variants) and the scores per setti
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from ..analysis.label_sensitivity import LabelStudyConfig, label_stats_for, read_label_study, run_label_study
+from ..data.variants import LABEL_SETTINGS
+from ..executor import ExecutorConfig
+from ..io import write_json
 from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL
+from ..progress import Bar
+from ..runs import RunDir
+from ..training.config import LoraSettings, TrainConfig
 from . import COMMANDS
+from .common import add_executor_args, add_precision_arg, announce_precision, executor_from_args
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     pass
-
-
-from ..analysis.label_sensitivity import LabelStudyConfig, label_stats_for, read_label_study, run_label_study
-from ..data.variants import LABEL_SETTINGS
-from ..io import write_json
-from ..progress import Bar
-from ..runs import RunDir
-from ..training.config import LoraSettings, TrainConfig
-from .common import add_precision_arg, announce_precision
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--json", help="write the table here")
+    add_executor_args(p)
     p.set_defaults(func=run)
 
 
@@ -83,12 +84,13 @@ def run(args: argparse.Namespace) -> int:
     elif args.show:
         df = read_label_study(args.out)
     else:
-        from pathlib import Path
-
         todo = sum(not RunDir(Path(args.out) / s).is_complete for s in cfg.settings)
         with Bar("label settings", total=todo) as bar:  # each "training setting …" message starts a stage
             df = run_label_study(
-                cfg, args.out, progress=lambda m: bar.stage(m) if m.startswith("training setting") else bar.note(m)
+                cfg,
+                args.out,
+                progress=lambda m: bar.stage(m) if m.startswith("training setting") else bar.note(m),
+                executor=executor_from_args(args) or ExecutorConfig(),
             )
     cols = [c for c in df.columns if c != "run"]
     print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))

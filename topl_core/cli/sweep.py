@@ -16,7 +16,7 @@ from ..progress import Bar
 from ..status import request_stop
 from ..training.config import TrainConfig
 from . import COMMANDS
-from .common import add_precision_arg, announce_precision
+from .common import add_executor_args, add_precision_arg, announce_precision, executor_from_args
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -66,6 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--max-response-tokens", type=int, default=128)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    add_executor_args(p)
     p.set_defaults(func=run)
 
 
@@ -157,9 +158,10 @@ def run(args: argparse.Namespace) -> int:
     bar = Bar("sweep windows")
 
     def report(ev: dict) -> None:
-        if ev["event"] == "window":
-            if bar.total is None:
-                bar.total = ev["todo"]
+        if ev["event"] == "plan":
+            bar.total = ev["todo"]
+            bar.note(f"{ev['todo']} windows to train, {ev['executor']}")
+        elif ev["event"] == "window":
             bar.note(f"== window {ev['window']} (layers {ev['start']}..{ev['start'] + ev['size'] - 1})")
         elif ev["event"] == "step" and (ev["step"] == ev["steps"] or ev["step"] % 5 == 0):
             bar.note(f"   step {ev['step']}/{ev['steps']} loss {ev['loss']:.4f}")
@@ -167,11 +169,12 @@ def run(args: argparse.Namespace) -> int:
             bar.note(f"   val AUROC {ev['val_token_auroc']:.3f}  ({ev['train_s']:.1f} s)")
             bar.update()
 
+    executor = executor_from_args(args)
     if args.resume:
         if args.background:
-            print(f"sweep continues in the background: {resume_sweep_job(args.resume)} (job.log there)")
+            print(f"sweep continues in the background: {resume_sweep_job(args.resume, executor)} (job.log there)")
             return 0
-        df = resume_sweep(args.resume, report)
+        df = resume_sweep(args.resume, report, executor)
         out = args.resume
     else:
         if not args.out:
@@ -181,11 +184,11 @@ def run(args: argparse.Namespace) -> int:
         announce_precision(args.precision, args.device)
         if args.background:
             print(
-                f"sweep started in the background: {launch_sweep(cfg, args.out)}\n"
+                f"sweep started in the background: {launch_sweep(cfg, args.out, executor)}\n"
                 f"follow it with: python -m topl_core sweep --show {args.out}"
             )
             return 0
-        df = run_sweep(cfg, args.out, report)
+        df = run_sweep(cfg, args.out, report, executor=executor)
         out = args.out
     bar.close()  # end the bar's line before the tables
     print(f"\nstatus: {read_job(out).state}")
