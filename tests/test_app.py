@@ -718,13 +718,16 @@ def test_layer_sweep_runs_in_the_background_and_fills_the_heatmap(workbench):
     assert any("4/4 windows" in p.proto.text for p in at.get("progress"))
 
 
-def test_a_sweep_as_ray_tasks_equals_the_serial_sweep_and_fills_the_page(workbench, tiny_records):
-    """Four windows run as Ray tasks on a local Ray instance started here (2 CPUs) give the serial sweep's rows and
-    adapters, each trained in a worker process; the Layer sweep page shows them; a window that cannot train is
-    reported with its traceback while the others finish; a finished sweep run again redoes nothing."""
+def test_studies_as_ray_tasks_equal_the_serial_ones_and_fill_the_page(workbench, tiny_records):
+    """On a local Ray instance started here (2 CPUs): four sweep windows run as Ray tasks give the serial sweep's
+    rows and adapters, each trained in a worker process, and the Layer sweep page shows them; a window that cannot
+    train is reported with its traceback while the others finish; a finished sweep run again redoes nothing. A
+    label study's settings and an evaluation's variants as Ray tasks give the serial tables."""
     import ray
     from safetensors.torch import load_file
 
+    from topl_core.analysis.evaluation import EvalConfig, Variant, evaluate
+    from topl_core.analysis.label_sensitivity import LabelStudyConfig, run_label_study
     from topl_core.analysis.sweeps import SweepConfig, heatmap_table, read_sweep, run_sweep
     from topl_core.errors import RunError
     from topl_core.executor import ExecutorConfig
@@ -735,6 +738,11 @@ def test_a_sweep_as_ray_tasks_equals_the_serial_sweep_and_fills_the_page(workben
     )
     sweeps = workbench["runs"] / "sweeps"
     serial = run_sweep(cfg, sweeps / "serial", records=tiny_records).set_index("window")
+    labels = LabelStudyConfig(train=cfg.train, settings=("original", "random"))
+    labels_serial = run_label_study(labels, workbench["runs"] / "labels-serial", records=tiny_records)
+    variants = [Variant.base("tiny-llama"), Variant.merged(str(workbench["runs"] / "topl-tiny"))]
+    ecfg = EvalConfig(data=str(workbench["data"]), n_id=2, n_ood=0, max_new_tokens=8, model="tiny-llama")
+    eval_serial = evaluate(variants, ecfg, use_cache=False, measure_quality=False).per_doc
     on_ray = ExecutorConfig(kind="ray")
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -746,8 +754,13 @@ def test_a_sweep_as_ray_tasks_equals_the_serial_sweep_and_fills_the_page(workben
         (broken / "windows" / "s01-k02" / "notes.txt").write_text("not a run")
         with pytest.raises(RunError, match="s01-k02"):
             run_sweep(cfg, broken, records=tiny_records, executor=on_ray)
+        labels_ray = run_label_study(labels, workbench["runs"] / "labels-ray", records=tiny_records, executor=on_ray)
+        eval_ray = evaluate(variants, ecfg, use_cache=False, measure_quality=False, executor=on_ray).per_doc
     finally:
         ray.shutdown()
+    np.testing.assert_allclose(labels_ray["val_token_auroc"], labels_serial["val_token_auroc"], rtol=1e-5)
+    assert list(labels_ray["setting"]) == ["original", "random"]
+    assert eval_ray[["variant", "doc_id", "text"]].equals(eval_serial[["variant", "doc_id", "text"]])
     par = par.set_index("window")
     assert sorted(par.index) == sorted(serial.index) == ["s00-k01", "s01-k02", "s02-k02", "s03-k01"]
     for col in ("val_token_auroc", "loss"):

@@ -23,6 +23,9 @@ shared machines). Definitions:
 - topl_vs_sft_flops, sweep_cached_vs_naive_flops: the same two ratios in FLOPs, the floor that cutting work
   can reach (a measured ratio below it would mean the faster side is also more efficient per FLOP).
 - phase_s: wall seconds of each phase of the benchmark.
+
+`bench --executors` measures instead where a study's tasks run (benchmark_executors): ray_vs_local = the wall time
+of a sweep grid run as Ray tasks / the same grid run serially in this process, both from scratch.
 """
 
 from __future__ import annotations
@@ -349,6 +352,30 @@ def benchmark_prefix_reuse(
     return pd.DataFrame(rows)
 
 
+def benchmark_executors(
+    model: str = DEFAULT_MODEL, data: str = "", steps: int = 10, windows=((0, 3), (8, 3), (16, 3), (24, 3))
+) -> dict:
+    """One sweep grid run twice, each from scratch: serially in this process (torch on every core) and as Ray tasks
+    on a Ray instance started for it (one CPU per task, as many tasks at once as the machine has cores; its start
+    and the workers' imports and model loads are counted). Wall seconds of both, their ratio, and the largest
+    difference between the two runs' window AUROCs (the results must agree)."""
+    from .executor import ExecutorConfig
+
+    train = TrainConfig(model=model, data=data, steps=steps, batch_size=8, eval_every=steps, checkpoint_every=steps)
+    cfg = SweepConfig(train=train, windows=tuple(windows))
+    res: dict = {"sweep_windows": len(windows), "steps_per_window": steps, "cores": os.cpu_count()}
+    with tempfile.TemporaryDirectory() as work:
+        tables = {}
+        for kind in ("local", "ray"):
+            t = time.perf_counter()
+            tables[kind] = run_sweep(cfg, Path(work) / kind, executor=ExecutorConfig(kind=kind)).set_index("window")
+            res[f"{kind}_s"] = time.perf_counter() - t
+    res["ray_vs_local"] = res["ray_s"] / res["local_s"]
+    diff = (tables["ray"]["val_token_auroc"] - tables["local"]["val_token_auroc"]).abs()
+    res["max_auroc_difference"] = float(diff.max())
+    return res
+
+
 def format_table(res: dict) -> str:
     lines = [f"{'metric':28s} {'value':>10s}  goal"]
     for k, v in res.items():
@@ -363,10 +390,13 @@ def format_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def main(quick: bool, data: str, json_path: str | None, model: str) -> dict:
+def main(quick: bool, data: str, json_path: str | None, model: str, executors: bool = False) -> dict:
     t = time.perf_counter()
-    with Bar("bench phases", total=N_PHASES) as bar:  # each phase's log line starts a stage
-        res = run_bench(quick, data, model, log=bar.stage)
+    if executors:
+        res = benchmark_executors(model, data)
+    else:
+        with Bar("bench phases", total=N_PHASES) as bar:  # each phase's log line starts a stage
+            res = run_bench(quick, data, model, log=bar.stage)
     res["bench_wall_s"] = time.perf_counter() - t
     print(format_table(res))
     if json_path:

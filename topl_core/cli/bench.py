@@ -16,8 +16,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default=DEFAULT_DATA)
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--json", help="write the results here")
+    p.add_argument(
+        "--executors",
+        action="store_true",
+        help="only time a 4-window sweep run serially here vs as Ray tasks (one CPU each)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
-    main(args.quick, args.data, args.json, args.model)
+    main(args.quick, args.data, args.json, args.model, args.executors)
