@@ -279,3 +279,24 @@ def test_benchmark_interleaves_modes_and_agrees(tiny_records, tmp_path):
     piv = df.pivot(index="window", columns="mode", values="val_token_auroc")
     np.testing.assert_allclose(piv["reuse"], piv["plain"], atol=1e-6)
     assert (df["cpu_s"] > 0).all() and df.loc[df["mode"] == "reuse", "prefix_layer_passes"].sum() > 0
+
+
+def test_executor_settings_are_checked_before_any_work(capsys):
+    """Where a study's tasks run: bad resources and a Ray address without Ray are refused with the fix, by the
+    config and by the CLI (exit 2, before loading anything); the λ study refuses Ray (it runs in its process)."""
+    from topl_core.cli import build_parser, main
+    from topl_core.cli.common import executor_from_args
+    from topl_core.executor import ExecutorConfig
+
+    for bad in (dict(kind="slurm"), dict(kind="ray", cpus_per_task=0), dict(kind="ray", max_retries=-1)):
+        with pytest.raises(ValueError):
+            ExecutorConfig(**bad)
+    assert ExecutorConfig(kind="ray", address="").address is None  # an empty form field: start Ray here
+    ray = ExecutorConfig(kind="ray", address="auto", cpus_per_task=2, gpus_per_task=0.5, max_retries=1)
+    assert ExecutorConfig.from_json(ray.to_json()) == ray
+    args = ["sweep", "--resume", "unused", *ray.cli_args()]  # how a background resume asks for it
+    assert executor_from_args(build_parser(args).parse_args(args)) == ray
+    assert main(["sweep", "--out", "unused", "--ray-address", "auto"]) == 2
+    assert "needs --executor ray" in capsys.readouterr().err
+    assert main(["evaluate", "--run", "unused", "--lambdas", "1", "--executor", "ray"]) == 2
+    assert "λ study" in capsys.readouterr().err
