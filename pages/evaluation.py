@@ -1,6 +1,7 @@
 """Evaluation: launch an ID/OOD factuality evaluation (or a λ sweep) in the background; read the results table
 (ID, OOD, average), the summary-length table (sentences, words), per-document texts — with the offline scorer's
-measured quality shown next to its scores."""
+measured quality shown next to its scores. Translation (MLQE-PE ID, FLORES+ or parallel files OOD, chrF or COMET)
+has a form of its own and the same results list."""
 
 from pages._ui.frame import ensure_frame
 
@@ -23,6 +24,7 @@ from pages._ui.spec import current_model_name, current_spec, split_spec
 from topl_core import jobs
 from topl_core.analysis.steering import MODES
 from topl_core.paths import inside
+from topl_core.presets import MLQE_PE_PAIRS
 
 st.title("Evaluation")
 st.caption(
@@ -171,6 +173,79 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
         except (ValueError, jobs.JobError) as e:
             st.error(str(e))
 
+with st.expander("Start a translation evaluation (the paper's second task)"):
+    with st.form("mt.form", border=False):
+        a, b = st.columns([3, 1])
+        mt_runs = a.multiselect(
+            "Adapters (merged)",
+            list(labels),
+            key="mt.runs",
+            persist_state="session",
+            format_func=lambda p: labels.get(p, Path(p).name),
+        )
+        mt_base = b.toggle("Base model row", True, key="mt.base", persist_state="session")
+        a, b, c, d = st.columns(4)
+        lang_pair = a.selectbox(
+            "Language pair",
+            MLQE_PE_PAIRS,
+            key="mt.lang_pair",
+            accept_new_options=True,
+            persist_state="session",
+            help="source-target, e.g. en-de; MLQE-PE's word-level pairs are listed, any other can be typed.",
+        )
+        mt_n_id = b.number_input("ID sentences", 0, 100_000, 16, key="mt.n_id", persist_state="session")
+        mt_n_ood = c.number_input("OOD sentences", 0, 100_000, 16, key="mt.n_ood", persist_state="session")
+        mt_max_new = d.number_input("Max new tokens", 8, 1024, 96, key="mt.max_new", persist_state="session")
+        mlqe = st.text_input(
+            "ID: MLQE-PE split folder",
+            "",
+            key="mt.mlqe",
+            persist_state="session",
+            placeholder="/path/to/wmt20/en-de/test  (test.src and test.pe; test.hter to measure the scorer)",
+        )
+        a, b, c = st.columns(3)
+        flores = a.text_input(
+            "OOD: FLORES+ folder or hub id", "", key="mt.flores", persist_state="session", placeholder="flores_plus"
+        )
+        ood_src = b.text_input("… or OOD source file", "", key="mt.ood_src", persist_state="session")
+        ood_ref = c.text_input("… and its reference file", "", key="mt.ood_ref", persist_state="session")
+        a, b = st.columns([3, 1])
+        mt_scorer = a.text_input(
+            "Scorer",
+            "chrf",
+            key="mt.scorer",
+            persist_state="session",
+            help="'chrf' = the offline default (its Spearman ρ with MLQE-PE's 1 − HTER is shown when the split has "
+            "a .hter file); with a hub and unbabel-comet: comet:Unbabel/XCOMET-XL",
+        )
+        mt_name = b.text_input("Name", f"mt-{time.strftime('%m%d-%H%M%S')}", key="mt.name", persist_state="session")
+        go_mt = st.form_submit_button("Start translation evaluation", type="primary", icon=":material/translate:")
+    if go_mt:
+        try:
+            if not mlqe.strip() and not flores.strip() and not ood_src.strip():
+                raise ValueError("no sentences: give an MLQE-PE split folder (ID), FLORES+ or parallel files (OOD)")
+            if not mt_runs and not mt_base:
+                raise ValueError("nothing to evaluate: pick an adapter or keep the base model row")
+            out = inside(EVALS, mt_name, "Evaluation name")
+            args = ["evaluate-mt", "--lang-pair", lang_pair, "--n-id", str(int(mt_n_id))]
+            args += ["--n-ood", str(int(mt_n_ood)), "--max-new-tokens", str(int(mt_max_new))]
+            args += ["--scorer", mt_scorer.strip() or "chrf", "--device", device]
+            args += ["--json", str(out / "eval.json"), "--csv", str(out / "per_doc.csv")]
+            for flag, value in (("--mlqe", mlqe), ("--flores", flores), ("--ood-src", ood_src), ("--ood-ref", ood_ref)):
+                if value.strip():
+                    args += [flag, value.strip()]
+            for r in mt_runs:
+                args += ["--run", r]
+            if not mt_runs:
+                args += ["--model", current_model_name()]
+            if not mt_base:
+                args += ["--no-base"]
+            jobs.launch(args, out, kind="evaluate")
+            st.session_state[K + "show"] = out.name
+            st.rerun()
+        except (ValueError, jobs.JobError) as e:
+            st.error(str(e))
+
 evals = (
     sorted((p for p in EVALS.iterdir() if (p / jobs.JOB_FILE).exists()), key=lambda p: -p.stat().st_mtime)
     if EVALS.is_dir()
@@ -284,6 +359,37 @@ def protocol_panel(res: dict, per_doc: Path) -> None:
     plot(fig, key=K + "protocols")
 
 
+def translation_panel(res: dict, per_sentence: Path) -> None:
+    """An evaluate-mt result: the scorer's measured agreement, the table per variant, the translations."""
+    agreement = res.get("scorer_agreement")
+    if agreement:
+        st.info(
+            f"**Scorer {agreement['scorer']}** — Spearman ρ with MLQE-PE's human post-editing effort (1 − HTER) "
+            f"over {agreement['n']} machine translations: **{rho_text(agreement['spearman'])}**. Read small "
+            "differences between rows against this.",
+            icon=":material/straighten:",
+        )
+    else:
+        st.caption(f"Scorer {res['scorer']}: its agreement with human judgement needs an MLQE-PE split with .hter.")
+    table = pd.DataFrame(res["table"])
+    cfg = res["config"]
+    st.subheader(f"Translation {cfg['lang_pair']} · {res['scorer']}")
+    score_cols = [c for c in ("ID", "OOD", "average") if c in table]
+    st.dataframe(
+        table[["variant", *score_cols, "n_ID", "n_OOD"]],
+        hide_index=True,
+        key=K + "mt_table",
+        column_config={
+            c: st.column_config.ProgressColumn(c, min_value=0.0, max_value=1.0, format="%.3f") for c in score_cols
+        },
+    )
+    csv_download(table, f"{sel}-translation.csv", key=K + "mt_csv")
+    if per_sentence.exists():
+        with st.expander("Translations, per sentence"):
+            df = pd.read_csv(per_sentence, keep_default_na=False)
+            st.dataframe(df[["variant", "set", "source", "reference", "text", "score"]], hide_index=True)
+
+
 def panel() -> None:
     job = jobs.read_job(edir)
     state = job.state if job else "unknown"
@@ -303,6 +409,9 @@ def panel() -> None:
         st.code(jobs.log_tail(edir, 20), language=None)
         return
     res = read_evaluation(str(edir), (edir / "eval.json").stat().st_mtime)
+    if res.get("task") == "translation":
+        translation_panel(res, edir / "per_doc.csv")
+        return
     quality = res.get("scorer_quality")
     if quality:
         rows = pd.DataFrame(quality["rows"])

@@ -137,3 +137,34 @@ def _one_thread() -> None:
 
 
 _one_thread()
+
+
+# --- a hand-made MLQE-PE release (en-de) --------------------------------------------------------------------------
+
+MLQE_PAIRS = [  # (English source, German MT, German post-edit, the MT words' tags, HTER: share of MT words changed)
+    ("The house is small.", "Das Haus ist klein.", "Das Haus ist klein.", "OK OK OK OK", 0.0),
+    ("The cat sleeps.", "Die Hund schläft.", "Die Katze schläft.", "OK BAD OK", 1 / 3),
+    ("I drink water.", "Ich trinke Wasser.", "Ich trinke Wasser.", "OK OK OK", 0.0),
+    ("We read a book.", "Wir lesen ein Auto.", "Wir lesen ein Buch.", "OK OK OK BAD", 1 / 4),
+    ("She is tired.", "Sie ist müde.", "Sie ist müde.", "OK OK OK", 0.0),
+    ("The sun is hot.", "Der Mond ist heiß.", "Die Sonne ist heiß.", "BAD BAD OK OK", 2 / 4),
+    ("He writes a letter.", "Er schreibt einen Brief.", "Er schreibt einen Brief.", "OK OK OK OK", 0.0),
+    ("The tree is green.", "Der Baum ist rot.", "Der Baum ist grün.", "OK OK OK BAD", 1 / 4),
+]
+
+
+def mlqe_tags(word_tags: str) -> str:
+    """2N+1 gap/word tags with OK gaps around the N word tags."""
+    return " ".join(["OK"] + [t for w in word_tags.split() for t in (w, "OK")])
+
+
+def write_mlqe(root):
+    """MLQE-PE-shaped train (MLQE_PAIRS × 3) and test (MLQE_PAIRS) splits under root: src, mt, pe, word tags, HTER."""
+    for split, rows in (("train", MLQE_PAIRS * 3), ("test", MLQE_PAIRS)):
+        folder = root / split
+        folder.mkdir(parents=True)
+        for ext, column in (("src", 0), ("mt", 1), ("pe", 2)):
+            (folder / f"{split}.{ext}").write_text("\n".join(r[column] for r in rows) + "\n", encoding="utf-8")
+        (folder / f"{split}.tags").write_text("\n".join(mlqe_tags(r[3]) for r in rows) + "\n", encoding="utf-8")
+        (folder / f"{split}.hter").write_text("\n".join(f"{r[4]:.4f}" for r in rows) + "\n", encoding="utf-8")
+    return root

@@ -19,7 +19,7 @@ from typing import Literal
 
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import tiny_config, write_mlqe
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -790,6 +790,41 @@ def test_studies_as_ray_tasks_equal_the_serial_ones_and_fill_the_page(workbench,
     heat = next(f for f in figures(at) if f["data"] and f["data"][0]["type"] == "heatmap")
     np.testing.assert_allclose(array(heat["data"][0]["z"]), heatmap_table(read_sweep(sweeps / "ray")).to_numpy())
     assert any("4/4 windows" in p.proto.text for p in at.get("progress"))
+
+
+def test_a_translation_evaluation_runs_from_the_evaluation_page(workbench, tmp_path):
+    """The translation form launches evaluate-mt on an MLQE-PE split (ID) and parallel files (OOD); the page shows
+    the chrF table per variant with the scorer's Spearman ρ against 1 − HTER, and the translations."""
+    from topl_core import jobs
+
+    mlqe = write_mlqe(tmp_path / "en-de") / "test"
+    src, ref = tmp_path / "ood.en", tmp_path / "ood.de"
+    src.write_text("The dog runs.\nIt rains.\n", encoding="utf-8")
+    ref.write_text("Der Hund rennt.\nEs regnet.\n", encoding="utf-8")
+    at = open_page("evaluation")
+    at.multiselect(key="mt.runs").set_value([str(workbench["runs"] / "topl-tiny")])
+    at.number_input(key="mt.n_id").set_value(3)
+    at.number_input(key="mt.n_ood").set_value(2)
+    at.number_input(key="mt.max_new").set_value(8)
+    at.text_input(key="mt.mlqe").set_value(str(mlqe))
+    at.text_input(key="mt.ood_src").set_value(str(src))
+    at.text_input(key="mt.ood_ref").set_value(str(ref))
+    at.text_input(key="mt.name").set_value("tiny-mt")
+    at.button[[b.label for b in at.button].index("Start translation evaluation")].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    edir = workbench["runs"] / "evaluations" / "tiny-mt"
+    st = jobs.wait(edir, timeout_s=300)
+    assert st.state == "finished", jobs.log_tail(edir, 40)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = next(d.value for d in at.dataframe if {"variant", "ID", "OOD", "n_ID"} <= set(d.value.columns))
+    assert list(table["variant"]) == ["base", "merged (topl-tiny)"]
+    assert table["n_ID"].tolist() == [3, 3] and table["n_OOD"].tolist() == [2, 2]
+    assert table["ID"].between(0, 1).all()
+    assert any("Spearman ρ with MLQE-PE" in i.value for i in at.info), "the scorer's measured agreement is missing"
+    sentences = next(d.value for d in at.dataframe if "reference" in d.value.columns)
+    assert len(sentences) == 2 * (3 + 2) and set(sentences["reference"]) >= {"Der Hund rennt.", "Es regnet."}
 
 
 def test_evaluation_runs_in_the_background_and_shows_tables(workbench):

@@ -7,41 +7,17 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import tiny_config
+from conftest import MLQE_PAIRS, tiny_config, write_mlqe
 
 from topl_core.analysis import translation
 from topl_core.analysis.translation import ChrfScorer, flores_pairs, make_translation_scorer, parallel_pairs
 from topl_core.data.mlqe import load_mlqe_dir
 from topl_core.errors import DataError, ScorerError
 
-PAIRS = [  # (English source, German MT, German post-edit, the MT words' tags, HTER: share of MT words changed)
-    ("The house is small.", "Das Haus ist klein.", "Das Haus ist klein.", "OK OK OK OK", 0.0),
-    ("The cat sleeps.", "Die Hund schläft.", "Die Katze schläft.", "OK BAD OK", 1 / 3),
-    ("I drink water.", "Ich trinke Wasser.", "Ich trinke Wasser.", "OK OK OK", 0.0),
-    ("We read a book.", "Wir lesen ein Auto.", "Wir lesen ein Buch.", "OK OK OK BAD", 1 / 4),
-    ("She is tired.", "Sie ist müde.", "Sie ist müde.", "OK OK OK", 0.0),
-    ("The sun is hot.", "Der Mond ist heiß.", "Die Sonne ist heiß.", "BAD BAD OK OK", 2 / 4),
-    ("He writes a letter.", "Er schreibt einen Brief.", "Er schreibt einen Brief.", "OK OK OK OK", 0.0),
-    ("The tree is green.", "Der Baum ist rot.", "Der Baum ist grün.", "OK OK OK BAD", 1 / 4),
-]
-
-
-def _tags(word_tags: str) -> str:
-    """2N+1 gap/word tags with OK gaps around the N word tags."""
-    return " ".join(["OK"] + [t for w in word_tags.split() for t in (w, "OK")])
-
 
 @pytest.fixture(scope="module")
 def mlqe(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mlqe") / "en-de"
-    for split, rows in (("train", PAIRS * 3), ("test", PAIRS)):
-        folder = root / split
-        folder.mkdir(parents=True)
-        for ext, column in (("src", 0), ("mt", 1), ("pe", 2)):
-            (folder / f"{split}.{ext}").write_text("\n".join(r[column] for r in rows) + "\n", encoding="utf-8")
-        (folder / f"{split}.tags").write_text("\n".join(_tags(r[3]) for r in rows) + "\n", encoding="utf-8")
-        (folder / f"{split}.hter").write_text("\n".join(f"{r[4]:.4f}" for r in rows) + "\n", encoding="utf-8")
-    return root
+    return write_mlqe(tmp_path_factory.mktemp("mlqe") / "en-de")
 
 
 def test_the_loader_keeps_post_edits_and_pair_and_the_prompt_names_both_languages(mlqe):
@@ -76,9 +52,9 @@ def test_the_scorer_agrees_with_mlqe_pe_human_effort(mlqe):
     from topl_core.analysis.translation import scorer_agreement
 
     agreement = scorer_agreement(mlqe / "test", "test")
-    chrf = ChrfScorer().score([p[0] for p in PAIRS], [p[1] for p in PAIRS], [p[2] for p in PAIRS])
-    assert agreement["n"] == len(PAIRS) and agreement["scorer"] == "chrf"
-    assert agreement["spearman"] == pytest.approx(spearmanr(chrf, [1 - p[4] for p in PAIRS]).statistic)
+    chrf = ChrfScorer().score([p[0] for p in MLQE_PAIRS], [p[1] for p in MLQE_PAIRS], [p[2] for p in MLQE_PAIRS])
+    assert agreement["n"] == len(MLQE_PAIRS) and agreement["scorer"] == "chrf"
+    assert agreement["spearman"] == pytest.approx(spearmanr(chrf, [1 - p[4] for p in MLQE_PAIRS]).statistic)
     assert agreement["spearman"] > 0.8  # the unchanged translations score 1, the most edited lowest
 
 

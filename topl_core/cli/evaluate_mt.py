@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         write_json(
             args.json,
             {
+                "task": "translation",
                 "config": cfg.__dict__,
                 "scorer": scorer,
                 "scorer_agreement": agreement,
