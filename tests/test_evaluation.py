@@ -12,6 +12,7 @@ import pytest
 from conftest import CLIFF_CSV
 
 from topl_core.analysis import scorers
+from topl_core.analysis.evaluation import OOD_MEAN
 from topl_core.analysis.scorers import (
     GroundingScorer,
     Scorer,
@@ -323,7 +324,7 @@ def test_mean_over_ood_sources_and_protocol_agreement_by_hand():
     per_doc = pd.DataFrame(rows)
     t = results_table(per_doc, "sentence", by_source=True)
     assert t.loc["a", "OOD"] == pytest.approx(0.525)  # over documents: 3 of Wice, 1 of RAGTruth
-    assert t.loc["a", "OOD_mean_of_sources"] == pytest.approx((0.5 + 0.6) / 2)  # each dataset weighs the same
+    assert t.loc["a", OOD_MEAN] == pytest.approx((0.5 + 0.6) / 2)  # each dataset weighs the same
     agreement = protocol_agreement(per_doc)
     assert agreement["summaries"] == pytest.approx(spearmanr(per_doc["score_sentence"], per_doc["score_full"])[0])
     assert agreement["variants"] == pytest.approx(1.0) and agreement["n_variants"] == 3
@@ -425,7 +426,7 @@ def test_evaluate_cli_over_a_benchmark_prints_datasets_and_protocol_agreement(ge
     assert f"OOD = {bench}" in printed and "protocols agree: Spearman" in printed
     report = json.loads(out.read_text())
     merged = next(r for r in report["table_sentence"] if r["variant"].startswith("merged"))
-    assert {"AggreFact-CNN", "Wice", "RAGTruth", "OOD_mean_of_sources"} <= set(merged) and merged["n_OOD"] == 3
+    assert {"AggreFact-CNN", "Wice", "RAGTruth", OOD_MEAN} <= set(merged) and merged["n_OOD"] == 3
     assert report["protocol_agreement"]["n_summaries"] == 2 * 4  # base and merged, 1 ID + 3 OOD documents
 
 

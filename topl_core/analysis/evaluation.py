@@ -90,6 +90,9 @@ class Variant:
         return self.kind == "merged" or (self.kind == "steered" and self.lam == self.how.neutral)
 
 
+OOD_MEAN = "OOD mean of datasets"  # the column of the paper's OOD figure: each dataset weighs the same
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     data: str = DEFAULT_DATA  # ID: the held-out test split of this training data
@@ -359,7 +362,7 @@ def results_table(per_doc, protocol: str = "sentence", by_source: bool = False):
     """Rows = variant (in first-seen order); columns ID, OOD (means over documents of the protocol's score),
     average (mean of the ID and OOD means, as in the paper), sentences (mean sentence count over all documents),
     words, n_ID, n_OOD; with by_source, one extra column per OOD source and, with several sources, their unweighted
-    mean (OOD_mean_of_sources)."""
+    mean (OOD_MEAN)."""
     import pandas as pd
 
     if protocol not in PROTOCOLS:
@@ -382,7 +385,7 @@ def results_table(per_doc, protocol: str = "sentence", by_source: bool = False):
         if by_source:
             by = {src: float(part[col].mean()) for src, part in sub[sub["set"] == "OOD"].groupby("source")}
             if len(by) > 1:  # the paper's average over datasets: each dataset weighs the same, whatever its size
-                row["OOD_mean_of_sources"] = float(np.mean(list(by.values())))
+                row[OOD_MEAN] = float(np.mean(list(by.values())))
             row.update(by)
         out.append(row)
     cols = ["variant", "ID", "OOD", "average", "sentences", "words", "n_ID", "n_OOD"]
