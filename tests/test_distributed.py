@@ -1,5 +1,6 @@
-"""`train` under `accelerate launch --num_processes 2` on CPU (gloo): the same steps as one process with the same
-global batch, only rank 0 writing the run, and a resume of the two-process checkpoint in one process."""
+"""`train` under `accelerate launch --num_processes 2` on CPU (gloo), replicated and FSDP-sharded: the same steps
+as one process with the same global batch, only rank 0 writing the run, and a resume of the two-process checkpoint
+in one process."""
 
 from __future__ import annotations
 
@@ -33,13 +34,17 @@ def _weights(run: RunDir) -> dict[str, torch.Tensor]:
     return load_file(run.adapter_path) | {f"head.{k}": v for k, v in run.load_head().state_dict().items()}
 
 
-def test_two_processes_take_one_process_steps_and_resume_in_one(tmp_path, tiny_records):
+@pytest.mark.parametrize("sharding", ["replicated", "fsdp"])
+def test_two_processes_take_one_process_steps_and_resume_in_one(tmp_path, tiny_records, sharding):
+    """Replicated (DDP-like: every rank a whole model) and FSDP (accelerate's --use_fsdp: the decoder layers and
+    their LoRA sharded across the ranks) alike."""
     data = write_jsonl(tiny_records, tmp_path / "d.jsonl")
     flags = ["--model", "tiny-llama", "--data", str(data), "--steps", "20", "--batch-size", "4",
              "--micro-batch-size", "1", "--lora-dropout", "0", "--eval-every", "1000", "--checkpoint-every", "2",
              "--max-doc-tokens", "64", "--lora-layer-end", "2"]  # fmt: skip
-    # --multi_gpu is accelerate's torchrun launcher; on a machine without GPUs its processes join over gloo on CPU
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+    # --multi_gpu / --use_fsdp start accelerate's torchrun launcher; without GPUs its processes join over gloo on CPU
+    mode = "--use_fsdp" if sharding == "fsdp" else "--multi_gpu"
+    launch = [sys.executable, "-m", "accelerate.commands.launch", mode, "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
               "--main_process_port", str(_free_port()), "-m", "topl_core", "train"]  # fmt: skip
     two = RunDir(tmp_path / "two")
@@ -56,7 +61,7 @@ def test_two_processes_take_one_process_steps_and_resume_in_one(tmp_path, tiny_r
     stopped = status["step"]
     assert [r["step"] for r in two.read_metrics()] == list(range(1, stopped + 1))  # one writer: each step once
     cfg, meta = two.read_config()
-    assert meta["world_size"] == 2
+    assert meta["world_size"] == 2 and meta.get("fsdp", False) == (sharding == "fsdp")
 
     train(cfg, two.path)  # the two-process checkpoint, resumed in this one process
     one = train(cfg, tmp_path / "one")  # the same config, one process throughout
@@ -68,3 +73,20 @@ def test_two_processes_take_one_process_steps_and_resume_in_one(tmp_path, tiny_r
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=RTOL, atol=ATOL, msg=k)
+
+
+def test_the_example_accelerate_configs_load_with_accelerate():
+    """configs/accelerate/*.yaml as accelerate reads them: one GPU, four GPUs replicated, four GPUs FSDP, two nodes."""
+    from pathlib import Path
+
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    folder = Path(__file__).parent.parent / "configs" / "accelerate"
+    got = {p.stem: ClusterConfig.from_yaml_file(p) for p in sorted(folder.glob("*.yaml"))}
+    shape = {name: (c.distributed_type.value, c.num_processes, c.num_machines) for name, c in got.items()}
+    assert shape == {
+        "one-gpu": ("NO", 1, 1),
+        "four-gpus": ("MULTI_GPU", 4, 1),
+        "fsdp-four-gpus": ("FSDP", 4, 1),
+        "two-nodes": ("MULTI_GPU", 8, 2),
+    }

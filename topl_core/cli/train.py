@@ -14,6 +14,7 @@ from ..runs import RunDir
 from ..training.config import LoraSettings, TrainConfig, preset_config
 from ..training.objectives import OBJECTIVES
 from ..training.trainer import Progress, train
+from ..training.world import World
 from . import COMMANDS
 from .common import announce_precision
 
@@ -90,6 +91,8 @@ def run(args: argparse.Namespace) -> None:
         )
 
     run = train(cfg, run_dir.path, progress=report)
+    if not World.current().is_main:  # under accelerate / torchrun: rank 0 speaks for the run
+        return
     print(
         f"{run.read_status()['state']}: {run.path}",
         file=sys.stderr if run.read_status()["state"] != "finished" else sys.stdout,

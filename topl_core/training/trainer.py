@@ -107,12 +107,6 @@ def apply_lora(model: torch.nn.Module, cfg: TrainConfig) -> torch.nn.Module:
     return peft
 
 
-def lora_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    from peft import get_peft_model_state_dict
-
-    return get_peft_model_state_dict(model)
-
-
 def _apply_label_setting(examples: list[Encoded], setting: str, seed: int) -> list[Encoded]:
     if setting == "original":
         return examples
@@ -171,9 +165,11 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World)
     if world.is_main:
         clear_stop(run.path)  # a stop request belongs to the start it was made for
     base, batches = _prepare(cfg, objective, records, base)
-    meta = _run_meta(cfg, objective, base, batches) | ({"world_size": world.size} if world.size > 1 else {})
+    meta = _run_meta(cfg, objective, base, batches)
+    if world.size > 1:
+        meta |= {"world_size": world.size, **({"fsdp": True} if world.fsdp else {})}
     torch.manual_seed(cfg.seed)  # after loading: LoRA/head init depends on cfg.seed alone, however the base was built
-    t = _trainable(cfg, objective, base, meta["head_layer"])
+    t = _trainable(cfg, objective, base, meta["head_layer"], world)
     start = _open_run(run, cfg, meta, t, resuming, world)
 
     clock = _Clock()
@@ -183,49 +179,65 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World)
             loss, info, tokens = _train_step(cfg, objective, t, batches.train, step, world)
             completed = step
             row = {"step": step, "loss": loss, "lr": t.scheduler.get_last_lr()[0], **clock.step(tokens), **info}
-            stop = world.is_main and _record_step(run, cfg, objective, t, batches, row, clock, start, progress)
+            with clock.overhead():  # validation and checkpoints are not training time
+                val = _validate(cfg, objective, t, batches, step, world)
+                ckpt = _checkpoint_state(t, world) if step % cfg.checkpoint_every == 0 else None
+            stop = world.is_main and _record_step(run, cfg, row, val, ckpt, clock, start, progress)
             if step % cfg.checkpoint_every == 0:
                 last_ckpt = step
             if world.any(stop):
                 raise Cancelled()
     except BaseException as e:
         state = "cancelled" if isinstance(e, (Cancelled, KeyboardInterrupt)) else "failed"
-        if world.is_main:  # keep every completed step: checkpoint before leaving, so `train` here resumes
-            if completed > last_ckpt:
-                _save_checkpoint(run, t, completed)
+        # keep every completed step: checkpoint before leaving, so `train` here resumes (under FSDP only when all
+        # ranks stop together: gathering the shards needs every rank)
+        if completed > last_ckpt and (not world.fsdp or isinstance(e, Cancelled)):
+            ckpt = _checkpoint_state(t, world)
+            if world.is_main:
+                _write_checkpoint(run, ckpt, completed)
+                last_ckpt = completed
+        if world.is_main:
             run.write_status(state, max(completed, last_ckpt), cfg.steps, error=f"{type(e).__name__}: {e}")
         if isinstance(e, Cancelled):
             return run
         raise
+    adapter = _lora_state(t, world)  # whole tensors on every rank (all-gathered under FSDP)
     if world.is_main:
-        _save_final(run, cfg, t, meta)
+        _save_final(run, cfg, t, meta, adapter)
         run.write_status("finished", cfg.steps, cfg.steps, elapsed_s=clock.wall())
     world.barrier()  # the run is whole on disk before any rank returns it
     return run
 
 
+def _validate(
+    cfg: TrainConfig, objective: Objective, t: _Trainable, batches: _Batches, step: int, world: World
+) -> dict | None:
+    """The validation metrics when due (rank 0; every rank under FSDP, whose layers all-gather together)."""
+    due = objective.validate is not None and batches.val and (step % cfg.eval_every == 0 or step == cfg.steps)
+    if not due or not (world.is_main or world.fsdp):
+        return None
+    return objective.validate(t.ctx, batches.val, cfg.precision, cfg.device)
+
+
 def _record_step(
     run: RunDir,
     cfg: TrainConfig,
-    objective: Objective,
-    t: _Trainable,
-    batches: _Batches,
     row: dict,
+    val: dict | None,
+    ckpt: dict | None,
     clock: _Clock,
     start: int,
     progress: ProgressCallback | None,
 ) -> bool:
-    """Rank 0's bookkeeping after a step: validation when due, the metrics row, a checkpoint when due, the status,
-    and the progress report. True when the run is to stop (the callback said so, or a STOP request)."""
+    """Rank 0's bookkeeping after a step: the metrics row (with validation when it ran), the checkpoint when one
+    was gathered, the status, and the progress report. True when the run is to stop (the callback said so, or a
+    STOP request)."""
     step = row["step"]
-    val = None
-    with clock.overhead():  # validation and checkpoints are not training time
-        if objective.validate is not None and batches.val and (step % cfg.eval_every == 0 or step == cfg.steps):
-            val = objective.validate(t.ctx, batches.val, cfg.precision, cfg.device)
-            row.update(val)
+    with clock.overhead():
+        row.update(val or {})
         run.append_metrics(row)
-        if step % cfg.checkpoint_every == 0:
-            _save_checkpoint(run, t, step)
+        if ckpt is not None:
+            _write_checkpoint(run, ckpt, step)
         run.write_status("running", step, cfg.steps, loss=row["loss"])
     eta = clock.eta(step - start, cfg.steps - step)
     report = Progress(step, cfg.steps, row["loss"], row["elapsed_s"], eta, row["tokens_per_s"], val)
@@ -288,12 +300,15 @@ def _run_meta(cfg: TrainConfig, objective: Objective, base: LoadedModel, batches
     }
 
 
-def _trainable(cfg: TrainConfig, objective: Objective, base: LoadedModel, head_layer: int | None) -> _Trainable:
-    """LoRA injected into the base model, a zero-initialised head for head methods, AdamW (the head at
-    lr × head_lr_multiplier) and a linear warm-up."""
+def _trainable(
+    cfg: TrainConfig, objective: Objective, base: LoadedModel, head_layer: int | None, world: World = World()
+) -> _Trainable:
+    """LoRA injected into the base model (its layers sharded under FSDP), a zero-initialised head for head
+    methods, AdamW (the head at lr × head_lr_multiplier) and a linear warm-up."""
     model = apply_lora(base.model, cfg)
     if cfg.gradient_checkpointing:  # the decoder layers recompute their activations in backward (training mode only)
         model.base_model.model.activation_checkpointing_enable({"use_reentrant": False})
+    world.shard(model)  # before the optimizer: sharding replaces the parameters
     head = None
     if objective.uses_head:
         head = torch.nn.Linear(base.model.config.hidden_size, 1).to(cfg.device)
@@ -315,7 +330,7 @@ def _open_run(run: RunDir, cfg: TrainConfig, meta: dict, t: _Trainable, resuming
     completed step."""
     start = 0
     if resuming and run.checkpoint_dir.exists():
-        start = _load_checkpoint(run, t)
+        start = _load_checkpoint(run, t, world)
         world.barrier()  # all have read it before rank 0 may write a new one
         if world.is_main:
             run.truncate_metrics(start)
@@ -335,21 +350,22 @@ def _train_step(
     tokens seen) of the whole step."""
     t.model.train()
     done = []  # (micro-batch index, loss, info, tokens) of this rank's micro-batches
-    micro = (b for k in range(cfg.grad_accum) for b in _batch_for(batches, (step - 1) * cfg.grad_accum + k, cfg.seed))
-    for index, batch in enumerate(micro):
-        if not world.mine(index):
-            continue
-        batch = batch.to(cfg.device)
+    micro = [b for k in range(cfg.grad_accum) for b in _batch_for(batches, (step - 1) * cfg.grad_accum + k, cfg.seed)]
+    mine = [i for i in range(len(micro)) if world.mine(i)]
+    padding = world.passes(len(micro)) - len(mine)  # FSDP: passes of weight 0 keep every rank's all-gathers in step
+    for index in mine + [-1] * padding:
+        batch = micro[max(index, 0)].to(cfg.device)
         with autocast(cfg.precision, cfg.device):
             loss, info = objective.loss(t.ctx, batch)
         # weight by what the loss averages over; the sum is divided by the step's total below
-        (loss * info[objective.units_key]).backward()
-        done.append((index, loss.detach().item(), info, int(batch.attention_mask.sum())))
+        (loss * (info[objective.units_key] if index >= 0 else 0)).backward()
+        if index >= 0:
+            done.append((index, loss.detach().item(), info, int(batch.attention_mask.sum())))
     world.sum_grads(t.params)
     done = sorted(world.gather(done), key=lambda d: d[0])  # the whole step, in one process's order
     losses, infos, tokens = [d[1] for d in done], [d[2] for d in done], sum(d[3] for d in done)
     loss, info = _combine_micro_batches(losses, infos, objective.units_key, t.params)
-    info["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(t.params, cfg.max_grad_norm))
+    info["grad_norm"] = world.clip_grad_norm(t.params, cfg.max_grad_norm)
     t.optimizer.step()
     t.scheduler.step()
     t.optimizer.zero_grad(set_to_none=True)
@@ -394,13 +410,14 @@ class _Clock:
         return time.perf_counter() - self.t0
 
 
-def _save_final(run: RunDir, cfg: TrainConfig, t: _Trainable, meta: dict) -> None:
-    """The finished adapter (PEFT save_pretrained) and head; the checkpoint is no longer needed."""
+def _save_final(run: RunDir, cfg: TrainConfig, t: _Trainable, meta: dict, adapter: dict) -> None:
+    """The finished adapter (PEFT save_pretrained of `adapter`, its LoRA tensors whole) and head; the checkpoint is
+    no longer needed."""
     # name the base model as the workbench knows it (a hub id, an embedded name, a path the user gave) rather than
     # the local folder it was loaded from (e.g. the GGUF conversion under cache/models/), which no other machine has
     for peft_config in t.model.peft_config.values():
         peft_config.base_model_name_or_path = hub_id(cfg.model)
-    t.model.save_pretrained(run.path)
+    t.model.save_pretrained(run.path, state_dict=adapter)
     if t.head is not None:
         save_tensors(
             run.head_path,
@@ -453,15 +470,43 @@ def _check_resumable(run: RunDir, cfg: TrainConfig) -> bool:
     return True
 
 
-def _save_checkpoint(run: RunDir, t: _Trainable, step: int) -> None:
+ADAPTER = "default"  # the PEFT adapter name of a training run
+
+
+def _lora_state(t: _Trainable, world: World) -> dict[str, torch.Tensor]:
+    """The LoRA tensors whole, keyed as the model names them (all-gathered under FSDP: every rank calls this)."""
+    return {n: world.full(p.detach()) for n, p in t.model.named_parameters() if "lora_" in n}
+
+
+def _checkpoint_state(t: _Trainable, world: World) -> dict | None:
+    """What a checkpoint holds, whole (so it resumes on any world size, with or without FSDP); None on ranks other
+    than 0, after taking part in the all-gathers."""
+    from peft import get_peft_model_state_dict
+
+    adapter = get_peft_model_state_dict(t.model, state_dict=_lora_state(t, world))
+    optimizer = t.optimizer.state_dict()  # its per-parameter dicts are the optimizer's own: copied, not changed
+    optimizer["state"] = {  # in parameter order: the same on every rank
+        index: {k: world.full(v) if isinstance(v, torch.Tensor) else v for k, v in param_state.items()}
+        for index, param_state in optimizer["state"].items()
+    }
+    if not world.is_main:
+        return None
+    return {
+        "adapter": adapter,
+        "head": t.head.state_dict() if t.head is not None else None,
+        "optimizer": {"optimizer": optimizer, "scheduler": t.scheduler.state_dict()},
+    }
+
+
+def _write_checkpoint(run: RunDir, ckpt: dict, step: int) -> None:
     tmp = run.path / "checkpoint.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_tensors(tmp / "adapter.safetensors", lora_state(t.model))
-    if t.head is not None:
-        save_tensors(tmp / "head.safetensors", t.head.state_dict())
+    save_tensors(tmp / "adapter.safetensors", ckpt["adapter"])
+    if ckpt["head"] is not None:
+        save_tensors(tmp / "head.safetensors", ckpt["head"])
     save_tensors(tmp / "rng.safetensors", {"torch": torch.get_rng_state()})
-    torch.save({"optimizer": t.optimizer.state_dict(), "scheduler": t.scheduler.state_dict()}, tmp / "optimizer.pt")
+    torch.save(ckpt["optimizer"], tmp / "optimizer.pt")
     checksums = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
     write_json(tmp / "state.json", {"step": step, "checksums": checksums})
     old = run.path / "checkpoint.old"
@@ -472,10 +517,9 @@ def _save_checkpoint(run: RunDir, t: _Trainable, step: int) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _load_checkpoint(run: RunDir, t: _Trainable) -> int:
+def _load_checkpoint(run: RunDir, t: _Trainable, world: World) -> int:
     import json
 
-    from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
     ck = run.checkpoint_dir
@@ -483,10 +527,19 @@ def _load_checkpoint(run: RunDir, t: _Trainable) -> int:
         state = json.loads((ck / "state.json").read_text())
         step = state["step"]
         _verify_checkpoint(ck, state.get("checksums"))
-        set_peft_model_state_dict(t.model, load_file(ck / "adapter.safetensors"))
+        saved = load_file(ck / "adapter.safetensors")
+        with torch.no_grad():  # into whole or sharded parameters alike (PEFT's keys lack the adapter name)
+            for name, p in t.model.named_parameters():
+                if "lora_" in name:
+                    p.copy_(world.place(saved[name.replace(f".{ADAPTER}", "")], p))
         if t.head is not None:
             t.head.load_state_dict(load_file(ck / "head.safetensors"))
         opt = torch.load(ck / "optimizer.pt", weights_only=True)
+        params = [p for group in t.optimizer.param_groups for p in group["params"]]
+        for index, param_state in opt["optimizer"]["state"].items():
+            for k, v in param_state.items():
+                if isinstance(v, torch.Tensor) and v.shape == params[index].shape:  # not Adam's step count
+                    param_state[k] = world.place(v, params[index])
         t.optimizer.load_state_dict(opt["optimizer"])
         t.scheduler.load_state_dict(opt["scheduler"])
         torch.set_rng_state(load_file(ck / "rng.safetensors")["torch"])
