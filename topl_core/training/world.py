@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..architecture import decoder_layers
+
 FSDP_ENV = ("ACCELERATE_USE_FSDP", "TOPL_FSDP")  # accelerate's switch, and ours for torchrun
 
 
@@ -68,8 +70,6 @@ class World:
         if not self.fsdp:
             return
         from torch.distributed.fsdp import fully_shard
-
-        from ..architecture import decoder_layers
 
         for layer in decoder_layers(model):
             fully_shard(layer)
