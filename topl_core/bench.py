@@ -52,6 +52,7 @@ from .analysis.sweeps import SweepConfig, Window, fresh_copy, plan_windows, run_
 from .data.encode import build_prompt, collate, encode_record
 from .data.records import read_jsonl
 from .data.split import split_records
+from .executor import ExecutorConfig
 from .io import write_json
 from .models import LoadedModel, load_model
 from .paths import cache_dir
@@ -359,7 +360,6 @@ def benchmark_executors(
     on a Ray instance started for it (one CPU per task, as many tasks at once as the machine has cores; its start
     and the workers' imports and model loads are counted). Wall seconds of both, their ratio, and the largest
     difference between the two runs' window AUROCs (the results must agree)."""
-    from .executor import ExecutorConfig
 
     train = TrainConfig(model=model, data=data, steps=steps, batch_size=8, eval_every=steps, checkpoint_every=steps)
     cfg = SweepConfig(train=train, windows=tuple(windows))
