@@ -56,8 +56,9 @@ NOT_ASKED = {
     "eval_every",
     "checkpoint_every",  # follow the steps, as in the CLI: validate at the window's end
     "beta",
-    "tdpo_alpha",
-}  # losses of other methods (DPO, TDPO)
+    "tdpo_alpha",  # losses of other methods (DPO, TDPO)
+    "probe_layers",  # side probes: each window's own layers would differ; the Train form asks them
+}
 
 with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS.iterdir())):
     with st.form("sweep.form", border=False):

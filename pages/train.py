@@ -61,6 +61,7 @@ HAND_LAID = {
     "max_val_examples",
     "micro_batch_size",
     "head_lr_multiplier",
+    "probe_layers",  # its options are the model's layers
 }
 
 
@@ -177,7 +178,9 @@ with st.expander("New run", expanded=not any_active, icon=":material/add:"):
             max_val = field_input(c, TrainConfig, "max_val_examples", K, DEFAULT.max_val_examples)
             micro = field_input(d, TrainConfig, "micro_batch_size", K, DEFAULT.micro_batch_size)
             has_head = OBJECTIVES[st.session_state[K + "method"]].uses_head
-            head_mult = field_input(st.columns(4)[0], TrainConfig, "head_lr_multiplier", K, disabled=not has_head)
+            a, b = st.columns([1, 3])
+            head_mult = field_input(a, TrainConfig, "head_lr_multiplier", K, disabled=not has_head)
+            probe_layers = field_input(b, TrainConfig, "probe_layers", K, DEFAULT.probe_layers, options=range(n_layers))
             other = config_inputs(TrainConfig, st.columns(4), K, DEFAULT, skip=HAND_LAID | SIDEBAR_FIELDS)
         submitted = st.form_submit_button("Start training", type="primary", icon=":material/play_arrow:")
 
@@ -213,6 +216,7 @@ if submitted:
             max_val_examples=int(max_val),
             label_setting=label_setting,
             beta=float(beta),
+            probe_layers=tuple(probe_layers),
             **other,
         )
         name = run_name.strip() or jobs.default_run_name(cfg)

@@ -332,6 +332,7 @@ SWEEP_NOT_ASKED = {
     "checkpoint_every",
     "beta",
     "tdpo_alpha",
+    "probe_layers",
     "train",
     "windows",
 }

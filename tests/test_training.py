@@ -309,3 +309,40 @@ def test_the_head_learns_at_lr_times_its_multiplier(tmp_path, tiny_records, mult
     run = train(tiny_config(steps=1, lr=lr, head_lr_multiplier=multiplier), tmp_path / "r", records=tiny_records)
     step = run.load_head().weight.abs().max().item()
     assert step == pytest.approx(lr * multiplier, rel=0.05)
+
+
+def test_side_probes_learn_beside_the_run_without_changing_it_and_resume(tmp_path, tiny_records):
+    """Probes at layers 0 and 1 below the head (layer 2) learn in the same forward — their losses fall, validation
+    reports each one's AUROC, probes.safetensors is written — while the run's losses, LoRA and head are those of
+    the same config without probes; stopped at step 3 and resumed, the probes equal the uninterrupted ones."""
+    from safetensors.torch import load_file
+
+    plain = train(tiny_config(steps=6, lr=0.002, eval_every=3), tmp_path / "plain", records=tiny_records)
+    cfg = tiny_config(steps=6, lr=0.002, eval_every=3, probe_layers=(1, 0))
+    assert cfg.probe_layers == (0, 1)
+    probed = train(cfg, tmp_path / "probed", records=tiny_records)
+    rows = probed.read_metrics()
+    assert [r["loss"] for r in rows] == [r["loss"] for r in plain.read_metrics()]
+    a, b = _weights(plain), _weights(probed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    val = [r for r in rows if "val_token_auroc" in r]
+    assert len(val) == 2 and all(0 <= r[f"val_token_auroc_L{k}"] <= 1 for r in val for k in (0, 1))
+    assert all(rows[-1][f"probe_loss_L{k}"] < rows[0][f"probe_loss_L{k}"] for k in (0, 1))  # they learn
+    probes = load_file(probed.path / "probes.safetensors")
+    assert set(probes) == {"0.weight", "0.bias", "1.weight", "1.bias"} and probes["0.weight"].abs().sum() > 0
+
+    resumed = train(cfg, tmp_path / "resumed", records=tiny_records, progress=lambda p: p.step != 3)
+    assert resumed.read_status()["step"] == 3
+    train(cfg, resumed.path, records=tiny_records)
+    again = load_file(resumed.path / "probes.safetensors")
+    assert all(torch.allclose(again[k], probes[k], atol=1e-6) for k in probes)
+
+
+def test_side_probes_are_checked_against_the_method_and_the_head_layer():
+    from topl_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="probe_layers"):
+        tiny_config(method="sft", probe_layers=(0,))  # no token head to learn beside
+    with pytest.raises(ConfigError, match="below the head layer"):
+        tiny_config(probe_layers=(2,))  # the head itself reads layer 2
+    assert tiny_config(method="tldr", probe_layers=(3,)).probe_layers == (3,)

@@ -49,6 +49,11 @@ FIELD_WIDGETS: dict[str, dict] = {
     "checkpoint_every": dict(label="Checkpoint every", min_value=1, max_value=100_000),
     "max_val_examples": dict(label="Validation examples", min_value=1, max_value=100_000),
     "label_setting": dict(label="Label setting", options=LABEL_SETTINGS),
+    "probe_layers": dict(
+        label="Side probes at layers",
+        help="TOPL/TLDR: a linear probe at each of these layers (below the head's), trained in the same forward "
+        "without changing the run; validation shows each one's token AUROC, to choose the head layer from data.",
+    ),
     "beta": dict(label="β (DPO/TDPO)", min_value=0.0, max_value=10.0),
     # LoraSettings
     "r": dict(label="Rank r", min_value=1, max_value=256),

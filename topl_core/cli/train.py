@@ -47,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             p.add_argument(flag, dest=name, nargs="+", default=None, help=f"(default {' '.join(default)})")
         elif typ is bool:
             p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None)
+        elif typing.get_origin(typ) is tuple:  # probe_layers: layer numbers
+            p.add_argument(flag, dest=name, nargs="+", type=int, default=None, help=f"(default {default or 'none'})")
         else:
             literal = typing.get_origin(typ) is typing.Literal
             kind = str if literal or typ not in (int, float) else typ

@@ -28,6 +28,9 @@ METHOD_DATA: dict[str, Requirement] = {
 }
 
 
+PROBED_METHODS = ("topl", "tldr")  # the token-head methods side probes can learn beside
+
+
 def _fail(field_name: str, value, fix: str):
     raise ConfigError(f"{field_name}={value!r}: {fix}")
 
@@ -96,6 +99,10 @@ class TrainConfig:
     max_val_examples: int = 64
     split_seed: int = 0
     label_setting: str = "original"
+    # token-head methods (TOPL, TLDR): also a linear probe at each of these layers below the head's, trained in the
+    # same forward on FinalNorm(layer k) detached (the LoRA and head learn exactly as without them); validation
+    # reports each probe's token AUROC beside the head's, so the head layer m can be chosen from data
+    probe_layers: tuple[int, ...] = ()
     beta: float = 0.1  # DPO/TDPO temperature
     tdpo_alpha: float = 0.5  # TDPO2 weight of the sequential-KL difference (Zeng et al. 2024 default)
 
@@ -120,6 +127,12 @@ class TrainConfig:
             _fail("tdpo_alpha", self.tdpo_alpha, "must be non-negative (TDPO2 default 0.5).")
         if self.label_setting not in LABEL_SETTINGS:
             _fail("label_setting", self.label_setting, f"choose one of {LABEL_SETTINGS}.")
+        object.__setattr__(self, "probe_layers", tuple(sorted({int(k) for k in self.probe_layers})))
+        if self.probe_layers and self.method not in PROBED_METHODS:
+            _fail("probe_layers", self.probe_layers, f"side probes read a token head's labels: use {PROBED_METHODS}.")
+        below = self.lora.layer_end if self.method == "topl" else None  # TLDR's head layer is the model's last
+        if any(k < 0 or (below is not None and k >= below) for k in self.probe_layers):
+            _fail("probe_layers", self.probe_layers, f"use layers from 0 up to below the head layer ({below}).")
         token_methods = sorted(k for k, needs in METHOD_DATA.items() if needs == "token_labels")
         if self.label_setting != "original" and self.method not in token_methods:
             _fail(

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..architecture import base_causal_lm
+from ..architecture import base_causal_lm, decoder_layers, final_norm
 from ..data.encode import IGNORE, Batch, Encoded, EncodedPair, collate, collate_pairs, encode_record
 from ..data.records import Record
 from ..errors import DataError
@@ -155,12 +155,35 @@ class StepContext:
     head_layer: int | None
     beta: float
     tdpo_alpha: float = 0.5
+    probes: torch.nn.ModuleDict | None = None  # {"k": linear probe on FinalNorm(layer k)}, k below the head layer
 
 
 def head_logits(ctx: StepContext, batch: Batch) -> torch.Tensor:
     """Per-token head logits (B, T) in float32: h(FinalNorm(f_{0:m}(x)))."""
-    h = head_features(ctx.model, batch.input_ids, batch.attention_mask, ctx.head_layer)
-    return ctx.head(h).squeeze(-1).float()
+    return head_and_probe_logits(ctx, batch)[0]
+
+
+def head_and_probe_logits(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """The head's logits and, from the same forward, each side probe's: probe_k(FinalNorm(layer k's output)), the
+    output detached so that the probes learn from the model without teaching it."""
+    captured: dict[int, torch.Tensor] = {}
+
+    def keep(k: int):
+        def hook(_module, _inputs, output):
+            captured[k] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    layers = decoder_layers(ctx.model)
+    hooks = [layers[int(k)].register_forward_hook(keep(int(k))) for k in (ctx.probes or {})]
+    try:
+        h = head_features(ctx.model, batch.input_ids, batch.attention_mask, ctx.head_layer)
+    finally:
+        for handle in hooks:
+            handle.remove()
+    norm = final_norm(ctx.model)
+    probes = {k: ctx.probes[str(k)](norm(x.detach())).squeeze(-1).float() for k, x in sorted(captured.items())}
+    return ctx.head(h).squeeze(-1).float(), probes
 
 
 @dataclass
@@ -222,9 +245,15 @@ def reference_policy(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
 
 
 def topl_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict]:
-    logits = head_logits(ctx, batch)
+    logits, probes = head_and_probe_logits(ctx, batch)
     loss = token_bce_loss(logits, batch.labels)
-    return loss, {"supervised_tokens": int((batch.labels != IGNORE).sum())}
+    info: dict = {"supervised_tokens": int((batch.labels != IGNORE).sum())}
+    if probes:
+        side = {k: token_bce_loss(p, batch.labels) for k, p in probes.items()}
+        info |= {f"probe_loss_L{k}": float(v.detach()) for k, v in side.items()}
+        total = sum(side.values())
+        loss = loss + (total - total.detach())  # the value stays the head's loss; the gradient trains the probes too
+    return loss, info
 
 
 def sopl_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict]:
@@ -394,17 +423,19 @@ def make_pair_batches(pairs: Sequence[EncodedPair], batch_size: int, pad_id: int
 def validate_head(ctx: StepContext, batches, precision: str, device: str) -> dict:
     """Head token AUROC on validation tokens: positive = good, score = p(good)."""
     ctx.model.eval()
-    scores, labels = [], []
+    scores: dict[str, list] = {}
+    labels = []
     for b in batches:
         b = b.to(device)
         with autocast(precision, device):
-            logits = head_logits(ctx, b)
+            logits, probes = head_and_probe_logits(ctx, b)
         mask = b.labels != IGNORE
-        scores.append(torch.sigmoid(logits[mask]).float().cpu().numpy())
+        for name, x in [("val_token_auroc", logits)] + [(f"val_token_auroc_L{k}", p) for k, p in probes.items()]:
+            scores.setdefault(name, []).append(torch.sigmoid(x[mask]).float().cpu().numpy())
         labels.append(b.labels[mask].cpu().numpy())
-    s, y = np.concatenate(scores), np.concatenate(labels)
+    y = np.concatenate(labels)
     return {
-        "val_token_auroc": auroc(y, s),
+        **{name: auroc(y, np.concatenate(parts)) for name, parts in scores.items()},
         "val_tokens": int(len(y)),
         "val_bad_frac": float(1 - y.mean()) if len(y) else float("nan"),
     }

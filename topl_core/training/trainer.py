@@ -13,7 +13,7 @@ import shutil
 import time
 import warnings
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -135,10 +135,11 @@ class _Trainable:
 
     model: torch.nn.Module
     head: torch.nn.Linear | None
-    params: list[torch.nn.Parameter]
+    params: list[torch.nn.Parameter]  # LoRA and head
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     ctx: StepContext
+    probe_params: list[torch.nn.Parameter] = field(default_factory=list)  # the side probes'
 
 
 def train(
@@ -309,20 +310,28 @@ def _trainable(
     if cfg.gradient_checkpointing:  # the decoder layers recompute their activations in backward (training mode only)
         model.base_model.model.activation_checkpointing_enable({"use_reentrant": False})
     world.shard(model)  # before the optimizer: sharding replaces the parameters
-    head = None
-    if objective.uses_head:
-        head = torch.nn.Linear(base.model.config.hidden_size, 1).to(cfg.device)
-        torch.nn.init.zeros_(head.weight)  # start at p = σ(bias): an uninformed head, loss ≈ log 2, no wild first steps
-        torch.nn.init.zeros_(head.bias)
+    hidden = base.model.config.hidden_size
+    head = _zero_linear(hidden, cfg.device) if objective.uses_head else None
+    with torch.random.fork_rng(devices=[]):  # probes draw no random numbers: a run's dropout masks stay its own
+        probes = torch.nn.ModuleDict({str(k): _zero_linear(hidden, cfg.device) for k in cfg.probe_layers})
     lora_params = [p for p in model.parameters() if p.requires_grad]
     head_params = list(head.parameters()) if head else []
+    probe_params = list(probes.parameters())
     groups = [{"params": lora_params}]
     if head_params:
-        groups.append({"params": head_params, "lr": cfg.lr * cfg.head_lr_multiplier})
+        groups.append({"params": head_params + probe_params, "lr": cfg.lr * cfg.head_lr_multiplier})
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
-    ctx = StepContext(model, head, head_layer, cfg.beta, cfg.tdpo_alpha)
-    return _Trainable(model, head, lora_params + head_params, optimizer, scheduler, ctx)
+    ctx = StepContext(model, head, head_layer, cfg.beta, cfg.tdpo_alpha, probes if cfg.probe_layers else None)
+    return _Trainable(model, head, lora_params + head_params, optimizer, scheduler, ctx, probe_params)
+
+
+def _zero_linear(hidden: int, device: str) -> torch.nn.Linear:
+    """A head or probe at p = σ(0) = ½: uninformed, loss ≈ log 2, no wild first steps."""
+    linear = torch.nn.Linear(hidden, 1).to(device)
+    torch.nn.init.zeros_(linear.weight)
+    torch.nn.init.zeros_(linear.bias)
+    return linear
 
 
 def _open_run(run: RunDir, cfg: TrainConfig, meta: dict, t: _Trainable, resuming: bool, world: World) -> int:
@@ -361,11 +370,13 @@ def _train_step(
         (loss * (info[objective.units_key] if index >= 0 else 0)).backward()
         if index >= 0:
             done.append((index, loss.detach().item(), info, int(batch.attention_mask.sum())))
-    world.sum_grads(t.params)
+    world.sum_grads(t.params + t.probe_params)
     done = sorted(world.gather(done), key=lambda d: d[0])  # the whole step, in one process's order
     losses, infos, tokens = [d[1] for d in done], [d[2] for d in done], sum(d[3] for d in done)
-    loss, info = _combine_micro_batches(losses, infos, objective.units_key, t.params)
+    loss, info = _combine_micro_batches(losses, infos, objective.units_key, t.params + t.probe_params)
     info["grad_norm"] = world.clip_grad_norm(t.params, cfg.max_grad_norm)
+    if t.probe_params:  # clipped on their own: the run's own gradients are clipped as without probes
+        world.clip_grad_norm(t.probe_params, cfg.max_grad_norm)
     t.optimizer.step()
     t.scheduler.step()
     t.optimizer.zero_grad(set_to_none=True)
@@ -424,6 +435,8 @@ def _save_final(run: RunDir, cfg: TrainConfig, t: _Trainable, meta: dict, adapte
             t.head.state_dict(),
             {"head_layer": str(meta["head_layer"]), "base_fingerprint": meta["base_fingerprint"]},
         )
+    if t.ctx.probes:  # {"<layer>.weight", "<layer>.bias"}: the side probes, for a look at the layers below m
+        save_tensors(run.path / "probes.safetensors", t.ctx.probes.state_dict())
     run.record_checksums()
     shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
 
@@ -494,6 +507,7 @@ def _checkpoint_state(t: _Trainable, world: World) -> dict | None:
     return {
         "adapter": adapter,
         "head": t.head.state_dict() if t.head is not None else None,
+        "probes": t.ctx.probes.state_dict() if t.ctx.probes else None,
         "optimizer": {"optimizer": optimizer, "scheduler": t.scheduler.state_dict()},
     }
 
@@ -503,8 +517,9 @@ def _write_checkpoint(run: RunDir, ckpt: dict, step: int) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_tensors(tmp / "adapter.safetensors", ckpt["adapter"])
-    if ckpt["head"] is not None:
-        save_tensors(tmp / "head.safetensors", ckpt["head"])
+    for name in ("head", "probes"):
+        if ckpt[name] is not None:
+            save_tensors(tmp / f"{name}.safetensors", ckpt[name])
     save_tensors(tmp / "rng.safetensors", {"torch": torch.get_rng_state()})
     torch.save(ckpt["optimizer"], tmp / "optimizer.pt")
     checksums = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
@@ -534,6 +549,8 @@ def _load_checkpoint(run: RunDir, t: _Trainable, world: World) -> int:
                     p.copy_(world.place(saved[name.replace(f".{ADAPTER}", "")], p))
         if t.head is not None:
             t.head.load_state_dict(load_file(ck / "head.safetensors"))
+        if t.ctx.probes:
+            t.ctx.probes.load_state_dict(load_file(ck / "probes.safetensors"))
         opt = torch.load(ck / "optimizer.pt", weights_only=True)
         params = [p for group in t.optimizer.param_groups for p in group["params"]]
         for index, param_state in opt["optimizer"]["state"].items():
