@@ -12,7 +12,7 @@ Public API
         the order they end): the study writes its results file there, so one process writes it. A task that
         raises is reported (TaskFailure with its traceback), the others go on; the caller says what failed.
     worker_memo(kind, key, make)     a value this process keeps between tasks (a base model, a prefix store): one
-        per kind, replaced when the key changes; the local executor drops them when its tasks are done.
+        per kind, replaced when the key changes; the local executor drops what its tasks kept when they are done.
 
 Contract for a task: it writes only its own folder (a run directory), takes that folder's WriterLock, and is
 idempotent — a task that finds its work done returns its row without redoing it, and one that finds a checkpoint
@@ -116,10 +116,6 @@ def worker_memo(kind: str, key: Any, make: Callable[[], Any]) -> Any:
     return _MEMO[kind][1]
 
 
-def drop_worker_memo() -> None:
-    _MEMO.clear()
-
-
 # --- running ----------------------------------------------------------------------------------------------------
 
 
@@ -141,6 +137,7 @@ def run_tasks(
 
 def _run_local(fn, shared, items, on_done) -> list[TaskFailure]:
     failures = []
+    outer = dict(_MEMO)  # a study run inside another's task (an evaluation in a window) keeps the outer one's
     try:
         for item in items:
             try:
@@ -150,8 +147,9 @@ def _run_local(fn, shared, items, on_done) -> list[TaskFailure]:
                 continue
             if on_done(item, result) is False:
                 break
-    finally:
-        drop_worker_memo()
+    finally:  # this process is no worker: what the tasks kept is dropped with them
+        _MEMO.clear()
+        _MEMO.update(outer)
     return failures
 
 
