@@ -152,7 +152,7 @@ def new_page(browser, width: int = 1440, height: int = 1000):
     return page
 
 
-def settle(page, quiet_s: float = 1.0, timeout_s: float = 180) -> None:
+def settle(page, quiet_s: float = 0.6, timeout_s: float = 180) -> None:
     """Wait until the script run is over: the app reports "notRunning" for `quiet_s` seconds in a row."""
     deadline, quiet_since = time.monotonic() + timeout_s, None
     while time.monotonic() < deadline:
@@ -484,7 +484,7 @@ def test_training_job_survives_reload_and_app_restart(app, browser, workbench):
     page = new_page(browser)
     visit(page, app, "train", "Train")
     page.get_by_label("Run name").fill("browser-run")
-    page.get_by_label("Steps", exact=True).fill("60")
+    page.get_by_label("Steps", exact=True).fill("40")
     page.get_by_label("Validate every (steps)").fill("20")
     page.get_by_role("button", name="Start training").click()
     page.get_by_text("Started browser-run").first.wait_for()
