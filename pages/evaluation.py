@@ -38,6 +38,14 @@ EVALS = evaluations_dir()
 runs = finished_runs()
 _, _, device = split_spec(current_spec())
 
+
+def launch_and_show(args: list[str], out: Path) -> None:
+    """Start the evaluation job (evaluate or evaluate-mt) writing into `out`, and show it below."""
+    jobs.launch(args, out, kind="evaluate")
+    st.session_state[K + "show"] = out.name
+    st.rerun()
+
+
 with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(EVALS.iterdir())):
     mode = st.radio(
         "Mode",
@@ -167,9 +175,7 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
                     args += ["--steer", *map(str, lams)]
                 if not include_base:
                     args += ["--no-base"]
-            jobs.launch(args, out, kind="evaluate")
-            st.session_state[K + "show"] = out.name
-            st.rerun()
+            launch_and_show(args, out)
         except (ValueError, jobs.JobError) as e:
             st.error(str(e))
 
@@ -240,9 +246,7 @@ with st.expander("Start a translation evaluation (the paper's second task)"):
                 args += ["--model", current_model_name()]
             if not mt_base:
                 args += ["--no-base"]
-            jobs.launch(args, out, kind="evaluate")
-            st.session_state[K + "show"] = out.name
-            st.rerun()
+            launch_and_show(args, out)
         except (ValueError, jobs.JobError) as e:
             st.error(str(e))
 

@@ -791,10 +791,23 @@ def test_studies_as_ray_tasks_equal_the_serial_ones_and_fill_the_page(workbench,
     assert any("4/4 windows" in p.proto.text for p in at.get("progress"))
 
 
+def start_job_and_wait(at: AppTest, button: str, job_dir: Path) -> None:
+    """Press the page's `button` (a form that launches a background job into job_dir), wait for the job to finish
+    and rerun the page, with no error or exception box on the way."""
+    from topl_core import jobs
+
+    at.button[[b.label for b in at.button].index(button)].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    st = jobs.wait(job_dir, timeout_s=300)
+    assert st.state == "finished", jobs.log_tail(job_dir, 40)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+
+
 def test_a_translation_evaluation_runs_from_the_evaluation_page(workbench, tmp_path):
     """The translation form launches evaluate-mt on an MLQE-PE split (ID) and parallel files (OOD); the page shows
     the chrF table per variant with the scorer's Spearman ρ against 1 − HTER, and the translations."""
-    from topl_core import jobs
 
     mlqe = write_mlqe(tmp_path / "en-de") / "test"
     src, ref = tmp_path / "ood.en", tmp_path / "ood.de"
@@ -809,14 +822,7 @@ def test_a_translation_evaluation_runs_from_the_evaluation_page(workbench, tmp_p
     at.text_input(key="mt.ood_src").set_value(str(src))
     at.text_input(key="mt.ood_ref").set_value(str(ref))
     at.text_input(key="mt.name").set_value("tiny-mt")
-    at.button[[b.label for b in at.button].index("Start translation evaluation")].click().run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-    edir = workbench["runs"] / "evaluations" / "tiny-mt"
-    st = jobs.wait(edir, timeout_s=300)
-    assert st.state == "finished", jobs.log_tail(edir, 40)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
+    start_job_and_wait(at, "Start translation evaluation", workbench["runs"] / "evaluations" / "tiny-mt")
     table = next(d.value for d in at.dataframe if {"variant", "ID", "OOD", "n_ID"} <= set(d.value.columns))
     assert list(table["variant"]) == ["base", "merged (topl-tiny)"]
     assert table["n_ID"].tolist() == [3, 3] and table["n_OOD"].tolist() == [2, 2]
@@ -827,7 +833,6 @@ def test_a_translation_evaluation_runs_from_the_evaluation_page(workbench, tmp_p
 
 
 def test_evaluation_runs_in_the_background_and_shows_tables(workbench):
-    from topl_core import jobs
 
     at = open_page("evaluation")
     topl = str(workbench["runs"] / "topl-tiny")
@@ -837,14 +842,8 @@ def test_evaluation_runs_in_the_background_and_shows_tables(workbench):
     at.number_input(key="eval.n_ood.False").set_value(1)
     at.number_input(key="eval.max_new").set_value(12)
     at.text_input(key="eval.name").set_value("tiny-eval")
-    at.button[[b.label for b in at.button].index("Start evaluation")].click().run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
     edir = workbench["runs"] / "evaluations" / "tiny-eval"
-    st = jobs.wait(edir, timeout_s=300)
-    assert st.state == "finished", jobs.log_tail(edir, 40)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
+    start_job_and_wait(at, "Start evaluation", edir)
     frames = [d.value for d in at.dataframe]
     table = next(f for f in frames if {"variant", "ID", "OOD"} <= set(f.columns))
     assert list(table["variant"]) == ["base", "merged (topl-tiny)", "steered λ=3 (topl-tiny)"]
