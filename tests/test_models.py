@@ -93,3 +93,47 @@ def test_embedded_smollm2_is_the_real_model():
     ids = lm.tokenizer("The capital of France is", return_tensors="pt")
     out = lm.model.generate(**ids, max_new_tokens=3, do_sample=False)
     assert "Paris" in lm.tokenizer.decode(out[0, ids["input_ids"].shape[1] :])
+
+
+def _fake_split_package(site, em, chunks: list[bytes], listed_sha: str) -> None:
+    """The layout the real Gemma packages install: data/SHA256SUMS in the main package, data/<file>.partNN in each
+    part package (with an __init__.py, which the loader must not import or count as a part)."""
+    main = site / em.package
+    (main / "data").mkdir(parents=True)
+    (main / "__init__.py").write_text("raise ImportError('never imported')\n")
+    (main / "data" / "SHA256SUMS").write_text(f"{listed_sha}  {em.gguf_file}\n")
+    for i, chunk in enumerate(chunks, start=1):
+        part = site / f"{em.package}_part{i}"
+        (part / "data").mkdir(parents=True)
+        (part / "__init__.py").write_text("raise ImportError('never imported')\n")
+        (part / "data" / f"{em.gguf_file}.part{i - 1:02d}").write_bytes(chunk)
+
+
+def test_split_gguf_parts_are_joined_in_order_and_checked(tmp_path, monkeypatch):
+    import hashlib
+
+    from topl_core.models import EMBEDDED, _assemble_split_gguf, package_dir
+
+    em = EMBEDDED["gemma3-270m"]
+    chunks = [b"GGUF-first-", b"second-", b"third-", b"fourth"]
+    whole = b"".join(chunks)
+    site = tmp_path / "site"
+    _fake_split_package(site, em, chunks, hashlib.sha256(whole).hexdigest())
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path / "cache"))
+    joined = _assemble_split_gguf(package_dir(em.package), em)
+    assert joined.read_bytes() == whole
+
+    # a damaged part: refused with the reinstall command, nothing left in the cache
+    bad_site = tmp_path / "bad"
+    _fake_split_package(
+        bad_site, em, [b"GGUF-first-", b"secXnd-", b"third-", b"fourth"], hashlib.sha256(whole).hexdigest()
+    )
+    monkeypatch.syspath_prepend(str(bad_site))
+    monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path / "cache2"))
+    import importlib
+
+    importlib.invalidate_caches()
+    with pytest.raises(ModelError, match="force-reinstall"):
+        _assemble_split_gguf(package_dir(em.package), em)
+    assert not any((tmp_path / "cache2" / "gguf").iterdir())

