@@ -265,7 +265,7 @@ def variant_model(v: Variant, default_model: str, device: str):
     return load_merged(ModelSpec(adapter.base_model, "float32", device), adapter)
 
 
-class _Models:
+class VariantModels:
     """Loads each base / merged model once per evaluation (steered variants share their run's merged model)."""
 
     def __init__(self, cfg: EvalConfig):
@@ -287,14 +287,14 @@ def generate_for(
     v: Variant,
     docs: Sequence[EvalDoc],
     cfg: EvalConfig,
-    models: _Models | None = None,
+    models: VariantModels | None = None,
     vectors=None,
     use_cache: bool = True,
 ) -> list[str]:
     """The variant's generation for each document (cached)."""
     if not docs:
         return []
-    models = models or _Models(cfg)
+    models = models or VariantModels(cfg)
     adapter = open_adapter(v.run) if v.run else None
     steered = v.kind == "steered" and not v.generates_like_merged  # the neutral λ shares the merged model's entry
     if steered and vectors is None:
@@ -425,7 +425,7 @@ def generate_variant(shard: _Shard, v: Variant) -> dict:
     cache when there; written to it otherwise). The worker keeps the models it loaded for the evaluation."""
     if shard.progress:
         shard.progress(f"{v.name}: generating {len(shard.docs)} summaries")
-    models = worker_memo("eval-models", shard.cfg, lambda: _Models(shard.cfg))
+    models = worker_memo("eval-models", shard.cfg, lambda: VariantModels(shard.cfg))
     vec = None
     if v.kind == "steered":
         vec = shard.vectors.get(v.run) or steering_vectors_for(v.run, shard.cfg, shard.use_cache)
@@ -501,7 +501,7 @@ def lambda_sweep(
         vectors = {runs[0]: vectors}
     vectors = dict(vectors or {})
     scorer = make_scorer(cfg.scorer)
-    models = _Models(cfg)
+    models = VariantModels(cfg)
     rows, sites = [], {}
     for run in runs:
         vec = vectors.get(run) or steering_vectors_for(run, cfg, use_cache)

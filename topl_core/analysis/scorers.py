@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol, Sequence, runtime_checkable
+from typing import Iterator, Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -269,6 +269,39 @@ def _number(token: str) -> float | None:
 
 
 @dataclass(frozen=True)
+class Word:
+    """One word of a text as the lexical rules read it, with its character offsets."""
+
+    start: int
+    end: int
+    low: str  # lower-cased, possessive 's dropped
+    number: float | None  # its value when it is a number (digits or a number word)
+    stem: str | None  # its stem when it is a content word (not a stopword, not a digit, more than one letter)
+    name: bool  # a capitalised content word that does not start a sentence
+
+
+def analysed_words(text: str) -> Iterator[Word]:
+    sentence_start = True
+    for m in _WORD.finditer(text):
+        tok = m.group(0)
+        low = tok.lower().replace("’", "'")
+        low = low[:-2] if low.endswith("'s") else low
+        num = _number(tok)
+        if num is not None and not (tok[0].isdigit() or low not in ("one", "once", "second")):
+            num = None
+        content = not tok[0].isdigit() and low not in _STOPWORDS and len(low) > 1
+        yield Word(
+            m.start(),
+            m.end(),
+            low,
+            num,
+            _stem(low) if content else None,
+            content and tok[0].isupper() and not sentence_start,
+        )
+        sentence_start = bool(re.match(r"[.!?]", text[m.end() : m.end() + 2]))
+
+
+@dataclass(frozen=True)
 class _Analysed:
     words: tuple[str, ...]  # lower-cased word tokens
     content: tuple[str, ...]  # stems of content words, in order
@@ -277,24 +310,18 @@ class _Analysed:
 
 
 def _analyse(text: str) -> _Analysed:
-    text = re.sub(r"\s+-\s+", "-", text)  # CLIFF's tokenised "al - Wefaq" → "al-Wefaq"
-    words, content, names, numbers = [], [], [], []
-    sentence_start = True
-    for m in _WORD.finditer(text):
-        tok = m.group(0)
-        low = tok.lower().replace("’", "'")
-        low = low[:-2] if low.endswith("'s") else low
-        words.append(low)
-        num = _number(tok)
-        if num is not None and (tok[0].isdigit() or low not in ("one", "once", "second")):
-            numbers.append(num)
-        if not tok[0].isdigit() and low not in _STOPWORDS and len(low) > 1:
-            content.append(_stem(low))
-            if tok[0].isupper() and not sentence_start:
-                names.append(low)
-        following = text[m.end() : m.end() + 2]
-        sentence_start = bool(re.match(r"[.!?]", following))
-    return _Analysed(tuple(words), tuple(content), tuple(names), tuple(numbers))
+    words = list(analysed_words(join_spaced_hyphens(text)))
+    return _Analysed(
+        tuple(w.low for w in words),
+        tuple(w.stem for w in words if w.stem is not None),
+        tuple(w.low for w in words if w.name),
+        tuple(w.number for w in words if w.number is not None),
+    )
+
+
+def join_spaced_hyphens(text: str) -> str:
+    """CLIFF's tokenised "al - Wefaq" → "al-Wefaq"."""
+    return re.sub(r"\s+-\s+", "-", text)
 
 
 @dataclass(frozen=True)

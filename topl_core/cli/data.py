@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
+from ..analysis.own_summaries import generate_own_summaries, own_summary_records
 from ..data import cliff, fava, halueval, mlqe
 from ..data.encode import encode_record
 from ..data.perturb import RECIPES
@@ -18,6 +19,8 @@ from . import COMMANDS
 from .common import add_model_args
 
 SOURCES = ("halueval-perturbed", "halueval-pairs", "fava", "cliff", "aggrefact", "mlqe", "jsonl")
+# Sources that generate with a model (minutes to hours): the CLI builds them, the Data page's quick builder does not.
+GENERATED_SOURCES = ("own-summaries",)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,11 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     b = dsub.add_parser("build", help="build a records JSONL from a source")
     b.add_argument(
         "--source",
-        choices=SOURCES,
+        choices=SOURCES + GENERATED_SOURCES,
         default="halueval-perturbed",
         help="halueval-perturbed: seeded edits of HaluEval's faithful summaries (token labels); "
         "halueval-pairs: HaluEval right/hallucinated (sequence labels); fava: JSONL rows of FAVA tagged "
-        "text; cliff/aggrefact: CSV; mlqe: directory with SPLIT.src/.mt/.tags; jsonl: validate and copy",
+        "text; cliff/aggrefact: CSV; mlqe: directory with SPLIT.src/.mt/.tags; jsonl: validate and copy; "
+        "own-summaries: --model's own summaries of the HaluEval documents, labelled by a lexical rule "
+        "(analysis/own_summaries.py; generation is cached, a stopped build resumes)",
     )
     b.add_argument("--input", help="input path (default: the embedded HaluEval file for halueval-*)")
     b.add_argument("--fava-form", choices=["raw", "completion"], default="raw")
@@ -46,7 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "attribution, swap, extrinsic, modal, copied and lower-cases 15%% of documents (docs/evaluation.md §6)",
     )
     b.add_argument("--out", required=True, help="output JSONL")
+    add_model_args(b)
     b.set_defaults(func=build)
+
+    m = dsub.add_parser("merge", help="join records JSONL files into one (e.g. perturbations + own summaries)")
+    m.add_argument("inputs", nargs="+", help="records JSONL files, in order")
+    m.add_argument("--out", required=True, help="output JSONL")
+    m.set_defaults(func=merge)
 
     i = dsub.add_parser("inspect", help="print records with bad spans marked [[like this]]")
     i.add_argument("path")
@@ -91,6 +102,15 @@ def load_source(
 
 
 def build(args: argparse.Namespace) -> None:
+    if args.source == "own-summaries":
+        rows = halueval.load_halueval_rows(args.input, limit=args.limit)
+        with Bar(f"{args.model} summarising", total=len(rows)) as bar:
+            summaries = generate_own_summaries(args.model, rows, progress=bar)
+        records, report = own_summary_records(rows, summaries, args.model)
+        print(report)
+        write_jsonl(records, args.out)
+        print(f"wrote {len(records)} records to {args.out}")
+        return
     with Bar(f"building {args.source}") as bar:
         records = load_source(
             args.source, args.input, args.limit, args.seed, args.fava_form, args.mlqe_split, bar, args.recipe
@@ -99,6 +119,20 @@ def build(args: argparse.Namespace) -> None:
         records = records[: args.limit]
     write_jsonl(records, args.out)
     print(f"wrote {len(records)} records to {args.out}")
+
+
+def merge(args: argparse.Namespace) -> None:
+    records: list[Record] = []
+    for path in args.inputs:
+        records += read_jsonl(path)
+    twice = [i for i, n in Counter(r.id for r in records).items() if n > 1]
+    if twice:
+        raise DataError(
+            f"record id {twice[0]!r} occurs more than once in {args.inputs} ({len(twice)} ids in all): merge "
+            "files of different records (a file given twice, or two builds of one source, repeat ids)."
+        )
+    write_jsonl(records, args.out)
+    print(f"wrote {len(records)} records from {len(args.inputs)} files to {args.out}")
 
 
 def mark_spans(r: Record) -> str:
