@@ -156,6 +156,11 @@ def test_dev_and_heldout_sets_share_no_document_and_read_cliff_by_cut(tiny_run, 
     # the cap keeps the first records in file order
     capped = evaluation_sets(adapter, "dev", labelled, cliff, 2)
     assert all(capped[name] == dev[name][:2] for name in dev)
+    # a merged data file is reported per source, each its documents' split
+    own = [replace(r, id=r.id + ":own", source="own-summaries") for r in labelled]
+    mixed = evaluation_sets(adapter, "dev", labelled + own, cliff, 128)
+    assert list(mixed) == ["halueval-perturbed/val", "own-summaries/val", "cliff-cnndm/val", "cliff-xsum/val"]
+    assert [r.doc_id for r in mixed["own-summaries/val"]] == [r.doc_id for r in dev["halueval-perturbed/val"]]
 
 
 def test_user_mistakes_say_what_to_do(tiny_run, tmp_path):

@@ -168,12 +168,12 @@ def evaluation_sets(
     adapter: Adapter, stage: str, labelled: Sequence[Record], cliff: CsvLoadReport | None, max_records: int
 ) -> dict[str, list[Record]]:
     """The sets of a stage, each capped at its first `max_records` records (possibly empty): the adapter's data
-    split (by document, its split seed), named by the records' source, then each CLIFF source's rows of the stage's
-    cut."""
+    split (by document, its split seed), one set per source in order of first appearance (a merged file of
+    perturbations and own summaries gives two), then each CLIFF source's rows of the stage's cut."""
     split = SPLIT_OF_STAGE[stage]
-    sources = {r.source for r in labelled}
-    name = f"{sources.pop() if len(sources) == 1 else 'data'}/{split}"
-    sets = {name: split_records(labelled, seed=adapter.settings.split_seed)[split]}
+    sets: dict[str, list[Record]] = {}
+    for r in split_records(labelled, seed=adapter.settings.split_seed)[split]:
+        sets.setdefault(f"{r.source}/{split}", []).append(r)
     for source in sorted(cliff.sources) if cliff is not None else ():
         recs = [r for r in cliff.records if r.source == source and r.meta.get("cut") == split]
         cut = f"{source}/{split}" + (" (CLIFF cut)" if f"{source}/{split}" in sets else "")
