@@ -21,6 +21,11 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 
+# Numba compiles UMAP's kernels on first use and caches pynndescent's under .venv: pay that once, here.
+if [ ! -f .venv/.numba-warm ]; then
+  .venv/bin/python -c "from topl_core.analysis.umap_view import warm_up; warm_up()" && touch .venv/.numba-warm
+fi
+
 # Headless Chromium for tests/test_browser.py (Debian's package; Playwright drives it by executable path).
 if [ "${TOPL_SKIP_BROWSER:-0}" != 1 ] && ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then

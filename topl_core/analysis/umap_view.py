@@ -59,12 +59,7 @@ def umap_embedding(
     X = np.asarray(X[rows], dtype=np.float64)
     if standardize:
         X = (X - X.mean(0)) / np.where(X.std(0) > 0, X.std(0), 1.0)
-    import umap
-
-    reducer = umap.UMAP(
-        n_components=2, n_neighbors=min(n_neighbors, len(rows) - 1), min_dist=min_dist, random_state=seed, n_jobs=1
-    )
-    xy = reducer.fit_transform(X)
+    xy = _fit_umap(X, min(n_neighbors, len(rows) - 1), min_dist, seed)
     return pd.DataFrame(
         {
             "x": xy[:, 0].astype(np.float32),
@@ -75,6 +70,20 @@ def umap_embedding(
             "position": proj.positions[rows].astype(int),
         }
     )
+
+
+def _fit_umap(X: np.ndarray, n_neighbors: int, min_dist: float, seed: int) -> np.ndarray:
+    import umap
+
+    reducer = umap.UMAP(n_components=2, n_neighbors=n_neighbors, min_dist=min_dist, random_state=seed, n_jobs=1)
+    return reducer.fit_transform(X)
+
+
+def warm_up() -> None:
+    """Fit a UMAP once on random data, as umap_embedding fits one: numba compiles UMAP's and pynndescent's kernels
+    on first use (20–40 s on 2 cores) and keeps those it may cache under the virtualenv, so scripts/setup.sh calls
+    this once and the first UMAP view in the app costs that much less."""
+    _fit_umap(np.random.default_rng(0).normal(size=(300, 8)), 10, 0.1, 0)
 
 
 def run_umap(
