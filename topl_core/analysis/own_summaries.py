@@ -135,11 +135,15 @@ def own_summary_records(
 
 
 def generate_own_summaries(
-    model: str, rows: Sequence[dict], chunk: int = 16, progress: Callable[[int], None] | None = None
+    model: str,
+    rows: Sequence[dict],
+    chunk: int = 16,
+    device: str = "cpu",
+    progress: Callable[[int], None] | None = None,
 ) -> list[str]:
     """The base model's greedy summary of each row's document, as the evaluation generates them (same prompt,
     lengths and cache): cached per chunk of `chunk` documents, so an interrupted build resumes where it stopped."""
-    cfg = EvalConfig(model=model)
+    cfg = EvalConfig(model=model, device=device)
     models = VariantModels(cfg)
     docs = [EvalDoc("train", SOURCE, r["doc_id"], r["document"]) for r in rows]
     out: list[str] = []

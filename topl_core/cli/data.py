@@ -14,6 +14,7 @@ from ..data.split import split_records
 from ..data.variants import label_settings_table
 from ..errors import DataError
 from ..models import ModelSpec, load_model
+from ..presets import DEFAULT_MODEL
 from ..progress import Bar
 from . import COMMANDS
 from .common import add_model_args
@@ -51,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "attribution, swap, extrinsic, modal, copied and lower-cases 15%% of documents (docs/evaluation.md §6)",
     )
     b.add_argument("--out", required=True, help="output JSONL")
-    add_model_args(b)
+    b.add_argument("--model", default=DEFAULT_MODEL, help="own-summaries: the model that writes the summaries")
+    b.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="own-summaries: where it generates")
     b.set_defaults(func=build)
 
     m = dsub.add_parser("merge", help="join records JSONL files into one (e.g. perturbations + own summaries)")
@@ -103,22 +105,25 @@ def load_source(
 
 def build(args: argparse.Namespace) -> None:
     if args.source == "own-summaries":
-        rows = halueval.load_halueval_rows(args.input, limit=args.limit)
-        with Bar(f"{args.model} summarising", total=len(rows)) as bar:
-            summaries = generate_own_summaries(args.model, rows, progress=bar)
-        records, report = own_summary_records(rows, summaries, args.model)
-        print(report)
-        write_jsonl(records, args.out)
-        print(f"wrote {len(records)} records to {args.out}")
-        return
-    with Bar(f"building {args.source}") as bar:
-        records = load_source(
-            args.source, args.input, args.limit, args.seed, args.fava_form, args.mlqe_split, bar, args.recipe
-        )
-    if args.limit and not args.source.startswith("halueval"):
-        records = records[: args.limit]
+        records = _own_summaries(args)
+    else:
+        with Bar(f"building {args.source}") as bar:
+            records = load_source(
+                args.source, args.input, args.limit, args.seed, args.fava_form, args.mlqe_split, bar, args.recipe
+            )
+        if args.limit and not args.source.startswith("halueval"):
+            records = records[: args.limit]
     write_jsonl(records, args.out)
     print(f"wrote {len(records)} records to {args.out}")
+
+
+def _own_summaries(args: argparse.Namespace) -> list[Record]:
+    rows = halueval.load_halueval_rows(args.input, limit=args.limit)
+    with Bar(f"{args.model} summarising", total=len(rows)) as bar:
+        summaries = generate_own_summaries(args.model, rows, device=args.device, progress=bar)
+    records, report = own_summary_records(rows, summaries, args.model)
+    print(report)
+    return records
 
 
 def merge(args: argparse.Namespace) -> None:
