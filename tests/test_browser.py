@@ -365,7 +365,7 @@ def test_a_plain_peft_adapter_opens_on_every_adapter_page(browser, tmp_path):
             visit(page, demo, name, PAGES[name])
             if name == "runs":
                 # the method of an adapter from elsewhere (the table can draw after the script run settles)
-                page.get_by_text("unknown", exact=True).first.wait_for(timeout=60_000)
+                page.get_by_text("unknown", exact=True).first.wait_for(state="attached", timeout=60_000)
             elif name == "lora_a":
                 page.locator(".js-plotly-plot").first.wait_for(timeout=300_000)
             elif name == "token_overlay":
