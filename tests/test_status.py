@@ -130,6 +130,8 @@ def test_one_writer_per_folder(tmp_path, tiny_records):
         holder.wait()
     run = train(tiny_config(steps=2), tmp_path / "run", records=tiny_records)  # the dead holder's lock: taken over
     assert run.read_status()["state"] == "finished" and not (run.path / LOCK_FILE).exists()
+    # a finished run's status no longer carries a loss: the table shows the last logged one
+    assert jobs.read_job(run.path).loss == run.read_metrics()[-1]["loss"] is not None
     with WriterLock(tmp_path / "other"):  # held by this process: another process is refused
         code = f"from topl_core.status import WriterLock; WriterLock({str(tmp_path / 'other')!r}).__enter__()"
         other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

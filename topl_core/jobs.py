@@ -276,6 +276,8 @@ def read_job(job_dir: str | Path) -> JobStatus | None:
         ),
         {},
     )
+    # the last logged loss: a finished run's status no longer carries one
+    loss = next((r["loss"] for r in reversed(metrics) if "loss" in r), status.get("loss"))
     step_s = [r["step_s"] for r in metrics if "step_s" in r]
     elapsed = sum(step_s) if step_s else None  # training time over every (re)start, validation excluded
     recent = step_s[-ETA_WINDOW:]
@@ -287,7 +289,7 @@ def read_job(job_dir: str | Path) -> JobStatus | None:
         state,
         step,
         steps,
-        status.get("loss"),
+        loss,
         elapsed,
         eta,
         pid,
