@@ -1,10 +1,13 @@
 """Data: browse examples with gold labels as colored tokens; label-sensitivity variants with their stats; build or
-import a data set (perturbation generator, HaluEval pairs, FAVA, CLIFF/AggreFact CSV, MLQE-PE, JSONL)."""
+import a data set (perturbation generator, HaluEval pairs, FAVA, CLIFF/AggreFact CSV, MLQE-PE, JSONL; the model's own
+summaries as a background job) and merge data sets."""
 
 from pages._ui.frame import ensure_frame
 
 ensure_frame()  # first: see pages/_ui/frame.py
 
+import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -12,13 +15,15 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from pages._ui.datasets import dataset_picker, records_of
+from pages._ui.datasets import dataset_paths, dataset_picker, records_of
 from pages._ui.models import base_model, load_error
 from pages._ui.render import csv_download, legend_html, plot, token_html
-from pages._ui.spec import current_spec
-from topl_core.cli.data import SOURCES, load_source
+from pages._ui.spec import current_model_name, current_spec
+from topl_core import jobs
+from topl_core.analysis.evaluation import EvalConfig
+from topl_core.cli.data import GENERATED_SOURCES, SOURCES, load_source
 from topl_core.data.encode import encode_record
-from topl_core.data.records import Record, write_jsonl
+from topl_core.data.records import Record, merge_jsonl, write_jsonl
 from topl_core.data.split import split_records
 from topl_core.data.variants import label_settings_table
 from topl_core.errors import ConfigError, DataError
@@ -36,6 +41,10 @@ SOURCE_HELP = {
     "aggrefact": "AggreFact CSV with doc, summ, label (summary-level labels).",
     "mlqe": "MLQE-PE directory with SPLIT.src / .mt / .tags (word-level OK/BAD): translation task.",
     "jsonl": "A records JSONL written by this workbench (validated and copied).",
+    "own-summaries": "The model's own greedy summaries of HaluEval documents, labelled by a lexical rule: a number "
+    "or a name the document lacks is bad; a sentence with any other word the document lacks is left out "
+    "(docs/evaluation.md §6). Generates in the background (SmolLM2: ~5 s per document on 2 CPU cores); started "
+    "again with the same settings, it resumes.",
 }
 
 
@@ -168,14 +177,12 @@ with tab_labels:
             plot(fig, key="data.labels_fig")
             csv_download(table, "label_settings.csv", key="data.labels_csv")
 
-with tab_build:
-    st.markdown(
-        "Build a records JSONL under `cache/data/` from any supported source; it then appears in every "
-        "data-set picker (Train, Token overlay, Evaluation …)."
-    )
-    b1, b2 = st.columns([1, 2])
-    source = b1.selectbox("Source", SOURCES, key="data.build_source", persist_state="session")
-    b2.info(SOURCE_HELP[source])
+BUILD_JOBS = cache_dir() / "data" / "jobs"  # one folder per background build (the generated sources), by output name
+BAR_COUNT = re.compile(r"\] (\d+)/(\d+) ")  # "… [####....] 16/240  7% …": a progress.Bar line in a job log
+
+
+def quick_builder(source: str) -> None:
+    """Read a source that needs no model (seconds) and write it here, in this session."""
     input_path = None
     if not source.startswith("halueval"):
         default_in = str(cliff_csv()) if source in ("cliff", "aggrefact") else ""
@@ -214,9 +221,7 @@ with tab_build:
     )
     if st.button("Build data set", type="primary", key="data.build_go", icon=":material/build:"):
         try:
-            out = inside(
-                cache_dir() / "data", out_name if out_name.endswith(".jsonl") else out_name + ".jsonl", "Output name"
-            )
+            out = data_file(out_name)
             with st.spinner(f"Reading {source}…"):
                 recs = load_source(source, input_path or None, int(limit_b), int(seed_b), fava_form, mlqe_split)
                 if not source.startswith("halueval"):
@@ -225,3 +230,106 @@ with tab_build:
             st.success(f"Wrote {len(recs)} records ({sum(bool(r.bad_spans) for r in recs)} with bad spans) to `{out}`.")
         except (DataError, ConfigError, OSError) as ex:
             st.error(str(ex))
+
+
+def data_file(name: str) -> Path:
+    """A file under cache/data named by the user: a plain name, .jsonl added when missing."""
+    return inside(cache_dir() / "data", name if name.endswith(".jsonl") else name + ".jsonl", "Output name")
+
+
+def own_summaries_builder() -> None:
+    """Generate the model's own summaries in a background job (`data build --source own-summaries`): minutes to
+    hours, so it outlives the page; the same settings started again resume from the cached chunks."""
+    o1, o2, o3, o4 = st.columns([2, 1, 1, 1])
+    model = o1.text_input(
+        "Model that writes the summaries",
+        value=current_model_name(),
+        key="data.own_model",
+        persist_state="session",
+        help="an embedded model's name, a hub id or a local folder",
+    )
+    limit = o2.number_input("HaluEval documents", 1, 10_000, 240, key="data.own_limit", persist_state="session")
+    max_new = o3.number_input(
+        "Max new tokens", 8, 1024, EvalConfig.max_new_tokens, key="data.own_max_new", persist_state="session"
+    )
+    device = o4.selectbox("Device", ["cpu", "cuda"], key="data.own_device", persist_state="session")
+    out_name = st.text_input(
+        "Output name", value="own-summaries.jsonl", key="data.build_out.own-summaries", persist_state="session"
+    )
+    if st.button("Start generating", type="primary", key="data.own_go", icon=":material/play_arrow:"):
+        try:
+            out = data_file(out_name)
+            args = ["data", "build", "--source", "own-summaries", "--model", model.strip(), "--limit", str(limit),
+                    "--max-new-tokens", str(max_new), "--device", device, "--out", str(out)]  # fmt: skip
+            jobs.launch(args, inside(BUILD_JOBS, out.stem, "Output name"), kind="data")
+        except (ConfigError, jobs.JobError) as ex:
+            st.error(str(ex))
+    job_dir = newest_build_job()
+    if job_dir is not None:
+        job = jobs.read_job(job_dir)
+        st.fragment(build_job_panel, run_every=2 if job is not None and job.active else None)(job_dir)
+
+
+def newest_build_job() -> Path | None:
+    found = [p for p in BUILD_JOBS.glob("*") if (p / jobs.JOB_FILE).exists()] if BUILD_JOBS.is_dir() else []
+    return max(found, key=lambda p: (p / jobs.JOB_FILE).stat().st_mtime, default=None)
+
+
+def build_job_panel(job_dir: Path) -> None:
+    """The newest background build: its progress and Cancel while it runs, then what it wrote or why it stopped."""
+    job = jobs.read_job(job_dir)
+    if job is None:
+        return
+    argv = json.loads((job_dir / jobs.JOB_FILE).read_text())["argv"]
+    out = argv[argv.index("--out") + 1]
+    log = jobs.log_tail(job_dir, 40)
+    was_running = st.session_state.get("data.own_was_running")
+    st.session_state["data.own_was_running"] = job.active
+    if job.active:
+        counts = BAR_COUNT.findall(log)
+        done, total = map(int, counts[-1]) if counts else (0, int(argv[argv.index("--limit") + 1]))
+        c1, c2 = st.columns([5, 1], vertical_alignment="center")
+        c1.progress(done / max(total, 1), text=f"`{Path(out).name}` {job.state}: {done} of {total} summaries")
+        if c2.button("Cancel", key="data.own_cancel", icon=":material/stop:"):
+            jobs.cancel(job_dir)
+        return
+    if was_running:  # it just ended: every data-set picker should see the new file
+        st.rerun(scope="app")
+    if job.state == "finished":
+        report = [ln for ln in log.splitlines() if ln.startswith(("own summaries:", "wrote "))]
+        st.success("\n\n".join([f"`{Path(out).name}` built.", *report]))
+    else:
+        st.warning(
+            f"Building `{Path(out).name}` {job.state}{': ' + job.error if job.error else ''}. Start it again with "
+            "the same settings to resume: finished chunks of summaries are kept."
+        )
+        st.code(jobs.log_tail(job_dir, 15) or "(empty log)", language=None)
+
+
+def merge_form() -> None:
+    paths = dataset_paths()
+    chosen = st.multiselect("Data sets, in order", paths, key="data.merge_inputs", format_func=lambda p: Path(p).name)
+    out_name = st.text_input("Output name", value="merged.jsonl", key="data.merge_out", persist_state="session")
+    if st.button("Merge", key="data.merge_go", icon=":material/merge:", disabled=len(chosen) < 2):
+        try:
+            records = merge_jsonl(chosen)
+            out = write_jsonl(records, data_file(out_name))
+            st.success(f"Wrote {len(records)} records from {len(chosen)} files to `{out}`.")
+        except (DataError, ConfigError, OSError) as ex:
+            st.error(str(ex))
+
+
+with tab_build:
+    st.markdown(
+        "Build a records JSONL under `cache/data/` from any supported source; it then appears in every "
+        "data-set picker (Train, Token overlay, Evaluation …)."
+    )
+    b1, b2 = st.columns([1, 2])
+    source = b1.selectbox("Source", SOURCES + GENERATED_SOURCES, key="data.build_source", persist_state="session")
+    b2.info(SOURCE_HELP[source])
+    if source in GENERATED_SOURCES:
+        own_summaries_builder()
+    else:
+        quick_builder(source)
+    with st.expander("Merge data sets (e.g. perturbations + the model's own summaries)"):
+        merge_form()

@@ -281,6 +281,43 @@ def test_data_browse_labels_and_build(workbench):
     assert not list(workbench["root"].rglob("escaped.jsonl")) and not Path("/tmp/escaped.jsonl").exists()
 
 
+def test_data_page_builds_own_summaries_in_the_background_and_merges(workbench):
+    """The own-summaries source runs `data build --source own-summaries` as a background job from the Data page
+    (SmolLM2 needs ~70 s for one batch of summaries, so the tiny model writes them here: its random text keeps no
+    sentence, and the page says why the build failed and how to resume). Merge joins data sets in order and refuses
+    files that share records."""
+    import dataclasses
+
+    from topl_core import jobs
+    from topl_core.data.records import read_jsonl, write_jsonl
+
+    data_dir = workbench["root"] / "cache" / "data"
+    at = open_page("data")
+    at.selectbox(key="data.build_source").set_value("own-summaries").run()
+    assert at.text_input(key="data.own_model").value == "tiny-llama"  # the sidebar's model
+    at.number_input(key="data.own_limit").set_value(3)
+    at.text_input(key="data.build_out.own-summaries").set_value("own-tiny").run()
+    at.button(key="data.own_go").click().run()
+    job_dir = data_dir / "jobs" / "own-tiny"
+    assert jobs.wait(job_dir, timeout_s=TIMEOUT).state == "failed", jobs.log_tail(job_dir)
+    assert "--model tiny-llama --limit 3" in jobs.log_tail(job_dir)
+    at.run()
+    assert any("Start it again with the same settings" in w.value for w in at.warning)
+    assert any("no records to write" in c.value for c in at.code), [c.value for c in at.code]
+    assert not (data_dir / "own-tiny.jsonl").exists()
+
+    records = read_jsonl(workbench["data"])
+    other = [dataclasses.replace(r, id=r.id + ":copy") for r in records[:3]]
+    write_jsonl(other, data_dir / "other.jsonl")
+    at.multiselect(key="data.merge_inputs").set_value([str(workbench["data"]), str(data_dir / "other.jsonl")])
+    at.text_input(key="data.merge_out").set_value("mix").run()
+    at.button(key="data.merge_go").click().run()
+    assert read_jsonl(data_dir / "mix.jsonl") == records + other
+    at.multiselect(key="data.merge_inputs").set_value([str(workbench["data"]), str(data_dir / "mix.jsonl")]).run()
+    at.button(key="data.merge_go").click().run()  # the same records twice: refused
+    assert any("occurs more than once" in e.value for e in at.error)
+
+
 def test_train_form_keeps_its_values_across_a_page_switch(workbench):
     """Streamlit drops the state of widgets that are not rendered: without persist_state the Train form came back
     from another page on its inputs' minimums (lr 1e-7, batch 1, layers 0–0). Both the defaults and the user's

@@ -43,6 +43,10 @@ def _bad(summary: str) -> list[tuple[str, str]]:
         ("Jones said talks would continue.", None, []),
         # a word whose stem the document lacks ("merged" → "merg"; the document has "merger"): left out
         ("The company merged.", "", []),
+        # a last sentence cut mid-way (the generation's token limit) is left out; closing quotes still close one
+        ("Smith met Jones. The company lost 300 jobs after the", "Smith met Jones.", []),
+        ('Jones said "the talks would continue."', None, []),
+        ("Jones said the talks would continue", "", []),
     ],
 )
 def test_label_rule_on_hand_written_summaries(summary, response, bad):

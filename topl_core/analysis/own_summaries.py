@@ -8,7 +8,8 @@ stems and number reading), sentence by sentence:
   lower-cased form or stem no document word has, are **bad** — extrinsic facts, the commonest summarizer error;
 - every other content word must occur in the document (as a word or a stem); a sentence with any other
   unsupported content word is **left out** (it may paraphrase or may be wrong: no rule decides, so it gets no label);
-- a sentence that repeats an earlier one is left out (degenerate generation).
+- a sentence that repeats an earlier one is left out (degenerate generation), and so is a last sentence with no
+  closing punctuation (the generation was cut at its token limit mid-sentence).
 
 The record's response is the kept sentences in order, joined by single spaces: its tokens are good except the bad
 spans. The rule is lexical, so a kept sentence can still be wrong in ways words do not show (a relation between
@@ -47,6 +48,11 @@ def _sentence_offsets(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def _is_closed(text: str) -> bool:
+    """Whether text ends a sentence: . ! ? or …, possibly followed by closing quotes or brackets."""
+    return text.rstrip().rstrip("\"'”’)]").endswith((".", "!", "?", "…"))
+
+
 def label_summary(document: str, summary: str) -> LabelledSummary:
     """Apply the module's rule to one summary of `document` (an empty response when no sentence is kept)."""
     doc_words = list(analysed_words(document))
@@ -57,7 +63,8 @@ def label_summary(document: str, summary: str) -> LabelledSummary:
     seen: set[str] = set()
     length = 0
     sentences = _sentence_offsets(summary)
-    for start, end in sentences:
+    complete = sentences if sentences and _is_closed(summary[: sentences[-1][1]]) else sentences[:-1]
+    for start, end in complete:
         sentence = summary[start:end]
         bad: list[Span] = []
         unverifiable = False
@@ -140,10 +147,12 @@ def generate_own_summaries(
     chunk: int = 16,
     device: str = "cpu",
     progress: Callable[[int], None] | None = None,
+    max_new_tokens: int = EvalConfig.max_new_tokens,
 ) -> list[str]:
     """The base model's greedy summary of each row's document, as the evaluation generates them (same prompt,
-    lengths and cache): cached per chunk of `chunk` documents, so an interrupted build resumes where it stopped."""
-    cfg = EvalConfig(model=model, device=device)
+    document length and cache; at most max_new_tokens): cached per chunk of `chunk` documents, so an interrupted
+    build resumes where it stopped."""
+    cfg = EvalConfig(model=model, device=device, max_new_tokens=max_new_tokens)
     models = VariantModels(cfg)
     docs = [EvalDoc("train", SOURCE, r["doc_id"], r["document"]) for r in rows]
     out: list[str] = []

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
+from ..analysis.evaluation import EvalConfig
 from ..analysis.own_summaries import generate_own_summaries, own_summary_records
 from ..data import cliff, fava, halueval, mlqe
 from ..data.encode import encode_record
 from ..data.perturb import RECIPES
-from ..data.records import Record, read_jsonl, write_jsonl
+from ..data.records import Record, merge_jsonl, read_jsonl, write_jsonl
 from ..data.split import split_records
 from ..data.variants import label_settings_table
 from ..errors import DataError
@@ -20,7 +21,7 @@ from . import COMMANDS
 from .common import add_model_args
 
 SOURCES = ("halueval-perturbed", "halueval-pairs", "fava", "cliff", "aggrefact", "mlqe", "jsonl")
-# Sources that generate with a model (minutes to hours): the CLI builds them, the Data page's quick builder does not.
+# Sources that generate with a model (minutes to hours): the Data page builds them as background jobs.
 GENERATED_SOURCES = ("own-summaries",)
 
 
@@ -54,6 +55,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--out", required=True, help="output JSONL")
     b.add_argument("--model", default=DEFAULT_MODEL, help="own-summaries: the model that writes the summaries")
     b.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="own-summaries: where it generates")
+    b.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=EvalConfig.max_new_tokens,
+        help="own-summaries: the longest summary, in tokens (the evaluation's default)",
+    )
     b.set_defaults(func=build)
 
     m = dsub.add_parser("merge", help="join records JSONL files into one (e.g. perturbations + own summaries)")
@@ -120,22 +127,16 @@ def build(args: argparse.Namespace) -> None:
 def _own_summaries(args: argparse.Namespace) -> list[Record]:
     rows = halueval.load_halueval_rows(args.input, limit=args.limit)
     with Bar(f"{args.model} summarising", total=len(rows)) as bar:
-        summaries = generate_own_summaries(args.model, rows, device=args.device, progress=bar)
+        summaries = generate_own_summaries(
+            args.model, rows, device=args.device, progress=bar, max_new_tokens=args.max_new_tokens
+        )
     records, report = own_summary_records(rows, summaries, args.model)
     print(report)
     return records
 
 
 def merge(args: argparse.Namespace) -> None:
-    records: list[Record] = []
-    for path in args.inputs:
-        records += read_jsonl(path)
-    twice = [i for i, n in Counter(r.id for r in records).items() if n > 1]
-    if twice:
-        raise DataError(
-            f"record id {twice[0]!r} occurs more than once in {args.inputs} ({len(twice)} ids in all): merge "
-            "files of different records (a file given twice, or two builds of one source, repeat ids)."
-        )
+    records = merge_jsonl(args.inputs)
     write_jsonl(records, args.out)
     print(f"wrote {len(records)} records from {len(args.inputs)} files to {args.out}")
 

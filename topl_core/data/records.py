@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Literal
@@ -249,3 +250,17 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[Record]:
 
 def read_jsonl(path: str | os.PathLike) -> list[Record]:
     return list(iter_jsonl(path))
+
+
+def merge_jsonl(paths: Iterable[str | os.PathLike]) -> list[Record]:
+    """The records of several JSONL files, in order (e.g. perturbations + the model's own summaries). Refused
+    (DataError) when an id repeats: a file given twice, or two builds of one source, would train on doubles."""
+    paths = [str(p) for p in paths]
+    records = [r for path in paths for r in read_jsonl(path)]
+    twice = [i for i, n in Counter(r.id for r in records).items() if n > 1]
+    if twice:
+        raise DataError(
+            f"record id {twice[0]!r} occurs more than once in {paths} ({len(twice)} ids in all): merge files "
+            "of different records (a file given twice, or two builds of one source, repeat ids)."
+        )
+    return records
