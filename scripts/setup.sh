@@ -26,6 +26,12 @@ if [ ! -f .venv/.numba-warm ]; then
   .venv/bin/python -c "from topl_core.analysis.umap_view import warm_up; warm_up()" && touch .venv/.numba-warm
 fi
 
+# The default model converted once from its embedded GGUF to safetensors (~35 s): the app's first start and the
+# tests load the converted copy.
+if [ ! -f "${TOPL_CACHE_DIR:-cache}/models/smollm2-135m/config.json" ]; then
+  .venv/bin/python -c "from topl_core.models import converted_embedded_dir; converted_embedded_dir('smollm2-135m')"
+fi
+
 # Headless Chromium for tests/test_browser.py (Debian's package; Playwright drives it by executable path).
 if [ "${TOPL_SKIP_BROWSER:-0}" != 1 ] && ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then

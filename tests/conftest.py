@@ -38,6 +38,28 @@ def make_pairs(n: int) -> list[tuple[str, str, str]]:
     return out
 
 
+@pytest.fixture(scope="session", autouse=True)
+def project_folders_untouched(tmp_path_factory):
+    """No test writes into the project's runs/ or cache/: unless a test names its own, both point into a temp folder.
+    What is costly to make and the same for every test is shared by symlink: the converted embedded models (~35 s
+    each; scripts/setup.sh converts the default one), the built data sets, this machine's bf16 measurement."""
+    root = tmp_path_factory.mktemp("project")
+    cache = root / "cache"
+    cache.mkdir()
+    for shared in ("models", "data", "machine", "gguf"):
+        (REPO / "cache" / shared).mkdir(parents=True, exist_ok=True)
+        (cache / shared).symlink_to(REPO / "cache" / shared)
+    folders = {"TOPL_CACHE_DIR": str(cache), "TOPL_RUNS_DIR": str(root / "runs")}
+    before = {name: os.environ.get(name) for name in folders}
+    os.environ.update(folders)
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(scope="session")
 def tiny_records():
     from topl_core.data.perturb import build_perturbation_records

@@ -158,7 +158,7 @@ def layer_count(spec: ModelSpec | str) -> int:
     from transformers import AutoConfig
 
     with _LOAD_LOCK:
-        where = _converted_embedded_dir(name) if name in EMBEDDED else hub_id(name)
+        where = converted_embedded_dir(name) if name in EMBEDDED else hub_id(name)
     if not Path(where).expanduser().exists() and not hub_reachable():
         raise ModelError(f"model {name!r}: not a local directory, and the hub is unreachable.")
     try:
@@ -177,7 +177,7 @@ def load_model(spec: ModelSpec | str = DEFAULT_MODEL) -> LoadedModel:
         if spec.name in TINY_FAMILIES:
             model, tok = build_tiny_model(spec.name)
         elif spec.name in EMBEDDED:
-            model, tok = _load_pretrained_dir(_converted_embedded_dir(spec.name), dtype)
+            model, tok = _load_pretrained_dir(converted_embedded_dir(spec.name), dtype)
         else:
             model, tok = _load_hub_or_path(spec.hf_id, dtype)
     model = model.to(device=spec.device, dtype=dtype).eval()
@@ -246,7 +246,7 @@ def _from_hub(model_id: str, dtype: torch.dtype):
     return model, tok
 
 
-def _converted_embedded_dir(name: str) -> Path:
+def converted_embedded_dir(name: str) -> Path:
     """Convert an embedded GGUF to safetensors once (under cache/models/) and return the directory."""
     em = EMBEDDED[name]
     out = cache_dir() / "models" / name
