@@ -28,8 +28,9 @@ import re
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Iterator, Literal, Protocol, Sequence, runtime_checkable
+from typing import Iterator, Literal, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -246,8 +247,10 @@ _NUMBER_WORDS = {
     "once": 1,
 }
 _WORD = re.compile(r"[A-Za-z]+(?:['’][A-Za-z]+)?|\d+(?:[.,]\d+)*")
+_SENTENCE_END = re.compile(r"[.!?]")
 
 
+@lru_cache(maxsize=65536)  # the same words come back in every text: stemming is most of the scorer's time
 def _stem(word: str) -> str:
     """A light suffix stripper (plural, past, gerund, adverb) so "killed"/"kills"/"killing" meet "kill"."""
     for suffix, keep in (("ies", "y"), ("ied", "y"), ("ing", ""), ("ed", ""), ("es", ""), ("ly", ""), ("s", "")):
@@ -268,8 +271,7 @@ def _number(token: str) -> float | None:
     return None
 
 
-@dataclass(frozen=True)
-class Word:
+class Word(NamedTuple):  # a tuple, not a dataclass: texts have millions of words and a tuple is built fastest
     """One word of a text as the lexical rules read it, with its character offsets."""
 
     start: int
@@ -298,7 +300,7 @@ def analysed_words(text: str) -> Iterator[Word]:
             _stem(low) if content else None,
             content and tok[0].isupper() and not sentence_start,
         )
-        sentence_start = bool(re.match(r"[.!?]", text[m.end() : m.end() + 2]))
+        sentence_start = bool(_SENTENCE_END.match(text[m.end() : m.end() + 2]))
 
 
 @dataclass(frozen=True)
@@ -317,6 +319,17 @@ def _analyse(text: str) -> _Analysed:
         tuple(w.low for w in words if w.name),
         tuple(w.number for w in words if w.number is not None),
     )
+
+
+@lru_cache(maxsize=64)  # a document is scored against several claims and protocols in a row
+def _document_index(
+    document: str,
+) -> tuple[_Analysed, frozenset[str], frozenset[tuple[str, str]], frozenset[str], frozenset[float]]:
+    """What claims are looked up in: the document's stems, content bigrams, words and numbers (frozen: shared)."""
+    a = _analyse(document)
+    stems = frozenset(a.content) | {_stem(w) for w in a.words}
+    bigrams = frozenset(zip(a.content, a.content[1:]))
+    return a, stems, bigrams, frozenset(a.words), frozenset(a.numbers)
 
 
 def join_spaced_hyphens(text: str) -> str:
@@ -355,15 +368,9 @@ class GroundingScorer:
                 f"w_unigram={self.w_unigram}, w_bigram={self.w_bigram}: use non-negative weights, not both 0."
             )
 
-    def _doc_index(self, document: str):
-        a = _analyse(document)
-        stems = set(a.content) | {_stem(w) for w in a.words}
-        bigrams = set(zip(a.content, a.content[1:]))
-        return a, stems, bigrams, set(a.words), set(a.numbers)
-
     def components(self, document: str, claim: str) -> dict[str, float | None]:
         """The four components for one claim (None where the claim has nothing of that kind)."""
-        return self._components(self._doc_index(document), claim)
+        return self._components(_document_index(document), claim)
 
     def _components(self, index, claim: str) -> dict[str, float | None]:
         _, stems, bigrams, words, numbers = index
@@ -387,7 +394,7 @@ class GroundingScorer:
         return float(min(1.0, max(0.0, score)))
 
     def score(self, document: str, claims: list[str]) -> list[float]:
-        index = self._doc_index(document)
+        index = _document_index(document)
         return [self._combine(self._components(index, c)) for c in claims]
 
 
