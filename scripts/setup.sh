@@ -29,7 +29,8 @@ fi
 # The default model converted once from its embedded GGUF to safetensors (~35 s): the app's first start and the
 # tests load the converted copy.
 if [ ! -f "${TOPL_CACHE_DIR:-cache}/models/smollm2-135m/config.json" ]; then
-  .venv/bin/python -c "from topl_core.models import converted_embedded_dir; converted_embedded_dir('smollm2-135m')"
+  .venv/bin/python -c "from topl_core.models import converted_embedded_dir; converted_embedded_dir('smollm2-135m')" \
+    || echo "warning: could not convert SmolLM2 now; the first load will try again (see the message above)" >&2
 fi
 
 # Headless Chromium for tests/test_browser.py (Debian's package; Playwright drives it by executable path).
