@@ -147,3 +147,13 @@ def test_the_core_never_imports_streamlit():
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         assert not any(n.split(".")[0] == "streamlit" for n in names), path
+
+
+def test_tests_write_outside_the_project_folders():
+    """conftest.py's session fixture points the cache and runs folders of every test that names none into a temp
+    folder: a test run never leaves results in the user's cache/ or runs/ (only what is shared by link is reused)."""
+    from topl_core.paths import PROJECT_ROOT, cache_dir, runs_dir
+
+    assert not cache_dir().resolve().is_relative_to(PROJECT_ROOT.resolve())
+    assert not runs_dir().resolve().is_relative_to(PROJECT_ROOT.resolve())
+    assert (cache_dir() / "models").resolve() == (PROJECT_ROOT / "cache" / "models").resolve()  # shared, not remade
