@@ -38,17 +38,26 @@ def make_pairs(n: int) -> list[tuple[str, str, str]]:
     return out
 
 
-@pytest.fixture(scope="session", autouse=True)
-def project_folders_untouched(tmp_path_factory):
-    """No test writes into the project's runs/ or cache/: unless a test names its own, both point into a temp folder.
-    What is costly to make and the same for every test is shared by symlink: the converted embedded models (~35 s
-    each; scripts/setup.sh converts the default one), the built data sets, this machine's bf16 measurement."""
-    root = tmp_path_factory.mktemp("project")
-    cache = root / "cache"
-    cache.mkdir()
-    for shared in ("models", "data", "machine", "gguf"):
+# What is costly to make and the same for every test: the converted embedded models (~35 s each; scripts/setup.sh
+# converts the default one), the joined split GGUFs, the built data sets, this machine's bf16 measurement.
+SHARED_CACHE = ("models", "gguf", "data", "machine")
+
+
+def cache_sharing_the_costly_parts(cache: Path) -> Path:
+    """A new, otherwise empty cache folder whose SHARED_CACHE parts are links to the project's cache/."""
+    cache.mkdir(parents=True)
+    for shared in SHARED_CACHE:
         (REPO / "cache" / shared).mkdir(parents=True, exist_ok=True)
         (cache / shared).symlink_to(REPO / "cache" / shared)
+    return cache
+
+
+@pytest.fixture(scope="session", autouse=True)
+def project_folders_untouched(tmp_path_factory):
+    """No test writes into the project's runs/ or cache/: unless a test names its own, both point into a temp folder
+    (cache_sharing_the_costly_parts)."""
+    root = tmp_path_factory.mktemp("project")
+    cache = cache_sharing_the_costly_parts(root / "cache")
     folders = {"TOPL_CACHE_DIR": str(cache), "TOPL_RUNS_DIR": str(root / "runs")}
     before = {name: os.environ.get(name) for name in folders}
     os.environ.update(folders)

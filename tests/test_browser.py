@@ -280,11 +280,9 @@ DEMOS = REPO / "examples" / "adapters"
 def demo_workbench(tmp_path: Path) -> dict:
     """The app as a fresh clone opens it: the embedded SmolLM2, the shipped demo adapters and their shipped analysis
     results, no runs of the user's, and an empty analysis cache (the converted model and the data sets are reused)."""
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    for sub in ("models", "data"):
-        if (REPO / "cache" / sub).exists():
-            (cache / sub).symlink_to(REPO / "cache" / sub)
+    from conftest import cache_sharing_the_costly_parts
+
+    cache = cache_sharing_the_costly_parts(tmp_path / "cache")
     return {"TOPL_RUNS_DIR": str(tmp_path / "runs"), "TOPL_CACHE_DIR": str(cache), "TOPL_DEFAULT_MODEL": "smollm2-135m"}
 
 
