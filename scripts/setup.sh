@@ -26,11 +26,12 @@ if [ ! -f .venv/.numba-warm ]; then
   .venv/bin/python -c "from topl_core.analysis.umap_view import warm_up; warm_up()" && touch .venv/.numba-warm
 fi
 
-# The default model converted once from its embedded GGUF to safetensors (~35 s): the app's first start and the
+# The default embedded model converted once from its embedded GGUF to safetensors (~35 s): the app's first start and the
 # tests load the converted copy.
-if [ ! -f "${TOPL_CACHE_DIR:-cache}/models/smollm2-135m/config.json" ]; then
-  .venv/bin/python -c "from topl_core.models import converted_embedded_dir; converted_embedded_dir('smollm2-135m')" \
-    || echo "warning: could not convert SmolLM2 now; the first load will try again (see the message above)" >&2
+default_model=$(.venv/bin/python -c "from topl_core.presets import DEFAULT_MODEL; print(DEFAULT_MODEL)")  # 0.1 s
+if [ ! -f "${TOPL_CACHE_DIR:-cache}/models/$default_model/config.json" ]; then
+  .venv/bin/python -c "from topl_core.models import converted_embedded_dir; converted_embedded_dir('$default_model')" \
+    || echo "warning: could not convert $default_model now; the first load will try again (see above)" >&2
 fi
 
 # Headless Chromium for tests/test_browser.py (Debian's package; Playwright drives it by executable path).
