@@ -20,7 +20,7 @@ from pages._ui.datasets import dataset_paths
 from pages._ui.evaluations import evaluations_dir, read_evaluation
 from pages._ui.render import csv_download, plot, rho_text
 from pages._ui.runs import finished_runs
-from pages._ui.spec import current_model_name, current_spec, split_spec
+from pages._ui.spec import current_model_name, current_precision, current_spec, split_spec
 from topl_core import jobs
 from topl_core.analysis.steering import MODES
 from topl_core.paths import inside
@@ -151,6 +151,8 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
                 scorer.strip() or "grounding",
                 "--device",
                 device,
+                "--precision",
+                current_precision(),
                 "--json",
                 str(out / "eval.json"),
                 "--csv",
@@ -235,7 +237,7 @@ with st.expander("Start a translation evaluation (the paper's second task)"):
             out = inside(EVALS, mt_name, "Evaluation name")
             args = ["evaluate-mt", "--lang-pair", lang_pair, "--n-id", str(int(mt_n_id))]
             args += ["--n-ood", str(int(mt_n_ood)), "--max-new-tokens", str(int(mt_max_new))]
-            args += ["--scorer", mt_scorer.strip() or "chrf", "--device", device]
+            args += ["--scorer", mt_scorer.strip() or "chrf", "--device", device, "--precision", current_precision()]
             args += ["--json", str(out / "eval.json"), "--csv", str(out / "per_doc.csv")]
             for flag, value in (("--mlqe", mlqe), ("--flores", flores), ("--ood-src", ood_src), ("--ood-ref", ood_ref)):
                 if value.strip():

@@ -15,6 +15,7 @@ import streamlit as st
 
 from pages._ui.render import csv_download, plot
 from pages._ui.runs import finished_runs, run_fingerprint, run_picker
+from pages._ui.spec import current_precision
 
 st.title("LoRA-A separability")
 st.caption(
@@ -70,14 +71,16 @@ with st.form("lora_a.form", border=True):
     )
     folds = c3.number_input("CV folds", 2, 10, 5, key="lora_a.folds", persist_state="session")
     st.form_submit_button("Compute", type="primary", icon=":material/calculate:")
-st.caption(f"Method: {METHOD}")
+precision = current_precision()
+st.caption(f"Method: {METHOD} Computed in {precision} (the sidebar's compute precision).")
 
 
 results = {}
 try:
     for r in [run_a, run_b]:
         if r:
-            results[r] = lora_a_probe(r, run_fingerprint(r), ts, int(folds), bool(control))  # the same tokens for both
+            # the same tokens for both
+            results[r] = lora_a_probe(r, run_fingerprint(r), ts, precision, int(folds), bool(control))
 except Exception as e:
     st.error(f"Could not compute separability: {e}")
     st.stop()
@@ -222,16 +225,16 @@ go_umap = u3.button("Compute UMAP", key="lora_a.umap_go", icon=":material/scatte
 
 
 @st.cache_data(show_spinner="Embedding with UMAP…", max_entries=16)
-def umap_df(run: str, fp: str, ts: tuple, site: str, n_neighbors: int) -> pd.DataFrame:
+def umap_df(run: str, fp: str, ts: tuple, site: str, n_neighbors: int, precision: str) -> pd.DataFrame:
     _, records = token_set(*ts)
-    proj = run_projections(run, records, ProbeSettings(random_control=False))["lora"]
+    proj = run_projections(run, records, ProbeSettings(random_control=False, precision=precision))["lora"]
     return umap_embedding(proj.labelled(), site, n_neighbors=n_neighbors)
 
 
 if go_umap or st.session_state.get("lora_a.umap_shown") == (run_a, site, int(n_neighbors)):
     st.session_state["lora_a.umap_shown"] = (run_a, site, int(n_neighbors))
     try:
-        emb = umap_df(run_a, run_fingerprint(run_a), ts, site, int(n_neighbors))
+        emb = umap_df(run_a, run_fingerprint(run_a), ts, site, int(n_neighbors), precision)
         emb["label"] = emb["label"].map({1: "good", 0: "bad", -1: "unlabelled"})
         fig = px.scatter(
             emb,

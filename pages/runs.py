@@ -16,6 +16,7 @@ import streamlit as st
 from pages._ui.evaluations import run_factuality
 from pages._ui.render import csv_download, plot, rho_text
 from pages._ui.runs import all_runs, open_by_reference, run_fingerprint
+from pages._ui.spec import current_precision
 from pages._ui.token_sets import default_token_set, lora_a_probe
 from topl_core.adapters import open_adapter
 from topl_core.analysis.indicator import MIN_ADAPTERS_FOR_RHO, indicator_table
@@ -189,7 +190,7 @@ with tab_results:
     ):
         ts = default_token_set(paths[chosen[0]])
         try:
-            probes = {n: lora_a_probe(p, run_fingerprint(p), ts) for n, p in paths.items()}
+            probes = {n: lora_a_probe(p, run_fingerprint(p), ts, current_precision()) for n, p in paths.items()}
         except Exception as e:  # a run without LoRA on any probed site, an unreadable token set, ...
             st.error(f"Could not compute LoRA-A separability: {e}")
         else:

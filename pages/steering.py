@@ -25,14 +25,15 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from pages._ui.datasets import dataset_picker, records_of
-from pages._ui.models import MAX_MODELS, base_model, load_error, merged_model, resource_lock
+from pages._ui.models import MAX_MODELS, base_model, load_error, merged_model, resource_lock, step_error
 from pages._ui.render import csv_download, diff_html, plot, text_box
 from pages._ui.runs import run_fingerprint, run_picker
-from pages._ui.spec import current_spec
+from pages._ui.spec import current_precision, current_spec
 
 try:  # the token sets are read with the analysis core too
     from pages._ui.token_sets import token_set, token_set_picker
     from topl_core.analysis.fluency import fluency
+    from topl_core.analysis.probe import ProbeSettings
     from topl_core.analysis.scorers import GroundingScorer, count_sentences, score_summary, scorer_quality
     from topl_core.analysis.steering import UNIT_FRACTION, SteerConfig, SteeringSession, build_steering_vectors
 except ImportError as e:
@@ -60,7 +61,7 @@ MODE_HELP = (
     "with the LoRA-B vector's length: if these move the text as much, the LoRA-B direction carries nothing special."
 )
 
-spec = current_spec()
+spec, precision = current_spec(), current_precision()
 top = st.columns([2, 1, 1])
 run = run_picker("Adapter", key="steer.run", default_method="topl", container=top[0])
 if run is None:
@@ -91,28 +92,38 @@ with st.expander("Token set for μ+ / μ− and the site AUROCs", expanded=False
 
 
 @st.cache_resource(show_spinner="Computing steering vectors (projections cached on disk)…", max_entries=2 * MAX_MODELS)
-def steering_session(spec: str, run: str, fp: str, ts: tuple, top_k: int) -> SteeringSession:
+def steering_session(spec: str, run: str, fp: str, ts: tuple, top_k: int, precision: str) -> SteeringSession:
     """Merged model (shared, never mutated) + the run's steering vectors. One per (spec, run fingerprint, …)."""
     _, records = token_set(*ts)
     merged = merged_model(spec, run, fp)
+    settings = ProbeSettings(random_control=False, precision=precision)
     with resource_lock(f"merged:{spec}:{run}"):  # the site outputs are read with a forward on the shared model
-        vectors = build_steering_vectors(run, records, top_k=top_k, merged=merged)
+        vectors = build_steering_vectors(run, records, settings, top_k=top_k, merged=merged)
     return SteeringSession(merged, vectors)
 
 
 @st.cache_data(show_spinner=False, max_entries=1024)
 def steered_text(
-    spec: str, run: str, fp: str, ts: tuple, top_k: int, document: str, lam: float, max_new: int, how: SteerConfig
+    spec: str,
+    run: str,
+    fp: str,
+    ts: tuple,
+    top_k: int,
+    precision: str,
+    document: str,
+    lam: float,
+    max_new: int,
+    how: SteerConfig,
 ) -> str:
-    sess = steering_session(spec, run, fp, ts, top_k)
-    return sess.generate_steered(document, lam, GenerationConfig(max_new_tokens=max_new), how=how)
+    sess = steering_session(spec, run, fp, ts, top_k, precision)
+    return sess.generate_steered(document, lam, GenerationConfig(max_new_tokens=max_new, precision=precision), how=how)
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
-def base_text(spec: str, document: str, max_new: int) -> str:
+def base_text(spec: str, precision: str, document: str, max_new: int) -> str:
     lm = base_model(spec)
     with resource_lock(f"base:{spec}"):
-        return generate(lm, [document], GenerationConfig(max_new_tokens=max_new))[0]
+        return generate(lm, [document], GenerationConfig(max_new_tokens=max_new, precision=precision))[0]
 
 
 @st.cache_resource
@@ -152,9 +163,14 @@ def quality_caption(document: str, text: str) -> str:
 
 
 try:
-    session = steering_session(spec, run, fp, ts, top_k)
+    merged_model(spec, run, fp)
 except Exception as e:
     load_error(e)
+    st.stop()
+try:
+    session = steering_session(spec, run, fp, ts, top_k, precision)
+except Exception as e:
+    step_error(f"compute the steering vectors ({precision})", e)
     st.stop()
 vec = session.vectors
 lo, hi = (float(x) for x in vec.lambda_range)
@@ -232,11 +248,11 @@ if how.mode != "conditional":
     )
 try:
     with st.spinner("Generating…"):
-        t_base = base_text(spec, document, max_new)
-        t_merged = steered_text(spec, run, fp, ts, top_k, document, neutral, max_new, how)
-        t_steered = steered_text(spec, run, fp, ts, top_k, document, round(float(lam), 6), max_new, how)
+        t_base = base_text(spec, precision, document, max_new)
+        t_merged = steered_text(spec, run, fp, ts, top_k, precision, document, neutral, max_new, how)
+        t_steered = steered_text(spec, run, fp, ts, top_k, precision, document, round(float(lam), 6), max_new, how)
 except Exception as e:
-    load_error(e)
+    step_error(f"generate the summaries ({precision})", e)
     st.stop()
 
 cols = st.columns(3, gap="medium")
@@ -341,7 +357,7 @@ with right:
         bar = st.progress(0.0, text="Generating over the λ grid…")
         rows = []
         for j, g in enumerate(GRID):
-            t = steered_text(spec, run, fp, ts, top_k, document, g, max_new, how)
+            t = steered_text(spec, run, fp, ts, top_k, precision, document, g, max_new, how)
             f = text_fluency(spec, t)
             rows.append(
                 {

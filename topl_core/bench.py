@@ -5,7 +5,8 @@ shared machines). Definitions:
 
 - matmul_peak_tflops_{fp32,bf16}: best of several large square matmuls (2·n³ FLOPs each); n grows from 256 to
   2048 while one matmul stays under a second (on a CPU that emulates bf16, a 2048² bf16 matmul takes a minute).
-- precision: the compute precision the benchmark resolved ("auto", topl_core.precision) and trains in.
+- precision: the compute precision the benchmark resolved (--precision, "auto" by default: topl_core.precision) and
+  runs every phase in.
 - train_mfu: TOPL training FLOPs per second over the peak of that precision. FLOPs counted for the layers that actually
   run (0..m, no LM head): forward 2·N_run + attention 2·L·T·d (causal half of 4·L·T·d) per token; backward the same
   again (gradients w.r.t. activations only — the base weights are frozen, so no weight gradients; LoRA's own
@@ -56,7 +57,7 @@ from .executor import ExecutorConfig
 from .io import write_json
 from .models import LoadedModel, load_model
 from .paths import cache_dir
-from .precision import resolve_precision
+from .precision import autocast, resolve_precision
 from .presets import DEFAULT_MODEL
 from .progress import Bar
 from .runs import RunDir
@@ -152,7 +153,9 @@ def sweep_flops_ratio(windows: list[tuple[int, int]]) -> float:
 N_PHASES = 7  # the phase(...) calls in run_bench: peaks, TOPL, SFT, capture, generation, heatmap, sweep
 
 
-def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[[str], None] = print) -> dict:
+def run_bench(
+    quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[[str], None] = print, precision: str = "auto"
+) -> dict:
     res: dict = {"quick": quick, "model": model, "threads": torch.get_num_threads()}
     work = Path(tempfile.mkdtemp(prefix="topl-bench-"))
     env = {**os.environ, "TOPL_CACHE_DIR": str(work / "cache"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -178,7 +181,7 @@ def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[
     phase("matmul peaks")
     res["matmul_peak_tflops_fp32"] = matmul_peak_tflops(torch.float32)
     res["matmul_peak_tflops_bf16"] = matmul_peak_tflops(torch.bfloat16)
-    res["precision"] = precision = resolve_precision("auto")
+    res["precision"] = precision = resolve_precision(precision)
 
     lm = load_model(model)
     head_layer = round(lm.num_layers * 2 / 3)  # m = 20 of SmolLM2's 30 layers
@@ -236,11 +239,12 @@ def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[
 
     @torch.no_grad()
     def plain() -> None:
-        peft(input_ids=b.input_ids, attention_mask=b.attention_mask)
+        with autocast(precision, "cpu"):
+            peft(input_ids=b.input_ids, attention_mask=b.attention_mask)
 
     @torch.no_grad()
     def captured() -> None:
-        with capture_lora(peft) as cap:
+        with capture_lora(peft) as cap, autocast(precision, "cpu"):
             cap.run(b.input_ids, b.attention_mask, select)
 
     with capture_lora(peft) as cap:
@@ -251,7 +255,7 @@ def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[
     peft = None  # free the all-layer copy before generation (a `del` would leave the closures above unbound)
 
     phase("steered vs plain generation")
-    vectors = build_steering_vectors(topl_dir, test, top_k=4)
+    vectors = build_steering_vectors(topl_dir, test, ProbeSettings(random_control=False, precision=precision), top_k=4)
     merged = load_adapter(load_model(model), topl_dir, merge=True)
     prompt = build_prompt(lm.tokenizer, test[0].document[:1500])
     ids = lm.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
@@ -259,9 +263,14 @@ def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[
 
     @torch.no_grad()
     def gen() -> None:
-        merged.generate(
-            **ids, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id
-        )
+        with autocast(precision, "cpu"):
+            merged.generate(
+                **ids,
+                max_new_tokens=n_new,
+                min_new_tokens=n_new,
+                do_sample=False,
+                pad_token_id=lm.tokenizer.pad_token_id,
+            )
 
     def gen_steered() -> None:
         with steer(merged, vectors, 2.0):
@@ -273,7 +282,7 @@ def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[
     res["generate_tokens_per_s"] = n_new / t_plain
 
     phase("heatmap (compute, then reload)")
-    settings = ProbeSettings(random_control=False)
+    settings = ProbeSettings(random_control=False, precision=precision)
     probe_run(topl_dir, test, settings)  # compute and cache
     t = time.perf_counter()
     probe_run(topl_dir, test, settings)
@@ -284,7 +293,14 @@ def run_bench(quick: bool, data: str, model: str = DEFAULT_MODEL, log: Callable[
     sizes = [k for k in ((3, 6) if quick else (3, 6, 12)) if k <= lm.num_layers]
     windows = tuple((w.start, w.size) for w in plan_windows(lm.num_layers, sizes, 12 if quick else 3))
     sweep_train = TrainConfig(
-        model=model, data=data, steps=2, batch_size=8, eval_every=1000, checkpoint_every=1000, max_val_examples=8
+        model=model,
+        data=data,
+        steps=2,
+        batch_size=8,
+        eval_every=1000,
+        checkpoint_every=1000,
+        max_val_examples=8,
+        precision=precision,
     )
     sweep_records = records[:160]
     timings = {}
@@ -390,13 +406,15 @@ def format_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def main(quick: bool, data: str, json_path: str | None, model: str, executors: bool = False) -> dict:
+def main(
+    quick: bool, data: str, json_path: str | None, model: str, executors: bool = False, precision: str = "auto"
+) -> dict:
     t = time.perf_counter()
     if executors:
         res = benchmark_executors(model, data)
     else:
         with Bar("bench phases", total=N_PHASES) as bar:  # each phase's log line starts a stage
-            res = run_bench(quick, data, model, log=bar.stage)
+            res = run_bench(quick, data, model, log=bar.stage, precision=precision)
     res["bench_wall_s"] = time.perf_counter() - t
     print(format_table(res))
     if json_path:

@@ -55,6 +55,14 @@ def head_features(
     return final_norm(model)(hidden_after_layer(model, input_ids, attention_mask, layer))
 
 
+def head_probability(head: torch.nn.Linear, features: torch.Tensor) -> torch.Tensor:
+    """p(good) = σ(head(H)) per token, (B, T, d) → (B, T), in float32 outside autocast: a bf16 head logit carries 8
+    mantissa bits, so near-equal tokens would tie and the detection AUROC would move with the precision."""
+    bias = None if head.bias is None else head.bias.float()
+    with torch.autocast(device_type=features.device.type, enabled=False):
+        return torch.sigmoid(F.linear(features.float(), head.weight.float(), bias).squeeze(-1))
+
+
 def lm_head_logits(lm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """The causal LM's output head on `hidden` (N, d) → (N, vocab) float32 logits: computed in float32 outside
     autocast (bf16 logits would quantise log-probs to ~0.1 nats), then the model's final logit soft-cap when its

@@ -11,6 +11,7 @@ import torch
 from .adapters import load_adapter
 from .data.encode import build_prompt, truncate_document
 from .models import LoadedModel, ModelSpec, load_model
+from .precision import PRECISIONS, Precision, autocast
 
 
 @dataclass(frozen=True)
@@ -22,8 +23,13 @@ class GenerationConfig:
     seed: int = 0
     max_doc_tokens: int | None = 512
     batch_size: int = 4
+    # compute precision of the forward passes (bf16 = autocast); "auto" resolves for the model's device when it
+    # generates: callers that key a cache by this config resolve it first (EvalConfig does)
+    precision: Precision = "auto"
 
     def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r}: choose one of {PRECISIONS} ('auto' follows the hardware).")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens}: must be at least 1.")
         if self.mode not in ("greedy", "sample"):
@@ -62,16 +68,17 @@ def generate(
             enc = {k: v.to(model.device) for k, v in enc.items()}
             if cfg.mode == "sample":
                 torch.manual_seed(cfg.seed + i)
-            out = model.generate(
-                **enc,
-                max_new_tokens=cfg.max_new_tokens,
-                do_sample=cfg.mode == "sample",
-                temperature=cfg.temperature if cfg.mode == "sample" else None,
-                top_p=cfg.top_p if cfg.mode == "sample" else None,
-                top_k=None,
-                pad_token_id=tok.pad_token_id,
-                eos_token_id=tok.eos_token_id,
-            )
+            with autocast(cfg.precision, model.device.type):
+                out = model.generate(
+                    **enc,
+                    max_new_tokens=cfg.max_new_tokens,
+                    do_sample=cfg.mode == "sample",
+                    temperature=cfg.temperature if cfg.mode == "sample" else None,
+                    top_p=cfg.top_p if cfg.mode == "sample" else None,
+                    top_k=None,
+                    pad_token_id=tok.pad_token_id,
+                    eos_token_id=tok.eos_token_id,
+                )
             new = out[:, enc["input_ids"].shape[1] :]
             outputs.extend(t.strip() for t in tok.batch_decode(new, skip_special_tokens=True))
     finally:

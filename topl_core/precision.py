@@ -8,8 +8,10 @@ sub-second matmul probe (cached per machine under cache/machine/) confirm bf16 i
 supports it, float32 on CPU, where bf16 compute comes from autocast over float32 weights (merging a LoRA into bf16
 weights rounds the delta away — README, merge-check).
 
-Configs resolve "auto" when they are built (TrainConfig, ProbeSettings, ModelSpec), so every run directory and cache
-key records the precision that actually ran.
+TOPL_PRECISION=fp32|bf16 makes every "auto" mean that precision (the app's and every command's default; the test
+suite pins fp32 this way, and forces bf16 where it tests the bf16 path). Configs resolve "auto" when they are built
+(TrainConfig, ProbeSettings, EvalConfig, ModelSpec), so every run directory and cache key records the precision that
+actually ran. Tensors leave torch through `to_numpy` (float32: numpy has no bfloat16).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import platform
 import time
 import typing
@@ -24,6 +27,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 
 from .io import write_json
@@ -35,6 +39,7 @@ PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 Dtype = Literal["auto", "float32", "bfloat16"]
 DTYPES: tuple[str, ...] = typing.get_args(Dtype)
 
+PRECISION_ENV = "TOPL_PRECISION"  # "fp32" / "bf16": what "auto" means on this machine, overriding the probe
 PROBE_SIZE = 256  # matmul side: ~0.5 ms in fp32, ~35 ms in emulated bf16 on one core of an AVX2 EPYC
 PROBE_REPEATS = 5
 
@@ -147,13 +152,22 @@ def bf16_native(device: str) -> bool:
     return cuda_bf16() if device == "cuda" else cpu_bf16_probe().native
 
 
+def chosen_default() -> ResolvedPrecision | None:
+    """The precision TOPL_PRECISION names ("fp32" or "bf16") for every "auto" in this process and the processes it
+    starts — a machine-wide choice (and how the test suite pins fp32) — or None when it is unset or "auto"."""
+    value = os.environ.get(PRECISION_ENV, "auto").strip() or "auto"
+    if value not in PRECISIONS:
+        raise ValueError(f"{PRECISION_ENV}={value!r}: choose one of {PRECISIONS}, or unset it (auto).")
+    return None if value == "auto" else value  # type: ignore[return-value]
+
+
 def resolve_precision(precision: str, device: str = "cpu") -> ResolvedPrecision:
-    """ "auto" → "bf16" where the device computes bf16 natively and fast, else "fp32". An explicit "bf16" on a CPU
-    without native bf16 is kept but warned about, with the measured slowdown."""
+    """ "auto" → TOPL_PRECISION when set, else "bf16" where the device computes bf16 natively and fast, else "fp32".
+    An explicit "bf16" on a CPU without native bf16 is kept but warned about, with the measured slowdown."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: choose one of {PRECISIONS} ('auto' follows the hardware).")
     if precision == "auto":
-        return "bf16" if bf16_native(device) else "fp32"
+        precision = chosen_default() or ("bf16" if bf16_native(device) else "fp32")
     if precision == "bf16" and device == "cpu" and not cpu_bf16_probe().native:
         _warn_slow_bf16()
     return precision  # type: ignore[return-value]
@@ -185,6 +199,8 @@ def describe_precision(requested: str, device: str = "cpu") -> str:
     why = (
         ("GPU bf16 support" if cuda_bf16() else "GPU without bf16") if device == "cuda" else cpu_bf16_probe().describe()
     )
+    if requested == "auto" and chosen_default():
+        return f"{resolved} (auto: {PRECISION_ENV}={resolved}; the hardware: {why})"
     return f"{resolved} ({'auto' if requested == 'auto' else 'chosen'}: {why})"
 
 
@@ -193,3 +209,15 @@ def autocast(precision: str, device: str):
     return torch.autocast(
         device_type=device, dtype=torch.bfloat16, enabled=resolve_precision(precision, device) == "bf16"
     )
+
+
+def full_precision(device: str):
+    """Autocast switched off inside a bf16 region: float32 arithmetic for small exact work (a hook's projection onto
+    LoRA-A, a probe's features) whose inputs the caller casts with `.float()`."""
+    return torch.autocast(device_type=device, enabled=False)
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """The one way tensors leave torch: detached, on the CPU, as float32 (numpy has no bfloat16; a bf16 tensor from
+    an autocast region raised "Got unsupported ScalarType BFloat16")."""
+    return t.detach().to(device="cpu", dtype=torch.float32).numpy()

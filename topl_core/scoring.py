@@ -15,10 +15,10 @@ from .adapters import load_adapter, open_adapter
 from .data.encode import IGNORE, Encoded, collate, encode_record
 from .data.records import Record
 from .errors import RunError
-from .forward import head_features, next_token_logprobs
+from .forward import head_features, head_probability, next_token_logprobs
 from .metrics import auroc
 from .models import LoadedModel
-from .precision import autocast, resolve_precision
+from .precision import autocast, resolve_precision, to_numpy
 
 
 @dataclass(frozen=True)
@@ -90,14 +90,14 @@ class TokenScorer:
                 chunk = encoded[i : i + batch_size]
                 b = collate(chunk, self.tokenizer.pad_token_id).to(self.model.device)
                 with autocast(self.precision, self.device):
-                    p = torch.sigmoid(
-                        self.head(head_features(self.model, b.input_ids, b.attention_mask, self.head_layer)).squeeze(-1)
+                    p = head_probability(
+                        self.head, head_features(self.model, b.input_ids, b.attention_mask, self.head_layer)
                     )
                     with self.model.disable_adapter():
                         lp = next_token_logprobs(self.model, b.input_ids, b.attention_mask, b.response_mask)
                         q = self._probe_on_base(b) if self.probe_on_base is not None else None
-                p, s = p.float().cpu().numpy(), (-lp).float().cpu().numpy()
-                q = q.float().cpu().numpy() if q is not None else None
+                p, s = to_numpy(p), to_numpy(-lp)
+                q = to_numpy(q) if q is not None else None
                 for j, e in enumerate(chunk):
                     sl = slice(e.response_start, e.response_end)
                     out.append(
@@ -118,7 +118,7 @@ class TokenScorer:
     def _probe_on_base(self, b) -> torch.Tensor:
         """p(good) of the probe_on_base head on the base model's states (called with the adapter disabled)."""
         layer, head = self.probe_on_base
-        return torch.sigmoid(head(head_features(self.model, b.input_ids, b.attention_mask, layer)).squeeze(-1))
+        return head_probability(head, head_features(self.model, b.input_ids, b.attention_mask, layer))
 
     def score_text(self, document: str, response: str) -> TokenScores:
         return self.score([Record(id="input", document=document, response=response, token_labels_known=False)])[0]

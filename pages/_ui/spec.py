@@ -1,4 +1,5 @@
-"""The model spec every page shares: a string "name|dtype|device" in st.session_state, set by the sidebar picker."""
+"""The model spec every page shares: a string "name|dtype|device" in st.session_state, set by the sidebar picker,
+and the analysis pages' compute precision (current_precision), set beside it."""
 
 from __future__ import annotations
 
@@ -7,11 +8,19 @@ import os
 import streamlit as st
 
 from topl_core.models import EMBEDDED, ModelSpec
-from topl_core.precision import DTYPES, describe_precision, resolve_dtype
+from topl_core.precision import (
+    DTYPES,
+    PRECISIONS,
+    ResolvedPrecision,
+    describe_precision,
+    resolve_dtype,
+    resolve_precision,
+)
 from topl_core.presets import DEFAULT_MODEL
 from topl_core.tiny_models import TINY_FAMILIES
 
 SPEC_KEY = "model_spec"  # session_state: "name|dtype|device"
+PRECISION_KEY = "sidebar.precision"  # session_state: the analysis pages' compute precision, "auto" / "fp32" / "bf16"
 CUSTOM = "Hugging Face id or local path…"
 
 
@@ -32,6 +41,13 @@ def split_spec(key: str) -> tuple[str, str, str]:
 
 def current_spec() -> str:
     return st.session_state.get(SPEC_KEY) or default_spec()
+
+
+def current_precision() -> ResolvedPrecision:
+    """The analysis pages' compute precision (the sidebar's), resolved for the current device: pass it to cached
+    computations, so that results of one precision are never served for the other."""
+    device = split_spec(current_spec())[2]
+    return resolve_precision(st.session_state.get(PRECISION_KEY, "auto"), device)
 
 
 def current_model_name() -> str:
@@ -64,6 +80,7 @@ def sidebar_model_picker() -> str:
         st.session_state["sidebar.model_custom"] = "" if name in choices else name
         st.session_state["sidebar.dtype"] = dtype
         st.session_state["sidebar.device"] = device
+        st.session_state[PRECISION_KEY] = "auto"
     choice = st.sidebar.selectbox(
         "Model",
         choices,
@@ -100,7 +117,17 @@ def sidebar_model_picker() -> str:
             help="auto: float32 on CPU (bf16 compute there comes from autocast, where the CPU has it), "
             "bfloat16 on a GPU with bf16 support.",
         )
-        st.caption(f"compute precision here: {describe_precision('auto', device)}")
+        st.selectbox(
+            "compute precision",
+            PRECISIONS,
+            key=PRECISION_KEY,
+            persist_state="session",
+            format_func=lambda p: f"auto → {resolve_precision('auto', device)}" if p == "auto" else p,
+            help="What the analysis pages compute in (LoRA-A capture, steering, token scores, generation): bf16 = "
+            "autocast. auto = TOPL_PRECISION when set, else bf16 only where this device computes it natively and "
+            "fast. Training and sweeps take theirs on their own forms.",
+        )
+        st.caption(f"here: {describe_precision(st.session_state[PRECISION_KEY], device)}")
     spec = f"{name}|{resolve_dtype(st.session_state['sidebar.dtype'], device)}|{device}"  # "auto" resolved: one key
     st.session_state[SPEC_KEY] = spec
     return spec

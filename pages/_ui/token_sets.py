@@ -77,10 +77,11 @@ def token_set_picker(prefix: str, run_path: str, container=st, default_limit: in
 
 
 @st.cache_data(show_spinner="Capturing LoRA-A projections and scoring every site (cached on disk)…", max_entries=16)
-def lora_a_probe(run: str, fp: str, ts: tuple, folds: int = 5, control: bool = True) -> ProbeResult:
+def lora_a_probe(run: str, fp: str, ts: tuple, precision: str, folds: int = 5, control: bool = True) -> ProbeResult:
     """LoRA-A separability of a run on a token set (token_set's arguments), with the random-A control; `fp` (the
     run's fingerprint) keys Streamlit's cache, the disk cache keys itself."""
     desc, records = token_set(*ts)
     if not records:
         raise ValueError("the token set holds no records with token labels")
-    return probe_run(run, records, ProbeSettings(folds=folds, random_control=control), token_set=desc)
+    settings = ProbeSettings(folds=folds, random_control=control, precision=precision)
+    return probe_run(run, records, settings, token_set=desc)

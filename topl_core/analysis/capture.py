@@ -9,12 +9,12 @@
                         keep_inputs=()) -> Projections | dict[str, Projections]
 
 How x is taken. A forward pre-hook on the LoRA layer's `base_layer` (or on the plain Linear of a merged model)
-records the layer input x, and the hook projects it with A: proj = x @ Aᵀ in float32. The base layer runs whether
-the adapter is active, disabled (`with model.disable_adapter()`) or merged, so capture works in all three; LoRA's
-dropout (which acts only on the LoRA branch) never touches x, and the model is put in eval mode for the capture
-(its previous mode is restored). A is PEFT's `lora_A[adapter].weight` unless `weights` gives A per site (for a
-merged model: `read_lora_weights(run)`). `controls` adds further named projection sets computed on the very same
-x (e.g. a random-init A: `random_lora_A(sites, ...)`).
+records the layer input x, and the hook projects it with A: proj = x @ Aᵀ in float32 (autocast off: under bf16 the
+forward itself runs in bf16, the projection does not). The base layer runs whether the adapter is active, disabled
+(`with model.disable_adapter()`) or merged, so capture works in all three; LoRA's dropout (which acts only on the
+LoRA branch) never touches x, and the model is put in eval mode for the capture (its previous mode is restored).
+A is PEFT's `lora_A[adapter].weight` unless `weights` gives A per site (for a merged model: `read_lora_weights(run)`).
+`controls` adds further named projection sets computed on the very same x (e.g. a random-init A: `random_lora_A`).
 
 The forward stops right after the last site's decoder layer (an early exit; later layers and the LM head never
 run). Hooks are registered inside `try` and removed in `finally`, on every exit path.
@@ -34,7 +34,7 @@ import torch
 from ..data.encode import IGNORE, Encoded, collate, encode_record
 from ..data.records import Record
 from ..forward import hidden_after_layer
-from ..precision import autocast
+from ..precision import autocast, full_precision, to_numpy
 from .sites import Site, input_module, lora_sites, lora_weights, sort_sites
 
 Select = Literal["labelled", "response"]
@@ -155,10 +155,11 @@ class Capture:
             if self._select is None or threading.get_ident() != self._thread:
                 return None
             x = args[0][self._select].float()  # (n, d_in): selected tokens, row-major (batch, position)
-            for name, A in mats.items():
-                self._chunks[name][site.key].append((x @ A.to(x.device).T).cpu().numpy())
+            with full_precision(x.device.type):  # under bf16 autocast the forward runs in bf16, A·x in float32
+                for name, A in mats.items():
+                    self._chunks[name][site.key].append(to_numpy(x @ A.to(x.device).T))
             if site.key in self.keep_inputs:
-                self._inputs[site.key].append(x.cpu().numpy())
+                self._inputs[site.key].append(to_numpy(x))
             return None
 
         return pre_hook

@@ -46,6 +46,7 @@ from ..executor import ExecutorConfig, failure_report, run_tasks, worker_memo
 from ..generate import GenerationConfig, generate, load_merged
 from ..models import ModelSpec, load_model
 from ..paths import DEFAULT_DATA, cliff_csv, project_path
+from ..precision import Precision, resolve_precision
 from ..presets import DEFAULT_MODEL
 from .cache import JSON, cached
 from .fluency import Fluency, fluency, perplexities
@@ -110,15 +111,20 @@ class EvalConfig:
     top_k: int = 4  # steered sites
     model: str = DEFAULT_MODEL  # base model when no run names one
     device: str = "cpu"
+    precision: Precision = "auto"  # of the generations; resolved for `device` when built (topl_core.precision)
 
     def __post_init__(self) -> None:
         if self.n_id < 0 or self.n_ood < 0 or self.n_id + self.n_ood == 0:
             raise ValueError(f"n_id={self.n_id}, n_ood={self.n_ood}: evaluate at least one document (both >= 0).")
+        object.__setattr__(self, "precision", resolve_precision(self.precision, self.device))
 
     @property
     def generation(self) -> GenerationConfig:
         return GenerationConfig(
-            max_new_tokens=self.max_new_tokens, max_doc_tokens=self.max_doc_tokens, batch_size=self.batch_size
+            max_new_tokens=self.max_new_tokens,
+            max_doc_tokens=self.max_doc_tokens,
+            batch_size=self.batch_size,
+            precision=self.precision,
         )
 
 
@@ -253,7 +259,8 @@ def steering_vectors_for(adapter, cfg: EvalConfig, use_cache: bool = True):
     adapter = open_adapter(adapter)
     tcfg = adapter.settings
     records = labelled_records(split_records(read_jsonl(project_path(tcfg.data)), seed=tcfg.split_seed)["val"])
-    return build_steering_vectors(adapter, records, ProbeSettings(random_control=False), cfg.top_k, use_cache=use_cache)
+    settings = ProbeSettings(random_control=False, precision=cfg.precision)
+    return build_steering_vectors(adapter, records, settings, cfg.top_k, use_cache=use_cache)
 
 
 def variant_model(v: Variant, default_model: str, device: str):

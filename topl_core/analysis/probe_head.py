@@ -18,7 +18,7 @@ settings — never written into the adapter's folder.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -28,11 +28,11 @@ from ..adapters import load_adapter, open_adapter
 from ..data.encode import collate, encode_record
 from ..data.records import Record
 from ..data.split import split_records
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..forward import head_features
 from ..metrics import auroc
 from ..models import ModelSpec, load_model
-from ..precision import autocast, resolve_precision
+from ..precision import PRECISIONS, Precision, autocast, resolve_precision, to_numpy
 from .cache import cached, json_codec, records_fingerprint
 from .separability import fit_logistic
 from .sites import lora_sites
@@ -45,8 +45,12 @@ class ProbeHeadSettings:
     max_val_records: int = 24
     C: float = 1.0  # inverse L2 strength, as sklearn's LogisticRegression
     batch_size: int = 4
-    precision: str = "auto"
+    precision: Precision = "auto"  # resolved for the adapter's device before it keys the cache (fit_probe_head)
     split_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"ProbeHeadSettings.precision={self.precision!r}: choose one of {PRECISIONS}.")
 
 
 @dataclass(frozen=True)
@@ -86,15 +90,15 @@ def default_probe_layer(adapter, model: torch.nn.Module) -> int:
 
 
 @torch.no_grad()
-def _features(model, tokenizer, records: Sequence[Record], layer: int, cfg, settings: ProbeHeadSettings, precision):
+def _features(model, tokenizer, records: Sequence[Record], layer: int, cfg, settings: ProbeHeadSettings):
     """(H at every labelled response token, its label 1 good / 0 bad)."""
     xs, ys = [], []
     encoded = [encode_record(tokenizer, r, cfg.max_doc_tokens, cfg.max_response_tokens) for r in records]
     for i in range(0, len(encoded), settings.batch_size):
         chunk = encoded[i : i + settings.batch_size]
         b = collate(chunk, tokenizer.pad_token_id).to(model.device)
-        with autocast(precision, model.device.type):
-            h = head_features(model, b.input_ids, b.attention_mask, layer).float().cpu().numpy()
+        with autocast(settings.precision, model.device.type):
+            h = to_numpy(head_features(model, b.input_ids, b.attention_mask, layer))
         for j, e in enumerate(chunk):
             labels = e.response_labels
             keep = labels >= 0
@@ -117,6 +121,9 @@ def fit_probe_head(
     model's: the frozen-probe control) from the labelled tokens of `records`' training split; report its token
     AUROC on their validation split. Cached by adapter fingerprint + records + settings."""
     adapter = open_adapter(adapter)
+    settings = replace(
+        settings, precision=resolve_precision(settings.precision, adapter.device)
+    )  # the key says what ran
     labelled = [r for r in records if r.token_labels_known]
     if not labelled:
         raise DataError(
@@ -137,13 +144,12 @@ def fit_probe_head(
         lm = base or load_model(ModelSpec(adapter.base_model, "float32", adapter.device))
         model = load_adapter(lm, adapter)
         layer = settings.layer if settings.layer is not None else default_probe_layer(adapter, model)
-        precision = resolve_precision(settings.precision, adapter.device)
 
         def features(recs):
             if adapter_enabled:
-                return _features(model, lm.tokenizer, recs, layer, cfg, settings, precision)
+                return _features(model, lm.tokenizer, recs, layer, cfg, settings)
             with model.disable_adapter():
-                return _features(model, lm.tokenizer, recs, layer, cfg, settings, precision)
+                return _features(model, lm.tokenizer, recs, layer, cfg, settings)
 
         X, y = features(train)
         if len(set(y.tolist())) < 2:

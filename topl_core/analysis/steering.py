@@ -53,6 +53,7 @@ from ..errors import ModelError
 from ..generate import GenerationConfig, generate, load_merged
 from ..io import save_tensors, write_json
 from ..models import LoadedModel, ModelSpec
+from ..precision import to_numpy
 from .cache import cached, json_codec, records_fingerprint
 from .capture import DEFAULT_SET, Projections, collect_projections
 from .control_vector import control_vector_layers, model_hint_for, write_control_vector
@@ -418,7 +419,7 @@ def site_outputs(
             )
         weights[s] = m.weight.detach()
         if m.bias is not None:
-            bias[s.key] = m.bias.detach().float().cpu().numpy()
+            bias[s.key] = to_numpy(m.bias)
     out = collect_projections(
         lm.model,
         lm.tokenizer,

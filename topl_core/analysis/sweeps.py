@@ -211,7 +211,11 @@ def _generation_factuality(cfg: SweepConfig, run: RunDir, records) -> dict:
     docs = [r.document for r in first_documents(test, cfg.n_generate)]
     lm = load_merged(ModelSpec(cfg.train.model, "float32", cfg.train.device), run)
     texts = generate(
-        lm, docs, GenerationConfig(max_new_tokens=cfg.max_new_tokens, max_doc_tokens=cfg.train.max_doc_tokens)
+        lm,
+        docs,
+        GenerationConfig(
+            max_new_tokens=cfg.max_new_tokens, max_doc_tokens=cfg.train.max_doc_tokens, precision=cfg.train.precision
+        ),
     )
     scorer = make_scorer(cfg.scorer)
     scores = [score_summary(scorer, d, t, "sentence") for d, t in zip(docs, texts)]

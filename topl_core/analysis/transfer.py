@@ -70,7 +70,7 @@ from ..io import read_log_rows
 from ..metrics import auroc, weighted_aurocs
 from ..models import ModelSpec, load_model
 from ..paths import cliff_csv, project_path
-from ..precision import PRECISIONS, autocast, resolve_precision
+from ..precision import PRECISIONS, autocast, resolve_precision, to_numpy
 from ..scoring import TokenScorer
 from .cache import NPZ, PARQUET, analysis_cache_dir, cached, records_fingerprint
 from .probe_head import ProbeHeadSettings, fit_probe_head
@@ -295,7 +295,7 @@ def transfer_table(
                 "set": records_fingerprint(recs),
                 "train": records_fingerprint(labelled),
                 "probe_records": settings.probe_records,
-                "precision": settings.precision,
+                "precision": resolve_precision(settings.precision, adapter.device),
             }
             arrays = cached(
                 "transfer",
@@ -335,7 +335,7 @@ def _features_by_layer(
             b = collate(chunk, tokenizer.pad_token_id).to(model.device)
             with autocast(precision, model.device.type):
                 hidden_after_layer(model, b.input_ids, b.attention_mask, max(layers))
-                normed = {layer: norm(captured[layer]).float().cpu().numpy() for layer in layers}
+                normed = {layer: to_numpy(norm(captured[layer])) for layer in layers}
             for j, e in enumerate(chunk):
                 mask = e.response_labels != IGNORE
                 labels.append(e.response_labels[mask])
@@ -371,7 +371,7 @@ def layer_scan(
         "sets": {name: records_fingerprint(recs) for name, recs in sets.items()},
         "train": records_fingerprint(train),
         "adapter_enabled": adapter_enabled,
-        "precision": settings.precision,
+        "precision": resolve_precision(settings.precision, adapter.device),
     }
 
     def compute() -> pd.DataFrame:

@@ -27,6 +27,7 @@ from ..data.mlqe import load_mlqe_dir
 from ..data.records import utf8_lines
 from ..errors import DataError, ScorerError
 from ..generate import GenerationConfig, generate
+from ..precision import Precision, resolve_precision
 from ..presets import DEFAULT_MODEL, FLORES_CODES, language_pair
 from .cache import JSON, cached
 from .evaluation import Variant, hub_rows, variant_model
@@ -171,13 +172,20 @@ class TranslationConfig:
     scorer: str = "chrf"
     max_new_tokens: int = 96
     batch_size: int = 8
+    precision: Precision = "auto"  # of the generations; resolved for `device` when built (topl_core.precision)
 
     def __post_init__(self) -> None:
         language_pair(self.lang_pair)  # raises on a malformed pair
+        object.__setattr__(self, "precision", resolve_precision(self.precision, self.device))
 
     @property
     def generation(self) -> GenerationConfig:
-        return GenerationConfig(max_new_tokens=self.max_new_tokens, max_doc_tokens=None, batch_size=self.batch_size)
+        return GenerationConfig(
+            max_new_tokens=self.max_new_tokens,
+            max_doc_tokens=None,
+            batch_size=self.batch_size,
+            precision=self.precision,
+        )
 
 
 def translate(variant: Variant, sources: Sequence[str], cfg: TranslationConfig, use_cache: bool = True) -> list[str]:

@@ -8,6 +8,7 @@ from ..bench import main
 from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL
 from . import COMMANDS
+from .common import add_precision_arg, announce_precision
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,8 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="only time a 4-window sweep run serially here vs as Ray tasks (one CPU each)",
     )
+    add_precision_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
-    main(args.quick, args.data, args.json, args.model, args.executors)
+    main(args.quick, args.data, args.json, args.model, args.executors, announce_precision(args.precision))

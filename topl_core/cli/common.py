@@ -11,7 +11,7 @@ from ..data.split import SPLITS, split_records
 from ..errors import ConfigError
 from ..executor import EXECUTORS, ExecutorConfig
 from ..paths import project_path
-from ..precision import DTYPES, PRECISIONS, describe_precision
+from ..precision import DTYPES, PRECISIONS, ResolvedPrecision, describe_precision, resolve_precision
 from ..presets import DEFAULT_MODEL
 
 
@@ -81,14 +81,15 @@ def add_precision_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> N
         "--precision",
         choices=PRECISIONS,
         default="auto",
-        help="compute precision (bf16 = autocast); auto = bf16 only where the device computes it natively "
-        "and fast (AMX / AVX-512-BF16 CPUs, CUDA), fp32 otherwise",
+        help="compute precision (bf16 = autocast); auto = TOPL_PRECISION when set, else bf16 only where the device "
+        "computes it natively and fast (AMX / AVX-512-BF16 CPUs, CUDA), fp32 otherwise",
     )
 
 
-def announce_precision(requested: str, device: str = "cpu") -> None:
-    """Say which precision runs and why (stderr, so tables and JSON on stdout stay clean)."""
+def announce_precision(requested: str, device: str = "cpu") -> ResolvedPrecision:
+    """Say which precision runs and why (stderr, so tables and JSON on stdout stay clean); returns it resolved."""
     print(f"precision: {describe_precision(requested, device)}", file=sys.stderr, flush=True)
+    return resolve_precision(requested, device)
 
 
 def add_executor_args(p: argparse.ArgumentParser) -> None:

@@ -28,7 +28,7 @@ from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL
 from ..progress import Bar
 from . import COMMANDS
-from .common import add_executor_args, executor_from_args
+from .common import add_executor_args, add_precision_arg, announce_precision, executor_from_args
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -118,6 +118,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--top-k", type=int, default=4, help="steered sites")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    add_precision_arg(p)
     p.add_argument("--no-cache", action="store_true", help="regenerate instead of reading cached generations")
     p.add_argument("--csv", help="write the per-document rows (with texts) here")
     p.add_argument("--json", help="write tables and settings here")
@@ -156,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         model=args.model,
         device=args.device,
+        precision=announce_precision(args.precision, args.device),
     )
     out: dict = {"config": cfg.__dict__}
 

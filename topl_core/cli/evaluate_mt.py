@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from ..io import atomic_open, write_json
 from ..presets import DEFAULT_MODEL, MLQE_PE_PAIRS
 from . import COMMANDS
+from .common import add_precision_arg, announce_precision
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,6 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    add_precision_arg(p)
     p.add_argument("--no-cache", action="store_true", help="translate again instead of reading cached translations")
     p.add_argument("--csv", help="write the per-sentence rows here")
     p.add_argument("--json", help="write the table and settings here")
@@ -64,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         lang_pair=args.lang_pair,
         model=args.model or DEFAULT_MODEL,
         device=args.device,
+        precision=announce_precision(args.precision, args.device),
         scorer=args.scorer,
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,

@@ -10,7 +10,15 @@ from ..io import atomic_open
 from ..models import ModelSpec
 from ..presets import DEFAULT_MODEL
 from . import COMMANDS
-from .common import ADAPTER_HELP, add_data_args, add_model_args, load_split, open_adapter_arg
+from .common import (
+    ADAPTER_HELP,
+    add_data_args,
+    add_model_args,
+    add_precision_arg,
+    announce_precision,
+    load_split,
+    open_adapter_arg,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write JSONL {id, document, generated} here")
+    add_precision_arg(p)
     p.set_defaults(func=run)
 
 
@@ -45,7 +54,11 @@ def run(args: argparse.Namespace) -> None:
         spec = ModelSpec(model, args.dtype, args.device)
     lm = load_merged(spec, adapter)
     cfg = GenerationConfig(
-        max_new_tokens=args.max_new_tokens, mode=args.mode, temperature=args.temperature, seed=args.seed
+        max_new_tokens=args.max_new_tokens,
+        mode=args.mode,
+        temperature=args.temperature,
+        seed=args.seed,
+        precision=announce_precision(args.precision, args.device),
     )
     texts = generate(lm, [d for _, d in items], cfg)
     rows = [{"id": rid, "document": doc, "generated": t} for (rid, doc), t in zip(items, texts)]

@@ -1,4 +1,5 @@
-"""`merge-check`: max |merged − unmerged| logit difference of a run's adapter, in float32 and bfloat16."""
+"""`merge-check`: max |merged − unmerged| logit difference of a run's adapter, with float32 and bfloat16 weights,
+the forwards in the --precision asked for (bf16 = autocast over float32 weights)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from ..data.encode import collate, encode_record
 from ..data.records import read_jsonl
 from ..data.split import split_records
 from ..models import ModelSpec, load_model
+from ..precision import autocast
 from . import COMMANDS
-from .common import add_adapter_args, open_adapter_arg
+from .common import add_adapter_args, add_precision_arg, announce_precision, open_adapter_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_adapter_args(p)
     p.add_argument("--n", type=int, default=8, help="test-split records of the run's (or default) data to compare on")
+    add_precision_arg(p)
     p.set_defaults(func=run)
 
 
@@ -27,6 +30,7 @@ def run(args: argparse.Namespace) -> None:
 
     run_dir = open_adapter_arg(args)
     cfg = run_dir.settings
+    precision = announce_precision(args.precision, cfg.device)
     records = split_records(read_jsonl(cfg.data), seed=cfg.split_seed)["test"][: args.n]
     for dtype in ("float32", "bfloat16"):
         spec = ModelSpec(run_dir.base_model, dtype=dtype, device=cfg.device)
@@ -35,7 +39,7 @@ def run(args: argparse.Namespace) -> None:
         merged = load_adapter(merged_lm, run_dir, merge=True)
         tok = merged_lm.tokenizer
         b = collate([encode_record(tok, r) for r in records], tok.pad_token_id).to(spec.device)
-        with torch.no_grad():
+        with torch.no_grad(), autocast(precision, spec.device):
             x = unmerged(input_ids=b.input_ids, attention_mask=b.attention_mask).logits.float()
             y = merged(input_ids=b.input_ids, attention_mask=b.attention_mask).logits.float()
         m = b.attention_mask.bool()

@@ -25,7 +25,16 @@ from ..io import write_json
 from ..models import ModelSpec, load_model
 from ..progress import Bar
 from . import COMMANDS
-from .common import ADAPTER_HELP, add_adapter_args, add_data_args, data_or_adapter_default, load_split, open_adapter_arg
+from .common import (
+    ADAPTER_HELP,
+    add_adapter_args,
+    add_data_args,
+    add_precision_arg,
+    announce_precision,
+    data_or_adapter_default,
+    load_split,
+    open_adapter_arg,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,6 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--no-cache", action="store_true", help="recompute the projections instead of reading cache/analysis/"
     )
     p.add_argument("--json", help="write vectors' metadata and the generations here")
+    add_precision_arg(p)
     p.set_defaults(func=run)
 
 
@@ -72,6 +82,7 @@ def run(args: argparse.Namespace) -> None:
     if not args.document:
         raise SystemExit("error: give --document TEXT or --document-file PATH")
     rd = open_adapter_arg(args)
+    precision = announce_precision(args.precision, rd.device)
     if args.vectors:
         vectors = SteeringVectors.load(args.vectors)
         print(f"steering vectors from {args.vectors}")
@@ -86,7 +97,7 @@ def run(args: argparse.Namespace) -> None:
             vectors = build_steering_vectors(
                 rd,
                 records,
-                ProbeSettings(random_control=False),
+                ProbeSettings(random_control=False, precision=precision),
                 args.top_k,
                 use_cache=not args.no_cache,
                 lambda_range=(lo, hi),
@@ -116,7 +127,7 @@ def run(args: argparse.Namespace) -> None:
         if left_out:
             print(f"  left out (llama.cpp has no direction for layer 0): {', '.join(left_out)}")
 
-    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, mode=args.decoding, seed=args.seed)
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, mode=args.decoding, seed=args.seed, precision=precision)
     rows = []
     if not args.no_base:
         base_text = generate(load_model(ModelSpec(rd.base_model, device=rd.device)), [args.document], gen)[0]
@@ -133,6 +144,7 @@ def run(args: argparse.Namespace) -> None:
                 "run": str(rd.path),
                 "vectors": vectors.metadata(),
                 "steering": asdict(how),
+                "precision": precision,
                 "document": args.document,
                 "generations": rows,
             },

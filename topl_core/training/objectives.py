@@ -40,7 +40,7 @@ from ..data.records import Record
 from ..errors import DataError
 from ..forward import head_features, lm_head_logits
 from ..metrics import auroc
-from ..precision import autocast
+from ..precision import autocast, to_numpy
 from .config import METHOD_DATA, Requirement
 
 # --- pure losses: tensors in, scalar out ------------------------------------------------------------------
@@ -431,8 +431,8 @@ def validate_head(ctx: StepContext, batches, precision: str, device: str) -> dic
             logits, probes = head_and_probe_logits(ctx, b)
         mask = b.labels != IGNORE
         for name, x in [("val_token_auroc", logits)] + [(f"val_token_auroc_L{k}", p) for k, p in probes.items()]:
-            scores.setdefault(name, []).append(torch.sigmoid(x[mask]).float().cpu().numpy())
-        labels.append(b.labels[mask].cpu().numpy())
+            scores.setdefault(name, []).append(to_numpy(torch.sigmoid(x[mask])))
+        labels.append(to_numpy(b.labels[mask]))
     y = np.concatenate(labels)
     return {
         **{name: auroc(y, np.concatenate(parts)) for name, parts in scores.items()},
@@ -474,8 +474,8 @@ def validate_sopl(ctx: StepContext, batches, precision: str, device: str) -> dic
         with autocast(precision, device):
             logits = head_logits(ctx, b)
         losses.append(float(sequence_bce_loss(logits, b.response_mask, b.sequence_labels)) * len(b.sequence_labels))
-        pooled.append(pooled_response_logits(logits, b.response_mask).cpu().numpy())
-        seq.append(b.sequence_labels.cpu().numpy())
+        pooled.append(to_numpy(pooled_response_logits(logits, b.response_mask)))
+        seq.append(to_numpy(b.sequence_labels))
     y = np.concatenate(seq)
     out = {"val_loss": sum(losses) / max(len(y), 1), "val_seq_auroc": auroc(y, np.concatenate(pooled))}
     if any(bool((b.labels != IGNORE).any()) for b in batches):  # token labels known for some validation records
@@ -497,8 +497,8 @@ def validate_unlikelihood(ctx: StepContext, batches, precision: str, device: str
         total += float(unlikelihood_loss(lp.token_logp, lab, log_one_minus_p(lp.vocab_logp, lp.targets))) * k
         n += k
         keep = lp.is_response & (lp.labels != IGNORE)
-        scores.append(lp.token_logp[keep].cpu().numpy())
-        labels.append(lp.labels[keep].cpu().numpy())
+        scores.append(to_numpy(lp.token_logp[keep]))
+        labels.append(to_numpy(lp.labels[keep]))
     s, y = np.concatenate(scores), np.concatenate(labels)
     return {"val_loss": total / max(n, 1), "val_token_auroc_logp": auroc(y, s), "val_tokens": int(len(y))}
 
