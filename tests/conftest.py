@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -55,10 +56,12 @@ def cache_sharing_the_costly_parts(cache: Path) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def project_folders_untouched(tmp_path_factory):
     """No test writes into the project's runs/ or cache/: unless a test names its own, both point into a temp folder
-    (cache_sharing_the_costly_parts)."""
+    (cache_sharing_the_costly_parts). And no test's outcome depends on what precision "auto" resolves to on the
+    machine that runs it: the suite pins fp32 as the meaning of "auto" (TOPL_PRECISION, topl_core.precision) —
+    tests/test_bf16.py forces bf16 on every computing path, and test_auto_end_to_end clears the pin."""
     root = tmp_path_factory.mktemp("project")
     cache = cache_sharing_the_costly_parts(root / "cache")
-    folders = {"TOPL_CACHE_DIR": str(cache), "TOPL_RUNS_DIR": str(root / "runs")}
+    folders = {"TOPL_CACHE_DIR": str(cache), "TOPL_RUNS_DIR": str(root / "runs"), "TOPL_PRECISION": "fp32"}
     before = {name: os.environ.get(name) for name in folders}
     os.environ.update(folders)
     yield
@@ -199,3 +202,25 @@ def write_mlqe(root):
         (folder / f"{split}.tags").write_text("\n".join(mlqe_tags(r[3]) for r in rows) + "\n", encoding="utf-8")
         (folder / f"{split}.hter").write_text("\n".join(f"{r[4]:.4f}" for r in rows) + "\n", encoding="utf-8")
     return root
+
+
+# --- how far a result computed in each precision may lie from its reference (tests/test_bf16.py) -----------------
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The one table of agreement bounds: a result computed in a precision against its reference, the same
+    computation on a float64 copy of the model (or, where a model cannot be doubled, the fp32 result)."""
+
+    rel: float  # ‖x − ref‖ / ‖ref‖ of activations, LoRA-A projections, features, steering vectors
+    prob: float  # max |p − p_ref| of a head probability p(good)
+    nats: float  # max |surprisal − ref| of one token
+    auroc: float  # |AUROC − AUROC_ref| on the same tokens
+
+
+# bf16 keeps 8 mantissa bits (relative rounding 2^-9 ≈ 0.002 per value, compounding over the tiny models' 4 layers);
+# fp32 against float64 is rounding noise. The bounds hold with a margin over what was measured (tests/test_bf16.py).
+TOLERANCE = {
+    "fp32": Tolerance(rel=1e-5, prob=1e-5, nats=1e-4, auroc=1e-9),
+    "bf16": Tolerance(rel=0.03, prob=0.02, nats=0.1, auroc=0.05),
+}

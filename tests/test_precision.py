@@ -125,6 +125,7 @@ def fake_cpu(monkeypatch):
     """Pretend the CPU probe measured `probe` (no timing: the rule alone is under test)."""
 
     def use(probe: prec.Bf16Probe) -> None:
+        monkeypatch.delenv(prec.PRECISION_ENV, raising=False)  # the suite's fp32 pin off: the hardware rule decides
         monkeypatch.setattr(prec, "cpu_bf16_probe", lambda: probe)
 
     return use
@@ -162,8 +163,21 @@ def test_explicit_bf16_on_a_slow_cpu_is_kept_with_a_warning_naming_the_slowdown(
     prec._warn_slow_bf16.cache_clear()
 
 
+def test_topl_precision_names_what_auto_means(monkeypatch, fake_cpu):
+    fake_cpu(AVX2)
+    monkeypatch.setenv(prec.PRECISION_ENV, "bf16")
+    assert prec.resolve_precision("auto", "cpu") == "bf16" and TrainConfig().precision == "bf16"
+    assert prec.resolve_precision("fp32", "cpu") == "fp32"  # an explicit choice wins over the variable
+    assert "auto: TOPL_PRECISION=bf16" in prec.describe_precision("auto", "cpu")
+    monkeypatch.setenv(prec.PRECISION_ENV, "fp16")
+    with pytest.raises(ValueError, match="TOPL_PRECISION='fp16'.*unset it"):
+        prec.resolve_precision("auto", "cpu")
+
+
 def test_weights_dtype_auto_and_cuda_rule(monkeypatch):
     from topl_core.models import ModelSpec
+
+    monkeypatch.delenv(prec.PRECISION_ENV, raising=False)
 
     assert ModelSpec("tiny-llama").dtype == "float32"  # CPU: float32 weights, bf16 compute is autocast's job
     assert ModelSpec("tiny-llama", "bfloat16").dtype == "bfloat16"
@@ -194,8 +208,9 @@ def test_probe_is_cached_on_disk_per_machine(tmp_path, monkeypatch):
         prec.cpu_bf16_probe.cache_clear()
 
 
-def test_auto_resolves_to_the_faster_precision_on_this_machine():
+def test_auto_resolves_to_the_faster_precision_on_this_machine(monkeypatch):
     """The real check: time both dtypes afresh; the one "auto" picks is not the slower one (1.5× margin for noise)."""
+    monkeypatch.delenv(prec.PRECISION_ENV, raising=False)
     chosen = prec.resolve_precision("auto", "cpu")
     fresh = prec.measure_bf16_probe()
     t = {"fp32": fresh.fp32_s, "bf16": fresh.bf16_s}
