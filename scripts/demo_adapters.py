@@ -3,8 +3,8 @@
     .venv/bin/python scripts/demo_adapters.py               # retrain each demo into a temp dir, compare bit for bit
     .venv/bin/python scripts/demo_adapters.py --replace     # retrain into examples/adapters (after a recipe change)
     .venv/bin/python scripts/demo_adapters.py --only sft-smollm2 --out /tmp/demos
-    .venv/bin/python scripts/demo_adapters.py --first-visit ship      # time each analysis page's first visit on the
-                                                                  # demos (cold), ship its small results
+    .venv/bin/python scripts/demo_adapters.py --first-visit ship --precision fp32   # time each analysis page's
+                                  # first visit on the demos (cold), ship its small results; then --precision bf16
     .venv/bin/python scripts/demo_adapters.py --first-visit shipped   # time them again, as a fresh clone sees them
     .venv/bin/python scripts/demo_adapters.py --first-visit ship --visit-only peft-sft-smollm2
                                         # the same with that demo alone in the examples (added to what is shipped)
@@ -78,14 +78,17 @@ def compare(name: str, built: Path) -> bool:
     return same
 
 
-def first_visit(mode: str, only: str | None = None) -> dict[str, float]:
+def first_visit(mode: str, only: str | None = None, precision: str = "auto") -> dict[str, float]:
     """Open each analysis page on the demo adapters (SmolLM2, the pages' defaults) through Streamlit's AppTest with
     an empty local analysis cache, and time it: what a newcomer waits on a first visit. "ship": with no shipped
-    results either (cold), then the JSON results the visits computed go to examples/analysis-cache, where the cache
-    finds them read-only (same keys everywhere: the data set is seeded, keys hold the adapter and base fingerprints
-    and the resolved precision). "shipped": with the shipped results, as a fresh clone opens them. `only`: that demo
-    alone in the examples (so the pages open on it), its results added to those already shipped. On the Token
-    overlay, an adapter without a head gets its probe head fitted (the page's button)."""
+    results either (cold), then the JSON results the visits computed are added to examples/analysis-cache, where the
+    cache finds them read-only (same keys everywhere: the data set is seeded, keys hold the adapter and base
+    fingerprints and the resolved precision). "shipped": with the shipped results, as a fresh clone opens them.
+    `only`: that demo alone in the examples (so the pages open on it), its results added to those already shipped.
+    On the Token overlay, an adapter without a head gets its probe head fitted (the page's button). `precision`:
+    what the pages compute in (TOPL_PRECISION): ship once per precision, so that a fresh clone's first visit is fast
+    on every kind of machine; results of the other precision are kept (every key holds the precision that computed
+    it)."""
     import os
     import time
 
@@ -95,11 +98,14 @@ def first_visit(mode: str, only: str | None = None) -> dict[str, float]:
     work = Path(tempfile.mkdtemp(prefix="topl-first-visit-"))
     (work / "cache").mkdir()
     examples = EXAMPLES
-    if only:  # a folder holding that demo alone, beside the shipped cache (where the cache looks for it)
+    if only or ship:  # the demos (or that one alone) in a folder of their own: with no shipped cache beside when
+        # shipping (cold; results are added to those already shipped), beside the shipped cache otherwise
         examples = work / "examples" / "adapters"
         examples.mkdir(parents=True)
-        (examples / only).symlink_to(EXAMPLES / only)
-        (examples.parent / "analysis-cache").symlink_to(SHIPPED_CACHE)
+        for demo in [only] if only else [d.name for d in EXAMPLES.iterdir() if d.is_dir()]:
+            (examples / demo).symlink_to(EXAMPLES / demo)
+        if not ship:
+            (examples.parent / "analysis-cache").symlink_to(SHIPPED_CACHE)
     for sub in ("models", "data"):  # the converted model and the data sets, not the analysis results
         if (REPO / "cache" / sub).exists():
             (work / "cache" / sub).symlink_to(REPO / "cache" / sub)
@@ -109,10 +115,9 @@ def first_visit(mode: str, only: str | None = None) -> dict[str, float]:
             "TOPL_RUNS_DIR": str(work / "runs"),
             "TOPL_EXAMPLES_DIR": str(examples),
             "TOPL_DEFAULT_MODEL": DEFAULT_MODEL,
+            "TOPL_PRECISION": precision,
         }
     )
-    if ship and not only:
-        shutil.rmtree(SHIPPED_CACHE, ignore_errors=True)  # recompute everything it holds
     seconds = {}
     for name in FIRST_VISIT_PAGES:
         t = time.perf_counter()
@@ -151,9 +156,15 @@ def main() -> int:
         "the JSON results into examples/analysis-cache; shipped: time them with those results",
     )
     p.add_argument("--visit-only", help="with --first-visit: that folder of examples/adapters alone")
+    p.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="with --first-visit: the pages' compute precision (ship both: fp32, then bf16)",
+    )
     args = p.parse_args()
     if args.first_visit:
-        first_visit(args.first_visit, args.visit_only)
+        first_visit(args.first_visit, args.visit_only, args.precision)
         return 0
     if not (REPO / DATA).exists():
         print(f"error: {DATA} is missing; run `make setup` (or scripts/setup.sh) first", file=sys.stderr)

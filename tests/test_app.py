@@ -958,3 +958,21 @@ def test_a_run_started_from_the_command_line_reads_as_running(workbench, tmp_pat
         proc.kill()
         proc.wait()
     assert jobs.read_job(run.path).state == "interrupted"
+
+
+@pytest.mark.parametrize("page", ["lora_a", "steering", "token_overlay", "runs", "layer_sweep", "evaluation"])
+def test_analysis_pages_in_bf16(workbench, page, monkeypatch):
+    """Each analysis page once with bf16 forced (what "auto" gives on a bf16 CPU or a GPU): no exception, no error
+    box, and the pages that compute say so in bf16."""
+    monkeypatch.setenv("TOPL_PRECISION", "bf16")
+    at = open_page(page)
+    key = {"lora_a": "lora_a.run_a", "steering": "steer.run", "token_overlay": "overlay.run"}.get(page)
+    if key:
+        at.selectbox(key=key).set_value(str(workbench["runs"] / "topl-tiny")).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    assert "auto → bf16" in str(at.sidebar.selectbox(key="sidebar.precision").format_func("auto"))
+    if page == "lora_a":
+        assert any("Computed in bf16" in c.value for c in at.caption)
+    if page == "steering":
+        assert len(html_boxes(at)) == 3  # base | merged | steered

@@ -1,0 +1,145 @@
+"""The GPU acceptance check: every computing command, and every page, on one device, as a user runs them.
+
+    .venv/bin/python scripts/gpu_check.py                       # cuda: tiny-llama, then SmolLM2
+    .venv/bin/python scripts/gpu_check.py --device cpu --models tiny-llama   # the same steps on the CPU (the test)
+
+For each model: train a TOPL run (20 steps) and an SFT run (2 steps), probe, steer in each mode (on every position
+and on generated tokens only), score-tokens, evaluate 2 documents (base, merged, steered), a 2-window layer sweep
+and merge-check — each command in the precision "auto" gives on that device (bf16 on a GPU with bf16), and printed
+with its exit status and seconds. Then, with --pages, the app is started on the device and every page is visited in
+headless Chromium (../shared/tools/visit_pages.py), which fails on an exception or an error box. Exit status 0 when
+every step passed. tests/test_gpu.py runs it where CUDA is visible and skips with the reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+VISIT_PAGES = REPO.parent / "shared" / "tools" / "visit_pages.py"
+DOC = (
+    "The council of Leeds approved the new budget on Monday after a long debate. Police arrested two men in London "
+    "and released a third. The company said profits increased by 12 percent in 2023."
+)
+
+
+def step(name: str, args: list[str], env: dict, log: list[tuple[str, int, float]]) -> bool:
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - t
+    log.append((name, out.returncode, seconds))
+    said = [line for line in out.stderr.splitlines() if line.startswith("precision: ")]
+    print(f"{'ok  ' if out.returncode == 0 else 'FAIL'} {name:38s} {seconds:6.1f} s  {said[0] if said else ''}")
+    if out.returncode != 0:
+        print("     " + "\n     ".join((out.stdout + out.stderr).strip().splitlines()[-15:]))
+    return out.returncode == 0
+
+
+def check_model(model: str, device: str, work: Path, data: str, env: dict, log: list) -> None:
+    topl = ["-m", "topl_core"]
+    run, sft = work / f"{model}-topl", work / f"{model}-sft"
+    last = "2" if model.startswith("tiny") else "20"  # the head layer: SmolLM2's default m is 20 of 30
+    common = ["--model", model, "--device", device, "--data", data, "--max-val-examples", "8", "--eval-every", "10"]
+    lora = ["--lora-layer-start", "0", "--lora-layer-end", last]
+    step(
+        f"{model}: train TOPL 20 steps", [*topl, "train", *common, *lora, "--steps", "20", "--out", str(run)], env, log
+    )
+    step(f"{model}: train SFT 2 steps", [*topl, "train", *common, "--method", "sft", "--steps", "2", "--out", str(sft)],
+         env, log)  # fmt: skip
+    step(f"{model}: probe", [*topl, "probe", "--run", str(run), "--compare", str(sft), "--limit", "24"], env, log)
+    for mode in ("vector", "conditional", "diff-mean", "random"):
+        for positions in ("all", "generated"):
+            step(
+                f"{model}: steer {mode} ({positions})",
+                [*topl, "steer", "--run", str(run), "--document", DOC, "--mode", mode, "--positions", positions,
+                 "--lambdas", "-2", "0", "2", "--max-new-tokens", "24", "--limit", "24", "--no-base"],
+                env,
+                log,
+            )  # fmt: skip
+    step(f"{model}: score-tokens", [*topl, "score-tokens", "--run", str(run), "--data", data, "--limit", "8"], env, log)
+    step(
+        f"{model}: evaluate 2 documents",
+        [*topl, "evaluate", "--run", str(run), "--n-id", "2", "--n-ood", "0", "--steer", "2", "--max-new-tokens", "24",
+         "--device", device, "--data", data],
+        env,
+        log,
+    )  # fmt: skip
+    step(
+        f"{model}: layer sweep, 2 windows",
+        [*topl, "sweep", "run", "--out", str(work / f"{model}-sweep"), "--model", model, "--device", device,
+         "--data", data, "--windows", "0:2", "2:2", "--steps", "4"],
+        env,
+        log,
+    )  # fmt: skip
+    step(f"{model}: merge-check", [*topl, "merge-check", "--run", str(run), "--n", "4"], env, log)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_pages(model: str, device: str, work: Path, env: dict, log: list) -> None:
+    port = free_port()
+    app_env = {**env, "TOPL_DEFAULT_MODEL": f"{model}|auto|{device}", "TOPL_RUNS_DIR": str(work)}
+    app = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true"],
+        cwd=REPO,
+        env=app_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(8)
+        shots = work / "screenshots"
+        step(f"{model}: every page in Chromium", [str(VISIT_PAGES), f"http://127.0.0.1:{port}", str(shots), "300"],
+             app_env, log)  # fmt: skip
+        print(f"     screenshots: {shots}")
+    finally:
+        app.terminate()
+        app.wait(timeout=30)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--models", nargs="+", default=["tiny-llama", "smollm2-135m"])
+    p.add_argument("--data", default="cache/data/halueval-perturbed.jsonl", help="token-labelled records")
+    p.add_argument("--pages", action="store_true", help="also visit every page in headless Chromium (needs chromium)")
+    p.add_argument("--work", help="keep runs and screenshots here (default: a temp folder)")
+    args = p.parse_args()
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("no CUDA device is visible: nothing to check here (use --device cpu to run the steps on the CPU)")
+            return 2
+        print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  CUDA {torch.version.cuda}")
+    work = Path(args.work or tempfile.mkdtemp(prefix="topl-gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TOPL_CACHE_DIR": str(work / "cache"), "PYTHONUNBUFFERED": "1"}
+    env.pop("TOPL_PRECISION", None)  # "auto", as a user gets it on this device
+    (work / "cache").mkdir(exist_ok=True)
+    for shared in ("models", "data", "machine"):  # the converted models and data sets, not the analysis results
+        if (REPO / "cache" / shared).exists() and not (work / "cache" / shared).exists():
+            (work / "cache" / shared).symlink_to(REPO / "cache" / shared)
+    log: list[tuple[str, int, float]] = []
+    for model in args.models:
+        check_model(model, args.device, work, str(Path(args.data).resolve()), env, log)
+        if args.pages:
+            check_pages(model, args.device, work, env, log)
+    failed = [name for name, rc, _ in log if rc != 0]
+    print(f"{len(log) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
