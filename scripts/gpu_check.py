@@ -51,7 +51,7 @@ def check_model(model: str, device: str, work: Path, data: str, env: dict, log: 
     step(
         f"{model}: train TOPL 20 steps", [*topl, "train", *common, *lora, "--steps", "20", "--out", str(run)], env, log
     )
-    step(f"{model}: train SFT 2 steps", [*topl, "train", *common, "--method", "sft", "--steps", "2", "--out", str(sft)],
+    step(f"{model}: train SFT 2 steps", [*topl, "train", *common, *lora, "--method", "sft", "--steps", "2", "--out", str(sft)],
          env, log)  # fmt: skip
     step(f"{model}: probe", [*topl, "probe", "--run", str(run), "--compare", str(sft), "--limit", "24"], env, log)
     for mode in ("vector", "conditional", "diff-mean", "random"):
@@ -73,7 +73,7 @@ def check_model(model: str, device: str, work: Path, data: str, env: dict, log: 
     )  # fmt: skip
     step(
         f"{model}: layer sweep, 2 windows",
-        [*topl, "sweep", "run", "--out", str(work / f"{model}-sweep"), "--model", model, "--device", device,
+        [*topl, "sweep", "--out", str(work / f"{model}-sweep"), "--model", model, "--device", device,
          "--data", data, "--windows", "0:2", "2:2", "--steps", "4"],
         env,
         log,

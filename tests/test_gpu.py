@@ -28,7 +28,7 @@ def test_the_check_passes_on_the_cpu_with_a_tiny_model(tmp_path, tiny_records):
     out = run_check(tmp_path, tiny_records, "--device", "cpu", "--models", "tiny-llama")
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     # train ×2, probe, 4 modes × 2 positions, score-tokens, evaluate, sweep, merge-check
-    assert "16 passed, 0 failed" in out.stdout, out.stdout[-4000:]
+    assert "15 passed, 0 failed" in out.stdout, out.stdout[-4000:]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
