@@ -48,11 +48,9 @@ def check_model(model: str, device: str, work: Path, data: str, env: dict, log: 
     last = "2" if model.startswith("tiny") else "20"  # the head layer: SmolLM2's default m is 20 of 30
     common = ["--model", model, "--device", device, "--data", data, "--max-val-examples", "8", "--eval-every", "10"]
     lora = ["--lora-layer-start", "0", "--lora-layer-end", last]
-    step(
-        f"{model}: train TOPL 20 steps", [*topl, "train", *common, *lora, "--steps", "20", "--out", str(run)], env, log
-    )
-    step(f"{model}: train SFT 2 steps", [*topl, "train", *common, *lora, "--method", "sft", "--steps", "2", "--out", str(sft)],
-         env, log)  # fmt: skip
+    train = [*topl, "train", *common, *lora]
+    step(f"{model}: train TOPL 20 steps", [*train, "--steps", "20", "--out", str(run)], env, log)
+    step(f"{model}: train SFT 2 steps", [*train, "--method", "sft", "--steps", "2", "--out", str(sft)], env, log)
     step(f"{model}: probe", [*topl, "probe", "--run", str(run), "--compare", str(sft), "--limit", "24"], env, log)
     for mode in ("vector", "conditional", "diff-mean", "random"):
         for positions in ("all", "generated"):
