@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .architecture import base_causal_lm, decoder_layers, final_norm
+from .precision import full_precision
 
 
 class _EarlyExit(Exception):
@@ -59,7 +60,7 @@ def head_probability(head: torch.nn.Linear, features: torch.Tensor) -> torch.Ten
     """p(good) = σ(head(H)) per token, (B, T, d) → (B, T), in float32 outside autocast: a bf16 head logit carries 8
     mantissa bits, so near-equal tokens would tie and the detection AUROC would move with the precision."""
     bias = None if head.bias is None else head.bias.float()
-    with torch.autocast(device_type=features.device.type, enabled=False):
+    with full_precision(features.device.type):
         return torch.sigmoid(F.linear(features.float(), head.weight.float(), bias).squeeze(-1))
 
 
@@ -68,7 +69,7 @@ def lm_head_logits(lm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     autocast (bf16 logits would quantise log-probs to ~0.1 nats), then the model's final logit soft-cap when its
     config has one (Gemma), as in the model's own forward. `lm` is the base causal LM (models.base_causal_lm)."""
     head = lm.get_output_embeddings()
-    with torch.autocast(device_type=hidden.device.type, enabled=False):
+    with full_precision(hidden.device.type):
         logits = F.linear(hidden.float(), head.weight.float(), None if head.bias is None else head.bias.float())
     cap = getattr(lm.config, "final_logit_softcapping", None)
     return torch.tanh(logits / cap) * cap if cap else logits

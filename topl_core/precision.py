@@ -213,7 +213,7 @@ def autocast(precision: str, device: str):
 
 def full_precision(device: str):
     """Autocast switched off inside a bf16 region: float32 arithmetic for small exact work (a hook's projection onto
-    LoRA-A, a probe's features) whose inputs the caller casts with `.float()`."""
+    LoRA-A, a head's probability, the LM head's log-probs) whose inputs the caller casts with `.float()`."""
     return torch.autocast(device_type=device, enabled=False)
 
 

@@ -121,9 +121,8 @@ def fit_probe_head(
     model's: the frozen-probe control) from the labelled tokens of `records`' training split; report its token
     AUROC on their validation split. Cached by adapter fingerprint + records + settings."""
     adapter = open_adapter(adapter)
-    settings = replace(
-        settings, precision=resolve_precision(settings.precision, adapter.device)
-    )  # the key says what ran
+    # the cache key says what ran: "auto" resolved for the adapter's device
+    settings = replace(settings, precision=resolve_precision(settings.precision, adapter.device))
     labelled = [r for r in records if r.token_labels_known]
     if not labelled:
         raise DataError(
