@@ -246,8 +246,12 @@ def test_commands_take_precision_and_say_what_they_resolved(run):
     out = cli("merge-check", "--run", str(run.path), "--n", "2", "--precision", "bf16")
     assert out.returncode == 0 and "precision: bf16" in out.stderr, out.stderr[-2000:]
     assert "float32" in out.stdout and "bfloat16" in out.stdout
+    from topl_core.cli import build_parser
+
     for command in ("evaluate", "evaluate-mt", "bench", "generate", "steer", "merge-check", "probe", "score-tokens"):
-        assert "--precision" in cli(command, "--help").stdout, command
+        needs_run = [] if command in ("evaluate", "evaluate-mt", "bench", "generate") else ["--run", str(run.path)]
+        args = build_parser([command]).parse_args([command, "--precision", "bf16", *needs_run])
+        assert args.precision == "bf16", command
 
 
 def test_auto_end_to_end(run, tmp_path):
