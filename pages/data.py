@@ -20,7 +20,7 @@ from pages._ui.models import base_model, load_error
 from pages._ui.render import csv_download, legend_html, plot, token_html
 from pages._ui.spec import current_model_name, current_spec
 from topl_core import jobs
-from topl_core.analysis.evaluation import EvalConfig
+from topl_core.analysis.evaluation.config import EvalConfig
 from topl_core.cli.data import GENERATED_SOURCES, SOURCES, load_source
 from topl_core.data.encode import encode_record
 from topl_core.data.records import Record, merge_jsonl, write_jsonl

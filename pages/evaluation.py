@@ -22,7 +22,7 @@ from pages._ui.render import csv_download, plot, rho_text
 from pages._ui.runs import finished_runs
 from pages._ui.spec import current_model_name, current_precision, current_spec, split_spec
 from topl_core import jobs
-from topl_core.analysis.steering import MODES
+from topl_core.analysis.steering.modes import MODES
 from topl_core.paths import inside
 from topl_core.presets import MLQE_PE_PAIRS
 

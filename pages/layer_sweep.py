@@ -26,7 +26,7 @@ from topl_core.paths import inside, runs_dir
 from topl_core.training.config import TrainConfig
 
 try:
-    from topl_core.analysis.sweeps import SweepConfig, heatmap_table, lines_table, plan_windows, read_sweep
+    from topl_core.analysis.studies.sweeps import SweepConfig, heatmap_table, lines_table, plan_windows, read_sweep
 except ImportError as e:
     st.error(f"The analysis core is not available: {e}")
     st.stop()

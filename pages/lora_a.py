@@ -25,9 +25,9 @@ st.caption(
 
 try:  # the token sets are read with the analysis core too
     from pages._ui.token_sets import lora_a_probe, token_set, token_set_picker
-    from topl_core.analysis.probe import ProbeSettings, run_projections
-    from topl_core.analysis.separability import METHOD, comparison_table
-    from topl_core.analysis.umap_view import umap_embedding  # loads umap (and numba) only when called
+    from topl_core.analysis.lora_a.probe import ProbeSettings, run_projections
+    from topl_core.analysis.lora_a.separability import METHOD, comparison_table
+    from topl_core.analysis.lora_a.umap_view import umap_embedding  # loads umap (and numba) only when called
 except ImportError as e:  # the analysis core is missing or broken: say so instead of crashing the app
     st.error(f"The analysis core is not available: {e}")
     st.stop()

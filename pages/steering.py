@@ -1,7 +1,7 @@
-"""Steering: a λ slider regenerates the summary with the merged model steered in one of four modes — LoRA-B's
-vector v = scaling·B(μ+ − μ−) at the top-k residual-writing sites (the paper), the adapter's own update scaled by λ
-(conditional), and two controls with the vector's norm (the sites' diff-mean output, a random direction) — on every
-position or only on generated tokens. Base | merged | steered side by side with the changed words highlighted,
+"""Steering: a λ slider regenerates the summary with the merged model steered in one of the registered modes
+(topl_core/analysis/steering/modes.py: LoRA-B's vector v = scaling·B(μ+ − μ−) at the top-k residual-writing sites
+(the paper), the adapter's own update scaled by λ, two controls with the vector's norm) — on every position or only
+on generated tokens. Base | merged | steered side by side with the changed words highlighted,
 factuality and fluency under each (a degenerate text is marked as such); the sites used; the λ curve of
 factuality and fluency; export of the vectors (safetensors + JSON, llama.cpp control vector).
 
@@ -32,10 +32,14 @@ from pages._ui.spec import current_precision, current_spec
 
 try:  # the token sets are read with the analysis core too
     from pages._ui.token_sets import token_set, token_set_picker
-    from topl_core.analysis.fluency import fluency
-    from topl_core.analysis.probe import ProbeSettings
-    from topl_core.analysis.scorers import GroundingScorer, count_sentences, score_summary, scorer_quality
-    from topl_core.analysis.steering import UNIT_FRACTION, SteerConfig, SteeringSession, build_steering_vectors
+    from topl_core.analysis.evaluation.quality import scorer_quality
+    from topl_core.analysis.evaluation.scorers import GroundingScorer, score_summary
+    from topl_core.analysis.evaluation.text import count_sentences
+    from topl_core.analysis.lora_a.probe import ProbeSettings
+    from topl_core.analysis.steering.fluency import fluency
+    from topl_core.analysis.steering.modes import MODES, UNIT_FRACTION, SteerConfig
+    from topl_core.analysis.steering.session import SteeringSession
+    from topl_core.analysis.steering.vectors import build_steering_vectors
 except ImportError as e:
     st.error(f"The analysis core is not available: {e}")
     st.stop()
@@ -47,20 +51,6 @@ st.caption(
     "λ · scaling · B(μ+ − μ−) to the outputs of the adapter's most separating sites — or scale the adapter's own "
     "update, or compare with two controls of the same norm."
 )
-MODE_LABELS = {
-    "vector": "LoRA-B vector (paper)",
-    "conditional": "Scale the adapter's update",
-    "diff-mean": "Control: diff-mean",
-    "random": "Control: random direction",
-}
-MODE_HELP = (
-    "**LoRA-B vector**: λ · scaling · B(μ+ − μ−) added at the top-k sites, the same at every position (the "
-    "paper's formula). **Scale the adapter's update**: every LoRA site adds λ · scaling · B(A h) — the update gated "
-    "per token by A — so λ = 0 is the base model, 1 the merged model, > 1 amplifies and < 0 reverses it. "
-    "**Controls**: the mean output of good minus bad tokens at the same sites, or a seeded random direction, "
-    "with the LoRA-B vector's length: if these move the text as much, the LoRA-B direction carries nothing special."
-)
-
 spec, precision = current_spec(), current_precision()
 top = st.columns([2, 1, 1])
 run = run_picker("Adapter", key="steer.run", default_method="topl", container=top[0])
@@ -72,12 +62,12 @@ max_new = top[2].slider("Max new tokens", 16, 160, 64, step=8, key="steer.max_ne
 c_mode, c_pos = st.columns([3, 1], vertical_alignment="bottom")
 mode = c_mode.radio(
     "How λ steers",
-    list(MODE_LABELS),
+    list(MODES),
     horizontal=True,
-    format_func=MODE_LABELS.get,
+    format_func=lambda m: MODES[m].label,
     key="steer.mode",
     persist_state="session",
-    help=MODE_HELP,
+    help=" ".join(f"**{m.label}**: {m.help}" for m in MODES.values()),
 )
 generated_only = c_pos.toggle(
     "Only generated tokens",
@@ -145,7 +135,7 @@ def fact(document: str, text: str) -> float:
 
 @st.cache_data(show_spinner=False, max_entries=1024)
 def text_fluency(spec: str, text: str) -> dict:
-    """Fluency of one text, perplexity under the base model (topl_core.analysis.fluency)."""
+    """Fluency of one text, perplexity under the base model (topl_core.analysis.steering.fluency)."""
     lm = base_model(spec)
     with resource_lock(f"base:{spec}"):
         return fluency([text], lm)[0].to_json()
@@ -173,7 +163,6 @@ except Exception as e:
     step_error(f"compute the steering vectors ({precision})", e)
     st.stop()
 vec = session.vectors
-lo, hi = (float(x) for x in vec.lambda_range)
 
 # --- the document -----------------------------------------------------------------------------------------
 src = st.radio("Document", ["From a data set", "Paste"], horizontal=True, key="steer.source", persist_state="session")
@@ -203,43 +192,37 @@ if not document.strip():
     st.stop()
 
 # --- λ and the three texts --------------------------------------------------------------------------------
-if how.mode == "conditional":
-    lo, hi, STEP, neutral = -1.0, 3.0, 0.25, 1.0
-    bound = None
-    lam_help = "λ scales the adapter's update: 0 = base model, 1 = merged model, 2 = twice the update, −1 = reversed."
-else:
-    RANGES = [1.0, 2.0, 4.0, 8.0, 16.0, 64.0]
-    # the steering study (docs/evaluation.md §3): on the demo TOPL adapter, λ = 1–2 raises full-summary factuality
-    # with the text intact and λ ≥ 3 breaks it, so the default range keeps the whole faithful side usable
-    DEFAULT_RANGE = 2.0
+spec_mode = how.spec
+if spec_mode.range_choices:
     c_lam, c_range = st.columns([6, 1], vertical_alignment="bottom")
+    default_bound = spec_mode.lambda_range[1]
     bound = c_range.selectbox(
         "λ range ±",
-        RANGES,
-        index=RANGES.index(DEFAULT_RANGE),
-        key="steer.range",
+        spec_mode.range_choices,
+        index=spec_mode.range_choices.index(default_bound),
+        key=f"steer.range.{spec_mode.family}",
         persist_state="session",
         format_func=lambda x: f"{x:g}",
         help="In normalised units; the raw λ of the paper's formula is shown under the slider.",
     )
-    lo, hi, STEP, neutral = -bound, bound, bound / 8, 0.0
-    lam_help = (
-        f"Normalised: λ = 1 adds, at each steered site, {UNIT_FRACTION:g} × that site's mean output norm along the "
-        "mode's direction (every mode the same length; only the direction differs). 0 reproduces the merged model."
-    )
+else:
+    c_lam, bound = st.container(), None
+lo, hi, STEP = spec_mode.slider(bound)
+neutral = spec_mode.neutral
 GRID = [round(lo + i * STEP, 6) for i in range(int(round((hi - lo) / STEP)) + 1)]  # the slider's positions
-lam = (c_lam if bound is not None else st).slider(
+lam = c_lam.slider(
     "λ  (← hallucinated · faithful →)",
     lo,
     hi,
     neutral,
     step=STEP,
-    key=f"steer.lambda.{'conditional' if how.mode == 'conditional' else 'normalised'}",
+    key=f"steer.lambda.{spec_mode.family}",
     persist_state="session",
-    help=lam_help + " Every position is cached once generated: press 'Generate every λ' below before a talk and "
+    help=spec_mode.lambda_help
+    + " Every position is cached once generated: press 'Generate every λ' below before a talk and "
     "dragging is instant.",
 )
-if how.mode != "conditional":
+if spec_mode.acts == "add" and how.units == "normalised":
     factor = vec.unit_factor(how.mode)
     st.caption(
         f"One unit of λ = {UNIT_FRACTION:.0%} of each steered site's mean output norm = raw λ "
@@ -258,8 +241,8 @@ except Exception as e:
 cols = st.columns(3, gap="medium")
 boxes = [
     ("Base model", t_base, t_base),
-    ("Merged adapter (λ = 0)", t_merged, t_merged),
-    (f"Steered ({MODE_LABELS[how.mode]}, λ = {lam:+.2f})", t_steered, None),
+    (f"Merged adapter (λ = {neutral:g})", t_merged, t_merged),
+    (f"Steered ({spec_mode.label}, λ = {lam:+.2f})", t_steered, None),
 ]
 for col, (title, text, _) in zip(cols, boxes):
     body = diff_html(t_merged, text) if title.startswith("Steered") else html.escape(text).replace("\n", "<br>")
@@ -313,13 +296,15 @@ with left:
     )
     st.caption(
         f"μ+ / μ− and the site outputs from {vec.n_good} good and {vec.n_bad} bad tokens ({token_set(*ts)[0]}). "
-        "The conditional mode acts on every LoRA site of the adapter, not only these."
+        "Modes that scale the adapter's update act on every LoRA site of the adapter, not only these."
     )
     config = session.lm.model.config
     buf = io.BytesIO()
     with tempfile.TemporaryDirectory() as d:
         vec.save(d)
-        for m in ("vector", "diff-mean"):  # llama-cli --control-vector-scaled FILE λ steers like normalised λ here
+        for m in (
+            m.name for m in MODES.values() if m.exportable
+        ):  # llama-cli --control-vector-scaled FILE λ steers like normalised λ here
             left_out = vec.save_control_vector(
                 Path(d) / f"{m}.gguf", m, "normalised", config.model_type, config.num_hidden_layers
             )
@@ -410,7 +395,7 @@ with right:
         )
         fig.add_vline(x=lam, line_dash="dot", line_color="#dc2626")
         fig.update_layout(
-            xaxis_title=f"λ ({MODE_LABELS[how.mode]})",
+            xaxis_title=f"λ ({spec_mode.label})",
             yaxis=dict(title="factuality (offline scorer)", range=[-0.05, 1.02]),
             yaxis2=dict(title="perplexity", overlaying="y", side="right", type="log", showgrid=False),
             height=320,

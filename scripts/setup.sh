@@ -23,7 +23,7 @@ fi
 
 # Numba compiles UMAP's kernels on first use and caches pynndescent's under .venv: pay that once, here.
 if [ ! -f .venv/.numba-warm ]; then
-  .venv/bin/python -c "from topl_core.analysis.umap_view import warm_up; warm_up()" && touch .venv/.numba-warm
+  .venv/bin/python -c "from topl_core.analysis.lora_a.umap_view import warm_up; warm_up()" && touch .venv/.numba-warm
 fi
 
 # The default embedded model converted once from its embedded GGUF to safetensors (~35 s): the app's first start and the

@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import all_hooks
 
-from topl_core.analysis.capture import Projections, capture_lora, collect_projections, random_lora_A
-from topl_core.analysis.sites import Site, input_module, lora_sites, lora_weights, read_lora_weights
+from topl_core.analysis.lora_a.capture import Projections, capture_lora, collect_projections, random_lora_A
+from topl_core.analysis.lora_a.sites import Site, input_module, lora_sites, lora_weights, read_lora_weights
 from topl_core.architecture import decoder_layers
 from topl_core.data.encode import IGNORE, encode_record
 from topl_core.errors import ModelError
@@ -232,7 +232,7 @@ def synthetic(n: int = 2000, sep: float = 6.0, seed: int = 0, sites=None) -> Pro
 
 
 def test_auroc_is_one_on_separable_and_half_on_shuffled():
-    from topl_core.analysis.separability import separability
+    from topl_core.analysis.lora_a.separability import separability
 
     proj = synthetic(sep=40.0)
     sep = separability(proj, "synthetic", n_boot=200)
@@ -269,7 +269,7 @@ def test_fast_logistic_and_rank_auroc_agree_with_sklearn():
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    from topl_core.analysis.separability import fit_logistic, rank_auroc
+    from topl_core.analysis.lora_a.separability import fit_logistic, rank_auroc
     from topl_core.metrics import auroc
 
     rng = np.random.default_rng(0)
@@ -285,7 +285,7 @@ def test_fast_logistic_and_rank_auroc_agree_with_sklearn():
 
 
 def test_heatmap_ci_and_comparison_table():
-    from topl_core.analysis.separability import Separability, comparison_table, format_heatmap, separability
+    from topl_core.analysis.lora_a.separability import Separability, comparison_table, format_heatmap, separability
 
     proj = synthetic(sep=1.0)
     sep = separability(proj, "topl", n_boot=300, num_layers=3)
@@ -302,7 +302,7 @@ def test_heatmap_ci_and_comparison_table():
 
 
 def test_umap_embedding_frame():
-    from topl_core.analysis.umap_view import umap_embedding
+    from topl_core.analysis.lora_a.umap_view import umap_embedding
 
     proj = synthetic(n=300, sep=8.0)
     df = umap_embedding(proj, "L0.o_proj", n_neighbors=10)
@@ -421,7 +421,7 @@ def test_a_tampered_cache_entry_is_recomputed_never_trusted(cache_tmp):
 def test_probe_is_cached_and_invalidated_by_a_changed_adapter(cache_tmp, tiny_run, news_records, tmp_path):
     import shutil
 
-    from topl_core.analysis.probe import ProbeSettings, probe_run, run_projections
+    from topl_core.analysis.lora_a.probe import ProbeSettings, probe_run, run_projections
     from topl_core.runs import RunDir
 
     settings = ProbeSettings(n_boot=50)
@@ -496,10 +496,10 @@ def test_the_indicator_table_puts_lora_a_beside_id_and_ood_factuality(
     import pandas as pd
     from scipy.stats import spearmanr
 
-    from topl_core.analysis import evaluation
-    from topl_core.analysis.evaluation import EvalConfig
-    from topl_core.analysis.indicator import factuality_by_adapter, indicator_table
-    from topl_core.analysis.probe import ProbeSettings, labelled_records, probe_run
+    from topl_core.analysis.evaluation import evaluate as evaluation
+    from topl_core.analysis.evaluation.config import EvalConfig
+    from topl_core.analysis.evaluation.indicator import factuality_by_adapter, indicator_table
+    from topl_core.analysis.lora_a.probe import ProbeSettings, labelled_records, probe_run
 
     others = {
         method: train(
@@ -561,7 +561,7 @@ def test_probe_cli_evaluate_adds_factuality_and_refuses_a_hand_given_score(cache
 
 
 def test_run_umap_is_cached(cache_tmp, tiny_run, news_records):
-    from topl_core.analysis.umap_view import run_umap
+    from topl_core.analysis.lora_a.umap_view import run_umap
 
     df = run_umap(tiny_run, news_records, "L3.down_proj", n_neighbors=5)
     hidden = run_umap(tiny_run, news_records, "L1.q_proj", source="hidden", n_neighbors=5)

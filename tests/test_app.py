@@ -386,7 +386,7 @@ def test_layer_sweep_form_has_an_input_for_every_field_a_window_trains_with(work
     start at the sweep's own defaults (SweepConfig(), whose `train` is the template of every window)."""
     import dataclasses
 
-    from topl_core.analysis.sweeps import SweepConfig
+    from topl_core.analysis.studies.sweeps import SweepConfig
     from topl_core.executor import ExecutorConfig
     from topl_core.training.config import LoraSettings, TrainConfig
 
@@ -424,7 +424,7 @@ def test_a_new_config_field_reaches_the_train_and_sweep_forms(workbench, monkeyp
     added to SweepConfig in the Layer-sweep form — with no edit to either page (both are built by pages/_ui/forms)."""
     import dataclasses
 
-    import topl_core.analysis.sweeps as sweeps
+    import topl_core.analysis.studies.sweeps as sweeps
     import topl_core.training.config as config
 
     @dataclasses.dataclass(frozen=True)
@@ -543,10 +543,10 @@ def test_steering_lambda_slider_changes_the_steered_text(workbench):
     assert "\ufffd" not in box_body(merged_at_zero), "the tiny model's text must stay readable for these checks"
     # a random tiny model sits in a repetition attractor that one direction may only deepen: try both ends of the
     # widest range; at least one must change the text
-    at.selectbox(key="steer.range").set_value(64.0).run()
+    at.selectbox(key="steer.range.constant").set_value(64.0).run()
     changed_at = []
     for lam in (64.0, -64.0):
-        at.slider(key="steer.lambda.normalised").set_value(lam).run()
+        at.slider(key="steer.lambda.constant").set_value(lam).run()
         assert not at.exception
         steered = html_boxes(at)[2]
         assert f"λ = {lam:+.2f}" in steered
@@ -762,9 +762,10 @@ def test_studies_as_ray_tasks_equal_the_serial_ones_and_fill_the_page(workbench,
     import ray
     from safetensors.torch import load_file
 
-    from topl_core.analysis.evaluation import EvalConfig, Variant, evaluate
-    from topl_core.analysis.label_sensitivity import LabelStudyConfig, run_label_study
-    from topl_core.analysis.sweeps import SweepConfig, heatmap_table, read_sweep, run_sweep
+    from topl_core.analysis.evaluation.config import EvalConfig, Variant
+    from topl_core.analysis.evaluation.evaluate import evaluate
+    from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig, run_label_study
+    from topl_core.analysis.studies.sweeps import SweepConfig, heatmap_table, read_sweep, run_sweep
     from topl_core.errors import RunError
     from topl_core.executor import ExecutorConfig
 

@@ -17,10 +17,12 @@ import torch
 from conftest import NEWS_PAIRS, TOLERANCE, tiny_config
 
 from topl_core import precision as prec
-from topl_core.analysis.capture import collect_projections
-from topl_core.analysis.probe import ProbeSettings, probe_run, run_projections
-from topl_core.analysis.probe_head import ProbeHeadSettings, fit_probe_head
-from topl_core.analysis.steering import MODES, POSITIONS, SteerConfig, SteeringSession, build_steering_vectors
+from topl_core.analysis.lora_a.capture import collect_projections
+from topl_core.analysis.lora_a.probe import ProbeSettings, probe_run, run_projections
+from topl_core.analysis.lora_a.probe_head import ProbeHeadSettings, fit_probe_head
+from topl_core.analysis.steering.modes import MODES, POSITIONS, SteerConfig
+from topl_core.analysis.steering.session import SteeringSession
+from topl_core.analysis.steering.vectors import build_steering_vectors
 from topl_core.generate import GenerationConfig, generate, load_merged
 from topl_core.models import LoadedModel, ModelSpec, load_model
 from topl_core.scoring import TokenScorer
@@ -90,7 +92,7 @@ def test_token_scores_and_surprisal_agree_with_float64(precision, run, news_reco
 def test_probe_and_umap_in_bf16(run, news_records):
     """The LoRA-A page's path: projections (cached per precision), per-site AUROC within the bf16 bound of fp32's,
     and a UMAP of bf16 projections."""
-    from topl_core.analysis.umap_view import umap_embedding
+    from topl_core.analysis.lora_a.umap_view import umap_embedding
 
     f32 = probe_run(run, news_records, ProbeSettings(precision="fp32", n_boot=50))
     b16 = probe_run(run, news_records, ProbeSettings(precision="bf16", n_boot=50))
@@ -168,7 +170,9 @@ def test_training_in_bf16_changes_the_adapter_and_logs_finite_metrics(tmp_path, 
 
 def test_evaluation_and_lambda_study_in_bf16(tmp_path, tiny_records):
     """The Evaluation page's path (generate, score) and the λ study, with EvalConfig(precision="bf16")."""
-    from topl_core.analysis.evaluation import EvalConfig, Variant, evaluate, lambda_sweep
+    from topl_core.analysis.evaluation.config import EvalConfig, Variant
+    from topl_core.analysis.evaluation.evaluate import evaluate
+    from topl_core.analysis.evaluation.lambda_study import lambda_sweep
     from topl_core.data.records import write_jsonl
 
     data = write_jsonl(tiny_records, tmp_path / "data.jsonl")
@@ -185,7 +189,7 @@ def test_evaluation_and_lambda_study_in_bf16(tmp_path, tiny_records):
 
 def test_sweep_with_frozen_prefix_reuse_in_bf16(tiny_records, tmp_path):
     """Reusing the frozen prefix trains what the plain trainer trains, in bf16 as in fp32."""
-    from topl_core.analysis.sweeps import SweepConfig, run_sweep
+    from topl_core.analysis.studies.sweeps import SweepConfig, run_sweep
 
     loader = lambda: load_model("tiny-llama")  # noqa: E731
     train_cfg = tiny_config(precision="bf16", steps=2, eval_every=2)
@@ -201,7 +205,7 @@ def test_sweep_with_frozen_prefix_reuse_in_bf16(tiny_records, tmp_path):
 
 
 def test_label_study_in_bf16(tiny_records, tmp_path):
-    from topl_core.analysis.label_sensitivity import LabelStudyConfig, run_label_study
+    from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig, run_label_study
 
     cfg = LabelStudyConfig(train=tiny_config(precision="bf16", steps=2, eval_every=2), settings=("original", "random"))
     df = run_label_study(cfg, tmp_path / "study", records=tiny_records)
@@ -209,7 +213,7 @@ def test_label_study_in_bf16(tiny_records, tmp_path):
 
 
 def test_transfer_and_layer_scan_in_bf16(run, tiny_records):
-    from topl_core.analysis.transfer import TransferSettings, layer_scan, transfer_table
+    from topl_core.analysis.studies.transfer import TransferSettings, layer_scan, transfer_table
 
     small = TransferSettings(stage="dev", max_records_per_set=4, probe_records=16, bootstrap=20)
     t32 = transfer_table([run], replace(small, precision="fp32"), None, tiny_records)

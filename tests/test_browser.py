@@ -427,8 +427,10 @@ def test_four_sessions_steering_at_once_get_what_each_would_get_alone(app, brows
     the app or any cache; no session shows an error; every cache entry the app wrote verifies against its checksum."""
     from topl_core.adapters import open_adapter
     from topl_core.analysis.cache import key_file
-    from topl_core.analysis.probe import labelled_records
-    from topl_core.analysis.steering import SteerConfig, SteeringSession, build_steering_vectors
+    from topl_core.analysis.lora_a.probe import labelled_records
+    from topl_core.analysis.steering.modes import SteerConfig
+    from topl_core.analysis.steering.session import SteeringSession
+    from topl_core.analysis.steering.vectors import build_steering_vectors
     from topl_core.data.records import read_jsonl
     from topl_core.data.split import split_records
     from topl_core.generate import GenerationConfig, load_merged

@@ -10,7 +10,8 @@ import gguf
 import numpy as np
 import pytest
 
-from topl_core.analysis.control_vector import (
+from topl_core.analysis.lora_a.sites import SUPPORTED_MODEL_TYPES, Site
+from topl_core.analysis.steering.control_vector import (
     ARCHITECTURE,
     KEY_LAYER_COUNT,
     KEY_MODEL_HINT,
@@ -21,7 +22,6 @@ from topl_core.analysis.control_vector import (
     read_control_vector,
     write_control_vector,
 )
-from topl_core.analysis.sites import SUPPORTED_MODEL_TYPES, Site
 from topl_core.errors import ModelError
 
 HIDDEN = 8

@@ -11,18 +11,11 @@ import pandas as pd
 import pytest
 from conftest import CLIFF_CSV
 
-from topl_core.analysis import scorers
-from topl_core.analysis.evaluation import OOD_MEAN
-from topl_core.analysis.scorers import (
-    GroundingScorer,
-    Scorer,
-    count_sentences,
-    make_scorer,
-    measure_scorer_quality,
-    score_summary,
-    scorer_quality,
-    split_sentences,
-)
+from topl_core.analysis.evaluation import quality
+from topl_core.analysis.evaluation.config import OOD_MEAN
+from topl_core.analysis.evaluation.quality import measure_scorer_quality, scorer_quality
+from topl_core.analysis.evaluation.scorers import GroundingScorer, Scorer, make_scorer, score_summary
+from topl_core.analysis.evaluation.text import count_sentences, split_sentences
 from topl_core.errors import ScorerError
 
 DOC = (
@@ -201,7 +194,7 @@ def test_quality_report_and_cache(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("recomputed instead of reading the cache")
 
-    monkeypatch.setattr(scorers, "measure_scorer_quality", boom)
+    monkeypatch.setattr(quality, "measure_scorer_quality", boom)
     again = scorer_quality(GroundingScorer(), csv, n_halueval=0)
     assert again == q  # exact round trip
     with pytest.raises(AssertionError, match="recomputed"):  # other settings → another key
@@ -222,7 +215,7 @@ def test_grounding_auroc_on_cliff_is_measured_and_above_chance():
 
 
 def test_results_table_arithmetic():
-    from topl_core.analysis.evaluation import results_table
+    from topl_core.analysis.evaluation.evaluate import results_table
 
     per_doc = pd.DataFrame(
         [
@@ -284,7 +277,8 @@ def _llm_aggrefact_rows() -> list[dict]:
 
 
 def test_ood_over_a_benchmark_takes_n_documents_per_dataset(tmp_path):
-    from topl_core.analysis.evaluation import EvalConfig, ood_documents
+    from topl_core.analysis.evaluation.config import EvalConfig
+    from topl_core.analysis.evaluation.documents import ood_documents
     from topl_core.errors import DataError
 
     table = pd.DataFrame(_llm_aggrefact_rows())
@@ -304,7 +298,7 @@ def test_ood_over_a_benchmark_takes_n_documents_per_dataset(tmp_path):
 def test_mean_over_ood_sources_and_protocol_agreement_by_hand():
     from scipy.stats import spearmanr
 
-    from topl_core.analysis.evaluation import protocol_agreement, results_table
+    from topl_core.analysis.evaluation.evaluate import protocol_agreement, results_table
 
     rows = []
     for variant, shift in (("a", 0.0), ("b", 0.1), ("c", 0.3)):
@@ -345,8 +339,11 @@ def gemma_run(tmp_path_factory, tiny_records):
 
 
 def test_evaluate_runner_and_lambda_sweep(gemma_run, monkeypatch):
-    from topl_core.analysis import evaluation
-    from topl_core.analysis.evaluation import EvalConfig, Variant, evaluate, id_documents, lambda_curve, lambda_sweep
+    from topl_core.analysis.evaluation import evaluate as evaluation
+    from topl_core.analysis.evaluation.config import EvalConfig, Variant
+    from topl_core.analysis.evaluation.documents import id_documents
+    from topl_core.analysis.evaluation.evaluate import evaluate
+    from topl_core.analysis.evaluation.lambda_study import lambda_curve, lambda_sweep
 
     run, data = gemma_run
     cfg = EvalConfig(
@@ -394,7 +391,7 @@ def test_evaluate_runner_and_lambda_sweep(gemma_run, monkeypatch):
         cfg,
         sets=("ID",),
         modes=("vector", "conditional", "random"),
-        conditional_lambdas=[0.0, 1.0],
+        grids={"conditional": [0.0, 1.0]},
     )
     assert len(df) == (3 + 2 + 3) * 3
     vector = df[df["mode"] == "vector"]
@@ -440,7 +437,7 @@ def test_evaluate_cli_help(capsys):
 
 
 def test_word_chunks_cover_the_document():
-    from topl_core.analysis.scorers import _word_chunks
+    from topl_core.analysis.evaluation.scorers import _word_chunks
 
     doc = " ".join(f"w{i}" for i in range(103))
     for size in (10, 40, 200):
@@ -456,7 +453,7 @@ def test_hub_scorer_runs_on_local_models(tmp_path):
     import torch
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    from topl_core.analysis.scorers import HubScorer, _word_chunks
+    from topl_core.analysis.evaluation.scorers import HubScorer, _word_chunks
     from topl_core.models import load_model
     from topl_core.tiny_models import build_tiny_tokenizer
 

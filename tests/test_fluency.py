@@ -1,5 +1,5 @@
-"""Fluency metrics (topl_core.analysis.fluency): text-only statistics on hand-made texts, perplexity on the tiny
-model checked against a hand-computed forward pass, and the thresholds on the embedded SmolLM2."""
+"""Fluency metrics (topl_core.analysis.steering.fluency): text-only statistics on hand-made texts, perplexity on the
+tiny model checked against a hand-computed forward pass, and the thresholds on the embedded SmolLM2."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import needs_smollm2
 
-from topl_core.analysis.fluency import (
+from topl_core.analysis.steering.fluency import (
     MAX_PERPLEXITY,
     Fluency,
     fluency,

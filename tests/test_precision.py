@@ -132,7 +132,7 @@ def fake_cpu(monkeypatch):
 
 
 def test_auto_is_fp32_on_a_cpu_without_native_bf16(fake_cpu):
-    from topl_core.analysis.probe import ProbeSettings
+    from topl_core.analysis.lora_a.probe import ProbeSettings
 
     fake_cpu(AVX2)
     assert prec.resolve_precision("auto", "cpu") == "fp32"

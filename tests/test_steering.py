@@ -12,17 +12,16 @@ import torch
 from conftest import NEWS_PAIRS, all_hooks
 
 from topl_core.adapters import load_adapter
-from topl_core.analysis.capture import collect_projections
-from topl_core.analysis.separability import separability
-from topl_core.analysis.sites import RESIDUAL_MODULES
-from topl_core.analysis.steering import (
-    UNIT_FRACTION,
-    SteerConfig,
-    SteeringSession,
+from topl_core.analysis.lora_a.capture import collect_projections
+from topl_core.analysis.lora_a.separability import separability
+from topl_core.analysis.lora_a.sites import RESIDUAL_MODULES
+from topl_core.analysis.steering.hooks import steer
+from topl_core.analysis.steering.modes import UNIT_FRACTION, SteerConfig
+from topl_core.analysis.steering.session import SteeringSession
+from topl_core.analysis.steering.vectors import (
     SteeringVectors,
     build_steering_vectors,
     compute_steering_vectors,
-    steer,
     steering_vectors_from_model,
 )
 from topl_core.errors import ModelError
@@ -200,7 +199,7 @@ def test_export_import_round_trip(vectors, tmp_path, run):
     vectors.save(tmp_path / "v")
     back = SteeringVectors.load(tmp_path / "v")
     assert back.sites == vectors.sites and back.auroc == vectors.auroc and back.scaling == vectors.scaling
-    assert back.lambda_range == vectors.lambda_range and back.adapter_fingerprint == run.fingerprint()
+    assert back.adapter_fingerprint == run.fingerprint() and back.output_norm == vectors.output_norm
     assert back.base_fingerprint == vectors.base_fingerprint and back.base_model == "tiny-llama"
     for k in vectors.vectors:
         assert np.array_equal(back.vectors[k], vectors.vectors[k])
@@ -208,7 +207,7 @@ def test_export_import_round_trip(vectors, tmp_path, run):
     import json
 
     meta = json.loads((tmp_path / "v" / "steering.json").read_text())
-    assert {"base_model", "adapter_fingerprint", "sites", "lambda_range"} <= set(meta)
+    assert {"base_model", "adapter_fingerprint", "sites", "formula"} <= set(meta)
     assert meta["sites"][0]["auroc"] == vectors.auroc[vectors.sites[0].key]
     with pytest.raises(ModelError, match="export"):
         SteeringVectors.load(tmp_path / "nothing")
@@ -284,7 +283,7 @@ def test_steer_context_is_invisible_to_other_threads(merged, vectors):
 def test_steer_cli(run, news_records, tmp_path, monkeypatch, capsys):
     import json
 
-    from topl_core.analysis.control_vector import read_control_vector
+    from topl_core.analysis.steering.control_vector import read_control_vector
     from topl_core.cli import main
     from topl_core.data.records import write_jsonl
 
@@ -336,7 +335,7 @@ def test_generate_many_matches_generate_under_steer(merged, vectors):
 
 def _site_outputs_by_hand(merged, records, sites):
     """Each site's output on the labelled tokens, captured by plain forward hooks (independent of site_outputs)."""
-    from topl_core.analysis.capture import _token_rows
+    from topl_core.analysis.lora_a.capture import _token_rows
     from topl_core.data.encode import encode_record
 
     outs, labels = {s.key: [] for s in sites}, []
@@ -363,7 +362,7 @@ def _site_outputs_by_hand(merged, records, sites):
 
 
 def test_diff_mean_and_output_norm_are_the_merged_models_site_outputs(merged, vectors, news_records):
-    from topl_core.analysis.probe import labelled_records
+    from topl_core.analysis.lora_a.probe import labelled_records
 
     outs, labels = _site_outputs_by_hand(merged, labelled_records(news_records), vectors.sites)
     assert (labels == 1).sum() == vectors.n_good and (labels == 0).sum() == vectors.n_bad
@@ -425,7 +424,7 @@ def test_conditional_mode_spans_base_to_merged(run, merged, vectors):
     # every LoRA site of the adapter is hooked (not only the top-k residual sites), and none remain afterwards
     before = all_hooks(merged.model)
     with steer(merged.model, vectors, 0.5, cond):
-        from topl_core.analysis.sites import read_lora_weights
+        from topl_core.analysis.lora_a.sites import read_lora_weights
 
         assert all_hooks(merged.model) == before + len(read_lora_weights(run.path))
     assert all_hooks(merged.model) == before

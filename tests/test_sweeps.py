@@ -12,8 +12,8 @@ import torch
 from conftest import tiny_config
 from safetensors.torch import load_file
 
-from topl_core.analysis import sweeps
-from topl_core.analysis.sweeps import (
+from topl_core.analysis.studies import sweeps
+from topl_core.analysis.studies.sweeps import (
     SweepConfig,
     Window,
     heatmap_table,
@@ -229,7 +229,7 @@ def test_sweep_cli_help_and_show(tmp_path, capsys):
 
 
 def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path):
-    from topl_core.analysis.label_sensitivity import LabelStudyConfig, label_stats_for, run_label_study
+    from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig, label_stats_for, run_label_study
     from topl_core.data.split import split_records
     from topl_core.data.variants import LABEL_SETTINGS, label_settings_table
     from topl_core.training.objectives import OBJECTIVES, EncodeSettings

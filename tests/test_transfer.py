@@ -15,8 +15,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from topl_core.adapters import open_adapter
-from topl_core.analysis import transfer
-from topl_core.analysis.transfer import (
+from topl_core.analysis.studies import transfer
+from topl_core.analysis.studies.transfer import (
     COLUMNS,
     DETECTORS,
     TransferSettings,

@@ -9,8 +9,8 @@ import json
 import pytest
 from conftest import MLQE_PAIRS, tiny_config, write_mlqe
 
-from topl_core.analysis import translation
-from topl_core.analysis.translation import ChrfScorer, flores_pairs, make_translation_scorer, parallel_pairs
+from topl_core.analysis.evaluation import translation
+from topl_core.analysis.evaluation.translation import ChrfScorer, flores_pairs, make_translation_scorer, parallel_pairs
 from topl_core.data.mlqe import load_mlqe_dir
 from topl_core.errors import DataError, ScorerError
 
@@ -49,7 +49,7 @@ def test_the_scorer_agrees_with_mlqe_pe_human_effort(mlqe):
     """chrF of MLQE-PE's own translations against their post-edits ranks them as 1 − HTER does (ties apart)."""
     from scipy.stats import spearmanr
 
-    from topl_core.analysis.translation import scorer_agreement
+    from topl_core.analysis.evaluation.translation import scorer_agreement
 
     agreement = scorer_agreement(mlqe / "test", "test")
     chrf = ChrfScorer().score([p[0] for p in MLQE_PAIRS], [p[1] for p in MLQE_PAIRS], [p[2] for p in MLQE_PAIRS])

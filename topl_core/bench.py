@@ -46,10 +46,11 @@ import pandas as pd
 import torch
 
 from .adapters import load_adapter
-from .analysis.capture import capture_lora
-from .analysis.probe import ProbeSettings, probe_run
-from .analysis.steering import build_steering_vectors, steer
-from .analysis.sweeps import SweepConfig, Window, fresh_copy, plan_windows, run_sweep, sweep_inputs
+from .analysis.lora_a.capture import capture_lora
+from .analysis.lora_a.probe import ProbeSettings, probe_run
+from .analysis.steering.hooks import steer
+from .analysis.steering.vectors import build_steering_vectors
+from .analysis.studies.sweeps import SweepConfig, Window, fresh_copy, plan_windows, run_sweep, sweep_inputs
 from .data.encode import build_prompt, collate, encode_record
 from .data.records import read_jsonl
 from .data.split import split_records

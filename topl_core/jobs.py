@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .analysis.sweeps import SweepConfig, save_sweep_config, saved_executor
+from .analysis.studies.sweeps import SweepConfig, save_sweep_config, saved_executor
 from .cli import CANCELLED
 from .cli import main as cli_main
 from .errors import JobError, RunError, WorkbenchError

@@ -42,7 +42,7 @@ class TokenScorer:
     """Loads an adapter (unmerged) and a head onto a base model it owns. Thread-safe: one forward at a time.
 
     The head is the run's trained head (TOPL, SOPL, TLDR), or `head` = (layer, nn.Linear) for an adapter without
-    one — a probe head fitted on its hidden states (topl_core.analysis.probe_head). `probe_on_base` = (layer,
+    one — a probe head fitted on its hidden states (topl_core.analysis.lora_a.probe_head). `probe_on_base` = (layer,
     nn.Linear) also scores every token with a head on the base model's states (adapter disabled): the frozen-probe
     control, in TokenScores.p_good_base."""
 

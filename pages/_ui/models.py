@@ -10,7 +10,7 @@ import streamlit as st
 
 from pages._ui.spec import current_model_name, spec_of
 from topl_core.adapters import open_adapter
-from topl_core.analysis.probe_head import ProbeHead, ProbeHeadSettings, fit_probe_head
+from topl_core.analysis.lora_a.probe_head import ProbeHead, ProbeHeadSettings, fit_probe_head
 from topl_core.data.records import read_jsonl
 from topl_core.generate import load_merged
 from topl_core.models import EMBEDDED, load_model

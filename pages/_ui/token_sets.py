@@ -8,7 +8,7 @@ import streamlit as st
 
 from pages._ui.datasets import dataset_picker
 from topl_core.adapters import open_adapter
-from topl_core.analysis.probe import ProbeResult, ProbeSettings, labelled_records, probe_run
+from topl_core.analysis.lora_a.probe import ProbeResult, ProbeSettings, labelled_records, probe_run
 from topl_core.data.cliff import load_factuality_csv
 from topl_core.data.records import read_jsonl
 from topl_core.data.split import split_records

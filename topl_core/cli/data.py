@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-from ..analysis.evaluation import EvalConfig
-from ..analysis.own_summaries import generate_own_summaries, own_summary_records
+from ..analysis.evaluation.config import EvalConfig
+from ..analysis.studies.own_summaries import generate_own_summaries, own_summary_records
 from ..data import cliff, fava, halueval, mlqe
 from ..data.encode import encode_record
 from ..data.perturb import RECIPES

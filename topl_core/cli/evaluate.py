@@ -9,18 +9,12 @@ import argparse
 import sys
 
 from ..adapters import open_adapter
-from ..analysis.evaluation import (
-    CURVE_KEYS,
-    EvalConfig,
-    Variant,
-    evaluate,
-    lambda_curve,
-    lambda_sweep,
-    protocol_agreement,
-    results_table,
-)
-from ..analysis.scorers import make_scorer, scorer_quality
-from ..analysis.steering import MODES, POSITIONS, UNITS_DOC
+from ..analysis.evaluation.config import EvalConfig, Variant
+from ..analysis.evaluation.evaluate import evaluate, protocol_agreement, results_table
+from ..analysis.evaluation.lambda_study import CURVE_KEYS, lambda_curve, lambda_sweep
+from ..analysis.evaluation.quality import scorer_quality
+from ..analysis.evaluation.scorers import make_scorer
+from ..analysis.steering.modes import MODES, POSITIONS, UNITS_DOC, lambda_grids, modes_help
 from ..errors import ConfigError
 from ..executor import ExecutorConfig
 from ..io import atomic_open, write_json
@@ -71,18 +65,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--modes",
         nargs="+",
-        choices=MODES,
+        choices=tuple(MODES),
         default=["vector"],
-        help="λ sweep: how λ steers — vector (λ·scaling·B(μ+ − μ−)), conditional (the adapter's update scaled by λ: "
-        "0 = base, 1 = merged), diff-mean and random (controls with the vector's norm); constant modes in normalised "
-        "units (" + UNITS_DOC + ")",
+        help="λ sweep: how λ steers. " + modes_help() + " Adding modes in normalised units (" + UNITS_DOC + ")",
     )
     p.add_argument(
+        "--scaled-lambdas",
         "--conditional-lambdas",
         nargs="+",
         type=float,
         metavar="LAMBDA",
-        help="λ grid of the conditional mode (default: --lambdas)",
+        help="λ grid of the modes that scale the adapter's update (conditional; default: --lambdas)",
     )
     p.add_argument(
         "--positions", choices=POSITIONS, default="all", help="steer every position, or only generated tokens"
@@ -175,8 +168,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.run:
             print("error: --lambdas needs --run RUN_DIR", file=sys.stderr)
             return 2
-        n_cond = len(args.conditional_lambdas or args.lambdas)
-        total = len(args.run) * sum(n_cond if m == "conditional" else len(args.lambdas) for m in args.modes)
+        scaling = [m for m in args.modes if MODES[m].acts == "scale"]
+        grids = lambda_grids(args.modes, args.lambdas, dict.fromkeys(scaling, args.scaled_lambdas or args.lambdas))
+        total = len(args.run) * sum(len(g) for g in grids.values())
         with Bar("(run, mode, λ)", total=total) as bar:
             df = lambda_sweep(
                 args.run,
@@ -187,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
                 use_cache=not args.no_cache,
                 modes=args.modes,
                 positions=args.positions,
-                conditional_lambdas=args.conditional_lambdas,
+                grids=grids,
             )
         curve = lambda_curve(df)
         print(f"λ sweep (steered sites {df.attrs.get('sites')}; scorer {cfg.scorer}, sentence protocol; 95% interval")

@@ -7,8 +7,8 @@ import argparse
 from pathlib import Path
 
 from ..adapters import open_adapter
-from ..analysis.evaluation import Variant
-from ..analysis.translation import (
+from ..analysis.evaluation.config import Variant
+from ..analysis.evaluation.translation import (
     TranslationConfig,
     evaluate_translation,
     flores_pairs,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..analysis.label_sensitivity import LabelStudyConfig, label_stats_for, read_label_study, run_label_study
+from ..analysis.studies.label_sensitivity import LabelStudyConfig, label_stats_for, read_label_study, run_label_study
 from ..data.variants import LABEL_SETTINGS
 from ..executor import ExecutorConfig
 from ..io import write_json

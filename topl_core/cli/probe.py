@@ -8,10 +8,10 @@ import argparse
 import math
 from pathlib import Path
 
-from ..analysis.evaluation import EvalConfig
-from ..analysis.indicator import MIN_ADAPTERS_FOR_RHO, factuality_by_adapter, indicator_table
-from ..analysis.probe import ProbeSettings, labelled_records, probe_run
-from ..analysis.separability import METHOD, comparison_table, format_heatmap
+from ..analysis.evaluation.config import EvalConfig
+from ..analysis.evaluation.indicator import MIN_ADAPTERS_FOR_RHO, factuality_by_adapter, indicator_table
+from ..analysis.lora_a.probe import ProbeSettings, labelled_records, probe_run
+from ..analysis.lora_a.separability import METHOD, comparison_table, format_heatmap
 from ..data.cliff import load_factuality_csv
 from ..errors import ConfigError
 from ..io import write_json

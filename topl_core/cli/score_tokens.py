@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..analysis.probe_head import ProbeHeadSettings, fit_probe_head
+from ..analysis.lora_a.probe_head import ProbeHeadSettings, fit_probe_head
 from ..data.cliff import load_factuality_csv
 from ..data.records import read_jsonl
 from ..io import write_json

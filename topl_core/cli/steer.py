@@ -8,17 +8,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 
-from ..analysis.probe import ProbeSettings, labelled_records
-from ..analysis.steering import (
-    MODES,
-    POSITIONS,
-    UNITS,
-    UNITS_DOC,
-    SteerConfig,
-    SteeringSession,
-    SteeringVectors,
-    build_steering_vectors,
-)
+from ..analysis.lora_a.probe import ProbeSettings, labelled_records
+from ..analysis.steering.modes import MODES, POSITIONS, UNITS, UNITS_DOC, SteerConfig, modes_help
+from ..analysis.steering.session import SteeringSession
+from ..analysis.steering.vectors import SteeringVectors, build_steering_vectors
 from ..data.records import read_utf8
 from ..generate import GenerationConfig, generate
 from ..io import write_json
@@ -42,16 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_adapter_args(p, ADAPTER_HELP + " (its LoRA is merged; its B gives the vectors)")
     p.add_argument("--document", help="document text to summarise")
     p.add_argument("--document-file", help="read the document from this file instead")
-    p.add_argument(
-        "--lambdas", nargs="+", type=float, default=[-2, -1, 0, 1, 2], help="λ grid (normalised units by default)"
-    )
-    p.add_argument(
-        "--mode",
-        choices=MODES,
-        default="vector",
-        help="vector: λ·scaling·B(μ+ − μ−) (the paper); conditional: the adapter's own update scaled by λ (0 = base, "
-        "1 = merged); diff-mean / random: controls with the vector's norm",
-    )
+    p.add_argument("--lambdas", nargs="+", type=float, help="λ grid (default: the mode's grid)")
+    p.add_argument("--mode", choices=tuple(MODES), default="vector", help=modes_help())
     p.add_argument("--positions", choices=POSITIONS, default="all", help="steer every position or only generated ones")
     p.add_argument("--units", choices=UNITS, default="normalised", help=UNITS_DOC)
     p.add_argument("--top-k", type=int, default=4, help="number of steered sites (best o_proj/down_proj by AUROC)")
@@ -92,7 +77,6 @@ def run(args: argparse.Namespace) -> None:
         if not records:
             raise SystemExit(f"error: {args.data} [{args.split}] holds no records with token labels.")
         print(f"computing steering vectors from {args.data} [{args.split}]: {len(records)} records")
-        lo, hi = min(args.lambdas), max(args.lambdas)
         with Bar("capturing LoRA-A projections") as bar:
             vectors = build_steering_vectors(
                 rd,
@@ -100,7 +84,6 @@ def run(args: argparse.Namespace) -> None:
                 ProbeSettings(random_control=False, precision=precision),
                 args.top_k,
                 use_cache=not args.no_cache,
-                lambda_range=(lo, hi),
                 progress=bar,
             )
     norms = vectors.norms()
@@ -108,7 +91,8 @@ def run(args: argparse.Namespace) -> None:
     for s in vectors.sites:
         print(f"  {s.key:14s} AUROC {vectors.auroc[s.key]:.3f}  ‖v‖ {norms[s.key]:.4g}")
     how = SteerConfig(args.mode, args.positions, args.units)
-    if how.mode != "conditional" and how.units == "normalised":
+    lambdas = args.lambdas or list(how.spec.lambda_grid)
+    if how.spec.acts == "add" and how.units == "normalised":
         factor = vectors.unit_factor(how.mode)
         print(
             f"normalised λ = 1 is raw λ {min(factor.values()):.3g}–{max(factor.values()):.3g} (per site) "
@@ -133,7 +117,7 @@ def run(args: argparse.Namespace) -> None:
         base_text = generate(load_model(ModelSpec(rd.base_model, device=rd.device)), [args.document], gen)[0]
         rows.append({"model": "base", "lambda": None, "text": base_text})
         print(f"\n== base model\n{base_text}")
-    for lam in args.lambdas:  # each text is printed as it is done: that is the progress here
+    for lam in lambdas:  # each text is printed as it is done: that is the progress here
         text = session.generate_steered(args.document, lam, gen, how=how)
         rows.append({"model": "merged" if lam == how.neutral else "steered", "lambda": lam, "text": text})
         print(f"\n== merged, λ = {lam:g} ({how.label()})\n{text}")

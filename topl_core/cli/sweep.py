@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..analysis.sweeps import SweepConfig, compare_reuse, heatmap_table, read_sweep, resume_sweep, run_sweep
+from ..analysis.studies.sweeps import SweepConfig, compare_reuse, heatmap_table, read_sweep, resume_sweep, run_sweep
 from ..errors import ConfigError
 from ..jobs import launch_sweep, read_job, resume_sweep_job
 from ..paths import DEFAULT_DATA

@@ -7,7 +7,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..analysis.transfer import STAGES, TransferSettings, format_markdown, heldout_count, layer_scan, transfer_table
+from ..analysis.studies.transfer import (
+    STAGES,
+    TransferSettings,
+    format_markdown,
+    heldout_count,
+    layer_scan,
+    transfer_table,
+)
 from ..data.records import read_jsonl
 from ..io import atomic_open, write_json
 from ..progress import Bar

@@ -42,8 +42,8 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import ModelError
-from .sites import RESIDUAL_MODULES, Site
+from ...errors import ModelError
+from ..lora_a.sites import RESIDUAL_MODULES, Site
 
 ARCHITECTURE = "controlvector"
 KEY_ARCHITECTURE = "general.architecture"
@@ -111,7 +111,7 @@ def control_vector_index(site: Site) -> int:
     outside RESIDUAL_MODULES (its output is not added to the residual stream)."""
     if not isinstance(site, Site):
         raise ModelError(
-            f"{site!r} is not a Site: pass {{Site: vector}} (topl_core.analysis.sites.Site, e.g. from "
+            f"{site!r} is not a Site: pass {{Site: vector}} (topl_core.analysis.lora_a.sites.Site, e.g. from "
             "SteeringVectors.sites)."
         )
     if not site.residual:

@@ -46,19 +46,19 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..data.records import read_jsonl
-from ..data.split import first_documents, split_records
-from ..errors import ConfigError, RunError
-from ..executor import ExecutorConfig, failure_report, run_tasks, worker_memo
-from ..generate import GenerationConfig, generate, load_merged
-from ..io import read_log_rows, write_json
-from ..models import LoadedModel, ModelSpec, layer_count, load_model
-from ..runs import RunDir
-from ..status import WriterLock, clear_stop, stop_requested, write_status
-from ..training.config import TrainConfig
-from ..training.prefix_cache import PrefixStats, PrefixStore, install_prefix_cache
-from ..training.trainer import train
-from .scorers import make_scorer, score_summary
+from ...data.records import read_jsonl
+from ...data.split import first_documents, split_records
+from ...errors import ConfigError, RunError
+from ...executor import ExecutorConfig, failure_report, run_tasks, worker_memo
+from ...generate import GenerationConfig, generate, load_merged
+from ...io import read_log_rows, write_json
+from ...models import LoadedModel, ModelSpec, layer_count, load_model
+from ...runs import RunDir
+from ...status import WriterLock, clear_stop, stop_requested, write_status
+from ...training.config import TrainConfig
+from ...training.prefix_cache import PrefixStats, PrefixStore, install_prefix_cache
+from ...training.trainer import train
+from ..evaluation.scorers import make_scorer, score_summary
 
 # --- windows and config -----------------------------------------------------------------------------------------
 

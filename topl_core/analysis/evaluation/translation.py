@@ -22,15 +22,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
-from ..adapters import open_adapter
-from ..data.mlqe import load_mlqe_dir
-from ..data.records import utf8_lines
-from ..errors import DataError, ScorerError
-from ..generate import GenerationConfig, generate
-from ..precision import Precision, resolve_precision
-from ..presets import DEFAULT_MODEL, FLORES_CODES, language_pair
-from .cache import JSON, cached
-from .evaluation import Variant, hub_rows, variant_model
+from ...adapters import open_adapter
+from ...data.mlqe import load_mlqe_dir
+from ...data.records import utf8_lines
+from ...errors import DataError, ScorerError
+from ...generate import GenerationConfig, generate
+from ...precision import Precision, resolve_precision
+from ...presets import DEFAULT_MODEL, FLORES_CODES, language_pair
+from ..cache import JSON, cached
+from .config import Variant
+from .documents import hub_rows
+from .evaluate import variant_model
 
 
 class TranslationScorer(Protocol):

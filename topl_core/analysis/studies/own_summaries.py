@@ -22,9 +22,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..data.records import Record, Span
-from .evaluation import EvalConfig, EvalDoc, Variant, VariantModels, generate_for
-from .scorers import analysed_words, split_sentences
+from ...data.records import Record, Span
+from ..evaluation.config import EvalConfig, Variant
+from ..evaluation.documents import EvalDoc
+from ..evaluation.evaluate import VariantModels, generate_for
+from ..evaluation.text import analysed_words, split_sentences
 
 SOURCE = "own-summaries"
 RULE = "lexical-v1"

