@@ -6,7 +6,6 @@ from pages._ui.frame import ensure_frame
 
 ensure_frame()  # first: see pages/_ui/frame.py
 
-import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -259,9 +258,8 @@ def own_summaries_builder() -> None:
     if st.button("Start generating", type="primary", key="data.own_go", icon=":material/play_arrow:"):
         try:
             out = data_file(out_name)
-            args = ["data", "build", "--source", "own-summaries", "--model", model.strip(), "--limit", str(limit),
-                    "--max-new-tokens", str(max_new), "--device", device, "--out", str(out)]  # fmt: skip
-            jobs.launch(args, inside(BUILD_JOBS, out.stem, "Output name"), kind="data")
+            job_dir = inside(BUILD_JOBS, out.stem, "Output name")
+            jobs.launch_own_summaries(model.strip(), int(limit), int(max_new), device, out, job_dir)
         except (ConfigError, jobs.JobError) as ex:
             st.error(str(ex))
     job_dir = newest_build_job()
@@ -280,14 +278,16 @@ def build_job_panel(job_dir: Path) -> None:
     job = jobs.read_job(job_dir)
     if job is None:
         return
-    argv = json.loads((job_dir / jobs.JOB_FILE).read_text())["argv"]
-    out = argv[argv.index("--out") + 1]
+    info = jobs.job_info(job_dir)
+    if "out" not in info:  # a build started by an older version, which stored no info: nothing to show
+        return
+    out = info["out"]
     log = jobs.log_tail(job_dir, 40)
     was_running = st.session_state.get("data.own_was_running")
     st.session_state["data.own_was_running"] = job.active
     if job.active:
         counts = BAR_COUNT.findall(log)
-        done, total = map(int, counts[-1]) if counts else (0, int(argv[argv.index("--limit") + 1]))
+        done, total = map(int, counts[-1]) if counts else (0, int(info["limit"]))
         c1, c2 = st.columns([5, 1], vertical_alignment="center")
         c1.progress(done / max(total, 1), text=f"`{Path(out).name}` {job.state}: {done} of {total} summaries")
         if c2.button("Cancel", key="data.own_cancel", icon=":material/stop:"):

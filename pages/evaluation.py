@@ -22,6 +22,8 @@ from pages._ui.render import csv_download, plot, rho_text
 from pages._ui.runs import finished_runs
 from pages._ui.spec import current_model_name, current_precision, current_spec, split_spec
 from topl_core import jobs
+from topl_core.analysis.evaluation.config import EvalConfig, EvalJob, LambdaStudy
+from topl_core.analysis.evaluation.translation import TranslationConfig, TranslationJob
 from topl_core.analysis.steering.modes import MODES
 from topl_core.paths import inside
 from topl_core.presets import MLQE_PE_PAIRS
@@ -39,9 +41,8 @@ runs = finished_runs()
 _, _, device = split_spec(current_spec())
 
 
-def launch_and_show(args: list[str], out: Path) -> None:
-    """Start the evaluation job (evaluate or evaluate-mt) writing into `out`, and show it below."""
-    jobs.launch(args, out, kind="evaluate")
+def show_launched(out: Path) -> None:
+    """Show the evaluation job just started into `out` below."""
     st.session_state[K + "show"] = out.name
     st.rerun()
 
@@ -93,14 +94,18 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
             modes = a.multiselect(
                 "Modes",
                 list(MODES),
-                default=["vector", "conditional"],
+                default=[next(m.name for m in MODES.values() if m.acts == acts) for acts in ("add", "scale")],
                 key=K + "modes",
                 persist_state="session",
-                help="vector: LoRA-B (the paper); conditional: the adapter's update scaled by λ (0 = base, "
-                "1 = merged); diff-mean and random: controls with the vector's norm.",
+                format_func=lambda m: MODES[m].label,
+                help=" ".join(f"**{m.label}**: {m.help}" for m in MODES.values()),
             )
-            cond_txt = b.text_input(
-                "Conditional λ values", "-1 0 1 2 3", key=K + "cond_lambdas", persist_state="session"
+            scaling_grid = next(m.lambda_grid for m in MODES.values() if m.acts == "scale")
+            scaled_txt = b.text_input(
+                "λ values of the modes that scale the update",
+                " ".join(f"{x:g}" for x in scaling_grid),
+                key=K + "cond_lambdas",
+                persist_state="session",
             )
             gen_only = c.toggle("Generated tokens only", False, key=K + "gen_only", persist_state="session")
         a, b, c = st.columns([2, 2, 1])
@@ -133,51 +138,31 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
         go_eval = st.form_submit_button("Start evaluation", type="primary", icon=":material/play_arrow:")
     if go_eval:
         try:
-            lams = [float(x) for x in lambdas_txt.replace(",", " ").split()]
-            if sweep_mode and (not chosen or not lams or not modes):
-                raise ValueError("a λ sweep needs an adapter, a mode and some λ values")
-            if not sweep_mode and not chosen and not include_base:
-                raise ValueError("nothing to evaluate: pick an adapter or keep the base model row")
-            out = inside(EVALS, name, "Evaluation name")
-            args = [
-                "evaluate",
-                "--n-id",
-                str(int(n_id)),
-                "--n-ood",
-                str(int(n_ood)),
-                "--max-new-tokens",
-                str(int(max_new)),
-                "--scorer",
-                scorer.strip() or "grounding",
-                "--device",
-                device,
-                "--precision",
-                current_precision(),
-                "--json",
-                str(out / "eval.json"),
-                "--csv",
-                str(out / "per_doc.csv"),
-            ]
-            if data:
-                args += ["--data", str(Path(data).resolve())]
-            if ood_data.strip():
-                args += ["--ood-data", ood_data.strip()]
-            for r in chosen:
-                args += ["--run", r]
-            if not chosen:  # with adapters, each is evaluated on its own base model
-                args += ["--model", current_model_name()]
+            lams = tuple(float(x) for x in lambdas_txt.replace(",", " ").split())
+            cfg = EvalConfig(
+                data=str(Path(data).resolve()) if data else EvalConfig.data,
+                n_id=int(n_id),
+                n_ood=int(n_ood),
+                max_new_tokens=int(max_new),
+                scorer=scorer.strip() or "grounding",
+                ood_data=ood_data.strip() or None,
+                model=current_model_name(),
+                device=device,
+                precision=current_precision(),
+            )
+            study = None
             if sweep_mode:
-                args += ["--lambdas", *map(str, lams), "--sets", *(["ID"] if n_ood == 0 else ["ID", "OOD"])]
-                args += ["--modes", *modes, "--positions", "generated" if gen_only else "all"]
-                cond = [float(x) for x in cond_txt.replace(",", " ").split()]
-                if "conditional" in modes and cond:
-                    args += ["--conditional-lambdas", *map(str, cond)]
-            else:
-                if lams:
-                    args += ["--steer", *map(str, lams)]
-                if not include_base:
-                    args += ["--no-base"]
-            launch_and_show(args, out)
+                study = LambdaStudy(
+                    lams,
+                    tuple(modes),
+                    "generated" if gen_only else "all",
+                    ("ID",) if n_ood == 0 else ("ID", "OOD"),
+                    tuple(float(x) for x in scaled_txt.replace(",", " ").split()),
+                )
+            job = EvalJob(cfg, tuple(chosen), include_base, () if sweep_mode else lams, study)
+            out = inside(EVALS, name, "Evaluation name")
+            jobs.launch_evaluation(job, out)
+            show_launched(out)
         except (ValueError, jobs.JobError) as e:
             st.error(str(e))
 
@@ -230,25 +215,32 @@ with st.expander("Start a translation evaluation (the paper's second task)"):
         go_mt = st.form_submit_button("Start translation evaluation", type="primary", icon=":material/translate:")
     if go_mt:
         try:
-            if not mlqe.strip() and not flores.strip() and not ood_src.strip():
-                raise ValueError("no sentences: give an MLQE-PE split folder (ID), FLORES+ or parallel files (OOD)")
-            if not mt_runs and not mt_base:
-                raise ValueError("nothing to evaluate: pick an adapter or keep the base model row")
+            mt_cfg = TranslationConfig(
+                lang_pair=lang_pair,
+                model=current_model_name(),
+                device=device,
+                scorer=mt_scorer.strip() or "chrf",
+                max_new_tokens=int(mt_max_new),
+                precision=current_precision(),
+            )
+            given = {
+                k: v.strip() or None
+                for k, v in (("mlqe", mlqe), ("flores", flores), ("src", ood_src), ("ref", ood_ref))
+            }
+            mt_job = TranslationJob(
+                mt_cfg,
+                tuple(mt_runs),
+                mt_base,
+                mlqe=given["mlqe"],
+                flores=given["flores"],
+                ood_src=given["src"],
+                ood_ref=given["ref"],
+                n_id=int(mt_n_id),
+                n_ood=int(mt_n_ood),
+            )
             out = inside(EVALS, mt_name, "Evaluation name")
-            args = ["evaluate-mt", "--lang-pair", lang_pair, "--n-id", str(int(mt_n_id))]
-            args += ["--n-ood", str(int(mt_n_ood)), "--max-new-tokens", str(int(mt_max_new))]
-            args += ["--scorer", mt_scorer.strip() or "chrf", "--device", device, "--precision", current_precision()]
-            args += ["--json", str(out / "eval.json"), "--csv", str(out / "per_doc.csv")]
-            for flag, value in (("--mlqe", mlqe), ("--flores", flores), ("--ood-src", ood_src), ("--ood-ref", ood_ref)):
-                if value.strip():
-                    args += [flag, value.strip()]
-            for r in mt_runs:
-                args += ["--run", r]
-            if not mt_runs:
-                args += ["--model", current_model_name()]
-            if not mt_base:
-                args += ["--no-base"]
-            launch_and_show(args, out)
+            jobs.launch_translation(mt_job, out)
+            show_launched(out)
         except (ValueError, jobs.JobError) as e:
             st.error(str(e))
 
@@ -267,9 +259,6 @@ sel = st.selectbox("Evaluation", names, key=K + "show", persist_state="session")
 edir = EVALS / sel
 
 
-MODE_COLORS = {"vector": "#2563eb", "conditional": "#16a34a", "diff-mean": "#d97706", "random": "#6b7280"}
-
-
 def lambda_study(curve: pd.DataFrame, res: dict) -> None:
     """The λ curves of a steering study: per adapter, factuality with its 95% interval for each mode (the controls
     on the same axes as the LoRA-B vector), the share of degenerate texts and perplexity below; the conditional
@@ -278,18 +267,21 @@ def lambda_study(curve: pd.DataFrame, res: dict) -> None:
         curve = curve.assign(mode="vector", run=", ".join(res.get("sites") or []) or "adapter")
     st.caption(
         "95% intervals: mean ± 1.96 s.e. over documents. Solid: all texts; dotted: factuality of the texts that are "
-        "not degenerate. Constant modes in normalised λ (every mode the same length at each site); the conditional "
-        "mode's λ scales the adapter's update (0 = base, 1 = merged)."
+        "not degenerate. Modes that add a vector in normalised λ (every mode the same length at each site); modes "
+        "that scale the adapter's update on their own axis (0 = base, 1 = merged)."
     )
+    families: dict[str, list[str]] = {}
+    for m in MODES.values():
+        families.setdefault(m.family, []).append(m.name)
     for run, part in curve.groupby("run", sort=False):
-        for family, modes in (("constant", ("vector", "diff-mean", "random")), ("conditional", ("conditional",))):
+        for family, modes in families.items():
             sub = part[part["mode"].isin(modes)]
             if sub.empty:
                 continue
             fig = go.Figure()
             lower = go.Figure()
             for m, g in sub.groupby("mode", sort=False):
-                color = MODE_COLORS.get(m)
+                color = MODES[m].colour if m in MODES else None
                 fig.add_trace(
                     go.Scatter(
                         x=g["lambda"],
@@ -315,7 +307,7 @@ def lambda_study(curve: pd.DataFrame, res: dict) -> None:
                             x=g["lambda"], y=g["degenerate"], name=m, mode="lines+markers", line=dict(color=color)
                         )
                     )
-            title = "λ (normalised)" if family == "constant" else "λ (scale of the adapter's update)"
+            title = MODES[modes[0]].axis_title
             fig.update_layout(
                 title=f"{Path(run).name}: factuality vs λ",
                 xaxis_title=title,

@@ -24,8 +24,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from topl_core.data.records import read_jsonl  # noqa: E402
+from topl_core.models import EMBEDDED, load_model  # noqa: E402
 from topl_core.paths import DEFAULT_DATA  # noqa: E402
-from topl_core.presets import DEFAULT_MODEL
+from topl_core.presets import DEFAULT_MODEL  # noqa: E402
+from topl_core.runs import RunDir  # noqa: E402
 from topl_core.training.config import METHODS, TrainConfig  # noqa: E402
 from topl_core.training.objectives import OBJECTIVES  # noqa: E402
 
@@ -79,8 +82,6 @@ def run_one(cmd: list[str], log_path: Path) -> dict:
 
 
 def summarize(run_dir: Path, method: str) -> dict:
-    from topl_core.runs import RunDir
-
     run = RunDir(run_dir)
     rows = [r for r in run.read_metrics() if "loss" in r]
     status = run.read_status()
@@ -130,8 +131,6 @@ def _f(x, fmt: str) -> str:
 def write_table(
     path: Path, results: list[dict], command: str, per_method: dict[str, str], args, num_layers: int
 ) -> None:
-    from topl_core.data.records import read_jsonl
-
     data = read_jsonl(args.data)
     n_docs, n_bad = len({r.doc_id for r in data}), sum(r.sequence_label == 0 for r in data)
     lines = [
@@ -243,8 +242,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from transformers import AutoConfig
-
-    from topl_core.models import EMBEDDED, load_model
 
     num_layers = (
         AutoConfig.from_pretrained(REPO / "cache" / "models" / args.model).num_hidden_layers

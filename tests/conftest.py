@@ -224,3 +224,20 @@ TOLERANCE = {
     "fp32": Tolerance(rel=1e-5, prob=1e-5, nats=1e-4, auroc=1e-9),
     "bf16": Tolerance(rel=0.03, prob=0.02, nats=0.1, auroc=0.05),
 }
+
+
+def negated_mode():
+    """A steering mode as a user would add one (a registry entry): the LoRA-B direction negated, so that at λ it
+    steers like the LoRA-B vector at −λ (the same length in normalised units)."""
+    import dataclasses
+
+    from topl_core.analysis.steering.modes import MODES
+
+    return dataclasses.replace(
+        MODES["vector"],
+        name="negated",
+        label="LoRA-B vector, negated",
+        help="test mode: −λ · scaling · B(μ+ − μ−)",
+        direction=lambda v: {k: -x for k, x in v.vectors.items()},
+        exportable=False,
+    )

@@ -561,6 +561,30 @@ def test_steering_lambda_slider_changes_the_steered_text(workbench):
     assert "raw λ" in " ".join(c.value for c in at.caption)  # the paper's scale is shown under the slider
 
 
+def test_a_registered_steering_mode_reaches_page_cli_and_study(workbench, monkeypatch):
+    """A new steering mode is one registry entry (negated_mode: the LoRA-B direction negated). The Steering page offers
+    it and steers with it, `steer` and `evaluate` accept it; the λ study runs it in test_evaluation.py."""
+    from conftest import negated_mode
+
+    from topl_core.analysis.steering.modes import MODES
+    from topl_core.cli import build_parser
+
+    negated = negated_mode()
+    monkeypatch.setitem(MODES, "negated", negated)
+
+    at = open_page("steering")
+    at.selectbox(key="steer.run").set_value(str(workbench["runs"] / "topl-tiny")).run()
+    assert negated.label in at.radio(key="steer.mode").options
+    at.radio(key="steer.mode").set_value("negated").run()
+    assert not at.exception, [e.value for e in at.exception]
+    at.slider(key="steer.lambda.constant").set_value(2.0).run()
+    assert not at.exception and "LoRA-B vector, negated, λ = +2.00" in html_boxes(at)[2]
+
+    for argv in (["steer", "--run", "r", "--document", "d", "--mode", "negated"], ["evaluate", "--modes", "negated"]):
+        build_parser(argv).parse_args(argv)  # an unknown mode exits with argparse's error
+    # in the λ study: tests/test_evaluation.py::test_evaluate_runner_and_lambda_sweep
+
+
 def test_steering_conditional_mode_spans_base_to_merged(workbench):
     """Scaling the adapter's update: λ = 1 (the slider's start) shows the merged text, λ = 0 the base model's."""
     at = open_page("steering")

@@ -30,7 +30,7 @@ def layer_table() -> list[tuple[str, list[str]]]:
             if not (entry.endswith(".py") or entry.endswith("/")):
                 continue  # e.g. the UI row's `frame`, `spec`: names inside pages/_ui/
             dotted = entry.removesuffix(".py").removesuffix("__init__").rstrip("/.").replace("/", ".")
-            if dotted == "app" or dotted.startswith("pages"):
+            if dotted == "app" or dotted.startswith(("pages", "scripts")):
                 prefixes.append(dotted)
             else:
                 prefixes.append(f"topl_core.{dotted}" if dotted else "topl_core")
@@ -57,7 +57,7 @@ def module_name(path: Path) -> str:
 
 
 def source_files() -> list[Path]:
-    return sorted([*(REPO / "topl_core").rglob("*.py"), *(REPO / "pages").rglob("*.py"), REPO / "app.py"])
+    return sorted([p for d in ("topl_core", "pages", "scripts") for p in (REPO / d).rglob("*.py")] + [REPO / "app.py"])
 
 
 def project_imports(path: Path) -> list[tuple[str, int, bool]]:

@@ -9,13 +9,14 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import CLIFF_CSV
+from conftest import CLIFF_CSV, negated_mode
 
 from topl_core.analysis.evaluation import quality
 from topl_core.analysis.evaluation.config import OOD_MEAN
 from topl_core.analysis.evaluation.quality import measure_scorer_quality, scorer_quality
 from topl_core.analysis.evaluation.scorers import GroundingScorer, Scorer, make_scorer, score_summary
 from topl_core.analysis.evaluation.text import count_sentences, split_sentences
+from topl_core.analysis.steering.modes import MODES
 from topl_core.errors import ScorerError
 
 DOC = (
@@ -385,15 +386,18 @@ def test_evaluate_runner_and_lambda_sweep(gemma_run, monkeypatch):
     assert again.per_doc["text"].tolist() == res.per_doc["text"].tolist()[: 2 * n_docs]
     monkeypatch.undo()
 
+    monkeypatch.setitem(MODES, "negated", negated_mode())  # a mode added in one place reaches the study
     df = lambda_sweep(
         run.path,
         [-8.0, 0.0, 8.0],
         cfg,
         sets=("ID",),
-        modes=("vector", "conditional", "random"),
+        modes=("vector", "conditional", "random", "negated"),
         grids={"conditional": [0.0, 1.0]},
     )
-    assert len(df) == (3 + 2 + 3) * 3
+    assert len(df) == (3 + 2 + 3 + 3) * 3
+    text = {(r.mode, r.lam, r.doc_id): r.text for r in df.rename(columns={"lambda": "lam"}).itertuples()}
+    assert all(t == text[("vector", -lam, doc)] for (mode, lam, doc), t in text.items() if mode == "negated")
     vector = df[df["mode"] == "vector"]
     assert sorted(vector["lambda"].unique()) == [-8.0, 0.0, 8.0]
     assert vector[vector["lambda"] == 0.0]["text"].tolist() == by[variants[1].name][:3]
@@ -402,7 +406,7 @@ def test_evaluate_runner_and_lambda_sweep(gemma_run, monkeypatch):
     assert cond[cond["lambda"] == 0.0]["text"].tolist() == by[variants[0].name][:3]
     assert df["perplexity"].notna().any() and df["degenerate"].isin([True, False]).all()
     curve = lambda_curve(df)
-    assert len(curve) == 3 + 2 + 3 and (curve["factuality_n"] == 3).all()
+    assert len(curve) == 3 + 2 + 3 + 3 and (curve["factuality_n"] == 3).all()
     assert list(curve[curve["mode"] == "vector"]["lambda"]) == [-8.0, 0.0, 8.0]
     assert {"factuality", "factuality_lo", "factuality_hi", "degenerate", "perplexity", "sentences"} <= set(curve)
     row = curve.iloc[0]

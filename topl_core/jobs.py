@@ -13,7 +13,7 @@ A job is a directory. For training it is the run directory itself; for a sweep, 
 
 State is read back from these files only (read_job, through topl_core.status's state table), so the job list
 survives page reloads, app restarts and several app sessions at once. A job is started as
-`python -m topl_core.jobs --job-dir DIR -- <cli args>` in a new session
+`python -m topl_core.job_runner --job-dir DIR -- <cli args>` (job_runner.py) in a new session
 (`start_new_session=True`, so it outlives the app and has its own process group). That entry point turns SIGTERM
 into KeyboardInterrupt: Python's default SIGTERM action kills the process without unwinding, which would skip the
 trainer's `except BaseException` path (checkpoint + status "cancelled"). Cancel = SIGTERM to the process group.
@@ -24,8 +24,6 @@ config from the run directory, starts from step 0 when there is no checkpoint, a
 
 from __future__ import annotations
 
-import argparse
-import faulthandler
 import json
 import os
 import signal
@@ -37,9 +35,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from .analysis.evaluation.config import EvalJob
+from .analysis.evaluation.translation import TranslationJob
 from .analysis.studies.sweeps import SweepConfig, save_sweep_config, saved_executor
-from .cli import CANCELLED
-from .cli import main as cli_main
 from .errors import JobError, RunError, WorkbenchError
 from .executor import ExecutorConfig
 from .io import write_json
@@ -47,7 +45,6 @@ from .paths import PROJECT_ROOT, runs_dir
 from .runs import RunDir
 from .status import (
     ACTIVE_STATES,
-    ENDED_STATES,
     Facts,
     State,
     WriterLock,
@@ -57,7 +54,6 @@ from .status import (
     read_status,
     request_stop,
     resolve_state,
-    stop_cleanly_on_sigterm,
     stop_requested,
     update_status,
     zombie,
@@ -110,11 +106,17 @@ class JobStatus:
 # --- launching --------------------------------------------------------------------------------------------
 
 
-def launch(cli_args: Sequence[str], job_dir: str | Path, kind: str = "command", env: dict | None = None) -> Path:
+def launch(
+    cli_args: Sequence[str],
+    job_dir: str | Path,
+    kind: str = "command",
+    env: dict | None = None,
+    info: dict | None = None,
+) -> Path:
     """Start `python -m topl_core <cli_args>` detached, logging into job_dir/job.log. Returns job_dir. Refused
-    (JobError) while another writer works in job_dir."""
+    (JobError) while another writer works in job_dir. `info`: what the launcher wants to read back (job_info)."""
     with _claim(job_dir) as lock:
-        return _start(cli_args, lock, kind, env)
+        return _start(cli_args, lock, kind, env, info)
 
 
 @contextmanager
@@ -132,10 +134,10 @@ def _claim(job_dir: str | Path) -> Iterator[WriterLock]:
         lock.__exit__(None, None, None)  # nothing left to release once handed over
 
 
-def _start(cli_args: Sequence[str], lock: WriterLock, kind: str, env: dict | None) -> Path:
+def _start(cli_args: Sequence[str], lock: WriterLock, kind: str, env: dict | None, info: dict | None = None) -> Path:
     job_dir = lock.path.parent  # a job still working here holds this lock, so _claim refused this launch already
     clear_stop(job_dir)
-    argv = [sys.executable, "-m", "topl_core.jobs", "--job-dir", str(job_dir), "--", *map(str, cli_args)]
+    argv = [sys.executable, "-m", "topl_core.job_runner", "--job-dir", str(job_dir), "--", *map(str, cli_args)]
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), **lock.hand_over()}
     with open(job_dir / LOG_FILE, "ab") as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv[3:])}\n".encode())
@@ -151,10 +153,92 @@ def _start(cli_args: Sequence[str], lock: WriterLock, kind: str, env: dict | Non
         )
     lock.handed_to(proc.pid)
     _CHILDREN[proc.pid] = proc
+    argv_str = list(map(str, cli_args))
     write_json(
-        job_dir / JOB_FILE, {"kind": kind, "argv": list(map(str, cli_args)), "pid": proc.pid, "started": time.time()}
+        job_dir / JOB_FILE,
+        {"kind": kind, "argv": argv_str, "pid": proc.pid, "started": time.time(), "info": info or {}},
     )
     return job_dir
+
+
+def job_info(job_dir: str | Path) -> dict:
+    """The `info` its launcher stored with a job (empty for none)."""
+    return (_read_json(Path(job_dir) / JOB_FILE) or {}).get("info") or {}
+
+
+def evaluation_argv(job: EvalJob, out_dir: str | Path) -> list[str]:
+    """The `evaluate` command line of a job, writing eval.json and per_doc.csv into out_dir."""
+    cfg, out = job.cfg, Path(out_dir)
+    argv = ["evaluate", "--data", str(cfg.data), "--split-seed", str(cfg.split_seed)]
+    argv += ["--n-id", str(cfg.n_id), "--n-ood", str(cfg.n_ood), "--max-new-tokens", str(cfg.max_new_tokens)]
+    argv += ["--max-doc-tokens", str(cfg.max_doc_tokens), "--batch-size", str(cfg.batch_size)]
+    argv += ["--scorer", cfg.scorer, "--top-k", str(cfg.top_k), "--device", cfg.device, "--precision", cfg.precision]
+    argv += ["--json", str(out / "eval.json"), "--csv", str(out / "per_doc.csv")]
+    for flag, value in (("--cliff", cfg.cliff_csv), ("--ood-data", cfg.ood_data)):
+        if value:
+            argv += [flag, str(value)]
+    for r in job.runs:
+        argv += ["--run", str(r)]
+    if not job.runs:  # with adapters, each is evaluated on its own base model
+        argv += ["--model", cfg.model]
+    if job.study is not None:
+        st = job.study
+        argv += ["--lambdas", *map(str, st.lambdas), "--modes", *st.modes, "--positions", st.positions]
+        argv += ["--sets", *st.sets]
+        if st.scaled_lambdas:
+            argv += ["--scaled-lambdas", *map(str, st.scaled_lambdas)]
+        return argv
+    if job.steer:
+        argv += ["--steer", *map(str, job.steer)]
+    if not job.include_base:
+        argv += ["--no-base"]
+    return argv
+
+
+def launch_evaluation(job: EvalJob, out_dir: str | Path) -> Path:
+    """Start an evaluation (a results table or a λ study) in the background, writing into out_dir."""
+    return launch(evaluation_argv(job, out_dir), out_dir, kind="evaluate")
+
+
+def translation_argv(job: TranslationJob, out_dir: str | Path) -> list[str]:
+    """The `evaluate-mt` command line of a job, writing eval.json and per_doc.csv into out_dir."""
+    cfg, out = job.cfg, Path(out_dir)
+    argv = ["evaluate-mt", "--lang-pair", cfg.lang_pair, "--n-id", str(job.n_id), "--n-ood", str(job.n_ood)]
+    argv += ["--max-new-tokens", str(cfg.max_new_tokens), "--batch-size", str(cfg.batch_size)]
+    argv += ["--scorer", cfg.scorer, "--device", cfg.device, "--precision", cfg.precision, "--split", job.split]
+    argv += ["--json", str(out / "eval.json"), "--csv", str(out / "per_doc.csv")]
+    for flag, value in (("--mlqe", job.mlqe), ("--flores", job.flores), ("--ood-src", job.ood_src)):
+        if value:
+            argv += [flag, value]
+    if job.ood_ref:
+        argv += ["--ood-ref", job.ood_ref]
+    for r in job.runs:
+        argv += ["--run", str(r)]
+    if not job.runs:
+        argv += ["--model", cfg.model]
+    if not job.include_base:
+        argv += ["--no-base"]
+    return argv
+
+
+def launch_translation(job: TranslationJob, out_dir: str | Path) -> Path:
+    """Start a translation evaluation in the background, writing into out_dir."""
+    return launch(translation_argv(job, out_dir), out_dir, kind="evaluate")
+
+
+def own_summaries_argv(model: str, limit: int, max_new_tokens: int, device: str, out: str | Path) -> list[str]:
+    """The `data build --source own-summaries` command line: the model's own summaries of `limit` HaluEval
+    documents, labelled, written to `out`."""
+    return ["data", "build", "--source", "own-summaries", "--model", model, "--limit", str(limit),
+            "--max-new-tokens", str(max_new_tokens), "--device", device, "--out", str(out)]  # fmt: skip
+
+
+def launch_own_summaries(
+    model: str, limit: int, max_new_tokens: int, device: str, out: str | Path, job_dir: str | Path
+) -> Path:
+    """Build the model's own summaries as a data set in the background (job_info: out, limit)."""
+    argv = own_summaries_argv(model, limit, max_new_tokens, device, out)
+    return launch(argv, job_dir, kind="data", info={"out": str(out), "limit": int(limit)})
 
 
 def launch_train(cfg: TrainConfig, run_dir: str | Path | None = None, env: dict | None = None) -> Path:
@@ -396,51 +480,3 @@ def process_alive(pid) -> bool:
         # about 1 of 4 reads right after Popen returns): that process is alive and not yet identifiable.
         return not cmdline or b"topl_core" in cmdline
     return True
-
-
-# --- the job process entry point ----------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m topl_core.jobs --job-dir DIR -- <topl_core cli args>`: run one CLI command as a job."""
-    p = argparse.ArgumentParser(prog="python -m topl_core.jobs")
-    p.add_argument("--job-dir", required=True)
-    p.add_argument("cli_args", nargs=argparse.REMAINDER)
-    args = p.parse_args(argv)
-    cli_args = args.cli_args[1:] if args.cli_args[:1] == ["--"] else args.cli_args
-    job_dir = Path(args.job_dir)
-    stop_cleanly_on_sigterm()
-    faulthandler.enable()  # a crash in native code (SIGSEGV, SIGABRT) leaves its Python traceback in job.log
-    try:
-        with WriterLock(job_dir):  # handed over by the launcher; the work's own lock on job_dir nests inside it
-            return _run_job(job_dir, cli_args)
-    except RunError as e:  # another writer holds job_dir: leave its status alone
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-def _run_job(job_dir: Path, cli_args: list[str]) -> int:
-    update_status(job_dir, "running", pid=os.getpid())
-    state, rc, error = "failed", 1, None
-    try:
-        rc = cli_main(cli_args)
-        state = "finished" if rc == 0 else "cancelled" if rc == CANCELLED else "failed"
-        if rc and rc != CANCELLED:
-            error = f"exit code {rc} (see {LOG_FILE})"
-    except KeyboardInterrupt:
-        state, rc = "cancelled", 130
-    except SystemExit as e:
-        rc = e.code if isinstance(e.code, int) else 1
-        state, error = ("finished", None) if rc == 0 else ("failed", str(e.code))
-    except BaseException as e:
-        error = f"{type(e).__name__}: {e}"
-        raise
-    finally:
-        # the work's own final word (the trainer's "cancelled" at step 7, say) stands; else the exit says how it ended
-        if read_status(job_dir).get("state") not in ENDED_STATES:
-            update_status(job_dir, state, returncode=rc, ended=time.time(), error=error)
-    return rc
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,6 +15,8 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
+import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,7 +222,6 @@ def _load_hub_or_path(name: str, dtype: torch.dtype):
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:
     """A quick TCP probe of the hub endpoint, so offline machines fail in seconds instead of retrying for a minute."""
-    import socket
     from urllib.parse import urlparse
 
     from huggingface_hub import constants
@@ -275,8 +276,6 @@ def converted_embedded_dir(name: str) -> Path:
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     os.replace(tmp, out)
     return out

@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "halueval-pairs: HaluEval right/hallucinated (sequence labels); fava: JSONL rows of FAVA tagged "
         "text; cliff/aggrefact: CSV; mlqe: directory with SPLIT.src/.mt/.tags; jsonl: validate and copy; "
         "own-summaries: --model's own summaries of the HaluEval documents, labelled by a lexical rule "
-        "(analysis/own_summaries.py; generation is cached, a stopped build resumes)",
+        "(analysis/studies/own_summaries.py; generation is cached, a stopped build resumes)",
     )
     b.add_argument("--input", help="input path (default: the embedded HaluEval file for halueval-*)")
     b.add_argument("--fava-form", choices=["raw", "completion"], default="raw")

@@ -123,6 +123,26 @@ def _fmt(x) -> str:
     return f"{x:.3f}" if isinstance(x, float) else str(x)
 
 
+def config_from_args(args: argparse.Namespace) -> EvalConfig:
+    """The EvalConfig a command line asks for (its precision resolved and announced)."""
+    return EvalConfig(
+        data=args.data,
+        split_seed=args.split_seed,
+        n_id=args.n_id,
+        n_ood=args.n_ood,
+        cliff_csv=args.cliff,
+        ood_data=args.ood_data,
+        max_new_tokens=args.max_new_tokens,
+        max_doc_tokens=args.max_doc_tokens,
+        batch_size=args.batch_size,
+        scorer=args.scorer,
+        top_k=args.top_k,
+        model=args.model or DEFAULT_MODEL,
+        device=args.device,
+        precision=announce_precision(args.precision, args.device),
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     if args.model and args.run:
         raise ConfigError(
@@ -136,22 +156,7 @@ def run(args: argparse.Namespace) -> int:
             "--executor ray runs an evaluation's variants (base, merged, --steer) as tasks; the λ study "
             "(--lambdas) runs in this process. Drop --executor or --lambdas."
         )
-    cfg = EvalConfig(
-        data=args.data,
-        split_seed=args.split_seed,
-        n_id=args.n_id,
-        n_ood=args.n_ood,
-        cliff_csv=args.cliff,
-        ood_data=args.ood_data,
-        max_new_tokens=args.max_new_tokens,
-        max_doc_tokens=args.max_doc_tokens,
-        batch_size=args.batch_size,
-        scorer=args.scorer,
-        top_k=args.top_k,
-        model=args.model,
-        device=args.device,
-        precision=announce_precision(args.precision, args.device),
-    )
+    cfg = config_from_args(args)
     out: dict = {"config": cfg.__dict__}
 
     if args.scorer_quality:

@@ -55,14 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.flores and (args.ood_src or args.ood_ref):
-        raise ConfigError("--flores with --ood-src/--ood-ref: give one OOD set.")
-    if bool(args.ood_src) != bool(args.ood_ref):
-        raise ConfigError("--ood-src and --ood-ref go together (source sentences and their references).")
-    if args.model and args.run:
-        raise ConfigError("--model with --run: an adapter is evaluated on the base model it was trained on.")
-    cfg = TranslationConfig(
+def config_from_args(args: argparse.Namespace) -> TranslationConfig:
+    """The TranslationConfig a command line asks for (its precision resolved and announced)."""
+    return TranslationConfig(
         lang_pair=args.lang_pair,
         model=args.model or DEFAULT_MODEL,
         device=args.device,
@@ -71,6 +66,16 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.flores and (args.ood_src or args.ood_ref):
+        raise ConfigError("--flores with --ood-src/--ood-ref: give one OOD set.")
+    if bool(args.ood_src) != bool(args.ood_ref):
+        raise ConfigError("--ood-src and --ood-ref go together (source sentences and their references).")
+    if args.model and args.run:
+        raise ConfigError("--model with --run: an adapter is evaluated on the base model it was trained on.")
+    cfg = config_from_args(args)
     id_pairs = mlqe_pairs(args.mlqe, args.split, args.n_id) if args.mlqe else []
     if args.flores:
         ood_pairs = flores_pairs(args.flores, args.lang_pair, args.n_ood)

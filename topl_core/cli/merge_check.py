@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 from ..adapters import load_adapter
 from ..data.encode import collate, encode_record
 from ..data.records import read_jsonl
@@ -26,8 +28,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    import torch
-
     run_dir = open_adapter_arg(args)
     cfg = run_dir.settings
     precision = announce_precision(args.precision, cfg.device)

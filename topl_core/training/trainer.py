@@ -7,13 +7,14 @@ optimizer, scheduler and RNG state of the last completed step.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
 import time
 import warnings
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -110,8 +111,6 @@ def apply_lora(model: torch.nn.Module, cfg: TrainConfig) -> torch.nn.Module:
 def _apply_label_setting(examples: list[Encoded], setting: str, seed: int) -> list[Encoded]:
     if setting == "original":
         return examples
-    from dataclasses import replace
-
     new = apply_label_setting([e.response_labels for e in examples], setting, seed)
     out = []
     for e, lab in zip(examples, new):
@@ -533,8 +532,6 @@ def _write_checkpoint(run: RunDir, ckpt: dict, step: int) -> None:
 
 
 def _load_checkpoint(run: RunDir, t: _Trainable, world: World) -> int:
-    import json
-
     from safetensors.torch import load_file
 
     ck = run.checkpoint_dir

@@ -84,3 +84,44 @@ class EvalConfig:
             batch_size=self.batch_size,
             precision=self.precision,
         )
+
+
+EVAL_SETS: tuple[str, ...] = ("ID", "OOD")
+
+
+@dataclass(frozen=True)
+class LambdaStudy:
+    """A λ study (lambda_study.lambda_sweep): every run steered in each mode over its grid — adding modes over
+    `lambdas`, modes that scale the update over `scaled_lambdas` (default `lambdas`)."""
+
+    lambdas: tuple[float, ...]
+    modes: tuple[str, ...] = ("vector",)
+    positions: str = "all"
+    sets: tuple[str, ...] = ("ID",)
+    scaled_lambdas: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.lambdas or not self.modes:
+            raise ValueError("LambdaStudy: a λ study needs some λ values and at least one mode.")
+        for mode in self.modes:
+            SteerConfig(mode, self.positions)  # names the bad mode or positions and the choices
+        if not self.sets or not set(self.sets) <= set(EVAL_SETS):
+            raise ValueError(f"LambdaStudy.sets={self.sets}: choose among {EVAL_SETS}.")
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """An evaluation to run in the background (topl_core.jobs.launch_evaluation): the results table of the base
+    model (include_base), each run merged and steered at each λ of `steer` — or, with `study`, a λ study of the runs."""
+
+    cfg: EvalConfig
+    runs: tuple[str, ...] = ()
+    include_base: bool = True
+    steer: tuple[float, ...] = ()
+    study: LambdaStudy | None = None
+
+    def __post_init__(self) -> None:
+        if self.study is not None and not self.runs:
+            raise ValueError("EvalJob: a λ study needs an adapter (runs).")
+        if self.study is None and not self.runs and not self.include_base:
+            raise ValueError("EvalJob: nothing to evaluate — pick an adapter or keep the base model row.")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
+import torch
 
 from ...errors import ScorerError
 from ...models import hub_reachable
@@ -222,7 +223,6 @@ class HubScorer:
         self._load()
 
     def _load(self) -> None:
-        import torch
         from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
         local = Path(self.model_id).expanduser().exists()
@@ -268,8 +268,6 @@ class HubScorer:
         return f"{MINICHECK_SYSTEM}\n\n{user}\nAnswer:"
 
     def _score_pairs(self, pairs: list[tuple[str, str]]) -> list[float]:
-        import torch
-
         out: list[float] = []
         for i in range(0, len(pairs), self.batch_size):
             chunk = pairs[i : i + self.batch_size]

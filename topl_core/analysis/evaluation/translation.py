@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
+import numpy as np
+
 from ...adapters import open_adapter
 from ...data.mlqe import load_mlqe_dir
 from ...data.records import utf8_lines
@@ -142,7 +144,6 @@ def scorer_agreement(
     machine translations (against the post-edits) and 1 − HTER (the {split}.hter file: the share of words a
     translator changed). A reference-based scorer reads the same post-edit that HTER is computed from, so a high ρ
     is expected: it checks the scorer's direction and resolution, not an independent judgement."""
-    import numpy as np
     from scipy.stats import spearmanr
 
     records = load_mlqe_dir(directory, split)[:n]
@@ -188,6 +189,29 @@ class TranslationConfig:
             batch_size=self.batch_size,
             precision=self.precision,
         )
+
+
+@dataclass(frozen=True)
+class TranslationJob:
+    """A translation evaluation to run in the background (topl_core.jobs.launch_translation): the base model
+    (include_base) and each run merged, on MLQE-PE (ID: `mlqe` folder, `split`) and FLORES+ or parallel files (OOD)."""
+
+    cfg: TranslationConfig
+    runs: tuple[str, ...] = ()
+    include_base: bool = True
+    mlqe: str | None = None
+    split: str = "test"
+    flores: str | None = None
+    ood_src: str | None = None
+    ood_ref: str | None = None
+    n_id: int = 16
+    n_ood: int = 16
+
+    def __post_init__(self) -> None:
+        if not self.mlqe and not self.flores and not self.ood_src:
+            raise ValueError("no sentences: give an MLQE-PE split folder (ID), FLORES+ or parallel files (OOD)")
+        if not self.runs and not self.include_base:
+            raise ValueError("nothing to evaluate: pick an adapter or keep the base model row")
 
 
 def translate(variant: Variant, sources: Sequence[str], cfg: TranslationConfig, use_cache: bool = True) -> list[str]:

@@ -22,6 +22,7 @@ run). Hooks are registered inside `try` and removed in `finally`, on every exit 
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from contextlib import contextmanager
@@ -93,7 +94,6 @@ class Projections:
 
     # --- npz codec (no pickle: strings are fixed-width unicode arrays) ---------------------------------------
     def to_arrays(self) -> dict[str, np.ndarray]:
-        import json
 
         out = {
             "meta/sites": np.asarray(json.dumps([s.to_json() for s in self.sites])),
@@ -110,7 +110,6 @@ class Projections:
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> "Projections":
-        import json
 
         sites = tuple(Site.from_json(d) for d in json.loads(str(arrays["meta/sites"])))
         values = {s.key: np.asarray(arrays[f"values/{s.key}"]) for s in sites}

@@ -29,6 +29,7 @@ UNITS_DOC = (
 )
 RANDOM_SEED = 0  # the random control's directions are seeded per site from this and the site key
 
+
 class SteeringVectors(Protocol):
     """What a direction reads of vectors.SteeringVectors (which imports this module)."""
 
