@@ -15,36 +15,22 @@ import plotly.express as px
 import streamlit as st
 
 from pages._ui.datasets import dataset_paths, dataset_picker, records_of
+from pages._ui.forms import field_input
 from pages._ui.models import base_model, load_error
 from pages._ui.render import csv_download, legend_html, plot, token_html
 from pages._ui.spec import current_model_name, current_spec
 from topl_core import jobs
 from topl_core.analysis.evaluation.config import EvalConfig
-from topl_core.cli.data import GENERATED_SOURCES, SOURCES, load_source
 from topl_core.data.encode import encode_record
 from topl_core.data.records import Record, merge_jsonl, write_jsonl
+from topl_core.data.sources import OPTIONS, SOURCES, DataSource, SourceOptions, option_choices, read_source
 from topl_core.data.split import split_records
 from topl_core.data.variants import label_settings_table
 from topl_core.errors import ConfigError, DataError
-from topl_core.paths import cache_dir, cliff_csv, inside
+from topl_core.paths import cache_dir, inside
 
 st.title("Data")
 st.caption("Token-level supervision: a document, a response, and a good/bad label for every response token.")
-
-SOURCE_HELP = {
-    "halueval-perturbed": "HaluEval's faithful summaries with seeded edits (entity/number/date swaps, negation, "
-    "relation changes, invented sentences): token labels. Embedded, offline.",
-    "halueval-pairs": "HaluEval right vs hallucinated summaries: sequence labels only (SOPL, DPO). Embedded, offline.",
-    "fava": "JSONL rows of FAVA tagged text (<entity>, <relation>, … with <mark>/<delete>).",
-    "cliff": "CLIFF/AggreFact span CSV (real model hallucinations with annotated spans): the OOD token-level set.",
-    "aggrefact": "AggreFact CSV with doc, summ, label (summary-level labels).",
-    "mlqe": "MLQE-PE directory with SPLIT.src / .mt / .tags (word-level OK/BAD): translation task.",
-    "jsonl": "A records JSONL written by this workbench (validated and copied).",
-    "own-summaries": "The model's own greedy summaries of HaluEval documents, labelled by a lexical rule: a number "
-    "or a name the document lacks is bad; a sentence with any other word the document lacks is left out "
-    "(docs/evaluation.md §6). Generates in the background (SmolLM2: ~5 s per document on 2 CPU cores); started "
-    "again with the same settings, it resumes.",
-}
 
 
 @st.cache_data(show_spinner="Tokenizing and applying the label settings…", max_entries=16)
@@ -180,18 +166,20 @@ BUILD_JOBS = cache_dir() / "data" / "jobs"  # one folder per background build (t
 BAR_COUNT = re.compile(r"\] (\d+)/(\d+) ")  # "… [####....] 16/240  7% …": a progress.Bar line in a job log
 
 
-def quick_builder(source: str) -> None:
-    """Read a source that needs no model (seconds) and write it here, in this session."""
+def quick_builder(source: DataSource) -> None:
+    """Read a file source (seconds) and write it here, in this session: an input for each option it reads."""
     input_path = None
-    if not source.startswith("halueval"):
-        default_in = str(cliff_csv()) if source in ("cliff", "aggrefact") else ""
+    if "input" in source.options:
         input_path = st.text_input(
             "Input path (file, or directory for MLQE-PE)",
-            value=default_in,
-            key=f"data.build_input.{source}",
+            key=f"data.build_input.{source.name}",
             persist_state="session",
+            placeholder="" if source.input_required else "empty: its own file (see above)",
+            help=OPTIONS["input"].metadata["help"],
         )
-        upload = st.file_uploader("…or upload a file", type=["jsonl", "csv", "json"], key=f"data.build_upload.{source}")
+        upload = st.file_uploader(
+            "…or upload a file", type=["jsonl", "csv", "json"], key=f"data.build_upload.{source.name}"
+        )
         if upload is not None:
             try:  # the browser sends the file's name: it becomes a path only inside cache/uploads
                 up = inside(cache_dir() / "uploads", upload.name, "Uploaded file name")
@@ -200,33 +188,33 @@ def quick_builder(source: str) -> None:
                 input_path = str(up)
             except (ConfigError, OSError) as ex:
                 st.error(str(ex))
-    o1, o2, o3, o4 = st.columns(4)
-    limit_b = o1.number_input(
-        "Limit (documents / rows)", 1, 100_000, 600, key="data.build_limit", persist_state="session"
-    )
-    seed_b = o2.number_input("Seed", 0, 10_000, 0, key="data.build_seed", persist_state="session")
-    fava_form = o3.selectbox(
-        "FAVA form",
-        ["raw", "completion"],
-        key="data.build_fava_form",
-        persist_state="session",
-        disabled=source != "fava",
-    )
-    mlqe_split = o4.text_input(
-        "MLQE split", "train", key="data.build_mlqe_split", persist_state="session", disabled=source != "mlqe"
-    )
+    others = [name for name in source.options if name != "input"]
+    columns = st.columns(max(1, len(others)))
+    values = {
+        name: field_input(
+            column,
+            SourceOptions,
+            name,
+            "data.build_",
+            OPTIONS[name].default,
+            help=OPTIONS[name].metadata["help"],
+            **({"options": list(option_choices(name))} if option_choices(name) else {}),
+        )
+        for name, column in zip(others, columns)
+    }
     out_name = st.text_input(
-        "Output name", value=f"{source}.jsonl", key=f"data.build_out.{source}", persist_state="session"
+        "Output name", value=f"{source.name}.jsonl", key=f"data.build_out.{source.name}", persist_state="session"
     )
     if st.button("Build data set", type="primary", key="data.build_go", icon=":material/build:"):
         try:
             out = data_file(out_name)
-            with st.spinner(f"Reading {source}…"):
-                recs = load_source(source, input_path or None, int(limit_b), int(seed_b), fava_form, mlqe_split)
-                if not source.startswith("halueval"):
-                    recs = recs[: int(limit_b)]
+            with st.spinner(f"Reading {source.name}…"):
+                loaded = read_source(source, SourceOptions(input=input_path or None, **values))
+                recs = loaded.records
                 write_jsonl(recs, out)
-            st.success(f"Wrote {len(recs)} records ({sum(bool(r.bad_spans) for r in recs)} with bad spans) to `{out}`.")
+            bad = sum(bool(r.bad_spans) for r in recs)
+            wrote = f"Wrote {len(recs)} records ({bad} with bad spans) to `{out}`."
+            st.success("\n\n".join(filter(None, [wrote, loaded.report])))
         except (DataError, ConfigError, OSError) as ex:
             st.error(str(ex))
 
@@ -325,9 +313,9 @@ with tab_build:
         "data-set picker (Train, Token overlay, Evaluation …)."
     )
     b1, b2 = st.columns([1, 2])
-    source = b1.selectbox("Source", SOURCES + GENERATED_SOURCES, key="data.build_source", persist_state="session")
-    b2.info(SOURCE_HELP[source])
-    if source in GENERATED_SOURCES:
+    source = SOURCES[b1.selectbox("Source", list(SOURCES), key="data.build_source", persist_state="session")]
+    b2.info(source.help)
+    if source.generated:  # own-summaries: a background job
         own_summaries_builder()
     else:
         quick_builder(source)

@@ -260,7 +260,8 @@ st.markdown(
 )
 st.caption(
     f"Factuality: {scorer_caption()}. Fluency: perplexity under the base model, distinct-2; a text is marked "
-    "degenerate when it repeats itself, turns into non-words or is empty (thresholds: topl_core/analysis/steering/fluency.py)."
+    "degenerate when it repeats itself, turns into non-words or is empty (thresholds: "
+    "topl_core/analysis/steering/fluency.py)."
 )
 
 # --- sites and vectors ------------------------------------------------------------------------------------

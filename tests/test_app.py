@@ -281,6 +281,49 @@ def test_data_browse_labels_and_build(workbench):
     assert not list(workbench["root"].rglob("escaped.jsonl")) and not Path("/tmp/escaped.jsonl").exists()
 
 
+def test_a_data_source_added_in_one_place_reaches_the_cli_and_the_data_page(workbench, monkeypatch, tmp_path, capsys):
+    """A data source is one entry of data/sources.py's SOURCES. Inserted here (tab-separated lines of document,
+    response and its bad words), it is a `data build --source` choice with its help, builds in-process, and the Data
+    page lists it, shows its help and the inputs of the options it reads (only those), and builds the same records."""
+    from topl_core.cli import build_parser, main
+    from topl_core.data.records import Record, Span, read_jsonl
+    from topl_core.data.sources import SOURCES, DataSource, Loaded
+
+    def load_tsv(options, progress) -> Loaded:
+        records = []
+        for i, line in enumerate(Path(options.input).read_text().splitlines()[: options.limit]):
+            document, response, bad = line.split("\t")
+            start = response.index(bad)
+            span = Span(start, start + len(bad), "entity")
+            records.append(Record(id=f"tsv-{i}", document=document, response=response, bad_spans=(span,), source="tsv"))
+        return Loaded(records)
+
+    help = "Tab-separated document, response and its bad words."
+    monkeypatch.setitem(SOURCES, "tsv", DataSource("tsv", help, ("input", "limit"), load_tsv))
+    tsv = tmp_path / "tiny.tsv"
+    tsv.write_text("Paris is in France.\tParis is in Spain.\tSpain\nThe cat sat.\tThe dog sat.\tdog\nA b.\tA c.\tc\n")
+
+    with pytest.raises(SystemExit):
+        build_parser(["data", "build", "--help"]).parse_args(["data", "build", "--help"])
+    assert f"tsv: {help}" in capsys.readouterr().out
+    argv = ["data", "build", "--source", "tsv", "--input", str(tsv), "--limit", "2", "--out", str(tmp_path / "c.jsonl")]
+    assert main(argv) == 0
+    from_cli = read_jsonl(tmp_path / "c.jsonl")
+    assert [r.bad_texts for r in from_cli] == [["Spain"], ["dog"]]
+
+    at = open_page("data")
+    assert "tsv" in at.selectbox(key="data.build_source").options
+    at.selectbox(key="data.build_source").set_value("tsv").run()
+    assert help in [i.value for i in at.info]
+    shown = {w.key for widgets in (at.selectbox, at.number_input, at.text_input) for w in widgets}
+    assert "data.build_limit" in shown and at.number_input(key="data.build_limit").value == 600
+    assert not shown & {"data.build_seed", "data.build_recipe", "data.build_fava_form", "data.build_mlqe_split"}
+    at.text_input(key="data.build_input.tsv").set_value(str(tsv)).run()
+    at.button(key="data.build_go").click().run()
+    assert not at.exception and any("Wrote 3 records (3 with bad spans)" in s.value for s in at.success)
+    assert read_jsonl(workbench["root"] / "cache" / "data" / "tsv.jsonl")[:2] == from_cli
+
+
 def test_data_page_builds_own_summaries_in_the_background_and_merges(workbench):
     """The own-summaries source runs `data build --source own-summaries` as a background job from the Data page
     (SmolLM2 needs ~70 s for one batch of summaries, so the tiny model writes them here: its random text keeps no

@@ -141,6 +141,18 @@ def test_no_import_cycle():
             visit(node, [node])
 
 
+@pytest.mark.parametrize("path", sorted((REPO / "pages").rglob("*.py")), ids=lambda p: str(p.relative_to(REPO)))
+def test_pages_call_the_core_not_the_cli(path):
+    """A page builds a config and calls the core: what the CLI and a page share (data sources, jobs) lives in the
+    core, so no page imports topl_core.cli (the layer table alone would allow it: processes sit above the UI)."""
+    cli = [
+        f"line {line}: {m}"
+        for m, line, _ in project_imports(path)
+        if m == "topl_core.cli" or m.startswith("topl_core.cli.")
+    ]
+    assert not cli, f"{module_name(path)} imports the CLI: {cli}"
+
+
 def test_the_core_never_imports_streamlit():
     for path in (REPO / "topl_core").rglob("*.py"):
         tree = ast.parse(path.read_text())

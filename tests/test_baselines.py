@@ -21,28 +21,27 @@ from topl_core.models import load_model
 from topl_core.presets import PRESETS
 from topl_core.tiny_models import build_tiny_model
 from topl_core.training import trainer as trainer_module
+from topl_core.training.batching import EncodeSettings, encode_pairs, faithful_records, make_pair_batches
 from topl_core.training.config import METHOD_DATA, METHODS, LoraSettings, TrainConfig, preset_config
-from topl_core.training.objectives import (
-    OBJECTIVES,
-    EncodeSettings,
-    StepContext,
+from topl_core.training.losses import (
     dpo_loss,
-    dpo_loss_step,
-    encode_pairs,
-    faithful_records,
     log1m_exp,
     log_one_minus_p,
-    make_pair_batches,
     nll_loss,
     pooled_response_logits,
     sequence_bce_loss,
     sequential_kl,
+    tdpo_loss,
+    unlikelihood_loss,
+)
+from topl_core.training.objectives import OBJECTIVES
+from topl_core.training.steps import (
+    StepContext,
+    dpo_loss_step,
     sft_loss_step,
     sopl_loss_step,
     target_logprobs,
-    tdpo_loss,
     tdpo_loss_step,
-    unlikelihood_loss,
     unlikelihood_loss_step,
 )
 from topl_core.training.trainer import apply_lora, train

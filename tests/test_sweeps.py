@@ -232,7 +232,8 @@ def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path):
     from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig, label_stats_for, run_label_study
     from topl_core.data.split import split_records
     from topl_core.data.variants import LABEL_SETTINGS, label_settings_table
-    from topl_core.training.objectives import OBJECTIVES, EncodeSettings
+    from topl_core.training.batching import EncodeSettings
+    from topl_core.training.objectives import OBJECTIVES
 
     tcfg = tiny_config(steps=2, eval_every=2)
     cfg = LabelStudyConfig(train=tcfg)

@@ -18,7 +18,7 @@ from topl_core.forward import head_features
 from topl_core.models import load_model
 from topl_core.runs import RunDir
 from topl_core.status import request_stop, stop_requested
-from topl_core.training.objectives import token_bce_loss
+from topl_core.training.losses import token_bce_loss
 from topl_core.training.trainer import FastDropout, apply_lora, train
 
 

@@ -1,8 +1,8 @@
-"""Config forms (Train, Layer sweep) built from the config dataclasses — TrainConfig with its LoraSettings,
-SweepConfig and ExecutorConfig — as the CLI builds its flags: one input per field, the widget chosen by the
-field's type, the default taken from a config instance. A field added to a config reaches every form that shows
-that config with no edit here; FIELD_WIDGETS only words a field better (label, bounds, format, help, options)
-than its type alone can."""
+"""Config forms (Train, Layer sweep, the Data page's build form) built from the config dataclasses — TrainConfig
+with its LoraSettings, SweepConfig, ExecutorConfig and the data sources' SourceOptions — as the CLI builds its
+flags: one input per field, the widget chosen by the field's type, the default taken from a config instance. A field
+added to a config reaches every form that shows that config with no edit here; FIELD_WIDGETS only words a field
+better (label, bounds, format, help, options) than its type alone can."""
 
 from __future__ import annotations
 
@@ -76,6 +76,11 @@ FIELD_WIDGETS: dict[str, dict] = {
         help="'grounding' = the offline default; with a hub: hub:nli:<model id> or "
         "hub:minicheck-lm:bespokelabs/Bespoke-MiniCheck-7B",
     ),
+    # SourceOptions (the Data page's build form; help from the field's metadata)
+    "limit": dict(label="Limit (documents / rows)", min_value=1, max_value=100_000),
+    "recipe": dict(label="Edit recipe"),
+    "fava_form": dict(label="FAVA form"),
+    "mlqe_split": dict(label="MLQE split"),
     # ExecutorConfig (where a study's tasks run)
     "kind": dict(
         label="Run the windows",

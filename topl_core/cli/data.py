@@ -3,55 +3,49 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import textwrap
+import typing
 from collections import Counter
 
 from ..analysis.evaluation.config import EvalConfig
 from ..analysis.studies.own_summaries import generate_own_summaries, own_summary_records
-from ..data import cliff, fava, halueval, mlqe
+from ..data import halueval
 from ..data.encode import encode_record
-from ..data.perturb import RECIPES
 from ..data.records import Record, merge_jsonl, read_jsonl, write_jsonl
+from ..data.sources import SOURCES, SourceOptions, option_choices, read_source
 from ..data.split import split_records
 from ..data.variants import label_settings_table
-from ..errors import DataError
 from ..models import ModelSpec, load_model
 from ..presets import DEFAULT_MODEL
 from ..progress import Bar
 from . import COMMANDS
 from .common import add_model_args
 
-SOURCES = ("halueval-perturbed", "halueval-pairs", "fava", "cliff", "aggrefact", "mlqe", "jsonl")
-# Sources that generate with a model (minutes to hours): the Data page builds them as background jobs.
-GENERATED_SOURCES = ("own-summaries",)
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help=COMMANDS["data"].help)
     dsub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")
 
-    b = dsub.add_parser("build", help="build a records JSONL from a source")
-    b.add_argument(
-        "--source",
-        choices=SOURCES + GENERATED_SOURCES,
-        default="halueval-perturbed",
-        help="halueval-perturbed: seeded edits of HaluEval's faithful summaries (token labels); "
-        "halueval-pairs: HaluEval right/hallucinated (sequence labels); fava: JSONL rows of FAVA tagged "
-        "text; cliff/aggrefact: CSV; mlqe: directory with SPLIT.src/.mt/.tags; jsonl: validate and copy; "
-        "own-summaries: --model's own summaries of the HaluEval documents, labelled by a lexical rule "
-        "(analysis/studies/own_summaries.py; generation is cached, a stopped build resumes)",
+    b = dsub.add_parser(
+        "build",
+        help="build a records JSONL from a source",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="sources:\n" + "\n".join(_wrapped(f"{s.name}: {s.help}") for s in SOURCES.values()),
     )
-    b.add_argument("--input", help="input path (default: the embedded HaluEval file for halueval-*)")
-    b.add_argument("--fava-form", choices=["raw", "completion"], default="raw")
-    b.add_argument("--mlqe-split", default="train")
-    b.add_argument("--limit", type=int, default=600, help="documents to read (HaluEval has 10,000)")
-    b.add_argument("--seed", type=int, default=0)
     b.add_argument(
-        "--recipe",
-        choices=sorted(RECIPES),
-        default="v1",
-        help="halueval-perturbed edit recipe: v1 = entity, number, date, negation, relation, invented; v2 adds "
-        "attribution, swap, extrinsic, modal, copied and lower-cases 15%% of documents (docs/evaluation.md §6)",
+        "--source", choices=list(SOURCES), default="halueval-perturbed", help="where the records come from (below)"
     )
+    hints = typing.get_type_hints(SourceOptions)
+    for f in dataclasses.fields(SourceOptions):  # --input, --limit, …: each says which sources read it
+        readers = ", ".join(s.name for s in SOURCES.values() if f.name in s.options)
+        b.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            type=int if hints[f.name] is int else str,
+            choices=option_choices(f.name) or None,
+            default=f.default,
+            help=_escaped(f"{f.metadata['help']} ({readers})"),
+        )
     b.add_argument("--out", required=True, help="output JSONL")
     b.add_argument("--model", default=DEFAULT_MODEL, help="own-summaries: the model that writes the summaries")
     b.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="own-summaries: where it generates")
@@ -81,47 +75,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=stats)
 
 
-def load_source(
-    source: str,
-    input_path: str | None,
-    limit: int | None,
-    seed: int,
-    fava_form: str = "raw",
-    mlqe_split: str = "train",
-    progress=None,
-    recipe: str = "v1",
-) -> list[Record]:
-    """Records from any supported source (shared by the CLI and the Data page)."""
-    if source.startswith("halueval"):
-        rows = halueval.load_halueval_rows(input_path, limit=limit)
-        if source == "halueval-pairs":
-            return halueval.halueval_pair_records(rows)
-        return halueval.halueval_perturbation_records(rows, seed=seed, progress=progress, recipe=recipe)
-    if input_path is None:
-        raise DataError(f"source {source!r} needs an input path (--input PATH).")
-    if source == "fava":
-        return fava.load_fava_jsonl(input_path, fava_form)
-    if source in ("cliff", "aggrefact"):
-        report = cliff.load_factuality_csv(input_path)
-        print(report)
-        return list(report.records)
-    if source == "mlqe":
-        return mlqe.load_mlqe_dir(input_path, split=mlqe_split)
-    return read_jsonl(input_path)
-
-
 def build(args: argparse.Namespace) -> None:
-    if args.source == "own-summaries":
+    source = SOURCES[args.source]
+    options = SourceOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(SourceOptions)})
+    if source.generated:  # own-summaries, the one generated source (data/sources.py says why it has no loader)
         records = _own_summaries(args)
     else:
-        with Bar(f"building {args.source}") as bar:
-            records = load_source(
-                args.source, args.input, args.limit, args.seed, args.fava_form, args.mlqe_split, bar, args.recipe
-            )
-        if args.limit and not args.source.startswith("halueval"):
-            records = records[: args.limit]
+        with Bar(f"building {source.name}") as bar:
+            loaded = read_source(source, options, bar)
+        if loaded.report:
+            print(loaded.report)
+        records = loaded.records
     write_jsonl(records, args.out)
     print(f"wrote {len(records)} records to {args.out}")
+
+
+def _wrapped(text: str) -> str:
+    return textwrap.fill(text, 100, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
+
+
+def _escaped(help: str) -> str:
+    return help.replace("%", "%%")  # argparse formats help with %
 
 
 def _own_summaries(args: argparse.Namespace) -> list[Record]:

@@ -32,8 +32,10 @@ from ..models import LoadedModel, ModelSpec, hub_id, load_model
 from ..precision import autocast
 from ..runs import RunDir
 from ..status import WriterLock, clear_stop, stop_requested
+from .batching import EncodeSettings, length_buckets
 from .config import TrainConfig
-from .objectives import OBJECTIVES, EncodeSettings, Objective, StepContext, length_buckets
+from .objectives import OBJECTIVES, Objective
+from .steps import StepContext
 from .world import World
 
 

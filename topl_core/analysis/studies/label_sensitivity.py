@@ -40,8 +40,9 @@ from ...paths import cliff_csv
 from ...runs import RunDir
 from ...scoring import TokenScorer, detection_auroc
 from ...status import WriterLock
+from ...training.batching import EncodeSettings
 from ...training.config import TrainConfig
-from ...training.objectives import OBJECTIVES, EncodeSettings
+from ...training.objectives import OBJECTIVES
 from ...training.trainer import train
 from ..evaluation.config import EvalConfig, Variant
 from ..evaluation.evaluate import evaluate
