@@ -1,6 +1,7 @@
 """Frozen-prefix reuse for layer sweeps (docs/design.md §2, "Layer selection"; the why is in
-analysis/studies/sweeps.py's docstring): a PrefixStore keeps, per batch, the residual stream entering some layer, computed once by the frozen
-base layers and advanced upward; install_prefix_cache makes a window's model start its forward there."""
+analysis/studies/sweeps.py's docstring): a PrefixStore keeps, per batch, the residual stream entering some layer,
+computed once by the frozen base layers and advanced upward; install_prefix_cache makes a window's model start its
+forward there."""
 
 from __future__ import annotations
 
