@@ -19,7 +19,7 @@ from pages._ui.forms import field_input
 from pages._ui.models import base_model, load_error
 from pages._ui.render import csv_download, legend_html, plot, token_html
 from pages._ui.spec import current_model_name, current_spec
-from topl_core import jobs
+from topl_core import jobs, launchers
 from topl_core.analysis.evaluation.config import EvalConfig
 from topl_core.data.encode import encode_record
 from topl_core.data.records import Record, merge_jsonl, write_jsonl
@@ -27,6 +27,7 @@ from topl_core.data.sources import OPTIONS, SOURCES, DataSource, SourceOptions, 
 from topl_core.data.split import split_records
 from topl_core.data.variants import label_settings_table
 from topl_core.errors import ConfigError, DataError
+from topl_core.models import DEVICES
 from topl_core.paths import cache_dir, inside
 
 st.title("Data")
@@ -239,7 +240,7 @@ def own_summaries_builder() -> None:
     max_new = o3.number_input(
         "Max new tokens", 8, 1024, EvalConfig.max_new_tokens, key="data.own_max_new", persist_state="session"
     )
-    device = o4.selectbox("Device", ["cpu", "cuda"], key="data.own_device", persist_state="session")
+    device = o4.selectbox("Device", list(DEVICES), key="data.own_device", persist_state="session")
     out_name = st.text_input(
         "Output name", value="own-summaries.jsonl", key="data.build_out.own-summaries", persist_state="session"
     )
@@ -247,7 +248,7 @@ def own_summaries_builder() -> None:
         try:
             out = data_file(out_name)
             job_dir = inside(BUILD_JOBS, out.stem, "Output name")
-            jobs.launch_own_summaries(model.strip(), int(limit), int(max_new), device, out, job_dir)
+            launchers.launch_own_summaries(model.strip(), int(limit), int(max_new), device, out, job_dir)
         except (ConfigError, jobs.JobError) as ex:
             st.error(str(ex))
     job_dir = newest_build_job()

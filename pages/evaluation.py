@@ -21,8 +21,9 @@ from pages._ui.evaluations import evaluations_dir, read_evaluation
 from pages._ui.render import csv_download, plot, rho_text
 from pages._ui.runs import finished_runs
 from pages._ui.spec import current_model_name, current_precision, current_spec, split_spec
-from topl_core import jobs
+from topl_core import jobs, launchers
 from topl_core.analysis.evaluation.config import EvalConfig, EvalJob, LambdaStudy
+from topl_core.analysis.evaluation.scorers import DEFAULT_SCORER, PROTOCOLS
 from topl_core.analysis.evaluation.translation import TranslationConfig, TranslationJob
 from topl_core.analysis.steering.modes import MODES
 from topl_core.paths import inside
@@ -119,7 +120,7 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
         )
         scorer = b.text_input(
             "Scorer",
-            "grounding",
+            DEFAULT_SCORER,
             key=K + "scorer",
             persist_state="session",
             help="'grounding' = the offline default (its measured AUROC is shown with the results); "
@@ -144,7 +145,7 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
                 n_id=int(n_id),
                 n_ood=int(n_ood),
                 max_new_tokens=int(max_new),
-                scorer=scorer.strip() or "grounding",
+                scorer=scorer.strip() or DEFAULT_SCORER,
                 ood_data=ood_data.strip() or None,
                 model=current_model_name(),
                 device=device,
@@ -161,7 +162,7 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
                 )
             job = EvalJob(cfg, tuple(chosen), include_base, () if sweep_mode else lams, study)
             out = inside(EVALS, name, "Evaluation name")
-            jobs.launch_evaluation(job, out)
+            launchers.launch_evaluation(job, out)
             show_launched(out)
         except (ValueError, jobs.JobError) as e:
             st.error(str(e))
@@ -239,7 +240,7 @@ with st.expander("Start a translation evaluation (the paper's second task)"):
                 n_ood=int(mt_n_ood),
             )
             out = inside(EVALS, mt_name, "Evaluation name")
-            jobs.launch_translation(mt_job, out)
+            launchers.launch_translation(mt_job, out)
             show_launched(out)
         except (ValueError, jobs.JobError) as e:
             st.error(str(e))
@@ -423,7 +424,7 @@ def panel() -> None:
         )
     protocol = st.radio(
         "Protocol",
-        ["sentence", "full"],
+        list(PROTOCOLS),
         horizontal=True,
         key=K + "protocol",
         persist_state="session",

@@ -2,7 +2,7 @@
 of (start, size), in a background process. The (start × size) heatmap and the k-lines fill in as windows finish;
 the sweep is resumable (finished windows are kept)."""
 
-from pages._ui.frame import ensure_frame
+from pages._ui.frame import core_imports, ensure_frame
 
 ensure_frame()  # first: see pages/_ui/frame.py
 
@@ -19,17 +19,14 @@ from pages._ui.forms import SIDEBAR_FIELDS, config_inputs, field_input, precisio
 from pages._ui.models import layer_count_or_stop
 from pages._ui.render import csv_download, plot
 from pages._ui.spec import current_spec, split_spec
-from topl_core import jobs
+from topl_core import jobs, launchers
 from topl_core.errors import ConfigError
 from topl_core.executor import ExecutorConfig
 from topl_core.paths import inside, runs_dir
 from topl_core.training.config import TrainConfig
 
-try:
+with core_imports():
     from topl_core.analysis.studies.sweeps import SweepConfig, heatmap_table, lines_table, plan_windows, read_sweep
-except ImportError as e:
-    st.error(f"The analysis core is not available: {e}")
-    st.stop()
 
 st.title("Layer sweep")
 st.caption(
@@ -112,7 +109,7 @@ with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS
                 **train_values,
             )
             cfg = SweepConfig(train=train, sizes=tuple(sorted(sizes)), stride=stride, **sweep_values)
-            path = jobs.launch_sweep(cfg, inside(SWEEPS, name, "Sweep name"), ExecutorConfig(**executor_values))
+            path = launchers.launch_sweep(cfg, inside(SWEEPS, name, "Sweep name"), ExecutorConfig(**executor_values))
             st.session_state[K + "show"] = str(path.relative_to(runs_dir().resolve()))
             st.rerun()
         except (ConfigError, jobs.JobError, ValueError) as e:
@@ -164,7 +161,7 @@ def panel() -> None:
         "Resume", key=K + "resume", icon=":material/replay:"
     ):
         try:
-            jobs.resume_sweep_job(sweep_dir)
+            launchers.resume_sweep_job(sweep_dir)
             st.rerun(scope="app")
         except jobs.JobError as e:
             st.error(str(e))

@@ -2,7 +2,7 @@
 two adapters side by side with their difference, mean ± std (with bootstrap CI and the random-init-A control),
 and a UMAP of one site's projections."""
 
-from pages._ui.frame import ensure_frame
+from pages._ui.frame import core_imports, ensure_frame
 
 ensure_frame()  # first: see pages/_ui/frame.py
 
@@ -23,14 +23,11 @@ st.caption(
     "onto A's r rows; the AUROC says how well that r-dim projection separates faithful from hallucinated tokens."
 )
 
-try:  # the token sets are read with the analysis core too
+with core_imports():  # the token sets are read with the analysis core too
     from pages._ui.token_sets import lora_a_probe, token_set, token_set_picker
     from topl_core.analysis.lora_a.probe import ProbeSettings, run_projections
     from topl_core.analysis.lora_a.separability import METHOD, comparison_table
     from topl_core.analysis.lora_a.umap_view import umap_embedding  # loads umap (and numba) only when called
-except ImportError as e:  # the analysis core is missing or broken: say so instead of crashing the app
-    st.error(f"The analysis core is not available: {e}")
-    st.stop()
 
 NONE = "(none)"
 top = st.columns(2)

@@ -9,7 +9,7 @@ Built for live demos: the merged model and the steering vectors are cached per (
 set, k) with st.cache_resource and shared read-only (steering hooks act only on the generating thread); every
 generated text is cached per λ, so dragging back to a λ already seen is instant."""
 
-from pages._ui.frame import ensure_frame
+from pages._ui.frame import core_imports, ensure_frame
 
 ensure_frame()  # first: see pages/_ui/frame.py
 
@@ -30,7 +30,7 @@ from pages._ui.render import csv_download, diff_html, plot, text_box
 from pages._ui.runs import run_fingerprint, run_picker
 from pages._ui.spec import current_precision, current_spec
 
-try:  # the token sets are read with the analysis core too
+with core_imports():  # the token sets are read with the analysis core too
     from pages._ui.token_sets import token_set, token_set_picker
     from topl_core.analysis.evaluation.quality import scorer_quality
     from topl_core.analysis.evaluation.scorers import GroundingScorer, score_summary
@@ -40,9 +40,6 @@ try:  # the token sets are read with the analysis core too
     from topl_core.analysis.steering.modes import MODES, UNIT_FRACTION, SteerConfig
     from topl_core.analysis.steering.session import SteeringSession
     from topl_core.analysis.steering.vectors import build_steering_vectors
-except ImportError as e:
-    st.error(f"The analysis core is not available: {e}")
-    st.stop()
 from topl_core.generate import GenerationConfig, generate
 
 st.title("Steering")

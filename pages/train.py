@@ -18,7 +18,7 @@ from pages._ui.forms import SIDEBAR_FIELDS, config_inputs, field_input, precisio
 from pages._ui.models import layer_count_or_stop
 from pages._ui.render import csv_download, plot
 from pages._ui.spec import current_spec, split_spec
-from topl_core import jobs
+from topl_core import jobs, launchers
 from topl_core.errors import ConfigError
 from topl_core.paths import inside, runs_dir
 from topl_core.presets import PRESETS
@@ -89,7 +89,7 @@ def form_defaults() -> dict:
     }
     if method == "tldr":  # TLDR: LoRA on all layers, head on the last layer
         values.update(layer_start=0, layer_end=n_layers - 1)
-    values["run_name"] = jobs.default_run_name(TrainConfig(method=method, model=model_name))
+    values["run_name"] = launchers.default_run_name(TrainConfig(method=method, model=model_name))
     return values
 
 
@@ -111,7 +111,7 @@ else:
         st.session_state.setdefault(K + k, v)
 
 if st.session_state.pop(K + "new_name", False):
-    st.session_state[K + "run_name"] = jobs.default_run_name(
+    st.session_state[K + "run_name"] = launchers.default_run_name(
         TrainConfig(method=st.session_state[K + "method"], model=model_name)
     )
 if flash := st.session_state.pop(K + "flash", None):
@@ -219,8 +219,8 @@ if submitted:
             probe_layers=tuple(probe_layers),
             **other,
         )
-        name = run_name.strip() or jobs.default_run_name(cfg)
-        path = jobs.launch_train(cfg, inside(runs_dir(), name, "Run name"))
+        name = run_name.strip() or launchers.default_run_name(cfg)
+        path = launchers.launch_train(cfg, inside(runs_dir(), name, "Run name"))
         st.session_state[K + "watch"] = str(path)
         st.session_state[K + "detail"] = path.name  # show the new run's curves
         st.session_state[K + "flash"] = f"Started **{name}** in the background (pid {jobs.read_job(path).pid})."
@@ -309,7 +309,7 @@ def jobs_panel() -> None:
                 if j.state in ("cancelled", "failed", "interrupted"):
                     if c.button("Resume", key=f"train.resume.{j.name}", icon=":material/replay:"):
                         try:
-                            jobs.resume_train(j.path)
+                            launchers.resume_train(j.path)
                             st.session_state[K + "watch"] = str(j.path)
                             st.rerun(scope="app")
                         except jobs.JobError as e:

@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from topl_core.paths import DEFAULT_DATA  # noqa: E402
-from topl_core.presets import DEFAULT_MODEL
+from topl_core.presets import DEFAULT_MODEL  # noqa: E402
+from topl_core.runs import ADAPTER_WEIGHTS, HEAD_FILE  # noqa: E402
 
 EXAMPLES = REPO / "examples" / "adapters"
 SHIPPED_CACHE = REPO / "examples" / "analysis-cache"
@@ -43,7 +44,7 @@ DEMOS: dict[str, list[str]] = {
     "topl-smollm2": ["--method", "topl", "--steps", "160", "--eval-every", "40", "--precision", "fp32"],
     "sft-smollm2": ["--method", "sft", "--steps", "60", "--eval-every", "30", "--precision", "fp32"],
 }
-WEIGHT_FILES = ("adapter_model.safetensors", "head.safetensors")
+WEIGHT_FILES = (ADAPTER_WEIGHTS, HEAD_FILE)
 
 
 def command(name: str, out: Path) -> list[str]:

@@ -678,7 +678,7 @@ def test_the_server_listens_on_this_machine_only_with_usage_statistics_off():
 def test_job_cancel_checkpoints_and_resume_finishes(workbench, tmp_path):
     """SIGTERM to the job's process group reaches the trainer's exception path (checkpoint + 'cancelled'), and the
     run resumes from that checkpoint to the end; the state is read from disk only."""
-    from topl_core import jobs
+    from topl_core import jobs, launchers
     from topl_core.runs import RunDir
 
     cfg = tiny_config(
@@ -690,7 +690,7 @@ def test_job_cancel_checkpoints_and_resume_finishes(workbench, tmp_path):
         max_val_examples=4,
     )
     run_dir = tmp_path / "long"
-    jobs.launch_train(cfg, run_dir)
+    launchers.launch_train(cfg, run_dir)
     deadline = time.monotonic() + 180
     while (st := jobs.read_job(run_dir)).step < 2:
         assert st.active, jobs.log_tail(run_dir)
@@ -705,9 +705,9 @@ def test_job_cancel_checkpoints_and_resume_finishes(workbench, tmp_path):
     assert stopped >= 2
     assert [j.name for j in jobs.list_jobs(tmp_path)] == ["long"]
     with pytest.raises(jobs.JobError):
-        jobs.launch_train(cfg.with_overrides(steps=5), run_dir)  # another config into the same directory
+        launchers.launch_train(cfg.with_overrides(steps=5), run_dir)  # another config into the same directory
     # resume: it continues from the checkpoint (not from 0); stop it again after a step or two
-    jobs.resume_train(run_dir)
+    launchers.resume_train(run_dir)
     time.sleep(0.5)
     while (st := jobs.read_job(run_dir)).step <= stopped + 1 and st.active:
         time.sleep(0.2)
@@ -724,7 +724,7 @@ def test_two_sessions_launching_the_same_run_at_once_start_one_job(workbench, tm
 
     import torch
 
-    from topl_core import jobs
+    from topl_core import jobs, launchers
     from topl_core.runs import RunDir
     from topl_core.training.trainer import train
 
@@ -735,7 +735,7 @@ def test_two_sessions_launching_the_same_run_at_once_start_one_job(workbench, tm
     def press_train():
         barrier.wait()
         try:
-            outcomes.append(jobs.launch_train(cfg, run_dir))
+            outcomes.append(launchers.launch_train(cfg, run_dir))
         except jobs.JobError as e:
             outcomes.append(e)
 
@@ -780,11 +780,11 @@ def test_a_killed_job_says_how_it_died(workbench, tmp_path):
     import os
     import signal
 
-    from topl_core import jobs
+    from topl_core import jobs, launchers
 
     cfg = tiny_config(data=str(workbench["data"]), steps=400, max_doc_tokens=64)
     run_dir = tmp_path / "killed"
-    jobs.launch_train(cfg, run_dir)
+    launchers.launch_train(cfg, run_dir)
     pid = jobs.read_job(run_dir).pid
     time.sleep(0.5)
     os.kill(pid, signal.SIGKILL)

@@ -196,10 +196,10 @@ def test_train_without_out_writes_into_the_runs_folder(tmp_path, tiny_records, m
 
 
 def test_job_launchers_write_the_command_lines_the_cli_reads(tmp_path):
-    """The pages start evaluations through typed launchers (jobs.launch_evaluation / launch_translation /
+    """The pages start evaluations through typed launchers (launchers.launch_evaluation / launch_translation /
     launch_own_summaries): the command line each writes, parsed by the real CLI parser, gives back the job's
     settings."""
-    from topl_core import jobs
+    from topl_core import launchers
     from topl_core.analysis.evaluation.config import EvalConfig, EvalJob, LambdaStudy
     from topl_core.analysis.evaluation.translation import TranslationConfig, TranslationJob
     from topl_core.cli import evaluate as evaluate_cli
@@ -211,14 +211,14 @@ def test_job_launchers_write_the_command_lines_the_cli_reads(tmp_path):
 
     cfg = EvalConfig(n_id=3, n_ood=0, max_new_tokens=17, scorer="grounding", top_k=2, precision="fp32", batch_size=3)
     study = LambdaStudy((-1.0, 2.0), ("vector", "conditional"), "generated", ("ID",), (0.0, 1.0, 3.0))
-    args = parse(jobs.evaluation_argv(EvalJob(cfg, ("runs/a", "runs/b"), study=study), tmp_path))
+    args = parse(launchers.evaluation_argv(EvalJob(cfg, ("runs/a", "runs/b"), study=study), tmp_path))
     assert evaluate_cli.config_from_args(args) == cfg
     assert args.run == ["runs/a", "runs/b"] and args.lambdas == [-1.0, 2.0] and args.modes == ["vector", "conditional"]
     assert args.positions == "generated" and args.sets == ["ID"] and args.scaled_lambdas == [0.0, 1.0, 3.0]
     assert Path(args.json) == tmp_path / "eval.json" and Path(args.csv) == tmp_path / "per_doc.csv"
 
     table = EvalJob(EvalConfig(n_id=2, n_ood=1, model="tiny-llama", precision="fp32"), include_base=True, steer=(2.0,))
-    args = parse(jobs.evaluation_argv(table, tmp_path))
+    args = parse(launchers.evaluation_argv(table, tmp_path))
     assert evaluate_cli.config_from_args(args) == table.cfg and args.steer == [2.0] and not args.no_base
     assert args.lambdas is None and args.run == []
     with pytest.raises(ValueError, match="nothing to evaluate"):
@@ -236,7 +236,7 @@ def test_job_launchers_write_the_command_lines_the_cli_reads(tmp_path):
         n_id=4,
         n_ood=5,
     )
-    args = parse(jobs.translation_argv(mt, tmp_path))
+    args = parse(launchers.translation_argv(mt, tmp_path))
     assert evaluate_mt_cli.config_from_args(args) == replace(mt.cfg, model=DEFAULT_MODEL)  # runs name their base
     assert (args.run, args.no_base, args.mlqe, args.ood_src, args.ood_ref) == (
         ["runs/a"],
@@ -245,7 +245,7 @@ def test_job_launchers_write_the_command_lines_the_cli_reads(tmp_path):
     )
     assert (args.n_id, args.n_ood) == (4, 5)
 
-    args = parse(jobs.own_summaries_argv("tiny-llama", 7, 33, "cpu", tmp_path / "own.jsonl"))
+    args = parse(launchers.own_summaries_argv("tiny-llama", 7, 33, "cpu", tmp_path / "own.jsonl"))
     assert (args.source, args.model, args.limit, args.max_new_tokens, args.out) == (
         "own-summaries",
         "tiny-llama",

@@ -26,11 +26,10 @@ import torch
 from .errors import ModelError, RunError
 from .models import LoadedModel, hub_reachable, model_name_for
 from .presets import LORA_MODULES
-from .runs import RunDir, fingerprint_files
+from .runs import ADAPTER_CONFIG, ADAPTER_WEIGHTS, RunDir, fingerprint_files
 from .training.config import TrainConfig
 
-ADAPTER_CONFIG = "adapter_config.json"
-WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")  # PEFT's current and older weight files
+WEIGHT_FILES = (ADAPTER_WEIGHTS, "adapter_model.bin")  # PEFT's current and older weight files
 
 Source = Literal["run", "peft", "hub"]
 

@@ -46,7 +46,7 @@ def _run_job(job_dir: Path, cli_args: list[str]) -> int:
         if rc and rc != CANCELLED:
             error = f"exit code {rc} (see {LOG_FILE})"
     except KeyboardInterrupt:
-        state, rc = "cancelled", 130
+        state, rc = "cancelled", CANCELLED
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else 1
         state, error = ("finished", None) if rc == 0 else ("failed", str(e.code))

@@ -35,11 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .analysis.evaluation.config import EvalJob
-from .analysis.evaluation.translation import TranslationJob
-from .analysis.studies.sweeps import SweepConfig, save_sweep_config, saved_executor
 from .errors import JobError, RunError, WorkbenchError
-from .executor import ExecutorConfig
 from .io import write_json
 from .paths import PROJECT_ROOT, runs_dir
 from .runs import RunDir
@@ -58,7 +54,6 @@ from .status import (
     update_status,
     zombie,
 )
-from .training.config import TrainConfig
 
 JOB_FILE = "job.json"
 LOG_FILE = "job.log"
@@ -115,12 +110,12 @@ def launch(
 ) -> Path:
     """Start `python -m topl_core <cli_args>` detached, logging into job_dir/job.log. Returns job_dir. Refused
     (JobError) while another writer works in job_dir. `info`: what the launcher wants to read back (job_info)."""
-    with _claim(job_dir) as lock:
-        return _start(cli_args, lock, kind, env, info)
+    with claim(job_dir) as lock:
+        return start_claimed(cli_args, lock, kind, env, info)
 
 
 @contextmanager
-def _claim(job_dir: str | Path) -> Iterator[WriterLock]:
+def claim(job_dir: str | Path) -> Iterator[WriterLock]:
     """Hold job_dir's writer lock while a launch prepares it; `_start` hands it to the job process. Two sessions
     launching into the same folder at once: one starts, the other gets a JobError naming the holder."""
     lock = WriterLock(job_dir)
@@ -134,8 +129,10 @@ def _claim(job_dir: str | Path) -> Iterator[WriterLock]:
         lock.__exit__(None, None, None)  # nothing left to release once handed over
 
 
-def _start(cli_args: Sequence[str], lock: WriterLock, kind: str, env: dict | None, info: dict | None = None) -> Path:
-    job_dir = lock.path.parent  # a job still working here holds this lock, so _claim refused this launch already
+def start_claimed(
+    cli_args: Sequence[str], lock: WriterLock, kind: str, env: dict | None, info: dict | None = None
+) -> Path:
+    job_dir = lock.path.parent  # a job still working here holds this lock, so claim refused this launch already
     clear_stop(job_dir)
     argv = [sys.executable, "-m", "topl_core.job_runner", "--job-dir", str(job_dir), "--", *map(str, cli_args)]
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), **lock.hand_over()}
@@ -164,131 +161,6 @@ def _start(cli_args: Sequence[str], lock: WriterLock, kind: str, env: dict | Non
 def job_info(job_dir: str | Path) -> dict:
     """The `info` its launcher stored with a job (empty for none)."""
     return (_read_json(Path(job_dir) / JOB_FILE) or {}).get("info") or {}
-
-
-def evaluation_argv(job: EvalJob, out_dir: str | Path) -> list[str]:
-    """The `evaluate` command line of a job, writing eval.json and per_doc.csv into out_dir."""
-    cfg, out = job.cfg, Path(out_dir)
-    argv = ["evaluate", "--data", str(cfg.data), "--split-seed", str(cfg.split_seed)]
-    argv += ["--n-id", str(cfg.n_id), "--n-ood", str(cfg.n_ood), "--max-new-tokens", str(cfg.max_new_tokens)]
-    argv += ["--max-doc-tokens", str(cfg.max_doc_tokens), "--batch-size", str(cfg.batch_size)]
-    argv += ["--scorer", cfg.scorer, "--top-k", str(cfg.top_k), "--device", cfg.device, "--precision", cfg.precision]
-    argv += ["--json", str(out / "eval.json"), "--csv", str(out / "per_doc.csv")]
-    for flag, value in (("--cliff", cfg.cliff_csv), ("--ood-data", cfg.ood_data)):
-        if value:
-            argv += [flag, str(value)]
-    for r in job.runs:
-        argv += ["--run", str(r)]
-    if not job.runs:  # with adapters, each is evaluated on its own base model
-        argv += ["--model", cfg.model]
-    if job.study is not None:
-        st = job.study
-        argv += ["--lambdas", *map(str, st.lambdas), "--modes", *st.modes, "--positions", st.positions]
-        argv += ["--sets", *st.sets]
-        if st.scaled_lambdas:
-            argv += ["--scaled-lambdas", *map(str, st.scaled_lambdas)]
-        return argv
-    if job.steer:
-        argv += ["--steer", *map(str, job.steer)]
-    if not job.include_base:
-        argv += ["--no-base"]
-    return argv
-
-
-def launch_evaluation(job: EvalJob, out_dir: str | Path) -> Path:
-    """Start an evaluation (a results table or a λ study) in the background, writing into out_dir."""
-    return launch(evaluation_argv(job, out_dir), out_dir, kind="evaluate")
-
-
-def translation_argv(job: TranslationJob, out_dir: str | Path) -> list[str]:
-    """The `evaluate-mt` command line of a job, writing eval.json and per_doc.csv into out_dir."""
-    cfg, out = job.cfg, Path(out_dir)
-    argv = ["evaluate-mt", "--lang-pair", cfg.lang_pair, "--n-id", str(job.n_id), "--n-ood", str(job.n_ood)]
-    argv += ["--max-new-tokens", str(cfg.max_new_tokens), "--batch-size", str(cfg.batch_size)]
-    argv += ["--scorer", cfg.scorer, "--device", cfg.device, "--precision", cfg.precision, "--split", job.split]
-    argv += ["--json", str(out / "eval.json"), "--csv", str(out / "per_doc.csv")]
-    for flag, value in (("--mlqe", job.mlqe), ("--flores", job.flores), ("--ood-src", job.ood_src)):
-        if value:
-            argv += [flag, value]
-    if job.ood_ref:
-        argv += ["--ood-ref", job.ood_ref]
-    for r in job.runs:
-        argv += ["--run", str(r)]
-    if not job.runs:
-        argv += ["--model", cfg.model]
-    if not job.include_base:
-        argv += ["--no-base"]
-    return argv
-
-
-def launch_translation(job: TranslationJob, out_dir: str | Path) -> Path:
-    """Start a translation evaluation in the background, writing into out_dir."""
-    return launch(translation_argv(job, out_dir), out_dir, kind="evaluate")
-
-
-def own_summaries_argv(model: str, limit: int, max_new_tokens: int, device: str, out: str | Path) -> list[str]:
-    """The `data build --source own-summaries` command line: the model's own summaries of `limit` HaluEval
-    documents, labelled, written to `out`."""
-    return ["data", "build", "--source", "own-summaries", "--model", model, "--limit", str(limit),
-            "--max-new-tokens", str(max_new_tokens), "--device", device, "--out", str(out)]  # fmt: skip
-
-
-def launch_own_summaries(
-    model: str, limit: int, max_new_tokens: int, device: str, out: str | Path, job_dir: str | Path
-) -> Path:
-    """Build the model's own summaries as a data set in the background (job_info: out, limit)."""
-    argv = own_summaries_argv(model, limit, max_new_tokens, device, out)
-    return launch(argv, job_dir, kind="data", info={"out": str(out), "limit": int(limit)})
-
-
-def launch_train(cfg: TrainConfig, run_dir: str | Path | None = None, env: dict | None = None) -> Path:
-    """Start training `cfg` in the background into run_dir (default runs/<method>-<model>-<time>)."""
-    if run_dir is None:
-        run_dir = runs_dir() / default_run_name(cfg)
-    run = RunDir(Path(run_dir).resolve())
-    with _claim(run.path) as lock:  # checked and written under the lock: a twin launch cannot overwrite the config
-        if run.config_path.exists():
-            old, _ = run.read_config()
-            if old != cfg:
-                raise JobError(f"{run.path} already holds a different run; choose another run name.")
-            if run.is_complete:
-                raise JobError(f"{run.path} is already finished; choose another run name.")
-        elif run.is_foreign:
-            raise JobError(f"{run.path} exists and is not a run directory; choose another run name.")
-        else:
-            run.write_config(cfg, {"launched_by": "topl_core.jobs"})  # the trainer reads it back with --resume
-        return _start(["train", "--resume", str(run.path)], lock, "train", env)
-
-
-def resume_train(run_dir: str | Path, env: dict | None = None) -> Path:
-    """Continue a cancelled/failed/interrupted run from its last checkpoint, in the background."""
-    run = RunDir(Path(run_dir).resolve())
-    if not run.config_path.exists():
-        raise JobError(f"{run.path} is not a run directory (no topl_config.json).")
-    if run.is_complete:
-        raise JobError(f"{run.path} is already finished.")
-    return launch(["train", "--resume", str(run.path)], run.path, kind="train", env=env)
-
-
-def launch_sweep(cfg: SweepConfig, sweep_dir: str | Path, executor: ExecutorConfig | None = None) -> Path:
-    """Start (or continue) a layer sweep in the background, its windows run by `executor` (default: the sweep's
-    saved one, else local); its windows checkpoint when cancelled."""
-    sweep_dir = Path(sweep_dir).resolve()
-    with _claim(sweep_dir) as lock:
-        save_sweep_config(sweep_dir, cfg, executor or saved_executor(sweep_dir))
-        return _start(["sweep", "--resume", str(sweep_dir)], lock, "sweep", None)
-
-
-def resume_sweep_job(sweep_dir: str | Path, executor: ExecutorConfig | None = None) -> Path:
-    """Continue the sweep in sweep_dir with its saved config (and executor, unless one is given), in the
-    background."""
-    flags = executor.cli_args() if executor else []
-    return launch(["sweep", "--resume", str(Path(sweep_dir).resolve()), *flags], sweep_dir, kind="sweep")
-
-
-def default_run_name(cfg: TrainConfig) -> str:
-    model = Path(cfg.model).name.replace("/", "_")
-    return f"{cfg.method}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def cancel(job_dir: str | Path) -> bool:

@@ -20,7 +20,7 @@ import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -32,6 +32,7 @@ from .presets import DEFAULT_MODEL, PRESETS
 from .tiny_models import TINY_FAMILIES, build_tiny_model
 
 Device = Literal["cpu", "cuda"]
+DEVICES: tuple[str, ...] = get_args(Device)
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class ModelSpec:
             )
         if self.dtype not in DTYPES:
             raise ModelError(f"ModelSpec.dtype={self.dtype!r}: choose one of {DTYPES} ('auto' follows the hardware).")
-        if self.device not in ("cpu", "cuda"):
+        if self.device not in DEVICES:
             raise ModelError(f"ModelSpec.device={self.device!r}: choose 'cpu' or 'cuda'.")
         object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -141,11 +142,6 @@ def package_dir(package: str) -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(list(spec.submodule_search_locations)[0])
-
-
-def list_available_models() -> list[str]:
-    """Embedded models whose package is installed, then any already-converted local copies."""
-    return [name for name, em in EMBEDDED.items() if package_dir(em.package) is not None]
 
 
 _LOAD_LOCK = threading.Lock()

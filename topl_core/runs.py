@@ -26,6 +26,14 @@ from .models import LoadedModel
 from .status import LOCK_FILE, STATUS_FILE, STOP_FILE, State, read_status, write_status
 from .training.config import TrainConfig
 
+# the files of a run folder (PEFT's two first: plain PeftModel.from_pretrained loads them)
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+HEAD_FILE = "head.safetensors"
+PROBES_FILE = "probes.safetensors"  # side probes' weights (TrainConfig.side_probes)
+CONFIG_FILE = "topl_config.json"
+METRICS_FILE = "metrics.jsonl"
+
 
 @dataclass(frozen=True)
 class RunDir:
@@ -34,12 +42,14 @@ class RunDir:
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", Path(self.path))
 
-    config_path = property(lambda self: self.path / "topl_config.json")
-    metrics_path = property(lambda self: self.path / "metrics.jsonl")
+    config_path = property(lambda self: self.path / CONFIG_FILE)
+    metrics_path = property(lambda self: self.path / METRICS_FILE)
     status_path = property(lambda self: self.path / STATUS_FILE)
-    head_path = property(lambda self: self.path / "head.safetensors")
+    head_path = property(lambda self: self.path / HEAD_FILE)
+    probes_path = property(lambda self: self.path / PROBES_FILE)
     checkpoint_dir = property(lambda self: self.path / "checkpoint")
-    adapter_path = property(lambda self: self.path / "adapter_model.safetensors")
+    adapter_config_path = property(lambda self: self.path / ADAPTER_CONFIG)
+    adapter_path = property(lambda self: self.path / ADAPTER_WEIGHTS)
 
     @classmethod
     def of(cls, run: "RunDir | str | os.PathLike") -> "RunDir":

@@ -12,7 +12,9 @@ inside the frame) and stops; inside the frame it does nothing.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import streamlit as st
 
@@ -62,3 +64,14 @@ def ensure_frame() -> None:
         return
     run_frame()
     st.stop()
+
+
+@contextmanager
+def core_imports() -> Iterator[None]:
+    """Wrap a page's imports of the analysis core: a missing or broken core is said in words (and the page stops)
+    instead of a traceback."""
+    try:
+        yield
+    except ImportError as e:
+        st.error(f"The analysis core is not available: {e}")
+        st.stop()

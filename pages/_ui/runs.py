@@ -49,8 +49,8 @@ def runs_table(root: str, examples: str | None = None) -> pd.DataFrame:
                     "lora": lora,
                     "lr": cfg.lr,
                     "precision": cfg.precision,
-                    "has_head": (stt.path / "head.safetensors").exists(),
-                    "complete": stt.state == "finished" and (stt.path / "adapter_model.safetensors").exists(),
+                    "has_head": RunDir(stt.path).head_path.exists(),
+                    "complete": stt.state == "finished" and RunDir(stt.path).adapter_path.exists(),
                     "source": source,
                     "path": str(stt.path),
                 }

@@ -7,7 +7,7 @@ import os
 
 import streamlit as st
 
-from topl_core.models import EMBEDDED, ModelSpec
+from topl_core.models import DEVICES, EMBEDDED, ModelSpec
 from topl_core.precision import (
     DTYPES,
     PRECISIONS,
@@ -103,7 +103,7 @@ def sidebar_model_picker() -> str:
     with st.sidebar.expander("Precision & device"):
         device = st.selectbox(
             "device",
-            ["cpu", "cuda"],
+            list(DEVICES),
             key="sidebar.device",
             persist_state="session",
             help="cuda needs a visible GPU (8B models: bfloat16 on cuda).",

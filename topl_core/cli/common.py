@@ -10,6 +10,7 @@ from ..data.records import Record, read_jsonl
 from ..data.split import SPLITS, split_records
 from ..errors import ConfigError
 from ..executor import EXECUTORS, ExecutorConfig
+from ..models import DEVICES
 from ..paths import project_path
 from ..precision import DTYPES, PRECISIONS, ResolvedPrecision, describe_precision, resolve_precision
 from ..presets import DEFAULT_MODEL
@@ -27,7 +28,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         choices=DTYPES,
         help="weights: auto = float32 on CPU, bfloat16 on a GPU with bf16 support",
     )
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--device", default="cpu", choices=DEVICES)
 
 
 ADAPTER_HELP = (

@@ -16,7 +16,7 @@ from ..data.records import Record, merge_jsonl, read_jsonl, write_jsonl
 from ..data.sources import SOURCES, SourceOptions, option_choices, read_source
 from ..data.split import split_records
 from ..data.variants import label_settings_table
-from ..models import ModelSpec, load_model
+from ..models import DEVICES, ModelSpec, load_model
 from ..presets import DEFAULT_MODEL
 from ..progress import Bar
 from . import COMMANDS
@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         )
     b.add_argument("--out", required=True, help="output JSONL")
     b.add_argument("--model", default=DEFAULT_MODEL, help="own-summaries: the model that writes the summaries")
-    b.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="own-summaries: where it generates")
+    b.add_argument("--device", default="cpu", choices=DEVICES, help="own-summaries: where it generates")
     b.add_argument(
         "--max-new-tokens",
         type=int,

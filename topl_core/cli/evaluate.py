@@ -13,11 +13,12 @@ from ..analysis.evaluation.config import EvalConfig, Variant
 from ..analysis.evaluation.evaluate import evaluate, protocol_agreement, results_table
 from ..analysis.evaluation.lambda_study import CURVE_KEYS, lambda_curve, lambda_sweep
 from ..analysis.evaluation.quality import scorer_quality
-from ..analysis.evaluation.scorers import make_scorer
+from ..analysis.evaluation.scorers import DEFAULT_SCORER, PROTOCOLS, make_scorer
 from ..analysis.steering.modes import MODES, POSITIONS, UNITS_DOC, lambda_grids, modes_help
 from ..errors import ConfigError
 from ..executor import ExecutorConfig
 from ..io import atomic_open, write_json
+from ..models import DEVICES
 from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL
 from ..progress import Bar
@@ -106,11 +107,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument(
         "--scorer",
-        default="grounding",
+        default=DEFAULT_SCORER,
         help="'grounding' (offline) or hub:nli:<id> / hub:classifier:<id> / hub:minicheck-lm:<id>",
     )
     p.add_argument("--top-k", type=int, default=4, help="steered sites")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--device", choices=DEVICES, default="cpu")
     add_precision_arg(p)
     p.add_argument("--no-cache", action="store_true", help="regenerate instead of reading cached generations")
     p.add_argument("--csv", help="write the per-document rows (with texts) here")
@@ -220,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
             res = evaluate(variants, cfg, progress=bar.stage, use_cache=not args.no_cache, executor=executor)
         per_doc = res.per_doc
         ood = cfg.ood_data or "CLIFF"
-        for protocol in ("sentence", "full"):
+        for protocol in PROTOCOLS:
             print(f"\nfactuality ({res.scorer}, {protocol} protocol; ID = test split of {cfg.data}, OOD = {ood}):")
             print(results_table(per_doc, protocol, by_source=True).to_string(float_format=_fmt))
             out[f"table_{protocol}"] = results_table(per_doc, protocol, by_source=True).reset_index().to_dict("records")

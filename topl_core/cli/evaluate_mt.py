@@ -19,6 +19,7 @@ from ..analysis.evaluation.translation import (
 )
 from ..errors import ConfigError
 from ..io import atomic_open, write_json
+from ..models import DEVICES
 from ..presets import DEFAULT_MODEL, MLQE_PE_PAIRS
 from . import COMMANDS
 from .common import add_precision_arg, announce_precision
@@ -47,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scorer", default="chrf", help="'chrf' (offline) or 'comet:<hub id>' (unbabel-comet)")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--device", choices=DEVICES, default="cpu")
     add_precision_arg(p)
     p.add_argument("--no-cache", action="store_true", help="translate again instead of reading cached translations")
     p.add_argument("--csv", help="write the per-sentence rows here")

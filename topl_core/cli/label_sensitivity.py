@@ -11,6 +11,7 @@ from ..analysis.studies.label_sensitivity import LabelStudyConfig, label_stats_f
 from ..data.variants import LABEL_SETTINGS
 from ..executor import ExecutorConfig
 from ..io import write_json
+from ..models import DEVICES
 from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL
 from ..progress import Bar
@@ -50,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_precision_arg(p)
     p.add_argument("--max-val-examples", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--device", choices=DEVICES, default="cpu")
     p.add_argument("--json", help="write the table here")
     add_executor_args(p)
     p.set_defaults(func=run)

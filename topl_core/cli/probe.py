@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..analysis.evaluation.config import EvalConfig
 from ..analysis.evaluation.indicator import MIN_ADAPTERS_FOR_RHO, factuality_by_adapter, indicator_table
+from ..analysis.evaluation.scorers import DEFAULT_SCORER
 from ..analysis.lora_a.probe import ProbeSettings, labelled_records, probe_run
 from ..analysis.lora_a.separability import METHOD, comparison_table, format_heatmap
 from ..data.cliff import load_factuality_csv
@@ -63,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-id", type=int, default=16, help="with --evaluate: ID documents (the data's test split)")
     p.add_argument("--n-ood", type=int, default=16, help="with --evaluate: OOD documents (CLIFF)")
     p.add_argument("--max-new-tokens", type=int, default=96, help="with --evaluate: summary length")
-    p.add_argument("--scorer", default="grounding", help="with --evaluate: factuality scorer (see evaluate --help)")
+    p.add_argument("--scorer", default=DEFAULT_SCORER, help="with --evaluate: factuality scorer (see evaluate --help)")
     p.add_argument("--no-cache", action="store_true", help="recompute instead of reading cache/analysis/")
     p.add_argument("--json", help="write the full report here")
     p.set_defaults(func=run)

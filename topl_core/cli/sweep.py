@@ -7,9 +7,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..analysis.evaluation.scorers import DEFAULT_SCORER
 from ..analysis.studies.sweeps import SweepConfig, compare_reuse, heatmap_table, read_sweep, resume_sweep, run_sweep
 from ..errors import ConfigError
-from ..jobs import launch_sweep, read_job, resume_sweep_job
+from ..jobs import read_job
+from ..launchers import launch_sweep, resume_sweep_job
+from ..models import DEVICES
 from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL
 from ..progress import Bar
@@ -53,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--n-generate", type=int, default=0, help="also score generation factuality on this many test documents"
     )
     g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--scorer", default="grounding", help="factuality scorer for --n-generate")
+    g.add_argument("--scorer", default=DEFAULT_SCORER, help="factuality scorer for --n-generate")
     t = p.add_argument_group("training (per window)")
     t.add_argument("--model", default=DEFAULT_MODEL)
     t.add_argument("--data", default=DEFAULT_DATA)
@@ -65,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--max-doc-tokens", type=int, default=320)
     t.add_argument("--max-response-tokens", type=int, default=128)
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    t.add_argument("--device", choices=DEVICES, default="cpu")
     add_executor_args(p)
     p.set_defaults(func=run)
 

@@ -17,6 +17,7 @@ from ..errors import DataError
 from .records import Record, Span, utf8_lines
 
 WORD_TAGS = ("OK", "BAD")
+LANG_PAIR = re.compile(r"[a-z]{2}-[a-z]{2}")  # an input naming a language pair is read from the hub copy
 HUB_ID = "wmt/wmt20_mlqe_task2"  # formerly "wmt20_mlqe_task2"; configs "en-de" and "en-zh"
 
 
@@ -111,10 +112,16 @@ def load_mlqe_dir(
 
 
 def load_mlqe_hub(lang_pair: str = "en-de", split: str = "train", source: str = "mlqe") -> list[Record]:
-    """Records from the Hugging Face hub copy (needs network access to the hub)."""
+    """Records from the Hugging Face hub copy (needs a hub; without one, a DataError naming the local fix)."""
     import datasets
 
-    table = datasets.load_dataset(HUB_ID, lang_pair, split=split)
+    try:
+        table = datasets.load_dataset(HUB_ID, lang_pair, split=split)
+    except Exception as e:
+        raise DataError(
+            f"MLQE-PE {lang_pair} [{split}] from the hub ({HUB_ID}) could not be loaded ({type(e).__name__}: {e}). "
+            "Without a hub, give --input the directory of a local copy (SPLIT.src / .mt / .tags)."
+        ) from e
     src_lang, mt_lang = lang_pair.split("-")
     tag_names = table.features["mt_tags"].feature.int2str
     return mlqe_records(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Literal, get_args, get_origin, get_type_hints
 
 from ..errors import ConfigError, DataError
@@ -128,6 +129,9 @@ def _factuality_csv(o: SourceOptions, progress: ProgressFn | None) -> Loaded:
 
 
 def _mlqe(o: SourceOptions, progress: ProgressFn | None) -> Loaded:
+    """A directory of SPLIT.src / .mt / .tags, or a language pair ("en-de", "en-zh") read from the hub copy."""
+    if o.input and not Path(o.input).exists() and mlqe.LANG_PAIR.fullmatch(o.input):
+        return Loaded(mlqe.load_mlqe_hub(o.input, split=o.mlqe_split)[: o.limit])
     return Loaded(mlqe.load_mlqe_dir(o.input, split=o.mlqe_split)[: o.limit])
 
 
@@ -176,7 +180,8 @@ SOURCES: dict[str, DataSource] = {
         ),
         DataSource(
             "mlqe",
-            "MLQE-PE directory with SPLIT.src / .mt / .tags (word-level OK/BAD): translation task.",
+            "MLQE-PE directory with SPLIT.src / .mt / .tags (word-level OK/BAD), or a language pair (en-de) read from "
+            "the hub copy: translation task.",
             ("input", "limit", "mlqe_split"),
             _mlqe,
         ),

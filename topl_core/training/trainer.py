@@ -30,7 +30,7 @@ from ..errors import DataError, RunError
 from ..io import checksum_problem, save_tensors, sha256_file, write_json
 from ..models import LoadedModel, ModelSpec, hub_id, load_model
 from ..precision import autocast
-from ..runs import RunDir
+from ..runs import HEAD_FILE, PROBES_FILE, RunDir
 from ..status import WriterLock, clear_stop, stop_requested
 from .batching import EncodeSettings, length_buckets
 from .config import TrainConfig
@@ -437,7 +437,7 @@ def _save_final(run: RunDir, cfg: TrainConfig, t: _Trainable, meta: dict, adapte
             {"head_layer": str(meta["head_layer"]), "base_fingerprint": meta["base_fingerprint"]},
         )
     if t.ctx.probes:  # {"<layer>.weight", "<layer>.bias"}: the side probes, for a look at the layers below m
-        save_tensors(run.path / "probes.safetensors", t.ctx.probes.state_dict())
+        save_tensors(run.probes_path, t.ctx.probes.state_dict())
     run.record_checksums()
     shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
 
@@ -518,9 +518,9 @@ def _write_checkpoint(run: RunDir, ckpt: dict, step: int) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_tensors(tmp / "adapter.safetensors", ckpt["adapter"])
-    for name in ("head", "probes"):
+    for name, file in (("head", HEAD_FILE), ("probes", PROBES_FILE)):
         if ckpt[name] is not None:
-            save_tensors(tmp / f"{name}.safetensors", ckpt[name])
+            save_tensors(tmp / file, ckpt[name])
     save_tensors(tmp / "rng.safetensors", {"torch": torch.get_rng_state()})
     torch.save(ckpt["optimizer"], tmp / "optimizer.pt")
     checksums = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
@@ -547,9 +547,9 @@ def _load_checkpoint(run: RunDir, t: _Trainable, world: World) -> int:
                 if "lora_" in name:
                     p.copy_(world.place(saved[name.replace(f".{ADAPTER}", "")], p))
         if t.head is not None:
-            t.head.load_state_dict(load_file(ck / "head.safetensors"))
+            t.head.load_state_dict(load_file(ck / HEAD_FILE))
         if t.ctx.probes:
-            t.ctx.probes.load_state_dict(load_file(ck / "probes.safetensors"))
+            t.ctx.probes.load_state_dict(load_file(ck / PROBES_FILE))
         opt = torch.load(ck / "optimizer.pt", weights_only=True)
         params = [p for group in t.optimizer.param_groups for p in group["params"]]
         for index, param_state in opt["optimizer"]["state"].items():

@@ -11,6 +11,7 @@ from ...paths import DEFAULT_DATA
 from ...precision import Precision, resolve_precision
 from ...presets import DEFAULT_MODEL
 from ..steering.modes import SteerConfig
+from .scorers import DEFAULT_SCORER
 
 ProgressFn = Callable[[str], None]
 
@@ -65,7 +66,7 @@ class EvalConfig:
     max_new_tokens: int = 96
     max_doc_tokens: int = 512
     batch_size: int = 4
-    scorer: str = "grounding"
+    scorer: str = DEFAULT_SCORER
     top_k: int = 4  # steered sites
     model: str = DEFAULT_MODEL  # base model when no run names one
     device: str = "cpu"
@@ -111,7 +112,7 @@ class LambdaStudy:
 
 @dataclass(frozen=True)
 class EvalJob:
-    """An evaluation to run in the background (topl_core.jobs.launch_evaluation): the results table of the base
+    """An evaluation to run in the background (topl_core.launchers.launch_evaluation): the results table of the base
     model (include_base), each run merged and steered at each λ of `steer` — or, with `study`, a λ study of the runs."""
 
     cfg: EvalConfig

@@ -37,6 +37,7 @@ from ...models import hub_reachable
 from .text import AnalysedText, analyse_text, split_sentences, stem
 
 PROTOCOLS: tuple[str, ...] = ("sentence", "full")
+DEFAULT_SCORER = "grounding"  # the offline lexical scorer (GroundingScorer)
 
 
 @runtime_checkable
@@ -307,9 +308,9 @@ class HubScorer:
         return [float(v) for v in per.max(axis=1)]
 
 
-def make_scorer(name: str = "grounding", **kw) -> Scorer:
+def make_scorer(name: str = DEFAULT_SCORER, **kw) -> Scorer:
     """A scorer by name: "grounding" (offline default) or "hub:<kind>:<model id or path>" (HubScorer)."""
-    if name in ("grounding", "grounding-v1", "offline"):
+    if name in (DEFAULT_SCORER, "grounding-v1", "offline"):
         return GroundingScorer(**kw)
     if name.startswith("hub:"):
         _, kind, model_id = name.split(":", 2)

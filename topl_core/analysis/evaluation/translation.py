@@ -193,7 +193,7 @@ class TranslationConfig:
 
 @dataclass(frozen=True)
 class TranslationJob:
-    """A translation evaluation to run in the background (topl_core.jobs.launch_translation): the base model
+    """A translation evaluation to run in the background (topl_core.launchers.launch_translation): the base model
     (include_base) and each run merged, on MLQE-PE (ID: `mlqe` folder, `split`) and FLORES+ or parallel files (OOD)."""
 
     cfg: TranslationConfig

@@ -62,6 +62,21 @@ class ProbeSettings:
             precision=resolve_precision(self.precision, cfg.device),
         )
 
+    def collect(self, model, tokenizer, records, select: str | None = None, **kw):
+        """collect_projections with these settings' token selection (or `select`), batching, lengths and precision;
+        `kw`: its keyword arguments (sites, controls, weights, keep_inputs, progress)."""
+        return collect_projections(
+            model,
+            tokenizer,
+            records,
+            select or self.select,
+            self.batch_size,
+            self.max_doc_tokens,
+            self.max_response_tokens,
+            self.precision,
+            **kw,
+        )
+
     def capture_key(self) -> dict:
         """The fields that change the captured projections (batch size does not)."""
         d = asdict(self)
@@ -129,19 +144,7 @@ def run_projections(
             r_of = {s: lora_weights(model, s).r for s in sites}
             d_in = {s: input_module(model, s).in_features for s in sites}
             controls = {CONTROL_SET: random_lora_A(sites, r_of, d_in, settings.control_seed)}
-        out = collect_projections(
-            model,
-            lm.tokenizer,
-            records,
-            settings.select,
-            settings.batch_size,
-            settings.max_doc_tokens,
-            settings.max_response_tokens,
-            settings.precision,
-            sites=sites,
-            controls=controls,
-            progress=progress,
-        )
+        out = settings.collect(model, lm.tokenizer, records, sites=sites, controls=controls, progress=progress)
         return out if isinstance(out, dict) else {DEFAULT_SET: out}
 
     def to_arrays(sets: dict[str, Projections]) -> dict[str, np.ndarray]:

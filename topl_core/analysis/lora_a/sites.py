@@ -19,13 +19,13 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from ...architecture import base_causal_lm, decoder_layers
 from ...errors import ModelError
 from ...presets import LORA_MODULES
+from ...runs import RunDir
 
 RESIDUAL_MODULES: tuple[str, ...] = ("o_proj", "down_proj")  # outputs live in the residual stream (steerable)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen3", "qwen2", "mistral", "gemma3_text", "gemma3")
@@ -183,8 +183,8 @@ def read_lora_weights(run) -> dict[Site, LoraWeights]:
     loading a model: for analysing or steering a merged model."""
     from safetensors.torch import load_file
 
-    path = Path(getattr(run, "path", run))
-    cfg_path, weights_path = path / "adapter_config.json", path / "adapter_model.safetensors"
+    run_dir = RunDir.of(getattr(run, "path", run))
+    path, cfg_path, weights_path = run_dir.path, run_dir.adapter_config_path, run_dir.adapter_path
     if not cfg_path.exists() or not weights_path.exists():
         raise ModelError(f"{path}: no adapter_config.json / adapter_model.safetensors — not a finished LoRA run.")
     cfg = json.loads(cfg_path.read_text())

@@ -21,7 +21,7 @@ import numpy as np
 from ...adapters import load_adapter, open_adapter
 from ...models import ModelSpec, load_model
 from ..cache import PARQUET, cached, records_fingerprint
-from .capture import Projections, collect_projections
+from .capture import Projections
 from .probe import ProbeSettings, run_projections
 from .sites import Site, lora_sites
 
@@ -126,18 +126,7 @@ def run_umap(
             target = [s for s in lora_sites(model) if s.key == key_name]
             if not target:
                 raise ValueError(f"run_umap: {adapter.path} has no LoRA site {key_name!r}.")
-            proj = collect_projections(
-                model,
-                lm.tokenizer,
-                records,
-                settings.select,
-                settings.batch_size,
-                settings.max_doc_tokens,
-                settings.max_response_tokens,
-                settings.precision,
-                sites=target,
-                keep_inputs=[key_name],
-            )
+            proj = settings.collect(model, lm.tokenizer, records, sites=target, keep_inputs=[key_name])
         return umap_embedding(proj, key_name, source, n_neighbors, min_dist, seed, max_points)
 
     return cached("umap", key, compute, PARQUET, adapter=adapter, enabled=use_cache)

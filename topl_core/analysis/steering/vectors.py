@@ -37,7 +37,7 @@ from ...io import save_tensors, write_json
 from ...models import LoadedModel, ModelSpec
 from ...precision import to_numpy
 from ..cache import cached, json_codec, records_fingerprint
-from ..lora_a.capture import DEFAULT_SET, Projections, collect_projections
+from ..lora_a.capture import DEFAULT_SET, Projections
 from ..lora_a.probe import ProbeSettings, run_projections
 from ..lora_a.separability import separability
 from ..lora_a.sites import (
@@ -345,19 +345,7 @@ def site_outputs(
         weights[s] = m.weight.detach()
         if m.bias is not None:
             bias[s.key] = to_numpy(m.bias)
-    out = collect_projections(
-        lm.model,
-        lm.tokenizer,
-        records,
-        "labelled",
-        settings.batch_size,
-        settings.max_doc_tokens,
-        settings.max_response_tokens,
-        settings.precision,
-        sites=sites,
-        weights=weights,
-        progress=progress,
-    )
+    out = settings.collect(lm.model, lm.tokenizer, records, "labelled", sites=sites, weights=weights, progress=progress)
     for k, b in bias.items():
         out.values[k] = out.values[k] + b
     return out

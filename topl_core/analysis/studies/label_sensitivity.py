@@ -46,6 +46,8 @@ from ...training.objectives import OBJECTIVES
 from ...training.trainer import train
 from ..evaluation.config import EvalConfig, Variant
 from ..evaluation.evaluate import evaluate
+from ..evaluation.scorers import DEFAULT_SCORER
+from .study import Study
 
 STUDY_FILE = "label_study.json"
 
@@ -60,7 +62,7 @@ class LabelStudyConfig:
     cliff_csv: str | None = None
     n_generate: int = 0  # > 0: also generation factuality on this many test documents
     max_new_tokens: int = 64
-    scorer: str = "grounding"
+    scorer: str = DEFAULT_SCORER
 
     def __post_init__(self) -> None:
         if isinstance(self.train, dict):
@@ -167,24 +169,13 @@ def run_label_study(
         return _run_label_study(cfg, out_dir, progress, records, base_loader, executor)
 
 
-@dataclass(frozen=True)
-class _LabelStudy:
-    """What every setting's task needs (sent to Ray's object store once)."""
-
-    cfg: LabelStudyConfig
-    out_dir: Path
-    records: list
-    base_loader: Callable[[], LoadedModel] | None
-    progress: Callable[[str], None] | None  # only when the settings train in this process
-
-
-def train_setting(study: _LabelStudy, item: tuple[str, dict]) -> dict:
+def train_setting(study: Study[LabelStudyConfig], item: tuple[str, dict]) -> dict:
     """One label setting as a task (topl_core.executor): train out_dir/<setting> — or resume it, or find it
     complete — then compute the extra scores it does not have yet. Returns {"extras": …}, or {"cancelled": …} when
     the run did not finish."""
     setting, have = item
     cfg, say = study.cfg, study.progress or (lambda _: None)
-    run = RunDir(study.out_dir / setting)
+    run = RunDir(study.folder / setting)
     if not run.is_complete:
         say(f"training setting {setting}")
         t0 = time.perf_counter()
@@ -234,7 +225,7 @@ def _run_label_study(cfg: LabelStudyConfig, out_dir: Path, progress, records, ba
         return True
 
     todo = [(s, extras.get(s, {})) for s in cfg.settings if missing(s)]
-    study = _LabelStudy(cfg, out_dir, records, base_loader, progress if executor.kind == "local" else None)
+    study = Study(cfg, out_dir, records, base_loader, progress if executor.kind == "local" else None)
     if progress and todo and executor.kind != "local":
         progress(f"{len(todo)} settings, {executor.describe()}")
     failures = run_tasks(train_setting, study, todo, executor, on_done)

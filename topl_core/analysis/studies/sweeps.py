@@ -8,7 +8,7 @@ Public API
     run_sweep(cfg, sweep_dir, progress=None, base_loader=None, records=None) -> DataFrame  (foreground; resumable)
     save_sweep_config(sweep_dir, cfg)            write sweep.json (refusing a different sweep in the folder)
     read_sweep(sweep_dir) -> pandas.DataFrame    results so far (one row per finished window)
-    (in the background: topl_core.jobs.launch_sweep; state and stop: topl_core.jobs.read_job / cancel)
+    (in the background: topl_core.launchers.launch_sweep; state and stop: topl_core.jobs.read_job / cancel)
     heatmap_table(df, value="val_token_auroc") -> DataFrame (rows start, columns size)
     lines_table(df, sizes=(3, 6, 12)) -> DataFrame (one line per size: x = start, y = value)
     compare_reuse(df_reuse, df_plain) -> DataFrame  per-window time with / without prefix reuse, AUROC of both
@@ -58,7 +58,8 @@ from ...status import WriterLock, clear_stop, stop_requested, write_status
 from ...training.config import TrainConfig
 from ...training.prefix_cache import PrefixStats, PrefixStore, install_prefix_cache
 from ...training.trainer import train
-from ..evaluation.scorers import make_scorer, score_summary
+from ..evaluation.scorers import DEFAULT_SCORER, make_scorer, score_summary
+from .study import Study
 
 # --- windows and config -----------------------------------------------------------------------------------------
 
@@ -103,7 +104,7 @@ class SweepConfig:
     reuse_prefix: bool = True
     n_generate: int = 0  # > 0: also generate on this many test documents per window and score factuality
     max_new_tokens: int = 64
-    scorer: str = "grounding"
+    scorer: str = DEFAULT_SCORER
 
     def __post_init__(self) -> None:
         if isinstance(self.train, dict):
@@ -240,22 +241,11 @@ def fresh_copy(base: LoadedModel) -> LoadedModel:
     return LoadedModel(copy.deepcopy(base.model), base.tokenizer, base.spec)
 
 
-@dataclass(frozen=True)
-class _Sweep:
-    """What every window task of one sweep needs (sent to Ray's object store once)."""
-
-    cfg: SweepConfig
-    sweep_dir: Path
-    records: list
-    base_loader: Callable[[], LoadedModel] | None
-    progress: SweepProgress | None  # step events: only when the windows train in this process
-
-
-def train_window(sweep: _Sweep, w: Window) -> dict:
+def train_window(sweep: Study[SweepConfig], w: Window) -> dict:
     """One window of the sweep as a task (topl_core.executor): train windows/<name> — or resume it from its
     checkpoint, or find it complete — and return its results row; {"cancelled": ...} when the sweep was asked to
     stop. The worker keeps the base model (each window trains a deep copy) and the prefix store between windows."""
-    cfg, sweep_dir = sweep.cfg, sweep.sweep_dir
+    cfg, sweep_dir = sweep.cfg, sweep.folder
     if stop_requested(sweep_dir):
         return {"cancelled": w.name}
     if sweep.progress is not None:
@@ -349,7 +339,7 @@ def _run_sweep(cfg: SweepConfig, sweep_dir: Path, progress, base_loader, records
     status(None if local else f"{len(todo)} windows as Ray tasks")
     if progress is not None and todo:
         progress({"event": "plan", "todo": len(todo), "executor": executor.describe()})
-    task = _Sweep(cfg, sweep_dir, records, base_loader, window_progress if local else None)
+    task = Study(cfg, sweep_dir, records, base_loader, window_progress if local else None)
     try:
         failures = run_tasks(train_window, task, todo, executor, on_done)
     except BaseException as e:

@@ -1,0 +1,150 @@
+"""Typed job launchers: each kind of long work started in the background from its config, never from a command
+line a page writes (the command line is built here, in one place per kind, and read back by the CLI's own parser).
+
+    launch_train(TrainConfig, run_dir) / resume_train(run_dir)
+    launch_sweep(SweepConfig, sweep_dir, executor) / resume_sweep_job(sweep_dir)
+    launch_evaluation(EvalJob, out_dir) / launch_translation(TranslationJob, out_dir)
+    launch_own_summaries(model, limit, max_new_tokens, device, out, job_dir)
+
+State, stop and the job list: topl_core.jobs (read_job, cancel, list_jobs).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .analysis.evaluation.config import EvalJob
+from .analysis.evaluation.translation import TranslationJob
+from .analysis.studies.sweeps import SweepConfig, save_sweep_config, saved_executor
+from .errors import JobError
+from .executor import ExecutorConfig
+from .jobs import claim, launch, start_claimed
+from .paths import runs_dir
+from .runs import RunDir
+from .training.config import TrainConfig
+
+
+def evaluation_argv(job: EvalJob, out_dir: str | Path) -> list[str]:
+    """The `evaluate` command line of a job, writing eval.json and per_doc.csv into out_dir."""
+    cfg, out = job.cfg, Path(out_dir)
+    argv = ["evaluate", "--data", str(cfg.data), "--split-seed", str(cfg.split_seed)]
+    argv += ["--n-id", str(cfg.n_id), "--n-ood", str(cfg.n_ood), "--max-new-tokens", str(cfg.max_new_tokens)]
+    argv += ["--max-doc-tokens", str(cfg.max_doc_tokens), "--batch-size", str(cfg.batch_size)]
+    argv += ["--scorer", cfg.scorer, "--top-k", str(cfg.top_k), "--device", cfg.device, "--precision", cfg.precision]
+    argv += ["--json", str(out / "eval.json"), "--csv", str(out / "per_doc.csv")]
+    for flag, value in (("--cliff", cfg.cliff_csv), ("--ood-data", cfg.ood_data)):
+        if value:
+            argv += [flag, str(value)]
+    for r in job.runs:
+        argv += ["--run", str(r)]
+    if not job.runs:  # with adapters, each is evaluated on its own base model
+        argv += ["--model", cfg.model]
+    if job.study is not None:
+        st = job.study
+        argv += ["--lambdas", *map(str, st.lambdas), "--modes", *st.modes, "--positions", st.positions]
+        argv += ["--sets", *st.sets]
+        if st.scaled_lambdas:
+            argv += ["--scaled-lambdas", *map(str, st.scaled_lambdas)]
+        return argv
+    if job.steer:
+        argv += ["--steer", *map(str, job.steer)]
+    if not job.include_base:
+        argv += ["--no-base"]
+    return argv
+
+
+def launch_evaluation(job: EvalJob, out_dir: str | Path) -> Path:
+    """Start an evaluation (a results table or a λ study) in the background, writing into out_dir."""
+    return launch(evaluation_argv(job, out_dir), out_dir, kind="evaluate")
+
+
+def translation_argv(job: TranslationJob, out_dir: str | Path) -> list[str]:
+    """The `evaluate-mt` command line of a job, writing eval.json and per_doc.csv into out_dir."""
+    cfg, out = job.cfg, Path(out_dir)
+    argv = ["evaluate-mt", "--lang-pair", cfg.lang_pair, "--n-id", str(job.n_id), "--n-ood", str(job.n_ood)]
+    argv += ["--max-new-tokens", str(cfg.max_new_tokens), "--batch-size", str(cfg.batch_size)]
+    argv += ["--scorer", cfg.scorer, "--device", cfg.device, "--precision", cfg.precision, "--split", job.split]
+    argv += ["--json", str(out / "eval.json"), "--csv", str(out / "per_doc.csv")]
+    for flag, value in (("--mlqe", job.mlqe), ("--flores", job.flores), ("--ood-src", job.ood_src)):
+        if value:
+            argv += [flag, value]
+    if job.ood_ref:
+        argv += ["--ood-ref", job.ood_ref]
+    for r in job.runs:
+        argv += ["--run", str(r)]
+    if not job.runs:
+        argv += ["--model", cfg.model]
+    if not job.include_base:
+        argv += ["--no-base"]
+    return argv
+
+
+def launch_translation(job: TranslationJob, out_dir: str | Path) -> Path:
+    """Start a translation evaluation in the background, writing into out_dir."""
+    return launch(translation_argv(job, out_dir), out_dir, kind="evaluate")
+
+
+def own_summaries_argv(model: str, limit: int, max_new_tokens: int, device: str, out: str | Path) -> list[str]:
+    """The `data build --source own-summaries` command line: the model's own summaries of `limit` HaluEval
+    documents, labelled, written to `out`."""
+    return ["data", "build", "--source", "own-summaries", "--model", model, "--limit", str(limit),
+            "--max-new-tokens", str(max_new_tokens), "--device", device, "--out", str(out)]  # fmt: skip
+
+
+def launch_own_summaries(
+    model: str, limit: int, max_new_tokens: int, device: str, out: str | Path, job_dir: str | Path
+) -> Path:
+    """Build the model's own summaries as a data set in the background (job_info: out, limit)."""
+    argv = own_summaries_argv(model, limit, max_new_tokens, device, out)
+    return launch(argv, job_dir, kind="data", info={"out": str(out), "limit": int(limit)})
+
+
+def launch_train(cfg: TrainConfig, run_dir: str | Path | None = None, env: dict | None = None) -> Path:
+    """Start training `cfg` in the background into run_dir (default runs/<method>-<model>-<time>)."""
+    if run_dir is None:
+        run_dir = runs_dir() / default_run_name(cfg)
+    run = RunDir(Path(run_dir).resolve())
+    with claim(run.path) as lock:  # checked and written under the lock: a twin launch cannot overwrite the config
+        if run.config_path.exists():
+            old, _ = run.read_config()
+            if old != cfg:
+                raise JobError(f"{run.path} already holds a different run; choose another run name.")
+            if run.is_complete:
+                raise JobError(f"{run.path} is already finished; choose another run name.")
+        elif run.is_foreign:
+            raise JobError(f"{run.path} exists and is not a run directory; choose another run name.")
+        else:
+            run.write_config(cfg, {"launched_by": "topl_core.jobs"})  # the trainer reads it back with --resume
+        return start_claimed(["train", "--resume", str(run.path)], lock, "train", env)
+
+
+def resume_train(run_dir: str | Path, env: dict | None = None) -> Path:
+    """Continue a cancelled/failed/interrupted run from its last checkpoint, in the background."""
+    run = RunDir(Path(run_dir).resolve())
+    if not run.config_path.exists():
+        raise JobError(f"{run.path} is not a run directory (no topl_config.json).")
+    if run.is_complete:
+        raise JobError(f"{run.path} is already finished.")
+    return launch(["train", "--resume", str(run.path)], run.path, kind="train", env=env)
+
+
+def launch_sweep(cfg: SweepConfig, sweep_dir: str | Path, executor: ExecutorConfig | None = None) -> Path:
+    """Start (or continue) a layer sweep in the background, its windows run by `executor` (default: the sweep's
+    saved one, else local); its windows checkpoint when cancelled."""
+    sweep_dir = Path(sweep_dir).resolve()
+    with claim(sweep_dir) as lock:
+        save_sweep_config(sweep_dir, cfg, executor or saved_executor(sweep_dir))
+        return start_claimed(["sweep", "--resume", str(sweep_dir)], lock, "sweep", None)
+
+
+def resume_sweep_job(sweep_dir: str | Path, executor: ExecutorConfig | None = None) -> Path:
+    """Continue the sweep in sweep_dir with its saved config (and executor, unless one is given), in the
+    background."""
+    flags = executor.cli_args() if executor else []
+    return launch(["sweep", "--resume", str(Path(sweep_dir).resolve()), *flags], sweep_dir, kind="sweep")
+
+
+def default_run_name(cfg: TrainConfig) -> str:
+    model = Path(cfg.model).name.replace("/", "_")
+    return f"{cfg.method}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
