@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pandas as pd
 import plotly.express as px
-import plotly.graph_objects as go
 import streamlit as st
 
 from pages._ui.datasets import dataset_paths
+from pages._ui.evaluation_panels import lambda_study, protocol_panel, translation_panel
 from pages._ui.evaluations import evaluations_dir, read_evaluation
-from pages._ui.render import csv_download, plot, rho_text
+from pages._ui.render import csv_download, plot
 from pages._ui.runs import finished_runs
 from pages._ui.spec import current_model_name, current_precision, current_spec, split_spec
 from topl_core import jobs, launchers
@@ -260,135 +260,6 @@ sel = st.selectbox("Evaluation", names, key=K + "show", persist_state="session")
 edir = EVALS / sel
 
 
-def lambda_study(curve: pd.DataFrame, res: dict) -> None:
-    """The λ curves of a steering study: per adapter, factuality with its 95% interval for each mode (the controls
-    on the same axes as the LoRA-B vector), the share of degenerate texts and perplexity below; the conditional
-    mode (λ scales the adapter's update) on its own axis."""
-    if "mode" not in curve:  # a sweep written before the study had modes
-        curve = curve.assign(mode="vector", run=", ".join(res.get("sites") or []) or "adapter")
-    st.caption(
-        "95% intervals: mean ± 1.96 s.e. over documents. Solid: all texts; dotted: factuality of the texts that are "
-        "not degenerate. Modes that add a vector in normalised λ (every mode the same length at each site); modes "
-        "that scale the adapter's update on their own axis (0 = base, 1 = merged)."
-    )
-    families: dict[str, list[str]] = {}
-    for m in MODES.values():
-        families.setdefault(m.family, []).append(m.name)
-    for run, part in curve.groupby("run", sort=False):
-        for family, modes in families.items():
-            sub = part[part["mode"].isin(modes)]
-            if sub.empty:
-                continue
-            fig = go.Figure()
-            lower = go.Figure()
-            for m, g in sub.groupby("mode", sort=False):
-                color = MODES[m].colour if m in MODES else None
-                fig.add_trace(
-                    go.Scatter(
-                        x=g["lambda"],
-                        y=g["factuality"],
-                        name=m,
-                        mode="lines+markers",
-                        line=dict(color=color),
-                        error_y=dict(type="data", array=(g["factuality_hi"] - g["factuality"]).fillna(0)),
-                    )
-                )
-                if "factuality_fluent" in g:
-                    fig.add_trace(
-                        go.Scatter(
-                            x=g["lambda"],
-                            y=g["factuality_fluent"],
-                            name=f"{m}, fluent texts",
-                            mode="lines",
-                            line=dict(color=color, dash="dot"),
-                        )
-                    )
-                    lower.add_trace(
-                        go.Scatter(
-                            x=g["lambda"], y=g["degenerate"], name=m, mode="lines+markers", line=dict(color=color)
-                        )
-                    )
-            title = MODES[modes[0]].axis_title
-            fig.update_layout(
-                title=f"{Path(run).name}: factuality vs λ",
-                xaxis_title=title,
-                yaxis=dict(title="factuality", range=[0, 1]),
-                height=340,
-            )
-            lower.update_layout(
-                title="share of degenerate texts", xaxis_title=title, yaxis=dict(range=[-0.02, 1.02]), height=340
-            )
-            c1, c2 = st.columns([3, 2])
-            with c1:
-                plot(fig, key=K + f"lam_curve.{run}.{family}")
-            with c2:
-                plot(lower, key=K + f"lam_degenerate.{run}.{family}")
-    first = ["run", "mode", "lambda", "factuality", "factuality_lo", "factuality_hi", "change", "change_lo"]
-    first += ["change_hi", "degenerate", "factuality_fluent", "perplexity", "distinct_2", "sentences", "words"]
-    shown = [c for c in first if c in curve] + [
-        c for c in curve.columns if c not in first and not c.endswith(("_sem", "_n"))
-    ]
-    st.dataframe(curve[shown], hide_index=True, key=K + "lam_table")
-    csv_download(curve, f"{sel}-lambda-curve.csv", key=K + "lam_csv")
-
-
-def protocol_panel(res: dict, per_doc: Path) -> None:
-    """Sentence-level against full-summary scores, per summary, with the Spearman ρ evaluate measured."""
-    agreement = res.get("protocol_agreement")
-    if not agreement or not per_doc.exists():
-        return
-    st.subheader("Do the protocols agree?")
-    st.caption(
-        f"Spearman ρ between the sentence-level and the full-summary score: {rho_text(agreement['summaries'])} over "
-        f"{agreement['n_summaries']} summaries, {rho_text(agreement['variants'])} over the {agreement['n_variants']} "
-        "variants' means (— below three). Low agreement means the choice of protocol can reorder the methods."
-    )
-    df = pd.read_csv(per_doc)
-    fig = px.scatter(
-        df,
-        x="score_full",
-        y="score_sentence",
-        color="variant",
-        hover_data=[c for c in ("set", "source", "doc_id") if c in df],
-        range_x=[0, 1],
-        range_y=[0, 1],
-        title="Factuality per summary: full summary vs sentence-level",
-    )
-    fig.add_shape(type="line", x0=0, y0=0, x1=1, y1=1, line={"dash": "dot", "color": "gray"})
-    plot(fig, key=K + "protocols")
-
-
-def translation_panel(res: dict, per_sentence: Path) -> None:
-    """An evaluate-mt result: the scorer's measured agreement, the table per variant, the translations."""
-    agreement = res.get("scorer_agreement")
-    if agreement:
-        st.info(
-            f"**Scorer {agreement['scorer']}** — Spearman ρ with MLQE-PE's human post-editing effort (1 − HTER) "
-            f"over {agreement['n']} machine translations: **{rho_text(agreement['spearman'])}**. Read small "
-            "differences between rows against this.",
-            icon=":material/straighten:",
-        )
-    else:
-        st.caption(f"Scorer {res['scorer']}: its agreement with human judgement needs an MLQE-PE split with .hter.")
-    table = pd.DataFrame(res["table"])
-    cfg = res["config"]
-    st.subheader(f"Translation {cfg['lang_pair']} · {res['scorer']}")
-    score_cols = [c for c in ("ID", "OOD", "average") if c in table]
-    st.dataframe(
-        table[["variant", *score_cols, "n_ID", "n_OOD"]],
-        hide_index=True,
-        key=K + "mt_table",
-        column_config={
-            c: st.column_config.ProgressColumn(c, min_value=0.0, max_value=1.0, format="%.3f") for c in score_cols
-        },
-    )
-    csv_download(table, f"{sel}-translation.csv", key=K + "mt_csv")
-    if per_sentence.exists():
-        with st.expander("Translations, per sentence"):
-            df = pd.read_csv(per_sentence, keep_default_na=False)
-            st.dataframe(df[["variant", "set", "source", "reference", "text", "score"]], hide_index=True)
-
-
 def panel() -> None:
     job = jobs.read_job(edir)
     state = job.state if job else "unknown"
@@ -409,7 +280,7 @@ def panel() -> None:
         return
     res = read_evaluation(str(edir), (edir / "eval.json").stat().st_mtime)
     if res.get("task") == "translation":
-        translation_panel(res, edir / "per_doc.csv")
+        translation_panel(res, edir / "per_doc.csv", sel)
         return
     quality = res.get("scorer_quality")
     if quality:
@@ -432,7 +303,7 @@ def panel() -> None:
     )
     if "lambda_curve" in res:
         key = "lambda_curve" if protocol == "sentence" or "lambda_curve_full" not in res else "lambda_curve_full"
-        lambda_study(pd.DataFrame(res[key]), res)
+        lambda_study(pd.DataFrame(res[key]), res, sel)
     else:
         table = pd.DataFrame(res[f"table_{protocol}"])
         # ID, OOD, average, then one column per OOD source (CLIFF's two, or a benchmark's datasets and their mean)

@@ -32,6 +32,7 @@ from pages._ui.spec import current_precision, current_spec
 
 with core_imports():  # the token sets are read with the analysis core too
     from pages._ui.token_sets import token_set, token_set_picker
+    from topl_core.analysis.evaluation.lambda_study import document_curve
     from topl_core.analysis.evaluation.quality import scorer_quality
     from topl_core.analysis.evaluation.scorers import GroundingScorer, score_summary
     from topl_core.analysis.evaluation.text import count_sentences
@@ -338,26 +339,13 @@ with right:
         st.session_state["steer.curve_for"] = key
     if st.session_state.get("steer.curve_for") == key:
         bar = st.progress(0.0, text="Generating over the λ grid…")
-        rows = []
+        texts, fluencies = {}, []
         for j, g in enumerate(GRID):
-            t = steered_text(spec, run, fp, ts, top_k, precision, document, g, max_new, how)
-            f = text_fluency(spec, t)
-            rows.append(
-                {
-                    "lambda": g,
-                    "factuality": None if f["degenerate"] else fact(document, t),
-                    "degenerate": f["degenerate"],
-                    "reason": f["reason"],
-                    "perplexity": f["perplexity"],
-                    "distinct_2": f["distinct_2"],
-                    "sentences": count_sentences(t),
-                    "words": len(t.split()),
-                    "text": t,
-                }
-            )
+            texts[g] = steered_text(spec, run, fp, ts, top_k, precision, document, g, max_new, how)
+            fluencies.append(text_fluency(spec, texts[g]))
             bar.progress((j + 1) / len(GRID), text=f"λ = {g:+.2f}")
         bar.empty()
-        curve = pd.DataFrame(rows)
+        curve = document_curve(document, texts, fluencies, scorer())
         fig = go.Figure()
         fig.add_trace(
             go.Scatter(

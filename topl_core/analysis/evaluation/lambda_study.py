@@ -22,7 +22,8 @@ from ..steering.modes import SteerConfig, lambda_grids
 from .config import EvalConfig, ProgressFn, Variant
 from .documents import id_documents, ood_documents
 from .evaluate import VariantModels, generate_for, scored_rows, steering_vectors_for
-from .scorers import make_scorer
+from .scorers import Scorer, make_scorer, score_summary
+from .text import count_sentences
 
 
 def lambda_sweep(
@@ -87,6 +88,30 @@ def fluency_of(texts: Sequence[str], lm=None, use_cache: bool = True) -> list[Fl
     key = {"model": lm.fingerprint, "texts": hashlib.sha256("\x00".join(texts).encode()).hexdigest(), "n": len(texts)}
     ppl = cached("perplexity", key, lambda: perplexities(lm, texts), JSON, enabled=use_cache)
     return fluency(texts, lm, perplexity=ppl)
+
+
+def document_curve(document: str, texts: Mapping[float, str], fluencies: Sequence[Mapping], scorer: Scorer):
+    """One document's λ curve (the Steering page): per λ its text, factuality under `scorer` (sentence protocol;
+    None for a degenerate text, which is damage rather than a less faithful summary), the text's fluency
+    (`fluencies`: Fluency.to_json() of each text, in the order of `texts`), sentences and words."""
+    import pandas as pd
+
+    rows = []
+    for (lam, text), f in zip(texts.items(), fluencies):
+        rows.append(
+            {
+                "lambda": float(lam),
+                "factuality": None if f["degenerate"] else score_summary(scorer, document, text).score,
+                "degenerate": f["degenerate"],
+                "reason": f["reason"],
+                "perplexity": f["perplexity"],
+                "distinct_2": f["distinct_2"],
+                "sentences": count_sentences(text),
+                "words": len(text.split()),
+                "text": text,
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 CURVE_KEYS = ("run", "mode", "lambda")
