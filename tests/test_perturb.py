@@ -4,16 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from topl_core.data.perturb import (
-    ALL_KINDS,
-    EDIT_KINDS,
-    RECIPES,
-    Edit,
-    apply_edits,
-    build_perturbation_records,
-    extract_names,
-    perturb_summary,
-)
+from topl_core.data.edits import EDIT_KINDS, Edit, apply_edits, extract_names
+from topl_core.data.perturb import ALL_KINDS, RECIPES, build_perturbation_records, perturb_summary
 from topl_core.data.records import Span
 from topl_core.errors import DataError
 
