@@ -16,6 +16,10 @@ from ..precision import DTYPES, PRECISIONS, ResolvedPrecision, describe_precisio
 from ..presets import DEFAULT_MODEL
 
 
+class ExamplesFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in every argument's help, and a description of example command lines kept as written."""
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",

@@ -23,18 +23,14 @@ from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL
 from ..progress import Bar
 from . import COMMANDS
-from .common import add_executor_args, add_precision_arg, announce_precision, executor_from_args
-
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
+from .common import ExamplesFormatter, add_executor_args, add_precision_arg, announce_precision, executor_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "evaluate",
         help=COMMANDS["evaluate"].help,
-        formatter_class=_Formatter,
+        formatter_class=ExamplesFormatter,
         description="Examples:\n"
         "  python -m topl_core evaluate --run runs/topl --steer 2 --n-id 16 --n-ood 16\n"
         "  python -m topl_core evaluate --run runs/topl --lambdas -4 -2 -1 0 1 2 4 --n-id 12\n"

@@ -18,18 +18,14 @@ from ..progress import Bar
 from ..runs import RunDir
 from ..training.config import LoraSettings, TrainConfig
 from . import COMMANDS
-from .common import add_executor_args, add_precision_arg, announce_precision, executor_from_args
-
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
+from .common import ExamplesFormatter, add_executor_args, add_precision_arg, announce_precision, executor_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "label-sensitivity",
         help=COMMANDS["label-sensitivity"].help,
-        formatter_class=_Formatter,
+        formatter_class=ExamplesFormatter,
         description="Examples:\n"
         "  python -m topl_core label-sensitivity --out runs/labels --stats-only\n"
         "  python -m topl_core label-sensitivity --out runs/labels --steps 20 --n-cliff 100",

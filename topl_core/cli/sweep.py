@@ -19,18 +19,14 @@ from ..progress import Bar
 from ..status import request_stop
 from ..training.config import TrainConfig
 from . import COMMANDS
-from .common import add_executor_args, add_precision_arg, announce_precision, executor_from_args
-
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
+from .common import ExamplesFormatter, add_executor_args, add_precision_arg, announce_precision, executor_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sweep",
         help=COMMANDS["sweep"].help,
-        formatter_class=_Formatter,
+        formatter_class=ExamplesFormatter,
         description="Train TOPL on a grid of layer windows and score each. Examples:\n"
         "  python -m topl_core sweep --out runs/sweep-smollm2 --sizes 3 6 12 --stride 6 --steps 15 --background\n"
         "  python -m topl_core sweep --resume runs/sweep-smollm2      # continue; finished windows are kept\n"
