@@ -23,6 +23,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from topl_core.analysis.steering.modes import MODES, POSITIONS  # noqa: E402  (light: no torch)
+
 VISIT_PAGES = REPO.parent / "shared" / "tools" / "visit_pages.py"
 DOC = (
     "The council of Leeds approved the new budget on Monday after a long debate. Police arrested two men in London "
@@ -42,7 +46,9 @@ def step(name: str, args: list[str], env: dict, log: list[tuple[str, int, float]
     return out.returncode == 0
 
 
-def check_model(model: str, device: str, work: Path, data: str, env: dict, log: list) -> None:
+def check_model(
+    model: str, device: str, work: Path, data: str, env: dict, log: list, modes=tuple(MODES), positions=POSITIONS
+) -> None:
     topl = ["-m", "topl_core"]
     run, sft = work / f"{model}-topl", work / f"{model}-sft"
     last = "2" if model.startswith("tiny") else "20"  # the head layer: SmolLM2's default m is 20 of 30
@@ -52,11 +58,11 @@ def check_model(model: str, device: str, work: Path, data: str, env: dict, log: 
     step(f"{model}: train TOPL 20 steps", [*train, "--steps", "20", "--out", str(run)], env, log)
     step(f"{model}: train SFT 2 steps", [*train, "--method", "sft", "--steps", "2", "--out", str(sft)], env, log)
     step(f"{model}: probe", [*topl, "probe", "--run", str(run), "--compare", str(sft), "--limit", "24"], env, log)
-    for mode in ("vector", "conditional", "diff-mean", "random"):
-        for positions in ("all", "generated"):
+    for mode in modes:
+        for where in positions:
             step(
-                f"{model}: steer {mode} ({positions})",
-                [*topl, "steer", "--run", str(run), "--document", DOC, "--mode", mode, "--positions", positions,
+                f"{model}: steer {mode} ({where})",
+                [*topl, "steer", "--run", str(run), "--document", DOC, "--mode", mode, "--positions", where,
                  "--lambdas", "-2", "0", "2", "--max-new-tokens", "24", "--limit", "24", "--no-base"],
                 env,
                 log,
@@ -111,6 +117,8 @@ def main() -> int:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--models", nargs="+", default=["tiny-llama", "smollm2-135m"])
     p.add_argument("--data", default="cache/data/halueval-perturbed.jsonl", help="token-labelled records")
+    p.add_argument("--modes", nargs="+", choices=tuple(MODES), default=list(MODES), help="steering modes to run")
+    p.add_argument("--positions", nargs="+", choices=POSITIONS, default=list(POSITIONS), help="steered positions")
     p.add_argument("--pages", action="store_true", help="also visit every page in headless Chromium (needs chromium)")
     p.add_argument("--work", help="keep runs and screenshots here (default: a temp folder)")
     args = p.parse_args()
@@ -131,7 +139,7 @@ def main() -> int:
             (work / "cache" / shared).symlink_to(REPO / "cache" / shared)
     log: list[tuple[str, int, float]] = []
     for model in args.models:
-        check_model(model, args.device, work, str(Path(args.data).resolve()), env, log)
+        check_model(model, args.device, work, str(Path(args.data).resolve()), env, log, args.modes, args.positions)
         if args.pages:
             check_pages(model, args.device, work, env, log)
     failed = [name for name, rc, _ in log if rc != 0]
