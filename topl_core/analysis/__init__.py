@@ -8,11 +8,12 @@ Modules (each documents its public API in its docstring; no streamlit anywhere):
     probe        probe_run, run_projections, ProbeSettings (adapter + token set → cached projections and scores)
     umap_view    umap_embedding, run_umap
     steering     steer, SteeringVectors, compute_steering_vectors, build_steering_vectors, SteeringSession
-    cache        cached, Codec (JSON, NPZ, PARQUET), records_fingerprint
+    cache        cached, Codec (JSON, NPZ, PARQUET); records_fingerprint (from topl_core.data.records)
 """
 
+from ..data.records import records_fingerprint
 from ..presets import LORA_MODULES
-from .cache import JSON, NPZ, PARQUET, cached, records_fingerprint
+from .cache import JSON, NPZ, PARQUET, cached
 from .capture import Projections, capture_lora, collect_projections, random_lora_A
 from .probe import ProbeResult, ProbeSettings, probe_run
 from .separability import Separability, comparison_table, separability

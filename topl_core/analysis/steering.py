@@ -49,12 +49,13 @@ import torch
 
 from ..adapters import open_adapter
 from ..architecture import base_causal_lm
+from ..data.records import records_fingerprint
 from ..errors import ModelError
 from ..generate import GenerationConfig, generate, load_merged
 from ..io import save_tensors, write_json
 from ..models import LoadedModel, ModelSpec
 from ..precision import to_numpy
-from .cache import cached, json_codec, records_fingerprint
+from .cache import cached, json_codec
 from .capture import DEFAULT_SET, Projections, collect_projections
 from .control_vector import control_vector_layers, model_hint_for, write_control_vector
 from .probe import ProbeSettings, run_projections
