@@ -6,6 +6,8 @@ runs/<name>/
   topl_config.json                                  {"config": TrainConfig, "meta": {base fingerprint, head layer,
                                                     sha256 of the adapter and head files when the run finished, ...}}
   metrics.jsonl                                     one JSON object per logged step / validation
+  README.md                                         the model card of a finished run (topl_core.card)
+  events.out.tfevents.*                             TensorBoard's, with report_to tensorboard (training/tracking.py)
   status.json, STOP                                 state and step / steps; a stop request (topl_core.status)
   checkpoint/                                       latest resumable state (adapter, head, optimizer, RNG, step)
 """
@@ -40,6 +42,9 @@ class RunDir:
     head_path = property(lambda self: self.path / "head.safetensors")
     checkpoint_dir = property(lambda self: self.path / "checkpoint")
     adapter_path = property(lambda self: self.path / "adapter_model.safetensors")
+    adapter_config_path = property(lambda self: self.path / "adapter_config.json")
+    probes_path = property(lambda self: self.path / "probes.safetensors")
+    card_path = property(lambda self: self.path / "README.md")
 
     @classmethod
     def of(cls, run: "RunDir | str | os.PathLike") -> "RunDir":
@@ -106,13 +111,19 @@ class RunDir:
         except (OSError, ValueError, KeyError, TypeError):
             return 0
 
+    def shared_files(self) -> list[Path]:
+        """What a run exported for sharing holds (topl_core.sharing): the adapter, head and side probes, the card,
+        config, metrics and state; never the checkpoint, tracker files, writer lock or a stop request."""
+        wanted = [self.adapter_config_path, self.adapter_path, self.head_path, self.probes_path, self.card_path]
+        return [p for p in wanted + [self.config_path, self.metrics_path, self.status_path] if p.exists()]
+
     @property
     def is_complete(self) -> bool:
         return self.read_status().get("state") == "finished" and self.adapter_path.exists()
 
     def fingerprint(self) -> str:
         """Changes whenever the adapter or head weights change (cache keys for analysis results)."""
-        return fingerprint_files([self.adapter_path, self.head_path, self.path / "adapter_config.json"])
+        return fingerprint_files([self.adapter_path, self.head_path, self.adapter_config_path])
 
     # --- integrity ---------------------------------------------------------------------------------------------
     def record_checksums(self) -> None:
