@@ -17,7 +17,14 @@ from ..progress import Bar
 from ..runs import RunDir
 from ..training.config import LoraSettings, TrainConfig
 from . import COMMANDS
-from .common import add_executor_args, add_precision_arg, announce_precision, executor_from_args
+from .common import (
+    add_executor_args,
+    add_precision_arg,
+    add_tracking_args,
+    announce_precision,
+    executor_from_args,
+    tracking_from_args,
+)
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -51,6 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-val-examples", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    add_tracking_args(p)
     p.add_argument("--json", help="write the table here")
     add_executor_args(p)
     p.set_defaults(func=run)
@@ -71,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         eval_every=args.steps,
         checkpoint_every=max(1, min(10, args.steps)),
+        **tracking_from_args(args),
     )
     cfg = LabelStudyConfig(
         train=train,
