@@ -63,6 +63,7 @@ from .status import (
     zombie,
 )
 from .training.config import TrainConfig
+from .training.tracking import check_trackers
 
 JOB_FILE = "job.json"
 LOG_FILE = "job.log"
@@ -159,6 +160,7 @@ def _start(cli_args: Sequence[str], lock: WriterLock, kind: str, env: dict | Non
 
 def launch_train(cfg: TrainConfig, run_dir: str | Path | None = None, env: dict | None = None) -> Path:
     """Start training `cfg` in the background into run_dir (default runs/<method>-<model>-<time>)."""
+    check_trackers(cfg)  # said here, on the page, rather than in a background job's log
     if run_dir is None:
         run_dir = runs_dir() / default_run_name(cfg)
     run = RunDir(Path(run_dir).resolve())
