@@ -27,11 +27,16 @@ DEMOS = ("topl-smollm2", "sft-smollm2")
 
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory, tiny_records):
-    """A finished tiny TOPL run with a side probe, logged to TensorBoard and to an MLflow SQLite store."""
+    """A finished tiny TOPL run with a side probe, logged to TensorBoard and to an MLflow SQLite store; cancelled
+    after step 3 and resumed, so each tracker must carry on where it stopped (a second event file, the same MLflow
+    run)."""
     root = tmp_path_factory.mktemp("tracked")
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    cfg = tiny_config(steps=4, probe_layers=(1,), report_to=("tensorboard", "mlflow"), mlflow_tracking_uri=uri)
-    return train(cfg, root / "topl-tiny", records=tiny_records, tracking_group="tiny-study"), uri
+    cfg = tiny_config(steps=5, probe_layers=(1,), report_to=("tensorboard", "mlflow"), mlflow_tracking_uri=uri)
+    kw = dict(records=tiny_records, tracking_group="tiny-study")
+    stopped = train(cfg, root / "topl-tiny", progress=lambda p: p.step < 3, **kw)
+    assert stopped.read_status()["state"] == "cancelled"
+    return train(cfg, root / "topl-tiny", **kw), uri
 
 
 def _logged(run: RunDir) -> dict[str, list[tuple[int, float]]]:
@@ -49,6 +54,7 @@ def test_tensorboard_event_file_holds_the_metrics_jsonl_rows(tracked):
     run, _ = tracked
     logged = _logged(run)
     assert {"loss", "lr", "tokens_per_s", "val_token_auroc", "val_token_auroc_L1"} <= set(logged)
+    assert len(list(run.path.glob("events.out.tfevents.*"))) == 2  # before the stop, after the resume
     events = EventAccumulator(str(run.path), size_guidance={"scalars": 0})
     events.Reload()
     assert set(events.Tags()["scalars"]) == set(logged)
