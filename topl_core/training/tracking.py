@@ -113,8 +113,9 @@ class MLflowTracker:
         experiment = self.client.get_experiment_by_name(group)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(group)
         where = str(run.path.resolve())
+        quote = "'" if "'" not in where else '"'  # MLflow's filter strings take either quote and no escapes
         earlier = self.client.search_runs(
-            [experiment_id], filter_string=f"tags.`{RUN_DIR_TAG}` = '{where}'", max_results=1
+            [experiment_id], filter_string=f"tags.`{RUN_DIR_TAG}` = {quote}{where}{quote}", max_results=1
         )
         if start and earlier:  # a resumed run goes on in its MLflow run
             self.run_id = earlier[0].info.run_id
