@@ -26,17 +26,16 @@ DEMOS = ("topl-smollm2", "sft-smollm2")
 
 
 @pytest.fixture(scope="module")
-def tracked(tmp_path_factory, tiny_records):
+def tracked(tmp_path_factory, tiny_records, mlflow_uri):
     """A finished tiny TOPL run with a side probe, logged to TensorBoard and to an MLflow SQLite store; cancelled
     after step 3 and resumed, so each tracker must carry on where it stopped (a second event file, the same MLflow
     run)."""
     root = tmp_path_factory.mktemp("tracked")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    cfg = tiny_config(steps=5, probe_layers=(1,), report_to=("tensorboard", "mlflow"), mlflow_tracking_uri=uri)
+    cfg = tiny_config(steps=5, probe_layers=(1,), report_to=("tensorboard", "mlflow"), mlflow_tracking_uri=mlflow_uri)
     kw = dict(records=tiny_records, tracking_group="tiny-study")
     stopped = train(cfg, root / "topl-tiny", progress=lambda p: p.step < 3, **kw)
     assert stopped.read_status()["state"] == "cancelled"
-    return train(cfg, root / "topl-tiny", **kw), uri
+    return train(cfg, root / "topl-tiny", **kw), mlflow_uri
 
 
 def _logged(run: RunDir) -> dict[str, list[tuple[int, float]]]:
