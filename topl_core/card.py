@@ -39,12 +39,8 @@ def _data_line(cfg: TrainConfig, meta: dict) -> str:
     if fingerprint is None and Path(cfg.data).is_file():  # runs from before the fingerprint was recorded
         fingerprint, how = records_fingerprint(read_jsonl(cfg.data)), f"of {cfg.data} when this card was written"
     examples = f"{meta.get('n_train_examples', '?')} training / {meta.get('n_val_examples', '?')} validation examples"
-    print_fp = f"records fingerprint `{fingerprint}` ({how})" if fingerprint else "no fingerprint recorded"
-    return f"`{cfg.data}`, {examples} (split seed {cfg.split_seed}); {print_fp}"
-
-
-def _layers(cfg: TrainConfig) -> str:
-    return f"{cfg.lora.layer_start}–{cfg.lora.layer_end}"
+    identity = f"records fingerprint `{fingerprint}` ({how})" if fingerprint else "no fingerprint recorded"
+    return f"`{cfg.data}`, {examples} (split seed {cfg.split_seed}); {identity}"
 
 
 def _validation(run: RunDir) -> tuple[int | None, dict]:
@@ -64,6 +60,7 @@ def card_text(run: RunDir | str | Path) -> str:
     head_layer = meta.get("head_layer")
     step, val = _validation(run)
     headline = meta.get("validation_metric")
+    probes = ", ".join(map(str, cfg.probe_layers))
     head_lr = f" (head × {cfg.head_lr_multiplier:g})" if run.head_path.exists() else ""
     rows = [
         ("method", f"`{cfg.method}` — {meta.get('objective', '')}".rstrip(" —")),
@@ -72,7 +69,7 @@ def card_text(run: RunDir | str | Path) -> str:
         (
             "LoRA",
             f"r {cfg.lora.r}, α {cfg.lora.alpha:g}, dropout {cfg.lora.dropout:g} on {', '.join(cfg.lora.modules)} of "
-            f"layers {_layers(cfg)} (of {meta.get('num_layers', '?')})",
+            f"layers {cfg.lora.layer_start}–{cfg.lora.layer_end} (of {meta.get('num_layers', '?')})",
         ),
         (
             "head",
@@ -80,6 +77,7 @@ def card_text(run: RunDir | str | Path) -> str:
             if run.head_path.exists()
             else "none",
         ),
+        *([("side probes", f"linear probes on layers {probes} (`{run.probes_path.name}`)")] if probes else []),
         ("precision", f"{cfg.precision} on {cfg.device}"),
         (
             "steps",
