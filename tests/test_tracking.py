@@ -141,7 +141,7 @@ def test_push_to_hub_offline_fails_at_once_with_the_upload_command(tiny_run, tmp
     t0 = time.perf_counter()
     assert main(["export", str(tiny_run.path), str(tmp_path / "x"), "--push-to-hub", "someone/topl-tiny"]) == 2
     err = capsys.readouterr().err
-    assert "not reachable" in err and "huggingface-cli upload someone/topl-tiny" in err
+    assert "not reachable" in err and "hf upload someone/topl-tiny" in err
     assert (tmp_path / "x" / "adapter_model.safetensors").exists()  # the export itself is done
     assert time.perf_counter() - t0 < 30  # HF_HUB_OFFLINE (conftest): no network wait
 

@@ -39,7 +39,7 @@ def push_to_hub(folder: str | Path, repo_id: str, private: bool = False) -> str:
         raise RunError(
             f"--push-to-hub {repo_id}: the hub is not reachable from here (offline, HF_HUB_OFFLINE set, or no "
             f"network). The export in {folder} is complete: upload it later with "
-            f"`huggingface-cli upload {repo_id} {folder}`."
+            f"`hf upload {repo_id} {folder}`."
         )
     from huggingface_hub import HfApi
 
