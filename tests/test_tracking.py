@@ -57,6 +57,12 @@ def test_tensorboard_event_file_holds_the_metrics_jsonl_rows(tracked):
     events = EventAccumulator(str(run.path), size_guidance={"scalars": 0})
     events.Reload()
     assert set(events.Tags()["scalars"]) == set(logged)
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    start_info = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    hparams = HParamsPluginData.FromString(start_info).session_start_info.hparams  # the config, on the HParams tab
+    cfg, _ = run.read_config()
+    assert hparams["lora_r"].number_value == cfg.lora.r and hparams["report_to"].string_value == "tensorboard mlflow"
     for name, series in logged.items():
         read = [(e.step, e.value) for e in events.Scalars(name)]
         assert [s for s, _ in read] == [s for s, _ in series], name
