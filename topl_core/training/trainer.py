@@ -163,7 +163,7 @@ def train(
         return _train(cfg, run, progress, records, base, world, tracking_group)
 
 
-def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World, tracking_group) -> RunDir:
+def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World, tracking_group: str | None) -> RunDir:
     objective: Objective = OBJECTIVES[cfg.method]
     resuming = _check_resumable(run, cfg)
     world.barrier()  # every rank has looked at the directory before rank 0 writes to it
@@ -178,11 +178,14 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World,
     torch.manual_seed(cfg.seed)  # after loading: LoRA/head init depends on cfg.seed alone, however the base was built
     t = _trainable(cfg, objective, base, meta["head_layer"], world)
     start = _open_run(run, cfg, meta, t, resuming, world)
-    trackers = open_trackers(cfg, run, start, tracking_group) if world.is_main else Trackers()  # rank 0 logs
 
     clock = _Clock()
     last_ckpt = completed = start
+    trackers = Trackers()
     try:
+        if world.is_main:  # rank 0 alone logs; a tracker that fails to open fails the run like any error
+            with clock.overhead():  # not training time (MLflow's first open of a store migrates its schema)
+                trackers = open_trackers(cfg, run, start, tracking_group)
         for step in range(start + 1, cfg.steps + 1):
             loss, info, tokens = _train_step(cfg, objective, t, batches.train, step, world)
             completed = step
