@@ -243,7 +243,7 @@ def test_sweep_cli_help_and_show(tmp_path, capsys):
 # --- label sensitivity -------------------------------------------------------------------------------------
 
 
-def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path):
+def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path, mlflow_uri):
     from topl_core.analysis.label_sensitivity import LabelStudyConfig, label_stats_for, run_label_study
     from topl_core.data.split import split_records
     from topl_core.data.variants import LABEL_SETTINGS, label_settings_table
@@ -267,8 +267,9 @@ def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path):
     assert row.loc["random", "tokens"] == row.loc["original", "tokens"]
 
     settings = ("original", "balanced", "good_only")
+    tracked = tiny_config(steps=2, eval_every=2, report_to=("mlflow",), mlflow_tracking_uri=mlflow_uri)  # grouped
     df = run_label_study(
-        LabelStudyConfig(train=tcfg, settings=settings),
+        LabelStudyConfig(train=tracked, settings=settings),
         tmp_path / "ls",
         records=tiny_records,
         base_loader=lambda: load_model("tiny-llama"),
@@ -283,6 +284,11 @@ def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path):
     np.testing.assert_allclose(
         df.set_index("setting").loc[list(settings), "pct_bad"], row.loc[list(settings), "pct_bad"]
     )
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    logged = client.search_runs([client.get_experiment_by_name("ls").experiment_id])
+    assert {r.info.run_name: r.data.params["label_setting"] for r in logged} == {s: s for s in settings}
 
 
 def test_benchmark_interleaves_modes_and_agrees(tiny_records, tmp_path):
