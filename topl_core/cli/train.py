@@ -18,6 +18,13 @@ from . import COMMANDS
 from .common import announce_precision
 
 
+# what a flag's type and default alone do not say
+FLAG_HELP = {
+    "report_to": "experiment trackers that also get every metric and the config (pip install -e '.[tracking]')",
+    "mlflow_tracking_uri": "MLflow's store (default: the SQLite store mlflow.db in the runs folder)",
+}
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help=COMMANDS["train"].help)
     p.add_argument(
@@ -40,13 +47,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                 type=str if choices else item,
                 choices=choices,
                 default=None,
-                help=f"(default {' '.join(map(str, default)) or 'none'})",
+                help=FLAG_HELP.get(name, f"(default {' '.join(map(str, default)) or 'none'})"),
             )
         else:
             literal = typing.get_origin(typ) is typing.Literal
             kind = str if literal or typ not in (int, float) else typ
             choices = typing.get_args(typ) if literal else None
-            p.add_argument(flag, dest=name, type=kind, choices=choices, default=None, help=f"(default {default})")
+            help = FLAG_HELP.get(name, f"(default {default})")
+            p.add_argument(flag, dest=name, type=kind, choices=choices, default=None, help=help)
     p.set_defaults(func=run)
 
 
