@@ -17,7 +17,6 @@ from ..training.world import World
 from . import COMMANDS
 from .common import announce_precision
 
-
 # what a flag's type and default alone do not say
 FLAG_HELP = {
     "report_to": "experiment trackers that also get every metric and the config (pip install -e '.[tracking]')",
