@@ -7,18 +7,22 @@
                                   # first visit on the demos (cold), ship its small results; then --precision bf16
     .venv/bin/python scripts/demo_adapters.py --first-visit shipped   # time them again, as a fresh clone sees them
     .venv/bin/python scripts/demo_adapters.py --first-visit ship --visit-only peft-sft-smollm2
+    .venv/bin/python scripts/demo_adapters.py --cards       # rewrite each demo's model card (README.md) from its
+                                  # topl_config.json and metrics (topl_core.card; the weights stay as they are)
                                         # the same with that demo alone in the examples (added to what is shipped)
 
 `make demo-adapters` runs the first form. Training is seeded and its data order is a pure function of the seed, so
 the same command on the same precision and CPU kind gives the same weights: the check compares the sha256 of every
 weight file with the committed one. The commands pin `--precision fp32` so that a machine with fast bf16 ("auto"
-would pick bf16 there) rebuilds the same adapters. Each finished demo folder gets a command.txt with its command.
+would pick bf16 there) rebuilds the same adapters. Each finished demo folder gets a command.txt with its command
+and a model card naming its folder as examples/adapters/<name>.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import shlex
 import shutil
 import subprocess
@@ -29,9 +33,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from topl_core.card import write_card  # noqa: E402
 from topl_core.paths import DEFAULT_DATA  # noqa: E402
 from topl_core.presets import DEFAULT_MODEL  # noqa: E402
-from topl_core.runs import ADAPTER_WEIGHTS, HEAD_FILE  # noqa: E402
+from topl_core.runs import (  # noqa: E402
+    ADAPTER_WEIGHTS,
+    HEAD_FILE,
+    RunDir,  # noqa: E402
+)
 
 EXAMPLES = REPO / "examples" / "adapters"
 SHIPPED_CACHE = REPO / "examples" / "analysis-cache"
@@ -65,6 +74,13 @@ def build(name: str, out: Path) -> None:
     (out / "command.txt").write_text(
         f"# rebuilt bit for bit by: make demo-adapters (scripts/demo_adapters.py)\n{shown}\n"
     )
+    if out.resolve() == (EXAMPLES / name).resolve():
+        write_card(shipped_run(name))
+
+
+def shipped_run(name: str) -> RunDir:
+    """A demo as a run folder named by its path in the repository (what its card shows)."""
+    return RunDir(EXAMPLES.relative_to(REPO) / name)
 
 
 def compare(name: str, built: Path) -> bool:
@@ -149,7 +165,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="+", choices=sorted(DEMOS), default=sorted(DEMOS))
     p.add_argument("--replace", action="store_true", help="train into examples/adapters, replacing what is there")
-    p.add_argument("--out", help="train into this folder instead of a temp dir, then compare")
+    p.add_argument("--out", help="train into this folder (relative to the repository) instead of a temp dir, compare")
     p.add_argument(
         "--first-visit",
         choices=["ship", "shipped"],
@@ -163,7 +179,13 @@ def main() -> int:
         default="auto",
         help="with --first-visit: the pages' compute precision (ship both: fp32, then bf16)",
     )
+    p.add_argument("--cards", action="store_true", help="rewrite the demos' model cards (README.md), no training")
     args = p.parse_args()
+    os.chdir(REPO)  # the cards name the demo folders relative to the repository
+    if args.cards:
+        for name in args.only:
+            print(write_card(shipped_run(name)))
+        return 0
     if args.first_visit:
         first_visit(args.first_visit, args.visit_only, args.precision)
         return 0

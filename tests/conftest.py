@@ -152,6 +152,13 @@ def tiny_run(tmp_path_factory, tiny_records):
     return train(tiny_config(steps=6), tmp_path_factory.mktemp("runs") / "topl-tiny", records=tiny_records)
 
 
+@pytest.fixture(scope="session")
+def mlflow_uri(tmp_path_factory) -> str:
+    """One MLflow SQLite store for the tests that log to MLflow (each in its own experiment): creating a store runs
+    MLflow's schema migrations, 3–8 s on 2 cores, paid once."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
 def smollm2_available() -> bool:
     from topl_core.models import EMBEDDED, package_dir
 

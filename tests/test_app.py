@@ -475,6 +475,7 @@ def test_a_new_config_field_reaches_the_train_and_sweep_forms(workbench, monkeyp
         extra_knob: int = 7
         extra_rate: float = 0.25
         extra_mode: Literal["plain", "fancy"] = "fancy"  # resolved in this module: Literal imported at its top
+        extra_sinks: tuple[Literal["here", "there"], ...] = ()  # as report_to: every choice offered, none chosen
 
     @dataclasses.dataclass(frozen=True)
     class ExtendedSweepConfig(sweeps.SweepConfig):
@@ -483,13 +484,14 @@ def test_a_new_config_field_reaches_the_train_and_sweep_forms(workbench, monkeyp
     monkeypatch.setattr(config, "TrainConfig", ExtendedTrainConfig)
     monkeypatch.setattr(sweeps, "TrainConfig", ExtendedTrainConfig)  # SweepConfig's default template
     monkeypatch.setattr(sweeps, "SweepConfig", ExtendedSweepConfig)
-    new = {"extra_knob": 7, "extra_rate": 0.25, "extra_mode": "fancy"}
+    new = {"extra_knob": 7, "extra_rate": 0.25, "extra_mode": "fancy", "extra_sinks": []}
     for page, prefix, fields in (("train", "train.", new), ("layer_sweep", "sweep.", {**new, "extra_sweep_knob": 3})):
         at = open_page(page)
         assert set(fields) <= form_keys(at, prefix), (page, sorted(set(fields) - form_keys(at, prefix)))
         for name, default in fields.items():
             assert at.session_state[prefix + name] == default, (page, name)
     assert at.selectbox(key="sweep.extra_mode").options == ["plain", "fancy"]
+    assert at.multiselect(key="sweep.extra_sinks").options == ["here", "there"]
 
 
 def test_train_form_follows_a_preset_as_the_cli_does(workbench):

@@ -38,10 +38,12 @@ def _weights(run: RunDir) -> dict[str, torch.Tensor]:
 def test_two_processes_take_one_process_steps_and_resume_in_one(tmp_path, tiny_records, sharding):
     """Replicated (DDP-like: every rank a whole model) and FSDP (accelerate's --use_fsdp: the decoder layers and
     their LoRA sharded across the ranks) alike."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     data = write_jsonl(tiny_records, tmp_path / "d.jsonl")
     flags = ["--model", "tiny-llama", "--data", str(data), "--steps", "20", "--batch-size", "4",
              "--micro-batch-size", "1", "--lora-dropout", "0", "--eval-every", "1000", "--checkpoint-every", "2",
-             "--max-doc-tokens", "64", "--lora-layer-end", "2"]  # fmt: skip
+             "--max-doc-tokens", "64", "--lora-layer-end", "2", "--report-to", "tensorboard"]  # fmt: skip
     # --multi_gpu / --use_fsdp start accelerate's torchrun launcher; without GPUs its processes join over gloo on CPU
     mode = "--use_fsdp" if sharding == "fsdp" else "--multi_gpu"
     launch = [sys.executable, "-m", "accelerate.commands.launch", mode, "--num_processes", "2",
@@ -62,6 +64,7 @@ def test_two_processes_take_one_process_steps_and_resume_in_one(tmp_path, tiny_r
     assert [r["step"] for r in two.read_metrics()] == list(range(1, stopped + 1))  # one writer: each step once
     cfg, meta = two.read_config()
     assert meta["world_size"] == 2 and meta.get("fsdp", False) == (sharding == "fsdp")
+    assert len(list(two.path.glob("events.out.tfevents.*"))) == 1  # rank 0 alone logs to the trackers
 
     train(cfg, two.path)  # the two-process checkpoint, resumed in this one process
     one = train(cfg, tmp_path / "one")  # the same config, one process throughout
@@ -69,6 +72,11 @@ def test_two_processes_take_one_process_steps_and_resume_in_one(tmp_path, tiny_r
     loss_two = [r["loss"] for r in two.read_metrics()]
     loss_one = [r["loss"] for r in one.read_metrics()]
     assert loss_two == pytest.approx(loss_one, rel=RTOL, abs=ATOL)
+    events = EventAccumulator(str(two.path))  # both starts' event files: every step once
+    events.Reload()
+    logged = events.Scalars("loss")
+    assert [e.step for e in logged] == list(range(1, 21))
+    assert [e.value for e in logged] == pytest.approx(loss_two, rel=1e-6)  # float32 in the event file
     a, b = _weights(two), _weights(one)
     assert a.keys() == b.keys()
     for k in a:

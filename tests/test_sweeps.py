@@ -145,9 +145,9 @@ def test_plan_windows_grid():
         plan_windows(4, (5,), 1)
 
 
-def _sweep_cfg(reuse=True, windows=((0, 1), (1, 2), (2, 1))):
+def _sweep_cfg(reuse=True, windows=((0, 1), (1, 2), (2, 1)), **train):
     return SweepConfig(
-        train=tiny_config(steps=2, eval_every=2, checkpoint_every=1), windows=windows, reuse_prefix=reuse
+        train=tiny_config(steps=2, eval_every=2, checkpoint_every=1, **train), windows=windows, reuse_prefix=reuse
     )
 
 
@@ -196,10 +196,12 @@ def test_sweep_resumes_without_redoing_finished_windows(tiny_records, tmp_path, 
         )
 
 
-def test_sweep_with_and_without_reuse_agree_and_tables(tiny_records, tmp_path):
+def test_sweep_with_and_without_reuse_agree_and_tables(tiny_records, tmp_path, mlflow_uri):
     loader = lambda: load_model("tiny-llama")  # noqa: E731
     windows = ((0, 2), (1, 1), (2, 2), (3, 1))
-    a = run_sweep(_sweep_cfg(True, windows), tmp_path / "reuse", None, loader, tiny_records)
+    # logged as they train: the windows of one sweep in one MLflow experiment, named after the sweep's folder
+    tracked = _sweep_cfg(True, windows, report_to=("tensorboard", "mlflow"), mlflow_tracking_uri=mlflow_uri)
+    a = run_sweep(tracked, tmp_path / "reuse-tracked", None, loader, tiny_records)
     b = run_sweep(_sweep_cfg(False, windows), tmp_path / "plain", None, loader, tiny_records)
     np.testing.assert_allclose(
         a.sort_values("window")["val_token_auroc"], b.sort_values("window")["val_token_auroc"], atol=1e-6
@@ -212,7 +214,20 @@ def test_sweep_with_and_without_reuse_agree_and_tables(tiny_records, tmp_path):
     assert hm.loc[2, 2] == pytest.approx(float(a.set_index("window").loc["s02-k02", "val_token_auroc"]))
     lines = lines_table(a, sizes=(1, 2))
     assert list(lines.columns) == ["size", "start", "val_token_auroc"] and len(lines) == 4
-    assert read_sweep(tmp_path / "reuse").shape[0] == 4
+    assert read_sweep(tmp_path / "reuse-tracked").shape[0] == 4
+
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    logged = client.search_runs([client.get_experiment_by_name("reuse-tracked").experiment_id])
+    assert sorted(r.info.run_name for r in logged) == sorted(a["window"])
+    for r in logged:
+        auroc = float(a.set_index("window").loc[r.info.run_name, "val_token_auroc"])
+        assert r.data.metrics["val_token_auroc"] == pytest.approx(auroc)
+        events = EventAccumulator(str(tmp_path / "reuse-tracked" / "windows" / r.info.run_name))
+        events.Reload()
+        assert events.Scalars("val_token_auroc")[-1].value == pytest.approx(auroc, rel=1e-6)
 
 
 def test_sweep_cli_help_and_show(tmp_path, capsys):
@@ -228,7 +243,7 @@ def test_sweep_cli_help_and_show(tmp_path, capsys):
 # --- label sensitivity -------------------------------------------------------------------------------------
 
 
-def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path):
+def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path, mlflow_uri):
     from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig, label_stats_for, run_label_study
     from topl_core.data.split import split_records
     from topl_core.data.variants import LABEL_SETTINGS, label_settings_table
@@ -253,8 +268,9 @@ def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path):
     assert row.loc["random", "tokens"] == row.loc["original", "tokens"]
 
     settings = ("original", "balanced", "good_only")
+    tracked = tiny_config(steps=2, eval_every=2, report_to=("mlflow",), mlflow_tracking_uri=mlflow_uri)  # grouped
     df = run_label_study(
-        LabelStudyConfig(train=tcfg, settings=settings),
+        LabelStudyConfig(train=tracked, settings=settings),
         tmp_path / "ls",
         records=tiny_records,
         base_loader=lambda: load_model("tiny-llama"),
@@ -269,6 +285,11 @@ def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path):
     np.testing.assert_allclose(
         df.set_index("setting").loc[list(settings), "pct_bad"], row.loc[list(settings), "pct_bad"]
     )
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    logged = client.search_runs([client.get_experiment_by_name("ls").experiment_id])
+    assert {r.info.run_name: r.data.params["label_setting"] for r in logged} == {s: s for s in settings}
 
 
 def test_benchmark_interleaves_modes_and_agrees(tiny_records, tmp_path):

@@ -23,6 +23,7 @@ from .jobs import claim, launch, start_claimed
 from .paths import runs_dir
 from .runs import RunDir
 from .training.config import TrainConfig
+from .training.tracking import check_trackers
 
 
 def evaluation_argv(job: EvalJob, out_dir: str | Path) -> list[str]:
@@ -102,6 +103,7 @@ def launch_own_summaries(
 
 def launch_train(cfg: TrainConfig, run_dir: str | Path | None = None, env: dict | None = None) -> Path:
     """Start training `cfg` in the background into run_dir (default runs/<method>-<model>-<time>)."""
+    check_trackers(cfg)  # said here, on the page, rather than in a background job's log
     if run_dir is None:
         run_dir = runs_dir() / default_run_name(cfg)
     run = RunDir(Path(run_dir).resolve())

@@ -6,6 +6,8 @@ runs/<name>/
   topl_config.json                                  {"config": TrainConfig, "meta": {base fingerprint, head layer,
                                                     sha256 of the adapter and head files when the run finished, ...}}
   metrics.jsonl                                     one JSON object per logged step / validation
+  README.md                                         the model card of a finished run (topl_core.card)
+  events.out.tfevents.*                             TensorBoard's, with report_to tensorboard (training/tracking.py)
   status.json, STOP                                 state and step / steps; a stop request (topl_core.status)
   checkpoint/                                       latest resumable state (adapter, head, optimizer, RNG, step)
 """
@@ -33,6 +35,7 @@ HEAD_FILE = "head.safetensors"
 PROBES_FILE = "probes.safetensors"  # side probes' weights (TrainConfig.side_probes)
 CONFIG_FILE = "topl_config.json"
 METRICS_FILE = "metrics.jsonl"
+CARD_FILE = "README.md"  # the model card, as on a hub
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class RunDir:
     checkpoint_dir = property(lambda self: self.path / "checkpoint")
     adapter_config_path = property(lambda self: self.path / ADAPTER_CONFIG)
     adapter_path = property(lambda self: self.path / ADAPTER_WEIGHTS)
+    card_path = property(lambda self: self.path / CARD_FILE)
 
     @classmethod
     def of(cls, run: "RunDir | str | os.PathLike") -> "RunDir":
@@ -116,13 +120,19 @@ class RunDir:
         except (OSError, ValueError, KeyError, TypeError):
             return 0
 
+    def shared_files(self) -> list[Path]:
+        """What a run exported for sharing holds (topl_core.sharing): the adapter, head and side probes, the card,
+        config, metrics and state; never the checkpoint, tracker files, writer lock or a stop request."""
+        wanted = [self.adapter_config_path, self.adapter_path, self.head_path, self.probes_path, self.card_path]
+        return [p for p in wanted + [self.config_path, self.metrics_path, self.status_path] if p.exists()]
+
     @property
     def is_complete(self) -> bool:
         return self.read_status().get("state") == "finished" and self.adapter_path.exists()
 
     def fingerprint(self) -> str:
         """Changes whenever the adapter or head weights change (cache keys for analysis results)."""
-        return fingerprint_files([self.adapter_path, self.head_path, self.path / "adapter_config.json"])
+        return fingerprint_files([self.adapter_path, self.head_path, self.adapter_config_path])
 
     # --- integrity ---------------------------------------------------------------------------------------------
     def record_checksums(self) -> None:

@@ -55,6 +55,14 @@ FIELD_WIDGETS: dict[str, dict] = {
         "without changing the run; validation shows each one's token AUROC, to choose the head layer from data.",
     ),
     "beta": dict(label="β (DPO/TDPO)", min_value=0.0, max_value=10.0),
+    "report_to": dict(
+        label="Report to",
+        help="Experiment trackers that also get every logged metric and the config: TensorBoard event files in the "
+        "run folder (tensorboard --logdir runs/), MLflow at the tracking URI. Needs pip install -e '.[tracking]'.",
+    ),
+    "mlflow_tracking_uri": dict(
+        label="MLflow tracking URI", help="Empty: the SQLite store mlflow.db in the runs folder. E.g. http://host:5000"
+    ),
     # LoraSettings
     "r": dict(label="Rank r", min_value=1, max_value=256),
     "alpha": dict(label="α", min_value=0.1, max_value=1024.0),
@@ -113,7 +121,9 @@ def field_input(container, cls, name: str, key_prefix: str, default=NO_VALUE, **
     given = default is not NO_VALUE
     kw.update(key=key_prefix + name, persist_state="session")
     if typing.get_origin(typ) is tuple:
-        options = list(options if options is not None else default)
+        item = typing.get_args(typ)[0]  # a tuple of Literal choices offers them all (report_to); else its default
+        choices = typing.get_args(item) if typing.get_origin(item) is typing.Literal else default
+        options = list(options if options is not None else choices)
         return tuple(container.multiselect(label, options, **({"default": list(default)} if given else {}), **kw))
     if typing.get_origin(typ) is typing.Literal or options is not None:
         options = list(options if options is not None else typing.get_args(typ))

@@ -13,7 +13,6 @@ fingerprint, stored atomically as json / npz / parquet under cache_dir()/analysi
     full_key(key, adapter=None, base_fingerprint=None) -> dict the dict that is hashed
     cache_key(key_dict) -> str                                 sha256 of the canonical JSON (24 hex)
     cache_path(kind, key_dict, codec) -> Path
-    records_fingerprint(records) -> str                        identifies a token set (a list of Records)
 
 Codecs (value ⇄ file): JSON (JSON-able values; floats round-trip exactly), NPZ (dict[str, np.ndarray]; no object
 arrays), PARQUET (pandas DataFrame), and json_codec(to_json, from_json) / npz_codec(to_arrays, from_arrays) to
@@ -30,7 +29,7 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping, Sequence
+from typing import IO, Any, Callable, Mapping
 
 import numpy as np
 
@@ -192,13 +191,3 @@ def _intact_bytes(entry: Path, kind: str, kd: Mapping) -> bytes | None:
         and checksum == hashlib.sha256(data).hexdigest()
     )
     return data if intact else None
-
-
-def records_fingerprint(records: Sequence) -> str:
-    """Identifies a list of Records (ids, texts, spans, labels): part of the key of any result on a token set."""
-    h = hashlib.sha256()
-    for r in records:
-        d = r.to_json()
-        d.pop("meta", None)
-        h.update(_canonical(d).encode())
-    return h.hexdigest()[:16]

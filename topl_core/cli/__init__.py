@@ -36,6 +36,7 @@ COMMANDS: dict[str, Command] = {  # in --help order
     "sweep": Command("sweep", "sliding-window layer sweep (heatmap of head AUROC by window start × size)"),
     "label-sensitivity": Command("label_sensitivity", "train TOPL per label setting; table of label stats and scores"),
     "bench": Command("bench", "benchmark: MFU, TOPL/SFT step, steering, capture, sweep reuse, cache, memory"),
+    "export": Command("export", "copy a finished run for sharing (adapter, head, card, config); --push-to-hub ID"),
     "merge-check": Command("merge_check", "compare merged and unmerged logits of an adapter (fp32 and bf16)"),
 }
 

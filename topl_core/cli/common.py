@@ -14,6 +14,7 @@ from ..models import DEVICES
 from ..paths import project_path
 from ..precision import DTYPES, PRECISIONS, ResolvedPrecision, describe_precision, resolve_precision
 from ..presets import DEFAULT_MODEL
+from ..training.config import TRACKERS
 
 
 class ExamplesFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -89,6 +90,23 @@ def add_precision_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> N
         help="compute precision (bf16 = autocast); auto = TOPL_PRECISION when set, else bf16 only where the device "
         "computes it natively and fast (AMX / AVX-512-BF16 CPUs, CUDA), fp32 otherwise",
     )
+
+
+def add_tracking_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """TrainConfig's experiment trackers, for the studies whose commands list their training flags by hand."""
+    p.add_argument(
+        "--report-to",
+        nargs="+",
+        choices=TRACKERS,
+        default=[],
+        help="also log every run's metrics and config to these trackers (pip install -e '.[tracking]')",
+    )
+    p.add_argument("--mlflow-tracking-uri", default="", help="MLflow's store (default: sqlite mlflow.db in runs/)")
+
+
+def tracking_from_args(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields add_tracking_args reads."""
+    return {"report_to": tuple(args.report_to), "mlflow_tracking_uri": args.mlflow_tracking_uri}
 
 
 def announce_precision(requested: str, device: str = "cpu") -> ResolvedPrecision:

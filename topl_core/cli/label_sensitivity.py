@@ -18,7 +18,15 @@ from ..progress import Bar
 from ..runs import RunDir
 from ..training.config import LoraSettings, TrainConfig
 from . import COMMANDS
-from .common import ExamplesFormatter, add_executor_args, add_precision_arg, announce_precision, executor_from_args
+from .common import (
+    ExamplesFormatter,
+    add_executor_args,
+    add_precision_arg,
+    add_tracking_args,
+    announce_precision,
+    executor_from_args,
+    tracking_from_args,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-val-examples", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=DEVICES, default="cpu")
+    add_tracking_args(p)
     p.add_argument("--json", help="write the table here")
     add_executor_args(p)
     p.set_defaults(func=run)
@@ -68,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         eval_every=args.steps,
         checkpoint_every=max(1, min(10, args.steps)),
+        **tracking_from_args(args),
     )
     cfg = LabelStudyConfig(
         train=train,

@@ -19,7 +19,15 @@ from ..progress import Bar
 from ..status import request_stop
 from ..training.config import TrainConfig
 from . import COMMANDS
-from .common import ExamplesFormatter, add_executor_args, add_precision_arg, announce_precision, executor_from_args
+from .common import (
+    ExamplesFormatter,
+    add_executor_args,
+    add_precision_arg,
+    add_tracking_args,
+    announce_precision,
+    executor_from_args,
+    tracking_from_args,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--max-response-tokens", type=int, default=128)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", choices=DEVICES, default="cpu")
+    add_tracking_args(t)
     add_executor_args(p)
     p.set_defaults(func=run)
 
@@ -90,6 +99,7 @@ def config_from_args(args: argparse.Namespace):
         device=args.device,
         eval_every=args.steps,
         checkpoint_every=max(1, min(10, args.steps)),
+        **tracking_from_args(args),
     )
     return SweepConfig(
         train=train,

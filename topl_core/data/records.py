@@ -8,6 +8,7 @@ file, the line and the field, never a traceback.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -169,6 +170,17 @@ class Record:
             return cls(**row)
         except DataError as e:
             raise DataError(f"{where}: {e}") from e
+
+
+def records_fingerprint(records: Iterable[Record]) -> str:
+    """Identifies a list of Records (ids, texts, spans, labels; not their meta), in 16 hex: what a run trained on,
+    and part of the key of any cached result on a token set."""
+    h = hashlib.sha256()
+    for r in records:
+        d = r.to_json()
+        d.pop("meta", None)
+        h.update(json.dumps(d, sort_keys=True, separators=(",", ":"), default=str).encode())
+    return h.hexdigest()[:16]
 
 
 def write_jsonl(records: Iterable[Record], path: str | os.PathLike) -> Path:

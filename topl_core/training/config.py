@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import typing
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Literal
 
 from ..data.variants import LABEL_SETTINGS
@@ -29,6 +29,10 @@ METHOD_DATA: dict[str, Requirement] = {
 
 
 PROBED_METHODS = ("topl", "tldr")  # the token-head methods side probes can learn beside
+
+# experiment trackers a run can also log to, beside its metrics.jsonl (topl_core.training.tracking)
+Tracker = Literal["tensorboard", "mlflow"]
+TRACKERS: tuple[str, ...] = typing.get_args(Tracker)
 
 
 def _fail(field_name: str, value, fix: str):
@@ -105,6 +109,11 @@ class TrainConfig:
     probe_layers: tuple[int, ...] = ()
     beta: float = 0.1  # DPO/TDPO temperature
     tdpo_alpha: float = 0.5  # TDPO2 weight of the sequential-KL difference (Zeng et al. 2024 default)
+    # experiment trackers that receive every metrics.jsonl row and this config (as TRL's report_to): TensorBoard
+    # event files in the run folder, MLflow at mlflow_tracking_uri ("" = the SQLite store mlflow.db in the runs
+    # folder, topl_core.training.tracking)
+    report_to: tuple[Tracker, ...] = ()
+    mlflow_tracking_uri: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.lora, dict):
@@ -128,6 +137,11 @@ class TrainConfig:
         if self.label_setting not in LABEL_SETTINGS:
             _fail("label_setting", self.label_setting, f"choose one of {LABEL_SETTINGS}.")
         object.__setattr__(self, "probe_layers", tuple(sorted({int(k) for k in self.probe_layers})))
+        object.__setattr__(self, "report_to", tuple(dict.fromkeys(self.report_to)))  # in the order given, once each
+        if any(t not in TRACKERS for t in self.report_to):
+            _fail("report_to", self.report_to, f"choose trackers from {TRACKERS} (none: an empty list).")
+        if self.mlflow_tracking_uri and "mlflow" not in self.report_to:
+            _fail("mlflow_tracking_uri", self.mlflow_tracking_uri, "add 'mlflow' to report_to, or leave the URI empty.")
         if self.probe_layers and self.method not in PROBED_METHODS:
             _fail("probe_layers", self.probe_layers, f"side probes read a token head's labels: use {PROBED_METHODS}.")
         below = self.lora.layer_end if self.method == "topl" else None  # TLDR's head layer is the model's last
@@ -162,6 +176,51 @@ class TrainConfig:
         lora_kw = {k[5:]: v for k, v in kw.items() if k.startswith("lora_")}
         rest = {k: v for k, v in kw.items() if not k.startswith("lora_")}
         return replace(self, lora=replace(self.lora, **lora_kw), **rest)
+
+
+class ConfigFlag(typing.NamedTuple):
+    """A TrainConfig field as `python -m topl_core train` spells it (LoRA fields as --lora-*)."""
+
+    flag: str  # --lora-layer-end
+    dest: str  # lora_layer_end: the with_overrides keyword
+    type: object  # the field's type hint
+    default: object
+
+
+def config_flags(cls=None, prefix: str = "") -> list[ConfigFlag]:
+    """Every field of TrainConfig as a command-line flag: the train CLI's parser and a run's reproducing command
+    (command_args) are both built from this list."""
+    cls = cls or TrainConfig
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        if f.name == "lora":
+            out += config_flags(LoraSettings, "lora_")
+            continue
+        default = f.default if f.default is not MISSING else f.default_factory()
+        name = prefix + f.name
+        out.append(ConfigFlag(f"--{name.replace('_', '-')}", name, hints[f.name], default))
+    return out
+
+
+ALWAYS_SPELLED = ("method", "model", "data", "precision")  # the command names these even at their defaults
+
+
+def command_args(cfg: TrainConfig) -> list[str]:
+    """`train` arguments that rebuild `cfg` (TrainConfig's defaults may change between versions, so every field
+    that differs from them is spelled, and the ones that say what the run is, always)."""
+    args: list[str] = []
+    for flag, dest, typ, default in config_flags():
+        value = getattr(cfg.lora, dest.removeprefix("lora_")) if dest.startswith("lora_") else getattr(cfg, dest)
+        if value == default and dest not in ALWAYS_SPELLED:
+            continue
+        if typ is bool:
+            args.append(flag if value else f"--no-{flag[2:]}")
+        elif isinstance(value, tuple):  # nargs="+" (an empty tuple is the default of every such field)
+            args += [flag, *map(str, value)]
+        else:
+            args += [flag, repr(value) if isinstance(value, float) else str(value)]
+    return args
 
 
 def preset_config(preset: str, method: Method = "topl", **overrides) -> TrainConfig:

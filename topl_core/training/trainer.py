@@ -22,8 +22,9 @@ import numpy as np
 import torch
 
 from ..architecture import check_layer_range
+from ..card import write_card
 from ..data.encode import Encoded
-from ..data.records import Record, read_jsonl
+from ..data.records import Record, read_jsonl, records_fingerprint
 from ..data.split import split_records
 from ..data.variants import apply_label_setting
 from ..errors import DataError, RunError
@@ -36,6 +37,7 @@ from .batching import EncodeSettings, length_buckets
 from .config import TrainConfig
 from .objectives import OBJECTIVES, Objective
 from .steps import StepContext
+from .tracking import Trackers, check_trackers, open_trackers
 from .world import World
 
 
@@ -128,6 +130,7 @@ class _Batches:
     val: list
     n_train: int
     n_val: int
+    data_fingerprint: str  # of every record read (topl_core.data.records.records_fingerprint), before the split
 
 
 @dataclass
@@ -149,16 +152,19 @@ def train(
     progress: ProgressCallback | None = None,
     records: Sequence[Record] | None = None,
     base: LoadedModel | None = None,
+    tracking_group: str | None = None,
 ) -> RunDir:
     """Train (or resume) a run into out_dir and return its RunDir. `base` is consumed (LoRA is injected into it).
     Stops with a checkpoint and state "cancelled" when `progress` returns False or a STOP file appears in out_dir.
-    One writer per run directory: a second train into the same out_dir while this one runs is refused."""
+    One writer per run directory: a second train into the same out_dir while this one runs is refused.
+    `tracking_group` groups runs in the experiment trackers of cfg.report_to (a sweep's windows: its folder name)."""
     run, world = RunDir(out_dir), World.current()
+    check_trackers(cfg)  # a tracker asked for but not installed fails before any work
     with WriterLock(run.path) if world.is_main else nullcontext():  # rank 0 writes; the other ranks only compute
-        return _train(cfg, run, progress, records, base, world)
+        return _train(cfg, run, progress, records, base, world, tracking_group)
 
 
-def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World) -> RunDir:
+def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World, tracking_group: str | None) -> RunDir:
     objective: Objective = OBJECTIVES[cfg.method]
     resuming = _check_resumable(run, cfg)
     world.barrier()  # every rank has looked at the directory before rank 0 writes to it
@@ -176,7 +182,11 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World)
 
     clock = _Clock()
     last_ckpt = completed = start
+    trackers = Trackers()
     try:
+        if world.is_main:  # rank 0 alone logs; a tracker that fails to open fails the run like any error
+            with clock.overhead():  # not training time (MLflow's first open of a store migrates its schema)
+                trackers = open_trackers(cfg, run, start, tracking_group)
         for step in range(start + 1, cfg.steps + 1):
             loss, info, tokens = _train_step(cfg, objective, t, batches.train, step, world)
             completed = step
@@ -184,7 +194,7 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World)
             with clock.overhead():  # validation and checkpoints are not training time
                 val = _validate(cfg, objective, t, batches, step, world)
                 ckpt = _checkpoint_state(t, world) if step % cfg.checkpoint_every == 0 else None
-            stop = world.is_main and _record_step(run, cfg, row, val, ckpt, clock, start, progress)
+            stop = world.is_main and _record_step(run, cfg, row, val, ckpt, clock, start, progress, trackers)
             if step % cfg.checkpoint_every == 0:
                 last_ckpt = step
             if world.any(stop):
@@ -200,6 +210,7 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World)
                 last_ckpt = completed
         if world.is_main:
             run.write_status(state, max(completed, last_ckpt), cfg.steps, error=f"{type(e).__name__}: {e}")
+        trackers.close(state)
         if isinstance(e, Cancelled):
             return run
         raise
@@ -207,6 +218,8 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World)
     if world.is_main:
         _save_final(run, cfg, t, meta, adapter)
         run.write_status("finished", cfg.steps, cfg.steps, elapsed_s=clock.wall())
+        write_card(run)  # over the empty template PEFT's save_pretrained wrote
+        trackers.close("finished")
     world.barrier()  # the run is whole on disk before any rank returns it
     return run
 
@@ -230,14 +243,16 @@ def _record_step(
     clock: _Clock,
     start: int,
     progress: ProgressCallback | None,
+    trackers: Trackers,
 ) -> bool:
-    """Rank 0's bookkeeping after a step: the metrics row (with validation when it ran), the checkpoint when one
-    was gathered, the status, and the progress report. True when the run is to stop (the callback said so, or a
-    STOP request)."""
+    """Rank 0's bookkeeping after a step: the metrics row (with validation when it ran; the experiment trackers
+    get it too), the checkpoint when one was gathered, the status, and the progress report. True when the run is to
+    stop (the callback said so, or a STOP request)."""
     step = row["step"]
     with clock.overhead():
         row.update(val or {})
         run.append_metrics(row)
+        trackers.log(row)
         if ckpt is not None:
             _write_checkpoint(run, ckpt, step)
         run.write_status("running", step, cfg.steps, loss=row["loss"])
@@ -278,7 +293,7 @@ def _prepare(
         objective.batches(group, cfg.micro_batch_size, pad) for group in length_buckets(train_ex, cfg.batch_size)
     ]
     val_batches = objective.batches(val_ex, cfg.batch_size, pad) if val_ex else []
-    return base, _Batches(train_batches, val_batches, len(train_ex), len(val_ex))
+    return base, _Batches(train_batches, val_batches, len(train_ex), len(val_ex), records_fingerprint(records))
 
 
 def _lora_on_all_layers(cfg: TrainConfig, base: LoadedModel) -> bool:
@@ -296,6 +311,7 @@ def _run_meta(cfg: TrainConfig, objective: Objective, base: LoadedModel, batches
         "head_layer": objective.head_layer(cfg.lora.layer_end, base.num_layers),
         "n_train_examples": batches.n_train,
         "n_val_examples": batches.n_val,
+        "data_fingerprint": batches.data_fingerprint,
         "objective": objective.description,
         "validation_metric": objective.validation_metric,
         "lora_all_layers": _lora_on_all_layers(cfg, base),

@@ -16,10 +16,11 @@ from typing import Literal, Sequence
 import numpy as np
 
 from ...adapters import Adapter, load_adapter, open_adapter
+from ...data.records import records_fingerprint
 from ...errors import ConfigError
 from ...models import ModelSpec, load_model
 from ...precision import PRECISIONS, Precision, resolve_precision
-from ..cache import cached, json_codec, npz_codec, records_fingerprint
+from ..cache import cached, json_codec, npz_codec
 from .capture import DEFAULT_SET, Projections, collect_projections, random_lora_A
 from .separability import Separability, separability
 from .sites import input_module, lora_sites, lora_weights

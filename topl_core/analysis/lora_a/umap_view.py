@@ -19,8 +19,9 @@ from typing import Literal
 import numpy as np
 
 from ...adapters import load_adapter, open_adapter
+from ...data.records import records_fingerprint
 from ...models import ModelSpec, load_model
-from ..cache import PARQUET, cached, records_fingerprint
+from ..cache import PARQUET, cached
 from .capture import Projections
 from .probe import ProbeSettings, run_projections
 from .sites import Site, lora_sites

@@ -31,12 +31,13 @@ import numpy as np
 import torch
 
 from ...adapters import open_adapter
+from ...data.records import records_fingerprint
 from ...errors import ModelError
 from ...generate import load_merged
 from ...io import save_tensors, write_json
 from ...models import LoadedModel, ModelSpec
 from ...precision import to_numpy
-from ..cache import cached, json_codec, records_fingerprint
+from ..cache import cached, json_codec
 from ..lora_a.capture import DEFAULT_SET, Projections
 from ..lora_a.probe import ProbeSettings, run_projections
 from ..lora_a.separability import separability

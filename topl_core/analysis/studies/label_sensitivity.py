@@ -43,6 +43,7 @@ from ...status import WriterLock
 from ...training.batching import EncodeSettings
 from ...training.config import TrainConfig
 from ...training.objectives import OBJECTIVES
+from ...training.tracking import check_trackers
 from ...training.trainer import train
 from ..evaluation.config import EvalConfig, Variant
 from ..evaluation.evaluate import evaluate
@@ -184,7 +185,9 @@ def train_setting(study: Study[LabelStudyConfig], item: tuple[str, dict]) -> dic
             if study.base_loader
             else load_model(ModelSpec(cfg.train.model, "float32", cfg.train.device))
         )
-        run = train(cfg.setting_config(setting), run.path, records=study.records, base=base)
+        run = train(
+            cfg.setting_config(setting), run.path, records=study.records, base=base, tracking_group=study.folder.name
+        )
         say(f"  {setting}: {run.read_status().get('state')} in {time.perf_counter() - t0:.0f} s")
         if not run.is_complete:
             return {"cancelled": setting}
@@ -197,6 +200,7 @@ def train_setting(study: Study[LabelStudyConfig], item: tuple[str, dict]) -> dic
 
 
 def _run_label_study(cfg: LabelStudyConfig, out_dir: Path, progress, records, base_loader, executor):
+    check_trackers(cfg.train)  # a tracker asked for but not installed fails before any setting
     path = out_dir / STUDY_FILE
     if path.exists():
         old = LabelStudyConfig.from_json(json.loads(path.read_text())["config"])

@@ -57,6 +57,7 @@ from ...runs import RunDir
 from ...status import WriterLock, clear_stop, stop_requested, write_status
 from ...training.config import TrainConfig
 from ...training.prefix_cache import PrefixStats, PrefixStore, install_prefix_cache
+from ...training.tracking import check_trackers
 from ...training.trainer import train
 from ..evaluation.scorers import DEFAULT_SCORER, make_scorer, score_summary
 from .study import Study
@@ -267,7 +268,10 @@ def train_window(sweep: Study[SweepConfig], w: Window) -> dict:
         lm = fresh_copy(base)
         if store is not None:
             install_prefix_cache(lm, store, w.start)
-        run = train(cfg.window_config(w), run_path, progress=step, records=sweep.records, base=lm)
+        # the trackers group the windows under the sweep's folder name (an MLflow experiment; TensorBoard: the path)
+        run = train(
+            cfg.window_config(w), run_path, progress=step, records=sweep.records, base=lm, tracking_group=sweep_dir.name
+        )
         del lm
         if not run.is_complete:  # cancelled: checkpoint kept, resume continues it
             return {"cancelled": w.name}
@@ -304,6 +308,7 @@ def run_sweep(
 def _run_sweep(cfg: SweepConfig, sweep_dir: Path, progress, base_loader, records, executor):
     import pandas as pd
 
+    check_trackers(cfg.train)  # a tracker asked for but not installed fails before any window
     executor = executor or saved_executor(sweep_dir)
     save_sweep_config(sweep_dir, cfg, executor)
     clear_stop(sweep_dir)

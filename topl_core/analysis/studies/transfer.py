@@ -62,7 +62,7 @@ from ...adapters import Adapter, load_adapter, open_adapter
 from ...architecture import decoder_layers, final_norm
 from ...data.cliff import CsvLoadReport, load_factuality_csv
 from ...data.encode import IGNORE, collate, encode_record
-from ...data.records import Record, read_jsonl
+from ...data.records import Record, read_jsonl, records_fingerprint
 from ...data.split import split_records
 from ...errors import ConfigError, DataError
 from ...forward import hidden_after_layer
@@ -72,7 +72,7 @@ from ...models import ModelSpec, load_model
 from ...paths import cliff_csv, project_path
 from ...precision import PRECISIONS, autocast, resolve_precision, to_numpy
 from ...scoring import TokenScorer
-from ..cache import NPZ, PARQUET, analysis_cache_dir, cached, records_fingerprint
+from ..cache import NPZ, PARQUET, analysis_cache_dir, cached
 from ..lora_a.probe_head import ProbeHeadSettings, fit_probe_head
 from ..lora_a.separability import fit_logistic
 

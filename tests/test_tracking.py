@@ -1,0 +1,166 @@
+"""Experiment trackers (report_to), the model card of every finished run, and `export`: read back with the
+trackers' own readers, the train CLI's own parser and PEFT's own loader."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+import time
+
+import pytest
+from conftest import REPO, tiny_config
+
+from topl_core.adapters import open_adapter
+from topl_core.cli import build_parser, main
+from topl_core.cli.train import config_from_args
+from topl_core.errors import ConfigError, RunError
+from topl_core.runs import RunDir
+from topl_core.sharing import export_run
+from topl_core.training.config import TrainConfig
+from topl_core.training.tracking import INSTALL, numeric_metrics
+from topl_core.training.trainer import train
+
+DEMOS = ("topl-smollm2", "sft-smollm2")
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory, tiny_records, mlflow_uri):
+    """A finished tiny TOPL run with a side probe, logged to TensorBoard and to an MLflow SQLite store; cancelled
+    after step 3 and resumed, so each tracker must carry on where it stopped (a second event file, the same MLflow
+    run)."""
+    root = tmp_path_factory.mktemp("tracked")
+    cfg = tiny_config(steps=5, probe_layers=(1,), report_to=("tensorboard", "mlflow"), mlflow_tracking_uri=mlflow_uri)
+    kw = dict(records=tiny_records, tracking_group="tiny-study")
+    stopped = train(cfg, root / "topl-tiny", progress=lambda p: p.step < 3, **kw)
+    assert stopped.read_status()["state"] == "cancelled"
+    return train(cfg, root / "topl-tiny", **kw), mlflow_uri
+
+
+def _logged(run: RunDir) -> dict[str, list[tuple[int, float]]]:
+    """metrics.jsonl as {metric: [(step, value)]}, the numbers a tracker gets."""
+    out: dict[str, list] = {}
+    for row in run.read_metrics():
+        for name, value in numeric_metrics(row).items():
+            out.setdefault(name, []).append((row["step"], value))
+    return out
+
+
+def test_tensorboard_event_file_holds_the_metrics_jsonl_rows(tracked):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, _ = tracked
+    logged = _logged(run)
+    assert {"loss", "lr", "tokens_per_s", "val_token_auroc", "val_token_auroc_L1"} <= set(logged)
+    assert len(list(run.path.glob("events.out.tfevents.*"))) == 2  # before the stop, after the resume
+    events = EventAccumulator(str(run.path), size_guidance={"scalars": 0})
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == set(logged)
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    start_info = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    hparams = HParamsPluginData.FromString(start_info).session_start_info.hparams  # the config, on the HParams tab
+    cfg, _ = run.read_config()
+    assert hparams["lora_r"].number_value == cfg.lora.r and hparams["report_to"].string_value == "tensorboard mlflow"
+    for name, series in logged.items():
+        read = [(e.step, e.value) for e in events.Scalars(name)]
+        assert [s for s, _ in read] == [s for s, _ in series], name
+        assert [v for _, v in read] == pytest.approx([v for _, v in series], rel=1e-6), name  # float32 in the file
+
+
+def test_mlflow_store_holds_the_metrics_and_the_config(tracked):
+    from mlflow.tracking import MlflowClient
+
+    run, uri = tracked
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("tiny-study")
+    (logged_run,) = client.search_runs([experiment.experiment_id])
+    assert logged_run.info.run_name == run.name and logged_run.info.status == "FINISHED"
+    cfg, _ = run.read_config()
+    params = logged_run.data.params
+    assert params["lora_r"] == str(cfg.lora.r) and params["probe_layers"] == "1" and params["method"] == "topl"
+    for name, series in _logged(run).items():
+        history = client.get_metric_history(logged_run.info.run_id, name)
+        assert sorted((m.step, m.value) for m in history) == pytest.approx(series), name
+
+
+def _card_command(run: RunDir) -> list[str]:
+    block = re.search(r"```bash\n(.+?)\n```", run.card_path.read_text(), re.S).group(1)
+    return shlex.split(block)
+
+
+@pytest.mark.parametrize("fixture", ["tracked", "tiny_run"])
+def test_card_command_parsed_by_the_train_cli_gives_the_runs_config(fixture, request):
+    run = request.getfixturevalue(fixture)
+    run = run[0] if isinstance(run, tuple) else run
+    argv = _card_command(run)
+    assert argv[:4] == ["python", "-m", "topl_core", "train"]
+    args = build_parser(argv[3:]).parse_args(argv[3:])
+    cfg, meta = run.read_config()
+    assert config_from_args(args) == cfg and args.out == str(run.path)
+    text = run.card_path.read_text()
+    last_val = [r for r in run.read_metrics() if "val_token_auroc" in r][-1]
+    assert f"{last_val['val_token_auroc']:.4g}" in text and meta["data_fingerprint"] in text
+    assert "PeftModel.from_pretrained" in text and f"layers {cfg.lora.layer_start}–{cfg.lora.layer_end}" in text
+
+
+@pytest.mark.parametrize("name", DEMOS)
+def test_demo_adapter_cards_and_fingerprints(name):
+    """The shipped demos carry cards from the same code, and their identity is what the shipped analysis cache was
+    computed for (the card is not part of an adapter's fingerprint)."""
+    run = RunDir(REPO / "examples" / "adapters" / name)
+    argv = _card_command(run)
+    assert config_from_args(build_parser(argv[3:]).parse_args(argv[3:])) == run.read_config()[0]
+    shipped = {
+        json.loads(p.read_text()).get("adapter_fingerprint")
+        for p in (REPO / "examples" / "analysis-cache").rglob("*.json")
+        if not p.name.endswith(".key.json")
+    }
+    assert open_adapter(run.path).fingerprint() in shipped
+
+
+def test_export_opens_with_plain_peft_and_holds_no_checkpoint(tiny_run, tmp_path, capsys):
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from topl_core.tiny_models import build_tiny_model
+
+    dest = tmp_path / "shared"
+    assert main(["export", str(tiny_run.path), str(dest)]) == 0
+    names = {p.name for p in dest.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "head.safetensors", "README.md"} <= names
+    assert {"topl_config.json", "metrics.jsonl"} <= names and not names & {"checkpoint", "LOCK", "STOP"}
+    model = PeftModel.from_pretrained(build_tiny_model("tiny-llama")[0], dest)
+    theirs = load_file(tiny_run.adapter_path)
+    loaded = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    assert len(loaded) == len(theirs) > 0
+    for key, value in theirs.items():
+        assert torch.equal(loaded[key.replace(".weight", ".default.weight")], value)
+    assert open_adapter(dest).fingerprint() == tiny_run.fingerprint()
+    with pytest.raises(RunError, match="not empty"):
+        export_run(tiny_run, dest)
+
+
+def test_push_to_hub_offline_fails_at_once_with_the_upload_command(tiny_run, tmp_path, capsys):
+    t0 = time.perf_counter()
+    assert main(["export", str(tiny_run.path), str(tmp_path / "x"), "--push-to-hub", "someone/topl-tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "not reachable" in err and "hf upload someone/topl-tiny" in err
+    assert (tmp_path / "x" / "adapter_model.safetensors").exists()  # the export itself is done
+    assert time.perf_counter() - t0 < 30  # HF_HUB_OFFLINE (conftest): no network wait
+
+
+def test_missing_tracker_package_fails_before_training(monkeypatch, tmp_path, tiny_records):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed: find_spec and import both fail
+    with pytest.raises(ConfigError, match=re.escape(INSTALL)) as e:
+        train(tiny_config(report_to=("tensorboard",)), tmp_path / "run", records=tiny_records)
+    assert "tensorboard" in str(e.value) and not (tmp_path / "run").exists()
+
+
+def test_report_to_names_a_known_tracker():
+    with pytest.raises(ConfigError, match=r"report_to=\('wandb',\).*tensorboard"):
+        TrainConfig(report_to=("wandb",))
+    with pytest.raises(ConfigError, match="mlflow_tracking_uri"):
+        TrainConfig(mlflow_tracking_uri="sqlite:///x.db")
