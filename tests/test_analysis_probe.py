@@ -19,7 +19,8 @@ from topl_core.errors import ModelError
 from topl_core.presets import LORA_MODULES
 from topl_core.tiny_models import build_tiny_model
 from topl_core.training.config import LoraSettings, TrainConfig
-from topl_core.training.trainer import apply_lora, train
+from topl_core.training.lora import apply_lora
+from topl_core.training.trainer import train
 
 FAMILIES = ("tiny-llama", "tiny-qwen3", "tiny-gemma3")
 

@@ -23,6 +23,7 @@ from topl_core.tiny_models import build_tiny_model
 from topl_core.training import trainer as trainer_module
 from topl_core.training.batching import EncodeSettings, encode_pairs, faithful_records, make_pair_batches
 from topl_core.training.config import METHOD_DATA, METHODS, LoraSettings, TrainConfig, preset_config
+from topl_core.training.lora import apply_lora
 from topl_core.training.losses import (
     dpo_loss,
     log1m_exp,
@@ -44,7 +45,7 @@ from topl_core.training.steps import (
     tdpo_loss_step,
     unlikelihood_loss_step,
 )
-from topl_core.training.trainer import apply_lora, train
+from topl_core.training.trainer import train
 
 HEAD_METHODS = {"topl", "sopl", "tldr"}
 ENC = EncodeSettings(max_doc_tokens=48, max_response_tokens=24)

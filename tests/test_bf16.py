@@ -28,7 +28,8 @@ from topl_core.models import LoadedModel, ModelSpec, load_model
 from topl_core.scoring import TokenScorer
 from topl_core.tiny_models import build_tiny_model
 from topl_core.training.config import LoraSettings, TrainConfig
-from topl_core.training.trainer import apply_lora, train
+from topl_core.training.lora import apply_lora
+from topl_core.training.trainer import train
 
 BOTH = ("fp32", "bf16")
 FAMILIES = ("tiny-llama", "tiny-qwen3", "tiny-gemma3")

@@ -13,9 +13,9 @@ from topl_core.forward import head_features
 from topl_core.metrics import auroc
 from topl_core.precision import autocast
 from topl_core.training.config import LoraSettings, TrainConfig
+from topl_core.training.lora import apply_lora
 from topl_core.training.objectives import OBJECTIVES
 from topl_core.training.steps import StepContext
-from topl_core.training.trainer import apply_lora
 
 HEAD_LAYER = 20  # of SmolLM2's 30: the default TOPL head position
 

@@ -18,8 +18,9 @@ from topl_core.forward import head_features
 from topl_core.models import load_model
 from topl_core.runs import RunDir
 from topl_core.status import request_stop, stop_requested
+from topl_core.training.lora import FastDropout, apply_lora
 from topl_core.training.losses import token_bce_loss
-from topl_core.training.trainer import FastDropout, apply_lora, train
+from topl_core.training.trainer import train
 
 
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-qwen3", "tiny-gemma3"])

@@ -63,8 +63,9 @@ from .presets import DEFAULT_MODEL
 from .progress import Bar
 from .runs import RunDir
 from .training.config import LoraSettings, TrainConfig
+from .training.lora import apply_lora
 from .training.prefix_cache import PrefixStore, install_prefix_cache
-from .training.trainer import apply_lora, train
+from .training.trainer import train
 
 GOALS = {
     "train_mfu": (">=", 0.20),

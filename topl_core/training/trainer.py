@@ -7,14 +7,12 @@ optimizer, scheduler and RNG state of the last completed step.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import shutil
 import time
 import warnings
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -28,13 +26,15 @@ from ..data.records import Record, read_jsonl, records_fingerprint
 from ..data.split import split_records
 from ..data.variants import apply_label_setting
 from ..errors import DataError, RunError
-from ..io import checksum_problem, save_tensors, sha256_file, write_json
+from ..io import save_tensors
 from ..models import LoadedModel, ModelSpec, hub_id, load_model
 from ..precision import autocast
-from ..runs import HEAD_FILE, PROBES_FILE, RunDir
+from ..runs import RunDir
 from ..status import WriterLock, clear_stop, stop_requested
 from .batching import EncodeSettings, length_buckets
+from .checkpoint import Trainable, checkpoint_state, load_checkpoint, lora_state, write_checkpoint
 from .config import TrainConfig
+from .lora import apply_lora
 from .objectives import OBJECTIVES, Objective
 from .steps import StepContext
 from .tracking import Trackers, check_trackers, open_trackers
@@ -59,59 +59,6 @@ class Cancelled(Exception):
     pass
 
 
-def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -> torch.Tensor:
-    """A boolean mask, each entry True with probability 1 − p (exact to 1/65536), independent. Cut from 16-bit
-    slices of 64-bit random words, three per word (the top slice holds only 15 random bits and is dropped)."""
-    n = math.prod(shape)
-    words = torch.empty((n + 2) // 3, dtype=torch.int64, device=device).random_()
-    slices = words.view(torch.int16).view(-1, 4)[:, :3].reshape(-1)[:n]  # uniform on [−32768, 32767]
-    return (slices >= round(p * 65536) - 32768).view(shape)
-
-
-class FastDropout(torch.nn.Module):
-    """Inverted dropout, as nn.Dropout, with one random draw per three elements. Every LoRA module draws a mask
-    for its input (7 per layer); on SmolLM2 (TOPL, LoRA on layers 0–20, micro-batch 2, bf16, 2 cores) a
-    forward + backward took 3.35 s without dropout, 4.89 s with nn.Dropout and 4.33 s with this (best of 4,
-    interleaved)."""
-
-    def __init__(self, p: float):
-        super().__init__()
-        self.p = float(p)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0:
-            return x
-        if self.p >= 1:
-            return torch.zeros_like(x)
-        return torch.where(keep_mask(x.shape, self.p, x.device), x * (1 / (1 - self.p)), 0)
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
-
-
-def apply_lora(model: torch.nn.Module, cfg: TrainConfig) -> torch.nn.Module:
-    """Wrap `model` in a PEFT LoRA model for cfg.lora; its LoRA dropouts are FastDropout (no parameters, so the
-    saved adapter is the same as PEFT's own)."""
-    from peft import LoraConfig, get_peft_model
-
-    lc = LoraConfig(
-        r=cfg.lora.r,
-        lora_alpha=cfg.lora.alpha,
-        lora_dropout=cfg.lora.dropout,
-        target_modules=list(cfg.lora.modules),
-        layers_to_transform=cfg.lora.layers,
-        task_type="CAUSAL_LM",
-    )
-    peft = get_peft_model(model, lc)
-    for module in peft.modules():
-        dropouts = getattr(module, "lora_dropout", None)
-        if isinstance(dropouts, torch.nn.ModuleDict):
-            for name, d in dropouts.items():
-                if isinstance(d, torch.nn.Dropout) and d.p > 0:
-                    dropouts[name] = FastDropout(d.p)
-    return peft
-
-
 def _apply_label_setting(examples: list[Encoded], setting: str, seed: int) -> list[Encoded]:
     if setting == "original":
         return examples
@@ -131,19 +78,6 @@ class _Batches:
     n_train: int
     n_val: int
     data_fingerprint: str  # of every record read (topl_core.data.records.records_fingerprint), before the split
-
-
-@dataclass
-class _Trainable:
-    """The model with its LoRA, the head, and what updates them."""
-
-    model: torch.nn.Module
-    head: torch.nn.Linear | None
-    params: list[torch.nn.Parameter]  # LoRA and head
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    ctx: StepContext
-    probe_params: list[torch.nn.Parameter] = field(default_factory=list)  # the side probes'
 
 
 def train(
@@ -193,7 +127,7 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World,
             row = {"step": step, "loss": loss, "lr": t.scheduler.get_last_lr()[0], **clock.step(tokens), **info}
             with clock.overhead():  # validation and checkpoints are not training time
                 val = _validate(cfg, objective, t, batches, step, world)
-                ckpt = _checkpoint_state(t, world) if step % cfg.checkpoint_every == 0 else None
+                ckpt = checkpoint_state(t, world) if step % cfg.checkpoint_every == 0 else None
             stop = world.is_main and _record_step(run, cfg, row, val, ckpt, clock, start, progress, trackers)
             if step % cfg.checkpoint_every == 0:
                 last_ckpt = step
@@ -204,9 +138,9 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World,
         # keep every completed step: checkpoint before leaving, so `train` here resumes (under FSDP only when all
         # ranks stop together: gathering the shards needs every rank)
         if completed > last_ckpt and (not world.fsdp or isinstance(e, Cancelled)):
-            ckpt = _checkpoint_state(t, world)
+            ckpt = checkpoint_state(t, world)
             if world.is_main:
-                _write_checkpoint(run, ckpt, completed)
+                write_checkpoint(run, ckpt, completed)
                 last_ckpt = completed
         if world.is_main:
             run.write_status(state, max(completed, last_ckpt), cfg.steps, error=f"{type(e).__name__}: {e}")
@@ -214,7 +148,7 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World,
         if isinstance(e, Cancelled):
             return run
         raise
-    adapter = _lora_state(t, world)  # whole tensors on every rank (all-gathered under FSDP)
+    adapter = lora_state(t, world)  # whole tensors on every rank (all-gathered under FSDP)
     if world.is_main:
         _save_final(run, cfg, t, meta, adapter)
         run.write_status("finished", cfg.steps, cfg.steps, elapsed_s=clock.wall())
@@ -225,7 +159,7 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World,
 
 
 def _validate(
-    cfg: TrainConfig, objective: Objective, t: _Trainable, batches: _Batches, step: int, world: World
+    cfg: TrainConfig, objective: Objective, t: Trainable, batches: _Batches, step: int, world: World
 ) -> dict | None:
     """The validation metrics when due (rank 0; every rank under FSDP, whose layers all-gather together)."""
     due = objective.validate is not None and batches.val and (step % cfg.eval_every == 0 or step == cfg.steps)
@@ -254,7 +188,7 @@ def _record_step(
         run.append_metrics(row)
         trackers.log(row)
         if ckpt is not None:
-            _write_checkpoint(run, ckpt, step)
+            write_checkpoint(run, ckpt, step)
         run.write_status("running", step, cfg.steps, loss=row["loss"])
     eta = clock.eta(step - start, cfg.steps - step)
     report = Progress(step, cfg.steps, row["loss"], row["elapsed_s"], eta, row["tokens_per_s"], val)
@@ -320,7 +254,7 @@ def _run_meta(cfg: TrainConfig, objective: Objective, base: LoadedModel, batches
 
 def _trainable(
     cfg: TrainConfig, objective: Objective, base: LoadedModel, head_layer: int | None, world: World = World()
-) -> _Trainable:
+) -> Trainable:
     """LoRA injected into the base model (its layers sharded under FSDP), a zero-initialised head for head
     methods, AdamW (the head at lr × head_lr_multiplier) and a linear warm-up."""
     model = apply_lora(base.model, cfg)
@@ -340,7 +274,7 @@ def _trainable(
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
     ctx = StepContext(model, head, head_layer, cfg.beta, cfg.tdpo_alpha, probes if cfg.probe_layers else None)
-    return _Trainable(model, head, lora_params + head_params, optimizer, scheduler, ctx, probe_params)
+    return Trainable(model, head, lora_params + head_params, optimizer, scheduler, ctx, probe_params)
 
 
 def _zero_linear(hidden: int, device: str) -> torch.nn.Linear:
@@ -351,12 +285,12 @@ def _zero_linear(hidden: int, device: str) -> torch.nn.Linear:
     return linear
 
 
-def _open_run(run: RunDir, cfg: TrainConfig, meta: dict, t: _Trainable, resuming: bool, world: World) -> int:
+def _open_run(run: RunDir, cfg: TrainConfig, meta: dict, t: Trainable, resuming: bool, world: World) -> int:
     """Write the run's config and status (rank 0); on resume every rank loads the checkpoint. Returns the last
     completed step."""
     start = 0
     if resuming and run.checkpoint_dir.exists():
-        start = _load_checkpoint(run, t, world)
+        start = load_checkpoint(run, t, world)
         world.barrier()  # all have read it before rank 0 may write a new one
         if world.is_main:
             run.truncate_metrics(start)
@@ -370,7 +304,7 @@ def _open_run(run: RunDir, cfg: TrainConfig, meta: dict, t: _Trainable, resuming
 
 
 def _train_step(
-    cfg: TrainConfig, objective: Objective, t: _Trainable, batches: list, step: int, world: World = World()
+    cfg: TrainConfig, objective: Objective, t: Trainable, batches: list, step: int, world: World = World()
 ) -> tuple[float, dict, int]:
     """One optimizer step over grad_accum batches of micro-batches (this rank's share of them). Returns (loss, info,
     tokens seen) of the whole step."""
@@ -438,7 +372,7 @@ class _Clock:
         return time.perf_counter() - self.t0
 
 
-def _save_final(run: RunDir, cfg: TrainConfig, t: _Trainable, meta: dict, adapter: dict) -> None:
+def _save_final(run: RunDir, cfg: TrainConfig, t: Trainable, meta: dict, adapter: dict) -> None:
     """The finished adapter (PEFT save_pretrained of `adapter`, its LoRA tensors whole) and head; the checkpoint is
     no longer needed."""
     # name the base model as the workbench knows it (a hub id, an embedded name, a path the user gave) rather than
@@ -498,103 +432,3 @@ def _check_resumable(run: RunDir, cfg: TrainConfig) -> bool:
             "or delete that run to start over."
         )
     return True
-
-
-ADAPTER = "default"  # the PEFT adapter name of a training run
-
-
-def _lora_state(t: _Trainable, world: World) -> dict[str, torch.Tensor]:
-    """The LoRA tensors whole, keyed as the model names them (all-gathered under FSDP: every rank calls this)."""
-    return {n: world.full(p.detach()) for n, p in t.model.named_parameters() if "lora_" in n}
-
-
-def _checkpoint_state(t: _Trainable, world: World) -> dict | None:
-    """What a checkpoint holds, whole (so it resumes on any world size, with or without FSDP); None on ranks other
-    than 0, after taking part in the all-gathers."""
-    from peft import get_peft_model_state_dict
-
-    adapter = get_peft_model_state_dict(t.model, state_dict=_lora_state(t, world))
-    optimizer = t.optimizer.state_dict()  # its per-parameter dicts are the optimizer's own: copied, not changed
-    optimizer["state"] = {  # in parameter order: the same on every rank
-        index: {k: world.full(v) if isinstance(v, torch.Tensor) else v for k, v in param_state.items()}
-        for index, param_state in optimizer["state"].items()
-    }
-    if not world.is_main:
-        return None
-    return {
-        "adapter": adapter,
-        "head": t.head.state_dict() if t.head is not None else None,
-        "probes": t.ctx.probes.state_dict() if t.ctx.probes else None,
-        "optimizer": {"optimizer": optimizer, "scheduler": t.scheduler.state_dict()},
-    }
-
-
-def _write_checkpoint(run: RunDir, ckpt: dict, step: int) -> None:
-    tmp = run.path / "checkpoint.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_tensors(tmp / "adapter.safetensors", ckpt["adapter"])
-    for name, file in (("head", HEAD_FILE), ("probes", PROBES_FILE)):
-        if ckpt[name] is not None:
-            save_tensors(tmp / file, ckpt[name])
-    save_tensors(tmp / "rng.safetensors", {"torch": torch.get_rng_state()})
-    torch.save(ckpt["optimizer"], tmp / "optimizer.pt")
-    checksums = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
-    write_json(tmp / "state.json", {"step": step, "checksums": checksums})
-    old = run.path / "checkpoint.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if run.checkpoint_dir.exists():
-        os.replace(run.checkpoint_dir, old)
-    os.replace(tmp, run.checkpoint_dir)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _load_checkpoint(run: RunDir, t: _Trainable, world: World) -> int:
-    from safetensors.torch import load_file
-
-    ck = run.checkpoint_dir
-    try:
-        state = json.loads((ck / "state.json").read_text())
-        step = state["step"]
-        _verify_checkpoint(ck, state.get("checksums"))
-        saved = load_file(ck / "adapter.safetensors")
-        with torch.no_grad():  # into whole or sharded parameters alike (PEFT's keys lack the adapter name)
-            for name, p in t.model.named_parameters():
-                if "lora_" in name:
-                    p.copy_(world.place(saved[name.replace(f".{ADAPTER}", "")], p))
-        if t.head is not None:
-            t.head.load_state_dict(load_file(ck / HEAD_FILE))
-        if t.ctx.probes:
-            t.ctx.probes.load_state_dict(load_file(ck / PROBES_FILE))
-        opt = torch.load(ck / "optimizer.pt", weights_only=True)
-        params = [p for group in t.optimizer.param_groups for p in group["params"]]
-        for index, param_state in opt["optimizer"]["state"].items():
-            for k, v in param_state.items():
-                if isinstance(v, torch.Tensor) and v.shape == params[index].shape:  # not Adam's step count
-                    param_state[k] = world.place(v, params[index])
-        t.optimizer.load_state_dict(opt["optimizer"])
-        t.scheduler.load_state_dict(opt["scheduler"])
-        torch.set_rng_state(load_file(ck / "rng.safetensors")["torch"])
-    except RunError:
-        raise
-    except Exception as e:
-        raise RunError(
-            f"{ck}: checkpoint is corrupt ({type(e).__name__}: {e}); delete {ck} to restart the run from step 0."
-        ) from e
-    return int(step)
-
-
-def _verify_checkpoint(ck: Path, checksums: dict | None) -> None:
-    """Refuse a checkpoint whose files changed since it was written (a flipped byte can still parse, and would
-    resume silently from wrong weights or optimizer state)."""
-    if checksums is None:
-        raise RunError(
-            f"{ck}/state.json records no checksums (written by an older version or edited), so the checkpoint "
-            f"cannot be verified; delete {ck} to restart the run from step 0."
-        )
-    if problem := checksum_problem(ck, checksums):
-        path, what = problem
-        raise RunError(
-            f"{path}: {what} since the checkpoint was written (checksum in state.json) — the checkpoint is "
-            f"corrupt. Delete {ck} to restart the run from step 0."
-        )

@@ -1,0 +1,62 @@
+"""LoRA on a model for training: PEFT's LoRA with a faster dropout of the same distribution (FastDropout)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import TrainConfig
+
+
+def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A boolean mask, each entry True with probability 1 − p (exact to 1/65536), independent. Cut from 16-bit
+    slices of 64-bit random words, three per word (the top slice holds only 15 random bits and is dropped)."""
+    n = math.prod(shape)
+    words = torch.empty((n + 2) // 3, dtype=torch.int64, device=device).random_()
+    slices = words.view(torch.int16).view(-1, 4)[:, :3].reshape(-1)[:n]  # uniform on [−32768, 32767]
+    return (slices >= round(p * 65536) - 32768).view(shape)
+
+
+class FastDropout(torch.nn.Module):
+    """Inverted dropout, as nn.Dropout, with one random draw per three elements. Every LoRA module draws a mask
+    for its input (7 per layer); on SmolLM2 (TOPL, LoRA on layers 0–20, micro-batch 2, bf16, 2 cores) a
+    forward + backward took 3.35 s without dropout, 4.89 s with nn.Dropout and 4.33 s with this (best of 4,
+    interleaved)."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = float(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        if self.p >= 1:
+            return torch.zeros_like(x)
+        return torch.where(keep_mask(x.shape, self.p, x.device), x * (1 / (1 - self.p)), 0)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+def apply_lora(model: torch.nn.Module, cfg: TrainConfig) -> torch.nn.Module:
+    """Wrap `model` in a PEFT LoRA model for cfg.lora; its LoRA dropouts are FastDropout (no parameters, so the
+    saved adapter is the same as PEFT's own)."""
+    from peft import LoraConfig, get_peft_model
+
+    lc = LoraConfig(
+        r=cfg.lora.r,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.modules),
+        layers_to_transform=cfg.lora.layers,
+        task_type="CAUSAL_LM",
+    )
+    peft = get_peft_model(model, lc)
+    for module in peft.modules():
+        dropouts = getattr(module, "lora_dropout", None)
+        if isinstance(dropouts, torch.nn.ModuleDict):
+            for name, d in dropouts.items():
+                if isinstance(d, torch.nn.Dropout) and d.p > 0:
+                    dropouts[name] = FastDropout(d.p)
+    return peft
