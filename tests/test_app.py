@@ -75,7 +75,7 @@ def open_page(name: str) -> AppTest:
     assert not at.exception, [e.value for e in at.exception]
     labels = [s.label for s in at.sidebar.selectbox]
     assert "Model" in labels, f"page {name} rendered without app.py's sidebar model picker (navigation trap)"
-    assert at.session_state["model_spec"] == "tiny-llama|float32|cpu"
+    assert at.session_state["model_spec"] == "tiny-llama|fp32|cpu"
     return at
 
 
@@ -226,10 +226,10 @@ def test_shipped_examples_are_listed_beside_the_users_runs_and_open(workbench, m
 def test_model_picker_sets_the_spec_for_every_page(workbench):
     at = open_page("home")
     at.sidebar.selectbox(key="sidebar.model_choice").set_value("tiny-qwen3").run()
-    assert at.session_state["model_spec"] == "tiny-qwen3|float32|cpu"
+    assert at.session_state["model_spec"] == "tiny-qwen3|fp32|cpu"
     assert not at.exception
     at.switch_page("pages/data.py").run()
-    assert at.session_state["model_spec"] == "tiny-qwen3|float32|cpu"
+    assert at.session_state["model_spec"] == "tiny-qwen3|fp32|cpu"
     assert at.sidebar.selectbox(key="sidebar.model_choice").value == "tiny-qwen3"
 
 
@@ -518,7 +518,7 @@ def test_train_form_refills_values_streamlit_dropped(workbench):
     from topl_core.training.config import TrainConfig
 
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.session_state["train.for_model"] = "tiny-llama|float32|cpu"
+    at.session_state["train.for_model"] = "tiny-llama|fp32|cpu"
     at.session_state["train.batch_size"] = 3
     at.run()
     at.switch_page("pages/train.py").run()

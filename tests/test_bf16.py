@@ -140,7 +140,7 @@ def test_steering_vectors_and_every_mode_in_bf16(run, news_records):
 def test_steering_on_bf16_weights(run, news_records):
     """What a GPU runs: the merged model in bfloat16 weights (ModelSpec dtype), steered in each mode."""
     vectors = build_steering_vectors(run, news_records, ProbeSettings(random_control=False), top_k=2)
-    lm = load_merged(ModelSpec("tiny-llama", "bfloat16"), run)
+    lm = load_merged(ModelSpec("tiny-llama", "bf16"), run)
     assert next(lm.model.parameters()).dtype == torch.bfloat16
     session = SteeringSession(lm, vectors)
     for mode in MODES:
@@ -250,7 +250,7 @@ def test_commands_take_precision_and_say_what_they_resolved(run):
     assert out.returncode == 0 and "precision: bf16" in out.stderr and "λ = 2" in out.stdout, out.stderr[-2000:]
     out = cli("merge-check", "--run", str(run.path), "--n", "2", "--precision", "bf16")
     assert out.returncode == 0 and "precision: bf16" in out.stderr, out.stderr[-2000:]
-    assert "float32" in out.stdout and "bfloat16" in out.stdout
+    assert "fp32 weights" in out.stdout and "bf16 weights" in out.stdout
     from topl_core.cli import build_parser
 
     for command in ("evaluate", "evaluate-mt", "bench", "generate", "steer", "merge-check", "probe", "score-tokens"):

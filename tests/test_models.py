@@ -46,7 +46,7 @@ def test_spec_validation_names_field():
 
 
 def test_bfloat16_spec_gives_bf16_weights():
-    lm = load_model(ModelSpec("tiny-qwen3", dtype="bfloat16"))
+    lm = load_model(ModelSpec("tiny-qwen3", dtype="bf16"))
     assert next(lm.model.parameters()).dtype == torch.bfloat16
 
 

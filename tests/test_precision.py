@@ -180,12 +180,13 @@ def test_weights_dtype_auto_and_cuda_rule(monkeypatch):
 
     monkeypatch.delenv(prec.PRECISION_ENV, raising=False)
 
-    assert ModelSpec("tiny-llama").dtype == "float32"  # CPU: float32 weights, bf16 compute is autocast's job
-    assert ModelSpec("tiny-llama", "bfloat16").dtype == "bfloat16"
+    assert ModelSpec("tiny-llama").dtype == "fp32"  # CPU: fp32 weights, bf16 compute is autocast's job
+    assert ModelSpec("tiny-llama", "bf16").dtype == "bf16"
+    assert ModelSpec("tiny-llama", "bfloat16").dtype == "bf16"  # a spec string written before: the torch name
     monkeypatch.setattr(prec, "cuda_bf16", lambda: True)
-    assert prec.resolve_dtype("auto", "cuda") == "bfloat16" and prec.resolve_precision("auto", "cuda") == "bf16"
+    assert prec.resolve_weights("auto", "cuda") == "bf16" and prec.resolve_precision("auto", "cuda") == "bf16"
     monkeypatch.setattr(prec, "cuda_bf16", lambda: False)
-    assert prec.resolve_dtype("auto", "cuda") == "float32" and prec.resolve_precision("auto", "cuda") == "fp32"
+    assert prec.resolve_weights("auto", "cuda") == "fp32" and prec.resolve_precision("auto", "cuda") == "fp32"
     with pytest.raises(ValueError, match="choose one of"):
         prec.resolve_precision("fp16")
 

@@ -123,7 +123,7 @@ def test_adapter_round_trips_through_plain_peft(tiny_run, tiny_records):
     assert not torch.allclose(a, base)  # the adapter does something
 
 
-@pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 0.25)])
+@pytest.mark.parametrize("dtype, tol", [("fp32", 1e-4), ("bf16", 0.25)])
 def test_merged_and_unmerged_logits_agree(tiny_run, tiny_records, dtype, tol):
     from topl_core.models import ModelSpec
 

@@ -27,7 +27,7 @@ import torch
 from .errors import ModelError
 from .io import sha256_file
 from .paths import cache_dir
-from .precision import DTYPES, Dtype, resolve_dtype
+from .precision import PRECISIONS, TORCH_DTYPES, Precision, resolve_weights
 from .presets import DEFAULT_MODEL, PRESETS
 from .tiny_models import TINY_FAMILIES, build_tiny_model
 
@@ -69,7 +69,7 @@ class ModelSpec:
     """What to load. `name` is an embedded key, a tiny test family, a preset key, a local path or a hub id."""
 
     name: str = DEFAULT_MODEL
-    dtype: Dtype = "auto"  # resolved here: float32 on CPU, bfloat16 on a GPU with bf16 (topl_core.precision)
+    dtype: Precision = "auto"  # the weights' precision, resolved here: fp32 on CPU, bf16 on a GPU with bf16
     device: Device = "cpu"
 
     def __post_init__(self) -> None:
@@ -77,11 +77,15 @@ class ModelSpec:
             raise ModelError(
                 "ModelSpec.name is empty: use 'smollm2-135m' (embedded default), a local path or a hub id."
             )
-        if self.dtype not in DTYPES:
-            raise ModelError(f"ModelSpec.dtype={self.dtype!r}: choose one of {DTYPES} ('auto' follows the hardware).")
+        try:
+            resolve_weights(self.dtype, self.device)
+        except ValueError:
+            raise ModelError(
+                f"ModelSpec.dtype={self.dtype!r}: choose one of {PRECISIONS} ('auto' follows the hardware)."
+            ) from None
         if self.device not in DEVICES:
             raise ModelError(f"ModelSpec.device={self.device!r}: choose 'cpu' or 'cuda'.")
-        object.__setattr__(self, "dtype", resolve_dtype(self.dtype, self.device))
+        object.__setattr__(self, "dtype", resolve_weights(self.dtype, self.device))
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ModelError("ModelSpec.device='cuda' but no CUDA device is visible: use device='cpu'.")
 
@@ -170,7 +174,7 @@ def load_model(spec: ModelSpec | str = DEFAULT_MODEL) -> LoadedModel:
     """Load model + tokenizer for a spec, in eval mode, on the requested device and dtype."""
     if isinstance(spec, str):
         spec = ModelSpec(spec)
-    dtype = getattr(torch, spec.dtype)
+    dtype = TORCH_DTYPES[spec.dtype]
     with _LOAD_LOCK:  # conversion writes under cache/: one loader at a time
         if spec.name in TINY_FAMILIES:
             model, tok = build_tiny_model(spec.name)

@@ -36,8 +36,9 @@ from .paths import cache_dir
 Precision = Literal["auto", "fp32", "bf16"]
 ResolvedPrecision = Literal["fp32", "bf16"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
-Dtype = Literal["auto", "float32", "bfloat16"]
-DTYPES: tuple[str, ...] = typing.get_args(Dtype)
+TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# the torch names that spec strings used for the weights before one vocabulary served both weights and compute
+_TORCH_NAMES = {"float32": "fp32", "bfloat16": "bf16"}
 
 PRECISION_ENV = "TOPL_PRECISION"  # "fp32" / "bf16": what "auto" means on this machine, overriding the probe
 PROBE_SIZE = 256  # matmul side: ~0.5 ms in fp32, ~35 ms in emulated bf16 on one core of an AVX2 EPYC
@@ -184,13 +185,21 @@ def _warn_slow_bf16() -> None:
     )
 
 
-def resolve_dtype(dtype: str, device: str = "cpu") -> Literal["float32", "bfloat16"]:
-    """Weights: "auto" → bfloat16 on a GPU with bf16, float32 on CPU (bf16 compute there is autocast's job)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r}: choose one of {DTYPES} ('auto' follows the hardware).")
-    if dtype == "auto":
-        return "bfloat16" if device == "cuda" and cuda_bf16() else "float32"
-    return dtype  # type: ignore[return-value]
+def precision_word(name: str) -> str:
+    """A precision as this vocabulary says it: the torch names of older spec strings ("float32", "bfloat16") read as
+    fp32 / bf16; anything else is returned as given."""
+    return _TORCH_NAMES.get(name, name)
+
+
+def resolve_weights(precision: str, device: str = "cpu") -> ResolvedPrecision:
+    """The weights' precision, in the compute's vocabulary: "auto" → bf16 on a GPU with bf16, fp32 on a CPU (bf16
+    compute there is autocast's job). The torch names of older spec strings read as fp32 / bf16 (precision_word)."""
+    precision = precision_word(precision)
+    if precision not in PRECISIONS:
+        raise ValueError(f"weights precision {precision!r}: choose one of {PRECISIONS} ('auto' follows the hardware).")
+    if precision == "auto":
+        return "bf16" if device == "cuda" and cuda_bf16() else "fp32"
+    return precision  # type: ignore[return-value]
 
 
 def describe_precision(requested: str, device: str = "cpu") -> str:

@@ -1,5 +1,5 @@
-"""The model spec every page shares: a string "name|dtype|device" in st.session_state, set by the sidebar picker,
-and the analysis pages' compute precision (current_precision), set beside it."""
+"""The model spec every page shares: a string "name|weights precision|device" in st.session_state, set by the
+sidebar picker, and the analysis pages' compute precision (current_precision), set beside it."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import streamlit as st
 
 from topl_core.models import DEVICES, EMBEDDED, ModelSpec
 from topl_core.precision import (
-    DTYPES,
     PRECISIONS,
     ResolvedPrecision,
     describe_precision,
-    resolve_dtype,
+    precision_word,
     resolve_precision,
+    resolve_weights,
 )
 from topl_core.presets import DEFAULT_MODEL
 from topl_core.tiny_models import TINY_FAMILIES
@@ -29,7 +29,7 @@ def default_spec() -> str:
     raw = os.environ.get("TOPL_DEFAULT_MODEL", DEFAULT_MODEL).strip() or DEFAULT_MODEL
     parts = raw.split("|")
     name = parts[0]
-    dtype = parts[1] if len(parts) > 1 else os.environ.get("TOPL_DEFAULT_DTYPE", "auto")
+    dtype = precision_word(parts[1] if len(parts) > 1 else os.environ.get("TOPL_DEFAULT_DTYPE", "auto"))
     device = parts[2] if len(parts) > 2 else os.environ.get("TOPL_DEFAULT_DEVICE", "cpu")
     return f"{name}|{dtype}|{device}"
 
@@ -106,16 +106,16 @@ def sidebar_model_picker() -> str:
             list(DEVICES),
             key="sidebar.device",
             persist_state="session",
-            help="cuda needs a visible GPU (8B models: bfloat16 on cuda).",
+            help="cuda needs a visible GPU (8B models: bf16 weights on cuda).",
         )
         st.selectbox(
-            "weights dtype",
-            DTYPES,
+            "weights precision",
+            PRECISIONS,
             key="sidebar.dtype",
             persist_state="session",
-            format_func=lambda d: f"auto → {resolve_dtype(d, device)}" if d == "auto" else d,
-            help="auto: float32 on CPU (bf16 compute there comes from autocast, where the CPU has it), "
-            "bfloat16 on a GPU with bf16 support.",
+            format_func=lambda d: f"auto → {resolve_weights(d, device)}" if d == "auto" else d,
+            help="auto: fp32 on CPU (bf16 compute there comes from autocast, where the CPU has it), "
+            "bf16 on a GPU with bf16 support.",
         )
         st.selectbox(
             "compute precision",
@@ -128,6 +128,6 @@ def sidebar_model_picker() -> str:
             "fast. Training and sweeps take theirs on their own forms.",
         )
         st.caption(f"here: {describe_precision(st.session_state[PRECISION_KEY], device)}")
-    spec = f"{name}|{resolve_dtype(st.session_state['sidebar.dtype'], device)}|{device}"  # "auto" resolved: one key
+    spec = f"{name}|{resolve_weights(st.session_state['sidebar.dtype'], device)}|{device}"  # "auto" resolved: one key
     st.session_state[SPEC_KEY] = spec
     return spec

@@ -12,7 +12,7 @@ from ..errors import ConfigError
 from ..executor import EXECUTORS, ExecutorConfig
 from ..models import DEVICES
 from ..paths import project_path
-from ..precision import DTYPES, PRECISIONS, ResolvedPrecision, describe_precision, resolve_precision
+from ..precision import PRECISIONS, ResolvedPrecision, describe_precision, resolve_precision
 from ..presets import DEFAULT_MODEL
 from ..training.config import TRACKERS
 
@@ -30,8 +30,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default="auto",
-        choices=DTYPES,
-        help="weights: auto = float32 on CPU, bfloat16 on a GPU with bf16 support",
+        choices=PRECISIONS,
+        help="the weights' precision: auto = fp32 on CPU, bf16 on a GPU with bf16 support",
     )
     p.add_argument("--device", default="cpu", choices=DEVICES)
 

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> None:
     cfg = run_dir.settings
     precision = announce_precision(args.precision, cfg.device)
     records = split_records(read_jsonl(cfg.data), seed=cfg.split_seed)["test"][: args.n]
-    for dtype in ("float32", "bfloat16"):
+    for dtype in ("fp32", "bf16"):
         spec = ModelSpec(run_dir.base_model, dtype=dtype, device=cfg.device)
         unmerged = load_adapter(load_model(spec), run_dir)
         merged_lm = load_model(spec)
@@ -46,6 +46,6 @@ def run(args: argparse.Namespace) -> None:
         diff = (x - y).abs()[m]
         agree = (x.argmax(-1) == y.argmax(-1))[m].float().mean().item()
         print(
-            f"{dtype:9s} max |Δlogit| {diff.max().item():.3g}  mean {diff.mean().item():.3g}  "
+            f"{dtype} weights: max |Δlogit| {diff.max().item():.3g}  mean {diff.mean().item():.3g}  "
             f"logit std {x[m].std().item():.3g}  argmax agreement {agree:.4f}  ({int(m.sum())} positions)"
         )

@@ -203,7 +203,7 @@ def _prepare(
     records = list(records) if records is not None else read_jsonl(cfg.data)
     splits = split_records(records, seed=cfg.split_seed)
     objective.check_data(splits["train"])
-    base = base or load_model(ModelSpec(cfg.model, "float32", cfg.device))
+    base = base or load_model(ModelSpec(cfg.model, "fp32", cfg.device))
     check_layer_range(base.num_layers, cfg.lora.layer_start, cfg.lora.layer_end)
     if objective.lora_all_layers and not _lora_on_all_layers(cfg, base):
         warnings.warn(

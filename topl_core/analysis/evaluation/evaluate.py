@@ -77,9 +77,9 @@ def variant_model(v: Variant, default_model: str, device: str):
     """The model a base or merged variant generates with (fp32): the base model (v.model, else default_model), or
     the variant's adapter merged into the base model it was trained on."""
     if v.run is None:
-        return load_model(ModelSpec(v.model or default_model, "float32", device))
+        return load_model(ModelSpec(v.model or default_model, "fp32", device))
     adapter = open_adapter(v.run)
-    return load_merged(ModelSpec(adapter.base_model, "float32", device), adapter)
+    return load_merged(ModelSpec(adapter.base_model, "fp32", device), adapter)
 
 
 class VariantModels:

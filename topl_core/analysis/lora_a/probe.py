@@ -137,7 +137,7 @@ def run_projections(
     key = {"analysis": "lora_projections", "settings": settings.capture_key(), "records": records_fingerprint(records)}
 
     def compute() -> dict[str, Projections]:
-        lm = base or load_model(ModelSpec(adapter.base_model, "float32", adapter.device))
+        lm = base or load_model(ModelSpec(adapter.base_model, "fp32", adapter.device))
         model = load_adapter(lm, adapter)
         sites = lora_sites(model)
         controls = None

@@ -122,7 +122,7 @@ def run_umap(
         if source == "projection":
             proj = run_projections(adapter, records, settings, base, use_cache)["lora"]
         else:
-            lm = base or load_model(ModelSpec(adapter.base_model, "float32", adapter.device))
+            lm = base or load_model(ModelSpec(adapter.base_model, "fp32", adapter.device))
             model = load_adapter(lm, adapter)
             target = [s for s in lora_sites(model) if s.key == key_name]
             if not target:

@@ -392,7 +392,7 @@ def build_steering_vectors(
         sep = separability(sub, adapter.name, settings.folds, settings.seed, n_boot=10)
         weights = read_lora_weights(adapter.path)
         chosen = rank_sites([s for s in residual if s in weights], _aurocs(sep), top_k)
-        lm = merged or load_merged(ModelSpec(adapter.base_model, "float32", adapter.device), adapter)
+        lm = merged or load_merged(ModelSpec(adapter.base_model, "fp32", adapter.device), adapter)
         outputs = site_outputs(lm, records, chosen, settings) if chosen else None
         return compute_steering_vectors(
             weights,

@@ -211,7 +211,7 @@ def _window_row(w: Window, run: RunDir, train_s: float, store: PrefixStore | Non
 def _generation_factuality(cfg: SweepConfig, run: RunDir, records) -> dict:
     test = split_records(records, seed=cfg.train.split_seed)["test"]
     docs = [r.document for r in first_documents(test, cfg.n_generate)]
-    lm = load_merged(ModelSpec(cfg.train.model, "float32", cfg.train.device), run)
+    lm = load_merged(ModelSpec(cfg.train.model, "fp32", cfg.train.device), run)
     texts = generate(
         lm,
         docs,
@@ -232,7 +232,7 @@ def _generation_factuality(cfg: SweepConfig, run: RunDir, records) -> dict:
 def sweep_inputs(cfg: SweepConfig, base_loader: Callable[[], LoadedModel] | None, records) -> tuple[LoadedModel, list]:
     """The base model (loaded once per sweep; default: the config's model in fp32) and the records (default: the
     config's data file)."""
-    base = base_loader() if base_loader else load_model(ModelSpec(cfg.train.model, "float32", cfg.train.device))
+    base = base_loader() if base_loader else load_model(ModelSpec(cfg.train.model, "fp32", cfg.train.device))
     return base, list(records) if records is not None else read_jsonl(cfg.train.data)
 
 
