@@ -4,21 +4,31 @@ self-contained HTML file. Tiny TOPL run on tiny-llama."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+from conftest import tiny_config
 
 from topl_core.analysis.deck import DeckConfig, create_deck, doc_path, prepare_deck, read_deck
+from topl_core.analysis.deck_html import write_deck_html
+from topl_core.analysis.token_colors import p_color
 from topl_core.data.records import write_jsonl
 from topl_core.status import read_status, request_stop
 
 
 @pytest.fixture(scope="module")
-def deck_config(tiny_run, tiny_records, tmp_path_factory) -> DeckConfig:
-    data = tmp_path_factory.mktemp("deck-data") / "tiny.jsonl"
+def deck_config(tiny_records, tmp_path_factory) -> DeckConfig:
+    from topl_core.training.trainer import train
+
+    root = tmp_path_factory.mktemp("deck")
+    data = root / "tiny.jsonl"
     write_jsonl(tiny_records, data)
+    # a high learning rate, as tests/test_app.py's steering run: the random tiny model then writes non-empty texts
+    cfg = tiny_config(lr=0.05, steps=12, eval_every=6, max_doc_tokens=64, data=str(data))
+    run = train(cfg, root / "topl-tiny", records=tiny_records)
     documents = tuple(dict.fromkeys(r.document for r in tiny_records))[:2]
-    return DeckConfig(str(tiny_run.path), documents, (-8.0, 8.0), top_k=2, max_new_tokens=6, data=str(data))
+    return DeckConfig(str(run.path), documents, (-8.0, 8.0), top_k=2, max_new_tokens=8, data=str(data))
 
 
 def test_a_stopped_deck_resumes_without_regenerating_finished_summaries(deck_config, tmp_path):
@@ -59,5 +69,82 @@ def test_a_stopped_deck_resumes_without_regenerating_finished_summaries(deck_con
             else:
                 assert s.tokens == () and s.flagged_share is None
             assert 0.0 <= s.factuality <= 1.0
+    assert any(s.text.strip() for d in deck.documents for s in d.positions.values()), "no text to judge"
     third = prepare_deck(folder)
     assert (third.generated, third.skipped) == (0, total)
+
+
+@pytest.fixture(scope="module")
+def prepared_deck(deck_config, tmp_path_factory):
+    folder = create_deck(tmp_path_factory.mktemp("decks") / "deck", deck_config)
+    assert prepare_deck(folder).state == "finished"
+    return read_deck(folder)
+
+
+CHROMIUM = os.environ.get("TOPL_CHROMIUM", "/usr/bin/chromium")
+
+
+def chromium_or_skip():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium package (scripts/setup.sh does it)")
+    return pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+
+
+def shown(s) -> str:
+    return s.text.strip() or "(empty)"
+
+
+def test_exported_html_works_from_disk_with_the_network_off(prepared_deck, tmp_path):
+    """The file opens from disk in Chromium with no server and no network; the slider and the keys show the cached
+    summary of each λ, coloured by the head's p(good)."""
+    sync_api = chromium_or_skip()
+    deck, cfg = prepared_deck, prepared_deck.config
+    path = write_deck_html(deck, tmp_path / "deck.html")
+    requested = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        try:
+            ctx = browser.new_context(offline=True)
+            ctx.on("request", lambda r: requested.append(r.url))
+            page = ctx.new_page()
+            page.goto(path.as_uri())
+            steered = page.locator("#steered")
+            doc0 = deck.documents[0]
+            assert float(steered.get_attribute("data-lambda")) == 0.0  # opens at the merged model
+            assert steered.inner_text().strip() == shown(doc0.at(0.0))
+            assert page.locator("#base").inner_text().strip() == shown(doc0.base)
+            page.locator("#lambda").focus()
+            page.keyboard.press("ArrowRight")
+            assert float(steered.get_attribute("data-lambda")) == cfg.lambdas[-1] == 8.0
+            assert steered.inner_text().strip() == shown(doc0.at(8.0))
+            assert doc0.at(-8.0).text != doc0.at(0.0).text  # so the next move must change the text shown
+            page.keyboard.press("Home")  # the range input's own keys
+            assert float(steered.get_attribute("data-lambda")) == -8.0
+            assert steered.inner_text().strip() == shown(doc0.at(-8.0))
+            tokens, s = page.locator("#steered .tok"), doc0.at(-8.0)
+            assert tokens.count() == len(s.tokens)
+            assert [tokens.nth(i).get_attribute("style") for i in range(len(s.tokens))] == [
+                f"background:{p_color(p)}" for p in s.p_good
+            ]
+            page.keyboard.press("PageDown")  # the next document, at the same λ
+            assert page.locator("#doc-number").inner_text() == "Document 2 / 2"
+            assert steered.inner_text().strip() == shown(deck.documents[1].at(-8.0))
+            assert "AUROC" in page.locator(".note").first.inner_text()
+        finally:
+            browser.close()
+    assert requested and all(u.startswith("file://") for u in requested), requested
+
+
+def test_steer_deck_command_prepares_exports_and_writes_frames(prepared_deck, tmp_path):
+    """`steer --deck DIR` on a prepared deck resumes it (nothing to generate), then writes the HTML and PNG frames."""
+    chromium_or_skip()
+    from topl_core.cli import main as cli_main
+
+    html = tmp_path / "talk.html"
+    frames = tmp_path / "frames"
+    argv = ["steer", "--run", prepared_deck.config.adapter, "--deck", str(prepared_deck.folder)]
+    rc = cli_main([*argv, "--export-html", str(html), "--frames", str(frames), "--frame-lambdas", "-8", "8"])
+    assert rc == 0 and html.read_text().startswith("<!doctype html>")
+    pngs = sorted(frames.glob("*.png"))
+    assert [p.name for p in pngs] == ["doc0-lambda+8.png", "doc0-lambda-8.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)

@@ -47,7 +47,7 @@ from ..status import WriterLock, clear_stop, stop_requested, write_status
 from .probe import ProbeSettings, labelled_records
 from .probe_head import ProbeHeadSettings, fit_probe_head
 from .scorers import GroundingScorer, score_summary
-from .steering import SteerConfig, SteeringSession, build_steering_vectors
+from .steering import UNIT_FRACTION, SteerConfig, SteeringSession, build_steering_vectors
 from .token_colors import FLAG_THRESHOLD
 
 CONFIG_FILE = "deck.json"
@@ -104,6 +104,18 @@ class DeckConfig:
     @property
     def how(self) -> SteerConfig:
         return SteerConfig(self.mode, self.positions, self.units)
+
+    @property
+    def lambda_caption(self) -> str:
+        """What λ means in this deck's mode and units (under the slider, in the app and in the export)."""
+        if self.mode == "conditional":
+            return "λ scales the adapter's own update: 0 = base model, 1 = merged model, > 1 amplifies it."
+        if self.units == "raw":
+            return f"λ in raw units (the paper's formula), {self.mode} mode; 0 = the merged model."
+        return (
+            f"λ in normalised units, {self.mode} mode: λ = 1 adds {UNIT_FRACTION:g} × each steered site's mean "
+            "output norm; 0 = the merged model."
+        )
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -177,6 +189,23 @@ class Deck:
     @property
     def has_head(self) -> bool:
         return self.head.get("kind") in ("run", "probe")
+
+    @property
+    def head_note(self) -> str:
+        """Whose verdict the colours are, and how good a detector it was on held-out tokens."""
+        if not self.has_head:
+            return "No head's verdict: " + self.head.get("reason", "the deck is not prepared yet") + "."
+        kind = "its TOPL head" if self.head["kind"] == "run" else "a probe head fitted on its hidden states"
+        auroc = self.head.get("auroc")
+        held_out = (
+            f"held-out token AUROC {auroc:.3f} ({self.head['auroc_source']})"
+            if auroc is not None
+            else "no held-out AUROC recorded"
+        )
+        return (
+            f"Colours: p(good) per token from the adapter's own detector ({kind}, layer {self.head.get('layer')}) — "
+            f"not an independent judge; {held_out}. Flagged: p(good) < {FLAG_THRESHOLD:g}."
+        )
 
     def curve(self, index: int) -> list[dict]:
         """Document `index`'s λ curve: per prepared λ, factuality and the flagged share."""
