@@ -26,7 +26,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
-PAGES = ["home", "data", "train", "runs", "lora_a", "steering", "token_overlay", "layer_sweep", "evaluation"]
+PAGES = ["home", "data", "train", "runs", "lora_a", "steering", "token_overlay", "talk", "layer_sweep", "evaluation"]
 TIMEOUT = 300  # generous: the machine running the tests may be shared
 
 
@@ -976,3 +976,110 @@ def test_analysis_pages_in_bf16(workbench, page, monkeypatch):
         assert any("Computed in bf16" in c.value for c in at.caption)
     if page == "steering":
         assert len(html_boxes(at)) == 3  # base | merged | steered
+
+
+def talk_boxes(at: AppTest) -> dict[str, str]:
+    """Talk mode's three boxes: title → the text shown (tags dropped, entities read back)."""
+    import html as _html
+
+    out = {}
+    for m in at.markdown:
+        if 'class="talk-title"' in m.value:
+            title = m.value.split('class="talk-title">', 1)[1].split("</div>", 1)[0]
+            body = m.value.split('talk-box">', 1)[1].rsplit('<div class="talk-cap">', 1)[0]
+            body = re.sub(r"<style>.*?</style>", "", body, flags=re.S)
+            out[_html.unescape(title)] = _html.unescape(re.sub(r"<[^>]+>", "", body)).strip()
+    return out
+
+
+def test_talk_mode_answers_every_deck_state(workbench, tmp_path):
+    """Talk mode: no deck yet → prepare one from the page (a real background job) → the slider and the document
+    buttons read the prepared summaries, coloured by the run's head, with its AUROC; a deck still preparing shows
+    its progress and stops on a click; a failed deck says why; an adapter without a head is named as such."""
+    import shutil
+    import subprocess
+    import sys
+
+    from topl_core import jobs
+    from topl_core.analysis.deck import DeckConfig, create_deck, decks_dir, prepare_deck, read_deck
+    from topl_core.status import write_status
+
+    shutil.rmtree(decks_dir(), ignore_errors=True)
+    at = open_page("talk")
+    assert "No deck yet" in page_messages(at)
+    at.selectbox(key="talk.run").set_value(str(workbench["runs"] / "topl-tiny")).run()
+    at.radio(key="talk.source").set_value("Paste").run()
+    docs = [workbench_doc(workbench, i) for i in (0, 1)]
+    at.text_area(key="talk.pasted").set_value("\n---\n".join(docs))
+    at.number_input(key="talk.bound").set_value(8.0)
+    at.number_input(key="talk.steps").set_value(1)
+    at.number_input(key="talk.max_new").set_value(8)
+    at.text_input(key="talk.name").set_value("tiny-deck").run()
+    at.button(key="talk.prepare").click().run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    folder = decks_dir() / "tiny-deck"
+    st = jobs.wait(folder, timeout_s=300)
+    assert st.state == "finished" and st.kind == "deck", jobs.log_tail(folder, 40)
+    deck = read_deck(folder)
+    assert deck.complete and deck.config.lambdas == (-8.0, 0.0, 8.0) and list(deck.config.documents) == docs
+
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    captions = " ".join(c.value for c in at.caption)
+    assert "not an independent judge" in captions and "held-out token AUROC" in captions
+    boxes = talk_boxes(at)
+    doc0 = deck.documents[0]
+    assert list(boxes.values()) == [s.text.strip() or "(empty)" for s in (doc0.base, doc0.at(0.0), doc0.at(0.0))]
+    shown = (doc0.base, doc0.at(0.0), doc0.at(0.0))
+    # every non-empty summary coloured by the head (the random tiny base model writes nothing)
+    assert (
+        sum('<div class="topl-tokens">' in m.value for m in at.markdown) == sum(bool(s.text.strip()) for s in shown) > 0
+    )
+    at.select_slider(key="talk.lambda.tiny-deck").set_value(-8.0).run()
+    assert talk_boxes(at)["Steered (λ = -8)"] == doc0.at(-8.0).text.strip() != doc0.at(0.0).text.strip()
+    at.button(key="talk.next").click().run()
+    assert talk_boxes(at)["Steered (λ = -8)"] == deck.documents[1].at(-8.0).text.strip()
+    assert any("Document 2 / 2" in m.value for m in at.markdown)
+    assert any(d["data"][0]["name"] == "factuality" and len(d["data"]) == 2 for d in figures(at))
+
+    # a deck still preparing: a live process whose command line names topl_core stands in for the job
+    cfg = deck.config
+    preparing = create_deck(decks_dir() / "preparing", cfg)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "topl_core"], start_new_session=True
+    )
+    try:
+        (preparing / jobs.JOB_FILE).write_text(json.dumps({"kind": "deck", "argv": [], "pid": worker.pid}))
+        write_status(preparing, "running", done=3, total=8, eta_s=12.0, current="document 1/2, λ = +8", pid=worker.pid)
+        at.run().selectbox(key="talk.deck").set_value(str(preparing)).run()
+        assert not at.exception, [e.value for e in at.exception]
+        bar = at.get("progress")[0].proto
+        assert "3 / 8 summaries" in bar.text and "12 s left" in bar.text
+        at.button(key="talk.stop").click().run()
+        worker.wait(timeout=30)
+    finally:
+        worker.kill()
+    at.run()
+    assert "not complete (0 / 8 summaries; cancelled)" in page_messages(at)
+    assert at.button(key="talk.resume")
+
+    failed = create_deck(decks_dir() / "failed", cfg)
+    write_status(failed, "failed", error="RuntimeError: out of luck")
+    at.run().selectbox(key="talk.deck").set_value(str(failed)).run()
+    assert "out of luck" in " ".join(e.value for e in at.error)
+
+    no_head = create_deck(
+        decks_dir() / "sft", DeckConfig(str(workbench["runs"] / "sft-tiny"), docs[:1], (0.0,), max_new_tokens=4)
+    )
+    assert prepare_deck(no_head).state == "finished"
+    at.run().selectbox(key="talk.deck").set_value(str(no_head)).run()
+    assert not at.exception
+    assert "has no head" in " ".join(w.value for w in at.warning)
+    assert not any('<div class="topl-tokens">' in m.value for m in at.markdown) and len(talk_boxes(at)) == 3
+    shutil.rmtree(decks_dir())  # the other tests' runs list stays as it was
+
+
+def workbench_doc(workbench, i: int) -> str:
+    from topl_core.data.records import read_jsonl
+
+    return list(dict.fromkeys(r.document for r in read_jsonl(workbench["data"])))[i]

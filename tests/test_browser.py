@@ -59,6 +59,7 @@ PAGES = {
     "lora_a": "LoRA-A separability",
     "steering": "Steering",
     "token_overlay": "Token overlay",
+    "talk": "Talk mode",
     "layer_sweep": "Layer sweep",
     "evaluation": "Evaluation",
 }
