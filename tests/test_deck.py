@@ -148,3 +148,17 @@ def test_steer_deck_command_prepares_exports_and_writes_frames(prepared_deck, tm
     pngs = sorted(frames.glob("*.png"))
     assert [p.name for p in pngs] == ["doc0-lambda+8.png", "doc0-lambda-8.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+
+
+def test_a_probe_head_gives_the_verdict_where_asked(deck_config, tmp_path):
+    """head="probe": a probe head fitted on the adapter's hidden states judges every summary, with its AUROC."""
+    from dataclasses import replace
+
+    cfg = replace(deck_config, documents=deck_config.documents[:1], lambdas=(0.0,), head="probe")
+    folder = create_deck(tmp_path / "probe-deck", cfg)
+    prepare_deck(folder)
+    deck = read_deck(folder)
+    assert deck.head["kind"] == "probe" and 0.0 <= deck.head["auroc"] <= 1.0 and deck.has_head
+    assert "a probe head fitted on its hidden states" in deck.head_note
+    merged = deck.documents[0].at(0.0)
+    assert merged.text.strip() and len(merged.p_good) == len(merged.tokens) > 0

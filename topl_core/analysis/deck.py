@@ -65,8 +65,8 @@ def decks_dir() -> Path:
 class DeckConfig:
     """adapter: a run / PEFT folder / hub id; documents: the texts to summarise; lambdas: the grid, in the mode's
     units (steering.SteerConfig); head: "auto" (the run's head when it has one, else none), "probe" (a probe head
-    fitted on the adapter's hidden states, ~2 min on SmolLM2) or "none"; data: the labelled token set of the
-    steering vectors and the probe head (default: the adapter's training data, val split)."""
+    fitted on the adapter's hidden states, ~2 min on SmolLM2) or "none"; data: the labelled records of the steering
+    vectors (val split, the first token_records) and of the probe head (default: the adapter's training data)."""
 
     adapter: str
     documents: tuple[str, ...]
@@ -78,6 +78,7 @@ class DeckConfig:
     max_new_tokens: int = 64
     head: HeadChoice = "auto"
     data: str | None = None
+    token_records: int = 16  # the first N labelled val records give μ+ / μ− (the Steering page's default: shared cache)
     precision: Precision = "auto"
 
     def __post_init__(self) -> None:
@@ -96,10 +97,9 @@ class DeckConfig:
         for name, value, choices in (("head", self.head, HEAD_CHOICES), ("precision", self.precision, PRECISIONS)):
             if value not in choices:
                 raise ConfigError(f"DeckConfig.{name}={value!r}: choose one of {choices}.")
-        if self.top_k < 1 or self.max_new_tokens < 1:
-            raise ConfigError(
-                f"DeckConfig.top_k={self.top_k}, max_new_tokens={self.max_new_tokens}: both must be at least 1."
-            )
+        for name in ("top_k", "max_new_tokens", "token_records"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"DeckConfig.{name}={getattr(self, name)}: must be at least 1.")
 
     @property
     def how(self) -> SteerConfig:
@@ -275,9 +275,13 @@ def _run_auroc(adapter) -> float | None:
     return next((r["val_token_auroc"] for r in reversed(adapter.run.read_metrics()) if "val_token_auroc" in r), None)
 
 
+def _records(cfg: DeckConfig, adapter) -> list:
+    return read_jsonl(cfg.data or project_path(adapter.settings.data))
+
+
 def _token_set(cfg: DeckConfig, adapter) -> list:
-    records = read_jsonl(cfg.data or project_path(adapter.settings.data))
-    return labelled_records(split_records(records, seed=adapter.settings.split_seed)["val"])
+    records = _records(cfg, adapter)
+    return labelled_records(split_records(records, seed=adapter.settings.split_seed)["val"])[: cfg.token_records]
 
 
 def _head(cfg: DeckConfig, adapter, precision: str):
@@ -305,8 +309,7 @@ def _head(cfg: DeckConfig, adapter, precision: str):
             None,
             False,
         )
-    records = read_jsonl(cfg.data or project_path(adapter.settings.data))
-    probe = fit_probe_head(adapter, records, ProbeHeadSettings(precision=precision))
+    probe = fit_probe_head(adapter, _records(cfg, adapter), ProbeHeadSettings(precision=precision))
     head = {
         "kind": "probe",
         "auroc": probe.val_auroc,
