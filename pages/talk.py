@@ -1,68 +1,37 @@
 """Talk mode: the steering demo for a projector. A deck (an adapter, a steering mode, N documents, the mode's λ grid)
 is prepared in the background beforehand — every λ position of every document generated and judged by the adapter's
-own head (topl_core.analysis.deck) — so that here the λ slider only reads files. Large type, the document
-collapsible, base | merged | steered coloured by the head's p(good), the flagged share against λ beside factuality,
-previous / next document, keys (← → λ once the slider has focus; PageUp / PageDown document), and the deck as one
-self-contained HTML file for a room without the app."""
+own head (topl_core.analysis.deck) — so that here the λ slider only reads what is prepared. The view is the deck's
+self-contained page (topl_core.analysis.deck_html), embedded: large type, the document collapsible, base | merged |
+steered coloured by the head's p(good), the flagged share against λ beside factuality, previous / next document, keys
+(← / → λ, PageUp / PageDown document, taken from the whole app window); a slider move is answered in the browser from
+the inlined deck, with no Streamlit rerun. The same page downloads as one HTML file for a room without the app."""
 
 from pages._ui.frame import ensure_frame
 
 ensure_frame()  # first: see pages/_ui/frame.py
 
-import html
-import time
 from pathlib import Path
 
-import plotly.graph_objects as go
 import streamlit as st
-import streamlit.components.v1 as components
 
 from pages._ui.datasets import dataset_picker, records_of
-from pages._ui.render import TOKEN_CSS, legend_html, plot, token_html
 from pages._ui.runs import run_picker
 from pages._ui.spec import current_precision
 from topl_core import jobs
 from topl_core.analysis.deck import (
     CONFIG_FILE,
     HEAD_CHOICES,
-    Deck,
     DeckConfig,
-    Summary,
     create_deck,
     decks_dir,
     read_deck,
 )
-from topl_core.analysis.deck_html import FAITHFUL_END, HALLUCINATED_END, deck_html
+from topl_core.analysis.deck_html import deck_html
 from topl_core.analysis.steering import MODES
-from topl_core.analysis.token_colors import FLAG_THRESHOLD
 from topl_core.paths import inside
 from topl_core.status import read_status
 
 K = "talk."
-TALK_CSS = """
-<style>
-.talk-box .topl-tokens, .talk-box .talk-plain {font-size: 1.55rem; line-height: 1.8;}
-.talk-title {font-size: 1.35rem; font-weight: 700; margin-bottom: .3rem;}
-.talk-cap {font-size: 1.05rem; opacity: .8; margin-top: .3rem;}
-.talk-ends {display: flex; justify-content: space-between; font-size: 1.15rem; opacity: .8;}
-</style>
-"""
-# PageUp / PageDown (or p / n) press the document buttons; ← / → reach the λ slider once it has focus (Streamlit's
-# slider takes arrow keys itself). The handler is replaced on every run: a removed frame's function must not linger.
-KEYS_JS = """
-<script>
-const doc = window.parent.document;
-if (doc.__toplTalkKeys) doc.removeEventListener('keydown', doc.__toplTalkKeys);
-doc.__toplTalkKeys = e => {
-  if (['INPUT', 'TEXTAREA'].includes(e.target.tagName)) return;
-  const label = (e.key === 'PageDown' || e.key === 'n') ? 'Next document'
-              : (e.key === 'PageUp' || e.key === 'p') ? 'Previous document' : null;
-  const button = label && [...doc.querySelectorAll('button')].find(b => b.innerText.includes(label));
-  if (button) { button.click(); e.preventDefault(); }
-};
-doc.addEventListener('keydown', doc.__toplTalkKeys);
-</script>
-"""
 
 st.title("Talk mode")
 st.caption(
@@ -193,108 +162,29 @@ if not deck.complete:
 
 
 # --- talk mode -------------------------------------------------------------------------------------------------------
-def box(title: str, s: Summary) -> str:
-    if not s.text.strip():
-        body = '<div class="talk-plain"><i>(empty)</i></div>'
-    elif s.tokens is None:
-        body = f'<div class="talk-plain">{html.escape(s.text).replace(chr(10), "<br>")}</div>'
-    else:
-        body = token_html(s.tokens, p_good=s.p_good, threshold=FLAG_THRESHOLD)
-    flagged = f" · flagged {s.flagged_share:.0%} of tokens" if s.flagged_share is not None else ""
-    return (
-        f'{TOKEN_CSS}{TALK_CSS}<div class="talk-title">{html.escape(title)}</div>'
-        f'<div class="topl-box talk-box">{body}</div>'
-        f'<div class="talk-cap">factuality {s.factuality:.2f}{flagged}</div>'
-    )
+# The view itself is the deck's self-contained HTML (topl_core.analysis.deck_html), embedded: a slider move is answered
+# by the browser from the inlined deck in milliseconds, where a Streamlit rerun takes 0.3-0.5 s on a 2-core CPU.
+@st.cache_data(show_spinner=False, max_entries=8)
+def talk_html(folder: str, stamp: float) -> str:
+    """The deck's page with the keys taken from the whole app window, built once per change of its files."""
+    return deck_html(read_deck(folder), keys_from_parent=True)
 
 
-def curve_figure(d: Deck, index: int, lam: float) -> go.Figure:
-    rows = d.curve(index)
-    fig = go.Figure()
-    x = [r["lambda"] for r in rows]
-    fig.add_trace(go.Scatter(x=x, y=[r["factuality"] for r in rows], name="factuality", mode="lines+markers"))
-    if d.has_head:
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=[r["flagged_share"] for r in rows],
-                name="flagged share (head)",
-                mode="lines+markers",
-                line=dict(color="#dc2626"),
-            )
-        )
-    fig.add_vline(x=lam, line_dash="dot", line_color="#dc2626")
-    fig.update_layout(
-        height=260, xaxis_title="λ", yaxis=dict(range=[-0.05, 1.05]), legend=dict(orientation="h", y=-0.35)
-    )
-    return fig
-
-
-cfg = deck.config
-n_docs = len(deck.documents)
-index = int(st.session_state.get(K + "doc", 0)) % n_docs
-if deck.has_head:
-    st.caption(deck.head_note)
-    st.markdown(legend_html(), unsafe_allow_html=True)
-else:
+if not deck.has_head:  # the view says whose verdict the colours are; a deck without one is flagged here too
     st.warning(deck.head_note, icon=":material/visibility_off:")
-prev, where, nxt = st.columns([1, 2, 1], vertical_alignment="center")
-if prev.button("Previous document", key=K + "prev", icon=":material/arrow_back:", width="stretch"):
-    st.session_state[K + "doc"] = index = (index - 1) % n_docs
-if nxt.button("Next document", key=K + "next", icon=":material/arrow_forward:", width="stretch"):
-    st.session_state[K + "doc"] = index = (index + 1) % n_docs
-where.markdown(
-    f"<div style='text-align:center;font-size:1.3rem'>Document {index + 1} / {n_docs}</div>", unsafe_allow_html=True
+stamp = max(f.stat().st_mtime for f in chosen.glob("*.json"))
+st.iframe(talk_html(str(chosen), stamp), height="content")
+a, b = st.columns([1, 3], vertical_alignment="center")
+a.download_button(
+    "Download the deck as one HTML file",
+    lambda: deck_html(read_deck(chosen)),  # built on the click
+    file_name=f"{chosen.name}.html",
+    mime="text/html",
+    key=K + "export",
+    icon=":material/download:",
 )
-doc = deck.documents[index]
-with st.expander("Document"):
-    st.markdown(f"<div style='font-size:1.2rem'>{html.escape(doc.document)}</div>", unsafe_allow_html=True)
-
-t0 = time.perf_counter()
-lam = st.select_slider(
-    f"λ   ({HALLUCINATED_END}  ·  {FAITHFUL_END})",
-    options=list(cfg.lambdas),
-    value=cfg.how.neutral,
-    key=K + f"lambda.{chosen.name}",
-    format_func=lambda x: f"{x:+g}",
-    help=cfg.lambda_caption,
+b.caption(
+    f"{deck.config.how.label()} · {Path(deck.config.adapter).name} · {deck.config.max_new_tokens} new tokens at most "
+    "· prepared summaries only. Keys: ← / → move λ, PageUp / PageDown (or p / n) switch document. The downloaded "
+    "file opens in any browser with no server and no network, and behaves the same."
 )
-st.markdown(
-    f'{TALK_CSS}<div class="talk-ends"><span>{HALLUCINATED_END}</span><span>{html.escape(cfg.lambda_caption)}'
-    f"</span><span>{FAITHFUL_END}</span></div>",
-    unsafe_allow_html=True,
-)
-cols = st.columns(3, gap="medium")
-for col, (title, s) in zip(
-    cols,
-    [
-        ("Base model", doc.base),
-        (f"Merged adapter (λ = {cfg.how.neutral:g})", doc.at(cfg.how.neutral)),
-        (f"Steered (λ = {lam:+g})", doc.at(lam)),
-    ],
-):
-    col.markdown(box(title, s), unsafe_allow_html=True)
-st.markdown(
-    f'<div id="talk-state" data-doc="{index}" data-lambda="{lam}" data-render-ms="'
-    f'{1000 * (time.perf_counter() - t0):.1f}"></div>',
-    unsafe_allow_html=True,
-)
-left, right = st.columns([2, 1])
-with left:
-    plot(curve_figure(deck, index, lam), key=K + "curve")
-with right:
-    st.download_button(
-        "Download the deck as one HTML file",
-        deck_html(deck),
-        file_name=f"{chosen.name}.html",
-        mime="text/html",
-        key=K + "export",
-        icon=":material/download:",
-        help="Opens in any browser with no server and no network: the same slider, keys and colours.",
-    )
-    st.caption(
-        f"{cfg.how.label()} · {Path(cfg.adapter).name} · {cfg.max_new_tokens} new tokens at most · prepared "
-        "summaries only (change the deck to change what is shown). Keys: PageUp / PageDown switch document; click "
-        "the slider once, then ← / → move λ."
-    )
-components.html(KEYS_JS, height=0)

@@ -978,24 +978,18 @@ def test_analysis_pages_in_bf16(workbench, page, monkeypatch):
         assert len(html_boxes(at)) == 3  # base | merged | steered
 
 
-def talk_boxes(at: AppTest) -> dict[str, str]:
-    """Talk mode's three boxes: title → the text shown (tags dropped, entities read back)."""
-    import html as _html
-
-    out = {}
-    for m in at.markdown:
-        if 'class="talk-title"' in m.value:
-            title = m.value.split('class="talk-title">', 1)[1].split("</div>", 1)[0]
-            body = m.value.split('talk-box">', 1)[1].rsplit('<div class="talk-cap">', 1)[0]
-            body = re.sub(r"<style>.*?</style>", "", body, flags=re.S)
-            out[_html.unescape(title)] = _html.unescape(re.sub(r"<[^>]+>", "", body)).strip()
-    return out
+def talk_page_data(at: AppTest) -> dict:
+    """The deck inlined in talk mode's embedded page (topl_core.analysis.deck_html)."""
+    (frame,) = at.get("iframe")
+    page = frame.proto.srcdoc
+    return json.loads(page.split('id="deck-data">', 1)[1].split("</script>", 1)[0].replace("<\\/", "</"))
 
 
 def test_talk_mode_answers_every_deck_state(workbench, tmp_path):
-    """Talk mode: no deck yet → prepare one from the page (a real background job) → the slider and the document
-    buttons read the prepared summaries, coloured by the run's head, with its AUROC; a deck still preparing shows
-    its progress and stops on a click; a failed deck says why; an adapter without a head is named as such."""
+    """Talk mode: no deck yet → prepare one from the page (a real background job) → the view holds every prepared
+    summary, coloured by the run's head, with its AUROC (its slider and keys are tested in a browser:
+    tests/test_deck.py, tests/test_browser.py); a deck still preparing shows its progress and stops on a click; a
+    failed deck says why; an adapter without a head is named as such."""
     import shutil
     import subprocess
     import sys
@@ -1025,22 +1019,17 @@ def test_talk_mode_answers_every_deck_state(workbench, tmp_path):
 
     at.run()
     assert not at.exception, [e.value for e in at.exception]
-    captions = " ".join(c.value for c in at.caption)
-    assert "not an independent judge" in captions and "held-out token AUROC" in captions
-    boxes = talk_boxes(at)
-    doc0 = deck.documents[0]
-    assert list(boxes.values()) == [s.text.strip() or "(empty)" for s in (doc0.base, doc0.at(0.0), doc0.at(0.0))]
-    shown = (doc0.base, doc0.at(0.0), doc0.at(0.0))
-    # every non-empty summary coloured by the head (the random tiny base model writes nothing)
-    assert (
-        sum('<div class="topl-tokens">' in m.value for m in at.markdown) == sum(bool(s.text.strip()) for s in shown) > 0
-    )
-    at.select_slider(key="talk.lambda.tiny-deck").set_value(-8.0).run()
-    assert talk_boxes(at)["Steered (λ = -8)"] == doc0.at(-8.0).text.strip() != doc0.at(0.0).text.strip()
-    at.button(key="talk.next").click().run()
-    assert talk_boxes(at)["Steered (λ = -8)"] == deck.documents[1].at(-8.0).text.strip()
-    assert any("Document 2 / 2" in m.value for m in at.markdown)
-    assert any(d["data"][0]["name"] == "factuality" and len(d["data"]) == 2 for d in figures(at))
+    view = at.get("iframe")[0].proto.srcdoc
+    assert "not an independent judge" in view and "held-out token AUROC" in view
+    # the view is the deck's own page, embedded: every λ of every document inlined, coloured by the head
+    data = talk_page_data(at)
+    assert data["lambdas"] == [-8.0, 0.0, 8.0] and data["has_head"]
+    for d, shown in zip(deck.documents, data["docs"]):
+        assert shown["document"] == d.document and shown["base"]["text"] == d.base.text
+        for lam, s in zip(deck.config.lambdas, shown["positions"]):
+            assert s["text"] == d.at(lam).text and [t for t, _, _ in s["tokens"] or []] == list(d.at(lam).tokens)
+    assert "__toplDeckKeys" in view  # the keys of the whole app window
+    assert at.download_button(key="talk.export")
 
     # a deck still preparing: a live process whose command line names topl_core stands in for the job
     cfg = deck.config
@@ -1075,7 +1064,7 @@ def test_talk_mode_answers_every_deck_state(workbench, tmp_path):
     at.run().selectbox(key="talk.deck").set_value(str(no_head)).run()
     assert not at.exception
     assert "has no head" in " ".join(w.value for w in at.warning)
-    assert not any('<div class="topl-tokens">' in m.value for m in at.markdown) and len(talk_boxes(at)) == 3
+    assert not talk_page_data(at)["has_head"] and talk_page_data(at)["docs"][0]["base"]["tokens"] is None
     shutil.rmtree(decks_dir())  # the other tests' runs list stays as it was
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..io import atomic_open
 from .deck import Deck, Summary
-from .token_colors import p_color
+from .token_colors import FLAG_THRESHOLD, p_color
 
 # the page may load nothing: only its own inline style and script run
 NO_NETWORK = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'"
@@ -87,18 +87,36 @@ function go(step) { doc = (doc + step + D.docs.length) % D.docs.length; show(); 
 slider.addEventListener('input', show);
 document.getElementById('prev').onclick = () => go(-1);
 document.getElementById('next').onclick = () => go(1);
-document.addEventListener('keydown', e => {
+function onKey(e) {
   if (e.key === 'PageDown' || e.key === 'n') { go(1); e.preventDefault(); }
   else if (e.key === 'PageUp' || e.key === 'p') { go(-1); e.preventDefault(); }
   else if ((e.key === 'ArrowRight' || e.key === 'ArrowLeft') && e.target !== slider) {
     slider.value = +slider.value + (e.key === 'ArrowRight' ? 1 : -1); show(); e.preventDefault();
   }
-});
+}
+document.addEventListener('keydown', onKey);
 const want = new URLSearchParams(location.hash.slice(1));
 if (want.has('doc')) doc = Math.min(Math.max(+want.get('doc'), 0), D.docs.length - 1);
 slider.value = want.has('lambda') ? D.lambdas.indexOf(+want.get('lambda')) : D.neutral;
 if (+slider.value < 0) slider.value = D.neutral;
 show();
+"""
+
+
+# Embedded in the app (talk mode), the page also takes the keys pressed anywhere in the app's window (not in a text
+# field); the handler of a page no longer shown removes itself.
+KEYS_FROM_PARENT = """
+try {
+  const top = window.parent.document;
+  if (top.__toplDeckKeys) top.removeEventListener('keydown', top.__toplDeckKeys, true);
+  const handler = e => {
+    if (!slider.isConnected) { top.removeEventListener('keydown', handler, true); return; }
+    if (['INPUT', 'TEXTAREA', 'SELECT'].includes(e.target.tagName) || e.target.isContentEditable) return;
+    onKey(e);
+  };
+  top.__toplDeckKeys = handler;
+  top.addEventListener('keydown', handler, true);
+} catch (err) {}  // opened on its own, or the parent is another origin: the page's own keys only
 """
 
 
@@ -115,7 +133,7 @@ def deck_data(deck: Deck) -> dict:
     return {
         "lambdas": list(cfg.lambdas),
         "neutral": cfg.lambdas.index(cfg.how.neutral),
-        "threshold": 0.5,
+        "threshold": FLAG_THRESHOLD,
         "has_head": deck.has_head,
         "docs": [
             {
@@ -128,14 +146,18 @@ def deck_data(deck: Deck) -> dict:
     }
 
 
-def deck_html(deck: Deck) -> str:
+def deck_html(deck: Deck, keys_from_parent: bool = False) -> str:
+    """The page (module docstring); keys_from_parent: embedded in the app, take the keys of its window too."""
     cfg = deck.config
     data = json.dumps(deck_data(deck), ensure_ascii=False).replace("</", "<\\/")  # no "</script>" inside the JSON
-    legend = "".join(
-        f'<span style="background:{p_color(p)}">{label}</span>'
-        for p, label in ((0.02, "p(good) ≈ 0"), (0.4, "0.4"), (0.7, "0.7"), (0.99, "≈ 1"))
+    legend = (
+        "".join(
+            f'<span style="background:{p_color(p)}">{label}</span>'
+            for p, label in ((0.02, "p(good) ≈ 0"), (0.4, "0.4"), (0.7, "0.7"), (0.99, "≈ 1"))
+        )
+        + f'<span class="flag">flagged: p(good) &lt; {FLAG_THRESHOLD:g}</span>'
     )
-    title = f"Steering {Path(cfg.adapter).name} ({cfg.how.label()})"
+    title = f"Steering {Path(cfg.adapter).name} · {cfg.how.label()}"
     head = html.escape(deck.head_note)
     curve_caption = "blue: factuality (offline scorer)" + (" · red: flagged share" if deck.has_head else "")
     return f"""<!doctype html>
@@ -149,18 +171,20 @@ def deck_html(deck: Deck) -> str:
 <span class="note">keys: ← → λ · PageUp / PageDown document</span></nav>
 <details><summary>Document</summary><p id="document"></p></details>
 <div class="slider"><span class="end">{HALLUCINATED_END}</span>
-<input type="range" id="lambda" min="0" max="{len(cfg.lambdas) - 1}" step="1" aria-label="lambda">
+<input type="range" id="lambda" min="0" max="{len(cfg.lambdas) - 1}" step="1" aria-label="lambda" list="ticks">
+<datalist id="ticks">{"".join(f'<option value="{i}"></option>' for i in range(len(cfg.lambdas)))}</datalist>
 <span class="end">{FAITHFUL_END}</span><span id="lambda-value"></span></div>
 <div class="note">{html.escape(cfg.lambda_caption)}</div>
 <div class="cols">
 <section><h2>Base model</h2><div class="box" id="base"></div><div class="cap" id="base-cap"></div></section>
-<section><h2>Merged adapter</h2><div class="box" id="merged"></div><div class="cap" id="merged-cap"></div></section>
+<section><h2>Merged adapter (λ = {cfg.how.neutral:g})</h2><div class="box" id="merged"></div>
+<div class="cap" id="merged-cap"></div></section>
 <section><h2 id="steered-title">Steered</h2><div class="box" id="steered"></div>
 <div class="cap" id="steered-cap"></div></section>
 </div>
 <svg id="curve" width="520" height="170"></svg><div class="note">{curve_caption}, against λ</div>
 <script type="application/json" id="deck-data">{data}</script>
-<script>{SCRIPT}</script>
+<script>{SCRIPT}{KEYS_FROM_PARENT if keys_from_parent else ""}</script>
 </body></html>
 """
 

@@ -118,14 +118,14 @@ def run_deck(args: argparse.Namespace) -> int:
             str(rd.path),
             documents,
             tuple(args.lambdas),
-            args.mode,
-            args.positions,
-            args.units,
-            args.top_k,
-            args.max_new_tokens,
-            args.head,
-            args.data,
-            args.precision,
+            mode=args.mode,
+            positions=args.positions,
+            units=args.units,
+            top_k=args.top_k,
+            max_new_tokens=args.max_new_tokens,
+            head=args.head,
+            data=args.data,
+            precision=args.precision,
         )
         create_deck(folder, cfg)
     else:
