@@ -57,6 +57,9 @@ def main() -> None:
     p.add_argument("--moves", type=int, default=8)
     p.add_argument("--shot", help="save a screenshot of talk mode here")
     p.add_argument("--export-shot", help="save a screenshot of the exported HTML (opened from disk) here")
+    p.add_argument(
+        "--shot-keys", nargs="*", default=[], help="keys pressed before each screenshot (from document 1, λ neutral)"
+    )
     args = p.parse_args()
     deck = read_deck(args.runs_dir / "decks" / args.deck)
     if deck is None or not deck.complete:
@@ -99,6 +102,11 @@ def main() -> None:
             view.get_by_text(f"Document 2 / {len(deck.documents)}").wait_for()
             print("PageDown → document 2")
             if args.shot:
+                page.reload()
+                page.frame_locator("iframe").first.locator("#steered[data-lambda]").wait_for()
+                page.locator("h1").first.click()
+                for key in args.shot_keys:
+                    page.keyboard.press(key)
                 page.wait_for_timeout(500)
                 page.screenshot(path=args.shot, full_page=True)
             if args.export_shot:
@@ -107,8 +115,8 @@ def main() -> None:
                     ctx = browser.new_context(offline=True, viewport={"width": 1600, "height": 1000})
                     export = ctx.new_page()
                     export.goto(path.as_uri())
-                    export.locator("#lambda").focus()
-                    export.keyboard.press("ArrowRight")
+                    for key in args.shot_keys:
+                        export.keyboard.press(key)
                     export.screenshot(path=args.export_shot, full_page=True)
             browser.close()
     finally:
