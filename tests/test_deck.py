@@ -11,7 +11,7 @@ import pytest
 from conftest import tiny_config
 
 from topl_core.analysis.deck import DeckConfig, create_deck, doc_path, prepare_deck, read_deck
-from topl_core.analysis.deck_html import write_deck_html
+from topl_core.analysis.deck_html import deck_html, write_deck_html
 from topl_core.analysis.token_colors import p_color
 from topl_core.data.records import write_jsonl
 from topl_core.status import read_status, request_stop
@@ -135,19 +135,27 @@ def test_exported_html_works_from_disk_with_the_network_off(prepared_deck, tmp_p
     assert requested and all(u.startswith("file://") for u in requested), requested
 
 
-def test_steer_deck_command_prepares_exports_and_writes_frames(prepared_deck, tmp_path):
-    """`steer --deck DIR` on a prepared deck resumes it (nothing to generate), then writes the HTML and PNG frames."""
+def test_steer_deck_command_prepares_exports_and_writes_frames(deck_config, tmp_path, capsys):
+    """`steer --deck DIR` creates and prepares a deck and writes its HTML and PNG frames; run again, it resumes the
+    deck with its own settings and generates nothing."""
     chromium_or_skip()
     from topl_core.cli import main as cli_main
 
-    html = tmp_path / "talk.html"
-    frames = tmp_path / "frames"
-    argv = ["steer", "--run", prepared_deck.config.adapter, "--deck", str(prepared_deck.folder)]
-    rc = cli_main([*argv, "--export-html", str(html), "--frames", str(frames), "--frame-lambdas", "-8", "8"])
-    assert rc == 0 and html.read_text().startswith("<!doctype html>")
+    folder, html, frames = tmp_path / "deck", tmp_path / "talk.html", tmp_path / "frames"
+    document = deck_config.documents[0]
+    argv = ["steer", "--run", deck_config.adapter, "--deck", str(folder), "--data", deck_config.data, "--top-k", "2"]
+    new = ["--document", document, "--lambdas", "-8", "0", "--max-new-tokens", "4"]
+    rc = cli_main([*argv, *new, "--export-html", str(html), "--frames", str(frames), "--frame-lambdas", "-8", "0"])
+    assert rc == 0
+    deck = read_deck(folder)
+    assert deck.complete and deck.config.documents == (document,) and deck.config.lambdas == (-8.0, 0.0)
+    assert html.read_text() == deck_html(deck)
     pngs = sorted(frames.glob("*.png"))
-    assert [p.name for p in pngs] == ["doc0-lambda+8.png", "doc0-lambda-8.png"]
+    assert [p.name for p in pngs] == ["doc0-lambda+0.png", "doc0-lambda-8.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    capsys.readouterr()
+    assert cli_main(argv) == 0
+    assert "0 summaries generated, 3 already there (finished)" in capsys.readouterr().out
 
 
 def test_a_probe_head_gives_the_verdict_where_asked(deck_config, tmp_path):

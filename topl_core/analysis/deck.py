@@ -207,15 +207,6 @@ class Deck:
             f"not an independent judge; {held_out}. Flagged: p(good) < {FLAG_THRESHOLD:g}."
         )
 
-    def curve(self, index: int) -> list[dict]:
-        """Document `index`'s λ curve: per prepared λ, factuality and the flagged share."""
-        doc = self.documents[index]
-        return [
-            {"lambda": lam, "factuality": s.factuality, "flagged_share": s.flagged_share}
-            for lam in self.config.lambdas
-            if (s := doc.at(lam)) is not None
-        ]
-
 
 def doc_path(folder: Path, index: int) -> Path:
     return Path(folder) / f"doc-{index:03d}.json"
