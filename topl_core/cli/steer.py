@@ -10,6 +10,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from ..adapters import open_adapter
 from ..analysis.deck import HEAD_CHOICES, DeckConfig, create_deck, prepare_deck, read_deck
 from ..analysis.deck_html import write_deck_html, write_frames
 from ..analysis.probe import ProbeSettings, labelled_records
@@ -130,6 +131,8 @@ def run_deck(args: argparse.Namespace) -> int:
         create_deck(folder, cfg)
     else:
         print(f"resuming the deck in {folder} with its own settings", file=sys.stderr)
+    cfg = read_deck(folder).config
+    announce_precision(cfg.precision, open_adapter(cfg.adapter).device)
     with Bar("preparing the deck") as bar:
         stats = prepare_deck(folder, progress=bar)
     print(f"deck {folder}: {stats.generated} summaries generated, {stats.skipped} already there ({stats.state})")
