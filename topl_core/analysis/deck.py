@@ -132,7 +132,8 @@ def lambda_key(lam: float) -> str:
 
 @dataclass(frozen=True)
 class Summary:
-    """One generated text and the head's verdict on it (tokens / p_good / flagged_share None without a head)."""
+    """One generated text and the head's verdict on it (tokens / p_good / flagged_share None without a head; empty
+    for an empty text). seconds: how long its generation took."""
 
     text: str
     factuality: float
@@ -314,11 +315,11 @@ def prepare_deck(folder: str | Path, progress: Callable[[int, int], None] | None
     """Generate and score every summary of the deck in `folder` that is not there yet (module docstring). Stops,
     with state "cancelled", at the first check after a STOP request. `progress(done, total)` after each summary."""
     folder = Path(folder)
-    deck = read_deck(folder)
-    if deck is None:
+    if not (folder / CONFIG_FILE).exists():
         raise RunError(f"{folder}: no {CONFIG_FILE}; create the deck first (steer --deck DIR --run ADAPTER ...).")
-    cfg, stats = deck.config, PrepareStats()
-    with WriterLock(folder):
+    with WriterLock(folder):  # read under the lock: what another writer finished is not made again
+        deck = read_deck(folder)
+        cfg, stats = deck.config, PrepareStats()
         clear_stop(folder)  # a stop request ends the run it was made for; starting again is resuming
         adapter = open_adapter(cfg.adapter)
         precision = resolve_precision(cfg.precision, adapter.device)
@@ -330,11 +331,11 @@ def prepare_deck(folder: str | Path, progress: Callable[[int, int], None] | None
         ]
         stats.skipped = deck.total - len(todo)
 
-        def report(state: str, current: str | None = None, **extra) -> None:
+        def report(state: str, current: str | None = None) -> None:
             done = deck.total - len(todo)
             mean = float(np.mean(stats.timings)) if stats.timings else None
             eta = mean * len(todo) if mean is not None else None
-            write_status(folder, state, done=done, total=deck.total, eta_s=eta, current=current, **extra)
+            write_status(folder, state, done=done, total=deck.total, eta_s=eta, current=current)
             if progress is not None:
                 progress(done, deck.total)
 
