@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,8 @@ def test_a_stopped_deck_resumes_without_regenerating_finished_summaries(deck_con
             else:
                 assert s.tokens == () and s.flagged_share is None
             assert 0.0 <= s.factuality <= 1.0
+            if not re.search(r"[^\W_]", s.text):  # no word at all: damage, not an unfaithful summary
+                assert s.degenerate in ("empty", "no words")
     assert any(s.text.strip() for d in deck.documents for s in d.positions.values()), "no text to judge"
     third = prepare_deck(folder)
     assert (third.generated, third.skipped) == (0, total)
@@ -113,6 +116,8 @@ def test_exported_html_works_from_disk_with_the_network_off(prepared_deck, tmp_p
             assert float(steered.get_attribute("data-lambda")) == 0.0  # opens at the merged model
             assert steered.inner_text().strip() == shown(doc0.at(0.0))
             assert page.locator("#base").inner_text().strip() == shown(doc0.base)
+            caption = page.locator("#base-cap").inner_text()
+            assert caption.startswith(f"DEGENERATE — {doc0.base.degenerate}" if doc0.base.degenerate else "factuality")
             page.locator("#lambda").focus()
             page.keyboard.press("ArrowRight")
             assert float(steered.get_attribute("data-lambda")) == cfg.lambdas[-1] == 8.0

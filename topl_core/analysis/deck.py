@@ -18,7 +18,8 @@ The folder:
     head.json           the head used: {"kind": "run" | "probe" | "none", "auroc", "auroc_source", "layer", "reason"}
     doc-000.json        {"document", "base": Summary | null, "positions": {"<λ>": Summary}}   rewritten atomically
                         after each summary; Summary = {"text", "tokens", "p_good", "flagged_share", "factuality",
-                        "seconds"} (tokens / p_good / flagged_share null without a head)
+                        "degenerate", "seconds"} (tokens / p_good / flagged_share null without a head;
+                        degenerate: why the text is broken, analysis/fluency.py, or null)
     status.json, STOP, LOCK, job.json, job.log      the job protocol
 """
 
@@ -39,11 +40,12 @@ from ..data.split import split_records
 from ..errors import ConfigError, RunError
 from ..generate import GenerationConfig, generate
 from ..io import write_json
-from ..models import ModelSpec, load_model
+from ..models import LoadedModel, ModelSpec, load_model
 from ..paths import project_path, runs_dir
 from ..precision import PRECISIONS, Precision, resolve_precision
 from ..scoring import TokenScorer
 from ..status import WriterLock, clear_stop, stop_requested, write_status
+from .fluency import fluency
 from .probe import ProbeSettings, labelled_records
 from .probe_head import ProbeHeadSettings, fit_probe_head
 from .scorers import GroundingScorer, score_summary
@@ -133,7 +135,8 @@ def lambda_key(lam: float) -> str:
 @dataclass(frozen=True)
 class Summary:
     """One generated text and the head's verdict on it (tokens / p_good / flagged_share None without a head; empty
-    for an empty text). seconds: how long its generation took."""
+    for an empty text). seconds: how long its generation took. A degenerate text keeps its factuality score, shown
+    as not applicable."""
 
     text: str
     factuality: float
@@ -141,6 +144,7 @@ class Summary:
     tokens: tuple[str, ...] | None = None
     p_good: tuple[float, ...] | None = None
     flagged_share: float | None = None
+    degenerate: str | None = None  # why the text is damage, not a summary (analysis/fluency.py); None when fluent
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -155,6 +159,7 @@ class Summary:
             None if tokens is None else tuple(tokens),
             None if p is None else tuple(p),
             d.get("flagged_share"),
+            d.get("degenerate"),
         )
 
 
@@ -355,7 +360,7 @@ def prepare_deck(folder: str | Path, progress: Callable[[int, int], None] | None
             adapter, token_set, ProbeSettings(random_control=False, precision=precision), cfg.top_k
         )
         session = SteeringSession.from_run(adapter, vectors, spec)
-        base_lm = load_model(spec) if any(lam is None for _, lam in todo) else None
+        base_lm = load_model(spec)  # the base model's summaries, and every text's perplexity (fluency)
         grounding = GroundingScorer()
         files = {
             i: _read_json(doc_path(folder, i)) or {"document": d, "base": None, "positions": {}}
@@ -375,7 +380,7 @@ def prepare_deck(folder: str | Path, progress: Callable[[int, int], None] | None
                 text = generate(base_lm, [document], gen)[0]
             else:
                 text = session.generate_steered(document, lam, gen, how=cfg.how)
-            summary = _verdict(document, text, scorer, grounding, time.perf_counter() - t0)
+            summary = _verdict(document, text, scorer, grounding, base_lm, time.perf_counter() - t0)
             if lam is None:
                 files[i]["base"] = summary.to_json()
             else:
@@ -388,13 +393,17 @@ def prepare_deck(folder: str | Path, progress: Callable[[int, int], None] | None
     return stats
 
 
-def _verdict(document: str, text: str, scorer: TokenScorer | None, grounding, seconds: float) -> Summary:
+def _verdict(
+    document: str, text: str, scorer: TokenScorer | None, grounding, base_lm: LoadedModel, seconds: float
+) -> Summary:
     factuality = score_summary(grounding, document, text, "sentence").score
+    fluent = fluency([text], base_lm)[0]
+    degenerate = fluent.reason if fluent.degenerate else None
     if scorer is None:
-        return Summary(text, factuality, seconds)
+        return Summary(text, factuality, seconds, degenerate=degenerate)
     if not text.strip():  # nothing for the head to judge: no tokens, no share
-        return Summary(text, factuality, seconds, (), (), None)
+        return Summary(text, factuality, seconds, (), (), None, degenerate)
     s = scorer.score_text(document, text)
     p = s.p_good.astype(float)
     share = float((p < FLAG_THRESHOLD).mean()) if len(p) else None
-    return Summary(text, factuality, seconds, tuple(s.tokens), tuple(round(float(x), 4) for x in p), share)
+    return Summary(text, factuality, seconds, tuple(s.tokens), tuple(round(float(x), 4) for x in p), share, degenerate)

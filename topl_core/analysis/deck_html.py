@@ -57,14 +57,16 @@ function fill(id, s) {
   box.innerHTML = !s.text.trim() ? '<i>(empty)</i>' : s.tokens === null ? esc(s.text).replace(/\\n/g, '<br>')
     : s.tokens.map(([t, c, p]) => `<span class="tok${p < D.threshold ? ' flag' : ''}" style="background:${c}"` +
         ` title="p(good)=${p.toFixed(3)}">${esc(t).replace(/\\n/g, '<br>')}</span>`).join('');
-  document.getElementById(id + '-cap').textContent = `factuality ${s.factuality.toFixed(2)}` +
-    (D.has_head ? ` · flagged ${pct(s.flagged_share)} of tokens` : '');
+  const quality = s.degenerate ? `DEGENERATE — ${s.degenerate}` : `factuality ${s.factuality.toFixed(2)}`;
+  document.getElementById(id + '-cap').textContent = quality +
+    (D.has_head && s.flagged_share !== null ? ` · flagged ${pct(s.flagged_share)} of tokens` : '');
 }
 function curve(d, i) {
   const W = 520, H = 170, L = 40, R = 10, T = 10, B = 30, xs = D.lambdas, lo = xs[0], hi = xs[xs.length - 1];
   const x = v => L + (hi > lo ? (v - lo) / (hi - lo) : .5) * (W - L - R), y = v => T + (1 - v) * (H - T - B);
   const line = (key, color) => '<polyline fill="none" stroke-width="2.5" stroke="' + color + '" points="' +
-    d.positions.map((s, j) => s[key] === null ? '' : x(xs[j]) + ',' + y(s[key])).join(' ') + '"/>';
+    d.positions.map((s, j) => s[key] === null || (key === 'factuality' && s.degenerate) ? ''
+      : x(xs[j]) + ',' + y(s[key])).join(' ') + '"/>';  // a degenerate text is not scored
   document.getElementById('curve').innerHTML =
     `<line x1="${L}" x2="${W - R}" y1="${y(0)}" y2="${y(0)}" stroke="#bbb"/>` +
     `<line x1="${x(xs[i])}" x2="${x(xs[i])}" y1="${T}" y2="${H - B}" stroke="#dc2626" stroke-dasharray="4"/>` +
@@ -122,9 +124,15 @@ try {
 
 def _summary_json(s: Summary | None) -> dict:
     if s is None:
-        return {"text": "(not prepared)", "factuality": 0.0, "flagged_share": None, "tokens": None}
+        return {"text": "(not prepared)", "factuality": 0.0, "flagged_share": None, "tokens": None, "degenerate": None}
     tokens = None if s.tokens is None else [[t, p_color(p), p] for t, p in zip(s.tokens, s.p_good)]
-    return {"text": s.text, "factuality": s.factuality, "flagged_share": s.flagged_share, "tokens": tokens}
+    return {
+        "text": s.text,
+        "factuality": s.factuality,
+        "flagged_share": s.flagged_share,
+        "tokens": tokens,
+        "degenerate": s.degenerate,
+    }
 
 
 def deck_data(deck: Deck) -> dict:
