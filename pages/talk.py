@@ -28,6 +28,7 @@ from topl_core.analysis.deck import (
 )
 from topl_core.analysis.deck_html import deck_html
 from topl_core.analysis.steering import MODES
+from topl_core.data.split import split_records
 from topl_core.paths import inside
 from topl_core.status import read_status
 
@@ -85,9 +86,10 @@ with st.expander("Prepare a new deck", expanded=not folders):
         if source == "From a data set":
             a, b = st.columns([3, 1])
             path = dataset_picker(K + "dataset", container=a)
-            n = b.number_input("Documents", 1, 12, 3, key=K + "n_docs", persist_state="session")
-            if path:
-                documents = tuple(dict.fromkeys(r.document for r in records_of(path)))[: int(n)]
+            n = b.number_input("Documents (test split)", 1, 12, 3, key=K + "n_docs", persist_state="session")
+            if path:  # held-out documents, as `steer --deck` takes them
+                test = split_records(records_of(path))["test"]
+                documents = tuple(dict.fromkeys(r.document for r in test))[: int(n)]
         else:
             pasted = st.text_area("Documents, separated by a line holding only ---", height=160, key=K + "pasted")
             documents = tuple(d.strip() for d in pasted.split("\n---\n") if d.strip())
