@@ -26,7 +26,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
-PAGES = ["home", "data", "train", "runs", "lora_a", "steering", "token_overlay", "layer_sweep", "evaluation"]
+PAGES = ["home", "data", "train", "runs", "lora_a", "steering", "token_overlay", "talk", "layer_sweep", "evaluation"]
 TIMEOUT = 300  # generous: the machine running the tests may be shared
 
 
@@ -1046,3 +1046,99 @@ def test_analysis_pages_in_bf16(workbench, page, monkeypatch):
         assert any("Computed in bf16" in c.value for c in at.caption)
     if page == "steering":
         assert len(html_boxes(at)) == 3  # base | merged | steered
+
+
+def talk_page_data(at: AppTest) -> dict:
+    """The deck inlined in talk mode's embedded page (topl_core.analysis.studies.deck_html)."""
+    (frame,) = at.get("iframe")
+    page = frame.proto.srcdoc
+    return json.loads(page.split('id="deck-data">', 1)[1].split("</script>", 1)[0].replace("<\\/", "</"))
+
+
+def test_talk_mode_answers_every_deck_state(workbench, tmp_path):
+    """Talk mode: no deck yet → prepare one from the page (a real background job) → the view holds every prepared
+    summary, coloured by the run's head, with its AUROC (its slider and keys are tested in a browser:
+    tests/test_deck.py, tests/test_browser.py); a deck still preparing shows its progress and stops on a click; a
+    failed deck says why; an adapter without a head is named as such."""
+    import shutil
+    import subprocess
+    import sys
+
+    from topl_core import jobs
+    from topl_core.analysis.studies.deck import DeckConfig, create_deck, decks_dir, prepare_deck, read_deck
+    from topl_core.status import write_status
+
+    shutil.rmtree(decks_dir(), ignore_errors=True)
+    at = open_page("talk")
+    assert "No deck yet" in page_messages(at)
+    at.selectbox(key="talk.run").set_value(str(workbench["runs"] / "topl-tiny")).run()
+    at.radio(key="talk.source").set_value("Paste").run()
+    docs = [workbench_doc(workbench, i) for i in (0, 1)]
+    at.text_area(key="talk.pasted").set_value("\n---\n".join(docs))
+    at.number_input(key="talk.bound").set_value(8.0)
+    at.number_input(key="talk.steps").set_value(1)
+    at.number_input(key="talk.max_new").set_value(8)
+    at.text_input(key="talk.name").set_value("tiny-deck").run()
+    at.button(key="talk.prepare").click().run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    folder = decks_dir() / "tiny-deck"
+    st = jobs.wait(folder, timeout_s=300)
+    assert st.state == "finished" and st.kind == "deck", jobs.log_tail(folder, 40)
+    deck = read_deck(folder)
+    assert deck.complete and deck.config.lambdas == (-8.0, 0.0, 8.0) and list(deck.config.documents) == docs
+
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    view = at.get("iframe")[0].proto.srcdoc
+    assert "not an independent judge" in view and "held-out token AUROC" in view
+    # the view is the deck's own page, embedded: every λ of every document inlined, coloured by the head
+    data = talk_page_data(at)
+    assert data["lambdas"] == [-8.0, 0.0, 8.0] and data["has_head"]
+    for d, shown in zip(deck.documents, data["docs"]):
+        assert shown["document"] == d.document and shown["base"]["text"] == d.base.text
+        for lam, s in zip(deck.config.lambdas, shown["positions"]):
+            assert s["text"] == d.at(lam).text and [t for t, _, _ in s["tokens"] or []] == list(d.at(lam).tokens)
+    assert "__toplDeckKeys" in view  # the keys of the whole app window
+    assert at.download_button(key="talk.export")
+
+    # a deck still preparing: a live process whose command line names topl_core stands in for the job
+    cfg = deck.config
+    preparing = create_deck(decks_dir() / "preparing", cfg)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "topl_core"], start_new_session=True
+    )
+    try:
+        (preparing / jobs.JOB_FILE).write_text(json.dumps({"kind": "deck", "argv": [], "pid": worker.pid}))
+        write_status(preparing, "running", done=3, total=8, eta_s=12.0, current="document 1/2, λ = +8", pid=worker.pid)
+        at.run().selectbox(key="talk.deck").set_value(str(preparing)).run()
+        assert not at.exception, [e.value for e in at.exception]
+        bar = at.get("progress")[0].proto
+        assert "3 / 8 summaries" in bar.text and "12 s left" in bar.text
+        at.button(key="talk.stop").click().run()
+        worker.wait(timeout=30)
+    finally:
+        worker.kill()
+    at.run()
+    assert "not complete (0 / 8 summaries; cancelled)" in page_messages(at)
+    assert at.button(key="talk.resume")
+
+    failed = create_deck(decks_dir() / "failed", cfg)
+    write_status(failed, "failed", error="RuntimeError: out of luck")
+    at.run().selectbox(key="talk.deck").set_value(str(failed)).run()
+    assert "out of luck" in " ".join(e.value for e in at.error)
+
+    no_head = create_deck(
+        decks_dir() / "sft", DeckConfig(str(workbench["runs"] / "sft-tiny"), docs[:1], (0.0,), max_new_tokens=4)
+    )
+    assert prepare_deck(no_head).state == "finished"
+    at.run().selectbox(key="talk.deck").set_value(str(no_head)).run()
+    assert not at.exception
+    assert "has no head" in " ".join(w.value for w in at.warning)
+    assert not talk_page_data(at)["has_head"] and talk_page_data(at)["docs"][0]["base"]["tokens"] is None
+    shutil.rmtree(decks_dir())  # the other tests' runs list stays as it was
+
+
+def workbench_doc(workbench, i: int) -> str:
+    from topl_core.data.records import read_jsonl
+
+    return list(dict.fromkeys(r.document for r in read_jsonl(workbench["data"])))[i]

@@ -151,6 +151,24 @@ def test_steering_on_bf16_weights(run, news_records):
         assert isinstance(text, str)
 
 
+def test_deck_in_bf16(run, news_records, tmp_path):
+    """A talk deck prepared in bf16: every summary generated and judged by the head, finite p(good) in [0, 1]."""
+    from topl_core.analysis.studies.deck import DeckConfig, create_deck, prepare_deck, read_deck
+    from topl_core.data.records import write_jsonl
+
+    data = tmp_path / "news.jsonl"
+    write_jsonl(news_records, data)
+    cfg = DeckConfig(
+        str(run.path), (NEWS_PAIRS[0][1],), (-2.0, 2.0), top_k=2, max_new_tokens=6, data=str(data), precision="bf16"
+    )
+    folder = create_deck(tmp_path / "deck", cfg)
+    assert prepare_deck(folder).state == "finished"
+    deck = read_deck(folder)
+    assert deck.complete and deck.has_head
+    for s in (deck.documents[0].base, *deck.documents[0].positions.values()):
+        assert len(s.p_good) == len(s.tokens) and all(0.0 <= p <= 1.0 for p in s.p_good), s
+
+
 def test_training_in_bf16_changes_the_adapter_and_logs_finite_metrics(tmp_path, news_records):
     cfg = tiny_config(precision="bf16", steps=2, eval_every=2, max_val_examples=4)
     rd = train(cfg, tmp_path / "bf16", records=news_records)

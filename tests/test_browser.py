@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -59,6 +60,7 @@ PAGES = {
     "lora_a": "LoRA-A separability",
     "steering": "Steering",
     "token_overlay": "Token overlay",
+    "talk": "Talk mode",
     "layer_sweep": "Layer sweep",
     "evaluation": "Evaluation",
 }
@@ -418,6 +420,42 @@ def test_dragging_lambda_changes_the_steered_summary(app, browser, workbench):
     assert merged2 == merged and steered2 != merged
     assert page.locator(".topl-diff-ins").count() > 0, "changed words are not highlighted"
     shot(page, "steering-dragged")
+    page.context.close()
+
+
+def test_talk_mode_keys_move_lambda_and_switch_document_from_the_deck(app, browser, workbench):
+    """Talk mode in the browser: keys pressed anywhere in the app window move λ and switch document in the embedded
+    view, which shows the prepared summary of each position (read from the deck, nothing generated)."""
+    from topl_core.analysis.studies.deck import DeckConfig, create_deck, prepare_deck, read_deck
+    from topl_core.data.records import read_jsonl
+
+    documents = tuple(dict.fromkeys(r.document for r in read_jsonl(workbench["data"])))[:2]
+    cfg = DeckConfig(str(workbench["runs"] / "topl-tiny"), documents, (-64.0, 64.0), max_new_tokens=8)
+    folder = create_deck(workbench["runs"] / "decks" / "browser-deck", cfg)
+    assert prepare_deck(folder).state == "finished"
+    deck = read_deck(folder)
+    try:
+        talk_keys(new_page(browser), app, deck)
+    finally:
+        shutil.rmtree(folder.parent)  # the other tests see the runs they made, no deck
+
+
+def talk_keys(page, app: App, deck) -> None:
+    visit(page, app, "talk", "Talk mode")
+    view = page.frame_locator("iframe").first
+    steered = view.locator("#steered")
+    steered.wait_for()
+    page.locator("h1").first.click()  # the keys of the app window, not of the view
+    for key, lam in (("ArrowLeft", -64.0), ("ArrowRight", 0.0), ("ArrowRight", 64.0)):
+        page.keyboard.press(key)
+        assert float(steered.get_attribute("data-lambda")) == lam
+        assert steered.inner_text().strip() == (deck.documents[0].at(lam).text.strip() or "(empty)")
+    assert len({deck.documents[0].at(lam).text for lam in (-64.0, 0.0, 64.0)}) > 1, "λ changed nothing to show"
+    page.keyboard.press("PageDown")
+    assert view.locator("#doc-number").inner_text() == "Document 2 / 2"
+    assert steered.inner_text().strip() == (deck.documents[1].at(64.0).text.strip() or "(empty)")
+    assert view.locator("#steered .tok").count() == len(deck.documents[1].at(64.0).tokens)  # coloured by the head
+    shot(page, "talk")
     page.context.close()
 
 

@@ -27,6 +27,7 @@ PAGES = {
         ("lora_a", "LoRA-A separability", ":material/grid_on:"),
         ("steering", "Steering", ":material/tune:"),
         ("token_overlay", "Token overlay", ":material/format_color_text:"),
+        ("talk", "Talk mode", ":material/co_present:"),
     ],
     "Studies": [
         ("layer_sweep", "Layer sweep", ":material/view_comfy:"),

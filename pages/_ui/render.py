@@ -9,6 +9,8 @@ import html
 import pandas as pd
 import streamlit as st
 
+from topl_core.analysis.token_colors import p_color
+
 TOKEN_CSS = """
 <style>
 .topl-tokens {line-height: 2.1; font-size: 1.02rem; font-family: ui-sans-serif, system-ui, sans-serif;}
@@ -22,15 +24,6 @@ TOKEN_CSS = """
            line-height: 1.6; font-size: 1.02rem;}
 </style>
 """
-
-
-def p_color(p: float) -> str:
-    """Background for p(good): red for likely hallucinated, fading to a light green for confident good."""
-    if p < 0.5:
-        a = 0.25 + 0.6 * (0.5 - p) / 0.5
-        return f"rgba(220,38,38,{a:.2f})"
-    a = 0.08 + 0.3 * (p - 0.5) / 0.5
-    return f"rgba(22,163,74,{a:.2f})"
 
 
 def token_html(tokens, p_good=None, gold=None, threshold: float = 0.5, extra=None) -> str:

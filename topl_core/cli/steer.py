@@ -6,18 +6,24 @@ base model's. Vectors come from a labelled token set (default: the run's data, v
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import asdict
+from pathlib import Path
 
+from ..adapters import open_adapter
 from ..analysis.lora_a.probe import ProbeSettings, labelled_records
 from ..analysis.steering.modes import MODES, POSITIONS, UNITS, UNITS_DOC, SteerConfig, modes_help
 from ..analysis.steering.session import SteeringSession
 from ..analysis.steering.vectors import SteeringVectors, build_steering_vectors
-from ..data.records import read_utf8
+from ..analysis.studies.deck import HEAD_CHOICES, DeckConfig, create_deck, prepare_deck, read_deck
+from ..analysis.studies.deck_html import write_deck_html, write_frames
+from ..data.records import read_jsonl, read_utf8
+from ..data.split import split_records
 from ..generate import GenerationConfig, generate
 from ..io import write_json
 from ..models import ModelSpec, load_model
 from ..progress import Bar
-from . import COMMANDS
+from . import CANCELLED, COMMANDS
 from .common import (
     ADAPTER_HELP,
     add_adapter_args,
@@ -57,11 +63,81 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--no-cache", action="store_true", help="recompute the projections instead of reading cache/analysis/"
     )
     p.add_argument("--json", help="write vectors' metadata and the generations here")
+    deck = p.add_argument_group("deck (talk mode; analysis/studies/deck.py)")
+    deck.add_argument(
+        "--deck",
+        metavar="DIR",
+        help="prepare a deck in DIR: base, merged and every --lambdas position of each document, with the head's "
+        "verdict (resumes a deck already there, with its own settings)",
+    )
+    deck.add_argument(
+        "--deck-documents",
+        type=int,
+        default=3,
+        metavar="N",
+        help="without --document: the first N documents of --data's test split",
+    )
+    deck.add_argument("--head", choices=HEAD_CHOICES, default="auto", help="the verdict's head (DeckConfig.head)")
+    deck.add_argument("--export-html", metavar="FILE", help="write the deck as one self-contained HTML file")
+    deck.add_argument("--frames", metavar="DIR", help="write PNG frames of the exported HTML (needs --export-html)")
+    deck.add_argument(
+        "--frame-lambdas", nargs="+", type=float, help="the λ positions of the frames (default: every position)"
+    )
     add_precision_arg(p)
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> None:
+def run_deck(args: argparse.Namespace) -> int:
+    """--deck: create (or resume) the deck, prepare it, export it."""
+    folder = Path(args.deck)
+    if read_deck(folder) is None:
+        rd = open_adapter_arg(args)
+        if args.document_file:
+            args.document = read_utf8(args.document_file)
+        if args.document:
+            documents = (args.document,)
+        else:
+            data_or_adapter_default(args, rd)
+            test = split_records(read_jsonl(args.data), seed=args.split_seed)["test"]
+            documents = tuple(dict.fromkeys(r.document for r in test))[: args.deck_documents]
+        cfg = DeckConfig(
+            str(rd.path),
+            documents,
+            tuple(args.lambdas or SteerConfig(args.mode).spec.lambda_grid),
+            mode=args.mode,
+            positions=args.positions,
+            units=args.units,
+            top_k=args.top_k,
+            max_new_tokens=args.max_new_tokens,
+            head=args.head,
+            data=args.data,
+            precision=args.precision,
+        )
+        create_deck(folder, cfg)
+    else:
+        print(f"resuming the deck in {folder} with its own settings", file=sys.stderr)
+    cfg = read_deck(folder).config
+    announce_precision(cfg.precision, open_adapter(cfg.adapter).device)
+    with Bar("preparing the deck") as bar:
+        stats = prepare_deck(folder, progress=bar)
+    print(f"deck {folder}: {stats.generated} summaries generated, {stats.skipped} already there ({stats.state})")
+    if stats.state == "cancelled":
+        return CANCELLED
+    deck = read_deck(folder)
+    if args.export_html:
+        write_deck_html(deck, args.export_html)
+        print(f"wrote {args.export_html}")
+    if args.frames:
+        if not args.export_html:
+            raise SystemExit("error: --frames renders the exported page: give --export-html FILE too")
+        frames = write_frames(args.export_html, args.frames, args.frame_lambdas or deck.config.lambdas)
+        print(f"wrote {len(frames)} frames to {args.frames}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int | None:
+    if args.deck:
+        return run_deck(args)
     if args.document_file:
         args.document = read_utf8(args.document_file)  # not UTF-8 or unreadable: a DataError naming the fix
     if not args.document:

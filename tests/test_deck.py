@@ -1,0 +1,177 @@
+"""Steering decks (analysis/studies/deck.py): prepared as resumable long work, read back by talk mode, exported as one
+self-contained HTML file. Tiny TOPL run on tiny-llama."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from conftest import tiny_config
+
+from topl_core.analysis.studies.deck import DeckConfig, create_deck, doc_path, prepare_deck, read_deck
+from topl_core.analysis.studies.deck_html import deck_html, write_deck_html
+from topl_core.analysis.token_colors import p_color
+from topl_core.data.records import write_jsonl
+from topl_core.status import read_status, request_stop
+
+
+@pytest.fixture(scope="module")
+def deck_config(tiny_records, tmp_path_factory) -> DeckConfig:
+    from topl_core.training.trainer import train
+
+    root = tmp_path_factory.mktemp("deck")
+    data = root / "tiny.jsonl"
+    write_jsonl(tiny_records, data)
+    # a high learning rate, as tests/test_app.py's steering run: the random tiny model then writes non-empty texts
+    cfg = tiny_config(lr=0.05, steps=12, eval_every=6, max_doc_tokens=64, data=str(data))
+    run = train(cfg, root / "topl-tiny", records=tiny_records)
+    documents = tuple(dict.fromkeys(r.document for r in tiny_records))[:2]
+    return DeckConfig(str(run.path), documents, (-8.0, 8.0), top_k=2, max_new_tokens=8, data=str(data))
+
+
+def test_a_stopped_deck_resumes_without_regenerating_finished_summaries(deck_config, tmp_path):
+    folder = create_deck(tmp_path / "deck", deck_config)
+    assert deck_config.lambdas == (-8.0, 0.0, 8.0)  # the neutral λ (the merged model) joins the grid
+    total = 2 * (1 + 3)
+
+    def stop_after_three(done: int, _total: int) -> None:
+        if done >= 3:
+            request_stop(folder)
+
+    first = prepare_deck(folder, progress=stop_after_three)
+    assert (first.state, first.generated, first.skipped) == ("cancelled", 3, 0)
+    status = read_status(folder)
+    assert status["state"] == "cancelled" and (status["done"], status["total"]) == (3, total)
+    partial = read_deck(folder)
+    assert partial.done == 3 and not partial.complete
+    before = json.loads(doc_path(folder, 0).read_text())
+    assert not doc_path(folder, 1).exists()
+
+    second = prepare_deck(folder)
+    assert (second.state, second.generated, second.skipped) == ("finished", total - 3, 3)
+    after = json.loads(doc_path(folder, 0).read_text())
+    # what was finished is kept as it was (its generation time too: a regenerated summary would carry a new one)
+    assert after["base"] == before["base"]
+    for key, summary in before["positions"].items():
+        assert after["positions"][key] == summary
+    deck = read_deck(folder)
+    assert deck.complete and read_status(folder)["state"] == "finished"
+    assert deck.head["kind"] == "run" and 0.0 <= deck.head["auroc"] <= 1.0
+    for doc in deck.documents:
+        for s in (doc.base, *doc.positions.values()):
+            assert s.tokens is not None and len(s.tokens) == len(s.p_good)
+            assert all(0.0 <= p <= 1.0 for p in s.p_good)
+            if s.text.strip():  # the head's verdict on every token of the summary
+                assert "".join(s.tokens).strip() == s.text.strip()
+                assert s.flagged_share == pytest.approx(sum(p < 0.5 for p in s.p_good) / len(s.p_good))
+            else:
+                assert s.tokens == () and s.flagged_share is None
+            assert 0.0 <= s.factuality <= 1.0
+            if not re.search(r"[^\W_]", s.text):  # no word at all: damage, not an unfaithful summary
+                assert s.degenerate in ("empty", "no words")
+    assert any(s.text.strip() for d in deck.documents for s in d.positions.values()), "no text to judge"
+    third = prepare_deck(folder)
+    assert (third.generated, third.skipped) == (0, total)
+
+
+@pytest.fixture(scope="module")
+def prepared_deck(deck_config, tmp_path_factory):
+    folder = create_deck(tmp_path_factory.mktemp("decks") / "deck", deck_config)
+    assert prepare_deck(folder).state == "finished"
+    return read_deck(folder)
+
+
+CHROMIUM = os.environ.get("TOPL_CHROMIUM", "/usr/bin/chromium")
+
+
+def chromium_or_skip():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium package (scripts/setup.sh does it)")
+    return pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+
+
+def shown(s) -> str:
+    return s.text.strip() or "(empty)"
+
+
+def test_exported_html_works_from_disk_with_the_network_off(prepared_deck, tmp_path):
+    """The file opens from disk in Chromium with no server and no network; the slider and the keys show the cached
+    summary of each λ, coloured by the head's p(good)."""
+    sync_api = chromium_or_skip()
+    deck, cfg = prepared_deck, prepared_deck.config
+    path = write_deck_html(deck, tmp_path / "deck.html")
+    requested = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        try:
+            ctx = browser.new_context(offline=True)
+            ctx.on("request", lambda r: requested.append(r.url))
+            page = ctx.new_page()
+            page.goto(path.as_uri())
+            steered = page.locator("#steered")
+            doc0 = deck.documents[0]
+            assert float(steered.get_attribute("data-lambda")) == 0.0  # opens at the merged model
+            assert steered.inner_text().strip() == shown(doc0.at(0.0))
+            assert page.locator("#base").inner_text().strip() == shown(doc0.base)
+            caption = page.locator("#base-cap").inner_text()
+            assert caption.startswith(f"DEGENERATE — {doc0.base.degenerate}" if doc0.base.degenerate else "factuality")
+            page.locator("#lambda").focus()
+            page.keyboard.press("ArrowRight")
+            assert float(steered.get_attribute("data-lambda")) == cfg.lambdas[-1] == 8.0
+            assert steered.inner_text().strip() == shown(doc0.at(8.0))
+            assert doc0.at(-8.0).text != doc0.at(0.0).text  # so the next move must change the text shown
+            page.keyboard.press("Home")  # the range input's own keys
+            assert float(steered.get_attribute("data-lambda")) == -8.0
+            assert steered.inner_text().strip() == shown(doc0.at(-8.0))
+            tokens, s = page.locator("#steered .tok"), doc0.at(-8.0)
+            assert tokens.count() == len(s.tokens)
+            assert [tokens.nth(i).get_attribute("style") for i in range(len(s.tokens))] == [
+                f"background:{p_color(p)}" for p in s.p_good
+            ]
+            page.keyboard.press("PageDown")  # the next document, at the same λ
+            assert page.locator("#doc-number").inner_text() == "Document 2 / 2"
+            assert steered.inner_text().strip() == shown(deck.documents[1].at(-8.0))
+            assert "AUROC" in page.locator(".note").first.inner_text()
+        finally:
+            browser.close()
+    assert requested and all(u.startswith("file://") for u in requested), requested
+
+
+def test_steer_deck_command_prepares_exports_and_writes_frames(deck_config, tmp_path, capsys):
+    """`steer --deck DIR` creates and prepares a deck and writes its HTML and PNG frames; run again, it resumes the
+    deck with its own settings and generates nothing."""
+    chromium_or_skip()
+    from topl_core.cli import main as cli_main
+
+    folder, html, frames = tmp_path / "deck", tmp_path / "talk.html", tmp_path / "frames"
+    document = deck_config.documents[0]
+    argv = ["steer", "--run", deck_config.adapter, "--deck", str(folder), "--data", deck_config.data, "--top-k", "2"]
+    new = ["--document", document, "--lambdas", "-8", "0", "--max-new-tokens", "4"]
+    rc = cli_main([*argv, *new, "--export-html", str(html), "--frames", str(frames), "--frame-lambdas", "-8", "0"])
+    assert rc == 0
+    deck = read_deck(folder)
+    assert deck.complete and deck.config.documents == (document,) and deck.config.lambdas == (-8.0, 0.0)
+    assert html.read_text() == deck_html(deck)
+    pngs = sorted(frames.glob("*.png"))
+    assert [p.name for p in pngs] == ["doc0-lambda+0.png", "doc0-lambda-8.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    capsys.readouterr()
+    assert cli_main(argv) == 0
+    assert "0 summaries generated, 3 already there (finished)" in capsys.readouterr().out
+
+
+def test_a_probe_head_gives_the_verdict_where_asked(deck_config, tmp_path):
+    """head="probe": a probe head fitted on the adapter's hidden states judges every summary, with its AUROC."""
+    from dataclasses import replace
+
+    cfg = replace(deck_config, documents=deck_config.documents[:1], lambdas=(0.0,), head="probe")
+    folder = create_deck(tmp_path / "probe-deck", cfg)
+    prepare_deck(folder)
+    deck = read_deck(folder)
+    assert deck.head["kind"] == "probe" and 0.0 <= deck.head["auroc"] <= 1.0 and deck.has_head
+    assert "a probe head fitted on its hidden states" in deck.head_note
+    merged = deck.documents[0].at(0.0)
+    assert merged.text.strip() and len(merged.p_good) == len(merged.tokens) > 0

@@ -1,0 +1,411 @@
+"""A steering deck: every summary a talk shows, prepared beforehand so that the talk only reads files.
+
+A deck is an adapter, a steering mode, N documents and the mode's λ grid. `prepare_deck` generates, per document,
+the base model's summary and the merged model's summary at every λ of the grid (the neutral λ is the merged model
+itself), and gives each the head's verdict — per-token p(good) of the adapter's own head (a TOPL run's, or a probe
+head fitted on its hidden states), the share of flagged tokens (p(good) < FLAG_THRESHOLD) — beside the offline
+factuality score. It is long work under the status protocol (topl_core.status: progress, ETA, STOP) and resumable:
+each finished summary is written at once, and a restart generates only what is missing.
+
+    DeckConfig(adapter, documents, lambdas, mode="vector", ...)      frozen; the neutral λ is always in the grid
+    create_deck(folder, cfg) -> Path        deck.json (a folder holding another deck's config is refused)
+    prepare_deck(folder, progress=None) -> PrepareStats
+    read_deck(folder) -> Deck               what talk mode and the export read; None where no deck.json is
+
+The folder:
+
+    deck.json           {"config": DeckConfig}
+    head.json           the head used: {"kind": "run" | "probe" | "none", "auroc", "auroc_source", "layer", "reason"}
+    doc-000.json        {"document", "base": Summary | null, "positions": {"<λ>": Summary}}   rewritten atomically
+                        after each summary; Summary = {"text", "tokens", "p_good", "flagged_share", "factuality",
+                        "degenerate", "seconds"} (tokens / p_good / flagged_share null without a head;
+                        degenerate: why the text is broken, analysis/fluency.py, or null)
+    status.json, STOP, LOCK, job.json, job.log      the job protocol
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Literal
+
+import numpy as np
+
+from ...adapters import open_adapter
+from ...data.records import read_jsonl
+from ...data.split import split_records
+from ...errors import ConfigError, RunError
+from ...generate import GenerationConfig, generate
+from ...io import write_json
+from ...models import LoadedModel, ModelSpec, load_model
+from ...paths import project_path, runs_dir
+from ...precision import PRECISIONS, Precision, resolve_precision
+from ...scoring import TokenScorer
+from ...status import WriterLock, clear_stop, stop_requested, write_status
+from ..evaluation.scorers import GroundingScorer, score_summary
+from ..lora_a.probe import ProbeSettings, labelled_records
+from ..lora_a.probe_head import ProbeHeadSettings, fit_probe_head
+from ..steering.fluency import fluency
+from ..steering.modes import UNIT_FRACTION, SteerConfig
+from ..steering.session import SteeringSession
+from ..steering.vectors import build_steering_vectors
+from ..token_colors import FLAG_THRESHOLD
+
+CONFIG_FILE = "deck.json"
+HEAD_FILE = "head.json"
+HeadChoice = Literal["auto", "probe", "none"]
+HEAD_CHOICES: tuple[str, ...] = ("auto", "probe", "none")
+
+
+def decks_dir() -> Path:
+    """Where the app keeps decks: runs/decks/ (TOPL_RUNS_DIR moves it with the runs)."""
+    return runs_dir() / "decks"
+
+
+@dataclass(frozen=True)
+class DeckConfig:
+    """adapter: a run / PEFT folder / hub id; documents: the texts to summarise; lambdas: the grid, in the mode's
+    units (steering.SteerConfig); head: "auto" (the run's head when it has one, else none), "probe" (a probe head
+    fitted on the adapter's hidden states, ~2 min on SmolLM2) or "none"; data: the labelled records of the steering
+    vectors (val split, the first token_records) and of the probe head (default: the adapter's training data)."""
+
+    adapter: str
+    documents: tuple[str, ...]
+    lambdas: tuple[float, ...]
+    mode: str = "vector"
+    positions: str = "all"
+    units: str = "normalised"
+    top_k: int = 4
+    max_new_tokens: int = 64
+    head: HeadChoice = "auto"
+    data: str | None = None
+    token_records: int = 16  # the first N labelled val records give μ+ / μ− (the Steering page's default: shared cache)
+    precision: Precision = "auto"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "documents", tuple(self.documents))
+        SteerConfig(self.mode, self.positions, self.units)  # names the field and the choices when one is wrong
+        if not self.documents or any(not d.strip() for d in self.documents):
+            raise ConfigError(
+                f"DeckConfig.documents: {len(self.documents)} given, {sum(not d.strip() for d in self.documents)} "
+                "empty; give at least one non-empty document."
+            )
+        lams = [float(x) for x in self.lambdas]
+        if not lams or not all(math.isfinite(x) for x in lams):
+            raise ConfigError(f"DeckConfig.lambdas={self.lambdas!r}: give at least one finite λ.")
+        # sorted, unique, and the neutral λ (the merged model) always in: it is the deck's "merged" column
+        object.__setattr__(self, "lambdas", tuple(sorted({round(x, 6) for x in lams} | {self.how.neutral})))
+        for name, value, choices in (("head", self.head, HEAD_CHOICES), ("precision", self.precision, PRECISIONS)):
+            if value not in choices:
+                raise ConfigError(f"DeckConfig.{name}={value!r}: choose one of {choices}.")
+        for name in ("top_k", "max_new_tokens", "token_records"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"DeckConfig.{name}={getattr(self, name)}: must be at least 1.")
+
+    @property
+    def how(self) -> SteerConfig:
+        return SteerConfig(self.mode, self.positions, self.units)
+
+    @property
+    def lambda_caption(self) -> str:
+        """What λ means in this deck's mode and units (under the slider, in the app and in the export)."""
+        if self.how.spec.acts == "scale":
+            return self.how.spec.lambda_help
+        if self.units == "raw":
+            return f"λ in raw units (the paper's formula), {self.mode} mode; 0 = the merged model."
+        return (
+            f"λ in normalised units, {self.mode} mode: λ = 1 adds {UNIT_FRACTION:g} × each steered site's mean "
+            "output norm; 0 = the merged model."
+        )
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "DeckConfig":
+        return cls(**{**d, "documents": tuple(d["documents"]), "lambdas": tuple(d["lambdas"])})
+
+
+def lambda_key(lam: float) -> str:
+    """The key of a λ position in a document file."""
+    return f"{float(lam):+.6f}"
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One generated text and the head's verdict on it (tokens / p_good / flagged_share None without a head; empty
+    for an empty text). seconds: how long its generation took. A degenerate text keeps its factuality score, shown
+    as not applicable."""
+
+    text: str
+    factuality: float
+    seconds: float
+    tokens: tuple[str, ...] | None = None
+    p_good: tuple[float, ...] | None = None
+    flagged_share: float | None = None
+    degenerate: str | None = None  # why the text is damage, not a summary (analysis/fluency.py); None when fluent
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Summary":
+        tokens, p = d.get("tokens"), d.get("p_good")
+        return cls(
+            d["text"],
+            d["factuality"],
+            d["seconds"],
+            None if tokens is None else tuple(tokens),
+            None if p is None else tuple(p),
+            d.get("flagged_share"),
+            d.get("degenerate"),
+        )
+
+
+@dataclass(frozen=True)
+class DeckDocument:
+    document: str
+    base: Summary | None
+    positions: dict[str, Summary]  # lambda_key(λ) → summary
+
+    def at(self, lam: float) -> Summary | None:
+        return self.positions.get(lambda_key(lam))
+
+
+@dataclass(frozen=True)
+class Deck:
+    folder: Path
+    config: DeckConfig
+    head: dict  # head.json; {} before prepare has resolved the head
+    documents: tuple[DeckDocument, ...]
+
+    @property
+    def total(self) -> int:
+        return len(self.config.documents) * (1 + len(self.config.lambdas))
+
+    @property
+    def done(self) -> int:
+        return sum((d.base is not None) + len(d.positions) for d in self.documents)
+
+    @property
+    def complete(self) -> bool:
+        return self.done == self.total
+
+    @property
+    def has_head(self) -> bool:
+        return self.head.get("kind") in ("run", "probe")
+
+    @property
+    def head_note(self) -> str:
+        """Whose verdict the colours are, and how good a detector it was on held-out tokens."""
+        if not self.has_head:
+            return "No head's verdict: " + self.head.get("reason", "the deck is not prepared yet") + "."
+        kind = "its TOPL head" if self.head["kind"] == "run" else "a probe head fitted on its hidden states"
+        auroc = self.head.get("auroc")
+        held_out = (
+            f"held-out token AUROC {auroc:.3f} ({self.head['auroc_source']})"
+            if auroc is not None
+            else "no held-out AUROC recorded"
+        )
+        return (
+            f"Colours: p(good) per token from the adapter's own detector ({kind}, layer {self.head.get('layer')}) — "
+            f"not an independent judge; {held_out}. Flagged: p(good) < {FLAG_THRESHOLD:g}."
+        )
+
+
+def doc_path(folder: Path, index: int) -> Path:
+    return Path(folder) / f"doc-{index:03d}.json"
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def create_deck(folder: str | Path, cfg: DeckConfig) -> Path:
+    """Write the deck's config into `folder` (created). The same config again is fine (prepare resumes); another
+    deck's config there is refused."""
+    folder = Path(folder)
+    old = _read_json(folder / CONFIG_FILE)
+    if old is not None and DeckConfig.from_json(old["config"]) != cfg:
+        raise RunError(f"{folder} already holds another deck; choose another deck name (or delete that folder).")
+    if old is None:
+        write_json(folder / CONFIG_FILE, {"config": cfg.to_json(), "created": time.time()})
+    return folder
+
+
+def read_deck(folder: str | Path) -> Deck | None:
+    """The deck in `folder` as far as it is prepared; None where there is no deck.json."""
+    folder = Path(folder)
+    meta = _read_json(folder / CONFIG_FILE)
+    if meta is None:
+        return None
+    cfg = DeckConfig.from_json(meta["config"])
+    docs = []
+    for i, text in enumerate(cfg.documents):
+        d = _read_json(doc_path(folder, i)) or {}
+        docs.append(
+            DeckDocument(
+                text,
+                Summary.from_json(d["base"]) if d.get("base") else None,
+                {k: Summary.from_json(v) for k, v in d.get("positions", {}).items()},
+            )
+        )
+    return Deck(folder, cfg, _read_json(folder / HEAD_FILE) or {}, tuple(docs))
+
+
+@dataclass
+class PrepareStats:
+    generated: int = 0  # summaries generated by this call
+    skipped: int = 0  # summaries found finished
+    state: str = "finished"  # or "cancelled"
+    timings: list[float] = field(default_factory=list)
+
+
+def _run_auroc(adapter) -> float | None:
+    """The held-out token AUROC a run logged last (val_token_auroc in metrics.jsonl), if any."""
+    if adapter.run is None:
+        return None
+    return next((r["val_token_auroc"] for r in reversed(adapter.run.read_metrics()) if "val_token_auroc" in r), None)
+
+
+def _records(cfg: DeckConfig, adapter) -> list:
+    return read_jsonl(cfg.data or project_path(adapter.settings.data))
+
+
+def _token_set(cfg: DeckConfig, adapter) -> list:
+    records = _records(cfg, adapter)
+    return labelled_records(split_records(records, seed=adapter.settings.split_seed)["val"])[: cfg.token_records]
+
+
+def _head(cfg: DeckConfig, adapter, precision: str):
+    """(head.json, the TokenScorer's head argument or None, whether to score at all)."""
+    if cfg.head == "none":
+        return {"kind": "none", "reason": "the deck was prepared without the head's verdict"}, None, False
+    if cfg.head == "auto":
+        if adapter.has_head:
+            return (
+                {
+                    "kind": "run",
+                    "auroc": _run_auroc(adapter),
+                    "auroc_source": "val_token_auroc (metrics.jsonl)",
+                    "layer": adapter.head_layer,
+                },
+                None,
+                True,
+            )
+        return (
+            {
+                "kind": "none",
+                "reason": f"{adapter.name} has no head ({adapter.method or 'method unknown'}); prepare "
+                "the deck with the probe head (head: probe) to see the verdict",
+            },
+            None,
+            False,
+        )
+    probe = fit_probe_head(adapter, _records(cfg, adapter), ProbeHeadSettings(precision=precision))
+    head = {
+        "kind": "probe",
+        "auroc": probe.val_auroc,
+        "auroc_source": "probe head, validation split",
+        "layer": probe.layer,
+    }
+    return head, (probe.layer, probe.linear()), True
+
+
+def prepare_deck(folder: str | Path, progress: Callable[[int, int], None] | None = None) -> PrepareStats:
+    """Generate and score every summary of the deck in `folder` that is not there yet (module docstring). Stops,
+    with state "cancelled", at the first check after a STOP request. `progress(done, total)` after each summary."""
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).exists():
+        raise RunError(f"{folder}: no {CONFIG_FILE}; create the deck first (steer --deck DIR --run ADAPTER ...).")
+    with WriterLock(folder):  # read under the lock: what another writer finished is not made again
+        deck = read_deck(folder)
+        cfg, stats = deck.config, PrepareStats()
+        clear_stop(folder)  # a stop request ends the run it was made for; starting again is resuming
+        adapter = open_adapter(cfg.adapter)
+        precision = resolve_precision(cfg.precision, adapter.device)
+        todo = [
+            (i, lam)
+            for i, d in enumerate(deck.documents)
+            for lam in (None, *cfg.lambdas)
+            if (d.base if lam is None else d.at(lam)) is None
+        ]
+        stats.skipped = deck.total - len(todo)
+
+        def report(state: str, current: str | None = None) -> None:
+            done = deck.total - len(todo)
+            mean = float(np.mean(stats.timings)) if stats.timings else None
+            eta = mean * len(todo) if mean is not None else None
+            write_status(folder, state, done=done, total=deck.total, eta_s=eta, current=current)
+            if progress is not None:
+                progress(done, deck.total)
+
+        report("running", "loading the models")
+        if not todo:
+            report("finished")
+            return stats
+        gen = GenerationConfig(max_new_tokens=cfg.max_new_tokens, precision=precision)
+        spec = ModelSpec(adapter.base_model, "float32", adapter.device)
+        token_set = _token_set(cfg, adapter)
+        if not token_set:
+            raise RunError(f"{cfg.data or adapter.settings.data}: no token-labelled record for the steering vectors.")
+        head_json, head_arg, scored = _head(cfg, adapter, precision)
+        write_json(folder / HEAD_FILE, head_json)
+        scorer = TokenScorer(load_model(spec), adapter, precision, head=head_arg) if scored else None
+        vectors = build_steering_vectors(
+            adapter, token_set, ProbeSettings(random_control=False, precision=precision), cfg.top_k
+        )
+        session = SteeringSession.from_run(adapter, vectors, spec)
+        base_lm = load_model(spec)  # the base model's summaries, and every text's perplexity (fluency)
+        grounding = GroundingScorer()
+        files = {
+            i: _read_json(doc_path(folder, i)) or {"document": d, "base": None, "positions": {}}
+            for i, d in enumerate(cfg.documents)
+        }
+        while todo:
+            i, lam = todo[0]
+            document = cfg.documents[i]
+            where = f"document {i + 1}/{len(cfg.documents)}, " + ("base model" if lam is None else f"λ = {lam:+g}")
+            report("running", where)
+            if stop_requested(folder):
+                stats.state = "cancelled"
+                report("cancelled")
+                return stats
+            t0 = time.perf_counter()
+            if lam is None:
+                text = generate(base_lm, [document], gen)[0]
+            else:
+                text = session.generate_steered(document, lam, gen, how=cfg.how)
+            summary = _verdict(document, text, scorer, grounding, base_lm, time.perf_counter() - t0)
+            if lam is None:
+                files[i]["base"] = summary.to_json()
+            else:
+                files[i]["positions"][lambda_key(lam)] = summary.to_json()
+            write_json(doc_path(folder, i), files[i])
+            stats.timings.append(time.perf_counter() - t0)
+            stats.generated += 1
+            todo.pop(0)
+        report("finished")
+    return stats
+
+
+def _verdict(
+    document: str, text: str, scorer: TokenScorer | None, grounding, base_lm: LoadedModel, seconds: float
+) -> Summary:
+    factuality = score_summary(grounding, document, text, "sentence").score
+    fluent = fluency([text], base_lm)[0]
+    degenerate = fluent.reason if fluent.degenerate else None
+    if scorer is None:
+        return Summary(text, factuality, seconds, degenerate=degenerate)
+    if not text.strip():  # nothing for the head to judge: no tokens, no share
+        return Summary(text, factuality, seconds, (), (), None, degenerate)
+    s = scorer.score_text(document, text)
+    p = s.p_good.astype(float)
+    share = float((p < FLAG_THRESHOLD).mean()) if len(p) else None
+    return Summary(text, factuality, seconds, tuple(s.tokens), tuple(round(float(x), 4) for x in p), share, degenerate)
