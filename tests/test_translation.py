@@ -9,7 +9,7 @@ import json
 import pytest
 from conftest import MLQE_PAIRS, tiny_config, write_mlqe
 
-from topl_core.analysis.evaluation.evaluate import translation
+from topl_core.analysis.evaluation import translation
 from topl_core.analysis.evaluation.translation import ChrfScorer, flores_pairs, make_translation_scorer, parallel_pairs
 from topl_core.data.mlqe import load_mlqe_dir
 from topl_core.errors import DataError, ScorerError
