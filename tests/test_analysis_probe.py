@@ -497,8 +497,8 @@ def test_the_indicator_table_puts_lora_a_beside_id_and_ood_factuality(
     import pandas as pd
     from scipy.stats import spearmanr
 
-    from topl_core.analysis.evaluation.config import EvalConfig
     from topl_core.analysis.evaluation import evaluate as evaluation
+    from topl_core.analysis.evaluation.config import EvalConfig
     from topl_core.analysis.evaluation.indicator import factuality_by_adapter, indicator_table
     from topl_core.analysis.lora_a.probe import ProbeSettings, labelled_records, probe_run
 

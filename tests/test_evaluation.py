@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from conftest import CLIFF_CSV, negated_mode
 
-from topl_core.analysis.evaluation.config import OOD_MEAN
 from topl_core.analysis.evaluation import quality
+from topl_core.analysis.evaluation.config import OOD_MEAN
 from topl_core.analysis.evaluation.quality import measure_scorer_quality, scorer_quality
 from topl_core.analysis.evaluation.scorers import GroundingScorer, Scorer, make_scorer, score_summary
 from topl_core.analysis.evaluation.text import count_sentences, split_sentences
@@ -340,10 +340,10 @@ def gemma_run(tmp_path_factory, tiny_records):
 
 
 def test_evaluate_runner_and_lambda_sweep(gemma_run, monkeypatch):
+    from topl_core.analysis.evaluation import evaluate as evaluation
     from topl_core.analysis.evaluation.config import EvalConfig, Variant
     from topl_core.analysis.evaluation.documents import id_documents
     from topl_core.analysis.evaluation.evaluate import evaluate
-    from topl_core.analysis.evaluation import evaluate as evaluation
     from topl_core.analysis.evaluation.lambda_study import lambda_curve, lambda_sweep
 
     run, data = gemma_run
