@@ -16,7 +16,7 @@ import plotly.express as px
 import streamlit as st
 
 from pages._ui.datasets import dataset_paths
-from pages._ui.evaluation_panels import lambda_study, protocol_panel, translation_panel
+from pages._ui.evaluation_panels import lambda_study, protocol_panel, score_table, translation_panel
 from pages._ui.evaluations import evaluations_dir, read_evaluation
 from pages._ui.render import csv_download, plot
 from pages._ui.runs import finished_runs
@@ -309,14 +309,7 @@ def panel() -> None:
         # ID, OOD, average, then one column per OOD source (CLIFF's two, or a benchmark's datasets and their mean)
         score_cols = [c for c in table.columns if c not in ("variant", "sentences", "words", "n_ID", "n_OOD")]
         st.subheader("Factuality")
-        st.dataframe(
-            table[["variant", *score_cols, "n_ID", "n_OOD"]],
-            hide_index=True,
-            key=K + "table",
-            column_config={
-                c: st.column_config.ProgressColumn(c, min_value=0.0, max_value=1.0, format="%.3f") for c in score_cols
-            },
-        )
+        score_table(table, score_cols, K + "table")
         long = table.melt(
             id_vars="variant",
             value_vars=[c for c in ("ID", "OOD", "average") if c in table],

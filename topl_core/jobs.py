@@ -116,7 +116,7 @@ def launch(
 
 @contextmanager
 def claim(job_dir: str | Path) -> Iterator[WriterLock]:
-    """Hold job_dir's writer lock while a launch prepares it; `_start` hands it to the job process. Two sessions
+    """Hold job_dir's writer lock while a launch prepares it; `start_claimed` hands it to the job process. Two sessions
     launching into the same folder at once: one starts, the other gets a JobError naming the holder."""
     lock = WriterLock(job_dir)
     try:

@@ -15,6 +15,18 @@ from topl_core.analysis.steering.modes import MODES
 KEY = "eval."  # the Evaluation page's widget keys
 
 
+def score_table(table: pd.DataFrame, score_cols: list[str], key: str) -> None:
+    """A results table: one row per variant, its scores in [0, 1] drawn as bars, and the documents counted."""
+    st.dataframe(
+        table[["variant", *score_cols, "n_ID", "n_OOD"]],
+        hide_index=True,
+        key=key,
+        column_config={
+            c: st.column_config.ProgressColumn(c, min_value=0.0, max_value=1.0, format="%.3f") for c in score_cols
+        },
+    )
+
+
 def lambda_study(curve: pd.DataFrame, res: dict, name: str) -> None:
     """The λ curves of a steering study: per adapter, factuality with its 95% interval for each mode (the controls
     on the same axes as the LoRA-B vector), the share of degenerate texts and perplexity below; the conditional
@@ -129,14 +141,7 @@ def translation_panel(res: dict, per_sentence: Path, name: str) -> None:
     cfg = res["config"]
     st.subheader(f"Translation {cfg['lang_pair']} · {res['scorer']}")
     score_cols = [c for c in ("ID", "OOD", "average") if c in table]
-    st.dataframe(
-        table[["variant", *score_cols, "n_ID", "n_OOD"]],
-        hide_index=True,
-        key=KEY + "mt_table",
-        column_config={
-            c: st.column_config.ProgressColumn(c, min_value=0.0, max_value=1.0, format="%.3f") for c in score_cols
-        },
-    )
+    score_table(table, score_cols, KEY + "mt_table")
     csv_download(table, f"{name}-translation.csv", key=KEY + "mt_csv")
     if per_sentence.exists():
         with st.expander("Translations, per sentence"):

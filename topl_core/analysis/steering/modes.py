@@ -30,17 +30,17 @@ UNITS_DOC = (
 RANDOM_SEED = 0  # the random control's directions are seeded per site from this and the site key
 
 
-class SteeringVectors(Protocol):
-    """What a direction reads of vectors.SteeringVectors (which imports this module)."""
+class HasDirections(Protocol):
+    """What a direction reads of vectors.SteeringVectors (which imports this module, so it is not imported here)."""
 
     sites: tuple
     vectors: dict[str, np.ndarray]
     diff_mean: dict[str, np.ndarray]
 
-    def require_outputs(self) -> "SteeringVectors": ...
+    def require_outputs(self) -> "HasDirections": ...
 
 
-Direction = Callable[[SteeringVectors], Mapping[str, np.ndarray]]
+Direction = Callable[[HasDirections], Mapping[str, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -81,16 +81,16 @@ class SteeringMode:
         return -bound, bound, bound / 8
 
 
-def _lora_b(vectors: SteeringVectors) -> Mapping[str, np.ndarray]:
+def _lora_b(vectors: HasDirections) -> Mapping[str, np.ndarray]:
     return vectors.vectors
 
 
-def _diff_mean(vectors: SteeringVectors) -> Mapping[str, np.ndarray]:
+def _diff_mean(vectors: HasDirections) -> Mapping[str, np.ndarray]:
     vectors.require_outputs()
     return vectors.diff_mean
 
 
-def _random(vectors: SteeringVectors) -> Mapping[str, np.ndarray]:
+def _random(vectors: HasDirections) -> Mapping[str, np.ndarray]:
     """A seeded random direction per site with the LoRA-B vector's norm."""
     out = {}
     for s in vectors.sites:
