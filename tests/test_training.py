@@ -13,11 +13,12 @@ from conftest import tiny_config
 from topl_core.adapters import load_adapter
 from topl_core.data.encode import collate, encode_record
 from topl_core.data.records import Record
-from topl_core.errors import DataError, ModelError, RunError
+from topl_core.errors import ConfigError, DataError, ModelError, RunError
 from topl_core.forward import head_features
 from topl_core.models import load_model
 from topl_core.runs import RunDir
 from topl_core.status import request_stop, stop_requested
+from topl_core.training.config import LoraSettings
 from topl_core.training.lora import FastDropout, apply_lora
 from topl_core.training.losses import token_bce_loss
 from topl_core.training.trainer import train
@@ -347,3 +348,70 @@ def test_side_probes_are_checked_against_the_method_and_the_head_layer():
     with pytest.raises(ConfigError, match="below the head layer"):
         tiny_config(probe_layers=(2,))  # the head itself reads layer 2
     assert tiny_config(method="tldr", probe_layers=(3,)).probe_layers == (3,)
+
+
+def _loss_and_grads(t, objective, batches):
+    """The unit-weighted loss and gradients of one step over `batches`, as the trainer sums them."""
+    t.optimizer.zero_grad(set_to_none=True)
+    total_loss, units = 0.0, 0
+    for b in batches:
+        loss, info = objective.loss(t.ctx, b)
+        (loss * info[objective.units_key]).backward()
+        total_loss += float(loss) * info[objective.units_key]
+        units += info[objective.units_key]
+    grads = {i: p.grad.clone() / units for i, p in enumerate(t.params) if p.grad is not None}
+    return total_loss / units, grads
+
+
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-qwen3", "tiny-gemma3"])
+@pytest.mark.parametrize("method", ["topl", "sft"])
+def test_packed_rows_give_the_loss_and_gradients_of_padded_ones(family, method, tiny_records):
+    """Several examples a row, each restarting its positions (transformers masks each to itself): the same loss and
+    gradients as the padded batch of the same examples, with fewer positions computed."""
+    from topl_core.training.batching import make_packed_batches
+    from topl_core.training.objectives import OBJECTIVES
+    from topl_core.training.trainer import _trainable
+
+    objective = OBJECTIVES[method]
+    cfg = tiny_config(model=family, method=method, lora=LoraSettings(layer_start=0, layer_end=2, dropout=0.0))
+    base = load_model(family)
+    recs = [r for r in tiny_records if r.token_labels_known and (method == "topl" or r.sequence_label == 1)][:6]
+    # documents cut to 2, 40 or 100 tokens: examples of ~60 to ~160 tokens, so that short ones share a row
+    examples = [encode_record(base.tokenizer, r, (2, 100, 40)[i % 3], 24) for i, r in enumerate(recs)]
+    pad = base.tokenizer.pad_token_id
+    t = _trainable(cfg, objective, base, 2)
+    t.model.train()
+    padded = [collate(examples[k : k + 2], pad) for k in range(0, len(examples), 2)]
+    packed = make_packed_batches(examples, 2, pad)
+    assert sum(b.input_ids.shape[0] for b in packed) < len(examples)  # short examples share rows
+    assert sum(b.input_ids.numel() for b in packed) < sum(b.input_ids.numel() for b in padded)
+    loss_pad, grads_pad = _loss_and_grads(t, objective, padded)
+    loss_pack, grads_pack = _loss_and_grads(t, objective, packed)
+    assert loss_pack == pytest.approx(loss_pad, rel=1e-5)
+    assert grads_pad.keys() == grads_pack.keys() and grads_pad
+    for k in grads_pad:
+        assert torch.allclose(grads_pack[k], grads_pad[k], rtol=1e-4, atol=1e-7), k
+
+
+def test_packing_trains_the_same_run(tmp_path, tiny_records):
+    """A run trained on packed batches is the run trained on padded ones (no dropout: its masks follow the shapes)."""
+    from dataclasses import replace
+
+    from topl_core.training.objectives import OBJECTIVES
+    from topl_core.training.trainer import _prepare
+
+    # a third of the documents cut to 10 characters: the shortest batch mixes short and long examples, and its short
+    # ones share rows
+    records = [replace(r, document=r.document[:10]) if i % 3 == 0 else r for i, r in enumerate(tiny_records)]
+    lora = LoraSettings(layer_start=0, layer_end=2, dropout=0.0)
+    cfg = tiny_config(steps=3, lora=lora, batch_size=32, micro_batch_size=4)
+    _, batches = _prepare(replace(cfg, packing=True), OBJECTIVES["topl"], records, None)
+    rows = sum(b.input_ids.shape[0] for step in batches.train for b in step)
+    assert rows < batches.n_train  # packing happened
+    plain = train(cfg, tmp_path / "plain", records=records)
+    packed = train(replace(cfg, packing=True), tmp_path / "packed", records=records)
+    assert [r["loss"] for r in packed.read_metrics()] == pytest.approx([r["loss"] for r in plain.read_metrics()])
+    a, b = _weights(plain), _weights(packed)
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    with pytest.raises(ConfigError, match="packing"):
+        tiny_config(method="dpo", packing=True)

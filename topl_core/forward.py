@@ -37,23 +37,32 @@ def exit_after_layer(model: torch.nn.Module, layer: int) -> Iterator[None]:
 
 
 def hidden_after_layer(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    layer: int,
+    position_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Residual stream output of decoder layer `layer` (0-based), without running the layers after it."""
+    """Residual stream output of decoder layer `layer` (0-based), without running the layers after it. A packed
+    batch passes its position_ids and no attention_mask (topl_core.data.encode.Batch.forward_inputs)."""
     inner = base_causal_lm(model).model
     with exit_after_layer(model, layer):
         try:
-            inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
         except _EarlyExit as stop:
             return stop.hidden
     raise RuntimeError(f"decoder layer {layer} never ran: the model has {len(decoder_layers(model))} layers")
 
 
 def head_features(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    layer: int,
+    position_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """H = FinalNorm(hidden after layer m): what the TOPL/SOPL/TLDR head reads. Shape (B, T, d)."""
-    return final_norm(model)(hidden_after_layer(model, input_ids, attention_mask, layer))
+    return final_norm(model)(hidden_after_layer(model, input_ids, attention_mask, layer, position_ids))
 
 
 def head_probability(head: torch.nn.Linear, features: torch.Tensor) -> torch.Tensor:

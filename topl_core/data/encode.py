@@ -135,14 +135,40 @@ class Batch:
 
     `lm_mask` marks the next-token targets of language-model objectives: the response tokens and the end-of-turn
     token after them (never position 0, which has no prediction). A pair batch (see `collate_pairs`) holds the
-    chosen responses in rows [0, B) and the rejected ones in rows [B, 2B); row i pairs with row B + i."""
+    chosen responses in rows [0, B) and the rejected ones in rows [B, 2B); row i pairs with row B + i.
+
+    A packed batch (`collate_packed`) holds several examples per row, each restarting `position_ids` at 0; the model
+    then attends within each example only (transformers builds the block-diagonal mask from the position ids), so
+    every token's output is the one it has in a padded batch. `attention_mask` still marks the real tokens (1) and
+    the padding after the last example of a row (0); `forward_inputs` gives what the model is called with."""
 
     input_ids: torch.Tensor  # (B, T)
     attention_mask: torch.Tensor  # (B, T)
     labels: torch.Tensor  # (B, T) 1/0/-1
     response_mask: torch.Tensor  # (B, T) bool: response tokens (labelled or not)
-    sequence_labels: torch.Tensor  # (B,)
+    sequence_labels: torch.Tensor  # (B,) one per row; a packed batch's rows are no examples, so it has none (0,)
     lm_mask: torch.Tensor | None = None  # (B, T) bool: response tokens + end-of-turn token
+    position_ids: torch.Tensor | None = None  # (B, T): set in packed batches only
+    # what the losses average over, counted where the batch is built: on a GPU, counting there would wait for it
+    n_labelled: int = -1  # tokens with a label 1/0 (-1: count them now)
+    n_lm_targets: int = -1  # lm_mask positions
+
+    def __post_init__(self) -> None:
+        if self.n_labelled < 0:
+            self.n_labelled = int((self.labels != IGNORE).sum())
+        if self.n_lm_targets < 0:
+            self.n_lm_targets = 0 if self.lm_mask is None else int(self.lm_mask.sum())
+
+    @property
+    def packed(self) -> bool:
+        return self.position_ids is not None
+
+    def forward_inputs(self) -> dict[str, torch.Tensor]:
+        """The model's keyword inputs: ids and the padding mask, or, packed, ids and the per-example positions
+        (no mask: transformers reads the example boundaries from the positions only when the mask is None)."""
+        if self.packed:
+            return {"input_ids": self.input_ids, "attention_mask": None, "position_ids": self.position_ids}
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
 
     def to(self, device) -> "Batch":
         tensors = (
@@ -152,29 +178,55 @@ class Batch:
             self.response_mask,
             self.sequence_labels,
             self.lm_mask,
+            self.position_ids,
         )
-        return Batch(*(None if t is None else t.to(device) for t in tensors))
+        moved = (None if t is None else t.to(device) for t in tensors)
+        return Batch(*moved, n_labelled=self.n_labelled, n_lm_targets=self.n_lm_targets)
+
+    @property
+    def real_tokens(self) -> int:
+        """Tokens that are not padding (read it before moving the batch to a GPU: on one it waits for the device)."""
+        return int(self.attention_mask.sum())
 
 
 def collate(examples: list[Encoded], pad_id: int, pad_to_multiple: int = 16) -> Batch:
     """Pad to a multiple of `pad_to_multiple` so batch shapes repeat (fewer distinct allocations, steadier memory)."""
-    longest = max(len(e) for e in examples)
-    T = -(-longest // pad_to_multiple) * pad_to_multiple
-    B = len(examples)
+    return collate_packed([[e] for e in examples], pad_id, pad_to_multiple, packed=False)
+
+
+def collate_packed(rows: list[list[Encoded]], pad_id: int, pad_to_multiple: int = 16, packed: bool = True) -> Batch:
+    """One row per list of examples, laid end to end and right-padded to a common length (a multiple of
+    `pad_to_multiple`). Packed (several examples a row): position_ids restart at 0 for every example and the
+    padding after a row's last example gets positions of its own (0, 1, …: a block of its own that no example
+    attends to); sequence_labels is empty. `packed=False` with one example per row is the plain padded batch."""
+    lengths = [sum(len(e) for e in row) for row in rows]
+    T = -(-max(lengths) // pad_to_multiple) * pad_to_multiple
+    B = len(rows)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
     att = torch.zeros((B, T), dtype=torch.long)
     lab = torch.full((B, T), IGNORE, dtype=torch.long)
     resp = torch.zeros((B, T), dtype=torch.bool)
     lm = torch.zeros((B, T), dtype=torch.bool)
-    for i, e in enumerate(examples):
-        n = len(e)
-        ids[i, :n] = torch.from_numpy(e.input_ids)
-        att[i, :n] = 1
-        lab[i, :n] = torch.from_numpy(e.labels)
-        resp[i, e.response_start : e.response_end] = True
-        lm[i, max(1, e.response_start) : n] = True  # the response, then the end-of-turn token encode_record appends
-    seq = torch.tensor([e.sequence_label for e in examples], dtype=torch.long)
-    return Batch(ids, att, lab, resp, seq, lm)
+    pos = torch.zeros((B, T), dtype=torch.long)
+    for i, row in enumerate(rows):
+        at = 0
+        for e in row:
+            n = len(e)
+            ids[i, at : at + n] = torch.from_numpy(e.input_ids)
+            att[i, at : at + n] = 1
+            lab[i, at : at + n] = torch.from_numpy(e.labels)
+            pos[i, at : at + n] = torch.arange(n)
+            resp[i, at + e.response_start : at + e.response_end] = True
+            # the response, then the end-of-turn token encode_record appends (never an example's first position)
+            lm[i, at + max(1, e.response_start) : at + n] = True
+            at += n
+        pos[i, at:] = torch.arange(T - at)
+    if not packed:
+        if any(len(row) != 1 for row in rows):
+            raise ValueError("collate_packed(packed=False) takes one example per row.")
+        seq = torch.tensor([row[0].sequence_label for row in rows], dtype=torch.long)
+        return Batch(ids, att, lab, resp, seq, lm)
+    return Batch(ids, att, lab, resp, torch.zeros(0, dtype=torch.long), lm, pos)
 
 
 @dataclass(frozen=True)

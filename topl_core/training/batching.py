@@ -1,5 +1,6 @@
 """From records to batches: which records each method trains on, encoded (prompt + document + response, token labels
-from character spans), and length-bucketed batches of single examples or (chosen, rejected) pairs."""
+from character spans), and length-bucketed batches of single examples or (chosen, rejected) pairs, or packed
+batches (several examples a row, no compute on padding)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..data.encode import Batch, Encoded, EncodedPair, collate, collate_pairs, encode_record
+from ..data.encode import Batch, Encoded, EncodedPair, collate, collate_packed, collate_pairs, encode_record
 from ..data.records import Record
 
 
@@ -90,3 +91,32 @@ def make_batches(examples: Sequence[Encoded], batch_size: int, pad_id: int) -> l
 def make_pair_batches(pairs: Sequence[EncodedPair], batch_size: int, pad_id: int) -> list[Batch]:
     """Length-bucketed pair batches of `batch_size` pairs (2 × batch_size rows: chosen, then rejected)."""
     return [collate_pairs(group, pad_id) for group in length_buckets(pairs, batch_size)]
+
+
+def pack_rows(examples: Sequence[Encoded], capacity: int) -> list[list[Encoded]]:
+    """First-fit decreasing: the examples, longest first, each into the first row with room for it (rows of at most
+    `capacity` tokens; an example longer than that gets a row of its own)."""
+    rows: list[list[Encoded]] = []
+    room: list[int] = []
+    for e in sorted(examples, key=len, reverse=True):
+        fit = next((i for i, r in enumerate(room) if len(e) <= r), None)
+        if fit is None:
+            rows.append([e])
+            room.append(capacity - len(e))
+        else:
+            rows[fit].append(e)
+            room[fit] -= len(e)
+    return rows
+
+
+def make_packed_batches(examples: Sequence[Encoded], rows_per_batch: int, pad_id: int, pad_to_multiple: int = 16):
+    """The examples packed into rows as long as the padded batch of them all would be (the longest example, rounded
+    up to `pad_to_multiple`), `rows_per_batch` rows a batch: the same memory per batch as padded micro-batches of
+    that many examples, fewer batches where short examples share a row. Only for losses that are means over tokens
+    (a packed row is no example: its sequence labels are gone)."""
+    capacity = -(-max(len(e) for e in examples) // pad_to_multiple) * pad_to_multiple
+    rows = pack_rows(examples, capacity)
+    return [
+        collate_packed(rows[k : k + rows_per_batch], pad_id, pad_to_multiple)
+        for k in range(0, len(rows), rows_per_batch)
+    ]

@@ -29,6 +29,8 @@ METHOD_DATA: dict[str, Requirement] = {
 
 
 PROBED_METHODS = ("topl", "tldr")  # the token-head methods side probes can learn beside
+# the methods whose loss is a mean over tokens, which packed rows (several examples a row) leave as it is
+PACKABLE_METHODS = ("topl", "tldr", "sft")
 
 # experiment trackers a run can also log to, beside its metrics.jsonl (topl_core.training.tracking)
 Tracker = Literal["tensorboard", "mlflow"]
@@ -87,6 +89,10 @@ class TrainConfig:
     # recompute each decoder layer's activations in the backward pass instead of keeping them: less memory for long
     # inputs or large models, about a third more compute; the same gradients
     gradient_checkpointing: bool = False
+    # pack the training examples of a batch into rows (several short examples a row, each attending to itself only,
+    # training.batching.make_packed_batches): no compute on padding, the same loss and gradients as padded batches;
+    # micro_batch_size then counts rows. Validation batches stay padded.
+    packing: bool = False
     steps: int = 60
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -142,6 +148,8 @@ class TrainConfig:
             _fail("report_to", self.report_to, f"choose trackers from {TRACKERS} (none: an empty list).")
         if self.mlflow_tracking_uri and "mlflow" not in self.report_to:
             _fail("mlflow_tracking_uri", self.mlflow_tracking_uri, "add 'mlflow' to report_to, or leave the URI empty.")
+        if self.packing and self.method not in PACKABLE_METHODS:
+            _fail("packing", self.packing, f"packed rows hold no single example's sequence: use {PACKABLE_METHODS}.")
         if self.probe_layers and self.method not in PROBED_METHODS:
             _fail("probe_layers", self.probe_layers, f"side probes read a token head's labels: use {PROBED_METHODS}.")
         below = self.lora.layer_end if self.method == "topl" else None  # TLDR's head layer is the model's last

@@ -12,11 +12,12 @@ from ..data.encode import IGNORE
 
 
 def token_bce_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean binary cross-entropy of per-token head logits against labels 1 (good) / 0 (bad); -1 ignored."""
+    """Mean binary cross-entropy of per-token head logits against labels 1 (good) / 0 (bad); -1 ignored (0 when no
+    token is labelled). A masked sum, not an index of the labelled tokens: on a GPU, indexing by a mask waits for the
+    device to count them."""
     mask = labels != IGNORE
-    if not mask.any():
-        return logits.sum() * 0.0
-    return F.binary_cross_entropy_with_logits(logits[mask].float(), labels[mask].float())
+    per_token = F.binary_cross_entropy_with_logits(logits.float(), labels.clamp(min=0).float(), reduction="none")
+    return (per_token * mask).sum() / mask.sum().clamp(min=1)
 
 
 def pooled_response_logits(logits: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

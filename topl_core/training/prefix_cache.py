@@ -98,6 +98,11 @@ class PrefixCachedDecoder(torch.nn.Module):
     def forward(self, input_ids=None, attention_mask=None, use_cache=False, **kwargs):
         if input_ids is None:
             raise ModelError("PrefixCachedDecoder needs input_ids (its cache is keyed by them).")
+        if kwargs.get("position_ids") is not None:
+            raise ModelError(
+                "prefix reuse keys its states by padded batches and cannot take packed ones; train the sweep's "
+                "windows without packing, or with reuse_prefix=False."
+            )
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         h = self._store.entering(self, input_ids, attention_mask, self.start)

@@ -62,7 +62,7 @@ def head_and_probe_logits(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor,
     layers = decoder_layers(ctx.model)
     hooks = [layers[int(k)].register_forward_hook(keep(int(k))) for k in (ctx.probes or {})]
     try:
-        h = head_features(ctx.model, batch.input_ids, batch.attention_mask, ctx.head_layer)
+        h = head_features(ctx.model, layer=ctx.head_layer, **batch.forward_inputs())
     finally:
         for handle in hooks:
             handle.remove()
@@ -100,7 +100,7 @@ def target_logprobs(model: torch.nn.Module, batch: Batch, vocab: bool = False) -
     targets = batch.lm_mask
     predictors = torch.zeros_like(targets)
     predictors[:, :-1] = targets[:, 1:]
-    hidden = lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
+    hidden = lm.model(**batch.forward_inputs(), use_cache=False).last_hidden_state
     logits = lm_head_logits(lm, hidden[predictors])
     logp = torch.log_softmax(logits, dim=-1)
     target_ids = batch.input_ids[targets]
@@ -132,7 +132,7 @@ def reference_policy(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
 def topl_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict]:
     logits, probes = head_and_probe_logits(ctx, batch)
     loss = token_bce_loss(logits, batch.labels)
-    info: dict = {"supervised_tokens": int((batch.labels != IGNORE).sum())}
+    info: dict = {"supervised_tokens": batch.n_labelled}
     if probes:
         side = {k: token_bce_loss(p, batch.labels) for k, p in probes.items()}
         info |= {f"probe_loss_L{k}": float(v.detach()) for k, v in side.items()}
@@ -149,7 +149,7 @@ def sopl_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict]:
 
 def sft_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict]:
     lp = target_logprobs(ctx.model, batch)
-    return nll_loss(lp.token_logp), {"supervised_tokens": int(lp.token_logp.numel())}
+    return nll_loss(lp.token_logp), {"supervised_tokens": batch.n_lm_targets}
 
 
 def _unlikelihood_labels(lp: TargetLogprobs, batch: Batch) -> torch.Tensor:

@@ -31,7 +31,7 @@ from ..models import LoadedModel, ModelSpec, hub_id, load_model
 from ..precision import autocast
 from ..runs import RunDir
 from ..status import WriterLock, clear_stop, stop_requested
-from .batching import EncodeSettings, length_buckets
+from .batching import EncodeSettings, length_buckets, make_packed_batches
 from .checkpoint import Trainable, checkpoint_state, load_checkpoint, lora_state, write_checkpoint
 from .config import TrainConfig
 from .lora import apply_lora
@@ -223,8 +223,9 @@ def _prepare(
             f"{cfg.method}: no training example could be built from {len(splits['train'])} training records."
         )
     pad = base.tokenizer.pad_token_id
+    micro_batches = make_packed_batches if cfg.packing else objective.batches
     train_batches = [
-        objective.batches(group, cfg.micro_batch_size, pad) for group in length_buckets(train_ex, cfg.batch_size)
+        micro_batches(group, cfg.micro_batch_size, pad) for group in length_buckets(train_ex, cfg.batch_size)
     ]
     val_batches = objective.batches(val_ex, cfg.batch_size, pad) if val_ex else []
     return base, _Batches(train_batches, val_batches, len(train_ex), len(val_ex), records_fingerprint(records))
@@ -271,7 +272,8 @@ def _trainable(
     groups = [{"params": lora_params}]
     if head_params:
         groups.append({"params": head_params + probe_params, "lr": cfg.lr * cfg.head_lr_multiplier})
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # fused: one kernel updates every parameter (on a GPU, one launch instead of several per LoRA matrix)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=not world.fsdp)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
     ctx = StepContext(model, head, head_layer, cfg.beta, cfg.tdpo_alpha, probes if cfg.probe_layers else None)
     return Trainable(model, head, lora_params + head_params, optimizer, scheduler, ctx, probe_params)
@@ -314,13 +316,16 @@ def _train_step(
     mine = [i for i in range(len(micro)) if world.mine(i)]
     padding = world.passes(len(micro)) - len(mine)  # FSDP: passes of weight 0 keep every rank's all-gathers in step
     for index in mine + [-1] * padding:
-        batch = micro[max(index, 0)].to(cfg.device)
+        host = micro[max(index, 0)]
+        batch = host.to(cfg.device)
         with autocast(cfg.precision, cfg.device):
             loss, info = objective.loss(t.ctx, batch)
         # weight by what the loss averages over; the sum is divided by the step's total below
         (loss * (info[objective.units_key] if index >= 0 else 0)).backward()
-        if index >= 0:
-            done.append((index, loss.detach().item(), info, int(batch.attention_mask.sum())))
+        if index >= 0:  # the loss stays on the device: one transfer for the whole step, after the last backward
+            done.append((index, loss.detach(), info, host.real_tokens))
+    step_losses = torch.stack([d[1] for d in done]).tolist() if done else []
+    done = [(i, x, info, n) for (i, _, info, n), x in zip(done, step_losses)]
     world.sum_grads(t.params + t.probe_params)
     done = sorted(world.gather(done), key=lambda d: d[0])  # the whole step, in one process's order
     losses, infos, tokens = [d[1] for d in done], [d[2] for d in done], sum(d[3] for d in done)
