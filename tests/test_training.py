@@ -415,3 +415,22 @@ def test_packing_trains_the_same_run(tmp_path, tiny_records):
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     with pytest.raises(ConfigError, match="packing"):
         tiny_config(method="dpo", packing=True)
+
+
+def test_fused_adamw_takes_the_steps_of_the_plain_one():
+    """The trainer's fused AdamW (one kernel for every parameter) moves the weights as the per-parameter loop does."""
+    torch.manual_seed(0)
+    shapes = [(4, 64), (64, 4), (1, 64), (1,)]
+    start = [torch.randn(s) for s in shapes]
+    grads = [[torch.randn(s) for s in shapes] for _ in range(4)]
+    moved = {}
+    for fused in (True, False):
+        params = [torch.nn.Parameter(p.clone()) for p in start]
+        opt = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01, fused=fused, foreach=None if fused else False)
+        for step in grads:
+            for p, g in zip(params, step):
+                p.grad = g.clone()
+            opt.step()
+        moved[fused] = params
+    for a, b, s in zip(moved[True], moved[False], start):
+        assert not torch.equal(a, s) and torch.allclose(a, b, rtol=1e-6, atol=1e-7)

@@ -141,22 +141,24 @@ class Capture:
         self.sets = sets
         self.keep_inputs = set(keep_inputs)
         self.last_layer = max(s.layer for s in self.sites)
-        self._select: torch.Tensor | None = None
+        self._rows: torch.Tensor | None = None  # indices of the kept tokens in the flattened (B·T) batch
         self._thread: int | None = None  # only forwards from the thread inside run() are captured
         self._chunks: dict[str, dict[str, list[np.ndarray]]] = {name: {s.key: [] for s in self.sites} for name in sets}
         self._inputs: dict[str, list[np.ndarray]] = {k: [] for k in self.keep_inputs}
+        # this batch's projections, kept on the model's device until the forward ends: one transfer per batch
+        self._pending: list[tuple[str, str, torch.Tensor]] = []
         self._n = 0
 
     def _hook(self, site: Site):
         mats = {name: w[site] for name, w in self.sets.items()}
 
         def pre_hook(_module, args):
-            if self._select is None or threading.get_ident() != self._thread:
+            if self._rows is None or threading.get_ident() != self._thread:
                 return None
-            x = args[0][self._select].float()  # (n, d_in): selected tokens, row-major (batch, position)
+            x = args[0].flatten(0, -2).index_select(0, self._rows).float()  # (n, d_in): kept tokens, row-major
             with full_precision(x.device.type):  # under bf16 autocast the forward runs in bf16, A·x in float32
                 for name, A in mats.items():
-                    self._chunks[name][site.key].append(to_numpy(x @ A.to(x.device).T))
+                    self._pending.append((name, site.key, x @ A.T))
             if site.key in self.keep_inputs:
                 self._inputs[site.key].append(to_numpy(x))
             return None
@@ -166,16 +168,23 @@ class Capture:
     @torch.no_grad()
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, select: torch.Tensor) -> int:
         """One forward pass (stopping after the last site's layer); keeps the tokens where `select` is True.
-        Returns the number of tokens kept."""
-        self._select = select.to(input_ids.device).bool()
+        Returns the number of tokens kept. The kept rows are found on the host (select is given there) and every
+        site's projection stays on the device until the pass ends, so a GPU never waits inside the forward."""
+        rows = select.reshape(-1).bool().cpu().nonzero().squeeze(1)
+        self._rows = rows.to(input_ids.device)
         self._thread = threading.get_ident()
         try:
             hidden_after_layer(self.model, input_ids, attention_mask, self.last_layer)
+            if self._pending:  # every site's (n, r) in one transfer, then split
+                joined = to_numpy(torch.cat([p for _, _, p in self._pending], dim=1))
+                widths = np.cumsum([p.shape[1] for _, _, p in self._pending])[:-1]
+                for (name, key, _), part in zip(self._pending, np.split(joined, widths, axis=1)):
+                    self._chunks[name][key].append(part)
         finally:
-            self._select = self._thread = None
-        n = int(select.sum())
-        self._n += n
-        return n
+            self._rows = self._thread = None
+            self._pending = []
+        self._n += len(rows)
+        return len(rows)
 
     def result(
         self,
