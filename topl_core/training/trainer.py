@@ -323,13 +323,14 @@ def _train_step(
         # weight by what the loss averages over; the sum is divided by the step's total below
         (loss * (info[objective.units_key] if index >= 0 else 0)).backward()
         if index >= 0:  # the loss stays on the device: one transfer for the whole step, after the last backward
-            done.append((index, loss.detach(), info, host.real_tokens))
+            done.append((index, loss.detach(), info, host.real_tokens, host.input_ids.numel()))
     step_losses = torch.stack([d[1] for d in done]).tolist() if done else []
-    done = [(i, x, info, n) for (i, _, info, n), x in zip(done, step_losses)]
+    done = [(d[0], x, *d[2:]) for d, x in zip(done, step_losses)]
     world.sum_grads(t.params + t.probe_params)
     done = sorted(world.gather(done), key=lambda d: d[0])  # the whole step, in one process's order
     losses, infos, tokens = [d[1] for d in done], [d[2] for d in done], sum(d[3] for d in done)
     loss, info = _combine_micro_batches(losses, infos, objective.units_key, t.params + t.probe_params)
+    info["padding_share"] = 1 - tokens / sum(d[4] for d in done)  # of the positions the step computed
     info["grad_norm"] = world.clip_grad_norm(t.params, cfg.max_grad_norm)
     if t.probe_params:  # clipped on their own: the run's own gradients are clipped as without probes
         world.clip_grad_norm(t.probe_params, cfg.max_grad_norm)
