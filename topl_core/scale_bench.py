@@ -7,7 +7,8 @@ model name loads as usual, e.g. tiny-llama for the CPU test):
   through the workbench's trainer: median tokens/s and step seconds over the steps after the first, the padding
   share of the positions computed, peak device memory (CUDA: max_memory_allocated; None on a CPU), and mfu = the
   step's FLOPs (bench.topl_flops_per_token / sft_flops_per_token at the data's mean length) × tokens/s over the
-  matmul peak measured in the same run. topl_vs_sft_step: TOPL's seconds per token over SFT's.
+  matmul peak measured in the same run; on a GPU also the largest micro-batch whose step fits, measured
+  (largest_micro_batch). topl_vs_sft_step: TOPL's seconds per token over SFT's.
 - capture: LoRA-A capture of every site of the SFT adapter (LoRA on every layer: layers × 7 sites) on 48 records.
 - steering: one steered generation of `new_tokens` tokens per λ (the vector mode's 17 slider positions, −2..2 by
   0.25) run one λ at a time, and the same grid as one batched generation (SteeringSession.generate_grid).
@@ -20,6 +21,7 @@ import gc
 import statistics
 import tempfile
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -34,14 +36,17 @@ from .analysis.steering.session import SteeringSession
 from .analysis.steering.vectors import build_steering_vectors
 from .analysis.studies.sweeps import SweepConfig
 from .bench import benchmark_prefix_reuse, sft_flops_per_token, topl_flops_per_token
-from .data.encode import encode_record
+from .data.encode import collate, encode_record
 from .data.records import Record, read_jsonl
 from .data.split import split_records
 from .generate import GenerationConfig, load_merged
 from .models import RANDOM_WEIGHTS, LoadedModel, ModelSpec, layer_count, load_model
-from .precision import resolve_precision
+from .precision import autocast, resolve_precision
 from .presets import PRESETS
+from .training.batching import EncodeSettings
 from .training.config import LoraSettings, TrainConfig, preset_config
+from .training.objectives import OBJECTIVES
+from .training.steps import StepContext
 from .training.trainer import train
 
 CAPTURE_RECORDS = 48
@@ -136,6 +141,48 @@ def bench_training(
         "peak_gib": _peak_gib(cfg.device),
     }
     return row, base
+
+
+FIT_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def largest_micro_batch(cfg: TrainConfig, lm: LoadedModel, records: Sequence[Record]) -> tuple[int, int] | None:
+    """The largest micro-batch (of FIT_CANDIDATES) whose forward and backward fit the GPU, measured: the method's
+    loss step on that many of the data's longest examples, until the device runs out of memory; with the number of
+    times that step made the host wait for the GPU (torch's sync debug mode). None on a CPU."""
+    if cfg.device != "cuda":
+        return None
+    objective = OBJECTIVES[cfg.method]
+    examples = sorted(
+        objective.prepare(lm.tokenizer, records, EncodeSettings(cfg.max_doc_tokens, cfg.max_response_tokens)), key=len
+    )
+    head = torch.nn.Linear(lm.model.config.hidden_size, 1, device="cuda") if objective.uses_head else None
+    ctx = StepContext(lm.model, head, cfg.lora.layer_end if head is not None else None, cfg.beta, cfg.tdpo_alpha)
+    lm.model.train()
+    fits = None
+    for size in FIT_CANDIDATES:
+        batch = collate(
+            examples[-size:] if len(examples) >= size else (examples * size)[-size:], lm.tokenizer.pad_token_id
+        ).to("cuda")
+        try:
+            with autocast(cfg.precision, "cuda"), warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")  # each op that makes the host wait for the GPU warns
+                try:
+                    loss, _ = objective.loss(ctx, batch)
+                    loss.backward()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            syncs = sum("synchroniz" in str(w.message) for w in seen)
+            torch.cuda.synchronize()
+        except torch.OutOfMemoryError:
+            break
+        finally:
+            lm.model.zero_grad(set_to_none=True)
+            loss = batch = None
+            torch.cuda.empty_cache()
+        fits = (size, syncs)
+    return fits
 
 
 def bench_capture(lm: LoadedModel, records: Sequence[Record], cfg: TrainConfig) -> dict:
@@ -235,6 +282,11 @@ def bench_model(
         cfg = train_config(name, method, device, packing=packing and method in ("topl", "sft"), **common)
         row[f"train_{method}"], trained = bench_training(cfg, records, work / name, peak_tflops)
         row.setdefault("params_b", sum(p.numel() for p in trained.model.parameters() if not p.requires_grad) / 1e9)
+        fit = largest_micro_batch(cfg, trained, records)
+        row[f"train_{method}"]["largest_micro_batch"], row[f"train_{method}"]["host_waits_per_micro_batch"] = fit or (
+            None,
+            None,
+        )
         if method == "sft":
             log(f"{name}: LoRA-A capture of every site")
             row["capture"] = bench_capture(trained, test, cfg)

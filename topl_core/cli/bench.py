@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 
 from ..bench import main
+from ..io import write_json
 from ..models import DEVICES
 from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL, PRESETS
+from ..progress import Bar
+from ..scale_bench import PHASES_PER_MODEL, format_scale, run_scale_bench
 from . import COMMANDS
 from .common import add_precision_arg, announce_precision
 
@@ -49,10 +52,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> None:
     if args.scale:
-        from ..io import write_json
-        from ..progress import Bar
-        from ..scale_bench import PHASES_PER_MODEL, format_scale, run_scale_bench
-
         with Bar("scale bench", total=PHASES_PER_MODEL * len(args.models)) as bar:  # a phase's log line: a stage
             res = run_scale_bench(
                 args.models, args.device, args.data, args.steps, args.micro_batch_size, args.packing, args.hub,

@@ -180,7 +180,10 @@ class Batch:
             self.lm_mask,
             self.position_ids,
         )
-        moved = (None if t is None else t.to(device) for t in tensors)
+        if torch.device(device).type == "cuda":  # from pinned memory: a copy from pageable memory waits for the GPU
+            moved = [None if t is None else t.pin_memory().to(device, non_blocking=True) for t in tensors]
+        else:
+            moved = [None if t is None else t.to(device) for t in tensors]
         return Batch(*moved, n_labelled=self.n_labelled, n_lm_targets=self.n_lm_targets)
 
     @property
