@@ -7,6 +7,8 @@ import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Literal
 
+import torch
+
 from ..data.variants import LABEL_SETTINGS
 from ..errors import ConfigError
 from ..paths import DEFAULT_DATA
@@ -35,6 +37,11 @@ PACKABLE_METHODS = ("topl", "tldr", "sft")
 # experiment trackers a run can also log to, beside its metrics.jsonl (topl_core.training.tracking)
 Tracker = Literal["tensorboard", "mlflow"]
 TRACKERS: tuple[str, ...] = typing.get_args(Tracker)
+
+
+def compile_backends() -> list[str]:
+    """torch.compile's backends, the debugging ones (aot_eager: the compiled graph run eagerly) included."""
+    return torch.compiler.list_backends(exclude_tags=())
 
 
 def _fail(field_name: str, value, fix: str):
@@ -93,6 +100,9 @@ class TrainConfig:
     # training.batching.make_packed_batches): no compute on padding, the same loss and gradients as padded batches;
     # micro_batch_size then counts rows. Validation batches stay padded.
     packing: bool = False
+    # compile each decoder layer's forward with torch.compile and this backend ("inductor" on a GPU: fused
+    # elementwise work, fewer kernel launches; "" = eager). Shapes are compiled dynamic (batches vary in length).
+    compile_backend: str = ""
     steps: int = 60
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -148,6 +158,8 @@ class TrainConfig:
             _fail("report_to", self.report_to, f"choose trackers from {TRACKERS} (none: an empty list).")
         if self.mlflow_tracking_uri and "mlflow" not in self.report_to:
             _fail("mlflow_tracking_uri", self.mlflow_tracking_uri, "add 'mlflow' to report_to, or leave the URI empty.")
+        if self.compile_backend and self.compile_backend not in compile_backends():
+            _fail("compile_backend", self.compile_backend, f"choose '' (eager) or one of {compile_backends()}.")
         if self.packing and self.method not in PACKABLE_METHODS:
             _fail("packing", self.packing, f"packed rows hold no single example's sequence: use {PACKABLE_METHODS}.")
         if self.probe_layers and self.method not in PROBED_METHODS:

@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from ..architecture import check_layer_range
+from ..architecture import check_layer_range, decoder_layers
 from ..card import write_card
 from ..data.encode import Encoded
 from ..data.records import Record, read_jsonl, records_fingerprint
@@ -261,6 +261,9 @@ def _trainable(
     model = apply_lora(base.model, cfg)
     if cfg.gradient_checkpointing:  # the decoder layers recompute their activations in backward (training mode only)
         model.base_model.model.activation_checkpointing_enable({"use_reentrant": False})
+    if cfg.compile_backend:  # the forward alone: the hooks around it (early exit, probes, capture) stay eager
+        for layer in decoder_layers(model):
+            layer.forward = torch.compile(layer.forward, backend=cfg.compile_backend, dynamic=True)
     world.shard(model)  # before the optimizer: sharding replaces the parameters
     hidden = base.model.config.hidden_size
     head = _zero_linear(hidden, cfg.device) if objective.uses_head else None
