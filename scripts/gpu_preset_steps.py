@@ -5,7 +5,7 @@ and peak GPU memory per (preset, method).
         --tokenizer cache/models/smollm2-135m --steps 4 --json gpu-presets.json
 
 On a machine without the hub (where this was run) the presets' weights cannot be downloaded: each model is then
-built with the published architecture of its preset (the SHAPES below: hidden size, layers, heads, vocabulary) and
+built with the published architecture of its preset (Preset.architecture: hidden size, layers, heads, vocabulary) and
 random bf16 weights on the GPU, and the text is tokenized with the given tokenizer (its ids lie inside every preset's
 vocabulary). Speed and memory are those of the real shapes; the losses are those of an untrained model (TOPL starts at
 log 2 from its zero head, SFT near log |vocab|) and say only that the step runs. With a hub, --hub loads the real
@@ -32,58 +32,15 @@ from topl_core.data.records import read_jsonl  # noqa: E402
 from topl_core.models import LoadedModel, ModelSpec, load_model  # noqa: E402
 from topl_core.presets import PRESETS  # noqa: E402
 from topl_core.training.config import preset_config  # noqa: E402
+from topl_core.training.memory import preset_model_config  # noqa: E402
 from topl_core.training.trainer import train  # noqa: E402
-
-# The presets' published text-model configurations (the decoder each preset's hub id holds).
-SHAPES: dict[str, dict] = {
-    "qwen3-8b": dict(
-        model_type="qwen3",
-        hidden_size=4096,
-        intermediate_size=12288,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        rope_theta=1_000_000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-    ),
-    "llama3.1-8b": dict(
-        model_type="llama",
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        rope_theta=500_000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-    ),
-    "gemma3-4b": dict(
-        model_type="gemma3_text",
-        hidden_size=2560,
-        intermediate_size=10240,
-        num_hidden_layers=34,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=256,
-        vocab_size=262208,
-        sliding_window=1024,
-        query_pre_attn_scalar=256,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-    ),
-}
 
 
 def random_preset_model(preset: str, tokenizer_dir: str) -> LoadedModel:
     """The preset's architecture with random bf16 weights, built on the GPU, and the given tokenizer."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    shape = dict(SHAPES[preset])
-    config = AutoConfig.for_model(shape.pop("model_type"), **shape, attention_dropout=0.0)
+    config = preset_model_config(preset)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
