@@ -8,7 +8,7 @@ The method keys of every preset equal training.config.METHODS and the objective 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 DEFAULT_MODEL = "smollm2-135m"
 # The decoder layer's linear modules LoRA may adapt, in site order (attention q, k, v, o, then the MLP's gate, up,
@@ -29,17 +29,20 @@ class MethodHyper:
 
 @dataclass(frozen=True)
 class Preset:
-    """The paper's settings for a model family: per-method learning rate / batch, the decoder depth, the layer
-    range TOPL puts LoRA on (its head reads the last of them; every other method adapts all `num_layers` layers),
-    and the published configuration of the decoder `hf_id` holds (transformers' config fields, model_type first):
+    """The paper's settings for a model family: per-method learning rate / batch, the layer range TOPL puts LoRA on
+    (its head reads the last of them; every other method adapts all `num_layers` layers), and the published
+    configuration of the decoder `hf_id` holds (transformers' config fields, model_type first):
     what the GPU benchmark builds with random weights where no hub is reachable and what the memory estimate
     (training.memory) counts."""
 
     hf_id: str
-    num_layers: int
     topl_layers: tuple[int, int]
-    methods: dict[str, MethodHyper] = field(default_factory=dict)
-    architecture: dict[str, object] = field(default_factory=dict)
+    methods: dict[str, MethodHyper]
+    architecture: dict[str, object]
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.architecture["num_hidden_layers"])
 
     def lora_layers(self, method: str) -> tuple[int, int]:
         """(first, last) decoder layer the method puts LoRA on in the paper."""
@@ -61,7 +64,6 @@ def _paper_methods(topl_lr: float, sft_lr: float, dpo_lr: float) -> dict[str, Me
 PRESETS: dict[str, Preset] = {
     "qwen3-8b": Preset(
         "Qwen/Qwen3-8B",
-        36,
         (0, 29),
         _paper_methods(5e-5, 1e-4, 1e-5),
         dict(
@@ -80,7 +82,6 @@ PRESETS: dict[str, Preset] = {
     ),
     "llama3.1-8b": Preset(
         "meta-llama/Llama-3.1-8B-Instruct",
-        32,
         (0, 27),
         _paper_methods(1e-4, 1e-4, 2e-5),
         dict(
@@ -98,7 +99,6 @@ PRESETS: dict[str, Preset] = {
     ),
     "gemma3-4b": Preset(
         "google/gemma-3-4b-it",
-        34,
         (0, 27),
         _paper_methods(1e-4, 5e-5, 5e-6),
         dict(  # the text decoder of the multimodal checkpoint

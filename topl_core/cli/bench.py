@@ -1,8 +1,12 @@
-"""`bench`: speed and memory against the measured machine limit and the naive way (ratios, one run)."""
+"""`bench`: speed and memory against the measured machine limit and the naive way (ratios, one run); `bench
+--memory`: what fits on a GPU per paper preset, computed on the meta device (no GPU needed)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
 
 from ..bench import main
 from ..paths import DEFAULT_DATA
@@ -22,9 +26,38 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="only time a 4-window sweep run serially here vs as Ray tasks (one CPU each)",
     )
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="only compute the largest micro-batch of each paper preset and method that fits --budget-gib, with and "
+        "without gradient checkpointing (meta-device accounting: no GPU, no weights)",
+    )
+    p.add_argument("--budget-gib", type=float, default=78.0, help="GPU memory for --memory (an 80 GB H100: 79.2 GiB)")
+    p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 2048], help="sequence lengths for --memory")
     add_precision_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.memory:
+        return memory_table(args.budget_gib, tuple(args.seq_lens), args.json)
     main(args.quick, args.data, args.json, args.model, args.executors, announce_precision(args.precision))
+
+
+def memory_table(budget_gib: float, seq_lens: tuple[int, ...], json_path: str | None) -> None:
+    """Print (and write as JSON) the largest micro-batch that fits per preset × method × length × checkpointing."""
+    from ..presets import PRESETS
+    from ..training.memory import GIB, what_fits
+
+    rows = what_fits(int(budget_gib * GIB), seq_lens, tuple(PRESETS), ("topl", "sft"))
+    print(f"largest micro-batch within {budget_gib:g} GiB (computed on the meta device; estimate at that size)")
+    print("| preset | method | tokens | micro-batch | GiB | micro-batch, checkpointing | GiB |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for plain, checkpointed in zip(rows[::2], rows[1::2]):
+        print(
+            f"| {plain.preset} | {plain.method} | {plain.seq_len} | {plain.micro_batch_size} | {plain.total_gib:.1f} "
+            f"| {checkpointed.micro_batch_size} | {checkpointed.total_gib:.1f} |",
+            flush=True,
+        )
+    if json_path:
+        Path(json_path).write_text(json.dumps({"budget_gib": budget_gib, "rows": [asdict(r) for r in rows]}, indent=2))

@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 from ..data.encode import IGNORE, Batch
 from ..errors import ConfigError
 from ..presets import PRESETS
-from .config import TrainConfig
+from .config import TrainConfig, preset_config
 from .lora import apply_lora
 from .objectives import OBJECTIVES
 from .steps import StepContext
@@ -309,3 +309,33 @@ def check_fits(cfg: TrainConfig, model_config, batch: Batch, free_bytes: int) ->
         f"model's weights, but the GPU has {free_bytes / GIB:.1f} GiB free (estimate: {estimate.describe()}). "
         f"Use {'; or '.join(fixes)}."
     )
+
+
+@dataclass(frozen=True)
+class FitRow:
+    """The largest micro-batch of a preset's method that fits a budget at one sequence length."""
+
+    preset: str
+    method: str
+    seq_len: int
+    gradient_checkpointing: bool
+    micro_batch_size: int  # 0: not even one row fits
+    total_gib: float  # the estimate at that micro-batch (0 when none fits)
+
+
+def what_fits(
+    budget_bytes: int, seq_lens: tuple[int, ...], presets: tuple[str, ...], methods: tuple[str, ...]
+) -> list[FitRow]:
+    """For each preset × method × sequence length × gradient checkpointing off / on: the largest micro-batch whose
+    estimate fits in `budget_bytes` (the paper's LoRA layers, responses of max_response_tokens)."""
+    rows = []
+    for preset in presets:
+        model_config = preset_model_config(preset)
+        for method in methods:
+            for seq_len in seq_lens:
+                for checkpointing in (False, True):
+                    cfg = preset_config(preset, method, gradient_checkpointing=checkpointing, precision="bf16")
+                    fitting = largest_fitting_micro_batch(cfg, model_config, seq_len, budget_bytes)
+                    total = estimate_training_memory(cfg, model_config, seq_len, fitting).total if fitting else 0
+                    rows.append(FitRow(preset, method, seq_len, checkpointing, fitting, total / GIB))
+    return rows
