@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..bench import main
 from ..paths import DEFAULT_DATA
-from ..presets import DEFAULT_MODEL
+from ..presets import DEFAULT_MODEL, PRESETS
+from ..training.memory import GIB, what_fits
 from . import COMMANDS
 from .common import add_precision_arg, announce_precision
 
@@ -46,9 +47,6 @@ def run(args: argparse.Namespace) -> None:
 
 def memory_table(budget_gib: float, seq_lens: tuple[int, ...], json_path: str | None) -> None:
     """Print (and write as JSON) the largest micro-batch that fits per preset × method × length × checkpointing."""
-    from ..presets import PRESETS
-    from ..training.memory import GIB, what_fits
-
     rows = what_fits(int(budget_gib * GIB), seq_lens, tuple(PRESETS), ("topl", "sft"))
     print(f"largest micro-batch within {budget_gib:g} GiB (computed on the meta device; estimate at that size)")
     print("| preset | method | tokens | micro-batch | GiB | micro-batch, checkpointing | GiB |")
