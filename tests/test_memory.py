@@ -3,6 +3,7 @@ the estimate meets the peaks measured on an H100, and what does not fit is refus
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -43,7 +44,9 @@ def _tiny_on(config, device: str):
     from transformers import AutoModelForCausalLM
 
     with torch.device(device):  # eager attention on both: the CPU has no memory-efficient kernel
-        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="eager")
+        return AutoModelForCausalLM.from_config(
+            copy.deepcopy(config), dtype=torch.bfloat16, attn_implementation="eager"
+        )
 
 
 @pytest.mark.parametrize("method", ["topl", "sft"])
@@ -108,10 +111,13 @@ def test_the_largest_fitting_micro_batch_fits_and_one_more_does_not(tiny_config)
     assert largest_fitting_micro_batch(cfg, tiny_config, 128, weights) == 0
 
 
-def test_a_step_that_does_not_fit_is_refused_with_the_fixes(tiny_config):
+def test_a_step_that_does_not_fit_is_refused_with_the_fixes():
+    model = build_tiny_model("tiny-llama")[0]  # as the trainer has it: the loaded model, whose config it passes
+    tiny_config = model.config
     cfg = TrainConfig(method="topl", micro_batch_size=8, precision="fp32").with_overrides(lora_layer_end=2)
     batch = synthetic_batch("topl", 8, 128, 20)
     estimate = estimate_batch_memory(cfg, tiny_config, batch)
+    assert model.config._attn_implementation == "sdpa"  # the model to be trained keeps its attention
     needed = estimate.trainable + estimate.step
     assert check_fits(cfg, tiny_config, batch, needed) == estimate
     with pytest.raises(ConfigError) as e:

@@ -16,6 +16,7 @@ Validated against peaks measured on an H100 (tests/test_memory.py).
 
 from __future__ import annotations
 
+import copy
 import math
 import weakref
 from dataclasses import dataclass
@@ -161,14 +162,14 @@ def _register_meta_attention() -> str:
 
 
 def meta_causal_lm(model_config):
-    """The causal LM of `model_config` (its text model) on the meta device in bf16, with the stand-in attention."""
+    """The causal LM of `model_config` (its text model) on the meta device in bf16, with the stand-in attention;
+    `model_config` itself is left as it is (the trainer passes the config of the model it is about to train)."""
     from transformers import AutoModelForCausalLM
 
     attention = _register_meta_attention()
+    text = copy.deepcopy(model_config.get_text_config())  # from_config sets the attention on the config it is given
     with torch.device(META):
-        return AutoModelForCausalLM.from_config(
-            model_config.get_text_config(), dtype=torch.bfloat16, attn_implementation=attention
-        )
+        return AutoModelForCausalLM.from_config(text, dtype=torch.bfloat16, attn_implementation=attention)
 
 
 def synthetic_batch(method: str, rows: int, seq_len: int, response_tokens: int) -> Batch:
