@@ -15,7 +15,7 @@ from topl_core.errors import ConfigError
 from topl_core.paths import DEFAULT_DATA, PROJECT_ROOT, cache_dir, project_path
 from topl_core.tiny_models import build_tiny_model
 from topl_core.training.batching import EncodeSettings, length_buckets
-from topl_core.training.config import TrainConfig, preset_config
+from topl_core.training.config import METHODS, TrainConfig, preset_config
 from topl_core.training.memory import (
     GIB,
     check_fits,
@@ -49,17 +49,18 @@ def _tiny_on(config, device: str):
         )
 
 
-@pytest.mark.parametrize("method", ["topl", "sft"])
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_the_meta_count_equals_the_count_on_real_tensors(tiny_config, method, checkpointing):
-    cfg = TrainConfig(method=method, micro_batch_size=3, gradient_checkpointing=checkpointing, precision="fp32")
-    cfg = cfg.with_overrides(lora_layer_end=2 if method == "topl" else 3)
-    batch = synthetic_batch(method, 3, 96, 20)
+    cfg = TrainConfig(method=method, micro_batch_size=2, gradient_checkpointing=checkpointing, precision="fp32")
+    cfg = cfg.with_overrides(lora_layer_end=2 if method == "topl" else 3, probe_layers=(1,) if method == "topl" else ())
+    batch = synthetic_batch(method, 4, 96, 20)
     meta_peak, meta_params = traced_step(cfg, _tiny_on(tiny_config, "meta"), batch)
     real_peak, real_params = traced_step(cfg, _tiny_on(tiny_config, "cpu"), batch)
     assert meta_params == real_params
-    # the real run also counts the batch's own index tensors (on the CPU, not counted on meta): two 512-byte blocks
-    assert 0 <= real_peak - meta_peak <= 1024, (meta_peak, real_peak)
+    # the real run also counts what is computed from the batch alone (masks, selected rows, labels: on the CPU in
+    # both runs, so counted only in the real one): a few 512-byte blocks
+    assert 0 <= real_peak - meta_peak <= 0.001 * real_peak, (meta_peak, real_peak)
 
 
 def _micro_batches_the_h100_run_saw(cfg: TrainConfig, examples: list, pad_id: int) -> list:

@@ -102,6 +102,8 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.ops.aten._local_scalar_dense.default and args[0].device == META:
+            return False if args[0].dtype == torch.bool else 0  # a logged value (float(loss)): meta has no data
         if func not in _INDEXING and any(t.device == META for t in _tensors((args, kwargs))):
             args, kwargs = tree_map_only(torch.Tensor, _batch_to_meta, (args, kwargs))
         out = func(*args, **kwargs)
