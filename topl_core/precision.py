@@ -215,10 +215,7 @@ def describe_precision(requested: str, device: str = "cpu") -> str:
 
 
 def autocast(precision: str, device: str):
-    """bf16 autocast when the (resolved) precision is bf16; a no-op context otherwise (and on the meta device, which
-    has no autocast: the memory estimate's shape-only step, training.memory, runs bf16 weights instead)."""
-    if device == "meta":
-        return contextlib.nullcontext()
+    """bf16 autocast when the (resolved) precision is bf16; a no-op context otherwise."""
     return torch.autocast(
         device_type=device, dtype=torch.bfloat16, enabled=resolve_precision(precision, device) == "bf16"
     )
@@ -227,7 +224,7 @@ def autocast(precision: str, device: str):
 def full_precision(device: str):
     """Autocast switched off inside a bf16 region: float32 arithmetic for small exact work (a hook's projection onto
     LoRA-A, a head's probability, the LM head's log-probs) whose inputs the caller casts with `.float()`. The meta
-    device has no autocast to switch off."""
+    device (training.memory's shape-only step, which stands bf16 weights in for autocast) has none to switch off."""
     if device == "meta":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device, enabled=False)

@@ -11,6 +11,7 @@ activation checkpointing (the recompute in backward is traced too). Three things
 stood in for: meta has no autocast (the LoRA weights and the head run in bf16 instead, as autocast computes them),
 meta's attention is the math kernel (it is replaced by the memory-efficient kernel CUDA picks for a padded batch:
 what it saves is what CUDA saves), and the CUDA allocator rounds every block up to 512 bytes (counted so here).
+Not counted: the optimizer step's temporaries (LoRA-sized) and validation (no gradients: less than a training step).
 Validated against peaks measured on an H100 (tests/test_memory.py).
 """
 
