@@ -35,7 +35,9 @@ def test_scale_bench_measures_every_part_on_a_cpu(tmp_path, tiny_records):
     from topl_core.scale_bench import format_scale, run_scale_bench
 
     data = write_jsonl(tiny_records, tmp_path / "records.jsonl")
-    res = run_scale_bench(["tiny-llama"], "cpu", str(data), steps=2, micro_batch_size=2, new_tokens=6, log=lambda _: None)
+    res = run_scale_bench(
+        ["tiny-llama"], "cpu", str(data), steps=2, micro_batch_size=2, new_tokens=6, log=lambda _: None
+    )
     assert res["precision"] == "fp32" and res["matmul_peak_tflops"] > 0
     (row,) = res["rows"]
     for method, layers in (("topl", "0-3"), ("sft", "0-3")):

@@ -16,6 +16,7 @@ actually ran. Tensors leave torch through `to_numpy` (float32: numpy has no bflo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -222,7 +223,10 @@ def autocast(precision: str, device: str):
 
 def full_precision(device: str):
     """Autocast switched off inside a bf16 region: float32 arithmetic for small exact work (a hook's projection onto
-    LoRA-A, a head's probability, the LM head's log-probs) whose inputs the caller casts with `.float()`."""
+    LoRA-A, a head's probability, the LM head's log-probs) whose inputs the caller casts with `.float()`. The meta
+    device (training.memory's shape-only step, which stands bf16 weights in for autocast) has none to switch off."""
+    if device == "meta":
+        return contextlib.nullcontext()
     return torch.autocast(device_type=device, enabled=False)
 
 

@@ -8,7 +8,7 @@ The method keys of every preset equal training.config.METHODS and the objective 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 DEFAULT_MODEL = "smollm2-135m"
 # The decoder layer's linear modules LoRA may adapt, in site order (attention q, k, v, o, then the MLP's gate, up,
@@ -29,13 +29,20 @@ class MethodHyper:
 
 @dataclass(frozen=True)
 class Preset:
-    """The paper's settings for a model family: per-method learning rate / batch, the decoder depth, and the layer
-    range TOPL puts LoRA on (its head reads the last of them); every other method adapts all `num_layers` layers."""
+    """The paper's settings for a model family: per-method learning rate / batch, the layer range TOPL puts LoRA on
+    (its head reads the last of them; every other method adapts all `num_layers` layers), and the published
+    configuration of the decoder `hf_id` holds (transformers' config fields, model_type first):
+    what the GPU benchmark builds with random weights where no hub is reachable and what the memory estimate
+    (training.memory) counts."""
 
     hf_id: str
-    num_layers: int
     topl_layers: tuple[int, int]
-    methods: dict[str, MethodHyper] = field(default_factory=dict)
+    methods: dict[str, MethodHyper]
+    architecture: dict[str, object]
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.architecture["num_hidden_layers"])
 
     def lora_layers(self, method: str) -> tuple[int, int]:
         """(first, last) decoder layer the method puts LoRA on in the paper."""
@@ -55,9 +62,60 @@ def _paper_methods(topl_lr: float, sft_lr: float, dpo_lr: float) -> dict[str, Me
 
 
 PRESETS: dict[str, Preset] = {
-    "qwen3-8b": Preset("Qwen/Qwen3-8B", 36, (0, 29), _paper_methods(5e-5, 1e-4, 1e-5)),
-    "llama3.1-8b": Preset("meta-llama/Llama-3.1-8B-Instruct", 32, (0, 27), _paper_methods(1e-4, 1e-4, 2e-5)),
-    "gemma3-4b": Preset("google/gemma-3-4b-it", 34, (0, 27), _paper_methods(1e-4, 5e-5, 5e-6)),
+    "qwen3-8b": Preset(
+        "Qwen/Qwen3-8B",
+        (0, 29),
+        _paper_methods(5e-5, 1e-4, 1e-5),
+        dict(
+            model_type="qwen3",
+            hidden_size=4096,
+            intermediate_size=12288,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=151936,
+            rope_theta=1_000_000.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "llama3.1-8b": Preset(
+        "meta-llama/Llama-3.1-8B-Instruct",
+        (0, 27),
+        _paper_methods(1e-4, 1e-4, 2e-5),
+        dict(
+            model_type="llama",
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=128256,
+            rope_theta=500_000.0,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "gemma3-4b": Preset(
+        "google/gemma-3-4b-it",
+        (0, 27),
+        _paper_methods(1e-4, 5e-5, 5e-6),
+        dict(  # the text decoder of the multimodal checkpoint
+            model_type="gemma3_text",
+            hidden_size=2560,
+            intermediate_size=10240,
+            num_hidden_layers=34,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=256,
+            vocab_size=262208,
+            sliding_window=1024,
+            query_pre_attn_scalar=256,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+        ),
+    ),
 }
 
 # Translation (the paper's second task). Language names for the prompt, by ISO 639-1 code; an unknown code is used

@@ -1,9 +1,11 @@
 """`bench`: speed and memory against the measured machine limit and the naive way (ratios, one run); `bench --scale`:
-the paper's presets at their published shape on one device (topl_core.scale_bench)."""
+the paper's presets at their published shape on one device (topl_core.scale_bench); `bench --memory`: what fits on a
+GPU per paper preset, computed on the meta device (no GPU needed)."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 
 from ..bench import main
 from ..io import write_json
@@ -12,6 +14,7 @@ from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL, PRESETS
 from ..progress import Bar
 from ..scale_bench import PHASES_PER_MODEL, format_scale, run_scale_bench
+from ..training.memory import GIB, what_fits
 from . import COMMANDS
 from .common import add_precision_arg, announce_precision
 
@@ -27,6 +30,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="only time a 4-window sweep run serially here vs as Ray tasks (one CPU each)",
     )
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="only compute the largest micro-batch of each paper preset and method that fits --budget-gib, with and "
+        "without gradient checkpointing (meta-device accounting: no GPU, no weights)",
+    )
+    p.add_argument("--budget-gib", type=float, default=78.0, help="GPU memory for --memory (an 80 GB H100: 79.2 GiB)")
+    p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 2048], help="sequence lengths for --memory")
     add_precision_arg(p)
     scale = p.add_argument_group("--scale: the presets at their published shape on one device (a GPU)")
     scale.add_argument(
@@ -51,6 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.memory:
+        return memory_table(args.budget_gib, tuple(args.seq_lens), args.json)
     if args.scale:
         with Bar("scale bench", total=PHASES_PER_MODEL * len(args.models)) as bar:  # a phase's log line: a stage
             res = run_scale_bench(
@@ -62,3 +75,19 @@ def run(args: argparse.Namespace) -> None:
             write_json(args.json, res)
         return
     main(args.quick, args.data, args.json, args.model, args.executors, announce_precision(args.precision))
+
+
+def memory_table(budget_gib: float, seq_lens: tuple[int, ...], json_path: str | None) -> None:
+    """Print (and write as JSON) the largest micro-batch that fits per preset × method × length × checkpointing."""
+    rows = what_fits(int(budget_gib * GIB), seq_lens, tuple(PRESETS), ("topl", "sft"))
+    print(f"largest micro-batch within {budget_gib:g} GiB (computed on the meta device; estimate at that size)")
+    print("| preset | method | tokens | micro-batch | GiB | micro-batch, checkpointing | GiB |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for plain, checkpointed in zip(rows[::2], rows[1::2]):
+        print(
+            f"| {plain.preset} | {plain.method} | {plain.seq_len} | {plain.micro_batch_size} | {plain.total_gib:.1f} "
+            f"| {checkpointed.micro_batch_size} | {checkpointed.total_gib:.1f} |",
+            flush=True,
+        )
+    if json_path:
+        write_json(json_path, {"budget_gib": budget_gib, "rows": [asdict(r) for r in rows]})

@@ -35,6 +35,7 @@ from .batching import EncodeSettings, length_buckets, make_packed_batches
 from .checkpoint import Trainable, checkpoint_state, load_checkpoint, lora_state, write_checkpoint
 from .config import TrainConfig
 from .lora import apply_lora
+from .memory import check_fits, longest_micro_batch
 from .objectives import OBJECTIVES, Objective
 from .steps import StepContext
 from .tracking import Trackers, check_trackers, open_trackers
@@ -107,6 +108,8 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World,
     if world.is_main:
         clear_stop(run.path)  # a stop request belongs to the start it was made for
     base, batches = _prepare(cfg, objective, records, base)
+    if cfg.device == "cuda" and not world.fsdp:
+        _check_gpu_memory(cfg, base, batches)
     meta = _run_meta(cfg, objective, base, batches)
     if world.size > 1:
         meta |= {"world_size": world.size, **({"fsdp": True} if world.fsdp else {})}
@@ -229,6 +232,14 @@ def _prepare(
     ]
     val_batches = objective.batches(val_ex, cfg.batch_size, pad) if val_ex else []
     return base, _Batches(train_batches, val_batches, len(train_ex), len(val_ex), records_fingerprint(records))
+
+
+def _check_gpu_memory(cfg: TrainConfig, base: LoadedModel, batches: _Batches) -> None:
+    """Before LoRA goes in: a clear error, instead of an out-of-memory crash mid-run, when the step on the longest
+    micro-batch needs more than the GPU has free beside the loaded weights (training.memory; its accounting is that
+    of bf16 weights, the validated case, so other weights are not checked)."""
+    if base.model.dtype == torch.bfloat16:
+        check_fits(cfg, base.model.config, longest_micro_batch(batches.train), torch.cuda.mem_get_info()[0])
 
 
 def _lora_on_all_layers(cfg: TrainConfig, base: LoadedModel) -> bool:
