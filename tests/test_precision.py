@@ -185,6 +185,9 @@ def test_weights_dtype_auto_and_cuda_rule(monkeypatch):
     assert ModelSpec("tiny-llama", "bfloat16").dtype == "bf16"  # a spec string written before: the torch name
     monkeypatch.setattr(prec, "cuda_bf16", lambda: True)
     assert prec.resolve_weights("auto", "cuda") == "bf16" and prec.resolve_precision("auto", "cuda") == "bf16"
+    # what training and analysis load for their compute: bf16 weights for bf16 on a GPU, fp32 on a CPU either way
+    assert [prec.resolve_weights(prec.weights_for(p), "cuda") for p in ("bf16", "fp32")] == ["bf16", "fp32"]
+    assert [prec.resolve_weights(prec.weights_for(p), "cpu") for p in ("bf16", "fp32")] == ["fp32", "fp32"]
     monkeypatch.setattr(prec, "cuda_bf16", lambda: False)
     assert prec.resolve_weights("auto", "cuda") == "fp32" and prec.resolve_precision("auto", "cuda") == "fp32"
     with pytest.raises(ValueError, match="choose one of"):

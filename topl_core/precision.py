@@ -203,6 +203,13 @@ def resolve_weights(precision: str, device: str = "cpu") -> ResolvedPrecision:
     return precision  # type: ignore[return-value]
 
 
+def weights_for(precision: str) -> Precision:
+    """The weights a computation in `precision` loads: fp32 for fp32 compute; else "auto", i.e. bf16 on a GPU with
+    bf16 (an 8B model's fp32 weights would take 32 GB and, under autocast, a bf16 copy of each for backward) and fp32
+    on a CPU (where bf16 compute is autocast over fp32 weights)."""
+    return "fp32" if precision_word(precision) == "fp32" else "auto"
+
+
 def describe_precision(requested: str, device: str = "cpu") -> str:
     """One line for CLIs and pages: what ran and why, e.g. "fp32 (auto: CPU AVX2 (no AMX, …); bf16 … 68× …)"."""
     resolved = resolve_precision(requested, device)

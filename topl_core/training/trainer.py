@@ -28,7 +28,7 @@ from ..data.variants import apply_label_setting
 from ..errors import DataError, RunError
 from ..io import save_tensors
 from ..models import LoadedModel, ModelSpec, hub_id, load_model
-from ..precision import autocast
+from ..precision import autocast, weights_for
 from ..runs import RunDir
 from ..status import WriterLock, clear_stop, stop_requested
 from .batching import EncodeSettings, length_buckets, make_packed_batches
@@ -206,7 +206,7 @@ def _prepare(
     records = list(records) if records is not None else read_jsonl(cfg.data)
     splits = split_records(records, seed=cfg.split_seed)
     objective.check_data(splits["train"])
-    base = base or load_model(ModelSpec(cfg.model, "fp32", cfg.device))
+    base = base or load_model(ModelSpec(cfg.model, weights_for(cfg.precision), cfg.device))
     check_layer_range(base.num_layers, cfg.lora.layer_start, cfg.lora.layer_end)
     if objective.lora_all_layers and not _lora_on_all_layers(cfg, base):
         warnings.warn(

@@ -19,7 +19,7 @@ from ...adapters import Adapter, load_adapter, open_adapter
 from ...data.records import records_fingerprint
 from ...errors import ConfigError
 from ...models import ModelSpec, load_model
-from ...precision import PRECISIONS, Precision, resolve_precision
+from ...precision import PRECISIONS, Precision, resolve_precision, weights_for
 from ..cache import cached, json_codec, npz_codec
 from .capture import DEFAULT_SET, Projections, collect_projections, random_lora_A
 from .separability import Separability, separability
@@ -137,7 +137,7 @@ def run_projections(
     key = {"analysis": "lora_projections", "settings": settings.capture_key(), "records": records_fingerprint(records)}
 
     def compute() -> dict[str, Projections]:
-        lm = base or load_model(ModelSpec(adapter.base_model, "fp32", adapter.device))
+        lm = base or load_model(ModelSpec(adapter.base_model, weights_for(settings.precision), adapter.device))
         model = load_adapter(lm, adapter)
         sites = lora_sites(model)
         controls = None

@@ -36,7 +36,7 @@ from ...errors import ModelError
 from ...generate import load_merged
 from ...io import save_tensors, write_json
 from ...models import LoadedModel, ModelSpec
-from ...precision import to_numpy
+from ...precision import to_numpy, weights_for
 from ..cache import cached, json_codec
 from ..lora_a.capture import DEFAULT_SET, Projections
 from ..lora_a.probe import ProbeSettings, run_projections
@@ -392,7 +392,9 @@ def build_steering_vectors(
         sep = separability(sub, adapter.name, settings.folds, settings.seed, n_boot=10)
         weights = read_lora_weights(adapter.path)
         chosen = rank_sites([s for s in residual if s in weights], _aurocs(sep), top_k)
-        lm = merged or load_merged(ModelSpec(adapter.base_model, "fp32", adapter.device), adapter)
+        lm = merged or load_merged(
+            ModelSpec(adapter.base_model, weights_for(settings.precision), adapter.device), adapter
+        )
         outputs = site_outputs(lm, records, chosen, settings) if chosen else None
         return compute_steering_vectors(
             weights,

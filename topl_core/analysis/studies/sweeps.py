@@ -53,6 +53,7 @@ from ...executor import ExecutorConfig, failure_report, run_tasks, worker_memo
 from ...generate import GenerationConfig, generate, load_merged
 from ...io import read_log_rows, write_json
 from ...models import LoadedModel, ModelSpec, layer_count, load_model
+from ...precision import weights_for
 from ...runs import RunDir
 from ...status import WriterLock, clear_stop, stop_requested, write_status
 from ...training.config import TrainConfig
@@ -230,9 +231,13 @@ def _generation_factuality(cfg: SweepConfig, run: RunDir, records) -> dict:
 
 
 def sweep_inputs(cfg: SweepConfig, base_loader: Callable[[], LoadedModel] | None, records) -> tuple[LoadedModel, list]:
-    """The base model (loaded once per sweep; default: the config's model in fp32) and the records (default: the
-    config's data file)."""
-    base = base_loader() if base_loader else load_model(ModelSpec(cfg.train.model, "fp32", cfg.train.device))
+    """The base model (loaded once per sweep; default: the config's model, its weights for the run's precision) and
+    the records (default: the config's data file)."""
+    base = (
+        base_loader()
+        if base_loader
+        else load_model(ModelSpec(cfg.train.model, weights_for(cfg.train.precision), cfg.train.device))
+    )
     return base, list(records) if records is not None else read_jsonl(cfg.train.data)
 
 
