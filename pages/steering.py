@@ -226,7 +226,7 @@ else:
     c_lam, bound = st.container(), None
 lo, hi, STEP = spec_mode.slider(bound)
 neutral = spec_mode.neutral
-GRID = [round(lo + i * STEP, 6) for i in range(int(round((hi - lo) / STEP)) + 1)]  # the slider's positions
+GRID = spec_mode.slider_positions(bound)
 lam = c_lam.slider(
     "λ  (← hallucinated · faithful →)",
     lo,
