@@ -107,6 +107,25 @@ def steered_text(
     return sess.generate_steered(document, lam, GenerationConfig(max_new_tokens=max_new, precision=precision), how=how)
 
 
+@st.cache_data(show_spinner=False, max_entries=64)
+def steered_grid(
+    spec: str,
+    run: str,
+    fp: str,
+    ts: tuple,
+    top_k: int,
+    precision: str,
+    document: str,
+    grid: tuple[float, ...],
+    max_new: int,
+    how: SteerConfig,
+) -> dict[float, str]:
+    """The steered text at every λ of `grid`, generated as one batch (SteeringSession.generate_grid)."""
+    sess = steering_session(spec, run, fp, ts, top_k, precision)
+    gen = GenerationConfig(max_new_tokens=max_new, precision=precision)
+    return dict(zip(grid, sess.generate_grid(document, grid, gen, how=how)))
+
+
 @st.cache_data(show_spinner=False, max_entries=128)
 def base_text(spec: str, precision: str, document: str, max_new: int) -> str:
     lm = base_model(spec)
@@ -207,7 +226,7 @@ else:
     c_lam, bound = st.container(), None
 lo, hi, STEP = spec_mode.slider(bound)
 neutral = spec_mode.neutral
-GRID = [round(lo + i * STEP, 6) for i in range(int(round((hi - lo) / STEP)) + 1)]  # the slider's positions
+GRID = spec_mode.slider_positions(bound)
 lam = c_lam.slider(
     "λ  (← hallucinated · faithful →)",
     lo,
@@ -227,11 +246,23 @@ if spec_mode.acts == "add" and how.units == "normalised":
         f"{min(factor.values()):.3g}–{max(factor.values()):.3g} in the paper's formula (per site); at λ = {lam:+.2f}: "
         f"raw {lam * min(factor.values()):+.3g} … {lam * max(factor.values()):+.3g}."
     )
+curve_key = (run, fp, document[:200], top_k, max_new, bound, how)  # the λ grid asked for ("Generate every λ")
+
+
+def steered_at(value: float) -> str:
+    """The steered text at λ = value: from this document's λ grid once it was generated (one batch), else alone."""
+    if st.session_state.get("steer.curve_for") == curve_key:
+        texts = steered_grid(spec, run, fp, ts, top_k, precision, document, tuple(GRID), max_new, how)
+        if value in texts:
+            return texts[value]
+    return steered_text(spec, run, fp, ts, top_k, precision, document, value, max_new, how)
+
+
 try:
     with st.spinner("Generating…"):
         t_base = base_text(spec, precision, document, max_new)
-        t_merged = steered_text(spec, run, fp, ts, top_k, precision, document, neutral, max_new, how)
-        t_steered = steered_text(spec, run, fp, ts, top_k, precision, document, round(float(lam), 6), max_new, how)
+        t_merged = steered_at(neutral)
+        t_steered = steered_at(round(float(lam), 6))
 except Exception as e:
     step_error(f"generate the summaries ({precision})", e)
     st.stop()
@@ -330,21 +361,16 @@ with left:
 
 with right:
     st.subheader("λ → factuality and fluency")
-    key = (run, fp, document[:200], top_k, max_new, bound, how)
     if st.button(
         f"Generate every λ ({len(GRID)} positions) for this document",
         key="steer.curve_go",
         icon=":material/show_chart:",
     ):
-        st.session_state["steer.curve_for"] = key
-    if st.session_state.get("steer.curve_for") == key:
-        bar = st.progress(0.0, text="Generating over the λ grid…")
-        texts, fluencies = {}, []
-        for j, g in enumerate(GRID):
-            texts[g] = steered_text(spec, run, fp, ts, top_k, precision, document, g, max_new, how)
-            fluencies.append(text_fluency(spec, texts[g]))
-            bar.progress((j + 1) / len(GRID), text=f"λ = {g:+.2f}")
-        bar.empty()
+        st.session_state["steer.curve_for"] = curve_key
+    if st.session_state.get("steer.curve_for") == curve_key:
+        with st.spinner(f"Generating the {len(GRID)} λ positions as one batch, then their fluency…"):
+            texts = steered_grid(spec, run, fp, ts, top_k, precision, document, tuple(GRID), max_new, how)
+            fluencies = [text_fluency(spec, texts[g]) for g in GRID]
         curve = document_curve(document, texts, fluencies, scorer())
         fig = go.Figure()
         fig.add_trace(

@@ -600,6 +600,15 @@ def test_steering_lambda_slider_changes_the_steered_text(workbench):
             break
     assert changed_at, "the λ slider did not change the steered text at either end of ±64"
     assert any('data-changed="1"' in m.value for m in at.markdown)
+    # every λ of the slider as one batch: the curve has all 17 positions, and the boxes, now read from the batch,
+    # show the texts that each λ generated alone gave
+    alone = [box_body(b) for b in html_boxes(at)]
+    at.button(key="steer.curve_go").click().run()
+    at.run()
+    assert not at.exception
+    curve = next(f for f in figures(at) if f["data"] and f["data"][0].get("name") == "factuality")
+    assert array(curve["data"][0]["x"]).tolist() == [-64.0 + 8.0 * k for k in range(17)]
+    assert [box_body(b) for b in html_boxes(at)] == alone
     sites = next(d.value for d in at.dataframe if "site" in d.value.columns)
     assert 1 <= len(sites) <= 4 and all(k.endswith(("o_proj", "down_proj")) for k in sites["site"])
     assert (sites["mean ‖output‖"] > 0).all() and (sites["raw λ per unit"] > 0).all()

@@ -117,9 +117,21 @@ def test_probe_head_in_bf16(run, news_records):
     assert abs(f32.train_auroc - b16.train_auroc) <= TOLERANCE["bf16"].auroc
 
 
+def assert_grid_keeps_the_neutral_row(session: SteeringSession, doc: str, how: SteerConfig, gen: GenerationConfig):
+    """A λ grid as one batch gives a text per λ, and its neutral row is the unsteered batch's text: rows of one batch
+    shape are computed alike, and the neutral row adds exactly nothing. (A row need not equal its λ generated alone:
+    in bf16 the batch's matmul shapes can move the last bits and flip a near-tie.)"""
+    grid = [how.neutral + k for k in (-2.0, -1.0, 0.0, 1.0, 2.0)]
+    texts = session.generate_grid(doc, grid, gen, how=how)
+    unsteered = generate(session.lm, [doc] * len(grid), replace(gen, batch_size=len(grid)))
+    assert len(texts) == len(grid) and all(isinstance(t, str) for t in texts)
+    assert texts[grid.index(how.neutral)] == unsteered[0], how
+
+
 def test_steering_vectors_and_every_mode_in_bf16(run, news_records):
     """Vectors from bf16 projections within the bound of fp32's; every mode, on every position and on generated
-    tokens only, generates under bf16 autocast; the neutral λ reproduces the merged model's bf16 text exactly."""
+    tokens only, generates under bf16 autocast; the neutral λ reproduces the merged model's bf16 text exactly, alone
+    and as the neutral row of a λ grid generated as one batch."""
     v32 = build_steering_vectors(run, news_records, ProbeSettings(precision="fp32", random_control=False), top_k=3)
     v16 = build_steering_vectors(run, news_records, ProbeSettings(precision="bf16", random_control=False), top_k=3)
     assert [s.key for s in v16.sites] == [s.key for s in v32.sites]
@@ -135,6 +147,7 @@ def test_steering_vectors_and_every_mode_in_bf16(run, news_records):
             how = SteerConfig(mode, positions)
             assert session.generate_steered(doc, how.neutral, gen, how=how) == merged_text, how
             assert isinstance(session.generate_steered(doc, how.neutral + 2.0, gen, how=how), str)
+            assert_grid_keeps_the_neutral_row(session, doc, how, gen)
 
 
 def test_steering_on_bf16_weights(run, news_records):
@@ -149,6 +162,7 @@ def test_steering_on_bf16_weights(run, news_records):
             NEWS_PAIRS[1][1], how.neutral + 1.0, GenerationConfig(max_new_tokens=6), how=how
         )
         assert isinstance(text, str)
+        assert_grid_keeps_the_neutral_row(session, NEWS_PAIRS[1][1], how, GenerationConfig(max_new_tokens=6))
 
 
 def test_deck_in_bf16(run, news_records, tmp_path):

@@ -16,7 +16,7 @@ from topl_core.analysis.lora_a.capture import collect_projections
 from topl_core.analysis.lora_a.separability import separability
 from topl_core.analysis.lora_a.sites import RESIDUAL_MODULES
 from topl_core.analysis.steering.hooks import steer
-from topl_core.analysis.steering.modes import UNIT_FRACTION, SteerConfig
+from topl_core.analysis.steering.modes import MODES, POSITIONS, UNIT_FRACTION, SteerConfig
 from topl_core.analysis.steering.session import SteeringSession
 from topl_core.analysis.steering.vectors import (
     SteeringVectors,
@@ -450,3 +450,38 @@ def test_generated_only_leaves_the_prompt_untouched(merged, vectors):
             generated_only = merged.model.generate(**enc, **kw)[0, n:]
     # the first new token comes from the unsteered prompt's last position; the tokens after it are steered
     assert generated_only[0] == unsteered[0] and not torch.equal(generated_only, unsteered)
+
+
+# --- the λ grid as one batch (issue 34) -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_lambda_grid_in_one_batch_equals_one_lambda_at_a_time(merged, vectors, positions):
+    """Every mode: a grid of λ generated as one batch (a λ per row) gives, row by row, the tokens each λ gives
+    alone — the neutral row included — and the hooks are gone afterwards."""
+    tok, model = merged.tokenizer, merged.model
+    enc = tok(DOC, return_tensors="pt")
+    kw = dict(max_new_tokens=10, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=None)
+    session = SteeringSession(merged, vectors)
+    before = all_hooks(model)
+    for mode, spec in MODES.items():
+        how = SteerConfig(mode, positions, "raw")
+        step = big_lambda(vectors) if spec.acts == "add" else 100.0  # the 3-step adapter's update is tiny
+        grid = [spec.neutral + k * step for k in (-2, -1, 0, 1, 2)]
+        rows = {k: v.repeat(len(grid), 1) for k, v in enc.items()}
+        with torch.no_grad():
+            with steer(model, vectors, grid, how):
+                batch = model.generate(**rows, **kw)
+            alone = []
+            for lam in grid:
+                with steer(model, vectors, lam, how):
+                    alone.append(model.generate(**enc, **kw)[0])
+        assert all(torch.equal(b, a) for b, a in zip(batch, alone)), how
+        assert len({tuple(b.tolist()) for b in batch}) > 1, how  # λ moves the text, so a mixed-up row would show
+        texts = session.generate_grid(DOC, grid, GEN, how=how)
+        assert texts == [session.generate_steered(DOC, lam, GEN, how=how) for lam in grid], how
+        assert all_hooks(model) == before
+    with pytest.raises(ModelError, match="3 λ values"):  # a λ per row needs a row per λ
+        with torch.no_grad(), steer(model, vectors, [0.0, 1.0, 2.0], RAW):
+            model(enc["input_ids"].repeat(2, 1))
+    assert all_hooks(model) == before

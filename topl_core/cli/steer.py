@@ -193,8 +193,8 @@ def run(args: argparse.Namespace) -> int | None:
         base_text = generate(load_model(ModelSpec(rd.base_model, device=rd.device)), [args.document], gen)[0]
         rows.append({"model": "base", "lambda": None, "text": base_text})
         print(f"\n== base model\n{base_text}")
-    for lam in lambdas:  # each text is printed as it is done: that is the progress here
-        text = session.generate_steered(args.document, lam, gen, how=how)
+    print(f"\ngenerating {len(lambdas)} λ positions …", flush=True)
+    for lam, text in zip(lambdas, session.generate_grid(args.document, lambdas, gen, how=how)):
         rows.append({"model": "merged" if lam == how.neutral else "steered", "lambda": lam, "text": text})
         print(f"\n== merged, λ = {lam:g} ({how.label()})\n{text}")
     if args.json:

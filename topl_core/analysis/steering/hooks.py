@@ -1,6 +1,8 @@
 """Applying steering: forward hooks that add λ · delta to the steered sites' outputs, or scale the adapter's update.
 
 with steer(model, vectors, lam, how=SteerConfig(), lora=None): ...
+    lam: one λ for every batch row, or a sequence of λ, one per batch row (a λ grid generated as one batch:
+    SteeringSession.generate_grid); a row steered with λ gets exactly what a batch steered with λ alone gets.
     forward hooks on the modules at the vectors' site paths (merged model, or the PEFT model) steer their
     outputs in every forward made *from the thread that entered the context* (other threads using the same model
     are untouched). The model is never modified; hooks are registered inside try and removed in finally. The
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 import torch
 
@@ -38,14 +40,21 @@ def _is_prefill(kwargs: dict) -> bool:
 def steer(
     model: torch.nn.Module,
     vectors: SteeringVectors,
-    lam: float,
+    lam: float | Sequence[float],
     how: SteerConfig = SteerConfig(),
     lora: Mapping[Site, LoraWeights] | None = None,
 ) -> Iterator[None]:
     """Steer forwards from this thread while active (module docstring). Adding modes add lam·delta at the
     vectors' sites; scaling modes add (lam − 1)·s·B(A x) at every site of `lora` (default: read from
-    vectors.adapter_path) of the MERGED model `model`, i.e. scale the adapter's own update by lam."""
-    lam = float(lam)
+    vectors.adapter_path) of the MERGED model `model`, i.e. scale the adapter's own update by lam. A sequence
+    `lam` steers batch row r with lam[r] (every forward's batch must then have len(lam) rows)."""
+    # one code path: λ per row as shape (rows, 1, 1) against outputs (rows, positions, features); a single λ is a
+    # scalar that broadcasts to every row (and to any output shape)
+    lams = torch.as_tensor(lam, dtype=torch.float64)
+    if lams.ndim > 1 or lams.numel() == 0:
+        raise ValueError(f"lam={lam!r}: give one λ or a non-empty sequence of λ, one per batch row.")
+    rows = lams.numel()
+    lams = lams.reshape(-1, 1, 1) if rows > 1 else lams.reshape(())
     owner = threading.get_ident()
     state = {"prefill": False}
     scales = how.spec.acts == "scale"
@@ -69,7 +78,8 @@ def steer(
                     f"{s.key}: the adapter's LoRA is {w.B.shape[0]}×{w.A.shape[1]} but {s.path} is "
                     f"{m.out_features}×{m.in_features}; this adapter belongs to another model."
                 )
-            adds[s.key] = ((lam - 1.0) * w.scaling, w.A.to(p.device), w.B.to(p.device))
+            factors = ((lams - 1.0) * w.scaling).float()
+            adds[s.key] = (factors.to(p.device), bool(factors.any()), w.A.to(p.device), w.B.to(p.device))
         else:
             v = torch.from_numpy(deltas_np[s.key])
             out_features = getattr(m, "out_features", None)
@@ -78,7 +88,7 @@ def steer(
                     f"{s.key}: steering vector has {v.shape[0]} dims but {s.path} outputs {out_features}; "
                     "these vectors belong to another model."
                 )
-            adds[s.key] = lam * v.to(p.device)
+            adds[s.key] = lams.float().to(p.device) * v.to(p.device)  # float32, as λ·v always was
 
     def make_hook(key: str):
         add = adds[key]
@@ -86,13 +96,19 @@ def steer(
         def hook(_module, inputs, output):
             if threading.get_ident() != owner or (how.positions == "generated" and state["prefill"]):
                 return None
+            if rows > 1 and output.shape[0] != rows:
+                raise ModelError(
+                    f"steer() was given {rows} λ values (one per batch row) but {key} got a batch of "
+                    f"{output.shape[0]} rows; generate exactly one row per λ (SteeringSession.generate_grid)."
+                )
             if not scales:
                 return output + add.to(output.dtype)
-            factor, A, B = add
-            if factor == 0.0:
+            factors, steers, A, B = add
+            if not steers:  # every row at λ = 1: the merged model, untouched
                 return None
             x = inputs[0]
-            return output + (factor * ((x.float() @ A.T) @ B.T)).to(output.dtype)
+            # a row at λ = 1 adds 0 · (finite) = 0: exactly the merged model's output
+            return output + (factors * ((x.float() @ A.T) @ B.T)).to(output.dtype)
 
         return hook
 

@@ -80,6 +80,11 @@ class SteeringMode:
             return (*self.lambda_range, self.lambda_step)
         return -bound, bound, bound / 8
 
+    def slider_positions(self, bound: float | None = None) -> list[float]:
+        """Every position of the λ slider (17 by default), the grid the Steering page generates as one batch."""
+        lo, hi, step = self.slider(bound)
+        return [round(lo + i * step, 6) for i in range(int(round((hi - lo) / step)) + 1)]
+
 
 def _lora_b(vectors: HasDirections) -> Mapping[str, np.ndarray]:
     return vectors.vectors

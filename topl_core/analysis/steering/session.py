@@ -3,6 +3,8 @@
 SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED model (load_merged(spec, run))
     .generate_steered(document, lam, gen_cfg=GenerationConfig(), task="summarization", how=SteerConfig()) -> str
     .generate_many(documents, lam, gen_cfg=GenerationConfig(), task=..., how=...) -> list[str]   batched
+    .generate_grid(document, lambdas, gen_cfg=GenerationConfig(), task=..., how=...) -> list[str]
+        one text per λ, the λ grid generated as one batch (each row steered with its own λ)
     SteeringSession.from_run(run, vectors, spec=None)
 Generation holds a per-model lock (sessions sharing one model take turns; sessions on different models run in
 parallel); it never mutates the model, the tokenizer or the vectors.
@@ -10,6 +12,7 @@ parallel); it never mutates the model, the tokenizer or the vectors.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from typing import Sequence
@@ -28,6 +31,9 @@ from .vectors import SteeringVectors
 _MODEL_LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
 _MODEL_LOCKS_GUARD = threading.Lock()
 _SAMPLING_LOCK = threading.Lock()  # sampling seeds torch's global RNG: one sampled generation at a time
+# the least number of λ positions generate_grid puts in one generate call: the default grids (17 slider positions)
+# fit in one; 32 rows of a 512-token document and 96 new tokens hold ~3 GB of KV cache on an 8B model in bf16
+GRID_ROWS = 32
 
 
 def model_lock(model: torch.nn.Module) -> threading.RLock:
@@ -97,6 +103,44 @@ class SteeringSession:
         """One response per document at one λ, in left-padded batches of gen_cfg.batch_size (topl_core.generate).
         Greedy batched outputs can differ from one-at-a-time outputs in the last float bits (padding changes the
         matmul shapes); compare λ values within one mode."""
+        return self._generate(documents, lam, gen_cfg, task, how)
+
+    def generate_grid(
+        self,
+        document: str,
+        lambdas: Sequence[float],
+        gen_cfg: GenerationConfig = GenerationConfig(),
+        task: str = "summarization",
+        how: SteerConfig = SteerConfig(),
+    ) -> list[str]:
+        """One response for `document` per λ of `lambdas`, in their order: the λ grid generated as one batch.
+        Greedy: the prompt is repeated once per λ (one length: no padding) and each row is steered with its own λ
+        (hooks.steer), so a grid costs about one generation instead of len(lambdas) on a GPU; each text is the one
+        generate_steered(document, λ) gives (tested token for token in fp32; in bf16 the batch's matmul shapes can
+        move the last bits and so flip a near-tie). One generate call holds max(gen_cfg.batch_size, GRID_ROWS) λ
+        positions: batch_size is sized for documents of different lengths, a grid's rows share one prompt.
+        Sampling goes one λ at a time, each seeded with gen_cfg.seed as generate_steered is: a batch's rows would
+        draw from one shared random stream, so no row would be the sample its λ gives alone."""
+        lambdas = [float(lam) for lam in lambdas]
+        if gen_cfg.mode == "sample":
+            return [self.generate_steered(document, lam, gen_cfg, task, how) for lam in lambdas]
+        rows = max(gen_cfg.batch_size, GRID_ROWS)
+        texts: list[str] = []
+        for start in range(0, len(lambdas), rows):
+            chunk = lambdas[start : start + rows]
+            chunk_cfg = dataclasses.replace(gen_cfg, batch_size=len(chunk))
+            texts.extend(self._generate([document] * len(chunk), chunk, chunk_cfg, task, how))
+        return texts
+
+    def _generate(
+        self,
+        documents: Sequence[str],
+        lam: float | Sequence[float],
+        gen_cfg: GenerationConfig,
+        task: str,
+        how: SteerConfig,
+    ) -> list[str]:
+        """generate() under steer(); `lam`: one λ, or one per document when they form one batch."""
         lora = self.lora() if how.spec.acts == "scale" else None
         with self._lock, steer(self.lm.model, self.vectors, lam, how, lora):
             if gen_cfg.mode == "sample":

@@ -2,10 +2,12 @@
 
 A deck is an adapter, a steering mode, N documents and the mode's λ grid. `prepare_deck` generates, per document,
 the base model's summary and the merged model's summary at every λ of the grid (the neutral λ is the merged model
-itself), and gives each the head's verdict — per-token p(good) of the adapter's own head (a TOPL run's, or a probe
-head fitted on its hidden states), the share of flagged tokens (p(good) < FLAG_THRESHOLD) — beside the offline
-factuality score. It is long work under the status protocol (topl_core.status: progress, ETA, STOP) and resumable:
-each finished summary is written at once, and a restart generates only what is missing.
+itself; a document's missing λ positions are generated as one batch, SteeringSession.generate_grid), and gives each
+the head's verdict — per-token p(good) of the adapter's own head (a TOPL run's, or a probe head fitted on its hidden
+states), the share of flagged tokens (p(good) < FLAG_THRESHOLD) — beside the offline factuality score. It is long
+work under the status protocol (topl_core.status: progress, ETA, STOP) and resumable: each finished summary is
+written at once (a STOP is heard between summaries: a batch's texts not yet judged are dropped), and a restart
+generates only what is missing.
 
     DeckConfig(adapter, documents, lambdas, mode="vector", ...)      frozen; the neutral λ is always in the grid
     create_deck(folder, cfg) -> Path        deck.json (a folder holding another deck's config is refused)
@@ -137,8 +139,8 @@ def lambda_key(lam: float) -> str:
 @dataclass(frozen=True)
 class Summary:
     """One generated text and the head's verdict on it (tokens / p_good / flagged_share None without a head; empty
-    for an empty text). seconds: how long its generation took. A degenerate text keeps its factuality score, shown
-    as not applicable."""
+    for an empty text). seconds: how long its generation took (a steered summary: its share of its λ grid's batch).
+    A degenerate text keeps its factuality score, shown as not applicable."""
 
     text: str
     factuality: float
@@ -368,6 +370,7 @@ def prepare_deck(folder: str | Path, progress: Callable[[int, int], None] | None
             i: _read_json(doc_path(folder, i)) or {"document": d, "base": None, "positions": {}}
             for i, d in enumerate(cfg.documents)
         }
+        steered: dict[tuple[int, float], tuple[str, float]] = {}  # generated, not yet judged: (text, seconds)
         while todo:
             i, lam = todo[0]
             document = cfg.documents[i]
@@ -380,15 +383,22 @@ def prepare_deck(folder: str | Path, progress: Callable[[int, int], None] | None
             t0 = time.perf_counter()
             if lam is None:
                 text = generate(base_lm, [document], gen)[0]
+                seconds = time.perf_counter() - t0
             else:
-                text = session.generate_steered(document, lam, gen, how=cfg.how)
-            summary = _verdict(document, text, scorer, grounding, base_lm, time.perf_counter() - t0)
+                if (i, lam) not in steered:  # the document's missing λ positions, generated as one batch
+                    grid = [x for j, x in todo if j == i and x is not None]
+                    texts = session.generate_grid(document, grid, gen, how=cfg.how)
+                    share = (time.perf_counter() - t0) / len(grid)  # each summary's part of the batch's time
+                    steered.update({(i, x): (t, share) for x, t in zip(grid, texts)})
+                text, seconds = steered.pop((i, lam))
+            t_verdict = time.perf_counter()
+            summary = _verdict(document, text, scorer, grounding, base_lm, seconds)
             if lam is None:
                 files[i]["base"] = summary.to_json()
             else:
                 files[i]["positions"][lambda_key(lam)] = summary.to_json()
             write_json(doc_path(folder, i), files[i])
-            stats.timings.append(time.perf_counter() - t0)
+            stats.timings.append(seconds + time.perf_counter() - t_verdict)  # its generation and its verdict
             stats.generated += 1
             todo.pop(0)
         report("finished")
