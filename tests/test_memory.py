@@ -64,8 +64,8 @@ def test_the_meta_count_equals_the_count_on_real_tensors(tiny_config, method, ch
 
 
 def _micro_batches_the_h100_run_saw(cfg: TrainConfig, examples: list, pad_id: int) -> list:
-    """The micro-batches the H100 preset runs (docs/bench/gpu-presets-h100.json) trained on: its 4 steps of the preset's batches, micro-batches
-    of 4."""
+    """The micro-batches the H100 preset runs (docs/bench/gpu-presets-h100.json) trained on: 4 steps of the
+    preset's batches, micro-batches of 4."""
     objective = OBJECTIVES[cfg.method]
     batches = [objective.batches(g, 4, pad_id) for g in length_buckets(examples, cfg.batch_size)]
     return [_batch_for(batches, i, cfg.seed) for i in range(4 * cfg.grad_accum)]

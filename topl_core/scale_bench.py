@@ -12,7 +12,8 @@ model name loads as usual, e.g. tiny-llama for the CPU test):
 - capture: LoRA-A capture of every site of the SFT adapter (LoRA on every layer: layers × 7 sites) on 48 records.
 - steering: one steered generation of `new_tokens` tokens per λ (the vector mode's 17 slider positions, −2..2 by
   0.25) run one λ at a time, and the same grid as one batched generation (SteeringSession.generate_grid).
-- sweep: two adjacent 3-layer windows trained with and without frozen-prefix reuse (bench.benchmark_prefix_reuse).
+- sweep: two adjacent 3-layer windows (fewer layers on a small model) trained with and without frozen-prefix
+  reuse (bench.benchmark_prefix_reuse).
 """
 
 from __future__ import annotations
@@ -204,9 +205,7 @@ def bench_capture(lm: LoadedModel, records: Sequence[Record], cfg: TrainConfig) 
 
 def bench_steering(run: Path, spec: ModelSpec, records: Sequence[Record], precision: str, new_tokens: int) -> dict:
     """Seconds of one steered generation per λ of the vector mode's slider grid, one at a time and as one batch."""
-    mode = MODES["vector"]
-    lo, hi, step = mode.slider()
-    grid = [float(x) for x in np.arange(lo, hi + step / 2, step)]
+    grid = MODES["vector"].slider_positions()
     base, merged = load_model(spec), load_merged(spec, run)
     vectors = build_steering_vectors(
         run,
@@ -243,9 +242,10 @@ def bench_steering(run: Path, spec: ModelSpec, records: Sequence[Record], precis
 
 
 def bench_sweep(cfg: TrainConfig, records: Sequence[Record], work: Path, layers: int) -> dict:
-    """Two adjacent 3-layer windows in the middle of the model, with and without frozen-prefix reuse."""
-    start = max(0, layers // 2 - 3)
-    windows = [(start, 3), (start + 3, 3)]
+    """Two adjacent windows of 3 layers (fewer on a small model) in the middle of the model, with and without
+    frozen-prefix reuse."""
+    size = max(1, min(3, layers // 4))
+    windows = [(layers // 2 - size, size), (layers // 2, size)]
     sweep = SweepConfig(train=replace(cfg, steps=3), windows=tuple(windows))
     spec = ModelSpec(cfg.model, "auto", cfg.device)
     table = benchmark_prefix_reuse(sweep, work, windows, records=records, base_loader=lambda: load_model(spec))
