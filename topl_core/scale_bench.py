@@ -132,6 +132,7 @@ def bench_training(
         "batch": f"{cfg.batch_size}x{cfg.grad_accum}",
         "micro_batch_size": cfg.micro_batch_size,
         "packing": cfg.packing,
+        "compile_backend": cfg.compile_backend,
         "precision": cfg.precision,
         "losses": [round(r["loss"], 4) for r in rows],
         "step_s": _median_steps(metrics, "step_s"),
@@ -262,6 +263,7 @@ def bench_model(
     steps: int = 4,
     micro_batch_size: int = 4,
     packing: bool = False,
+    compile_backend: str = "",
     hub: bool = False,
     new_tokens: int = 64,
     log: Callable[[str], None] = print,
@@ -271,6 +273,7 @@ def bench_model(
         model=model,
         steps=steps,
         micro_batch_size=micro_batch_size,
+        compile_backend=compile_backend,
         eval_every=10_000,
         checkpoint_every=10_000,
         max_val_examples=8,
@@ -279,7 +282,7 @@ def bench_model(
     test = [r for r in split_records(records)["test"] if r.token_labels_known]
     for method in ("topl", "sft"):
         log(f"{name}: {method} training, {steps} steps")
-        cfg = train_config(name, method, device, packing=packing and method in ("topl", "sft"), **common)
+        cfg = train_config(name, method, device, packing=packing, **common)
         row[f"train_{method}"], trained = bench_training(cfg, records, work / name, peak_tflops)
         row.setdefault("params_b", sum(p.numel() for p in trained.model.parameters() if not p.requires_grad) / 1e9)
         fit = largest_micro_batch(cfg, trained, records)
@@ -313,6 +316,7 @@ def run_scale_bench(
     steps: int = 4,
     micro_batch_size: int = 4,
     packing: bool = False,
+    compile_backend: str = "",
     hub: bool = False,
     new_tokens: int = 64,
     max_records: int = 400,
@@ -325,14 +329,15 @@ def run_scale_bench(
         "torch": torch.__version__,
         "precision": precision,
         "matmul_peak_tflops": matmul_peak_tflops(device, dtype),
+        "settings": {"steps": steps, "micro_batch_size": micro_batch_size, "packing": packing, "records": max_records},
         "rows": [],
     }
     records = read_jsonl(data)[:max_records]
     with tempfile.TemporaryDirectory(prefix="topl-scale-") as work:
         for name in models:
             row = bench_model(
-                name, device, records, Path(work), res["matmul_peak_tflops"], steps, micro_batch_size, packing, hub,
-                new_tokens, log,
+                name, device, records, Path(work), res["matmul_peak_tflops"], steps, micro_batch_size, packing,
+                compile_backend, hub, new_tokens, log,
             )  # fmt: skip
             res["rows"].append(row)
     return res

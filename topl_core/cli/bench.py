@@ -39,12 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget-gib", type=float, default=78.0, help="GPU memory for --memory (an 80 GB H100: 79.2 GiB)")
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 2048], help="sequence lengths for --memory")
     add_precision_arg(p)
-    scale = p.add_argument_group("--scale: the presets at their published shape on one device (a GPU)")
+    scale = p.add_argument_group("--device cuda (or --scale): the presets at their published shape on one device")
     scale.add_argument(
         "--scale",
         action="store_true",
         help="train TOPL and SFT (tokens/s, MFU, peak memory, padding), capture every site, steer a 17-λ grid "
-        "(one at a time and batched) and train two sweep windows (with and without prefix reuse), per model",
+        "(one at a time and batched) and train two sweep windows (with and without prefix reuse), per model; "
+        "implied by --device cuda",
     )
     scale.add_argument(
         "--models",
@@ -52,11 +53,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=list(PRESETS),
         help="presets (built with random weights at their published shape unless --hub) or any model name",
     )
-    scale.add_argument("--device", choices=DEVICES, default="cuda")
+    scale.add_argument("--device", choices=DEVICES, default="cpu", help="cuda: the scale benchmark on the GPU")
     scale.add_argument("--hub", action="store_true", help="load the presets' real weights from the hub")
     scale.add_argument("--steps", type=int, default=4, help="training steps per method (the first is warm-up)")
     scale.add_argument("--micro-batch-size", type=int, default=4)
     scale.add_argument("--packing", action="store_true", help="train on packed batches (TrainConfig.packing)")
+    scale.add_argument("--compile-backend", default="", help="compile the decoder layers (TrainConfig.compile_backend)")
     scale.add_argument("--new-tokens", type=int, default=64, help="tokens per steered generation")
     p.set_defaults(func=run)
 
@@ -64,11 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     if args.memory:
         return memory_table(args.budget_gib, tuple(args.seq_lens), args.json)
-    if args.scale:
+    if args.scale or args.device == "cuda":
         with Bar("scale bench", total=PHASES_PER_MODEL * len(args.models)) as bar:  # a phase's log line: a stage
             res = run_scale_bench(
-                args.models, args.device, args.data, args.steps, args.micro_batch_size, args.packing, args.hub,
-                args.new_tokens, log=bar.stage,
+                args.models, args.device, args.data, args.steps, args.micro_batch_size, args.packing,
+                args.compile_backend, args.hub, args.new_tokens, log=bar.stage,
             )  # fmt: skip
         print(format_scale(res))
         if args.json:
