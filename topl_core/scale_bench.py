@@ -139,6 +139,7 @@ def bench_training(
         "tokens_per_s": tokens_per_s,
         "padding_share": float(np.mean([r["padding_share"] for r in rows])),
         "mean_tokens": seq_len,
+        "attention": base.model.config._attn_implementation,  # sdpa: flash or memory-efficient kernels on a GPU
         "mfu": flops * tokens_per_s / (peak_tflops * 1e12),
         "peak_gib": _peak_gib(cfg.device),
     }

@@ -13,9 +13,14 @@ from ..data.encode import IGNORE
 
 def token_bce_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean binary cross-entropy of per-token head logits against labels 1 (good) / 0 (bad); -1 ignored (0 when no
-    token is labelled). A masked sum, not an index of the labelled tokens: on a GPU, indexing by a mask waits for the
-    device to count them."""
+    token is labelled). On a GPU a masked sum: indexing by a mask makes the host wait while the device counts the
+    selected tokens. On a CPU, where nothing waits, the mean over the indexed tokens, as before (equal up to
+    rounding; a run's float bits stay those of earlier versions)."""
     mask = labels != IGNORE
+    if logits.device.type == "cpu":
+        if not mask.any():
+            return logits.sum() * 0.0
+        return F.binary_cross_entropy_with_logits(logits[mask].float(), labels[mask].float())
     per_token = F.binary_cross_entropy_with_logits(logits.float(), labels.clamp(min=0).float(), reduction="none")
     return (per_token * mask).sum() / mask.sum().clamp(min=1)
 
