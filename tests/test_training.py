@@ -20,7 +20,7 @@ from topl_core.runs import RunDir
 from topl_core.status import request_stop, stop_requested
 from topl_core.training.config import LoraSettings
 from topl_core.training.lora import FastDropout, apply_lora
-from topl_core.training.losses import token_bce_loss
+from topl_core.training.losses import masked_token_bce_loss, token_bce_loss
 from topl_core.training.trainer import train
 
 
@@ -46,6 +46,16 @@ def test_token_bce_loss_matches_formula_and_ignores_unlabelled():
     manual = -(torch.log(p[0]) + torch.log(1 - p[1]) + torch.log(p[2])) / 3
     assert torch.allclose(token_bce_loss(logits, labels), manual)
     assert token_bce_loss(logits, torch.full_like(labels, -1)).item() == 0.0
+    # the GPU's form (no index by a mask): the same value and gradient (none for the unlabelled token)
+    grads = []
+    for loss in (token_bce_loss, masked_token_bce_loss):
+        x = logits.clone().requires_grad_()
+        value = loss(x, labels)
+        value.backward()
+        assert torch.allclose(value, manual)
+        grads.append(x.grad)
+    assert torch.allclose(grads[0], grads[1]) and grads[1][0, 3] == 0
+    assert masked_token_bce_loss(logits, torch.full_like(labels, -1)).item() == 0.0
 
 
 def test_training_updates_lora_and_head_only(tmp_path, tiny_records):

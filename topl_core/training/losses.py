@@ -13,14 +13,20 @@ from ..data.encode import IGNORE
 
 def token_bce_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean binary cross-entropy of per-token head logits against labels 1 (good) / 0 (bad); -1 ignored (0 when no
-    token is labelled). On a GPU a masked sum: indexing by a mask makes the host wait while the device counts the
-    selected tokens. On a CPU, where nothing waits, the mean over the indexed tokens, as before (equal up to
-    rounding; a run's float bits stay those of earlier versions)."""
+    token is labelled). On a CPU, the mean over the labelled tokens indexed by the mask; on a GPU, where indexing by
+    a mask makes the host wait while the device counts them, the same mean as a masked sum (`masked_token_bce_loss`;
+    equal up to rounding, and a CPU run keeps the float bits of earlier versions)."""
+    if logits.device.type != "cpu":
+        return masked_token_bce_loss(logits, labels)
     mask = labels != IGNORE
-    if logits.device.type == "cpu":
-        if not mask.any():
-            return logits.sum() * 0.0
-        return F.binary_cross_entropy_with_logits(logits[mask].float(), labels[mask].float())
+    if not mask.any():
+        return logits.sum() * 0.0
+    return F.binary_cross_entropy_with_logits(logits[mask].float(), labels[mask].float())
+
+
+def masked_token_bce_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """token_bce_loss without indexing: every token's BCE, the unlabelled ones weighted 0, over the labelled count."""
+    mask = labels != IGNORE
     per_token = F.binary_cross_entropy_with_logits(logits.float(), labels.clamp(min=0).float(), reduction="none")
     return (per_token * mask).sum() / mask.sum().clamp(min=1)
 
