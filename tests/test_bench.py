@@ -32,13 +32,12 @@ def test_scale_bench_measures_every_part_on_a_cpu(tmp_path, tiny_records):
     """`bench --scale` end to end on a tiny model: every phase runs through the workbench's own code and reports
     figures that can be true (the GPU runs of the presets are in docs/bench/; here timings are not asserted)."""
     from topl_core.data.records import write_jsonl
-    from topl_core.scale_bench import format_scale, run_scale_bench
+    from topl_core.scale_bench import ScaleSettings, format_scale, run_scale_bench
 
     data = write_jsonl(tiny_records, tmp_path / "records.jsonl")
-    res = run_scale_bench(
-        ["tiny-llama"], "cpu", str(data), steps=2, micro_batch_size=2, new_tokens=6, log=lambda _: None
-    )
-    assert res["precision"] == "fp32" and res["matmul_peak_tflops"] > 0
+    settings = ScaleSettings("cpu", steps=2, micro_batch_size=2, new_tokens=6)
+    res = run_scale_bench(["tiny-llama"], str(data), settings, log=lambda _: None)
+    assert res["precision"] == "fp32" and res["matmul_peak_tflops"] > 0 and res["settings"]["steps"] == 2
     (row,) = res["rows"]
     for method, layers in (("topl", "0-3"), ("sft", "0-3")):
         t = row[f"train_{method}"]

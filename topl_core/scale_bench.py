@@ -23,7 +23,7 @@ import statistics
 import tempfile
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -255,42 +255,45 @@ def bench_sweep(cfg: TrainConfig, records: Sequence[Record], work: Path, layers:
     return {"windows": windows, "reuse_s": float(wall["reuse"]), "plain_s": float(wall["plain"])}
 
 
+@dataclass(frozen=True)
+class ScaleSettings:
+    """What every model of one benchmark run gets: training steps per method (the first is warm-up), micro-batch
+    size, packing and the compile backend of the training runs (TrainConfig), the real weights from the hub instead
+    of a preset's random-weight build, tokens per steered generation, and how many records of the data are read."""
+
+    device: str = "cuda"
+    steps: int = 4
+    micro_batch_size: int = 4
+    packing: bool = False
+    compile_backend: str = ""
+    hub: bool = False
+    new_tokens: int = 64
+    max_records: int = 400
+
+
 def bench_model(
-    name: str,
-    device: str,
-    records: Sequence[Record],
-    work: Path,
-    peak_tflops: float,
-    steps: int = 4,
-    micro_batch_size: int = 4,
-    packing: bool = False,
-    compile_backend: str = "",
-    hub: bool = False,
-    new_tokens: int = 64,
-    log: Callable[[str], None] = print,
+    name: str, settings: ScaleSettings, records: Sequence[Record], work: Path, peak_tflops: float, log: Callable
 ) -> dict:
-    model = model_name(name, hub)
+    device, model = settings.device, model_name(name, settings.hub)
     common = dict(
         model=model,
-        steps=steps,
-        micro_batch_size=micro_batch_size,
-        compile_backend=compile_backend,
+        steps=settings.steps,
+        micro_batch_size=settings.micro_batch_size,
+        compile_backend=settings.compile_backend,
         eval_every=10_000,
         checkpoint_every=10_000,
         max_val_examples=8,
     )
-    row: dict = {"model": name, "weights": "hub" if hub or name not in PRESETS else "random (published shape)"}
+    weights = "hub" if settings.hub or name not in PRESETS else "random (published shape)"
+    row: dict = {"model": name, "weights": weights}
     test = [r for r in split_records(records)["test"] if r.token_labels_known]
     for method in ("topl", "sft"):
-        log(f"{name}: {method} training, {steps} steps")
-        cfg = train_config(name, method, device, packing=packing, **common)
+        log(f"{name}: {method} training, {settings.steps} steps")
+        cfg = train_config(name, method, device, packing=settings.packing, **common)
         row[f"train_{method}"], trained = bench_training(cfg, records, work / name, peak_tflops)
         row.setdefault("params_b", sum(p.numel() for p in trained.model.parameters() if not p.requires_grad) / 1e9)
-        fit = largest_micro_batch(cfg, trained, records)
-        row[f"train_{method}"]["largest_micro_batch"], row[f"train_{method}"]["host_waits_per_micro_batch"] = fit or (
-            None,
-            None,
-        )
+        fits, waits = largest_micro_batch(cfg, trained, records) or (None, None)
+        row[f"train_{method}"] |= {"largest_micro_batch": fits, "host_waits_per_micro_batch": waits}
         if method == "sft":
             log(f"{name}: LoRA-A capture of every site")
             row["capture"] = bench_capture(trained, test, cfg)
@@ -299,9 +302,8 @@ def bench_model(
     row["topl_vs_sft_step"] = row["train_sft"]["tokens_per_s"] / row["train_topl"]["tokens_per_s"]
     precision = row["train_topl"]["precision"]
     log(f"{name}: steering, one λ at a time and the grid as one batch")
-    row["steering"] = bench_steering(
-        work / name / "topl", ModelSpec(model, "auto", device), test, precision, new_tokens
-    )
+    spec = ModelSpec(model, "auto", device)
+    row["steering"] = bench_steering(work / name / "topl", spec, test, precision, settings.new_tokens)
     _reset_peak(device)
     log(f"{name}: layer-sweep windows with and without frozen-prefix reuse")
     topl = train_config(name, "topl", device, **common)
@@ -311,36 +313,22 @@ def bench_model(
 
 
 def run_scale_bench(
-    models: Sequence[str],
-    device: str,
-    data: str,
-    steps: int = 4,
-    micro_batch_size: int = 4,
-    packing: bool = False,
-    compile_backend: str = "",
-    hub: bool = False,
-    new_tokens: int = 64,
-    max_records: int = 400,
-    log: Callable[[str], None] = print,
+    models: Sequence[str], data: str, settings: ScaleSettings = ScaleSettings(), log: Callable[[str], None] = print
 ) -> dict:
-    precision = resolve_precision("auto", device)
+    precision = resolve_precision("auto", settings.device)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     res: dict = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "device": torch.cuda.get_device_name() if settings.device == "cuda" else "cpu",
         "torch": torch.__version__,
         "precision": precision,
-        "matmul_peak_tflops": matmul_peak_tflops(device, dtype),
-        "settings": {"steps": steps, "micro_batch_size": micro_batch_size, "packing": packing, "records": max_records},
+        "matmul_peak_tflops": matmul_peak_tflops(settings.device, dtype),
+        "settings": asdict(settings),
         "rows": [],
     }
-    records = read_jsonl(data)[:max_records]
+    records = read_jsonl(data)[: settings.max_records]
     with tempfile.TemporaryDirectory(prefix="topl-scale-") as work:
         for name in models:
-            row = bench_model(
-                name, device, records, Path(work), res["matmul_peak_tflops"], steps, micro_batch_size, packing,
-                compile_backend, hub, new_tokens, log,
-            )  # fmt: skip
-            res["rows"].append(row)
+            res["rows"].append(bench_model(name, settings, records, Path(work), res["matmul_peak_tflops"], log))
     return res
 
 

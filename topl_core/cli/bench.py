@@ -13,7 +13,7 @@ from ..models import DEVICES
 from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL, PRESETS
 from ..progress import Bar
-from ..scale_bench import PHASES_PER_MODEL, format_scale, run_scale_bench
+from ..scale_bench import PHASES_PER_MODEL, ScaleSettings, format_scale, run_scale_bench
 from ..training.memory import GIB, what_fits
 from . import COMMANDS
 from .common import add_precision_arg, announce_precision
@@ -68,10 +68,11 @@ def run(args: argparse.Namespace) -> None:
         return memory_table(args.budget_gib, tuple(args.seq_lens), args.json)
     if args.scale or args.device == "cuda":
         with Bar("scale bench", total=PHASES_PER_MODEL * len(args.models)) as bar:  # a phase's log line: a stage
-            res = run_scale_bench(
-                args.models, args.device, args.data, args.steps, args.micro_batch_size, args.packing,
-                args.compile_backend, args.hub, args.new_tokens, log=bar.stage,
+            settings = ScaleSettings(
+                args.device, args.steps, args.micro_batch_size, args.packing, args.compile_backend, args.hub,
+                args.new_tokens,
             )  # fmt: skip
+            res = run_scale_bench(args.models, args.data, settings, log=bar.stage)
         print(format_scale(res))
         if args.json:
             write_json(args.json, res)
