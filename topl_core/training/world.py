@@ -18,6 +18,7 @@ size; validation and checkpoints run on every rank under FSDP (their all-gathers
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 
@@ -52,6 +53,10 @@ class World:
             if torch.cuda.is_available():  # one GPU per local rank: "cuda" in the config means this rank's own
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            # leave the group before the interpreter tears down: a gloo group left to exit-time destructors while
+            # the other rank has gone can abort ("terminate called without an active exception", seen once in CI
+            # when a stopped two-process run exited)
+            atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
         fsdp = any(os.environ.get(k, "").lower() in ("1", "true") for k in FSDP_ENV)
         return cls(dist.get_rank(), dist.get_world_size(), fsdp)
 
