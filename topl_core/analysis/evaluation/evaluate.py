@@ -33,6 +33,7 @@ from ...executor import ExecutorConfig, failure_report, run_tasks, worker_memo
 from ...generate import generate, load_merged
 from ...models import ModelSpec, load_model
 from ...paths import project_path
+from ...precision import weights_for
 from ..cache import JSON, cached
 from ..lora_a.probe import ProbeSettings, labelled_records
 from ..steering.modes import SteerConfig
@@ -73,13 +74,15 @@ def steering_vectors_for(adapter, cfg: EvalConfig, use_cache: bool = True):
     return build_steering_vectors(adapter, records, settings, cfg.top_k, use_cache=use_cache)
 
 
-def variant_model(v: Variant, default_model: str, device: str):
-    """The model a base or merged variant generates with (fp32): the base model (v.model, else default_model), or
-    the variant's adapter merged into the base model it was trained on."""
+def variant_model(v: Variant, default_model: str, device: str, precision: str):
+    """The model a base or merged variant generates with, its weights for the compute `precision` (bf16 on a GPU
+    that computes in bf16, else fp32: precision.weights_for): the base model (v.model, else default_model), or the
+    variant's adapter merged into the base model it was trained on."""
+    weights = weights_for(precision)
     if v.run is None:
-        return load_model(ModelSpec(v.model or default_model, "fp32", device))
+        return load_model(ModelSpec(v.model or default_model, weights, device))
     adapter = open_adapter(v.run)
-    return load_merged(ModelSpec(adapter.base_model, "fp32", device), adapter)
+    return load_merged(ModelSpec(adapter.base_model, weights, device), adapter)
 
 
 class VariantModels:
@@ -92,7 +95,7 @@ class VariantModels:
     def get(self, v: Variant):
         key = (v.run, v.model if v.run is None else None)
         if key not in self._cache:
-            self._cache[key] = variant_model(v, self.cfg.model, self.cfg.device)
+            self._cache[key] = variant_model(v, self.cfg.model, self.cfg.device, self.cfg.generation.precision)
         return self._cache[key]
 
     def base_of(self, run):

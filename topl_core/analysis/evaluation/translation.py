@@ -229,7 +229,7 @@ def translate(variant: Variant, sources: Sequence[str], cfg: TranslationConfig, 
     }
 
     def compute() -> list[str]:
-        lm = variant_model(variant, cfg.model, cfg.device)
+        lm = variant_model(variant, cfg.model, cfg.device, cfg.generation.precision)
         return generate(lm, sources, cfg.generation, task="translation", lang_pair=cfg.lang_pair)
 
     return cached("translations", key, compute, JSON, adapter=adapter, enabled=use_cache)
