@@ -91,24 +91,7 @@ def steering_session(spec: str, run: str, fp: str, ts: tuple, top_k: int, precis
 
 
 @st.cache_data(show_spinner=False, max_entries=1024)
-def steered_text(
-    spec: str,
-    run: str,
-    fp: str,
-    ts: tuple,
-    top_k: int,
-    precision: str,
-    document: str,
-    lam: float,
-    max_new: int,
-    how: SteerConfig,
-) -> str:
-    sess = steering_session(spec, run, fp, ts, top_k, precision)
-    return sess.generate_steered(document, lam, GenerationConfig(max_new_tokens=max_new, precision=precision), how=how)
-
-
-@st.cache_data(show_spinner=False, max_entries=64)
-def steered_grid(
+def steered_texts(
     spec: str,
     run: str,
     fp: str,
@@ -120,7 +103,8 @@ def steered_grid(
     max_new: int,
     how: SteerConfig,
 ) -> dict[float, str]:
-    """The steered text at every λ of `grid`, generated as one batch (SteeringSession.generate_grid)."""
+    """The steered text at every λ of `grid` (one λ, or the slider's every position), generated as one batch
+    (SteeringSession.generate_grid; one λ alone is generate_steered's text)."""
     sess = steering_session(spec, run, fp, ts, top_k, precision)
     gen = GenerationConfig(max_new_tokens=max_new, precision=precision)
     return dict(zip(grid, sess.generate_grid(document, grid, gen, how=how)))
@@ -252,10 +236,10 @@ curve_key = (run, fp, document[:200], top_k, max_new, bound, how)  # the λ grid
 def steered_at(value: float) -> str:
     """The steered text at λ = value: from this document's λ grid once it was generated (one batch), else alone."""
     if st.session_state.get("steer.curve_for") == curve_key:
-        texts = steered_grid(spec, run, fp, ts, top_k, precision, document, tuple(GRID), max_new, how)
+        texts = steered_texts(spec, run, fp, ts, top_k, precision, document, tuple(GRID), max_new, how)
         if value in texts:
             return texts[value]
-    return steered_text(spec, run, fp, ts, top_k, precision, document, value, max_new, how)
+    return steered_texts(spec, run, fp, ts, top_k, precision, document, (value,), max_new, how)[value]
 
 
 try:
@@ -369,7 +353,7 @@ with right:
         st.session_state["steer.curve_for"] = curve_key
     if st.session_state.get("steer.curve_for") == curve_key:
         with st.spinner(f"Generating the {len(GRID)} λ positions as one batch, then their fluency…"):
-            texts = steered_grid(spec, run, fp, ts, top_k, precision, document, tuple(GRID), max_new, how)
+            texts = steered_texts(spec, run, fp, ts, top_k, precision, document, tuple(GRID), max_new, how)
             fluencies = [text_fluency(spec, texts[g]) for g in GRID]
         curve = document_curve(document, texts, fluencies, scorer())
         fig = go.Figure()

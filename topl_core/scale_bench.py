@@ -42,7 +42,7 @@ from .data.records import Record, read_jsonl
 from .data.split import split_records
 from .generate import GenerationConfig, load_merged
 from .models import RANDOM_WEIGHTS, LoadedModel, ModelSpec, layer_count, load_model
-from .precision import autocast, resolve_precision
+from .precision import autocast, resolve_precision, weights_for
 from .presets import PRESETS
 from .training.batching import EncodeSettings
 from .training.config import LoraSettings, TrainConfig, preset_config
@@ -103,22 +103,16 @@ def train_config(name: str, method: str, device: str, **overrides) -> TrainConfi
     return TrainConfig(method=method, model=model, device=device, batch_size=16, lora=lora).with_overrides(**overrides)
 
 
-def _median_steps(run_metrics: list[dict], key: str) -> float:
-    rows = [r for r in run_metrics if "step_s" in r]
-    timed = rows[1:] or rows  # the first step warms the kernels up
-    return statistics.median(r[key] for r in timed)
-
-
 def bench_training(
     cfg: TrainConfig, records: Sequence[Record], work: Path, peak_tflops: float
 ) -> tuple[dict, LoadedModel]:
     """Train `cfg` from a fresh base; its row and the trained model (the PEFT model is left in base.model)."""
     _reset_peak(cfg.device)
-    base = load_model(ModelSpec(cfg.model, "auto", cfg.device))
+    base = load_model(ModelSpec(cfg.model, weights_for(cfg.precision), cfg.device))
     run = train(cfg, work / cfg.method, records=records, base=base)
-    metrics = run.read_metrics()
-    rows = [r for r in metrics if "step_s" in r]
-    tokens_per_s = statistics.median(r["step_tokens"] / r["step_s"] for r in (rows[1:] or rows))
+    rows = [r for r in run.read_metrics() if "step_s" in r]
+    timed = rows[1:] or rows  # the first step warms the kernels up
+    tokens_per_s = statistics.median(r["step_tokens"] / r["step_s"] for r in timed)
     enc = [encode_record(base.tokenizer, r, cfg.max_doc_tokens, cfg.max_response_tokens) for r in records[:64]]
     seq_len = float(np.mean([len(e) for e in enc]))
     config = base.model.config
@@ -135,7 +129,7 @@ def bench_training(
         "compile_backend": cfg.compile_backend,
         "precision": cfg.precision,
         "losses": [round(r["loss"], 4) for r in rows],
-        "step_s": _median_steps(metrics, "step_s"),
+        "step_s": statistics.median(r["step_s"] for r in timed),
         "tokens_per_s": tokens_per_s,
         "padding_share": float(np.mean([r["padding_share"] for r in rows])),
         "mean_tokens": seq_len,
@@ -160,13 +154,11 @@ def largest_micro_batch(cfg: TrainConfig, lm: LoadedModel, records: Sequence[Rec
         objective.prepare(lm.tokenizer, records, EncodeSettings(cfg.max_doc_tokens, cfg.max_response_tokens)), key=len
     )
     head = torch.nn.Linear(lm.model.config.hidden_size, 1, device="cuda") if objective.uses_head else None
-    ctx = StepContext(lm.model, head, cfg.lora.layer_end if head is not None else None, cfg.beta, cfg.tdpo_alpha)
+    ctx = StepContext(lm.model, head, objective.head_layer(cfg.lora.layer_end, lm.num_layers), cfg.beta, cfg.tdpo_alpha)
     lm.model.train()
     fits = None
     for size in FIT_CANDIDATES:
-        batch = collate(
-            examples[-size:] if len(examples) >= size else (examples * size)[-size:], lm.tokenizer.pad_token_id
-        ).to("cuda")
+        batch = collate((examples * size)[-size:], lm.tokenizer.pad_token_id).to("cuda")  # the longest, repeated
         try:
             with autocast(cfg.precision, "cuda"), warnings.catch_warnings(record=True) as seen:
                 warnings.simplefilter("always")
@@ -249,8 +241,7 @@ def bench_sweep(cfg: TrainConfig, records: Sequence[Record], work: Path, layers:
     size = max(1, min(3, layers // 4))
     windows = [(layers // 2 - size, size), (layers // 2, size)]
     sweep = SweepConfig(train=replace(cfg, steps=3), windows=tuple(windows))
-    spec = ModelSpec(cfg.model, "auto", cfg.device)
-    table = benchmark_prefix_reuse(sweep, work, windows, records=records, base_loader=lambda: load_model(spec))
+    table = benchmark_prefix_reuse(sweep, work, windows, records=records)  # the base: sweep_inputs loads it
     wall = table.groupby("mode")["wall_s"].sum()
     return {"windows": windows, "reuse_s": float(wall["reuse"]), "plain_s": float(wall["plain"])}
 
@@ -302,7 +293,7 @@ def bench_model(
     row["topl_vs_sft_step"] = row["train_sft"]["tokens_per_s"] / row["train_topl"]["tokens_per_s"]
     precision = row["train_topl"]["precision"]
     log(f"{name}: steering, one λ at a time and the grid as one batch")
-    spec = ModelSpec(model, "auto", device)
+    spec = ModelSpec(model, weights_for(precision), device)
     row["steering"] = bench_steering(work / name / "topl", spec, test, precision, settings.new_tokens)
     _reset_peak(device)
     log(f"{name}: layer-sweep windows with and without frozen-prefix reuse")

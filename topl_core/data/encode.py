@@ -194,16 +194,24 @@ class Batch:
 
 def collate(examples: list[Encoded], pad_id: int, pad_to_multiple: int = 16) -> Batch:
     """Pad to a multiple of `pad_to_multiple` so batch shapes repeat (fewer distinct allocations, steadier memory)."""
-    return collate_packed([[e] for e in examples], pad_id, pad_to_multiple, packed=False)
+    ids, att, lab, resp, lm, _ = _lay_out([[e] for e in examples], pad_id, pad_to_multiple)
+    seq = torch.tensor([e.sequence_label for e in examples], dtype=torch.long)
+    return Batch(ids, att, lab, resp, seq, lm)
 
 
-def collate_packed(rows: list[list[Encoded]], pad_id: int, pad_to_multiple: int = 16, packed: bool = True) -> Batch:
+def collate_packed(rows: list[list[Encoded]], pad_id: int, pad_to_multiple: int = 16) -> Batch:
     """One row per list of examples, laid end to end and right-padded to a common length (a multiple of
-    `pad_to_multiple`). Packed (several examples a row): position_ids restart at 0 for every example and the
-    padding after a row's last example gets positions of its own (0, 1, …: a block of its own that no example
-    attends to); sequence_labels is empty. `packed=False` with one example per row is the plain padded batch."""
-    lengths = [sum(len(e) for e in row) for row in rows]
-    T = -(-max(lengths) // pad_to_multiple) * pad_to_multiple
+    `pad_to_multiple`); position_ids restart at 0 for every example, and the padding after a row's last example gets
+    positions of its own (0, 1, …: a block of its own that no example attends to). A packed row is no example, so
+    sequence_labels is empty."""
+    ids, att, lab, resp, lm, pos = _lay_out(rows, pad_id, pad_to_multiple)
+    return Batch(ids, att, lab, resp, torch.zeros(0, dtype=torch.long), lm, pos)
+
+
+def _lay_out(rows: list[list[Encoded]], pad_id: int, pad_to_multiple: int) -> tuple[torch.Tensor, ...]:
+    """The (B, T) tensors of rows of examples laid end to end: ids, attention mask, labels, response mask, LM-target
+    mask and per-example positions."""
+    T = -(-max(sum(len(e) for e in row) for row in rows) // pad_to_multiple) * pad_to_multiple
     B = len(rows)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
     att = torch.zeros((B, T), dtype=torch.long)
@@ -224,12 +232,7 @@ def collate_packed(rows: list[list[Encoded]], pad_id: int, pad_to_multiple: int 
             lm[i, at + max(1, e.response_start) : at + n] = True
             at += n
         pos[i, at:] = torch.arange(T - at)
-    if not packed:
-        if any(len(row) != 1 for row in rows):
-            raise ValueError("collate_packed(packed=False) takes one example per row.")
-        seq = torch.tensor([row[0].sequence_label for row in rows], dtype=torch.long)
-        return Batch(ids, att, lab, resp, seq, lm)
-    return Batch(ids, att, lab, resp, torch.zeros(0, dtype=torch.long), lm, pos)
+    return ids, att, lab, resp, lm, pos
 
 
 @dataclass(frozen=True)

@@ -275,7 +275,7 @@ def longest_micro_batch(batches: list[list[Batch]]) -> Batch:
     """The micro-batch that needs the most memory: the most tokens (rows × length), then the most LM targets."""
     return max(
         (micro for batch in batches for micro in batch),
-        key=lambda b: (b.input_ids.numel(), int(b.lm_mask.sum()) if b.lm_mask is not None else 0),
+        key=lambda b: (b.input_ids.numel(), b.n_lm_targets),
     )
 
 
