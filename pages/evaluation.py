@@ -25,7 +25,7 @@ from topl_core import jobs, launchers
 from topl_core.analysis.evaluation.config import EvalConfig, EvalJob, LambdaStudy
 from topl_core.analysis.evaluation.scorers import DEFAULT_SCORER, PROTOCOLS
 from topl_core.analysis.evaluation.translation import TranslationConfig, TranslationJob
-from topl_core.analysis.steering.modes import MODES
+from topl_core.analysis.steering.modes import MODES, STUDY_MODES
 from topl_core.paths import inside
 from topl_core.presets import MLQE_PE_PAIRS
 
@@ -95,15 +95,16 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
             modes = a.multiselect(
                 "Modes",
                 list(MODES),
-                default=[next(m.name for m in MODES.values() if m.acts == acts) for acts in ("add", "scale")],
+                default=list(STUDY_MODES),
                 key=K + "modes",
                 persist_state="session",
                 format_func=lambda m: MODES[m].label,
                 help=" ".join(f"**{m.label}**: {m.help}" for m in MODES.values()),
             )
-            scaling_grid = next(m.lambda_grid for m in MODES.values() if m.acts == "scale")
+            # the first mode whose λ is on its own axis rather than in the direction's units (the update's scale)
+            scaling_grid = next(m.lambda_grid for m in MODES.values() if not m.action.units_apply)
             scaled_txt = b.text_input(
-                "λ values of the modes that scale the update",
+                "λ values of the modes on their own λ axis (scaling the update, …)",
                 " ".join(f"{x:g}" for x in scaling_grid),
                 key=K + "cond_lambdas",
                 persist_state="session",

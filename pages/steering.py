@@ -38,7 +38,7 @@ with core_imports():  # the token sets are read with the analysis core too
     from topl_core.analysis.evaluation.text import count_sentences
     from topl_core.analysis.lora_a.probe import ProbeSettings
     from topl_core.analysis.steering.fluency import fluency
-    from topl_core.analysis.steering.modes import MODES, UNIT_FRACTION, SteerConfig
+    from topl_core.analysis.steering.modes import MODES, SteerConfig
     from topl_core.analysis.steering.session import SteeringSession
     from topl_core.analysis.steering.vectors import build_steering_vectors
 from topl_core.generate import GenerationConfig, generate
@@ -223,13 +223,9 @@ lam = c_lam.slider(
     + " Every position is cached once generated: press 'Generate every λ' below before a talk and "
     "dragging is instant.",
 )
-if spec_mode.acts == "add" and how.units == "normalised":
-    factor = vec.unit_factor(how.mode)
-    st.caption(
-        f"One unit of λ = {UNIT_FRACTION:.0%} of each steered site's mean output norm = raw λ "
-        f"{min(factor.values()):.3g}–{max(factor.values()):.3g} in the paper's formula (per site); at λ = {lam:+.2f}: "
-        f"raw {lam * min(factor.values()):+.3g} … {lam * max(factor.values()):+.3g}."
-    )
+unit_note = spec_mode.action.unit_note(vec, spec_mode, how.units, lam)
+if unit_note:
+    st.caption(unit_note)
 curve_key = (run, fp, document[:200], top_k, max_new, bound, how)  # the λ grid asked for ("Generate every λ")
 
 

@@ -307,7 +307,7 @@ def test_steer_cli(run, news_records, tmp_path, monkeypatch, capsys):
     # the conditional mode and the llama.cpp control vector of the diff-mean control, read back
     rc = steer("--lambdas", "0", "1", "--mode", "diff-mean", "--vectors", vectors_dir, "--export-gguf", str(gguf),
                "--max-new-tokens", "4", "--no-base")  # fmt: skip
-    assert rc == 0 and "normalised λ = 1 is raw λ" in capsys.readouterr().out
+    assert rc == 0 and "One unit of λ = 10% of each steered site's mean output norm = raw λ" in capsys.readouterr().out
     back, vectors = read_control_vector(gguf), SteeringVectors.load(tmp_path / "v")
     deltas = vectors.deltas("diff-mean", "normalised")
     carried = {s.layer for s in vectors.sites if s.layer >= 1}  # llama.cpp has no direction.0: layer 0 is left out
@@ -466,7 +466,7 @@ def test_lambda_grid_in_one_batch_equals_one_lambda_at_a_time(merged, vectors, p
     before = all_hooks(model)
     for mode, spec in MODES.items():
         how = SteerConfig(mode, positions, "raw")
-        step = big_lambda(vectors) if spec.acts == "add" else 100.0  # the 3-step adapter's update is tiny
+        step = big_lambda(vectors) if spec.action.units_apply else 100.0  # a 3-step adapter is tiny
         grid = [spec.neutral + k * step for k in (-2, -1, 0, 1, 2)]
         rows = {k: v.repeat(len(grid), 1) for k, v in enc.items()}
         with torch.no_grad():

@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         nargs="+",
         type=float,
         metavar="LAMBDA",
-        help="λ grid of the modes that scale the adapter's update (conditional; default: --lambdas)",
+        help="λ grid of the modes whose λ is not in normalised units (scaling the update, ...; default: --lambdas)",
     )
     p.add_argument(
         "--positions", choices=POSITIONS, default="all", help="steer every position, or only generated tokens"
@@ -170,8 +170,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.run:
             print("error: --lambdas needs --run RUN_DIR", file=sys.stderr)
             return 2
-        scaling = [m for m in args.modes if MODES[m].acts == "scale"]
-        grids = lambda_grids(args.modes, args.lambdas, dict.fromkeys(scaling, args.scaled_lambdas or args.lambdas))
+        own_axis = [m for m in args.modes if not MODES[m].action.units_apply]  # λ not in the direction's units
+        grids = lambda_grids(args.modes, args.lambdas, dict.fromkeys(own_axis, args.scaled_lambdas or args.lambdas))
         total = len(args.run) * sum(len(g) for g in grids.values())
         with Bar("(run, mode, λ)", total=total) as bar:
             df = lambda_sweep(

@@ -63,7 +63,7 @@ class SteeringSession:
         self._lora: dict[Site, LoraWeights] | None = None  # read on the first generation that scales the update
 
     def lora(self) -> dict[Site, LoraWeights]:
-        """The adapter's LoRA pairs (what a scaling mode scales), read once from vectors.adapter_path."""
+        """The adapter's LoRA pairs (what an action that needs the LoRA reads), read once from vectors.adapter_path."""
         if self._lora is None:
             self._lora = self.vectors.adapter_lora()
         return self._lora
@@ -141,7 +141,7 @@ class SteeringSession:
         how: SteerConfig,
     ) -> list[str]:
         """generate() under steer(); `lam`: one λ, or one per document when they form one batch."""
-        lora = self.lora() if how.spec.acts == "scale" else None
+        lora = self.lora() if how.spec.action.needs_lora else None
         with self._lock, steer(self.lm.model, self.vectors, lam, how, lora):
             if gen_cfg.mode == "sample":
                 with _SAMPLING_LOCK:
