@@ -8,6 +8,7 @@ modes here (and its test).
 
     AddDirection       output += λ · delta           delta: the mode's direction, in normalised or raw units
     ScaleUpdate        output += (λ − 1) · s·B(A x)  at every LoRA site of the merged model: λ scales the update
+    AblateDirection    output −= λ · (output·d̂) d̂   the component along the mode's direction, λ = 1 removes it
     MODE_TABLE         every SteeringMode, in the order the UI lists them (modes.MODES is keyed by name)
 """
 
@@ -238,6 +239,46 @@ class ScaleUpdate(SteeringAction):
         return mode.name  # the update is the adapter's own, whose fingerprint is already in every key
 
 
+class AblateDirection(SteeringAction):
+    """Removes the component of each steered site's output along the mode's direction d (as steering-vectors'
+    ablation operator): output − λ · (output · d̂) d̂. λ = 0 is the merged model, 1 projects the direction out, 2
+    reflects the output across the plane orthogonal to d, and λ < 0 amplifies the component."""
+
+    family = "ablation"
+    lambda_range = (-1.0, 2.0)
+    lambda_step = 0.25
+    lambda_grid = (-1.0, 0.0, 0.5, 1.0, 2.0)
+    axis_title = "λ (share of the direction's component removed)"
+    lambda_help = (
+        "λ scales how much of the output's component along the mode's direction is removed: 0 = merged model, "
+        "1 = the direction projected out, 2 = reflected, < 0 = amplified."
+    )
+
+    def edits(self, model, vectors, mode, units, lams, lora):
+        directions = mode.directions(vectors)
+        out: dict[Site, SiteEdit] = {}
+        for s in vectors.sites:
+            m = site_module(model, s)
+            d = np.asarray(directions[s.key], np.float64)
+            _check_width(s, m, d.shape[0])
+            device = next(m.parameters()).device
+            unit = torch.from_numpy((d / max(float(np.linalg.norm(d)), 1e-30)).astype(np.float32)).to(device)
+            factors = lams.float().to(device)
+
+            def edit(_x, output, unit=unit, factors=factors):
+                component = (output.float() @ unit).unsqueeze(-1) * unit
+                return output - (factors * component).to(output.dtype)
+
+            out[s] = edit
+        return out if lams.any() else {}  # λ = 0 in every row: the merged model, untouched
+
+    def caption(self, mode, units):
+        return (
+            f"λ = the share of each steered site's output component along the {mode.name} direction removed: "
+            "0 = the merged model, 1 = projected out."
+        )
+
+
 @dataclass(frozen=True)
 class SteeringMode:
     """One way of steering: an action, with a direction per site where the action acts along one. `exportable`: a
@@ -283,7 +324,7 @@ class SteeringMode:
         return [round(lo + i * step, 6) for i in range(int(round((hi - lo) / step)) + 1)]
 
 
-_ADD, _SCALE = AddDirection(), ScaleUpdate()
+_ADD, _SCALE, _ABLATE = AddDirection(), ScaleUpdate(), AblateDirection()
 MODE_TABLE: tuple[SteeringMode, ...] = (
     SteeringMode(
         name="vector",
@@ -319,5 +360,14 @@ MODE_TABLE: tuple[SteeringMode, ...] = (
         colour="#6b7280",
         action=_ADD,
         direction=random_direction,
+    ),
+    SteeringMode(
+        name="ablate",
+        label="Ablate the LoRA-B direction",
+        help="removes λ × the component of each steered site's output along the LoRA-B vector's direction: λ = 0 is "
+        "the merged model, 1 projects the direction out (does the text still change without it?), < 0 amplifies it.",
+        colour="#9333ea",
+        action=_ABLATE,
+        direction=lora_b_direction,
     ),
 )
