@@ -9,12 +9,11 @@ ensure_frame()  # first: see pages/_ui/frame.py
 import time
 from pathlib import Path
 
-import numpy as np
 import plotly.express as px
-import plotly.graph_objects as go
 import streamlit as st
 
 from pages._ui.datasets import dataset_paths
+from pages._ui.figures import heatmap
 from pages._ui.forms import SIDEBAR_FIELDS, config_inputs, field_input, precision_select
 from pages._ui.models import layer_count_or_stop
 from pages._ui.render import csv_download, plot
@@ -178,26 +177,15 @@ def panel() -> None:
     )
     left, right = st.columns(2)
     hm = heatmap_table(df, value)
-    z = hm.to_numpy(dtype=float)
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            x=[f"k={k}" for k in hm.columns],
-            y=hm.index.tolist(),
-            colorscale="Viridis",
-            text=np.where(np.isnan(z), "", np.vectorize(lambda v: f"{v:.3f}")(np.nan_to_num(z))),
-            texttemplate="%{text}",
-            hoverongaps=False,
-            hovertemplate="start %{y} · %{x}<br>%{z:.3f}<extra></extra>",
-            colorbar=dict(title=VALUE_LABEL[value].split(" (")[0], thickness=12),
-        )
-    )
-    fig.update_layout(
-        title=f"{VALUE_LABEL[value]} by window start × size",
-        xaxis_title="window size",
-        yaxis_title="start layer",
-        yaxis=dict(autorange="reversed"),
+    fig = heatmap(
+        hm,
+        f"{VALUE_LABEL[value]} by window start × size",
+        x=[f"k={k}" for k in hm.columns],
+        hover="start %{y} · %{x}<br>%{z:.3f}",
+        colorbar=VALUE_LABEL[value].split(" (")[0],
+        decimals=3,
         height=420,
+        axis_titles=("window size", "start layer"),
     )
     with left:
         plot(fig, key=K + "heat")

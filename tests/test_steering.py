@@ -485,3 +485,26 @@ def test_lambda_grid_in_one_batch_equals_one_lambda_at_a_time(merged, vectors, p
         with torch.no_grad(), steer(model, vectors, [0.0, 1.0, 2.0], RAW):
             model(enc["input_ids"].repeat(2, 1))
     assert all_hooks(model) == before
+
+
+def test_site_table_and_export_bundle(merged, vectors):
+    """The Steering page's site table (one row per steered site, cosines and per-unit factors by hand) and its export:
+    one zip holding the vectors and a llama.cpp control vector per exportable mode, which read back."""
+    import io
+    import zipfile
+
+    from topl_core.analysis.steering.summary import export_bundle, site_table
+
+    table = site_table(vectors)
+    assert table["site"].tolist() == [s.key for s in vectors.sites]
+    for row in table.itertuples(index=False):
+        v, dm = vectors.vectors[row.site], vectors.diff_mean[row.site]
+        cos = float(v @ dm / (np.linalg.norm(v) * np.linalg.norm(dm)))
+        assert row[table.columns.get_loc("cos(v, diff-mean)")] == pytest.approx(cos, rel=1e-6)
+        assert row[table.columns.get_loc("raw λ per unit")] == pytest.approx(vectors.unit_factor("vector")[row.site])
+    config = merged.model.config
+    bundle = export_bundle(vectors, config.model_type, config.num_hidden_layers)
+    exportable = {f"{m.name}.gguf" for m in MODES.values() if m.exportable}
+    names = set(zipfile.ZipFile(io.BytesIO(bundle.data)).namelist())
+    assert names == set(bundle.files) == exportable | {"steering_vectors.safetensors", "steering.json"}
+    assert set(bundle.left_out) == {s.key for s in vectors.sites if s.layer == 0}
