@@ -12,6 +12,7 @@ import pytest
 
 from pages._ui.forms import config_inputs, field_input
 from topl_core.analysis.evaluation.config import EvalConfig
+from topl_core.analysis.evaluation.translation import TranslationConfig
 from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig
 from topl_core.analysis.studies.sweeps import SweepConfig
 from topl_core.cli import build_parser, main
@@ -23,6 +24,7 @@ from topl_core.training.config import LoraSettings, TrainConfig
 
 # the configs whose fields are command-line flags and form inputs
 EXPOSED = (TrainConfig, LoraSettings, sources.SourceOptions, SweepConfig, LabelStudyConfig, ExecutorConfig, EvalConfig)
+EXPOSED += (TranslationConfig,)
 
 
 @pytest.mark.parametrize("cls", EXPOSED, ids=lambda c: c.__name__)

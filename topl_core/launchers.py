@@ -58,9 +58,8 @@ def launch_evaluation(job: EvalJob, out_dir: str | Path) -> Path:
 def translation_argv(job: TranslationJob, out_dir: str | Path) -> list[str]:
     """The `evaluate-mt` command line of a job, writing eval.json and per_doc.csv into out_dir."""
     cfg, out = job.cfg, Path(out_dir)
-    argv = ["evaluate-mt", "--lang-pair", cfg.lang_pair, "--n-id", str(job.n_id), "--n-ood", str(job.n_ood)]
-    argv += ["--max-new-tokens", str(cfg.max_new_tokens), "--batch-size", str(cfg.batch_size)]
-    argv += ["--scorer", cfg.scorer, "--device", cfg.device, "--precision", cfg.precision, "--split", job.split]
+    argv = ["evaluate-mt", *config_argv(cfg, skip={"model"}), "--n-id", str(job.n_id), "--n-ood", str(job.n_ood)]
+    argv += ["--split", job.split]
     argv += ["--json", str(out / "eval.json"), "--csv", str(out / "per_doc.csv")]
     for flag, value in (("--mlqe", job.mlqe), ("--flores", job.flores), ("--ood-src", job.ood_src)):
         if value:
