@@ -508,3 +508,29 @@ def test_site_table_and_export_bundle(merged, vectors):
     names = set(zipfile.ZipFile(io.BytesIO(bundle.data)).namelist())
     assert names == set(bundle.files) == exportable | {"steering_vectors.safetensors", "steering.json"}
     assert set(bundle.left_out) == {s.key for s in vectors.sites if s.layer == 0}
+
+
+# --- streaming (issue 40) ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_streamed_text_is_the_generated_text(merged, vectors, positions):
+    """Every mode: the streamed text grows token by token and ends on generate_steered's text; steering generated
+    positions only, every λ decodes from the one prompt forward of the document. Closing a stream midway leaves no
+    hook and frees the model for the next generation."""
+    session, hooks = SteeringSession(merged, vectors), all_hooks(merged.model)
+    gen = GenerationConfig(max_new_tokens=12, precision="fp32")
+    for mode, spec in MODES.items():
+        how = SteerConfig(mode, positions, "raw")
+        step = big_lambda(vectors) if spec.action.units_apply else 100.0
+        for lam in (spec.neutral, spec.neutral + step):
+            parts = list(session.stream_steered(DOC, lam, gen, how=how))
+            assert parts[-1] == session.generate_steered(DOC, lam, gen, how=how), (how, lam)
+            assert len(parts) > 1 and all(b.startswith(a.rstrip()) for a, b in zip(parts, parts[1:]) if a)
+    assert len(session._prefills) == (1 if positions == "generated" else 0)
+    stream = session.stream_steered(DOC, 0.0, gen, how=SteerConfig("vector", positions))
+    next(stream)
+    assert all_hooks(merged.model) > hooks
+    stream.close()
+    assert all_hooks(merged.model) == hooks and session._lock.acquire(blocking=False)
+    session._lock.release()
