@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -420,6 +421,32 @@ def test_dragging_lambda_changes_the_steered_summary(app, browser, workbench):
     assert merged2 == merged and steered2 != merged
     assert page.locator(".topl-diff-ins").count() > 0, "changed words are not highlighted"
     shot(page, "steering-dragged")
+    page.context.close()
+
+
+def test_steered_text_streams_in_while_it_is_written(app, browser, workbench):
+    """A new λ position fills the steered box token by token: the page shows the text written so far (with a cursor)
+    before the whole summary, each partial text a beginning of the final one; then the box holds the final text."""
+    page = new_page(browser)
+    visit(page, app, "steering", "Steering")
+    page.locator(".topl-box").nth(2).wait_for()
+    # every state of the steered box the browser draws, recorded as the DOM changes
+    page.evaluate(
+        """() => { window.__partials = [];
+        new MutationObserver(() => { const b = document.querySelectorAll('.topl-box')[2];
+            if (b && b.textContent.includes('\u258d')) window.__partials.push(b.textContent); })
+        .observe(document.body, {subtree: true, childList: true, characterData: true}); }"""
+    )
+    choose_lambda_range(page, WIDEST_RANGE)  # a rerun at λ = 0, read from the store: nothing streams
+    assert page.evaluate("() => window.__partials.length") == 0
+    drag_slider(page, lambda_slider(page), 0.125)  # a λ no other test generates: the store does not have it
+    settle(page)
+    assert_clean(page, "steering while streaming")
+    # compared without whitespace: the final box joins words with spaces, the partial one keeps line breaks as <br>
+    bare = lambda text: re.sub(r"\s+", "", text.replace("\u258d", ""))  # noqa: E731
+    partials, final = [bare(p) for p in page.evaluate("() => window.__partials")], bare(steered_words(page))
+    assert partials, "the steered text was not shown while it was written"
+    assert all(final.startswith(p) for p in partials) and any(len(p) < len(final) for p in partials)
     page.context.close()
 
 

@@ -534,3 +534,20 @@ def test_streamed_text_is_the_generated_text(merged, vectors, positions):
     stream.close()
     assert all_hooks(merged.model) == hooks and session._lock.acquire(blocking=False)
     session._lock.release()
+
+
+def test_slider_bench_measures_both_paths_on_the_same_text(merged, vectors):
+    """bench --slider's figures on the tiny model: both paths write the same text (the bench checks it), every time is
+    positive and the ratios are the times' ratios."""
+    from topl_core.analysis.steering.slider_bench import format_slider, slider_bench
+
+    res = slider_bench(
+        SteeringSession(merged, vectors), DOC, new_tokens=6, precision="fp32", repeats=2, log=lambda _: 0
+    )
+    assert (
+        res["repeats"] == 2 and res["precision"] == {"prefill": "fp32", "decode": "fp32"} and res["prompt_tokens"] > 0
+    )
+    assert 0 < res["slider_first_token_s"] <= res["slider_s"] and res["naive_s"] > 0
+    assert res["slider_vs_naive"] == pytest.approx(res["slider_s"] / res["naive_s"])
+    assert res["first_token_vs_naive"] == pytest.approx(res["slider_first_token_s"] / res["naive_s"])
+    assert "slider_vs_naive" in format_slider(res)
