@@ -28,7 +28,7 @@ from typing import Literal, get_args
 import torch
 
 from .errors import ModelError
-from .io import sha256_file
+from .io import give_umask_permissions, sha256_file
 from .paths import cache_dir
 from .precision import PRECISIONS, TORCH_DTYPES, Precision, resolve_weights
 from .presets import DEFAULT_MODEL, PRESETS
@@ -315,6 +315,7 @@ def converted_embedded_dir(name: str) -> Path:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    give_umask_permissions(*(p for p in tmp.iterdir() if p.is_file()))
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

@@ -9,11 +9,11 @@ The export is itself a run folder: the workbench opens it as a run (checksums ve
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from .card import write_card
 from .errors import RunError
+from .io import copy_file
 from .models import hub_reachable
 from .runs import RunDir
 
@@ -27,7 +27,7 @@ def export_run(run: RunDir | str | Path, dest: str | Path) -> RunDir:
         raise RunError(f"{out.path}: exists and is not empty; export into a new or empty folder.")
     out.path.mkdir(parents=True, exist_ok=True)
     for f in run.shared_files():
-        shutil.copy2(f, out.path / f.name)
+        copy_file(f, out.path / f.name)  # the user's permissions, whatever the run's files have
     if not run.card_path.exists():  # a run finished before runs carried cards
         write_card(out)
     return out
