@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 from .errors import ConfigError
+from .services import check_reachable
 
 ExecutorKind = Literal["local", "ray"]
+RAY_GCS_PORT, RAY_CLIENT_PORT = 6379, 10001  # Ray's default ports: a head node's GCS, the Ray client (ray://)
 EXECUTORS: tuple[str, ...] = ("local", "ray")
 
 
@@ -72,6 +74,20 @@ class ExecutorConfig:
         args = ["--executor", self.kind, "--task-cpus", f"{self.cpus_per_task:g}"]
         args += ["--task-gpus", f"{self.gpus_per_task:g}", "--max-retries", str(self.max_retries)]
         return args + (["--ray-address", self.address] if self.address else [])
+
+    def check_reachable(self) -> None:
+        """Refuse, before any task, a cluster address where nothing answers (Ray's own connect retries for minutes).
+        "auto" (a cluster this machine runs, found by Ray) and no address (Ray started here) are not probed."""
+        if self.kind == "ray" and self.address not in (None, "auto", "local"):
+            client = self.address.startswith("ray://")
+            check_reachable(
+                self.address,
+                RAY_CLIENT_PORT if client else RAY_GCS_PORT,
+                what="the Ray cluster's " + ("client server" if client else "head node"),
+                setting="--ray-address",
+                fix="Start the cluster (ray start --head on its head node), correct the address, or leave it empty "
+                "to start Ray on this machine.",
+            )
 
     def describe(self) -> str:
         if self.kind == "local":
@@ -165,6 +181,7 @@ def _run_ray(fn, shared, items, cfg: ExecutorConfig, on_done) -> list[TaskFailur
         import ray
     except ImportError as e:
         raise ConfigError("--executor ray needs the ray package: pip install -r requirements.txt") from e
+    cfg.check_reachable()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report from this machine
     started_here = not ray.is_initialized()
     if started_here:

@@ -138,10 +138,12 @@ def executor_from_args(args: argparse.Namespace) -> ExecutorConfig | None:
         if args.ray_address:
             raise ConfigError(f"--ray-address {args.ray_address!r} needs --executor ray.")
         return None
-    return ExecutorConfig(
+    executor = ExecutorConfig(
         kind=args.executor,
         address=args.ray_address,
         cpus_per_task=args.task_cpus,
         gpus_per_task=args.task_gpus,
         max_retries=args.max_retries,
     )
+    executor.check_reachable()  # before the study loads anything
+    return executor
