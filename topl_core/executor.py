@@ -32,11 +32,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
-from .errors import ConfigError
+from .errors import ConfigError, ServiceError
 from .services import check_reachable
 
 ExecutorKind = Literal["local", "ray"]
 RAY_GCS_PORT, RAY_CLIENT_PORT = 6379, 10001  # Ray's default ports: a head node's GCS, the Ray client (ray://)
+RAY_FIX = (
+    "Start the cluster (ray start --head on its head node), correct the address, or leave it empty to start Ray on "
+    "this machine."
+)
 EXECUTORS: tuple[str, ...] = ("local", "ray")
 
 
@@ -85,8 +89,7 @@ class ExecutorConfig:
                 RAY_CLIENT_PORT if client else RAY_GCS_PORT,
                 what="the Ray cluster's " + ("client server" if client else "head node"),
                 setting="--ray-address",
-                fix="Start the cluster (ray start --head on its head node), correct the address, or leave it empty "
-                "to start Ray on this machine.",
+                fix=RAY_FIX,
             )
 
     def describe(self) -> str:
@@ -186,7 +189,10 @@ def _run_ray(fn, shared, items, cfg: ExecutorConfig, on_done) -> list[TaskFailur
     started_here = not ray.is_initialized()
     if started_here:
         on_sigterm = signal.getsignal(signal.SIGTERM)
-        ray.init(address=cfg.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        try:
+            ray.init(address=cfg.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        except ConnectionError as e:  # something answers at the address, but not a Ray cluster (or it went away)
+            raise ServiceError(f"--ray-address {cfg.address}: {str(e).splitlines()[0]}. {RAY_FIX}") from e
         if on_sigterm is not None and threading.current_thread() is threading.main_thread():
             # Ray installs a handler that ends the process without unwinding; keep ours (a job's SIGTERM is a
             # clean stop: status.sigterm_as_interrupt), so the study still writes its state
