@@ -157,7 +157,7 @@ def cached(
     path = cache_path(kind, kd, codec)
     if not refresh:
         for candidate in (path, shipped_cache_path(path)):
-            if candidate is None or not (candidate.exists() or key_file(candidate).exists()):
+            if candidate is None or not candidate.exists():
                 continue
             try:
                 return codec.load(_intact_bytes(candidate, kind, kd))
