@@ -12,22 +12,19 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import plotly.express as px
 import streamlit as st
 
 from pages._ui.datasets import dataset_paths
-from pages._ui.evaluation_panels import lambda_study, protocol_panel, score_table, translation_panel
+from pages._ui.evaluation_panels import lambda_study, per_document_panel, results_panel, translation_panel
 from pages._ui.evaluations import evaluations_dir, read_evaluation
-from pages._ui.render import csv_download, plot
 from pages._ui.runs import finished_runs
 from pages._ui.spec import current_model_name, current_precision, current_spec, split_spec
+from pages._ui.translation_form import translation_form
 from topl_core import jobs, launchers
 from topl_core.analysis.evaluation.config import EvalConfig, EvalJob, LambdaStudy
 from topl_core.analysis.evaluation.scorers import DEFAULT_SCORER, PROTOCOLS
-from topl_core.analysis.evaluation.translation import TranslationConfig, TranslationJob
-from topl_core.analysis.steering.modes import MODES
+from topl_core.analysis.steering.modes import MODES, STUDY_MODES
 from topl_core.paths import inside
-from topl_core.presets import MLQE_PE_PAIRS
 
 st.title("Evaluation")
 st.caption(
@@ -95,15 +92,16 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
             modes = a.multiselect(
                 "Modes",
                 list(MODES),
-                default=[next(m.name for m in MODES.values() if m.acts == acts) for acts in ("add", "scale")],
+                default=list(STUDY_MODES),
                 key=K + "modes",
                 persist_state="session",
                 format_func=lambda m: MODES[m].label,
                 help=" ".join(f"**{m.label}**: {m.help}" for m in MODES.values()),
             )
-            scaling_grid = next(m.lambda_grid for m in MODES.values() if m.acts == "scale")
+            # the first mode whose λ is on its own axis rather than in the direction's units (the update's scale)
+            scaling_grid = next(m.lambda_grid for m in MODES.values() if not m.action.units_apply)
             scaled_txt = b.text_input(
-                "λ values of the modes that scale the update",
+                "λ values of the modes on their own λ axis (scaling the update, …)",
                 " ".join(f"{x:g}" for x in scaling_grid),
                 key=K + "cond_lambdas",
                 persist_state="session",
@@ -167,83 +165,7 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
         except (ValueError, jobs.JobError) as e:
             st.error(str(e))
 
-with st.expander("Start a translation evaluation (the paper's second task)"):
-    with st.form("mt.form", border=False):
-        a, b = st.columns([3, 1])
-        mt_runs = a.multiselect(
-            "Adapters (merged)",
-            list(labels),
-            key="mt.runs",
-            persist_state="session",
-            format_func=lambda p: labels.get(p, Path(p).name),
-        )
-        mt_base = b.toggle("Base model row", True, key="mt.base", persist_state="session")
-        a, b, c, d = st.columns(4)
-        lang_pair = a.selectbox(
-            "Language pair",
-            MLQE_PE_PAIRS,
-            key="mt.lang_pair",
-            accept_new_options=True,
-            persist_state="session",
-            help="source-target, e.g. en-de; MLQE-PE's word-level pairs are listed, any other can be typed.",
-        )
-        mt_n_id = b.number_input("ID sentences", 0, 100_000, 16, key="mt.n_id", persist_state="session")
-        mt_n_ood = c.number_input("OOD sentences", 0, 100_000, 16, key="mt.n_ood", persist_state="session")
-        mt_max_new = d.number_input("Max new tokens", 8, 1024, 96, key="mt.max_new", persist_state="session")
-        mlqe = st.text_input(
-            "ID: MLQE-PE split folder",
-            "",
-            key="mt.mlqe",
-            persist_state="session",
-            placeholder="/path/to/wmt20/en-de/test  (test.src and test.pe; test.hter to measure the scorer)",
-        )
-        a, b, c = st.columns(3)
-        flores = a.text_input(
-            "OOD: FLORES+ folder or hub id", "", key="mt.flores", persist_state="session", placeholder="flores_plus"
-        )
-        ood_src = b.text_input("… or OOD source file", "", key="mt.ood_src", persist_state="session")
-        ood_ref = c.text_input("… and its reference file", "", key="mt.ood_ref", persist_state="session")
-        a, b = st.columns([3, 1])
-        mt_scorer = a.text_input(
-            "Scorer",
-            "chrf",
-            key="mt.scorer",
-            persist_state="session",
-            help="'chrf' = the offline default (its Spearman ρ with MLQE-PE's 1 − HTER is shown when the split has "
-            "a .hter file); with a hub and unbabel-comet: comet:Unbabel/XCOMET-XL",
-        )
-        mt_name = b.text_input("Name", f"mt-{time.strftime('%m%d-%H%M%S')}", key="mt.name", persist_state="session")
-        go_mt = st.form_submit_button("Start translation evaluation", type="primary", icon=":material/translate:")
-    if go_mt:
-        try:
-            mt_cfg = TranslationConfig(
-                lang_pair=lang_pair,
-                model=current_model_name(),
-                device=device,
-                scorer=mt_scorer.strip() or "chrf",
-                max_new_tokens=int(mt_max_new),
-                precision=current_precision(),
-            )
-            given = {
-                k: v.strip() or None
-                for k, v in (("mlqe", mlqe), ("flores", flores), ("src", ood_src), ("ref", ood_ref))
-            }
-            mt_job = TranslationJob(
-                mt_cfg,
-                tuple(mt_runs),
-                mt_base,
-                mlqe=given["mlqe"],
-                flores=given["flores"],
-                ood_src=given["src"],
-                ood_ref=given["ref"],
-                n_id=int(mt_n_id),
-                n_ood=int(mt_n_ood),
-            )
-            out = inside(EVALS, mt_name, "Evaluation name")
-            launchers.launch_translation(mt_job, out)
-            show_launched(out)
-        except (ValueError, jobs.JobError) as e:
-            st.error(str(e))
+translation_form(labels, device, show_launched)
 
 evals = (
     sorted((p for p in EVALS.iterdir() if (p / jobs.JOB_FILE).exists()), key=lambda p: -p.stat().st_mtime)
@@ -305,67 +227,8 @@ def panel() -> None:
         key = "lambda_curve" if protocol == "sentence" or "lambda_curve_full" not in res else "lambda_curve_full"
         lambda_study(pd.DataFrame(res[key]), res, sel)
     else:
-        table = pd.DataFrame(res[f"table_{protocol}"])
-        # ID, OOD, average, then one column per OOD source (CLIFF's two, or a benchmark's datasets and their mean)
-        score_cols = [c for c in table.columns if c not in ("variant", "sentences", "words", "n_ID", "n_OOD")]
-        st.subheader("Factuality")
-        score_table(table, score_cols, K + "table")
-        long = table.melt(
-            id_vars="variant",
-            value_vars=[c for c in ("ID", "OOD", "average") if c in table],
-            var_name="set",
-            value_name="factuality",
-        )
-        plot(
-            px.bar(
-                long,
-                x="variant",
-                y="factuality",
-                color="set",
-                barmode="group",
-                range_y=[0, 1],
-                title=f"Factuality ({protocol} protocol)",
-            ),
-            key=K + "bars",
-        )
-        st.subheader("Summary length")
-        st.dataframe(
-            table[["variant", "sentences", "words"]],
-            hide_index=True,
-            key=K + "lengths",
-            column_config={
-                "sentences": st.column_config.NumberColumn("avg sentences", format="%.2f"),
-                "words": st.column_config.NumberColumn("avg words", format="%.1f"),
-            },
-        )
-        csv_download(table, f"{sel}-{protocol}.csv", key=K + "table_csv")
-        protocol_panel(res, edir / "per_doc.csv")
-    per_doc = edir / "per_doc.csv"
-    if per_doc.exists():
-        with st.expander("Generated summaries, per document"):
-            df = pd.read_csv(per_doc)
-            st.dataframe(
-                df[
-                    [
-                        c
-                        for c in (
-                            "variant",
-                            "lambda",
-                            "set",
-                            "source",
-                            "doc_id",
-                            "score_sentence",
-                            "score_full",
-                            "n_sentences",
-                            "text",
-                        )
-                        if c in df
-                    ]
-                ],
-                hide_index=True,
-                key=K + "per_doc",
-            )
-            csv_download(df, f"{sel}-per-document.csv", key=K + "per_doc_csv")
+        results_panel(res, protocol, sel, edir / "per_doc.csv")
+    per_document_panel(edir / "per_doc.csv", sel)
 
 
 job = jobs.read_job(edir)

@@ -9,12 +9,11 @@ ensure_frame()  # first: see pages/_ui/frame.py
 import time
 from pathlib import Path
 
-import numpy as np
 import plotly.express as px
-import plotly.graph_objects as go
 import streamlit as st
 
 from pages._ui.datasets import dataset_paths
+from pages._ui.figures import heatmap
 from pages._ui.forms import SIDEBAR_FIELDS, config_inputs, field_input, precision_select
 from pages._ui.models import layer_count_or_stop
 from pages._ui.render import csv_download, plot
@@ -23,7 +22,7 @@ from topl_core import jobs, launchers
 from topl_core.errors import ConfigError
 from topl_core.executor import ExecutorConfig
 from topl_core.paths import inside, runs_dir
-from topl_core.training.config import TrainConfig
+from topl_core.training.config import TrainConfig, study_schedule
 
 with core_imports():
     from topl_core.analysis.studies.sweeps import SweepConfig, heatmap_table, lines_table, plan_windows, read_sweep
@@ -95,18 +94,18 @@ with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS
         try:
             if not data:
                 raise ConfigError("data: build a data set on the Data page first.")
-            train = TrainConfig(
-                model=model_name,
-                data=str(Path(data).resolve()),
-                steps=steps,
-                lr=lr,
-                batch_size=batch,
-                precision=precision,
-                device=device,
-                max_doc_tokens=max_doc,
-                eval_every=steps,
-                checkpoint_every=max(1, min(10, steps)),
-                **train_values,
+            train = study_schedule(
+                TrainConfig(
+                    model=model_name,
+                    data=str(Path(data).resolve()),
+                    steps=steps,
+                    lr=lr,
+                    batch_size=batch,
+                    precision=precision,
+                    device=device,
+                    max_doc_tokens=max_doc,
+                    **train_values,
+                )
             )
             cfg = SweepConfig(train=train, sizes=tuple(sorted(sizes)), stride=stride, **sweep_values)
             path = launchers.launch_sweep(cfg, inside(SWEEPS, name, "Sweep name"), ExecutorConfig(**executor_values))
@@ -178,26 +177,15 @@ def panel() -> None:
     )
     left, right = st.columns(2)
     hm = heatmap_table(df, value)
-    z = hm.to_numpy(dtype=float)
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            x=[f"k={k}" for k in hm.columns],
-            y=hm.index.tolist(),
-            colorscale="Viridis",
-            text=np.where(np.isnan(z), "", np.vectorize(lambda v: f"{v:.3f}")(np.nan_to_num(z))),
-            texttemplate="%{text}",
-            hoverongaps=False,
-            hovertemplate="start %{y} · %{x}<br>%{z:.3f}<extra></extra>",
-            colorbar=dict(title=VALUE_LABEL[value].split(" (")[0], thickness=12),
-        )
-    )
-    fig.update_layout(
-        title=f"{VALUE_LABEL[value]} by window start × size",
-        xaxis_title="window size",
-        yaxis_title="start layer",
-        yaxis=dict(autorange="reversed"),
+    fig = heatmap(
+        hm,
+        f"{VALUE_LABEL[value]} by window start × size",
+        x=[f"k={k}" for k in hm.columns],
+        hover="start %{y} · %{x}<br>%{z:.3f}",
+        colorbar=VALUE_LABEL[value].split(" (")[0],
+        decimals=3,
         height=420,
+        axis_titles=("window size", "start layer"),
     )
     with left:
         plot(fig, key=K + "heat")

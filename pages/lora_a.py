@@ -7,12 +7,11 @@ from pages._ui.frame import core_imports, ensure_frame
 ensure_frame()  # first: see pages/_ui/frame.py
 
 
-import numpy as np
 import pandas as pd
 import plotly.express as px
-import plotly.graph_objects as go
 import streamlit as st
 
+from pages._ui.figures import heatmap
 from pages._ui.render import csv_download, plot
 from pages._ui.runs import finished_runs, run_fingerprint, run_picker
 from pages._ui.spec import current_precision
@@ -123,37 +122,19 @@ if run_b:
 st.caption(f"Token set: {res_a.token_set}")
 
 
-def heat(df: pd.DataFrame, title: str, diverging: bool = False) -> go.Figure:
-    z = df.to_numpy(dtype=float)
-    cols = [c.replace("_proj", "") for c in df.columns]
-    if diverging:
-        lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 0.1
-        kw = dict(colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim)
-    else:
-        kw = dict(colorscale="Viridis", zmin=0.5, zmax=1.0)
-    text = np.where(np.isnan(z), "", np.vectorize(lambda v: f"{v:.2f}")(np.nan_to_num(z)))
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            x=cols,
-            y=df.index.tolist(),
-            text=text,
-            hoverongaps=False,
-            hovertemplate="layer %{y} · %{x}<br>AUROC %{z:.3f}<extra></extra>",
-            **kw,
-            colorbar=dict(title="Δ" if diverging else "AUROC", thickness=12),
-        )
+def heat(df: pd.DataFrame, title: str, diverging: bool = False):
+    """A layer × module AUROC table (or a difference of two) as a heatmap, values written in small tables."""
+    return heatmap(
+        df,
+        title,
+        x=[c.replace("_proj", "") for c in df.columns],
+        hover="layer %{y} · %{x}<br>AUROC %{z:.3f}",
+        colorbar="Δ" if diverging else "AUROC",
+        zrange=None if diverging else (0.5, 1.0),
+        diverging=diverging,
+        labels=len(df) <= 12,
+        axis_titles=("module", "layer"),
     )
-    fig.update_layout(
-        title=title,
-        height=max(320, 18 * len(df) + 120),
-        xaxis_title="module",
-        yaxis_title="layer",
-        yaxis=dict(autorange="reversed", dtick=1 if len(df) <= 32 else 2),
-    )
-    if len(df) <= 12:
-        fig.update_traces(texttemplate="%{text}")
-    return fig
 
 
 n_layers = max(r.lora.num_layers or 0 for r in results.values()) or None

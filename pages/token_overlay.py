@@ -7,12 +7,10 @@ from pages._ui.frame import ensure_frame
 
 ensure_frame()  # first: see pages/_ui/frame.py
 
-import numpy as np
-import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
 from pages._ui.datasets import dataset_picker, records_of
+from pages._ui.figures import token_bars
 from pages._ui.models import merged_model, probe_heads, resource_lock, step_error, token_scorer
 from pages._ui.render import csv_download, legend_html, plot, token_html
 from pages._ui.runs import run_fingerprint, run_picker
@@ -20,7 +18,7 @@ from pages._ui.spec import current_precision, current_spec
 from topl_core.adapters import open_adapter
 from topl_core.data.records import Record
 from topl_core.generate import GenerationConfig, generate
-from topl_core.metrics import auroc
+from topl_core.scoring import TokenScores
 
 st.title("Token overlay")
 st.caption(
@@ -65,14 +63,8 @@ threshold = top[1].slider(
 
 
 @st.cache_data(show_spinner="Scoring tokens…", max_entries=64)
-def score(spec: str, run: str, fp: str, precision: str, record: Record, probe_head: bool) -> dict:
-    s = token_scorer(spec, run, fp, precision, probe_head).score([record])[0]
-    return {
-        "tokens": s.tokens,
-        "p_good": s.p_good.astype(float),
-        "surprisal": s.surprisal.astype(float),
-        "gold": s.gold.astype(int),
-    }
+def score(spec: str, run: str, fp: str, precision: str, record: Record, probe_head: bool) -> TokenScores:
+    return token_scorer(spec, run, fp, precision, probe_head).score([record])[0]
 
 
 @st.cache_data(show_spinner="Generating a summary with the merged model…", max_entries=32)
@@ -142,61 +134,35 @@ except Exception as e:
     step_error(f"score the tokens ({precision})", e)
     st.stop()
 
-p, gold, sur = s["p_good"], s["gold"], s["surprisal"]
-has_gold = bool((gold >= 0).any())
-flag = p < threshold
+flags = s.flags(threshold)
+has_gold = flags.gold_bad is not None
 m = st.columns(5)
-m[0].metric("Tokens", len(p))
-m[1].metric("Flagged", int(flag.sum()))
-m[2].metric("Mean p(good)", f"{p.mean():.3f}")
+m[0].metric("Tokens", flags.tokens)
+m[1].metric("Flagged", flags.flagged)
+m[2].metric("Mean p(good)", f"{flags.mean_p_good:.3f}")
 if has_gold:
-    keep = gold >= 0
-    bad = (gold[keep] == 0).astype(int)
-    tp = int((flag[keep] & (bad == 1)).sum())
-    m[3].metric("Gold bad tokens", int(bad.sum()))
-    prec = tp / max(1, int(flag[keep].sum()))
-    rec = tp / max(1, int(bad.sum()))
-    m[4].metric("Precision / recall", f"{prec:.2f} / {rec:.2f}")
+    m[3].metric("Gold bad tokens", flags.gold_bad)
+    m[4].metric("Precision / recall", f"{flags.precision:.2f} / {flags.recall:.2f}")
 
 st.markdown(
-    token_html(s["tokens"], p_good=p, gold=gold if has_gold else None, threshold=threshold, extra={"surprisal": sur}),
+    token_html(
+        s.tokens,
+        p_good=s.p_good,
+        gold=s.gold if has_gold else None,
+        threshold=threshold,
+        extra={"surprisal": s.surprisal},
+    ),
     unsafe_allow_html=True,
 )
 st.markdown(legend_html(), unsafe_allow_html=True)
 if has_gold:
     st.markdown("**Gold labels**")
-    st.markdown(token_html(s["tokens"], gold=gold), unsafe_allow_html=True)
-    ha, sa = auroc(bad, 1 - p[keep]), auroc(bad, sur[keep])
-    st.caption(f"On this example, flagging bad tokens: head AUROC {ha:.3f} · base-model surprisal AUROC {sa:.3f}.")
-
-table = pd.DataFrame(
-    {
-        "position": np.arange(len(p)),
-        "token": s["tokens"],
-        "p_good": p,
-        "surprisal": sur,
-        "gold": np.where(gold == 1, "good", np.where(gold == 0, "bad", "")),
-        "flagged": flag,
-    }
-)
-colors = np.where(gold == 0, "#111827", np.where(flag, "#dc2626", "#16a34a"))
-fig = go.Figure(
-    go.Bar(
-        x=table["position"],
-        y=p,
-        marker_color=colors,
-        customdata=np.stack([table["token"], table["gold"], sur], axis=1),
-        hovertemplate="%{customdata[0]}<br>p(good)=%{y:.3f}<br>gold=%{customdata[1]}"
-        "<br>surprisal=%{customdata[2]:.2f}<extra></extra>",
+    st.markdown(token_html(s.tokens, gold=s.gold), unsafe_allow_html=True)
+    st.caption(
+        f"On this example, flagging bad tokens: head AUROC {flags.head_auroc:.3f} · base-model surprisal AUROC "
+        f"{flags.surprisal_auroc:.3f}."
     )
-)
-fig.add_hline(y=threshold, line_dash="dash", line_color="#dc2626", annotation_text="threshold")
-fig.update_layout(
-    title="p(good) per token (black = gold bad)",
-    xaxis_title="token",
-    yaxis_title="p(good)",
-    yaxis_range=[0, 1],
-    height=280,
-)
-plot(fig, key="overlay.bar")
+
+table = s.table(threshold)
+plot(token_bars(table, threshold), key="overlay.bar")
 csv_download(table, "token_scores.csv", key="overlay.csv")

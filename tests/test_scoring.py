@@ -49,6 +49,25 @@ def test_detection_auroc_counts_only_labelled_tokens(tiny_run, tiny_records):
     assert 0 <= report["head_auroc"] <= 1 and 0 <= report["surprisal_auroc"] <= 1
 
 
+def test_flags_and_table_against_hand_counts(tiny_run, tiny_records):
+    """TokenScores.flags / .table (the Token overlay page's metrics and chart), checked against counts by hand: the
+    threshold at the median p(good) flags half the tokens; without gold labels only the counts are given."""
+    from topl_core.metrics import auroc
+
+    rec = next(r for r in tiny_records if r.bad_spans)
+    (s,) = TokenScorer(load_model("tiny-llama"), tiny_run).score([rec])
+    threshold = float(np.median(s.p_good))
+    f, table = s.flags(threshold), s.table(threshold)
+    flagged, bad = s.p_good < threshold, s.gold == 0
+    assert f.tokens == len(table) == len(s.p_good) and f.flagged == int(flagged.sum()) == int(table["flagged"].sum())
+    assert f.gold_bad == int(bad.sum()) == int((table["gold"] == "bad").sum()) > 0
+    assert f.precision == (flagged & bad).sum() / flagged.sum() and f.recall == (flagged & bad).sum() / bad.sum()
+    assert f.head_auroc == auroc(bad.astype(int), 1 - s.p_good) and 0 <= f.surprisal_auroc <= 1
+    assert table["token"].tolist() == s.tokens and table["position"].tolist() == list(range(len(s.tokens)))
+    unlabelled = TokenScorer(load_model("tiny-llama"), tiny_run).score_text("A document.", "A summary of it.").flags()
+    assert unlabelled.gold_bad is None and unlabelled.precision is None and unlabelled.tokens > 2
+
+
 def test_generation_is_deterministic_and_merged_differs_from_base(tiny_run, tiny_records):
     docs = [r.document for r in tiny_records[:3]]
     cfg = GenerationConfig(max_new_tokens=8)

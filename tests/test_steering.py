@@ -307,7 +307,7 @@ def test_steer_cli(run, news_records, tmp_path, monkeypatch, capsys):
     # the conditional mode and the llama.cpp control vector of the diff-mean control, read back
     rc = steer("--lambdas", "0", "1", "--mode", "diff-mean", "--vectors", vectors_dir, "--export-gguf", str(gguf),
                "--max-new-tokens", "4", "--no-base")  # fmt: skip
-    assert rc == 0 and "normalised λ = 1 is raw λ" in capsys.readouterr().out
+    assert rc == 0 and "One unit of λ = 10% of each steered site's mean output norm = raw λ" in capsys.readouterr().out
     back, vectors = read_control_vector(gguf), SteeringVectors.load(tmp_path / "v")
     deltas = vectors.deltas("diff-mean", "normalised")
     carried = {s.layer for s in vectors.sites if s.layer >= 1}  # llama.cpp has no direction.0: layer 0 is left out
@@ -466,7 +466,7 @@ def test_lambda_grid_in_one_batch_equals_one_lambda_at_a_time(merged, vectors, p
     before = all_hooks(model)
     for mode, spec in MODES.items():
         how = SteerConfig(mode, positions, "raw")
-        step = big_lambda(vectors) if spec.acts == "add" else 100.0  # the 3-step adapter's update is tiny
+        step = big_lambda(vectors) if spec.action.units_apply else 100.0  # a 3-step adapter is tiny
         grid = [spec.neutral + k * step for k in (-2, -1, 0, 1, 2)]
         rows = {k: v.repeat(len(grid), 1) for k, v in enc.items()}
         with torch.no_grad():
@@ -485,3 +485,52 @@ def test_lambda_grid_in_one_batch_equals_one_lambda_at_a_time(merged, vectors, p
         with torch.no_grad(), steer(model, vectors, [0.0, 1.0, 2.0], RAW):
             model(enc["input_ids"].repeat(2, 1))
     assert all_hooks(model) == before
+
+
+def test_site_table_and_export_bundle(merged, vectors):
+    """The Steering page's site table (one row per steered site, cosines and per-unit factors by hand) and its export:
+    one zip holding the vectors and a llama.cpp control vector per exportable mode, which read back."""
+    import io
+    import zipfile
+
+    from topl_core.analysis.steering.summary import export_bundle, site_table
+
+    table = site_table(vectors)
+    assert table["site"].tolist() == [s.key for s in vectors.sites]
+    for row in table.itertuples(index=False):
+        v, dm = vectors.vectors[row.site], vectors.diff_mean[row.site]
+        cos = float(v @ dm / (np.linalg.norm(v) * np.linalg.norm(dm)))
+        assert row[table.columns.get_loc("cos(v, diff-mean)")] == pytest.approx(cos, rel=1e-6)
+        assert row[table.columns.get_loc("raw λ per unit")] == pytest.approx(vectors.unit_factor("vector")[row.site])
+    config = merged.model.config
+    bundle = export_bundle(vectors, config.model_type, config.num_hidden_layers)
+    exportable = {f"{m.name}.gguf" for m in MODES.values() if m.exportable}
+    names = set(zipfile.ZipFile(io.BytesIO(bundle.data)).namelist())
+    assert names == set(bundle.files) == exportable | {"steering_vectors.safetensors", "steering.json"}
+    assert set(bundle.left_out) == {s.key for s in vectors.sites if s.layer == 0}
+
+
+# --- streaming (issue 40) ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_streamed_text_is_the_generated_text(merged, vectors, positions):
+    """Every mode: the streamed text grows token by token and ends on generate_steered's text; steering generated
+    positions only, every λ decodes from the one prompt forward of the document. Closing a stream midway leaves no
+    hook and frees the model for the next generation."""
+    session, hooks = SteeringSession(merged, vectors), all_hooks(merged.model)
+    gen = GenerationConfig(max_new_tokens=12, precision="fp32")
+    for mode, spec in MODES.items():
+        how = SteerConfig(mode, positions, "raw")
+        step = big_lambda(vectors) if spec.action.units_apply else 100.0
+        for lam in (spec.neutral, spec.neutral + step):
+            parts = list(session.stream_steered(DOC, lam, gen, how=how))
+            assert parts[-1] == session.generate_steered(DOC, lam, gen, how=how), (how, lam)
+            assert len(parts) > 1 and all(b.startswith(a.rstrip()) for a, b in zip(parts, parts[1:]) if a)
+    assert len(session._prefills) == (1 if positions == "generated" else 0)
+    stream = session.stream_steered(DOC, 0.0, gen, how=SteerConfig("vector", positions))
+    next(stream)
+    assert all_hooks(merged.model) > hooks
+    stream.close()
+    assert all_hooks(merged.model) == hooks and session._lock.acquire(blocking=False)
+    session._lock.release()

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
+from .config_fields import config_argv, config_field
 from .errors import ConfigError, ServiceError
 from .services import check_reachable
 
@@ -48,11 +49,42 @@ EXECUTORS: tuple[str, ...] = ("local", "ray")
 class ExecutorConfig:
     """Where a study's tasks run and what each may use (Ray's resources: a task waits until they are free)."""
 
-    kind: ExecutorKind = "local"
-    address: str | None = None  # ray: None → start a Ray instance on this machine; "auto" or host:port → join one
-    cpus_per_task: float = 1.0  # ray: CPUs each task holds (its torch threads); local tasks use the whole process
-    gpus_per_task: float = 0.0  # ray: GPUs each task holds (fractions share a GPU)
-    max_retries: int = 2  # ray: times a task whose worker process died is started again
+    kind: ExecutorKind = config_field(
+        "local",
+        label="Run the tasks",
+        help="local: one task after another in this process; ray: as Ray tasks, each in its own worker process, on a "
+        "Ray instance started here or on a cluster (its address)",
+        flag="--executor",
+    )
+    address: str | None = config_field(
+        None,
+        label="Ray address",
+        help="ray: join this Ray cluster ('auto', host:port) instead of starting one on this machine",
+        flag="--ray-address",
+    )
+    cpus_per_task: float = config_field(
+        1.0,
+        label="CPUs per task",
+        help="ray: CPUs each task holds (its torch threads; a local task uses the whole process)",
+        min=0.1,
+        max=1024.0,
+        flag="--task-cpus",
+    )
+    gpus_per_task: float = config_field(
+        0.0,
+        label="GPUs per task",
+        help="ray: GPUs each task holds (fractions share a GPU)",
+        min=0.0,
+        max=64.0,
+        flag="--task-gpus",
+    )
+    max_retries: int = config_field(
+        2,
+        label="Retries (worker died)",
+        help="ray: times a task whose worker process died is started again",
+        min=0,
+        max=100,
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "address", self.address or None)  # a form's empty field: start one here
@@ -74,10 +106,9 @@ class ExecutorConfig:
         return cls(**(d or {}))
 
     def cli_args(self) -> list[str]:
-        """The command-line flags that ask for this executor (topl_core.cli.common.add_executor_args)."""
-        args = ["--executor", self.kind, "--task-cpus", f"{self.cpus_per_task:g}"]
-        args += ["--task-gpus", f"{self.gpus_per_task:g}", "--max-retries", str(self.max_retries)]
-        return args + (["--ray-address", self.address] if self.address else [])
+        """The command-line flags that ask for this executor (topl_core.cli.common.add_executor_args); --executor
+        always, since a command without it keeps the study's saved executor."""
+        return config_argv(self, always=("kind",))
 
     def check_reachable(self) -> None:
         """Refuse, before any task, a cluster address where nothing answers (Ray's own connect retries for minutes).

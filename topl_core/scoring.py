@@ -37,6 +37,58 @@ class TokenScores:
     def tokens(self) -> list[str]:
         return [self.response[s:e] for s, e in self.offsets]
 
+    def table(self, threshold: float = 0.5):
+        """One row per token: position, token, p_good, surprisal, gold ("good" / "bad" / "" unknown) and flagged
+        (p(good) < threshold)."""
+        import pandas as pd
+
+        gold = np.where(self.gold == 1, "good", np.where(self.gold == 0, "bad", ""))
+        return pd.DataFrame(
+            {
+                "position": np.arange(len(self.p_good)),
+                "token": self.tokens,
+                "p_good": self.p_good.astype(float),
+                "surprisal": self.surprisal.astype(float),
+                "gold": gold,
+                "flagged": self.p_good < threshold,
+            }
+        )
+
+    def flags(self, threshold: float = 0.5) -> "FlagSummary":
+        """What flagging p(good) < threshold finds, against the gold labels where they are known."""
+        flagged = self.p_good < threshold
+        known = self.gold >= 0
+        if not known.any():
+            return FlagSummary(len(self.p_good), int(flagged.sum()), float(self.p_good.mean()))
+        bad = (self.gold[known] == 0).astype(int)
+        hits = int((flagged[known] & (bad == 1)).sum())
+        return FlagSummary(
+            len(self.p_good),
+            int(flagged.sum()),
+            float(self.p_good.mean()),
+            gold_bad=int(bad.sum()),
+            precision=hits / max(1, int(flagged[known].sum())),
+            recall=hits / max(1, int(bad.sum())),
+            head_auroc=auroc(bad, 1 - self.p_good[known]),
+            surprisal_auroc=auroc(bad, self.surprisal[known]),
+        )
+
+
+@dataclass(frozen=True)
+class FlagSummary:
+    """TokenScores.flags: the tokens, how many are flagged, their mean p(good); with gold labels, the gold-bad count,
+    the flags' precision and recall and the AUROC of flagging bad tokens by the head (1 − p(good)) and by the base
+    model's surprisal (None without gold labels)."""
+
+    tokens: int
+    flagged: int
+    mean_p_good: float
+    gold_bad: int | None = None
+    precision: float | None = None
+    recall: float | None = None
+    head_auroc: float | None = None
+    surprisal_auroc: float | None = None
+
 
 class TokenScorer:
     """Loads an adapter (unmerged) and a head onto a base model it owns. Thread-safe: one forward at a time.

@@ -147,3 +147,72 @@ def translation_panel(res: dict, per_sentence: Path, name: str) -> None:
         with st.expander("Translations, per sentence"):
             df = pd.read_csv(per_sentence, keep_default_na=False)
             st.dataframe(df[["variant", "set", "source", "reference", "text", "score"]], hide_index=True)
+
+
+def results_panel(res: dict, protocol: str, name: str, per_doc_csv: Path) -> None:
+    """A results table (base / merged / steered): factuality per set as a table and bars, the summaries' lengths,
+    the CSV, and the protocols' agreement."""
+    table = pd.DataFrame(res[f"table_{protocol}"])
+    # ID, OOD, average, then one column per OOD source (CLIFF's two, or a benchmark's datasets and their mean)
+    score_cols = [c for c in table.columns if c not in ("variant", "sentences", "words", "n_ID", "n_OOD")]
+    st.subheader("Factuality")
+    score_table(table, score_cols, KEY + "table")
+    long = table.melt(
+        id_vars="variant",
+        value_vars=[c for c in ("ID", "OOD", "average") if c in table],
+        var_name="set",
+        value_name="factuality",
+    )
+    plot(
+        px.bar(
+            long,
+            x="variant",
+            y="factuality",
+            color="set",
+            barmode="group",
+            range_y=[0, 1],
+            title=f"Factuality ({protocol} protocol)",
+        ),
+        key=KEY + "bars",
+    )
+    st.subheader("Summary length")
+    st.dataframe(
+        table[["variant", "sentences", "words"]],
+        hide_index=True,
+        key=KEY + "lengths",
+        column_config={
+            "sentences": st.column_config.NumberColumn("avg sentences", format="%.2f"),
+            "words": st.column_config.NumberColumn("avg words", format="%.1f"),
+        },
+    )
+    csv_download(table, f"{name}-{protocol}.csv", key=KEY + "table_csv")
+    protocol_panel(res, per_doc_csv)
+
+
+def per_document_panel(per_doc: Path, name: str) -> None:
+    """Every generated summary with its scores, in an expander, and its CSV."""
+    if per_doc.exists():
+        with st.expander("Generated summaries, per document"):
+            df = pd.read_csv(per_doc)
+            st.dataframe(
+                df[
+                    [
+                        c
+                        for c in (
+                            "variant",
+                            "lambda",
+                            "set",
+                            "source",
+                            "doc_id",
+                            "score_sentence",
+                            "score_full",
+                            "n_sentences",
+                            "text",
+                        )
+                        if c in df
+                    ]
+                ],
+                hide_index=True,
+                key=KEY + "per_doc",
+            )
+            csv_download(df, f"{name}-per-document.csv", key=KEY + "per_doc_csv")

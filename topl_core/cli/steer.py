@@ -170,12 +170,9 @@ def run(args: argparse.Namespace) -> int | None:
         print(f"  {s.key:14s} AUROC {vectors.auroc[s.key]:.3f}  ‖v‖ {norms[s.key]:.4g}")
     how = SteerConfig(args.mode, args.positions, args.units)
     lambdas = args.lambdas or list(how.spec.lambda_grid)
-    if how.spec.acts == "add" and how.units == "normalised":
-        factor = vectors.unit_factor(how.mode)
-        print(
-            f"normalised λ = 1 is raw λ {min(factor.values()):.3g}–{max(factor.values()):.3g} (per site) "
-            f"in {how.mode} mode"
-        )
+    unit_note = how.spec.action.unit_note(vectors, how.spec, how.units)
+    if unit_note:
+        print(unit_note)
     if args.export:
         vectors.save(args.export)
         print(f"exported to {args.export}")

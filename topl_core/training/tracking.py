@@ -25,12 +25,13 @@ import warnings
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from ..config_fields import flat_fields, value_of
 from ..errors import ConfigError
 from ..paths import runs_dir
 from ..runs import RunDir
 from ..services import check_reachable
 from ..status import add_warning
-from .config import TrainConfig, config_flags
+from .config import TrainConfig
 
 DEFAULT_EXPERIMENT = "topl-workbench"
 INSTALL = "pip install -e '.[tracking]'"
@@ -87,9 +88,9 @@ def check_trackers(cfg: TrainConfig) -> None:
 def hyperparameters(cfg: TrainConfig) -> dict[str, str | int | float | bool]:
     """The config flat, keyed as the train command's flags are (lora_r, ...), lists as space-separated text."""
     out = {}
-    for _, dest, _, _ in config_flags():
-        value = getattr(cfg.lora, dest.removeprefix("lora_")) if dest.startswith("lora_") else getattr(cfg, dest)
-        out[dest] = " ".join(map(str, value)) if isinstance(value, tuple) else value
+    for s in flat_fields(TrainConfig):
+        value = value_of(cfg, s)
+        out[s.key] = " ".join(map(str, value)) if isinstance(value, tuple) else value
     return out
 
 

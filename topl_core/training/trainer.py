@@ -401,7 +401,8 @@ def _save_final(run: RunDir, cfg: TrainConfig, t: Trainable, meta: dict, adapter
     # the local folder it was loaded from (e.g. the GGUF conversion under cache/models/), which no other machine has
     for peft_config in t.model.peft_config.values():
         peft_config.base_model_name_or_path = hub_id(cfg.model)
-    t.model.save_pretrained(run.path, state_dict=adapter)
+    # no hub lookup for resized embeddings (as in checkpoint_state)
+    t.model.save_pretrained(run.path, state_dict=adapter, save_embedding_layers=False)
     give_umask_permissions(run.adapter_path)
     if t.head is not None:
         save_tensors(

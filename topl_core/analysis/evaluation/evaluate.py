@@ -53,15 +53,9 @@ def _docs_fingerprint(docs: Sequence[EvalDoc]) -> str:
 
 
 def vectors_fingerprint(vectors, how: SteerConfig = SteerConfig()) -> str:
-    """What an adding mode adds at λ = 1, hashed (a mode that scales the adapter's own update adds no vector: its
-    fingerprint is the adapter's, already in the key)."""
-    if how.spec.acts == "scale":
-        return how.mode
-    h = hashlib.sha256()
-    deltas = vectors.deltas(how.mode, how.units)
-    for k in sorted(deltas):
-        h.update(k.encode() + np.asarray(deltas[k], np.float32).tobytes())
-    return h.hexdigest()[:16]
+    """What the mode applies at λ = 1, hashed (its action's fingerprint: a scaling mode's is its name, the adapter's
+    fingerprint being already in the key)."""
+    return how.spec.action.fingerprint(vectors, how.spec, how.units)
 
 
 def steering_vectors_for(adapter, cfg: EvalConfig, use_cache: bool = True):

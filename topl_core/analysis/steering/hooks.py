@@ -1,4 +1,4 @@
-"""Applying steering: forward hooks that add λ · delta to the steered sites' outputs, or scale the adapter's update.
+"""Applying steering: forward hooks through which a mode's action (actions.py) edits the steered sites' outputs.
 
 with steer(model, vectors, lam, how=SteerConfig(), lora=None): ...
     lam: one λ for every batch row, or a sequence of λ, one per batch row (a λ grid generated as one batch:
@@ -22,7 +22,7 @@ import torch
 
 from ...architecture import base_causal_lm
 from ...errors import ModelError
-from ..lora_a.sites import LoraWeights, Site, site_module, sort_sites
+from ..lora_a.sites import LoraWeights, Site, site_module
 from .modes import SteerConfig
 from .vectors import SteeringVectors
 
@@ -44,10 +44,10 @@ def steer(
     how: SteerConfig = SteerConfig(),
     lora: Mapping[Site, LoraWeights] | None = None,
 ) -> Iterator[None]:
-    """Steer forwards from this thread while active (module docstring). Adding modes add lam·delta at the
-    vectors' sites; scaling modes add (lam − 1)·s·B(A x) at every site of `lora` (default: read from
-    vectors.adapter_path) of the MERGED model `model`, i.e. scale the adapter's own update by lam. A sequence
-    `lam` steers batch row r with lam[r] (every forward's batch must then have len(lam) rows)."""
+    """Steer forwards from this thread while active (module docstring): the mode's action (actions.py) edits the
+    outputs of its sites of the MERGED model `model` — adding λ·delta at the vectors' sites, scaling the adapter's
+    update by λ at every site of `lora` (default: read from vectors.adapter_path when the action needs it), ...
+    A sequence `lam` steers batch row r with lam[r] (every forward's batch must then have len(lam) rows)."""
     # one code path: λ per row as shape (rows, 1, 1) against outputs (rows, positions, features); a single λ is a
     # scalar that broadcasts to every row (and to any output shape)
     lams = torch.as_tensor(lam, dtype=torch.float64)
@@ -57,42 +57,12 @@ def steer(
     lams = lams.reshape(-1, 1, 1) if rows > 1 else lams.reshape(())
     owner = threading.get_ident()
     state = {"prefill": False}
-    scales = how.spec.acts == "scale"
-    if scales:
-        lora = lora if lora is not None else vectors.adapter_lora()
-        sites = sort_sites(lora)
-    else:
-        sites = list(vectors.sites)
-        deltas_np = vectors.deltas(how.mode, how.units)
-    modules = [(s, site_module(model, s)) for s in sites]
-    adds = {}
-    for s, m in modules:
-        p = next(m.parameters())
-        if scales:
-            w = lora[s]
-            if (
-                getattr(m, "in_features", w.A.shape[1]) != w.A.shape[1]
-                or getattr(m, "out_features", w.B.shape[0]) != w.B.shape[0]
-            ):
-                raise ModelError(
-                    f"{s.key}: the adapter's LoRA is {w.B.shape[0]}×{w.A.shape[1]} but {s.path} is "
-                    f"{m.out_features}×{m.in_features}; this adapter belongs to another model."
-                )
-            factors = ((lams - 1.0) * w.scaling).float()
-            adds[s.key] = (factors.to(p.device), bool(factors.any()), w.A.to(p.device), w.B.to(p.device))
-        else:
-            v = torch.from_numpy(deltas_np[s.key])
-            out_features = getattr(m, "out_features", None)
-            if out_features is not None and out_features != v.shape[0]:
-                raise ModelError(
-                    f"{s.key}: steering vector has {v.shape[0]} dims but {s.path} outputs {out_features}; "
-                    "these vectors belong to another model."
-                )
-            adds[s.key] = lams.float().to(p.device) * v.to(p.device)  # float32, as λ·v always was
+    action = how.spec.action
+    if action.needs_lora and lora is None:
+        lora = vectors.adapter_lora()
+    edits = action.edits(model, vectors, how.spec, how.units, lams, lora)
 
-    def make_hook(key: str):
-        add = adds[key]
-
+    def make_hook(key: str, edit):
         def hook(_module, inputs, output):
             if threading.get_ident() != owner or (how.positions == "generated" and state["prefill"]):
                 return None
@@ -101,14 +71,7 @@ def steer(
                     f"steer() was given {rows} λ values (one per batch row) but {key} got a batch of "
                     f"{output.shape[0]} rows; generate exactly one row per λ (SteeringSession.generate_grid)."
                 )
-            if not scales:
-                return output + add.to(output.dtype)
-            factors, steers, A, B = add
-            if not steers:  # every row at λ = 1: the merged model, untouched
-                return None
-            x = inputs[0]
-            # a row at λ = 1 adds 0 · (finite) = 0: exactly the merged model's output
-            return output + (factors * ((x.float() @ A.T) @ B.T)).to(output.dtype)
+            return edit(inputs[0], output)
 
         return hook
 
@@ -122,8 +85,8 @@ def steer(
         with _HOOK_LOCK:
             if how.positions == "generated":
                 handles.append(base_causal_lm(model).register_forward_pre_hook(prefill_hook, with_kwargs=True))
-            for s, m in modules:
-                handles.append(m.register_forward_hook(make_hook(s.key)))
+            for s, edit in edits.items():
+                handles.append(site_module(model, s).register_forward_hook(make_hook(s.key, edit)))
         yield
     finally:
         with _HOOK_LOCK:

@@ -52,8 +52,9 @@ from ..lora_a.sites import (
     site_module,
     sort_sites,
 )
+from .actions import UNIT_FRACTION
 from .control_vector import control_vector_layers, model_hint_for, write_control_vector
-from .modes import MODES, UNIT_FRACTION, UNITS_DOC, steering_mode
+from .modes import MODES, UNITS_DOC, steering_mode
 
 FORMULA = "v = scaling * B @ (mu_good - mu_bad); output += lambda * v"
 VECTORS_FILE = "steering_vectors.safetensors"
@@ -88,10 +89,7 @@ class SteeringVectors:
     def raw(self, mode: str) -> Mapping[str, np.ndarray]:
         """The per-site vector of an adding mode at raw λ = 1 (its registered direction: LoRA-B's v, the output
         diff-mean, a seeded random direction with ‖v‖, ...)."""
-        spec = steering_mode(mode)
-        if spec.direction is None:
-            raise ValueError(f"mode={mode!r} scales the adapter's update: it adds no constant vector.")
-        return spec.direction(self)
+        return steering_mode(mode).directions(self)
 
     def unit_factor(self, mode: str) -> dict[str, float]:
         """Per site, the raw λ that normalised λ = 1 stands for: UNIT_FRACTION · (mean output norm) / ‖raw vector‖."""

@@ -52,7 +52,7 @@ from ..evaluation.scorers import GroundingScorer, score_summary
 from ..lora_a.probe import ProbeSettings, labelled_records
 from ..lora_a.probe_head import ProbeHeadSettings, fit_probe_head
 from ..steering.fluency import fluency
-from ..steering.modes import UNIT_FRACTION, SteerConfig
+from ..steering.modes import SteerConfig
 from ..steering.session import SteeringSession
 from ..steering.vectors import build_steering_vectors
 from ..token_colors import FLAG_THRESHOLD
@@ -115,14 +115,7 @@ class DeckConfig:
     @property
     def lambda_caption(self) -> str:
         """What λ means in this deck's mode and units (under the slider, in the app and in the export)."""
-        if self.how.spec.acts == "scale":
-            return self.how.spec.lambda_help
-        if self.units == "raw":
-            return f"λ in raw units (the paper's formula), {self.mode} mode; 0 = the merged model."
-        return (
-            f"λ in normalised units, {self.mode} mode: λ = 1 adds {UNIT_FRACTION:g} × each steered site's mean "
-            "output norm; 0 = the merged model."
-        )
+        return self.how.caption
 
     def to_json(self) -> dict:
         return asdict(self)

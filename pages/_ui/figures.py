@@ -1,0 +1,132 @@
+"""The pages' Plotly figures, drawn from tables the core computed (the pages only choose and place them).
+
+heatmap(table, title, ...)              one heatmap renderer: LoRA-A AUROC by layer × module, sweeps by start × size
+lambda_curve(curve, lam, axis_title)    a document's λ curve: factuality, degenerate texts, perplexity
+token_bars(table, threshold)            p(good) per token, gold-bad tokens in black, flagged in red
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+
+def heatmap(
+    table: pd.DataFrame,
+    title: str,
+    *,
+    x: list[str] | None = None,
+    hover: str = "%{y} · %{x}<br>%{z:.3f}",
+    colorbar: str = "",
+    zrange: tuple[float, float] | None = None,
+    diverging: bool = False,
+    decimals: int = 2,
+    labels: bool = True,
+    height: int | None = None,
+    axis_titles: tuple[str, str] = ("", ""),
+) -> go.Figure:
+    """`table` (rows on y, columns on x; NaN cells left blank) as a heatmap. `diverging`: red–blue centred on 0 with a
+    symmetric range (a difference of two tables); else Viridis over `zrange` (default: the data's). `labels`: write
+    each cell's value (`decimals`) in it."""
+    z = table.to_numpy(dtype=float)
+    if diverging:
+        lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 0.1
+        scale = dict(colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim)
+    else:
+        scale = dict(colorscale="Viridis", **(dict(zmin=zrange[0], zmax=zrange[1]) if zrange else {}))
+    text = np.where(np.isnan(z), "", np.vectorize(lambda v: f"{v:.{decimals}f}")(np.nan_to_num(z)))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=x if x is not None else [str(c) for c in table.columns],
+            y=table.index.tolist(),
+            text=text,
+            hoverongaps=False,
+            hovertemplate=hover + "<extra></extra>",
+            colorbar=dict(title=colorbar, thickness=12),
+            **scale,
+        )
+    )
+    fig.update_layout(
+        title=title,
+        height=height or max(320, 18 * len(table) + 120),
+        xaxis_title=axis_titles[0],
+        yaxis_title=axis_titles[1],
+        yaxis=dict(autorange="reversed", dtick=1 if len(table) <= 32 else 2),
+    )
+    if labels:
+        fig.update_traces(texttemplate="%{text}")
+    return fig
+
+
+def lambda_curve(curve: pd.DataFrame, lam: float, axis_title: str) -> go.Figure:
+    """A document's λ curve (lambda_study.document_curve): factuality per λ, degenerate texts marked (not scored) on
+    the x-axis, perplexity on a log right axis, the slider's λ as a dotted line."""
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=curve["lambda"],
+            y=curve["factuality"],
+            mode="lines+markers",
+            name="factuality",
+            customdata=curve["text"].str.slice(0, 120),
+            hovertemplate="λ=%{x:.2f}<br>factuality %{y:.3f}<br>%{customdata}<extra></extra>",
+        )
+    )
+    broken = curve[curve["degenerate"]]
+    fig.add_trace(
+        go.Scatter(
+            x=broken["lambda"],
+            y=[0.0] * len(broken),
+            mode="markers",
+            name="degenerate (not scored)",
+            marker=dict(symbol="x", size=11, color="#dc2626"),
+            customdata=broken["reason"],
+            hovertemplate="λ=%{x:.2f}<br>%{customdata}<extra></extra>",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=curve["lambda"],
+            y=curve["perplexity"],
+            mode="lines",
+            name="perplexity (right axis)",
+            yaxis="y2",
+            line=dict(dash="dot", color="#6b7280"),
+        )
+    )
+    fig.add_vline(x=lam, line_dash="dot", line_color="#dc2626")
+    fig.update_layout(
+        xaxis_title=axis_title,
+        yaxis=dict(title="factuality (offline scorer)", range=[-0.05, 1.02]),
+        yaxis2=dict(title="perplexity", overlaying="y", side="right", type="log", showgrid=False),
+        height=320,
+        legend=dict(orientation="h", y=-0.25),
+    )
+    return fig
+
+
+def token_bars(table: pd.DataFrame, threshold: float) -> go.Figure:
+    """p(good) per token position (columns position, token, p_good, surprisal, gold, flagged): gold-bad tokens in
+    black, flagged ones (p(good) < threshold) in red, the rest green; the threshold as a dashed line."""
+    colors = np.where(table["gold"] == "bad", "#111827", np.where(table["flagged"], "#dc2626", "#16a34a"))
+    fig = go.Figure(
+        go.Bar(
+            x=table["position"],
+            y=table["p_good"],
+            marker_color=colors,
+            customdata=np.stack([table["token"], table["gold"], table["surprisal"]], axis=1),
+            hovertemplate="%{customdata[0]}<br>p(good)=%{y:.3f}<br>gold=%{customdata[1]}"
+            "<br>surprisal=%{customdata[2]:.2f}<extra></extra>",
+        )
+    )
+    fig.add_hline(y=threshold, line_dash="dash", line_color="#dc2626", annotation_text="threshold")
+    fig.update_layout(
+        title="p(good) per token (black = gold bad)",
+        xaxis_title="token",
+        yaxis_title="p(good)",
+        yaxis_range=[0, 1],
+        height=280,
+    )
+    return fig

@@ -1,0 +1,122 @@
+"""The Steering page's cached work: the merged model with its steering vectors (one session per model spec, run
+fingerprint, token set and k, shared read-only), the texts per λ, the base model's text, and each text's factuality
+and fluency."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from pages._ui.datasets import dataset_picker, records_of
+from pages._ui.models import MAX_MODELS, base_model, merged_model, resource_lock
+from pages._ui.token_sets import token_set
+from topl_core.analysis.evaluation.quality import scorer_quality
+from topl_core.analysis.evaluation.scorers import GroundingScorer, score_summary
+from topl_core.analysis.evaluation.text import count_sentences
+from topl_core.analysis.lora_a.probe import ProbeSettings
+from topl_core.analysis.steering.fluency import fluency
+from topl_core.analysis.steering.modes import SteerConfig
+from topl_core.analysis.steering.session import SteeringSession
+from topl_core.analysis.steering.vectors import build_steering_vectors
+from topl_core.generate import GenerationConfig, generate
+
+
+@st.cache_resource(show_spinner="Computing steering vectors (projections cached on disk)…", max_entries=2 * MAX_MODELS)
+def steering_session(spec: str, run: str, fp: str, ts: tuple, top_k: int, precision: str) -> SteeringSession:
+    """Merged model (shared, never mutated) + the run's steering vectors. One per (spec, run fingerprint, …)."""
+    _, records = token_set(*ts)
+    merged = merged_model(spec, run, fp)
+    settings = ProbeSettings(random_control=False, precision=precision)
+    with resource_lock(f"merged:{spec}:{run}"):  # the site outputs are read with a forward on the shared model
+        vectors = build_steering_vectors(run, records, settings, top_k=top_k, merged=merged)
+    return SteeringSession(merged, vectors)
+
+
+@st.cache_data(show_spinner=False, max_entries=1024)
+def steered_texts(
+    spec: str,
+    run: str,
+    fp: str,
+    ts: tuple,
+    top_k: int,
+    precision: str,
+    document: str,
+    grid: tuple[float, ...],
+    max_new: int,
+    how: SteerConfig,
+) -> dict[float, str]:
+    """The steered text at every λ of `grid` (one λ, or the slider's every position), generated as one batch
+    (SteeringSession.generate_grid; one λ alone is generate_steered's text)."""
+    sess = steering_session(spec, run, fp, ts, top_k, precision)
+    gen = GenerationConfig(max_new_tokens=max_new, precision=precision)
+    return dict(zip(grid, sess.generate_grid(document, grid, gen, how=how)))
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def base_text(spec: str, precision: str, document: str, max_new: int) -> str:
+    lm = base_model(spec)
+    with resource_lock(f"base:{spec}"):
+        return generate(lm, [document], GenerationConfig(max_new_tokens=max_new, precision=precision))[0]
+
+
+@st.cache_resource
+def scorer() -> GroundingScorer:
+    return GroundingScorer()
+
+
+@st.cache_data(show_spinner=False)
+def scorer_caption() -> str:
+    try:
+        return scorer_quality(scorer()).summary()
+    except Exception as e:  # quality could not be measured (no CLIFF/HaluEval): say so next to the scores
+        return f"offline grounding scorer (quality not measured: {e})"
+
+
+def fact(document: str, text: str) -> float:
+    return score_summary(scorer(), document, text, "sentence").score
+
+
+@st.cache_data(show_spinner=False, max_entries=1024)
+def text_fluency(spec: str, text: str) -> dict:
+    """Fluency of one text, perplexity under the base model (topl_core.analysis.steering.fluency)."""
+    lm = base_model(spec)
+    with resource_lock(f"base:{spec}"):
+        return fluency([text], lm)[0].to_json()
+
+
+def quality_caption(spec: str, document: str, text: str) -> str:
+    """Factuality and fluency of a text, or why it is degenerate (a broken text is damage, not "unfaithful")."""
+    f = text_fluency(spec, text)
+    n_sent = count_sentences(text)
+    ppl = f"perplexity {f['perplexity']:.0f}" if f["perplexity"] is not None else "perplexity n/a"
+    size = f"{n_sent} sentence{'s' if n_sent != 1 else ''} · {f['words']} words · {ppl}"
+    if f["degenerate"]:
+        return f"DEGENERATE — {f['reason']} · not scored for factuality · {size}"
+    return f"factuality {fact(document, text):.2f} · {size} · distinct-2 {f['distinct_2']:.2f}"
+
+
+def document_picker() -> str:
+    """The document to steer: one of a data set's documents (by index), or pasted text."""
+    src = st.radio(
+        "Document", ["From a data set", "Paste"], horizontal=True, key="steer.source", persist_state="session"
+    )
+    if src == "Paste":
+        return st.text_area(
+            "Document",
+            height=180,
+            key="steer.document",
+            persist_state="session",
+            value="The council of Leeds approved the new budget on Monday after a long debate. "
+            "Police arrested two men in London and released a third. The company said profits "
+            "increased by 12 percent in 2023.",
+        )
+    c1, c2 = st.columns([3, 1])
+    path = dataset_picker("steer.dataset", container=c1)
+    if not path:
+        st.stop()
+    docs = list(dict.fromkeys(r.document for r in records_of(path)))
+    i = c2.number_input(
+        f"Document (of {len(docs)})", 0, len(docs) - 1, 0, key="steer.doc_index", persist_state="session"
+    )
+    with st.expander("Document text"):
+        st.write(docs[int(i)])
+    return docs[int(i)]

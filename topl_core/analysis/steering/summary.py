@@ -1,0 +1,70 @@
+"""What a reader sees of a set of steering vectors: the steered sites as a table, and every export in one zip.
+
+site_table(vectors) -> DataFrame        per site: AUROC, scaling, ‖v‖, mean ‖output‖, ‖diff-mean‖,
+                                        cos(v, diff-mean), the raw λ of one normalised unit
+export_bundle(vectors, model_type, layer_count) -> ExportBundle
+    steering_vectors.safetensors + steering.json and a llama.cpp control vector per exportable mode, zipped
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .modes import MODES
+from .vectors import SteeringVectors
+
+
+def site_table(vectors: SteeringVectors) -> pd.DataFrame:
+    """One row per steered site: how it separates (AUROC), its vector's length against the site's outputs, how the
+    LoRA-B vector lines up with the diff-mean control, and what one unit of normalised λ is in the paper's raw λ."""
+    norms = vectors.norms()
+    per_unit = vectors.unit_factor("vector")
+    rows = []
+    for s in vectors.sites:
+        v, dm = vectors.vectors[s.key], vectors.diff_mean[s.key]
+        dm_norm = float(np.linalg.norm(dm))
+        rows.append(
+            {
+                "site": s.key,
+                "AUROC": vectors.auroc[s.key],
+                "scaling": vectors.scaling[s.key],
+                "‖v‖": norms[s.key],
+                "mean ‖output‖": vectors.output_norm[s.key],
+                "‖diff-mean‖": dm_norm,
+                "cos(v, diff-mean)": float(v @ dm / max(norms[s.key] * dm_norm, 1e-30)),
+                "raw λ per unit": per_unit[s.key],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class ExportBundle:
+    """A zip of the vectors and their control vectors; `left_out`: sites no control vector can carry (layer 0)."""
+
+    data: bytes
+    files: tuple[str, ...]
+    left_out: tuple[str, ...]
+
+
+def export_bundle(vectors: SteeringVectors, model_type: str, layer_count: int) -> ExportBundle:
+    """The vectors (SteeringVectors.save) and, per exportable mode, `<mode>.gguf`: λ = 1 in normalised units as a
+    llama.cpp control vector (SteeringVectors.save_control_vector), in one zip."""
+    buf, left_out = io.BytesIO(), []
+    with tempfile.TemporaryDirectory() as d:
+        vectors.save(d)
+        for mode in (m.name for m in MODES.values() if m.exportable):
+            gguf = Path(d) / f"{mode}.gguf"
+            left_out = vectors.save_control_vector(gguf, mode, "normalised", model_type, layer_count)
+        files = sorted(Path(d).iterdir())
+        with zipfile.ZipFile(buf, "w") as z:
+            for f in files:
+                z.write(f, f.name)
+    return ExportBundle(buf.getvalue(), tuple(f.name for f in files), tuple(left_out))
