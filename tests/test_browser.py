@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ sync_api = pytest.importorskip(
     "playwright.sync_api", reason="the playwright package is not installed (requirements.txt)"
 )
 
+from conftest import free_port  # noqa: E402
 from test_app import build_workbench  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,12 +65,6 @@ PAGES = {
     "layer_sweep": "Layer sweep",
     "evaluation": "Evaluation",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class App:
