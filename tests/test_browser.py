@@ -531,9 +531,9 @@ def test_four_sessions_steering_at_once_get_what_each_would_get_alone(app, brows
 def test_training_job_survives_reload_and_app_restart(app, browser, workbench):
     page = new_page(browser)
     visit(page, app, "train", "Train")
-    page.get_by_label("Run name").fill("browser-run")
-    page.get_by_label("Steps", exact=True).fill("40")
-    page.get_by_label("Validate every (steps)").fill("20")
+    page.get_by_role("textbox", name="Run name", exact=True).fill("browser-run")
+    page.get_by_role("spinbutton", name="Steps", exact=True).fill("40")
+    page.get_by_role("spinbutton", name="Validate every (steps)", exact=True).fill("20")
     page.get_by_role("button", name="Start training").click()
     page.get_by_text("Started browser-run").first.wait_for()
     progress = page.locator('[data-testid="stProgress"]').filter(has_text="step")
