@@ -17,10 +17,11 @@ import streamlit as st
 from pages._ui.datasets import dataset_paths, dataset_picker, records_of
 from pages._ui.forms import field_input
 from pages._ui.models import base_model, load_error
-from pages._ui.render import csv_download, legend_html, plot, token_html
+from pages._ui.render import csv_download, plot
 from pages._ui.spec import current_model_name, current_spec
 from topl_core import jobs, launchers
 from topl_core.analysis.evaluation.config import EvalConfig
+from topl_core.analysis.token_colors import legend_html, token_html
 from topl_core.config_fields import field_infos
 from topl_core.data.encode import encode_record
 from topl_core.data.records import Record, merge_jsonl, write_jsonl

@@ -13,7 +13,6 @@ import plotly.express as px
 import streamlit as st
 
 from pages._ui.datasets import dataset_paths
-from pages._ui.figures import heatmap
 from pages._ui.forms import SIDEBAR_FIELDS, config_inputs, field_input, precision_select
 from pages._ui.models import layer_count_or_stop
 from pages._ui.render import csv_download, plot
@@ -25,6 +24,7 @@ from topl_core.paths import inside, runs_dir
 from topl_core.training.config import TrainConfig, study_schedule
 
 with core_imports():
+    from topl_core.analysis.figures import heatmap
     from topl_core.analysis.studies.sweeps import SweepConfig, heatmap_table, lines_table, plan_windows, read_sweep
 
 st.title("Layer sweep")

@@ -11,7 +11,6 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from pages._ui.figures import heatmap
 from pages._ui.render import csv_download, plot
 from pages._ui.runs import finished_runs, run_fingerprint, run_picker
 from pages._ui.spec import current_precision
@@ -24,6 +23,7 @@ st.caption(
 
 with core_imports():  # the token sets are read with the analysis core too
     from pages._ui.token_sets import lora_a_probe, token_set, token_set_picker
+    from topl_core.analysis.figures import auroc_heatmap
     from topl_core.analysis.lora_a.probe import ProbeSettings, run_projections
     from topl_core.analysis.lora_a.separability import METHOD, comparison_table
     from topl_core.analysis.lora_a.umap_view import umap_embedding  # loads umap (and numba) only when called
@@ -122,33 +122,18 @@ if run_b:
 st.caption(f"Token set: {res_a.token_set}")
 
 
-def heat(df: pd.DataFrame, title: str, diverging: bool = False):
-    """A layer × module AUROC table (or a difference of two) as a heatmap, values written in small tables."""
-    return heatmap(
-        df,
-        title,
-        x=[c.replace("_proj", "") for c in df.columns],
-        hover="layer %{y} · %{x}<br>AUROC %{z:.3f}",
-        colorbar="Δ" if diverging else "AUROC",
-        zrange=None if diverging else (0.5, 1.0),
-        diverging=diverging,
-        labels=len(df) <= 12,
-        axis_titles=("module", "layer"),
-    )
-
-
 n_layers = max(r.lora.num_layers or 0 for r in results.values()) or None
 hm_a = sep_a.heatmap(column, n_layers)
 cols = st.columns(3 if run_b else 1)
 with cols[0]:
-    plot(heat(hm_a, f"{name_of[run_a]}"), key="lora_a.heat_a")
+    plot(auroc_heatmap(hm_a, f"{name_of[run_a]}"), key="lora_a.heat_a")
 if run_b:
     hm_b = results[run_b].lora.heatmap(column, n_layers)
     with cols[1]:
-        plot(heat(hm_b, f"{name_of[run_b]}"), key="lora_a.heat_b")
+        plot(auroc_heatmap(hm_b, f"{name_of[run_b]}"), key="lora_a.heat_b")
     with cols[2]:
         plot(
-            heat(
+            auroc_heatmap(
                 hm_a - hm_b,
                 f"Difference ({df_runs.loc[run_a, 'method']} − {df_runs.loc[run_b, 'method']})",
                 diverging=True,

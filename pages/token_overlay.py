@@ -12,10 +12,11 @@ import streamlit as st
 from pages._ui.datasets import dataset_picker, records_of
 from pages._ui.figures import token_bars
 from pages._ui.models import merged_model, probe_heads, resource_lock, step_error, token_scorer
-from pages._ui.render import csv_download, legend_html, plot, token_html
+from pages._ui.render import csv_download, plot
 from pages._ui.runs import run_fingerprint, run_picker
 from pages._ui.spec import current_precision, current_spec
 from topl_core.adapters import open_adapter
+from topl_core.analysis.token_colors import legend_html, token_html
 from topl_core.data.records import Record
 from topl_core.generate import GenerationConfig, generate
 from topl_core.scoring import TokenScores

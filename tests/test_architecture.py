@@ -1,7 +1,7 @@
 """The layering rule of docs/architecture.md, checked on the source: the layer table there is parsed, every import of
 a project module is read with `ast`, and the test fails on an import that runs upward, a cycle inside a layer, a
 project import hidden in a function (outside the CLI's dispatch), a module the table does not place, or streamlit
-imported by the core."""
+imported by the core. Imports under `if TYPE_CHECKING:` never run: they are no edges."""
 
 from __future__ import annotations
 
@@ -69,6 +69,8 @@ def project_imports(path: Path) -> list[tuple[str, int, bool]]:
 
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
+            if _type_checking_only(child):
+                continue  # `if TYPE_CHECKING:` imports never run: annotations, not edges
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
             if isinstance(child, ast.Import):
                 out.extend((a.name, child.lineno, inner) for a in child.names)
@@ -87,6 +89,16 @@ def project_imports(path: Path) -> list[tuple[str, int, bool]]:
 
     visit(tree, False)
     return [(m, line, inner) for m, line, inner in out if layer_of(m) is not None]
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    """An `if TYPE_CHECKING:` block (or `if typing.TYPE_CHECKING:`) with no else."""
+    if not isinstance(node, ast.If) or node.orelse:
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _is_module(dotted: str) -> bool:

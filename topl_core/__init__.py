@@ -1,7 +1,77 @@
-"""TOPL Workbench core: data, models, training, analysis. Never imports streamlit."""
+"""TOPL Workbench core: data, models, training, analysis. Never imports streamlit.
 
+The notebook API is `import topl_core as topl`: the names of `__all__`, each the very function or class the pages and
+the CLI call (its docstring has an example; examples/quickstart.ipynb uses them end to end):
+
+    adapters, models    open_adapter, Adapter, load_adapter, load_model, ModelSpec, load_merged, GenerationConfig
+    data                read_jsonl, Record, labelled_split (the labelled records of a split of an adapter's own data)
+    training            TrainConfig, LoraSettings, train
+    LoRA-A              probe_run, ProbeSettings (→ ProbeResult: .lora / .control Separability, .table(), .figure()),
+                        comparison_table, auroc_heatmap
+    steering            build_steering_vectors, SteeringVectors, steer (a context manager), SteerConfig,
+                        SteeringSession (λ grids, stream_steered)
+    token scores        TokenScorer, TokenScores, TokenOverlay (coloured tokens in Jupyter)
+    decks               DeckConfig, create_deck, prepare_deck, read_deck, Deck (.show(): talk mode inline)
+    evaluation          evaluate, EvalConfig, Variant
+
+Importing the package imports none of them: each is imported from its module the first time it is touched (PEP 562
+`__getattr__`), so `python -m topl_core --help` lists the commands without loading torch.
+"""
+
+import importlib
 import warnings
 
 # PEFT (0.21) calls transformers' deprecated `is_gradient_checkpointing` on every adapter load/injection; the warning
 # is theirs to fix and only floods CLI output and job logs.
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+
+# public name → the module that defines it (the names a notebook needs; imported on first use)
+_EXPORTS: dict[str, str] = {
+    "open_adapter": "topl_core.adapters",
+    "Adapter": "topl_core.adapters",
+    "load_adapter": "topl_core.adapters",
+    "load_model": "topl_core.models",
+    "ModelSpec": "topl_core.models",
+    "load_merged": "topl_core.generate",
+    "GenerationConfig": "topl_core.generate",
+    "read_jsonl": "topl_core.data.records",
+    "Record": "topl_core.data.records",
+    "labelled_split": "topl_core.analysis.lora_a.probe",
+    "TrainConfig": "topl_core.training.config",
+    "LoraSettings": "topl_core.training.config",
+    "train": "topl_core.training.trainer",
+    "probe_run": "topl_core.analysis.lora_a.probe",
+    "ProbeSettings": "topl_core.analysis.lora_a.probe",
+    "comparison_table": "topl_core.analysis.lora_a.separability",
+    "auroc_heatmap": "topl_core.analysis.figures",
+    "build_steering_vectors": "topl_core.analysis.steering.vectors",
+    "SteeringVectors": "topl_core.analysis.steering.vectors",
+    "steer": "topl_core.analysis.steering.hooks",
+    "SteerConfig": "topl_core.analysis.steering.modes",
+    "SteeringSession": "topl_core.analysis.steering.session",
+    "TokenScorer": "topl_core.scoring",
+    "TokenScores": "topl_core.scoring",
+    "TokenOverlay": "topl_core.analysis.token_colors",
+    "DeckConfig": "topl_core.analysis.studies.deck",
+    "create_deck": "topl_core.analysis.studies.deck",
+    "prepare_deck": "topl_core.analysis.studies.deck",
+    "read_deck": "topl_core.analysis.studies.deck",
+    "Deck": "topl_core.analysis.studies.deck",
+    "evaluate": "topl_core.analysis.evaluation.evaluate",
+    "EvalConfig": "topl_core.analysis.evaluation.config",
+    "Variant": "topl_core.analysis.evaluation.config",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    """A public name, imported from its module on first use and kept here (later lookups are plain attributes)."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'topl_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

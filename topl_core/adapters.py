@@ -99,7 +99,9 @@ class LoraSpec:
 
 @dataclass(frozen=True)
 class Adapter:
-    """An opened adapter: where its files are, what it is, and the base model it belongs to."""
+    """An opened adapter: where its files are, what it is, and the base model it belongs to.
+
+    Example: ``a = open_adapter("user/adapter-name"); a.base_model, a.method, a.has_head, a.lora.describe()``"""
 
     path: Path
     name: str
@@ -216,7 +218,9 @@ def find_adapter_folders(root: str | Path) -> list[Path]:
 
 def open_adapter(ref: "Adapter | RunDir | str | Path", base_model: str | None = None) -> Adapter:
     """Open a run directory, a plain PEFT folder or a hub adapter id; `base_model` overrides the base model the
-    adapter names. Refuses (RunError / ModelError, with the fix) what is missing, unfinished or not analysable."""
+    adapter names. Refuses (RunError / ModelError, with the fix) what is missing, unfinished or not analysable.
+
+    Example: ``adapter = open_adapter("examples/adapters/topl-smollm2"); adapter.describe()``"""
     if isinstance(ref, Adapter):
         return replace(ref, base_model=base_model) if base_model else ref
     path = ref.path if isinstance(ref, RunDir) else Path(ref).expanduser()
@@ -288,7 +292,9 @@ _ADAPTER_LOCK = threading.Lock()
 def load_adapter(base: LoadedModel, adapter: "Adapter | RunDir | str | Path", merge: bool = False) -> torch.nn.Module:
     """Wrap a base model with the adapter (PeftModel, unmerged), or return it merged when merge=True.
 
-    The base model is modified in place by PEFT injection: give it a model you own (not a shared cached one)."""
+    The base model is modified in place by PEFT injection: give it a model you own (not a shared cached one).
+
+    Example: ``peft_model = load_adapter(load_model(adapter.base_model), adapter)``"""
     from peft import PeftModel
 
     adapter = open_adapter(adapter)

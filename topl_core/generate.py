@@ -25,6 +25,10 @@ from .precision import PRECISIONS, Precision, autocast
 
 @dataclass(frozen=True)
 class GenerationConfig:
+    """How a response is generated: its length, greedy or sampled, the document's cut, the batch and the precision.
+
+    Example: ``session.generate_grid(document, [-2, 0, 2], GenerationConfig(max_new_tokens=48))``"""
+
     max_new_tokens: int = 96
     mode: Literal["greedy", "sample"] = "greedy"
     temperature: float = 0.7
@@ -49,7 +53,9 @@ class GenerationConfig:
 
 def load_merged(spec: ModelSpec | str, adapter) -> LoadedModel:
     """A fresh base model with the adapter's LoRA merged in (or the plain base model when adapter is None);
-    `adapter`: anything open_adapter opens."""
+    `adapter`: anything open_adapter opens.
+
+    Example: ``merged = load_merged("smollm2-135m", "examples/adapters/topl-smollm2")``"""
     lm = load_model(spec)
     if adapter is not None:
         lm.model = load_adapter(lm, adapter, merge=True)

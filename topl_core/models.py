@@ -69,7 +69,9 @@ EMBEDDED: dict[str, EmbeddedModel] = {
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What to load. `name` is an embedded key, a tiny test family, a preset key, a local path or a hub id."""
+    """What to load. `name` is an embedded key, a tiny test family, a preset key, a local path or a hub id.
+
+    Example: ``load_model(ModelSpec("Qwen/Qwen3-8B", dtype="bf16", device="cuda"))``"""
 
     name: str = DEFAULT_MODEL
     dtype: Precision = "auto"  # the weights' precision, resolved here: fp32 on CPU, bf16 on a GPU with bf16
@@ -209,7 +211,9 @@ def _build_random_preset(preset: str, dtype: torch.dtype, device: str):
 
 
 def load_model(spec: ModelSpec | str = DEFAULT_MODEL) -> LoadedModel:
-    """Load model + tokenizer for a spec, in eval mode, on the requested device and dtype."""
+    """Load model + tokenizer for a spec, in eval mode, on the requested device and dtype.
+
+    Example: ``lm = load_model("smollm2-135m"); lm.model, lm.tokenizer, lm.num_layers``"""
     if isinstance(spec, str):
         spec = ModelSpec(spec)
     dtype = TORCH_DTYPES[spec.dtype]

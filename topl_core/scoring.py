@@ -23,7 +23,9 @@ from .precision import autocast, resolve_precision, to_numpy
 
 @dataclass(frozen=True)
 class TokenScores:
-    """Per-response-token values. `gold` is 1 good / 0 bad / -1 unknown."""
+    """Per-response-token values. `gold` is 1 good / 0 bad / -1 unknown.
+
+    Example: ``scores.table()`` (one row per token); ``TokenOverlay.from_scores(scores)`` shows them coloured"""
 
     record_id: str
     response: str
@@ -96,7 +98,9 @@ class TokenScorer:
     The head is the run's trained head (TOPL, SOPL, TLDR), or `head` = (layer, nn.Linear) for an adapter without
     one — a probe head fitted on its hidden states (topl_core.analysis.lora_a.probe_head). `probe_on_base` = (layer,
     nn.Linear) also scores every token with a head on the base model's states (adapter disabled): the frozen-probe
-    control, in TokenScores.p_good_base."""
+    control, in TokenScores.p_good_base.
+
+    Example: ``TokenScorer(load_model(adapter.base_model), adapter).score_text(document, summary).p_good``"""
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
-"""The pages' Plotly figures, drawn from tables the core computed (the pages only choose and place them).
+"""The pages' Plotly figures, drawn from tables the core computed (the pages only choose and place them). The one
+heatmap renderer is the core's (topl_core.analysis.figures: heatmap, auroc_heatmap), which a notebook shows too.
 
-heatmap(table, title, ...)              one heatmap renderer: LoRA-A AUROC by layer × module, sweeps by start × size
 lambda_curve(curve, lam, axis_title)    a document's λ curve: factuality, degenerate texts, perplexity
 token_bars(table, threshold)            p(good) per token, gold-bad tokens in black, flagged in red
 """
@@ -10,54 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-
-
-def heatmap(
-    table: pd.DataFrame,
-    title: str,
-    *,
-    x: list[str] | None = None,
-    hover: str = "%{y} · %{x}<br>%{z:.3f}",
-    colorbar: str = "",
-    zrange: tuple[float, float] | None = None,
-    diverging: bool = False,
-    decimals: int = 2,
-    labels: bool = True,
-    height: int | None = None,
-    axis_titles: tuple[str, str] = ("", ""),
-) -> go.Figure:
-    """`table` (rows on y, columns on x; NaN cells left blank) as a heatmap. `diverging`: red–blue centred on 0 with a
-    symmetric range (a difference of two tables); else Viridis over `zrange` (default: the data's). `labels`: write
-    each cell's value (`decimals`) in it."""
-    z = table.to_numpy(dtype=float)
-    if diverging:
-        lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 0.1
-        scale = dict(colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim)
-    else:
-        scale = dict(colorscale="Viridis", **(dict(zmin=zrange[0], zmax=zrange[1]) if zrange else {}))
-    text = np.where(np.isnan(z), "", np.vectorize(lambda v: f"{v:.{decimals}f}")(np.nan_to_num(z)))
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            x=x if x is not None else [str(c) for c in table.columns],
-            y=table.index.tolist(),
-            text=text,
-            hoverongaps=False,
-            hovertemplate=hover + "<extra></extra>",
-            colorbar=dict(title=colorbar, thickness=12),
-            **scale,
-        )
-    )
-    fig.update_layout(
-        title=title,
-        height=height or max(320, 18 * len(table) + 120),
-        xaxis_title=axis_titles[0],
-        yaxis_title=axis_titles[1],
-        yaxis=dict(autorange="reversed", dtick=1 if len(table) <= 32 else 2),
-    )
-    if labels:
-        fig.update_traces(texttemplate="%{text}")
-    return fig
 
 
 def lambda_curve(curve: pd.DataFrame, lam: float, axis_title: str) -> go.Figure:

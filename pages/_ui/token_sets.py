@@ -8,7 +8,7 @@ import streamlit as st
 
 from pages._ui.datasets import dataset_picker
 from topl_core.adapters import open_adapter
-from topl_core.analysis.lora_a.probe import ProbeResult, ProbeSettings, labelled_records, probe_run
+from topl_core.analysis.lora_a.probe import ProbeResult, ProbeSettings, labelled_records, labelled_split, probe_run
 from topl_core.data.cliff import load_factuality_csv
 from topl_core.data.records import read_jsonl
 from topl_core.data.split import split_records
@@ -34,11 +34,9 @@ def token_set(kind: str, run_path: str, data_path: str | None, split: str, limit
         recs = labelled_records(load_factuality_csv(path).records)
         return f"CLIFF ({path.name})", recs[:limit]
     if kind.startswith("run's data"):
-        cfg = open_adapter(run_path).settings  # an adapter from elsewhere: the default data set
-        p = project_path(cfg.data)
         split = "val" if "val" in kind else "test"
-        recs = split_records(read_jsonl(p), seed=cfg.split_seed)[split]
-        return f"{p.name} [{split}]", labelled_records(recs)[:limit]
+        data = project_path(open_adapter(run_path).settings.data)  # an adapter from elsewhere: the default data set
+        return f"{data.name} [{split}]", labelled_split(run_path, split, limit)
     if not data_path:
         raise DataError("pick a data set")
     recs = read_jsonl(data_path)

@@ -93,6 +93,8 @@ class Record:
     - `doc_id`: groups records of the same document, so splits are made per document.
 
     Every text field must be a string that can be written as UTF-8 (no lone surrogates); wrong types raise DataError.
+
+    Example: ``Record("r1", document, "Profits rose 12% in 2023.", bad_spans=(Span(13, 16, "number"),))``
     """
 
     id: str
@@ -261,6 +263,9 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[Record]:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[Record]:
+    """Every record of a JSONL file (one Record per line), validated.
+
+    Example: ``records = read_jsonl("cache/data/halueval-perturbed.jsonl")``"""
     return list(iter_jsonl(path))
 
 

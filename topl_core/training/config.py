@@ -51,7 +51,9 @@ def _fail(field_name: str, value, fix: str):
 
 @dataclass(frozen=True)
 class LoraSettings:
-    """LoRA on layers [layer_start, layer_end] (inclusive) and the listed modules. Paper: r=4, α=8, dropout 0.1."""
+    """LoRA on layers [layer_start, layer_end] (inclusive) and the listed modules. Paper: r=4, α=8, dropout 0.1.
+
+    Example: ``TrainConfig(lora=LoraSettings(r=8, alpha=16, layer_start=4, layer_end=20))``"""
 
     r: int = config_field(4, label="Rank r", help="LoRA rank (paper: 4)", min=1, max=256)
     alpha: float = config_field(
@@ -87,6 +89,10 @@ class LoraSettings:
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """A run's settings: method, model, data, LoRA, schedule, precision; frozen, each field checked and described once.
+
+    Example: ``train(TrainConfig(method="sft", steps=60, lr=1e-4), "runs/sft-demo")``"""
+
     method: Method = config_field("topl", label="Method", help="the training objective (training/objectives.py)")
     model: str = config_field(
         DEFAULT_MODEL, label="Model", help="embedded model (smollm2-135m, gemma3-270m), preset, hub id or local path"

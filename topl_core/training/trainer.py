@@ -92,7 +92,9 @@ def train(
     """Train (or resume) a run into out_dir and return its RunDir. `base` is consumed (LoRA is injected into it).
     Stops with a checkpoint and state "cancelled" when `progress` returns False or a STOP file appears in out_dir.
     One writer per run directory: a second train into the same out_dir while this one runs is refused.
-    `tracking_group` groups runs in the experiment trackers of cfg.report_to (a sweep's windows: its folder name)."""
+    `tracking_group` groups runs in the experiment trackers of cfg.report_to (a sweep's windows: its folder name).
+
+    Example: ``run = train(TrainConfig(steps=20), "runs/topl-demo", progress=lambda p: print(p.step, p.loss))``"""
     run, world = RunDir(out_dir), World.current()
     check_trackers(cfg)  # a tracker asked for but not installed fails before any work
     with WriterLock(run.path) if world.is_main else nullcontext():  # rank 0 writes; the other ranks only compute

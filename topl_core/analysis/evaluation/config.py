@@ -21,7 +21,9 @@ ProgressFn = Callable[[str], None]
 @dataclass(frozen=True)
 class Variant:
     """A model to evaluate: the base model (`run` None; `model` names it), a run's merged adapter (`lam` None), or
-    the merged adapter steered with λ in mode `how` (topl_core.analysis.steering.modes.SteerConfig)."""
+    the merged adapter steered with λ in mode `how` (topl_core.analysis.steering.modes.SteerConfig).
+
+    Example: ``[Variant.base(), Variant.merged(path), Variant.steered(path, 2.0, how=SteerConfig("conditional"))]``"""
 
     name: str
     run: str | None = None
@@ -57,6 +59,10 @@ OOD_MEAN = "OOD mean of datasets"  # the column of the paper's OOD figure: each 
 
 @dataclass(frozen=True)
 class EvalConfig:
+    """What an evaluation reads and how it generates: ID and OOD documents, summary length, scorer, device, precision.
+
+    Example: ``evaluate(variants, EvalConfig(n_id=16, n_ood=16, scorer="grounding", max_new_tokens=64))``"""
+
     data: str = config_field(DEFAULT_DATA, label="ID data", help="ID data (its held-out test split is used)")
     split_seed: int = config_field(0, label="Split seed", help="seed of the data's document-level split", min=0)
     n_id: int = config_field(16, label="ID documents", help="ID documents", min=0)

@@ -26,16 +26,13 @@ from typing import Sequence
 import numpy as np
 
 from ...adapters import open_adapter
-from ...data.records import read_jsonl
-from ...data.split import split_records
 from ...errors import RunError
 from ...executor import ExecutorConfig, failure_report, run_tasks, worker_memo
 from ...generate import generate, load_merged
 from ...models import ModelSpec, load_model
-from ...paths import project_path
 from ...precision import weights_for
 from ..cache import JSON, cached
-from ..lora_a.probe import ProbeSettings, labelled_records
+from ..lora_a.probe import ProbeSettings, labelled_split
 from ..steering.modes import SteerConfig
 from ..steering.session import SteeringSession
 from ..steering.vectors import build_steering_vectors
@@ -62,10 +59,8 @@ def steering_vectors_for(adapter, cfg: EvalConfig, use_cache: bool = True):
     """Steering vectors of an adapter from the labelled tokens of the validation split of its run's data (the
     default data set for an adapter from elsewhere), as `steer` does."""
     adapter = open_adapter(adapter)
-    tcfg = adapter.settings
-    records = labelled_records(split_records(read_jsonl(project_path(tcfg.data)), seed=tcfg.split_seed)["val"])
     settings = ProbeSettings(random_control=False, precision=cfg.precision)
-    return build_steering_vectors(adapter, records, settings, cfg.top_k, use_cache=use_cache)
+    return build_steering_vectors(adapter, labelled_split(adapter), settings, cfg.top_k, use_cache=use_cache)
 
 
 def variant_model(v: Variant, default_model: str, device: str, precision: str):
@@ -259,7 +254,9 @@ def evaluate(
     `vectors` maps a run path to its SteeringVectors (computed from the run's val split when missing).
     measure_quality (default: only for the offline grounding scorer) attaches the scorer's cached AUROC report.
     Each variant's generation is a task run by `executor` (local: one after another here; ray: as Ray tasks, each
-    worker writing the shared cache); scoring happens here as the tasks end."""
+    worker writing the shared cache); scoring happens here as the tasks end.
+
+    Example: ``evaluate([Variant.base(), Variant.merged(path), Variant.steered(path, 2.0)], EvalConfig()).table()``"""
     import pandas as pd
 
     docs = id_documents(cfg) + ood_documents(cfg)

@@ -6,6 +6,7 @@ disk by settings, records and adapter fingerprint (analysis/cache.py).
                                       progress=None) -> ProbeResult (lora + control Separability, cached)
     run_projections(run, records, settings, base=None, use_cache=True) -> dict[str, Projections] (cached npz)
     labelled_records(records) -> the records a probe can use
+    labelled_split(adapter, split="val", limit=None) -> the labelled records of a split of the adapter's own data
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from typing import Literal, Sequence
 import numpy as np
 
 from ...adapters import Adapter, load_adapter, open_adapter
-from ...data.records import records_fingerprint
+from ...data.records import Record, read_jsonl, records_fingerprint
+from ...data.split import split_records
 from ...errors import ConfigError
 from ...models import ModelSpec, load_model
+from ...paths import project_path
 from ...precision import PRECISIONS, Precision, resolve_precision, weights_for
 from ..cache import cached, json_codec, npz_codec
 from .capture import DEFAULT_SET, Projections, collect_projections, random_lora_A
@@ -30,7 +33,9 @@ CONTROL_SET = "random"  # the projection set of the random-init A control
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """How to probe an adapter. max_doc_tokens / max_response_tokens None → the run's training values."""
+    """How to probe an adapter. max_doc_tokens / max_response_tokens None → the run's training values.
+
+    Example: ``probe_run(adapter, records, ProbeSettings(folds=5, random_control=True, precision="fp32"))``"""
 
     select: Literal["labelled", "response"] = "labelled"
     batch_size: int = 4
@@ -173,7 +178,9 @@ def probe_run(
     progress=None,
 ) -> ProbeResult:
     """Per-site separability of an adapter's LoRA-A (and the random-A control) on a labelled token set. Cached
-    (json) by settings + records + adapter fingerprint + base fingerprint; the projections are cached too (npz)."""
+    (json) by settings + records + adapter fingerprint + base fingerprint; the projections are cached too (npz).
+
+    Example: ``res = probe_run(adapter, labelled_split(adapter, limit=48)); res.lora.figure(), res.control.mean``"""
     adapter = open_adapter(adapter)
     settings = settings.resolved(adapter)
     rfp = records_fingerprint(records)
@@ -213,3 +220,14 @@ def probe_run(
 def labelled_records(records: Sequence) -> list:
     """Records with token labels (token_labels_known): the ones a separability probe can use."""
     return [r for r in records if r.token_labels_known]
+
+
+def labelled_split(adapter, split: str = "val", limit: int | None = None) -> list[Record]:
+    """The token-labelled records of `split` ("train", "val", "test") of the adapter's own data, split as it was
+    trained (a run's data and split seed; the default data set for an adapter from elsewhere); the first `limit`.
+    The token set the LoRA-A and Steering pages, decks and the evaluation's steering vectors open on.
+
+    Example: ``records = labelled_split("examples/adapters/topl-smollm2", limit=48)``"""
+    cfg = open_adapter(adapter).settings
+    records = labelled_records(split_records(read_jsonl(project_path(cfg.data)), seed=cfg.split_seed)[split])
+    return records[:limit] if limit is not None else records

@@ -20,7 +20,7 @@ init, applied to the same inputs x): docs/design.md §3 saw ≈ 0.58 there, not 
     site_scores(X, y, groups=None, folds=5, seed=0, splits=None) -> (cv_auroc, component_auroc, component, sign)
     cv_splits(y, groups=None, folds=5, seed=0) -> [(train_idx, test_idx)]     (computed once per token set)
     separability(proj, name="", folds=5, seed=0, n_boot=2000, num_layers=None) -> Separability
-    Separability.table() / .heatmap(column) / .summary() / .to_json() / .from_json()
+    Separability.table() / .heatmap(column) / .figure(column) / .summary() / .to_json() / .from_json()
     comparison_table({name: Separability}, ood_scores=None, control=None) -> DataFrame
     format_heatmap(df) -> str
 
@@ -36,6 +36,7 @@ from typing import Literal, Mapping, Sequence
 import numpy as np
 
 from ...presets import LORA_MODULES
+from ..figures import auroc_heatmap
 from .capture import Projections
 from .sites import Site
 
@@ -203,7 +204,9 @@ def _stats(values: Sequence[float]) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class Separability:
-    """Per-site AUROCs of one projection set on one token set, with summary statistics."""
+    """Per-site AUROCs of one projection set on one token set, with summary statistics.
+
+    Example: ``sep = probe_run(adapter, records).lora; sep.mean, sep.table(), sep.figure()``"""
 
     name: str
     scores: tuple[SiteScore, ...]
@@ -238,6 +241,15 @@ class Separability:
             if s.site.layer < n:
                 df.loc[s.site.layer, s.site.module] = getattr(s, column)
         return df
+
+    def figure(
+        self,
+        column: Literal["cv_auroc", "component_auroc"] = "cv_auroc",
+        num_layers: int | None = None,
+        title: str | None = None,
+    ):
+        """The layer × module heatmap as a Plotly figure (analysis/figures.auroc_heatmap), titled with the name."""
+        return auroc_heatmap(self.heatmap(column, num_layers), self.name if title is None else title)
 
     def summary(self) -> dict:
         return {
@@ -299,7 +311,9 @@ def comparison_table(
     control: Separability | None = None,
 ):
     """The paper's comparison table: method, LoRA-A AUROC mean ± std (cv), CI, best-component mean, OOD
-    factuality score (NaN unless given in ood_scores[name]); the random-A control as a last row when given."""
+    factuality score (NaN unless given in ood_scores[name]); the random-A control as a last row when given.
+
+    Example: ``comparison_table({"TOPL": topl.lora, "SFT": sft.lora}, control=topl.control)``"""
     import pandas as pd
 
     rows = []

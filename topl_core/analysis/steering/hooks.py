@@ -47,7 +47,9 @@ def steer(
     """Steer forwards from this thread while active (module docstring): the mode's action (actions.py) edits the
     outputs of its sites of the MERGED model `model` — adding λ·delta at the vectors' sites, scaling the adapter's
     update by λ at every site of `lora` (default: read from vectors.adapter_path when the action needs it), ...
-    A sequence `lam` steers batch row r with lam[r] (every forward's batch must then have len(lam) rows)."""
+    A sequence `lam` steers batch row r with lam[r] (every forward's batch must then have len(lam) rows).
+
+    Example: ``with steer(merged.model, vectors, 2.0): logits = merged.model(**inputs).logits``"""
     # one code path: λ per row as shape (rows, 1, 1) against outputs (rows, positions, features); a single λ is a
     # scalar that broadcasts to every row (and to any output shape)
     lams = torch.as_tensor(lam, dtype=torch.float64)

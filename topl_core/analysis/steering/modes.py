@@ -54,7 +54,9 @@ def modes_help() -> str:
 @dataclass(frozen=True)
 class SteerConfig:
     """How λ is applied in one generation. mode: a key of MODES; positions: "all" or "generated" (the prompt is left
-    untouched); units (modes whose action adds a direction): "normalised" (module docstring) or "raw"."""
+    untouched); units (modes whose action adds a direction): "normalised" (module docstring) or "raw".
+
+    Example: ``session.generate_steered(document, 1.5, how=SteerConfig("conditional", positions="generated"))``"""
 
     mode: str = "vector"
     positions: str = "all"

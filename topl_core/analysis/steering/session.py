@@ -51,7 +51,9 @@ def model_lock(model: torch.nn.Module) -> threading.RLock:
 
 
 class SteeringSession:
-    """A merged model + steering vectors, kept by a UI. See the module docstring."""
+    """A merged model + steering vectors, kept by a UI or a notebook. See the module docstring.
+
+    Example: ``SteeringSession.from_run(adapter, vectors).generate_grid(document, [-2.0, 0.0, 2.0])``"""
 
     def __init__(self, lm: LoadedModel, vectors: SteeringVectors, check_base: bool = True):
         if check_base and vectors.base_fingerprint and vectors.base_fingerprint != lm.fingerprint:

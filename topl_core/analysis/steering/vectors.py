@@ -63,7 +63,9 @@ META_FILE = "steering.json"
 
 @dataclass(frozen=True)
 class SteeringVectors:
-    """Steering vectors of one adapter. Arrays are float32; vectors[k] is (d_out,), mu_*[k] is (r,)."""
+    """Steering vectors of one adapter. Arrays are float32; vectors[k] is (d_out,), mu_*[k] is (r,).
+
+    Example: ``vectors.save("out/vectors"); SteeringVectors.load("out/vectors").auroc``"""
 
     sites: tuple[Site, ...]
     vectors: dict[str, np.ndarray]
@@ -371,7 +373,9 @@ def build_steering_vectors(
 ) -> SteeringVectors:
     """Steering vectors of an adapter (a run, a PEFT folder, a hub id) from a labelled token set: projections
     (cached), per-site cv AUROC of the residual-writing sites, A/B/scaling from the adapter's files, and the merged
-    model's outputs at the chosen sites (`merged`, loaded when not given) for the diff-mean control and λ's unit."""
+    model's outputs at the chosen sites (`merged`, loaded when not given) for the diff-mean control and λ's unit.
+
+    Example: ``vectors = build_steering_vectors(adapter, labelled_split(adapter, limit=16), top_k=4)``"""
     adapter = open_adapter(adapter)
     settings = (settings or ProbeSettings()).resolved(adapter)
 

@@ -14,6 +14,7 @@ PrepareStats.redone and status.json's "redone" — and its summaries are made ag
     create_deck(folder, cfg) -> Path        deck.json (a folder holding another deck's config is refused)
     prepare_deck(folder, progress=None) -> PrepareStats
     read_deck(folder) -> Deck               what talk mode and the export read; None where no deck.json is
+    Deck.show() -> DeckView                 talk mode inline in Jupyter: the exported page (deck_html.py)
 
 The folder:
 
@@ -56,6 +57,7 @@ from ..steering.modes import SteerConfig
 from ..steering.session import SteeringSession
 from ..steering.vectors import build_steering_vectors
 from ..token_colors import FLAG_THRESHOLD
+from .deck_html import DeckView, deck_html
 
 CONFIG_FILE = "deck.json"
 HEAD_FILE = "head.json"
@@ -73,7 +75,9 @@ class DeckConfig:
     """adapter: a run / PEFT folder / hub id; documents: the texts to summarise; lambdas: the grid, in the mode's
     units (steering.SteerConfig); head: "auto" (the run's head when it has one, else none), "probe" (a probe head
     fitted on the adapter's hidden states, ~2 min on SmolLM2) or "none"; data: the labelled records of the steering
-    vectors (val split, the first token_records) and of the probe head (default: the adapter's training data)."""
+    vectors (val split, the first token_records) and of the probe head (default: the adapter's training data).
+
+    Example: ``DeckConfig(str(adapter.path), documents=(document,), lambdas=(-2.0, 2.0), max_new_tokens=48)``"""
 
     adapter: str
     documents: tuple[str, ...]
@@ -177,6 +181,10 @@ class DeckDocument:
 
 @dataclass(frozen=True)
 class Deck:
+    """A deck as far as it is prepared (read_deck).
+
+    Example: ``read_deck("runs/decks/my-talk").show()`` as a notebook cell's last line shows talk mode inline"""
+
     folder: Path
     config: DeckConfig
     head: dict  # head.json; {} before prepare has resolved the head
@@ -220,6 +228,10 @@ class Deck:
             f"not an independent judge; {held_out}. Flagged: p(good) < {FLAG_THRESHOLD:g}."
         )
 
+    def show(self, height: int = DeckView.height) -> DeckView:
+        """Talk mode inline in Jupyter, from the same page as the offline export (deck_html.deck_html)."""
+        return DeckView(deck_html(self), height)
+
 
 def doc_path(folder: Path, index: int) -> Path:
     return Path(folder) / f"doc-{index:03d}.json"
@@ -234,7 +246,9 @@ def _read_json(path: Path) -> dict | None:
 
 def create_deck(folder: str | Path, cfg: DeckConfig) -> Path:
     """Write the deck's config into `folder` (created). The same config again is fine (prepare resumes); another
-    deck's config there is refused."""
+    deck's config there is refused.
+
+    Example: ``prepare_deck(create_deck("runs/decks/talk", cfg)); read_deck("runs/decks/talk").show()``"""
     folder = Path(folder)
     old = read_deck(folder)  # an unreadable deck.json is refused, not overwritten: its documents may be another's
     if old is not None and old.config != cfg:
@@ -246,7 +260,9 @@ def create_deck(folder: str | Path, cfg: DeckConfig) -> Path:
 
 def read_deck(folder: str | Path) -> Deck | None:
     """The deck in `folder` as far as it is prepared; None where there is no deck.json. A document file that cannot
-    be read counts as not prepared, and is named in Deck.unreadable; an unreadable deck.json is a RunError."""
+    be read counts as not prepared, and is named in Deck.unreadable; an unreadable deck.json is a RunError.
+
+    Example: ``deck = read_deck("runs/decks/talk"); deck.done, deck.total, deck.show()``"""
     folder = Path(folder)
     path = folder / CONFIG_FILE
     if not path.exists():
@@ -339,7 +355,9 @@ def _head(cfg: DeckConfig, adapter, precision: str):
 
 def prepare_deck(folder: str | Path, progress: Callable[[int, int], None] | None = None) -> PrepareStats:
     """Generate and score every summary of the deck in `folder` that is not there yet (module docstring). Stops,
-    with state "cancelled", at the first check after a STOP request. `progress(done, total)` after each summary."""
+    with state "cancelled", at the first check after a STOP request. `progress(done, total)` after each summary.
+
+    Example: ``stats = prepare_deck(create_deck("runs/decks/talk", cfg)); stats.generated, stats.skipped``"""
     folder = Path(folder)
     if not (folder / CONFIG_FILE).exists():
         raise RunError(f"{folder}: no {CONFIG_FILE}; create the deck first (steer --deck DIR --run ADAPTER ...).")

@@ -3,6 +3,7 @@
     deck_html(deck) -> str          texts, token colours and scores of every λ position inlined as JSON, a plain range
                                     slider and a few lines of JavaScript; no network, no external asset
     write_deck_html(deck, path) -> Path
+    DeckView(page, height)          the page inline in Jupyter, in a sandboxed iframe of its own (Deck.show())
     write_frames(html_path, out_dir, lambdas, document=0) -> list[Path]
         PNG screenshots of the file at fixed λ positions (headless Chromium through Playwright; TOPL_CHROMIUM names
         the browser, default /usr/bin/chromium)
@@ -16,11 +17,15 @@ from __future__ import annotations
 import html
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...io import atomic_open
-from ..token_colors import FLAG_THRESHOLD, p_color
-from .deck import Deck, Summary
+from ..token_colors import FLAG_THRESHOLD, p_color, scale_legend
+
+if TYPE_CHECKING:  # annotations only: deck.py imports this module (Deck.show)
+    from .deck import Deck, Summary
 
 # the page may load nothing: only its own inline style and script run
 NO_NETWORK = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'"
@@ -158,13 +163,7 @@ def deck_html(deck: Deck, keys_from_parent: bool = False) -> str:
     """The page (module docstring); keys_from_parent: embedded in the app, take the keys of its window too."""
     cfg = deck.config
     data = json.dumps(deck_data(deck), ensure_ascii=False).replace("</", "<\\/")  # no "</script>" inside the JSON
-    legend = (
-        "".join(
-            f'<span style="background:{p_color(p)}">{label}</span>'
-            for p, label in ((0.02, "p(good) ≈ 0"), (0.4, "0.4"), (0.7, "0.7"), (0.99, "≈ 1"))
-        )
-        + f'<span class="flag">flagged: p(good) &lt; {FLAG_THRESHOLD:g}</span>'
-    )
+    legend = scale_legend() + f'<span class="flag">flagged: p(good) &lt; {FLAG_THRESHOLD:g}</span>'
     title = f"Steering {Path(cfg.adapter).name} · {cfg.how.label()}"
     head = html.escape(deck.head_note)
     curve_caption = "blue: factuality (offline scorer)" + (" · red: flagged share" if deck.has_head else "")
@@ -195,6 +194,22 @@ def deck_html(deck: Deck, keys_from_parent: bool = False) -> str:
 <script>{SCRIPT}{KEYS_FROM_PARENT if keys_from_parent else ""}</script>
 </body></html>
 """
+
+
+@dataclass(frozen=True)
+class DeckView:
+    """A deck's page (deck_html) shown inline in Jupyter: its own document in a sandboxed iframe (scripts run, nothing
+    reaches the notebook), so the slider, the keys and the λ curve work as in the exported file. Deck.show() makes
+    one."""
+
+    page: str
+    height: int = 900  # px: the page's three columns of 64-token summaries and its λ curve at a notebook's width
+
+    def _repr_html_(self) -> str:
+        return (
+            f'<iframe srcdoc="{html.escape(self.page)}" sandbox="allow-scripts" title="TOPL deck" '
+            f'style="width:100%;height:{self.height}px;border:1px solid #ddd;border-radius:6px"></iframe>'
+        )
 
 
 def write_deck_html(deck: Deck, path: str | Path) -> Path:
