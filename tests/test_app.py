@@ -704,7 +704,8 @@ def test_token_overlay_threshold_flags_tokens(workbench):
 
 def test_the_server_listens_on_this_machine_only_with_usage_statistics_off():
     """What `make app` (a bare `streamlit run app.py` in the repository) gets, as Streamlit itself resolves its
-    config: the loopback address, no usage statistics, XSRF and CORS protection left on."""
+    config: the loopback address, no usage statistics, XSRF and CORS protection left on, and the toolbar without
+    Streamlit's developer options (no Deploy button; tests/test_browser.py looks for it in every page)."""
     import subprocess
     import sys
 
@@ -714,6 +715,7 @@ def test_the_server_listens_on_this_machine_only_with_usage_statistics_off():
     settings = dict(re.findall(r"^(\w+) = (.+)$", shown, flags=re.M))  # the lines not commented out
     assert settings["address"] == '"127.0.0.1"' and settings["gatherUsageStats"] == "false"
     assert settings.get("enableXsrfProtection", "true") == "true" and settings.get("enableCORS", "true") == "true"
+    assert settings["toolbarMode"] == '"viewer"'
 
 
 # --- background jobs --------------------------------------------------------------------------------------------

@@ -91,9 +91,7 @@ class App:
                 "false",
                 "--server.fileWatcherType",
                 "none",
-                "--client.toolbarMode",
-                "viewer",
-            ],
+            ],  # the toolbar as users get it: .streamlit/config.toml's toolbarMode
             cwd=REPO,
             env={**os.environ, **env},
             stdout=self.log,
@@ -176,6 +174,8 @@ def visit(page, app: App, path: str, title: str) -> None:
 def assert_clean(page, where: str) -> None:
     dialog = page.get_by_role("dialog").filter(has_text="Page not found")
     assert dialog.count() == 0, f"{where}: 'Page not found' dialog (a URL the legacy pages/ router does not know)"
+    deploy = page.locator('[data-testid="stAppDeployButton"]')
+    assert deploy.count() == 0, f"{where}: Streamlit's Deploy button shows (.streamlit/config.toml: client.toolbarMode)"
     exc = page.locator('[data-testid="stException"]')
     assert exc.count() == 0, f"{where}: exception box: {exc.first.inner_text()[:1500]}"
     picker = page.locator('[data-testid="stSidebar"]').get_by_text("Model", exact=True)
