@@ -24,6 +24,9 @@ import warnings
 # PEFT (0.21) calls transformers' deprecated `is_gradient_checkpointing` on every adapter load/injection; the warning
 # is theirs to fix and only floods CLI output and job logs.
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+# transformers imports tqdm.auto, which in a Jupyter kernel without ipywidgets warns (stderr, in red) that it shows text
+# progress bars instead: they are what a notebook of this API gets.
+warnings.filterwarnings("ignore", message="IProgress not found")
 
 # public name → the module that defines it (the names a notebook needs; imported on first use)
 _EXPORTS: dict[str, str] = {

@@ -8,8 +8,8 @@ the merged model's outputs at those sites (the diff-mean control and the unit of
         μ+ / μ− = mean A-projection (r-dim) of good / bad tokens; sites ranked by AUROC (NaN last), top_k kept.
     steering_vectors_from_model(peft_model, proj, aurocs, top_k=4, adapter=None, ...) -> SteeringVectors
         the same with A/B/scaling read from PEFT (lora_A[adapter], lora_B[adapter], scaling[adapter]).
-    build_steering_vectors(run, records, settings=ProbeSettings(), top_k=4, base=None, use_cache=True)
-        -> SteeringVectors      projections cached, AUROC from cv_auroc
+    build_steering_vectors(run, records, settings=None, top_k=4, base=None, use_cache=True) -> SteeringVectors
+        projections cached, AUROC from cv_auroc; settings None: ProbeSettings(random_control=False)
     SteeringVectors.save(directory) / SteeringVectors.load(directory)
         steering_vectors.safetensors (vector/<key>, mu_good/<key>, mu_bad/<key>) + steering.json (base model, base
         and adapter fingerprints, sites with AUROC and ‖v‖, formula).
@@ -377,7 +377,8 @@ def build_steering_vectors(
 
     Example: ``vectors = build_steering_vectors(adapter, labelled_split(adapter, limit=16), top_k=4)``"""
     adapter = open_adapter(adapter)
-    settings = (settings or ProbeSettings()).resolved(adapter)
+    # no random-A control by default: vectors never read it (and the pages' shipped results are keyed without it)
+    settings = (settings or ProbeSettings(random_control=False)).resolved(adapter)
 
     def compute() -> SteeringVectors:
         proj = run_projections(adapter, records, settings, base, use_cache, progress)[DEFAULT_SET]
