@@ -203,7 +203,7 @@ class DeckView:
     one."""
 
     page: str
-    height: int = 900  # px: the page's three columns of 64-token summaries and its λ curve at a notebook's width
+    height: int = 1040  # px: the page's three columns of 64-token summaries and its λ curve at a notebook's width
 
     def _repr_html_(self) -> str:
         return (
