@@ -24,7 +24,7 @@ from topl_core.paths import inside, runs_dir
 from topl_core.presets import PRESETS
 from topl_core.runs import RunDir
 from topl_core.training.config import LoraSettings, TrainConfig, preset_config
-from topl_core.training.objectives import OBJECTIVES
+from topl_core.training.methods import METHODS
 
 st.title("Train")
 st.caption(
@@ -87,7 +87,7 @@ def form_defaults() -> dict:
         "layer_start": layers[0],
         "layer_end": layers[1],
     }
-    if method == "tldr":  # TLDR: LoRA on all layers, head on the last layer
+    if METHODS[method].lora_all_layers:  # TLDR: defined with LoRA on every layer
         values.update(layer_start=0, layer_end=n_layers - 1)
     values["run_name"] = launchers.default_run_name(TrainConfig(method=method, model=model_name))
     return values
@@ -122,14 +122,13 @@ if flash := st.session_state.pop(K + "flash", None):
 any_active = any(j.active for j in jobs.list_jobs() if j.kind == "train")
 with st.expander("New run", expanded=not any_active, icon=":material/add:"):
     c1, c2, c3 = st.columns([1, 1, 2])
-    methods = list(OBJECTIVES)
     c1.selectbox(
         "Method",
-        methods,
+        list(METHODS),
         key=K + "method",
         persist_state="session",
         on_change=apply_defaults,
-        format_func=lambda m: m if m == "unlikelihood" else m.upper(),
+        format_func=lambda m: METHODS[m].label,
     )
     c2.selectbox(
         "Preset",
@@ -139,7 +138,7 @@ with st.expander("New run", expanded=not any_active, icon=":material/add:"):
         on_change=apply_defaults,
         help="The paper's learning rate, batch and LoRA layers for that model family (8B/4B, GPU).",
     )
-    c3.info(OBJECTIVES[st.session_state[K + "method"]].description)
+    c3.info(METHODS[st.session_state[K + "method"]].description)
 
     with st.form("train.form", border=False):
         a, b, c, d = st.columns(4)
@@ -177,7 +176,7 @@ with st.expander("New run", expanded=not any_active, icon=":material/add:"):
             max_resp = field_input(b, TrainConfig, "max_response_tokens", K, DEFAULT.max_response_tokens)
             max_val = field_input(c, TrainConfig, "max_val_examples", K, DEFAULT.max_val_examples)
             micro = field_input(d, TrainConfig, "micro_batch_size", K, DEFAULT.micro_batch_size)
-            has_head = OBJECTIVES[st.session_state[K + "method"]].uses_head
+            has_head = METHODS[st.session_state[K + "method"]].uses_head
             a, b = st.columns([1, 3])
             head_mult = field_input(a, TrainConfig, "head_lr_multiplier", K, disabled=not has_head)
             probe_layers = field_input(b, TrainConfig, "probe_layers", K, DEFAULT.probe_layers, options=range(n_layers))

@@ -11,7 +11,7 @@ from ..paths import runs_dir
 from ..presets import PRESETS
 from ..runs import RunDir
 from ..training.config import TrainConfig, config_flags, preset_config
-from ..training.objectives import OBJECTIVES
+from ..training.methods import METHODS
 from ..training.trainer import Progress, train
 from ..training.world import World
 from . import COMMANDS
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run with its saved config")
     for flag, name, typ, default in config_flags():
         if name == "method":
-            p.add_argument(flag, dest=name, choices=sorted(OBJECTIVES), default=None, help=f"(default {default})")
+            p.add_argument(flag, dest=name, choices=sorted(METHODS), default=None, help=f"(default {default})")
         elif typ is bool:
             p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None)
         elif typing.get_origin(typ) is tuple:  # probe_layers, lora_modules, report_to (choices)
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> None:
     requested = cfg.precision if args.resume else (args.precision or "auto")  # a resumed run keeps what it recorded
     announce_precision(requested, cfg.device)
 
-    metric = OBJECTIVES[cfg.method].validation_metric  # the method's headline number (AUROC, loss, reward accuracy)
+    metric = METHODS[cfg.method].validation_metric  # the method's headline number (AUROC, loss, reward accuracy)
 
     def report(p: Progress) -> None:
         val = f"  {metric} {p.val[metric]:.3f}" if p.val and metric in p.val else ""
