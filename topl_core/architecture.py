@@ -10,8 +10,8 @@ import torch
 
 from .errors import ModelError
 
-# peft and transformers are imported where they are used: the training methods' registry, which TrainConfig's
-# validation reads, builds on this module, and a config (a CLI command, a page) should not wait seconds for them
+# peft and transformers are imported inside the functions that use them: TrainConfig's validation reads the
+# training methods' registry, which builds on this module, and importing a config need not wait for them
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:

@@ -68,7 +68,7 @@ class TrainConfig:
     # the head's learning rate is lr × this: the head is a fresh linear layer (zero-initialised) while the LoRA
     # adapts pretrained weights, and at the LoRA's lr it needs far more steps than a CPU run has. Measured on
     # SmolLM2, 60 TOPL steps (README): ×1 → held-out token AUROC 0.71, ×10 → 0.90, ×100 → 0.94 but worse on CLIFF
-    # (0.76 vs 0.83 CNN/DM), i.e. ×100 overfits the synthetic edits. Paper presets use 1 (presets.MethodHyper).
+    # (0.76 vs 0.83 CNN/DM), i.e. ×100 overfits the synthetic edits. Paper presets use 1 (models.MethodHyper).
     head_lr_multiplier: float = 10.0
     batch_size: int = 8
     grad_accum: int = 1
