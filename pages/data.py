@@ -21,9 +21,10 @@ from pages._ui.render import csv_download, legend_html, plot, token_html
 from pages._ui.spec import current_model_name, current_spec
 from topl_core import jobs, launchers
 from topl_core.analysis.evaluation.config import EvalConfig
+from topl_core.config_fields import field_infos
 from topl_core.data.encode import encode_record
 from topl_core.data.records import Record, merge_jsonl, write_jsonl
-from topl_core.data.sources import OPTIONS, SOURCES, DataSource, SourceOptions, option_choices, read_source
+from topl_core.data.sources import SOURCES, DataSource, SourceOptions, read_source
 from topl_core.data.split import split_records
 from topl_core.data.variants import label_settings_table
 from topl_core.errors import ConfigError, DataError
@@ -163,6 +164,7 @@ with tab_labels:
             plot(fig, key="data.labels_fig")
             csv_download(table, "label_settings.csv", key="data.labels_csv")
 
+OPTIONS = field_infos(SourceOptions)  # the build form's inputs, as `data build` has them
 BUILD_JOBS = cache_dir() / "data" / "jobs"  # one folder per background build (the generated sources), by output name
 BAR_COUNT = re.compile(r"\] (\d+)/(\d+) ")  # "… [####....] 16/240  7% …": a progress.Bar line in a job log
 
@@ -172,11 +174,11 @@ def quick_builder(source: DataSource) -> None:
     input_path = None
     if "input" in source.options:
         input_path = st.text_input(
-            "Input path (file, or directory for MLQE-PE)",
+            OPTIONS["input"].label,
             key=f"data.build_input.{source.name}",
             persist_state="session",
             placeholder="" if source.input_required else "empty: its own file (see above)",
-            help=OPTIONS["input"].metadata["help"],
+            help=OPTIONS["input"].help,
         )
         upload = st.file_uploader(
             "…or upload a file", type=["jsonl", "csv", "json"], key=f"data.build_upload.{source.name}"
@@ -192,15 +194,7 @@ def quick_builder(source: DataSource) -> None:
     others = [name for name in source.options if name != "input"]
     columns = st.columns(max(1, len(others)))
     values = {
-        name: field_input(
-            column,
-            SourceOptions,
-            name,
-            "data.build_",
-            OPTIONS[name].default,
-            help=OPTIONS[name].metadata["help"],
-            **({"options": list(option_choices(name))} if option_choices(name) else {}),
-        )
+        name: field_input(column, SourceOptions, name, "data.build_", OPTIONS[name].default)
         for name, column in zip(others, columns)
     }
     out_name = st.text_input(

@@ -22,7 +22,7 @@ from topl_core import jobs, launchers
 from topl_core.errors import ConfigError
 from topl_core.executor import ExecutorConfig
 from topl_core.paths import inside, runs_dir
-from topl_core.training.config import TrainConfig
+from topl_core.training.config import TrainConfig, study_schedule
 
 with core_imports():
     from topl_core.analysis.studies.sweeps import SweepConfig, heatmap_table, lines_table, plan_windows, read_sweep
@@ -94,18 +94,18 @@ with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS
         try:
             if not data:
                 raise ConfigError("data: build a data set on the Data page first.")
-            train = TrainConfig(
-                model=model_name,
-                data=str(Path(data).resolve()),
-                steps=steps,
-                lr=lr,
-                batch_size=batch,
-                precision=precision,
-                device=device,
-                max_doc_tokens=max_doc,
-                eval_every=steps,
-                checkpoint_every=max(1, min(10, steps)),
-                **train_values,
+            train = study_schedule(
+                TrainConfig(
+                    model=model_name,
+                    data=str(Path(data).resolve()),
+                    steps=steps,
+                    lr=lr,
+                    batch_size=batch,
+                    precision=precision,
+                    device=device,
+                    max_doc_tokens=max_doc,
+                    **train_values,
+                )
             )
             cfg = SweepConfig(train=train, sizes=tuple(sorted(sizes)), stride=stride, **sweep_values)
             path = launchers.launch_sweep(cfg, inside(SWEEPS, name, "Sweep name"), ExecutorConfig(**executor_values))

@@ -315,6 +315,8 @@ def jobs_panel() -> None:
                             st.error(str(e))
                 if j.error and j.state != "finished":
                     b.caption(f"{j.error[:300]}")
+            for warning in j.warnings:  # a tracker that failed mid-run: the run went on
+                b.caption(f":orange[:material/warning:] {warning}")
     if len(all_jobs) > 8:
         st.caption(f"… and {len(all_jobs) - 8} older runs (see the Runs page).")
     default = watch if watch in names else (active[0].name if active else names[0])

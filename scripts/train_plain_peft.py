@@ -92,7 +92,7 @@ def main() -> int:
         opt.zero_grad()
         print(f"step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
     model.peft_config["default"].base_model_name_or_path = HUB_BASE
-    model.save_pretrained(args.out)
+    model.save_pretrained(args.out, save_embedding_layers=False)  # no hub lookup: the embeddings are not trained
     print(f"saved {args.out}")
     return 0
 

@@ -4,6 +4,11 @@ adapter round trip, merge, and clear errors before training."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +17,7 @@ from conftest import tiny_config
 
 from topl_core.adapters import load_adapter
 from topl_core.data.encode import collate, encode_record
-from topl_core.data.records import Record
+from topl_core.data.records import Record, write_jsonl
 from topl_core.errors import ConfigError, DataError, ModelError, RunError
 from topl_core.forward import head_features
 from topl_core.models import load_model
@@ -117,6 +122,28 @@ def test_run_directory_layout_and_metrics(tiny_run):
     assert all(np.isfinite(r["loss"]) for r in rows)
     assert "val_token_auroc" in rows[-1] and 0 <= rows[-1]["val_token_auroc"] <= 1
     assert tiny_run.read_status()["state"] == "finished"
+
+
+def test_saving_a_run_never_asks_a_hub(tmp_path, tiny_records):
+    """PEFT's save asks a hub by default whether the base model's embeddings were resized: a warning at every
+    checkpoint and at the end, and on a network that drops packets a time-out each time. The workbench's LoRA never
+    trains the embeddings, so no save asks. The hub here takes connections and never answers (a request would hang):
+    a run trained in a fresh process (the hub endpoint is read at import) with a checkpoint at every step finishes
+    without one connection to it and prints nothing about fetching."""
+    data = write_jsonl(tiny_records, tmp_path / "d.jsonl")
+    with socket.create_server(("127.0.0.1", 0)) as hub:
+        env = {**os.environ, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": f"http://127.0.0.1:{hub.getsockname()[1]}"}
+        argv = ["train", "--model", "tiny-llama", "--data", str(data), "--out", str(tmp_path / "run"), "--steps", "2"]
+        argv += ["--lora-layer-end", "2", "--checkpoint-every", "1", "--eval-every", "2", "--precision", "fp32"]
+        repo = Path(__file__).resolve().parents[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "topl_core", *argv], cwd=repo, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0 and "finished" in done.stdout, done.stderr
+        assert "fetch" not in done.stderr and "config file" not in done.stderr, done.stderr
+        hub.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            hub.accept()  # nothing connected
 
 
 def test_adapter_round_trips_through_plain_peft(tiny_run, tiny_records):

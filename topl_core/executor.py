@@ -32,9 +32,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
-from .errors import ConfigError
+from .config_fields import config_argv, config_field
+from .errors import ConfigError, ServiceError
+from .services import check_reachable
 
 ExecutorKind = Literal["local", "ray"]
+RAY_GCS_PORT, RAY_CLIENT_PORT = 6379, 10001  # Ray's default ports: a head node's GCS, the Ray client (ray://)
+RAY_FIX = (
+    "Start the cluster (ray start --head on its head node), correct the address, or leave it empty to start Ray on "
+    "this machine."
+)
 EXECUTORS: tuple[str, ...] = ("local", "ray")
 
 
@@ -42,11 +49,42 @@ EXECUTORS: tuple[str, ...] = ("local", "ray")
 class ExecutorConfig:
     """Where a study's tasks run and what each may use (Ray's resources: a task waits until they are free)."""
 
-    kind: ExecutorKind = "local"
-    address: str | None = None  # ray: None → start a Ray instance on this machine; "auto" or host:port → join one
-    cpus_per_task: float = 1.0  # ray: CPUs each task holds (its torch threads); local tasks use the whole process
-    gpus_per_task: float = 0.0  # ray: GPUs each task holds (fractions share a GPU)
-    max_retries: int = 2  # ray: times a task whose worker process died is started again
+    kind: ExecutorKind = config_field(
+        "local",
+        label="Run the tasks",
+        help="local: one task after another in this process; ray: as Ray tasks, each in its own worker process, on a "
+        "Ray instance started here or on a cluster (its address)",
+        flag="--executor",
+    )
+    address: str | None = config_field(
+        None,
+        label="Ray address",
+        help="ray: join this Ray cluster ('auto', host:port) instead of starting one on this machine",
+        flag="--ray-address",
+    )
+    cpus_per_task: float = config_field(
+        1.0,
+        label="CPUs per task",
+        help="ray: CPUs each task holds (its torch threads; a local task uses the whole process)",
+        min=0.1,
+        max=1024.0,
+        flag="--task-cpus",
+    )
+    gpus_per_task: float = config_field(
+        0.0,
+        label="GPUs per task",
+        help="ray: GPUs each task holds (fractions share a GPU)",
+        min=0.0,
+        max=64.0,
+        flag="--task-gpus",
+    )
+    max_retries: int = config_field(
+        2,
+        label="Retries (worker died)",
+        help="ray: times a task whose worker process died is started again",
+        min=0,
+        max=100,
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "address", self.address or None)  # a form's empty field: start one here
@@ -68,10 +106,22 @@ class ExecutorConfig:
         return cls(**(d or {}))
 
     def cli_args(self) -> list[str]:
-        """The command-line flags that ask for this executor (topl_core.cli.common.add_executor_args)."""
-        args = ["--executor", self.kind, "--task-cpus", f"{self.cpus_per_task:g}"]
-        args += ["--task-gpus", f"{self.gpus_per_task:g}", "--max-retries", str(self.max_retries)]
-        return args + (["--ray-address", self.address] if self.address else [])
+        """The command-line flags that ask for this executor (topl_core.cli.common.add_executor_args); --executor
+        always, since a command without it keeps the study's saved executor."""
+        return config_argv(self, always=("kind",))
+
+    def check_reachable(self) -> None:
+        """Refuse, before any task, a cluster address where nothing answers (Ray's own connect retries for minutes).
+        "auto" (a cluster this machine runs, found by Ray) and no address (Ray started here) are not probed."""
+        if self.kind == "ray" and self.address not in (None, "auto", "local"):
+            client = self.address.startswith("ray://")
+            check_reachable(
+                self.address,
+                RAY_CLIENT_PORT if client else RAY_GCS_PORT,
+                what="the Ray cluster's " + ("client server" if client else "head node"),
+                setting="--ray-address",
+                fix=RAY_FIX,
+            )
 
     def describe(self) -> str:
         if self.kind == "local":
@@ -165,11 +215,15 @@ def _run_ray(fn, shared, items, cfg: ExecutorConfig, on_done) -> list[TaskFailur
         import ray
     except ImportError as e:
         raise ConfigError("--executor ray needs the ray package: pip install -r requirements.txt") from e
+    cfg.check_reachable()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report from this machine
     started_here = not ray.is_initialized()
     if started_here:
         on_sigterm = signal.getsignal(signal.SIGTERM)
-        ray.init(address=cfg.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        try:
+            ray.init(address=cfg.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        except ConnectionError as e:  # something answers at the address, but not a Ray cluster (or it went away)
+            raise ServiceError(f"--ray-address {cfg.address}: {str(e).splitlines()[0]}. {RAY_FIX}") from e
         if on_sigterm is not None and threading.current_thread() is threading.main_thread():
             # Ray installs a handler that ends the process without unwinding; keep ours (a job's SIGTERM is a
             # clean stop: status.sigterm_as_interrupt), so the study still writes its state

@@ -1,10 +1,19 @@
 """Merge a run's LoRA into its base model (the head is dropped: generation uses the original LM head) and
-generate responses for one or many documents."""
+generate responses for one or many documents.
+
+    generate(lm, documents, cfg) -> list[str]                 batched (HF generate)
+    stream_generate(lm, document, cfg, prefix=None) -> Iterator[str]
+        greedy, one document: the text so far after every new token (its last value is generate's text); a page
+        shows the words as they come and stops when the reader moves on (closing the iterator)
+    prefill(lm, document, cfg) -> Prefill                     the prompt run once: its KV cache and last logits,
+        which stream_generate decodes from (a copy), so the prompt is not run again
+"""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Iterator, Literal, Sequence
 
 import torch
 
@@ -47,6 +56,10 @@ def load_merged(spec: ModelSpec | str, adapter) -> LoadedModel:
     return lm
 
 
+def _prompt(lm: LoadedModel, document: str, cfg: GenerationConfig, task: str, lang_pair: str | None) -> str:
+    return build_prompt(lm.tokenizer, truncate_document(lm.tokenizer, document, cfg.max_doc_tokens), task, lang_pair)
+
+
 @torch.no_grad()
 def generate(
     lm: LoadedModel,
@@ -58,7 +71,7 @@ def generate(
     """Generate one response per document (left-padded batches; stops at end-of-turn). A translation's lang_pair
     ("en-de") names the languages in the prompt."""
     tok, model = lm.tokenizer, lm.model
-    prompts = [build_prompt(tok, truncate_document(tok, d, cfg.max_doc_tokens), task, lang_pair) for d in documents]
+    prompts = [_prompt(lm, d, cfg, task, lang_pair) for d in documents]
     outputs: list[str] = []
     old_side = tok.padding_side
     tok.padding_side = "left"
@@ -84,3 +97,70 @@ def generate(
     finally:
         tok.padding_side = old_side
     return outputs
+
+
+@dataclass
+class Prefill:
+    """A prompt run through the model once: its KV cache (`length` positions) and its last position's logits (float32),
+    from which the first new token is chosen. stream_generate decodes from a copy of the cache (a sliding-window
+    layer's cache drops old positions as it grows, so it cannot be cropped back), so one Prefill serves any number of
+    generations."""
+
+    cache: object  # a transformers Cache
+    logits: torch.Tensor
+    length: int
+
+
+@torch.no_grad()
+def prefill(
+    lm: LoadedModel,
+    document: str,
+    cfg: GenerationConfig = GenerationConfig(),
+    task: str = "summarization",
+    lang_pair: str | None = None,
+) -> Prefill:
+    """Run the prompt of `document` once (see Prefill); the forward is a plain causal-LM forward with an empty cache,
+    so steering hooks restricted to generated positions leave it untouched."""
+    from transformers import DynamicCache
+
+    tok, model = lm.tokenizer, lm.model
+    ids = tok(_prompt(lm, document, cfg, task, lang_pair), return_tensors="pt", add_special_tokens=False).input_ids
+    cache = DynamicCache()
+    with autocast(cfg.precision, model.device.type):
+        out = model(input_ids=ids.to(model.device), past_key_values=cache, use_cache=True)
+    return Prefill(cache, out.logits[0, -1].float(), ids.shape[1])
+
+
+@torch.no_grad()
+def stream_generate(
+    lm: LoadedModel,
+    document: str,
+    cfg: GenerationConfig = GenerationConfig(),
+    task: str = "summarization",
+    lang_pair: str | None = None,
+    prefix: Prefill | None = None,
+) -> Iterator[str]:
+    """Greedy generation for one document, yielding the response so far (stripped, special tokens dropped) after each
+    new token; the last value is generate(lm, [document], cfg)[0] token for token (tested). `prefix`: the prompt's
+    Prefill to decode from instead of running the prompt (it must come from the same model, document, cfg and task).
+    Autocast is entered per forward, never across a yield; closing the iterator stops the generation."""
+    if cfg.mode != "greedy":
+        raise ValueError("stream_generate decodes greedily: use generate() for sampling.")
+    tok, model = lm.tokenizer, lm.model
+    if prefix is None:
+        prefix = prefill(lm, document, cfg, task, lang_pair)
+        cache = prefix.cache
+    else:
+        cache = copy.deepcopy(prefix.cache)
+    stop = set(tok.eos_token_id if isinstance(tok.eos_token_id, list) else [tok.eos_token_id]) - {None}
+    new: list[int] = []
+    logits = prefix.logits
+    for _ in range(cfg.max_new_tokens):
+        token = int(logits.argmax())
+        new.append(token)
+        yield tok.decode(new, skip_special_tokens=True).strip()
+        if token in stop or len(new) == cfg.max_new_tokens:
+            return
+        with autocast(cfg.precision, model.device.type):
+            out = model(input_ids=torch.tensor([[token]], device=model.device), past_key_values=cache, use_cache=True)
+        logits = out.logits[0, -1].float()

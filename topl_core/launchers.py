@@ -17,6 +17,7 @@ from pathlib import Path
 from .analysis.evaluation.config import EvalJob
 from .analysis.evaluation.translation import TranslationJob
 from .analysis.studies.sweeps import SweepConfig, save_sweep_config, saved_executor
+from .config_fields import config_argv
 from .errors import JobError
 from .executor import ExecutorConfig
 from .jobs import claim, launch, start_claimed
@@ -29,14 +30,8 @@ from .training.tracking import check_trackers
 def evaluation_argv(job: EvalJob, out_dir: str | Path) -> list[str]:
     """The `evaluate` command line of a job, writing eval.json and per_doc.csv into out_dir."""
     cfg, out = job.cfg, Path(out_dir)
-    argv = ["evaluate", "--data", str(cfg.data), "--split-seed", str(cfg.split_seed)]
-    argv += ["--n-id", str(cfg.n_id), "--n-ood", str(cfg.n_ood), "--max-new-tokens", str(cfg.max_new_tokens)]
-    argv += ["--max-doc-tokens", str(cfg.max_doc_tokens), "--batch-size", str(cfg.batch_size)]
-    argv += ["--scorer", cfg.scorer, "--top-k", str(cfg.top_k), "--device", cfg.device, "--precision", cfg.precision]
-    argv += ["--json", str(out / "eval.json"), "--csv", str(out / "per_doc.csv")]
-    for flag, value in (("--cliff", cfg.cliff_csv), ("--ood-data", cfg.ood_data)):
-        if value:
-            argv += [flag, str(value)]
+    argv = ["evaluate", *config_argv(cfg, skip={"model"}), "--json", str(out / "eval.json")]
+    argv += ["--csv", str(out / "per_doc.csv")]
     for r in job.runs:
         argv += ["--run", str(r)]
     if not job.runs:  # with adapters, each is evaluated on its own base model
@@ -63,9 +58,8 @@ def launch_evaluation(job: EvalJob, out_dir: str | Path) -> Path:
 def translation_argv(job: TranslationJob, out_dir: str | Path) -> list[str]:
     """The `evaluate-mt` command line of a job, writing eval.json and per_doc.csv into out_dir."""
     cfg, out = job.cfg, Path(out_dir)
-    argv = ["evaluate-mt", "--lang-pair", cfg.lang_pair, "--n-id", str(job.n_id), "--n-ood", str(job.n_ood)]
-    argv += ["--max-new-tokens", str(cfg.max_new_tokens), "--batch-size", str(cfg.batch_size)]
-    argv += ["--scorer", cfg.scorer, "--device", cfg.device, "--precision", cfg.precision, "--split", job.split]
+    argv = ["evaluate-mt", *config_argv(cfg, skip={"model"}), "--n-id", str(job.n_id), "--n-ood", str(job.n_ood)]
+    argv += ["--split", job.split]
     argv += ["--json", str(out / "eval.json"), "--csv", str(out / "per_doc.csv")]
     for flag, value in (("--mlqe", job.mlqe), ("--flores", job.flores), ("--ood-src", job.ood_src)):
         if value:
@@ -135,6 +129,9 @@ def launch_sweep(cfg: SweepConfig, sweep_dir: str | Path, executor: ExecutorConf
     """Start (or continue) a layer sweep in the background, its windows run by `executor` (default: the sweep's
     saved one, else local); its windows checkpoint when cancelled."""
     sweep_dir = Path(sweep_dir).resolve()
+    check_trackers(cfg.train)  # said here, on the page, rather than in a background job's log
+    if executor is not None:
+        executor.check_reachable()
     with claim(sweep_dir) as lock:
         save_sweep_config(sweep_dir, cfg, executor or saved_executor(sweep_dir))
         return start_claimed(["sweep", "--resume", str(sweep_dir)], lock, "sweep", None)

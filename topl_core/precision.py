@@ -37,6 +37,10 @@ from .paths import cache_dir
 Precision = Literal["auto", "fp32", "bf16"]
 ResolvedPrecision = Literal["fp32", "bf16"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
+PRECISION_HELP = (  # the precision setting of every config and command
+    "compute precision (bf16 = autocast); auto = TOPL_PRECISION when set, else bf16 only where the device computes it "
+    "natively and fast (AMX / AVX-512-BF16 CPUs, CUDA), fp32 otherwise"
+)
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # the torch names that spec strings used for the weights before one vocabulary served both weights and compute
 _TORCH_NAMES = {"float32": "fp32", "bfloat16": "bf16"}

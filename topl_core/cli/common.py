@@ -6,15 +6,15 @@ import argparse
 import sys
 
 from ..adapters import Adapter, open_adapter
+from ..config_fields import add_config_args, config_args
 from ..data.records import Record, read_jsonl
 from ..data.split import SPLITS, split_records
 from ..errors import ConfigError
-from ..executor import EXECUTORS, ExecutorConfig
+from ..executor import ExecutorConfig
 from ..models import DEVICES
 from ..paths import project_path
-from ..precision import PRECISIONS, ResolvedPrecision, describe_precision, resolve_precision
+from ..precision import PRECISION_HELP, PRECISIONS, ResolvedPrecision, describe_precision, resolve_precision
 from ..presets import DEFAULT_MODEL
-from ..training.config import TRACKERS
 
 
 class ExamplesFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -87,26 +87,8 @@ def add_precision_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> N
         "--precision",
         choices=PRECISIONS,
         default="auto",
-        help="compute precision (bf16 = autocast); auto = TOPL_PRECISION when set, else bf16 only where the device "
-        "computes it natively and fast (AMX / AVX-512-BF16 CPUs, CUDA), fp32 otherwise",
+        help=PRECISION_HELP,
     )
-
-
-def add_tracking_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """TrainConfig's experiment trackers, for the studies whose commands list their training flags by hand."""
-    p.add_argument(
-        "--report-to",
-        nargs="+",
-        choices=TRACKERS,
-        default=[],
-        help="also log every run's metrics and config to these trackers (pip install -e '.[tracking]')",
-    )
-    p.add_argument("--mlflow-tracking-uri", default="", help="MLflow's store (default: sqlite mlflow.db in runs/)")
-
-
-def tracking_from_args(args: argparse.Namespace) -> dict:
-    """The TrainConfig fields add_tracking_args reads."""
-    return {"report_to": tuple(args.report_to), "mlflow_tracking_uri": args.mlflow_tracking_uri}
 
 
 def announce_precision(requested: str, device: str = "cpu") -> ResolvedPrecision:
@@ -117,19 +99,11 @@ def announce_precision(requested: str, device: str = "cpu") -> ResolvedPrecision
 
 def add_executor_args(p: argparse.ArgumentParser) -> None:
     """Where a study's independent tasks run (topl_core.executor)."""
-    d = ExecutorConfig()
     g = p.add_argument_group("where the tasks run")
-    g.add_argument(
-        "--executor",
-        choices=EXECUTORS,
-        default=None,
-        help="local: one task after another in this process; ray: as Ray tasks (default: what the study last "
-        "used, else local)",
+    add_config_args(
+        g, ExecutorConfig, ExecutorConfig(), notes={"kind": "(default: what the study last used, else local)"}
     )
-    g.add_argument("--ray-address", help="join this Ray cluster ('auto', host:port) instead of starting one here")
-    g.add_argument("--task-cpus", type=float, default=d.cpus_per_task, help="CPUs each Ray task holds")
-    g.add_argument("--task-gpus", type=float, default=d.gpus_per_task, help="GPUs each Ray task holds")
-    g.add_argument("--max-retries", type=int, default=d.max_retries, help="times Ray restarts a task whose worker died")
+    g.set_defaults(executor=None)  # no --executor: the study's saved executor (executor_from_args gives None)
 
 
 def executor_from_args(args: argparse.Namespace) -> ExecutorConfig | None:
@@ -138,10 +112,6 @@ def executor_from_args(args: argparse.Namespace) -> ExecutorConfig | None:
         if args.ray_address:
             raise ConfigError(f"--ray-address {args.ray_address!r} needs --executor ray.")
         return None
-    return ExecutorConfig(
-        kind=args.executor,
-        address=args.ray_address,
-        cpus_per_task=args.task_cpus,
-        gpus_per_task=args.task_gpus,
-        max_retries=args.max_retries,
-    )
+    executor = ExecutorConfig(**config_args(args, ExecutorConfig))
+    executor.check_reachable()  # before the study loads anything
+    return executor

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import textwrap
-import typing
 from collections import Counter
 
 from ..analysis.evaluation.config import EvalConfig
 from ..analysis.studies.own_summaries import generate_own_summaries, own_summary_records
+from ..config_fields import add_config_args, config_args, field_infos
 from ..data import halueval
 from ..data.encode import encode_record
 from ..data.records import Record, merge_jsonl, read_jsonl, write_jsonl
-from ..data.sources import SOURCES, SourceOptions, option_choices, read_source
+from ..data.sources import SOURCES, SourceOptions, read_source
 from ..data.split import split_records
 from ..data.variants import label_settings_table
 from ..models import DEVICES, ModelSpec, load_model
@@ -36,16 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--source", choices=list(SOURCES), default="halueval-perturbed", help="where the records come from (below)"
     )
-    hints = typing.get_type_hints(SourceOptions)
-    for f in dataclasses.fields(SourceOptions):  # --input, --limit, …: each says which sources read it
-        readers = ", ".join(s.name for s in SOURCES.values() if f.name in s.options)
-        b.add_argument(
-            f"--{f.name.replace('_', '-')}",
-            type=int if hints[f.name] is int else str,
-            choices=option_choices(f.name) or None,
-            default=f.default,
-            help=_escaped(f"{f.metadata['help']} ({readers})"),
-        )
+    readers = {name: [s.name for s in SOURCES.values() if name in s.options] for name in field_infos(SourceOptions)}
+    # --input, --limit, …: each says which sources read it
+    add_config_args(b, SourceOptions, SourceOptions(), notes={n: f"({', '.join(r)})" for n, r in readers.items()})
     b.add_argument("--out", required=True, help="output JSONL")
     b.add_argument("--model", default=DEFAULT_MODEL, help="own-summaries: the model that writes the summaries")
     b.add_argument("--device", default="cpu", choices=DEVICES, help="own-summaries: where it generates")
@@ -77,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def build(args: argparse.Namespace) -> None:
     source = SOURCES[args.source]
-    options = SourceOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(SourceOptions)})
+    options = SourceOptions(**config_args(args, SourceOptions))
     if source.generated:  # own-summaries, the one generated source (data/sources.py says why it has no loader)
         records = _own_summaries(args)
     else:
@@ -92,10 +84,6 @@ def build(args: argparse.Namespace) -> None:
 
 def _wrapped(text: str) -> str:
     return textwrap.fill(text, 100, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
-
-
-def _escaped(help: str) -> str:
-    return help.replace("%", "%%")  # argparse formats help with %
 
 
 def _own_summaries(args: argparse.Namespace) -> list[Record]:

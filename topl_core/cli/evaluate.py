@@ -13,13 +13,12 @@ from ..analysis.evaluation.config import EvalConfig, Variant
 from ..analysis.evaluation.evaluate import evaluate, protocol_agreement, results_table
 from ..analysis.evaluation.lambda_study import CURVE_KEYS, lambda_curve, lambda_sweep
 from ..analysis.evaluation.quality import scorer_quality
-from ..analysis.evaluation.scorers import DEFAULT_SCORER, PROTOCOLS, make_scorer
+from ..analysis.evaluation.scorers import PROTOCOLS, make_scorer
 from ..analysis.steering.modes import MODES, POSITIONS, UNITS_DOC, lambda_grids, modes_help
+from ..config_fields import add_config_args, config_args
 from ..errors import ConfigError
 from ..executor import ExecutorConfig
 from ..io import atomic_open, write_json
-from ..models import DEVICES
-from ..paths import DEFAULT_DATA
 from ..presets import DEFAULT_MODEL
 from ..progress import Bar
 from . import COMMANDS
@@ -82,32 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--scorer-quality", action="store_true", help="print the scorer's measured AUROC on CLIFF / HaluEval"
     )
     p.add_argument("--model", help=f"base model when no --run is given (default {DEFAULT_MODEL})")
-    p.add_argument("--data", default=DEFAULT_DATA, help="ID data (its test split is used)")
-    p.add_argument("--split-seed", type=int, default=0)
-    p.add_argument("--cliff", help="CLIFF CSV for OOD documents (default ../shared/data/CLIFF_error_types.csv)")
-    p.add_argument("--n-id", type=int, default=16, help="ID documents")
-    p.add_argument(
-        "--ood-data",
-        help="OOD over a benchmark instead of CLIFF: an AggreFact / LLM-AggreFact CSV or parquet (doc and dataset "
-        "columns) or a hub dataset id; --n-ood documents per dataset (the paper: 300); per-dataset columns and "
-        "their mean",
-    )
-    p.add_argument(
-        "--n-ood",
-        type=int,
-        default=16,
-        help="OOD documents (CLIFF: in all, alternating its sources; per dataset with --ood-data)",
-    )
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--max-doc-tokens", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument(
-        "--scorer",
-        default=DEFAULT_SCORER,
-        help="'grounding' (offline) or hub:nli:<id> / hub:classifier:<id> / hub:minicheck-lm:<id>",
-    )
-    p.add_argument("--top-k", type=int, default=4, help="steered sites")
-    p.add_argument("--device", choices=DEVICES, default="cpu")
+    add_config_args(p, EvalConfig, EvalConfig(), skip={"model", "precision"})
     add_precision_arg(p)
     p.add_argument("--no-cache", action="store_true", help="regenerate instead of reading cached generations")
     p.add_argument("--csv", help="write the per-document rows (with texts) here")
@@ -123,19 +97,8 @@ def _fmt(x) -> str:
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
     """The EvalConfig a command line asks for (its precision resolved and announced)."""
     return EvalConfig(
-        data=args.data,
-        split_seed=args.split_seed,
-        n_id=args.n_id,
-        n_ood=args.n_ood,
-        cliff_csv=args.cliff,
-        ood_data=args.ood_data,
-        max_new_tokens=args.max_new_tokens,
-        max_doc_tokens=args.max_doc_tokens,
-        batch_size=args.batch_size,
-        scorer=args.scorer,
-        top_k=args.top_k,
+        **config_args(args, EvalConfig, skip={"model", "precision"}),
         model=args.model or DEFAULT_MODEL,
-        device=args.device,
         precision=announce_precision(args.precision, args.device),
     )
 

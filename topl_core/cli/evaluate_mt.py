@@ -17,10 +17,10 @@ from ..analysis.evaluation.translation import (
     scorer_agreement,
     translation_table,
 )
+from ..config_fields import add_config_args, config_args
 from ..errors import ConfigError
 from ..io import atomic_open, write_json
-from ..models import DEVICES
-from ..presets import DEFAULT_MODEL, MLQE_PE_PAIRS
+from ..presets import DEFAULT_MODEL
 from . import COMMANDS
 from .common import add_precision_arg, announce_precision
 
@@ -37,7 +37,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", action="append", default=[], help="an adapter to evaluate merged (repeatable)")
     p.add_argument("--no-base", action="store_true", help="leave out the base model row")
     p.add_argument("--model", help=f"base model when no --run is given (default {DEFAULT_MODEL})")
-    p.add_argument("--lang-pair", default="en-de", help=f"source-target; MLQE-PE's word-level pairs: {MLQE_PE_PAIRS}")
     p.add_argument("--mlqe", help="ID: an MLQE-PE split folder with test.src and test.pe (the post-edits)")
     p.add_argument("--split", default="test", help="the MLQE-PE split in --mlqe")
     p.add_argument("--flores", help="OOD: a FLORES folder (devtest/<code>.devtest) or a hub dataset id")
@@ -45,10 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ood-ref", help="... and their reference translations, line by line")
     p.add_argument("--n-id", type=int, default=16, help="ID sentences")
     p.add_argument("--n-ood", type=int, default=16, help="OOD sentences")
-    p.add_argument("--scorer", default="chrf", help="'chrf' (offline) or 'comet:<hub id>' (unbabel-comet)")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--device", choices=DEVICES, default="cpu")
+    add_config_args(p, TranslationConfig, TranslationConfig(), skip={"model", "precision"})
     add_precision_arg(p)
     p.add_argument("--no-cache", action="store_true", help="translate again instead of reading cached translations")
     p.add_argument("--csv", help="write the per-sentence rows here")
@@ -59,13 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def config_from_args(args: argparse.Namespace) -> TranslationConfig:
     """The TranslationConfig a command line asks for (its precision resolved and announced)."""
     return TranslationConfig(
-        lang_pair=args.lang_pair,
+        **config_args(args, TranslationConfig, skip={"model", "precision"}),
         model=args.model or DEFAULT_MODEL,
-        device=args.device,
         precision=announce_precision(args.precision, args.device),
-        scorer=args.scorer,
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
     )
 
 

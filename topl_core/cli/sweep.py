@@ -7,26 +7,33 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..analysis.evaluation.scorers import DEFAULT_SCORER
 from ..analysis.studies.sweeps import SweepConfig, compare_reuse, heatmap_table, read_sweep, resume_sweep, run_sweep
+from ..config_fields import add_config_args, config_args
 from ..errors import ConfigError
 from ..jobs import read_job
 from ..launchers import launch_sweep, resume_sweep_job
-from ..models import DEVICES
-from ..paths import DEFAULT_DATA
-from ..presets import DEFAULT_MODEL
 from ..progress import Bar
 from ..status import request_stop
-from ..training.config import TrainConfig
+from ..training.config import TrainConfig, study_schedule
 from . import COMMANDS
-from .common import (
-    ExamplesFormatter,
-    add_executor_args,
-    add_precision_arg,
-    add_tracking_args,
-    announce_precision,
-    executor_from_args,
-    tracking_from_args,
+from .common import ExamplesFormatter, add_executor_args, add_precision_arg, announce_precision, executor_from_args
+
+SWEEP = SweepConfig()  # the flags' defaults; its `train` is every window's template
+# the training flags of a sweep (every other TrainConfig field at the template's value; the LoRA layers are each
+# window's, the validation schedule follows the steps); the precision's is add_precision_arg
+WINDOW_FLAGS = (
+    "model",
+    "data",
+    "steps",
+    "lr",
+    "batch_size",
+    "max_val_examples",
+    "max_doc_tokens",
+    "max_response_tokens",
+    "seed",
+    "device",
+    "report_to",
+    "mlflow_tracking_uri",
 )
 
 
@@ -52,65 +59,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="compare two sweeps of the same grid run with and without prefix reuse (time, AUROC)",
     )
     g = p.add_argument_group("grid")
-    g.add_argument("--sizes", nargs="+", type=int, default=[3, 6, 12], help="window sizes k")
-    g.add_argument("--stride", type=int, default=3, help="start layers 0, stride, 2·stride, …")
     g.add_argument("--windows", nargs="+", metavar="START:SIZE", help="explicit windows instead of sizes/stride")
-    g.add_argument("--no-reuse-prefix", action="store_true", help="run every window from the embeddings (for timing)")
-    g.add_argument(
-        "--n-generate", type=int, default=0, help="also score generation factuality on this many test documents"
-    )
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--scorer", default=DEFAULT_SCORER, help="factuality scorer for --n-generate")
+    add_config_args(g, SweepConfig, SWEEP, skip={"train", "windows"})
     t = p.add_argument_group("training (per window)")
-    t.add_argument("--model", default=DEFAULT_MODEL)
-    t.add_argument("--data", default=DEFAULT_DATA)
-    t.add_argument("--steps", type=int, default=20)
-    t.add_argument("--lr", type=float, default=1e-4)
-    t.add_argument("--batch-size", type=int, default=8)
-    add_precision_arg(t)
-    t.add_argument("--max-val-examples", type=int, default=32)
-    t.add_argument("--max-doc-tokens", type=int, default=320)
-    t.add_argument("--max-response-tokens", type=int, default=128)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--device", choices=DEVICES, default="cpu")
-    add_tracking_args(t)
+    add_config_args(t, TrainConfig, SWEEP.train, only=WINDOW_FLAGS)
+    add_precision_arg(t)  # "auto" by default (the template holds it resolved)
     add_executor_args(p)
     p.set_defaults(func=run)
 
 
-def config_from_args(args: argparse.Namespace):
+def config_from_args(args: argparse.Namespace) -> SweepConfig:
     windows = ()
     if args.windows:
         try:
             windows = tuple(tuple(int(x) for x in w.split(":")) for w in args.windows)
         except ValueError as e:
             raise ConfigError(f"--windows {args.windows}: write each as START:SIZE, e.g. 0:3 6:6") from e
-    train = TrainConfig(
-        model=args.model,
-        data=args.data,
-        steps=args.steps,
-        lr=args.lr,
-        batch_size=args.batch_size,
-        precision=args.precision,
-        max_val_examples=args.max_val_examples,
-        max_doc_tokens=args.max_doc_tokens,
-        max_response_tokens=args.max_response_tokens,
-        seed=args.seed,
-        device=args.device,
-        eval_every=args.steps,
-        checkpoint_every=max(1, min(10, args.steps)),
-        **tracking_from_args(args),
-    )
-    return SweepConfig(
-        train=train,
-        sizes=tuple(args.sizes),
-        stride=args.stride,
-        windows=windows,
-        reuse_prefix=not args.no_reuse_prefix,
-        n_generate=args.n_generate,
-        max_new_tokens=args.max_new_tokens,
-        scorer=args.scorer,
-    )
+    given = config_args(args, TrainConfig, only=WINDOW_FLAGS)
+    train = study_schedule(SWEEP.train.with_overrides(**given, precision=args.precision))
+    return SweepConfig(train=train, windows=windows, **config_args(args, SweepConfig, skip={"train", "windows"}))
 
 
 def _print_results(df) -> None:

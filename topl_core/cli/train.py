@@ -4,24 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-import typing
 
+from ..config_fields import add_config_args, config_args, flat_fields
 from ..errors import ConfigError
 from ..paths import runs_dir
 from ..presets import PRESETS
 from ..runs import RunDir
-from ..training.config import TrainConfig, config_flags, preset_config
+from ..training.config import TrainConfig, preset_config
 from ..training.methods import METHODS
 from ..training.trainer import Progress, train
 from ..training.world import World
 from . import COMMANDS
 from .common import announce_precision
-
-# what a flag's type and default alone do not say
-FLAG_HELP = {
-    "report_to": "experiment trackers that also get every metric and the config (pip install -e '.[tracking]')",
-    "mlflow_tracking_uri": "MLflow's store (default: the SQLite store mlflow.db in the runs folder)",
-}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,34 +25,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--preset", choices=sorted(PRESETS), help="the paper's hyperparameters for a model family")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run with its saved config")
-    for flag, name, typ, default in config_flags():
-        if name == "method":
-            p.add_argument(flag, dest=name, choices=sorted(METHODS), default=None, help=f"(default {default})")
-        elif typ is bool:
-            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None)
-        elif typing.get_origin(typ) is tuple:  # probe_layers, lora_modules, report_to (choices)
-            item = typing.get_args(typ)[0]
-            choices = typing.get_args(item) if typing.get_origin(item) is typing.Literal else None
-            p.add_argument(
-                flag,
-                dest=name,
-                nargs="+",
-                type=str if choices else item,
-                choices=choices,
-                default=None,
-                help=FLAG_HELP.get(name, f"(default {' '.join(map(str, default)) or 'none'})"),
-            )
-        else:
-            literal = typing.get_origin(typ) is typing.Literal
-            kind = str if literal or typ not in (int, float) else typ
-            choices = typing.get_args(typ) if literal else None
-            help = FLAG_HELP.get(name, f"(default {default})")
-            p.add_argument(flag, dest=name, type=kind, choices=choices, default=None, help=help)
+    add_config_args(p, TrainConfig)  # no defaults: a flag not given keeps the config's (or the preset's) value
     p.set_defaults(func=run)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    given = {name: getattr(args, name) for _, name, _, _ in config_flags() if getattr(args, name) is not None}
+    given = config_args(args, TrainConfig)
     method = given.pop("method", "topl")
     if args.preset:
         return preset_config(args.preset, method, **given)
@@ -66,7 +38,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> None:
-    overrides = [flag for flag, name, _, _ in config_flags() if getattr(args, name) is not None]
+    overrides = [s.flag for s in flat_fields(TrainConfig) if getattr(args, s.dest) is not None]
     overrides += [flag for flag in ("--out", "--preset") if getattr(args, flag[2:])]
     if args.resume and overrides:
         raise ConfigError(

@@ -13,11 +13,11 @@ depend on the analysis layer while hiding that from the layer check (tests/test_
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, get_args, get_origin, get_type_hints
+from typing import Callable
 
+from ..config_fields import config_field, field_infos
 from ..errors import ConfigError, DataError
 from ..paths import cliff_csv
 from . import cliff, fava, halueval, mlqe
@@ -31,46 +31,39 @@ ProgressFn = Callable[[int, int], None]  # progress(done, total), e.g. a progres
 @dataclass(frozen=True)
 class SourceOptions:
     """The settings a source may read; each source names the ones it reads (`DataSource.options`). Each field is a
-    `data build` flag (`--fava-form` for fava_form) and a Data page input, worded by its metadata's help."""
+    `data build` flag (`--fava-form` for fava_form) and a Data page input, described by its config_field."""
 
-    input: str | None = field(
-        default=None,
-        metadata={
-            "help": "input path: a file, or a directory for mlqe (a source with a default file reads that when none "
-            "is given)"
-        },
+    input: str | None = config_field(
+        None,
+        label="Input path (file, or directory for MLQE-PE)",
+        help="input path: a file, or a directory for mlqe (a source with a default file reads that when none is given)",
     )
-    limit: int = field(default=600, metadata={"help": "documents / rows to read (HaluEval has 10,000)"})
-    seed: int = field(default=0, metadata={"help": "seed of the random edits"})
-    recipe: str = field(
-        default="v1",
-        metadata={
-            "help": "perturbation edit recipe: v1 = entity, number, date, negation, relation, invented; v2 adds "
-            "attribution, swap, extrinsic, modal, copied and lower-cases 15% of documents (docs/evaluation.md §6)",
-            "choices": tuple(sorted(RECIPES)),
-        },
+    limit: int = config_field(
+        600,
+        label="Limit (documents / rows)",
+        help="documents / rows to read (HaluEval has 10,000)",
+        min=1,
+        max=100_000,
     )
-    fava_form: FavaForm = field(
-        default="raw", metadata={"help": "FAVA's raw errored_passage form, or its edited completion form"}
+    seed: int = config_field(0, label="Seed", help="seed of the random edits", min=0)
+    recipe: str = config_field(
+        "v1",
+        label="Edit recipe",
+        help="perturbation edit recipe: v1 = entity, number, date, negation, relation, invented; v2 adds attribution, "
+        "swap, extrinsic, modal, copied and lower-cases 15% of documents (docs/evaluation.md §6)",
+        choices=sorted(RECIPES),
     )
-    mlqe_split: str = field(default="train", metadata={"help": "the MLQE-PE split: reads SPLIT.src / .mt / .tags"})
+    fava_form: FavaForm = config_field(
+        "raw", label="FAVA form", help="FAVA's raw errored_passage form, or its edited completion form"
+    )
+    mlqe_split: str = config_field("train", label="MLQE split", help="the MLQE-PE split: reads SPLIT.src / .mt / .tags")
 
     def __post_init__(self) -> None:
         if self.limit < 1:
             raise ConfigError(f"limit={self.limit}: read at least one document or row (limit >= 1).")
-        for f in dataclasses.fields(self):
-            choices = option_choices(f.name)
-            if choices and getattr(self, f.name) not in choices:
-                raise ConfigError(f"{f.name}={getattr(self, f.name)!r} is not one of {list(choices)}.")
-
-
-OPTIONS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(SourceOptions)}
-
-
-def option_choices(name: str) -> tuple[str, ...]:
-    """The values option `name` may take (its Literal type's, or its metadata's), () when any value goes."""
-    hint = get_type_hints(SourceOptions)[name]
-    return get_args(hint) if get_origin(hint) is Literal else OPTIONS[name].metadata.get("choices", ())
+        for name, f in field_infos(SourceOptions).items():
+            if f.choices and getattr(self, name) not in f.choices:
+                raise ConfigError(f"{name}={getattr(self, name)!r} is not one of {list(f.choices)}.")
 
 
 @dataclass(frozen=True)
@@ -91,7 +84,7 @@ class DataSource:
     input_required: bool = True  # False: with no input it reads its own default file
 
     def __post_init__(self) -> None:
-        unknown = set(self.options) - set(OPTIONS)
+        unknown = set(self.options) - set(field_infos(SourceOptions))
         if unknown:
             raise ConfigError(f"source {self.name!r}: options {sorted(unknown)} are not SourceOptions fields.")
 

@@ -45,7 +45,9 @@ def checkpoint_state(t: Trainable, world: World) -> dict | None:
     than 0, after taking part in the all-gathers."""
     from peft import get_peft_model_state_dict
 
-    adapter = get_peft_model_state_dict(t.model, state_dict=lora_state(t, world))
+    # PEFT's default ("auto") asks the hub whether the base model's embeddings were resized; LoRA here never
+    # touches them, so the answer is known: no lookup, no warning, no time-out on a network that drops packets
+    adapter = get_peft_model_state_dict(t.model, state_dict=lora_state(t, world), save_embedding_layers=False)
     optimizer = t.optimizer.state_dict()  # its per-parameter dicts are the optimizer's own: copied, not changed
     optimizer["state"] = {  # in parameter order: the same on every rank
         index: {k: world.full(v) if isinstance(v, torch.Tensor) else v for k, v in param_state.items()}

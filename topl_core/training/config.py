@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal
 
 import torch
 
+from ..config_fields import config_argv, config_field
 from ..data.variants import LABEL_SETTINGS
 from ..errors import ConfigError
 from ..paths import DEFAULT_DATA
-from ..precision import PRECISIONS, Precision, resolve_precision
+from ..precision import PRECISION_HELP, PRECISIONS, Precision, resolve_precision
 from ..presets import DEFAULT_MODEL, LORA_MODULES, PRESETS
 from .methods import METHODS
 
@@ -34,12 +35,20 @@ def _fail(field_name: str, value, fix: str):
 class LoraSettings:
     """LoRA on layers [layer_start, layer_end] (inclusive) and the listed modules. Paper: r=4, α=8, dropout 0.1."""
 
-    r: int = 4
-    alpha: float = 8.0
-    dropout: float = 0.1
-    layer_start: int = 0
-    layer_end: int = 20
-    modules: tuple[str, ...] = LORA_MODULES
+    r: int = config_field(4, label="Rank r", help="LoRA rank (paper: 4)", min=1, max=256)
+    alpha: float = config_field(
+        8.0, label="α", help="LoRA scaling numerator: the update is α / r · B A (paper: 8)", min=0.1, max=1024.0
+    )
+    dropout: float = config_field(
+        0.1, label="Dropout", help="dropout on the LoRA's input (paper: 0.1)", min=0.0, max=0.9
+    )
+    layer_start: int = config_field(0, label="First layer", help="first decoder layer with LoRA", min=0)
+    layer_end: int = config_field(
+        20, label="Last layer", help="last decoder layer with LoRA (inclusive); the TOPL head reads its output", min=0
+    )
+    modules: tuple[str, ...] = config_field(
+        LORA_MODULES, label="Modules", help="the decoder layer's linear modules LoRA adapts", choices=LORA_MODULES
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modules", tuple(self.modules))
@@ -60,58 +69,117 @@ class LoraSettings:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    method: str = "topl"  # a key of training.methods.METHODS
-    model: str = DEFAULT_MODEL
-    data: str = DEFAULT_DATA
+    # choices: the registry itself, read when a parser or form is built, so a method added to it is a choice too
+    method: str = config_field(
+        "topl", label="Method", help="the training method (training/methods/: one module each)", choices=METHODS
+    )
+    model: str = config_field(
+        DEFAULT_MODEL, label="Model", help="embedded model (smollm2-135m, gemma3-270m), preset, hub id or local path"
+    )
+    data: str = config_field(
+        DEFAULT_DATA, label="Data set", help="records JSONL (build one with: python -m topl_core data build)"
+    )
     lora: LoraSettings = field(default_factory=LoraSettings)
-    lr: float = 1e-4
-    # the head's learning rate is lr × this: the head is a fresh linear layer (zero-initialised) while the LoRA
-    # adapts pretrained weights, and at the LoRA's lr it needs far more steps than a CPU run has. Measured on
-    # SmolLM2, 60 TOPL steps (README): ×1 → held-out token AUROC 0.71, ×10 → 0.90, ×100 → 0.94 but worse on CLIFF
-    # (0.76 vs 0.83 CNN/DM), i.e. ×100 overfits the synthetic edits. Paper presets use 1 (models.MethodHyper).
-    head_lr_multiplier: float = 10.0
-    batch_size: int = 8
-    grad_accum: int = 1
-    # examples per forward/backward: each batch is split into micro-batches of this size and their gradients are
-    # summed with the loss's own weights (tokens or sequences), so the step equals the whole batch's, in less memory
-    micro_batch_size: int = 2
-    # recompute each decoder layer's activations in the backward pass instead of keeping them: less memory for long
-    # inputs or large models, about a third more compute; the same gradients
-    gradient_checkpointing: bool = False
-    # pack the training examples of a batch into rows (several short examples a row, each attending to itself only,
-    # training.batching.make_packed_batches): no compute on padding, the same loss and gradients as padded batches;
-    # micro_batch_size then counts rows. Validation batches stay padded.
-    packing: bool = False
-    # compile each decoder layer's forward with torch.compile and this backend ("inductor" on a GPU: fused
-    # elementwise work, fewer kernel launches; "" = eager). Shapes are compiled dynamic (batches vary in length).
-    compile_backend: str = ""
-    steps: int = 60
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    warmup_steps: int = 0
-    seed: int = 0
-    # "auto" resolves when the config is built (bf16 autocast only where the device computes bf16 natively and
-    # fast, topl_core.precision), so a run directory records the precision that actually ran
-    precision: Precision = "auto"
-    device: Literal["cpu", "cuda"] = "cpu"
-    max_doc_tokens: int = 320
-    max_response_tokens: int = 128
-    eval_every: int = 20
-    checkpoint_every: int = 10
-    max_val_examples: int = 64
-    split_seed: int = 0
-    label_setting: str = "original"
-    # token-head methods (TOPL, TLDR): also a linear probe at each of these layers below the head's, trained in the
-    # same forward on FinalNorm(layer k) detached (the LoRA and head learn exactly as without them); validation
-    # reports each probe's token AUROC beside the head's, so the head layer m can be chosen from data
-    probe_layers: tuple[int, ...] = ()
-    beta: float = 0.1  # DPO/TDPO temperature
-    tdpo_alpha: float = 0.5  # TDPO2 weight of the sequential-KL difference (Zeng et al. 2024 default)
-    # experiment trackers that receive every metrics.jsonl row and this config (as TRL's report_to): TensorBoard
-    # event files in the run folder, MLflow at mlflow_tracking_uri ("" = the SQLite store mlflow.db in the runs
-    # folder, topl_core.training.tracking)
-    report_to: tuple[Tracker, ...] = ()
-    mlflow_tracking_uri: str = ""
+    lr: float = config_field(
+        1e-4, label="Learning rate", help="AdamW's learning rate of the LoRA", min=1e-7, max=1.0, step=1e-5
+    )
+    # the head is a fresh, zero-initialised linear layer while the LoRA adapts pretrained weights: at the LoRA's lr it
+    # needs far more steps than a CPU run has (README, "head learning rate", measures ×1, ×10, ×100)
+    head_lr_multiplier: float = config_field(
+        10.0,
+        label="Head lr × (of lr)",
+        help="the head (TOPL, SOPL, TLDR) learns at lr × this, the LoRA at lr (paper presets: 1)",
+        min=0.01,
+        max=100_000.0,
+    )
+    batch_size: int = config_field(8, label="Batch size", help="examples per optimizer step", min=1, max=1024)
+    grad_accum: int = config_field(
+        1, label="Gradient accumulation", help="batches whose gradients add up to one step", min=1, max=1024
+    )
+    micro_batch_size: int = config_field(
+        2,
+        label="Micro-batch size",
+        help="examples per forward/backward pass: a batch split into micro-batches keeps its gradient (summed with "
+        "the loss's own token or sequence weights) and cuts peak memory",
+        min=1,
+        max=1024,
+    )
+    gradient_checkpointing: bool = config_field(
+        False,
+        label="Gradient checkpointing",
+        help="recompute each decoder layer's activations in the backward pass: less memory, about a third more "
+        "compute, the same gradients",
+    )
+    packing: bool = config_field(
+        False,
+        label="Packing",
+        help="pack a batch's examples into rows (each attending to itself only): no compute on padding, the same "
+        "loss and gradients; micro_batch_size then counts rows (validation stays padded)",
+    )
+    compile_backend: str = config_field(
+        "",
+        label="Compile backend",
+        help="torch.compile each decoder layer with this backend ('inductor' on a GPU: fused elementwise work, fewer "
+        "kernel launches; empty: eager); shapes compile dynamic",
+    )
+    steps: int = config_field(60, label="Steps", help="optimizer steps", min=1, max=1_000_000)
+    weight_decay: float = config_field(0.0, label="Weight decay", help="AdamW's decoupled weight decay", min=0.0)
+    max_grad_norm: float = config_field(1.0, label="Max gradient norm", help="gradients clipped to this norm", min=0.0)
+    warmup_steps: int = config_field(0, label="Warm-up steps", help="steps of linear learning-rate warm-up", min=0)
+    seed: int = config_field(
+        0, label="Seed", help="seed of initialisation, dropout and batch order", min=0, max=1_000_000
+    )
+    # "auto" resolves when the config is built, so a run directory records the precision that actually ran
+    precision: Precision = config_field("auto", label="Precision", help=PRECISION_HELP)
+    device: Literal["cpu", "cuda"] = config_field("cpu", label="Device", help="where the run trains")
+    max_doc_tokens: int = config_field(
+        320, label="Max document tokens", help="documents cut to this many tokens", min=16, max=32_768
+    )
+    max_response_tokens: int = config_field(
+        128, label="Max response tokens", help="responses cut to this many tokens", min=8, max=8192
+    )
+    eval_every: int = config_field(
+        20, label="Validate every (steps)", help="steps between validations", min=1, max=100_000
+    )
+    checkpoint_every: int = config_field(
+        10,
+        label="Checkpoint every",
+        help="steps between checkpoints (a stopped run resumes from the last)",
+        min=1,
+        max=100_000,
+    )
+    max_val_examples: int = config_field(
+        64, label="Validation examples", help="validation examples scored at each validation", min=1, max=100_000
+    )
+    split_seed: int = config_field(0, label="Split seed", help="seed of the document-level train/val/test split", min=0)
+    label_setting: str = config_field(
+        "original",
+        label="Label setting",
+        help="how the token labels are rewritten before training (data/variants.py; token-level methods only)",
+        choices=LABEL_SETTINGS,
+    )
+    probe_layers: tuple[int, ...] = config_field(
+        (),
+        label="Side probes at layers",
+        help="TOPL/TLDR: a linear probe on FinalNorm(layer k) at each of these layers below the head's, trained in "
+        "the same forward without changing the run; validation shows each one's token AUROC, to choose the head "
+        "layer from data",
+    )
+    beta: float = config_field(0.1, label="β (DPO/TDPO)", help="DPO/TDPO temperature", min=0.0, max=10.0)
+    tdpo_alpha: float = config_field(
+        0.5, label="TDPO α", help="TDPO2's weight of the sequential-KL difference (Zeng et al. 2024: 0.5)", min=0.0
+    )
+    report_to: tuple[Tracker, ...] = config_field(
+        (),
+        label="Report to",
+        help="experiment trackers that also get every logged metric and the config: TensorBoard event files in the "
+        "run folder (tensorboard --logdir runs/), MLflow at the tracking URI (pip install -e '.[tracking]')",
+    )
+    mlflow_tracking_uri: str = config_field(
+        "",
+        label="MLflow tracking URI",
+        help="MLflow's store; empty: the SQLite store mlflow.db in the runs folder (e.g. http://host:5000)",
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.lora, dict):
@@ -184,49 +252,19 @@ class TrainConfig:
         return replace(self, lora=replace(self.lora, **lora_kw), **rest)
 
 
-class ConfigFlag(typing.NamedTuple):
-    """A TrainConfig field as `python -m topl_core train` spells it (LoRA fields as --lora-*)."""
-
-    flag: str  # --lora-layer-end
-    dest: str  # lora_layer_end: the with_overrides keyword
-    type: object  # the field's type hint
-    default: object
-
-
-def config_flags(cls=None, prefix: str = "") -> list[ConfigFlag]:
-    """Every field of TrainConfig as a command-line flag: the train CLI's parser and a run's reproducing command
-    (command_args) are both built from this list."""
-    cls = cls or TrainConfig
-    out = []
-    hints = typing.get_type_hints(cls)
-    for f in fields(cls):
-        if f.name == "lora":
-            out += config_flags(LoraSettings, "lora_")
-            continue
-        default = f.default if f.default is not MISSING else f.default_factory()
-        name = prefix + f.name
-        out.append(ConfigFlag(f"--{name.replace('_', '-')}", name, hints[f.name], default))
-    return out
-
-
 ALWAYS_SPELLED = ("method", "model", "data", "precision")  # the command names these even at their defaults
 
 
 def command_args(cfg: TrainConfig) -> list[str]:
     """`train` arguments that rebuild `cfg` (TrainConfig's defaults may change between versions, so every field
     that differs from them is spelled, and the ones that say what the run is, always)."""
-    args: list[str] = []
-    for flag, dest, typ, default in config_flags():
-        value = getattr(cfg.lora, dest.removeprefix("lora_")) if dest.startswith("lora_") else getattr(cfg, dest)
-        if value == default and dest not in ALWAYS_SPELLED:
-            continue
-        if typ is bool:
-            args.append(flag if value else f"--no-{flag[2:]}")
-        elif isinstance(value, tuple):  # nargs="+" (an empty tuple is the default of every such field)
-            args += [flag, *map(str, value)]
-        else:
-            args += [flag, repr(value) if isinstance(value, float) else str(value)]
-    return args
+    return config_argv(cfg, always=ALWAYS_SPELLED)
+
+
+def study_schedule(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` as a study's task trains it (a sweep's window, a label setting): validated once, at its last step, and
+    checkpointed at least every 10 steps."""
+    return replace(cfg, eval_every=cfg.steps, checkpoint_every=max(1, min(10, cfg.steps)))
 
 
 def preset_config(preset: str, method: str = "topl", **overrides) -> TrainConfig:

@@ -26,7 +26,7 @@ from ..data.records import Record, read_jsonl, records_fingerprint
 from ..data.split import split_records
 from ..data.variants import apply_label_setting
 from ..errors import DataError, RunError
-from ..io import save_tensors
+from ..io import give_umask_permissions, save_tensors
 from ..models import LoadedModel, ModelSpec, hub_id, load_model
 from ..precision import autocast, weights_for
 from ..runs import RunDir
@@ -399,7 +399,9 @@ def _save_final(run: RunDir, cfg: TrainConfig, t: Trainable, meta: dict, adapter
     # the local folder it was loaded from (e.g. the GGUF conversion under cache/models/), which no other machine has
     for peft_config in t.model.peft_config.values():
         peft_config.base_model_name_or_path = hub_id(cfg.model)
-    t.model.save_pretrained(run.path, state_dict=adapter)
+    # no hub lookup for resized embeddings (as in checkpoint_state)
+    t.model.save_pretrained(run.path, state_dict=adapter, save_embedding_layers=False)
+    give_umask_permissions(run.adapter_path)
     if t.head is not None:
         save_tensors(
             run.head_path,

@@ -6,12 +6,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ...config_fields import config_field
 from ...generate import GenerationConfig
+from ...models import Device
 from ...paths import DEFAULT_DATA
-from ...precision import Precision, resolve_precision
+from ...precision import PRECISION_HELP, Precision, resolve_precision
 from ...presets import DEFAULT_MODEL
 from ..steering.modes import SteerConfig
-from .scorers import DEFAULT_SCORER
+from .scorers import DEFAULT_SCORER, SCORER_HELP
 
 ProgressFn = Callable[[str], None]
 
@@ -55,22 +57,41 @@ OOD_MEAN = "OOD mean of datasets"  # the column of the paper's OOD figure: each 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    data: str = DEFAULT_DATA  # ID: the held-out test split of this training data
-    split_seed: int = 0
-    n_id: int = 16
-    n_ood: int = 16  # CLIFF: documents in all, alternating its sources; with ood_data: documents per dataset
-    cliff_csv: str | None = None  # OOD documents; default shared/data/CLIFF_error_types.csv
-    # OOD over a benchmark of several datasets instead (the paper: LLM-AggreFact's 11, up to 300 documents each): a
-    # CSV or parquet with doc and dataset columns (AggreFact, LLM-AggreFact) by path, or a hub dataset id
-    ood_data: str | None = None
-    max_new_tokens: int = 96
-    max_doc_tokens: int = 512
-    batch_size: int = 4
-    scorer: str = DEFAULT_SCORER
-    top_k: int = 4  # steered sites
-    model: str = DEFAULT_MODEL  # base model when no run names one
-    device: str = "cpu"
-    precision: Precision = "auto"  # of the generations; resolved for `device` when built (topl_core.precision)
+    data: str = config_field(DEFAULT_DATA, label="ID data", help="ID data (its held-out test split is used)")
+    split_seed: int = config_field(0, label="Split seed", help="seed of the data's document-level split", min=0)
+    n_id: int = config_field(16, label="ID documents", help="ID documents", min=0)
+    n_ood: int = config_field(
+        16,
+        label="OOD documents",
+        help="OOD documents (CLIFF: in all, alternating its sources; per dataset with --ood-data)",
+        min=0,
+    )
+    cliff_csv: str | None = config_field(
+        None,
+        label="CLIFF CSV",
+        help="CLIFF CSV for OOD documents (default: the shipped CLIFF_error_types.csv)",
+        flag="--cliff",
+    )
+    # the paper's OOD: LLM-AggreFact's 11 datasets, up to 300 documents each
+    ood_data: str | None = config_field(
+        None,
+        label="OOD benchmark instead of CLIFF",
+        help="OOD over a benchmark instead of CLIFF: an AggreFact / LLM-AggreFact CSV or parquet (doc and dataset "
+        "columns) or a hub dataset id; --n-ood documents per dataset; per-dataset columns and their mean",
+    )
+    max_new_tokens: int = config_field(
+        96, label="Max new tokens", help="the longest summary, in tokens", min=8, max=1024
+    )
+    max_doc_tokens: int = config_field(
+        512, label="Max document tokens", help="documents cut to this many tokens", min=16, max=32_768
+    )
+    batch_size: int = config_field(4, label="Batch size", help="documents generated together", min=1, max=256)
+    scorer: str = config_field(DEFAULT_SCORER, label="Scorer", help=SCORER_HELP)
+    top_k: int = config_field(4, label="Steered sites", help="steered sites (the top k by LoRA-A AUROC)", min=1)
+    model: str = config_field(DEFAULT_MODEL, label="Base model", help="the base model when no adapter names one")
+    device: Device = config_field("cpu", label="Device", help="where the variants generate")
+    # resolved for `device` when built (topl_core.precision)
+    precision: Precision = config_field("auto", label="Precision", help="of the generations: " + PRECISION_HELP)
 
     def __post_init__(self) -> None:
         if self.n_id < 0 or self.n_ood < 0 or self.n_id + self.n_ood == 0:

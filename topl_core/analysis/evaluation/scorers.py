@@ -38,6 +38,10 @@ from .text import AnalysedText, analyse_text, split_sentences, stem
 
 PROTOCOLS: tuple[str, ...] = ("sentence", "full")
 DEFAULT_SCORER = "grounding"  # the offline lexical scorer (GroundingScorer)
+SCORER_HELP = (  # the scorer setting of every config that scores generations
+    "factuality scorer: 'grounding' (offline) or, with a hub, hub:nli:<id> / hub:classifier:<id> / "
+    "hub:minicheck-lm:<id> (e.g. hub:minicheck-lm:bespokelabs/Bespoke-MiniCheck-7B)"
+)
 
 
 @runtime_checkable

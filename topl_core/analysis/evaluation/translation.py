@@ -25,12 +25,14 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from ...adapters import open_adapter
+from ...config_fields import config_field
 from ...data.mlqe import load_mlqe_dir
 from ...data.records import utf8_lines
 from ...errors import DataError, ScorerError
 from ...generate import GenerationConfig, generate
-from ...precision import Precision, resolve_precision
-from ...presets import DEFAULT_MODEL, FLORES_CODES, language_pair
+from ...models import Device
+from ...precision import PRECISION_HELP, Precision, resolve_precision
+from ...presets import DEFAULT_MODEL, FLORES_CODES, MLQE_PE_PAIRS, language_pair
 from ..cache import JSON, cached
 from .config import Variant
 from .documents import hub_rows
@@ -169,13 +171,20 @@ def scorer_agreement(
 
 @dataclass(frozen=True)
 class TranslationConfig:
-    lang_pair: str = "en-de"
-    model: str = DEFAULT_MODEL  # the base model when no variant's adapter names one
-    device: str = "cpu"
-    scorer: str = "chrf"
-    max_new_tokens: int = 96
-    batch_size: int = 8
-    precision: Precision = "auto"  # of the generations; resolved for `device` when built (topl_core.precision)
+    lang_pair: str = config_field(
+        "en-de", label="Language pair", help=f"source-target; MLQE-PE's word-level pairs: {MLQE_PE_PAIRS}"
+    )
+    model: str = config_field(DEFAULT_MODEL, label="Base model", help="the base model when no adapter names one")
+    device: Device = config_field("cpu", label="Device", help="where the variants translate")
+    scorer: str = config_field(
+        "chrf", label="Scorer", help="'chrf' (offline) or 'comet:<hub id>' (needs the unbabel-comet package)"
+    )
+    max_new_tokens: int = config_field(
+        96, label="Max new tokens", help="the longest translation, in tokens", min=8, max=1024
+    )
+    batch_size: int = config_field(8, label="Batch size", help="sentences translated together", min=1, max=256)
+    # resolved for `device` when built (topl_core.precision)
+    precision: Precision = config_field("auto", label="Precision", help="of the translations: " + PRECISION_HELP)
 
     def __post_init__(self) -> None:
         language_pair(self.lang_pair)  # raises on a malformed pair

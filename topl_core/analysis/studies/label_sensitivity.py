@@ -28,6 +28,7 @@ from typing import Callable
 
 import numpy as np
 
+from ...config_fields import config_field
 from ...data.cliff import load_factuality_csv
 from ...data.records import read_jsonl
 from ...data.split import split_records
@@ -47,7 +48,7 @@ from ...training.tracking import check_trackers
 from ...training.trainer import train
 from ..evaluation.config import EvalConfig, Variant
 from ..evaluation.evaluate import evaluate
-from ..evaluation.scorers import DEFAULT_SCORER
+from ..evaluation.scorers import DEFAULT_SCORER, SCORER_HELP
 from .study import Study
 
 STUDY_FILE = "label_study.json"
@@ -58,12 +59,29 @@ class LabelStudyConfig:
     train: TrainConfig = field(
         default_factory=lambda: TrainConfig(steps=20, eval_every=20, checkpoint_every=10, max_val_examples=32)
     )
-    settings: tuple[str, ...] = LABEL_SETTINGS
-    n_cliff: int = 0  # > 0: also head token AUROC on this many CLIFF span records (OOD)
-    cliff_csv: str | None = None
-    n_generate: int = 0  # > 0: also generation factuality on this many test documents
-    max_new_tokens: int = 64
-    scorer: str = DEFAULT_SCORER
+    settings: tuple[str, ...] = config_field(
+        LABEL_SETTINGS, label="Label settings", help="the label settings to train on", choices=LABEL_SETTINGS
+    )
+    n_cliff: int = config_field(
+        0,
+        label="CLIFF records",
+        help="also head token AUROC on this many CLIFF span records (out of domain)",
+        min=0,
+    )
+    cliff_csv: str | None = config_field(
+        None, label="CLIFF CSV", help="CLIFF CSV (default: the shipped CLIFF_error_types.csv)", flag="--cliff"
+    )
+    n_generate: int = config_field(
+        0,
+        label="Also score generations on … test docs",
+        help="also generation factuality on this many test documents",
+        min=0,
+        max=1000,
+    )
+    max_new_tokens: int = config_field(
+        64, label="Max new tokens (generations)", help="the longest generation, in tokens", min=8, max=1024
+    )
+    scorer: str = config_field(DEFAULT_SCORER, label="Scorer (generations)", help=SCORER_HELP)
 
     def __post_init__(self) -> None:
         if isinstance(self.train, dict):

@@ -46,6 +46,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ...config_fields import config_field
 from ...data.records import read_jsonl
 from ...data.split import first_documents, split_records
 from ...errors import ConfigError, RunError
@@ -60,7 +61,7 @@ from ...training.config import TrainConfig
 from ...training.prefix_cache import PrefixStats, PrefixStore, install_prefix_cache
 from ...training.tracking import check_trackers
 from ...training.trainer import train
-from ..evaluation.scorers import DEFAULT_SCORER, make_scorer, score_summary
+from ..evaluation.scorers import DEFAULT_SCORER, SCORER_HELP, make_scorer, score_summary
 from .study import Study
 
 # --- windows and config -----------------------------------------------------------------------------------------
@@ -100,13 +101,28 @@ class SweepConfig:
     train: TrainConfig = field(
         default_factory=lambda: TrainConfig(steps=20, eval_every=20, checkpoint_every=10, max_val_examples=32)
     )
-    sizes: tuple[int, ...] = (3, 6, 12)
-    stride: int = 3
-    windows: tuple[tuple[int, int], ...] = ()
-    reuse_prefix: bool = True
-    n_generate: int = 0  # > 0: also generate on this many test documents per window and score factuality
-    max_new_tokens: int = 64
-    scorer: str = DEFAULT_SCORER
+    sizes: tuple[int, ...] = config_field((3, 6, 12), label="Window sizes k", help="window sizes k")
+    stride: int = config_field(3, label="Start every … layers", help="start layers 0, stride, 2·stride, …", min=1)
+    windows: tuple[tuple[int, int], ...] = config_field(
+        (), label="Windows", help="explicit (start, size) windows instead of sizes and stride"
+    )
+    reuse_prefix: bool = config_field(
+        True,
+        label="Reuse frozen prefix",
+        help="layers below a window carry no LoRA: their activations are computed once and reused (off: every "
+        "window from the embeddings, for timing)",
+    )
+    n_generate: int = config_field(
+        0,
+        label="Also score generations on … test docs",
+        help="also generate on this many test documents per window and score their factuality",
+        min=0,
+        max=1000,
+    )
+    max_new_tokens: int = config_field(
+        64, label="Max new tokens (generations)", help="the longest generation, in tokens", min=8, max=1024
+    )
+    scorer: str = config_field(DEFAULT_SCORER, label="Scorer (generations)", help=SCORER_HELP)
 
     def __post_init__(self) -> None:
         if isinstance(self.train, dict):
