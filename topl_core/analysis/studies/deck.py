@@ -44,7 +44,7 @@ from ...errors import ConfigError, RunError
 from ...generate import GenerationConfig, generate
 from ...io import write_json
 from ...models import LoadedModel, ModelSpec, load_model
-from ...paths import project_path, runs_dir
+from ...paths import project_path, runs_dir, shipped_decks_dir
 from ...precision import PRECISIONS, Precision, resolve_precision
 from ...scoring import TokenScorer
 from ...status import WriterLock, clear_stop, stop_requested, write_status
@@ -66,6 +66,24 @@ HEAD_CHOICES: tuple[str, ...] = ("auto", "probe", "none")
 def decks_dir() -> Path:
     """Where the app keeps decks: runs/decks/ (TOPL_RUNS_DIR moves it with the runs)."""
     return runs_dir() / "decks"
+
+
+def deck_folders() -> list[Path]:
+    """Every deck to open: the user's under decks_dir(), newest first, then those shipped with the demo adapters
+    (paths.shipped_decks_dir), by name."""
+    user = sorted(_decks_in(decks_dir()), key=lambda d: -d.stat().st_mtime)
+    shipped = shipped_decks_dir()
+    return user + (sorted(_decks_in(shipped)) if shipped is not None else [])
+
+
+def _decks_in(folder: Path) -> list[Path]:
+    return [d for d in folder.iterdir() if (d / CONFIG_FILE).exists()] if folder.is_dir() else []
+
+
+def is_shipped(folder: Path) -> bool:
+    """A deck that ships with the repository (read-only: opened, never prepared again)."""
+    shipped = shipped_decks_dir()
+    return shipped is not None and Path(folder).resolve().parent == shipped.resolve()
 
 
 @dataclass(frozen=True)
