@@ -5,6 +5,7 @@
     models       cached models (base, merged, token scorer), the shared locks, model-load errors
     runs         the runs table (the user's runs and the demo adapters), run pickers, fingerprints
     datasets     data-set files, cached records, the data-set picker
+    data_build   the Data page's build form for any data source, its background builds, the merge form
     render       colored tokens, legend, word diff, text boxes, Plotly charts, CSV downloads
     token_sets   the labelled token sets of the LoRA-A and Steering pages
     evaluations  evaluation results read back from disk (Evaluation and Runs pages)

@@ -3,12 +3,14 @@
 heatmap(table, title, ...)              one heatmap renderer: LoRA-A AUROC by layer × module, sweeps by start × size
 lambda_curve(curve, lam, axis_title)    a document's λ curve: factuality, degenerate texts, perplexity
 token_bars(table, threshold)            p(good) per token, gold-bad tokens in black, flagged in red
+label_settings_bars(table)              the supervised good and bad tokens of each label setting
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import plotly.express as px
 import plotly.graph_objects as go
 
 
@@ -130,3 +132,17 @@ def token_bars(table: pd.DataFrame, threshold: float) -> go.Figure:
         height=280,
     )
     return fig
+
+
+def label_settings_bars(table: pd.DataFrame) -> go.Figure:
+    """The supervised tokens of each label setting (data.variants.label_settings_table), good and bad stacked."""
+    long = table.melt(id_vars="setting", value_vars=["good", "bad"], var_name="label", value_name="count")
+    return px.bar(
+        long,
+        x="setting",
+        y="count",
+        color="label",
+        barmode="stack",
+        color_discrete_map={"good": "#16a34a", "bad": "#dc2626"},
+        title="Supervised tokens per label setting",
+    )
