@@ -4,6 +4,7 @@ heatmap(table, title, ...)              one heatmap renderer: LoRA-A AUROC by la
 lambda_curve(curve, lam, axis_title)    a document's λ curve: factuality, degenerate texts, perplexity
 token_bars(table, threshold)            p(good) per token, gold-bad tokens in black, flagged in red
 label_settings_bars(table)              the supervised good and bad tokens of each label setting
+training_curves(metrics)                a run's training loss and validation metrics by step
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import numpy as np
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
+from pandas.api.types import is_numeric_dtype
+from plotly.subplots import make_subplots
 
 
 def heatmap(
@@ -146,3 +149,18 @@ def label_settings_bars(table: pd.DataFrame) -> go.Figure:
         color_discrete_map={"good": "#16a34a", "bad": "#dc2626"},
         title="Supervised tokens per label setting",
     )
+
+
+def training_curves(metrics: pd.DataFrame) -> go.Figure:
+    """A run's metrics.jsonl rows: the training loss on the left, every numeric validation metric on the right."""
+    counts = ("val_tokens", "val_examples")
+    val = [c for c in metrics.columns if c.startswith("val_") and c not in counts and is_numeric_dtype(metrics[c])]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Training loss", "Validation"))
+    loss = go.Scatter(x=metrics["step"], y=metrics["loss"], mode="lines", name="loss", line=dict(color="#2563eb"))
+    fig.add_trace(loss, 1, 1)
+    for col in val:
+        v = metrics[["step", col]].dropna()
+        fig.add_trace(go.Scatter(x=v["step"], y=v[col], mode="lines+markers", name=col), 1, 2)
+    fig.update_xaxes(title_text="step")
+    fig.update_layout(height=300, legend=dict(orientation="h", y=-0.25))
+    return fig
