@@ -262,7 +262,8 @@ def test_job_launchers_write_the_command_lines_the_cli_reads(tmp_path):
     )
     assert (args.n_id, args.n_ood) == (4, 5)
 
-    own = OwnSummaryOptions(model="tiny-llama", limit=600, max_new_tokens=33)  # 600: SourceOptions' default limit
+    # limit 600: SourceOptions' default, not this source's (240), so it must be spelled all the same
+    own = OwnSummaryOptions(model="tiny-llama", limit=600, max_new_tokens=33)
     args = parse(launchers.data_build_argv(SOURCES["own-summaries"], own, tmp_path / "own.jsonl"))
     assert (args.source, args.out) == ("own-summaries", str(tmp_path / "own.jsonl"))
     assert options_of(args, SOURCES["own-summaries"]) == own

@@ -11,7 +11,7 @@ from ..analysis.studies.data_sources import SOURCES
 from ..config_fields import add_config_args, config_args, field_infos
 from ..data.overview import label_settings, token_labelled
 from ..data.records import Record, merge_jsonl, read_jsonl, write_jsonl
-from ..data.sources import DataSource, build_source
+from ..data.sources import DataSource, SourceOptions, build_source
 from ..data.split import split_records
 from ..models import ModelSpec, load_model
 from ..progress import Bar
@@ -76,7 +76,7 @@ def _readers(sources: Collection[DataSource], name: str, default: object) -> lis
     return out
 
 
-def options_of(args: argparse.Namespace, source: DataSource):
+def options_of(args: argparse.Namespace, source: DataSource) -> SourceOptions:
     """The options of `source` from `data build`'s flags: those it reads, given or at its options_type's defaults."""
     return source.options_type(**config_args(args, source.options_type, only=source.options))
 

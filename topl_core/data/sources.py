@@ -6,8 +6,8 @@ writes (the model's own summaries, minutes to hours) is a `DataSource` too, with
 `SourceOptions` subclass adding the model that writes, …) and `background=True`; its builder generates as the
 evaluation does, layers above this one, so its entry sits beside its builder in analysis/studies/, and the registry
 of every source, `analysis/studies/data_sources.SOURCES`, joins those entries to `FILE_SOURCES`. The CLI (`data build
---source`, its choices, flags and help), the Data page (its picker, help and build form) and the launcher of a
-background build read that registry and ask the entry, never its name.
+--source`, its choices, flags and help) and the Data page (its picker, help and build form) read that registry and
+ask the entry, never its name; `launchers.launch_data_build` takes an entry and runs `data build` in the background.
 """
 
 from __future__ import annotations
