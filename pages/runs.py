@@ -53,7 +53,7 @@ if df.empty:
     st.stop()
 
 st.dataframe(
-    df.drop(columns=["path", "complete"]),
+    df.drop(columns=["path", "complete", "warnings"]),
     hide_index=True,
     key="runs.table",
     column_config={
@@ -63,6 +63,9 @@ st.dataframe(
         "has_head": st.column_config.CheckboxColumn("head"),
     },
 )
+
+for run, warning in df.loc[df["warnings"] != "", ["run", "warnings"]].itertuples(index=False):
+    st.warning(f"**{run}**: {warning}", icon=":material/warning:")  # e.g. a tracker that failed mid-run
 
 names = df["run"].tolist()
 default = df[df["complete"].astype(bool)]["run"].tolist()[:2] or names[:2]

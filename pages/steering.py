@@ -26,19 +26,23 @@ from pages._ui.spec import current_precision, current_spec
 
 with core_imports():  # the token sets and the page's cached work are read with the analysis core too
     from pages._ui.steering import (
-        base_text,
+        base_stream,
         document_picker,
+        export_zip,
         quality_caption,
         scorer,
         scorer_caption,
+        steered_stream,
         steered_texts,
         steering_session,
         text_fluency,
+        text_store,
+        written,
     )
     from pages._ui.token_sets import token_set, token_set_picker
     from topl_core.analysis.evaluation.lambda_study import document_curve
     from topl_core.analysis.steering.modes import MODES, SteerConfig
-    from topl_core.analysis.steering.summary import export_bundle, site_table
+    from topl_core.analysis.steering.summary import site_table
 
 st.title("Steering")
 st.caption(
@@ -130,35 +134,34 @@ if unit_note:
 curve_key = (run, fp, document[:200], top_k, max_new, bound, how)  # the λ grid asked for ("Generate every λ")
 
 
-def steered_at(value: float) -> str:
-    """The steered text at λ = value: from this document's λ grid once it was generated (one batch), else alone."""
-    if st.session_state.get("steer.curve_for") == curve_key:
-        texts = steered_texts(spec, run, fp, ts, top_k, precision, document, tuple(GRID), max_new, how)
-        if value in texts:
-            return texts[value]
-    return steered_texts(spec, run, fp, ts, top_k, precision, document, (value,), max_new, how)[value]
+def steered_key(value: float) -> tuple:
+    return ("steered", spec, run, fp, ts, top_k, precision, document, round(float(value), 6), max_new, how)
 
 
+def steered(value: float):
+    return lambda: steered_stream(spec, run, fp, ts, top_k, precision, document, value, max_new, how)
+
+
+# each box draws its text at once when it was generated before, else fills in token by token
+boxes = [
+    (
+        "Base model",
+        ("base", spec, precision, document, max_new),
+        lambda: base_stream(spec, precision, document, max_new),
+    ),
+    (f"Merged adapter (λ = {neutral:g})", steered_key(neutral), steered(neutral)),
+    (f"Steered ({spec_mode.label}, λ = {lam:+.2f})", steered_key(lam), steered(round(float(lam), 6))),
+]
+slots = [col.empty() for col in st.columns(3, gap="medium")]
 try:
-    with st.spinner("Generating…"):
-        t_base = base_text(spec, precision, document, max_new)
-        t_merged = steered_at(neutral)
-        t_steered = steered_at(round(float(lam), 6))
+    t_base, t_merged, t_steered = (written(slot, *box) for slot, box in zip(slots, boxes))
 except Exception as e:
     step_error(f"generate the summaries ({precision})", e)
     st.stop()
-
-cols = st.columns(3, gap="medium")
-boxes = [
-    ("Base model", t_base, t_base),
-    (f"Merged adapter (λ = {neutral:g})", t_merged, t_merged),
-    (f"Steered ({spec_mode.label}, λ = {lam:+.2f})", t_steered, None),
-]
-for col, (title, text, _) in zip(cols, boxes):
-    body = diff_html(t_merged, text) if title.startswith("Steered") else html.escape(text).replace("\n", "<br>")
-    col.markdown(
-        text_box(title, body or "<i>(empty)</i>", quality_caption(spec, document, text)), unsafe_allow_html=True
-    )
+for i, (slot, (title, _, _), text) in enumerate(zip(slots, boxes, (t_base, t_merged, t_steered))):
+    body = diff_html(t_merged, text) if i == 2 else html.escape(text).replace("\n", "<br>")
+    caption = quality_caption(spec, document, text)
+    slot.markdown(text_box(title, body or "<i>(empty)</i>", caption), unsafe_allow_html=True)
 changed = t_steered != t_merged
 summary = (
     "Highlighted: words that differ from the merged output; struck through: words it dropped."
@@ -191,8 +194,7 @@ with left:
         f"μ+ / μ− and the site outputs from {vec.n_good} good and {vec.n_bad} bad tokens ({token_set(*ts)[0]}). "
         "Modes that scale the adapter's update act on every LoRA site of the adapter, not only these."
     )
-    config = session.lm.model.config
-    bundle = export_bundle(vec, config.model_type, config.num_hidden_layers)
+    bundle = export_zip(spec, run, fp, ts, top_k, precision)
     st.download_button(
         "Export steering vectors (safetensors + JSON, llama.cpp control vectors)",
         bundle.data,
@@ -222,6 +224,8 @@ with right:
     if st.session_state.get("steer.curve_for") == curve_key:
         with st.spinner(f"Generating the {len(GRID)} λ positions as one batch, then their fluency…"):
             texts = steered_texts(spec, run, fp, ts, top_k, precision, document, tuple(GRID), max_new, how)
+            for g, text in texts.items():  # the slider reads them from now on (a text already shown stays)
+                text_store().put(steered_key(g), text, replace=False)
             fluencies = [text_fluency(spec, texts[g]) for g in GRID]
         curve = document_curve(document, texts, fluencies, scorer())
         plot(lambda_curve(curve, lam, f"λ ({spec_mode.label})"), key="steer.curve")

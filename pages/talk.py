@@ -29,6 +29,7 @@ from topl_core.analysis.studies.deck import (
 )
 from topl_core.analysis.studies.deck_html import deck_html
 from topl_core.data.split import split_records
+from topl_core.errors import RunError
 from topl_core.paths import inside
 from topl_core.status import read_status
 
@@ -152,7 +153,11 @@ def progress_panel() -> None:
 
 
 job = jobs.read_job(chosen)
-deck = read_deck(chosen)
+try:
+    deck = read_deck(chosen)
+except RunError as e:  # its deck.json cannot be read: the message says what to do
+    st.error(str(e))
+    st.stop()
 if job is not None and job.active:
     st.fragment(progress_panel, run_every=1.5)()
     st.stop()
@@ -164,6 +169,8 @@ if not deck.complete:
         st.code(jobs.log_tail(chosen, 20) or "(empty log)", language=None)
     else:
         st.warning(message + ". Resuming keeps every summary already made.")
+    for note in deck.unreadable_notes("resuming makes its summaries again."):
+        st.warning(note, icon=":material/broken_image:")
     if st.button("Resume preparing", key=K + "resume", icon=":material/play_arrow:"):
         jobs.launch(prepare_args(deck.config, chosen), chosen, kind="deck")
         st.rerun()
@@ -179,6 +186,8 @@ def talk_html(folder: str, stamp: float) -> str:
     return deck_html(read_deck(folder), keys_from_parent=True)
 
 
+for note in read_status(chosen).get("redone", []):  # what the last preparation found unreadable and made again
+    st.info(note, icon=":material/build:")
 if not deck.has_head:  # the view says whose verdict the colours are; a deck without one is flagged here too
     st.warning(deck.head_note, icon=":material/visibility_off:")
 stamp = max(f.stat().st_mtime for f in chosen.glob("*.json"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,6 +158,13 @@ def mlflow_uri(tmp_path_factory) -> str:
     """One MLflow SQLite store for the tests that log to MLflow (each in its own experiment): creating a store runs
     MLflow's schema migrations, 3–8 s on 2 cores, paid once."""
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+def free_port() -> int:
+    """A local TCP port nothing listens on (bound, read, released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def smollm2_available() -> bool:

@@ -638,6 +638,39 @@ def test_train_page_launches_a_background_run(workbench):
     assert any(len(f["data"]) >= 2 for f in figures(at)), "no loss / validation curves for the run"
 
 
+def test_train_page_refuses_an_unreachable_tracker_before_launching(workbench):
+    """As the CLI does: an MLflow server that is not there is named on the page, with the fix, and nothing starts."""
+    from conftest import free_port
+
+    uri = f"http://127.0.0.1:{free_port()}"
+    at = open_page("train")
+    at.text_input(key="train.run_name").set_value("unreachable-tracker")
+    at.multiselect(key="train.report_to").set_value(["mlflow"])
+    at.text_input(key="train.mlflow_tracking_uri").set_value(uri)
+    at.button[[b.label for b in at.button].index("Start training")].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    (error,) = [e.value for e in at.error]
+    assert f"{uri}: MLflow's tracking store" in error and "not reachable" in error and "mlflow server" in error
+    assert not (workbench["runs"] / "unreachable-tracker").exists()
+
+
+def test_runs_page_shows_what_went_wrong_without_stopping_a_run(workbench, monkeypatch, tmp_path):
+    """A run whose tracker failed mid-run (status.add_warning, as the trainer records it) finished all the same: the
+    Runs page says what happened beside the table; a run without warnings gets none."""
+    from topl_core.status import add_warning
+
+    runs = tmp_path / "runs"
+    warned = _copy_run(workbench["runs"] / "topl-tiny", runs / "topl-warned")
+    _copy_run(workbench["runs"] / "sft-tiny", runs / "sft-quiet")
+    add_warning(warned, "the mlflow tracker failed at step 3 (MlflowException: gone); training went on without it")
+    monkeypatch.setenv("TOPL_RUNS_DIR", str(runs))
+    at = open_page("runs")
+    assert not at.exception, [e.value for e in at.exception]
+    (warning,) = [w.value for w in at.warning]
+    assert "**topl-warned**" in warning and "mlflow tracker failed at step 3" in warning
+    assert set(at.dataframe[0].value["state"]) == {"finished"}
+
+
 def test_runs_page_config_diff(workbench):
     at = open_page("runs")
     at.multiselect(key="runs.compare").set_value(["topl-tiny", "sft-tiny"]).run()
@@ -1228,6 +1261,15 @@ def test_talk_mode_answers_every_deck_state(workbench, tmp_path):
     assert not at.exception
     assert "has no head" in " ".join(w.value for w in at.warning)
     assert not talk_page_data(at)["has_head"] and talk_page_data(at)["docs"][0]["base"]["tokens"] is None
+
+    # a document file cut short: named, with what resuming does; prepared again, the view says what was redone
+    doc = no_head / "doc-000.json"
+    doc.write_text(doc.read_text()[:40])
+    said = page_messages(at.run())
+    assert f"{doc}: unreadable (JSONDecodeError" in said and "resuming makes its summaries again" in said
+    assert prepare_deck(no_head).state == "finished"
+    at.run()
+    assert not at.exception and f"{doc}: unreadable" in " ".join(i.value for i in at.info)
     shutil.rmtree(decks_dir())  # the other tests' runs list stays as it was
 
 

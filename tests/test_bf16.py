@@ -146,6 +146,7 @@ def test_steering_vectors_and_every_mode_in_bf16(run, news_records):
         for positions in POSITIONS:
             how = SteerConfig(mode, positions)
             assert session.generate_steered(doc, how.neutral, gen, how=how) == merged_text, how
+            assert [*session.stream_steered(doc, how.neutral, gen, how=how)][-1] == merged_text, how  # streamed
             assert isinstance(session.generate_steered(doc, how.neutral + 2.0, gen, how=how), str)
             assert_grid_keeps_the_neutral_row(session, doc, how, gen)
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +37,7 @@ sync_api = pytest.importorskip(
     "playwright.sync_api", reason="the playwright package is not installed (requirements.txt)"
 )
 
+from conftest import free_port  # noqa: E402
 from test_app import build_workbench  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,12 +65,6 @@ PAGES = {
     "layer_sweep": "Layer sweep",
     "evaluation": "Evaluation",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class App:
@@ -423,6 +418,32 @@ def test_dragging_lambda_changes_the_steered_summary(app, browser, workbench):
     page.context.close()
 
 
+def test_steered_text_streams_in_while_it_is_written(app, browser, workbench):
+    """A new λ position fills the steered box token by token: the page shows the text written so far (with a cursor)
+    before the whole summary, each partial text a beginning of the final one; then the box holds the final text."""
+    page = new_page(browser)
+    visit(page, app, "steering", "Steering")
+    page.locator(".topl-box").nth(2).wait_for()
+    # every state of the steered box the browser draws, recorded as the DOM changes
+    page.evaluate(
+        """() => { window.__partials = [];
+        new MutationObserver(() => { const b = document.querySelectorAll('.topl-box')[2];
+            if (b && b.textContent.includes('\u258d')) window.__partials.push(b.textContent); })
+        .observe(document.body, {subtree: true, childList: true, characterData: true}); }"""
+    )
+    choose_lambda_range(page, WIDEST_RANGE)  # a rerun at λ = 0, read from the store: nothing streams
+    assert page.evaluate("() => window.__partials.length") == 0
+    drag_slider(page, lambda_slider(page), 0.125)  # a λ no other test generates: the store does not have it
+    settle(page)
+    assert_clean(page, "steering while streaming")
+    # compared without whitespace: the final box joins words with spaces, the partial one keeps line breaks as <br>
+    bare = lambda text: re.sub(r"\s+", "", text.replace("\u258d", ""))  # noqa: E731
+    partials, final = [bare(p) for p in page.evaluate("() => window.__partials")], bare(steered_words(page))
+    assert partials, "the steered text was not shown while it was written"
+    assert all(final.startswith(p) for p in partials) and any(len(p) < len(final) for p in partials)
+    page.context.close()
+
+
 def test_talk_mode_keys_move_lambda_and_switch_document_from_the_deck(app, browser, workbench):
     """Talk mode in the browser: keys pressed anywhere in the app window move λ and switch document in the embedded
     view, which shows the prepared summary of each position (read from the deck, nothing generated)."""
@@ -510,9 +531,9 @@ def test_four_sessions_steering_at_once_get_what_each_would_get_alone(app, brows
 def test_training_job_survives_reload_and_app_restart(app, browser, workbench):
     page = new_page(browser)
     visit(page, app, "train", "Train")
-    page.get_by_label("Run name").fill("browser-run")
-    page.get_by_label("Steps", exact=True).fill("40")
-    page.get_by_label("Validate every (steps)").fill("20")
+    page.get_by_role("textbox", name="Run name", exact=True).fill("browser-run")
+    page.get_by_role("spinbutton", name="Steps", exact=True).fill("40")
+    page.get_by_role("spinbutton", name="Validate every (steps)", exact=True).fill("20")
     page.get_by_role("button", name="Start training").click()
     page.get_by_text("Started browser-run").first.wait_for()
     progress = page.locator('[data-testid="stProgress"]').filter(has_text="step")

@@ -175,3 +175,32 @@ def test_a_probe_head_gives_the_verdict_where_asked(deck_config, tmp_path):
     assert "a probe head fitted on its hidden states" in deck.head_note
     merged = deck.documents[0].at(0.0)
     assert merged.text.strip() and len(merged.p_good) == len(merged.tokens) > 0
+
+
+def test_a_truncated_deck_file_is_named_and_made_again(deck_config, tmp_path, capsys):
+    """A document file cut short (a copy that stopped, a full disk): `steer --deck … --export-html` names the file and
+    says its summaries are made again — in its output and in the deck's status, which the Talk page shows — then the
+    deck is whole again and the next run has nothing to say."""
+    from topl_core.cli import main as cli_main
+
+    folder, html = tmp_path / "deck", tmp_path / "talk.html"
+    argv = ["steer", "--run", deck_config.adapter, "--deck", str(folder), "--data", deck_config.data, "--top-k", "2",
+            "--document", deck_config.documents[0], "--lambdas", "0", "--max-new-tokens", "4",
+            "--export-html", str(html)]  # fmt: skip
+    assert cli_main(argv) == 0
+    doc = doc_path(folder, 0)
+    whole = doc.read_bytes()
+    doc.write_bytes(whole[: len(whole) // 2])
+    deck = read_deck(folder)
+    assert not deck.complete and [p for p, _ in deck.unreadable] == [doc]
+    assert deck.unreadable_notes("x")[0].startswith(f"{doc}: unreadable (JSONDecodeError: ")
+    capsys.readouterr()
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"{doc}: unreadable (JSONDecodeError: " in out and "its summaries are made again." in out
+    assert "2 summaries generated, 0 already there (finished)" in out
+    assert read_deck(folder).complete and html.read_text() == deck_html(read_deck(folder))
+    (note,) = read_status(folder)["redone"]
+    assert note.startswith(f"{doc}: unreadable")
+    assert cli_main(argv) == 0
+    assert "unreadable" not in capsys.readouterr().out and read_status(folder)["redone"] == []

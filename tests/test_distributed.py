@@ -5,13 +5,13 @@ in one process."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 import torch
+from conftest import free_port
 
 from topl_core.data.records import write_jsonl
 from topl_core.runs import RunDir
@@ -20,12 +20,6 @@ from topl_core.training.trainer import train
 
 # One process's gradient is one sum; two ranks' are two partial sums added: equal up to float rounding.
 RTOL, ATOL = 1e-4, 1e-6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _weights(run: RunDir) -> dict[str, torch.Tensor]:
@@ -48,7 +42,7 @@ def test_two_processes_take_one_process_steps_and_resume_in_one(tmp_path, tiny_r
     mode = "--use_fsdp" if sharding == "fsdp" else "--multi_gpu"
     launch = [sys.executable, "-m", "accelerate.commands.launch", mode, "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(_free_port()), "-m", "topl_core", "train"]  # fmt: skip
+              "--main_process_port", str(free_port()), "-m", "topl_core", "train"]  # fmt: skip
     two = RunDir(tmp_path / "two")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([*launch, *flags, "--out", str(two.path)], stderr=subprocess.PIPE, text=True, env=env)

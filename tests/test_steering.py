@@ -508,3 +508,46 @@ def test_site_table_and_export_bundle(merged, vectors):
     names = set(zipfile.ZipFile(io.BytesIO(bundle.data)).namelist())
     assert names == set(bundle.files) == exportable | {"steering_vectors.safetensors", "steering.json"}
     assert set(bundle.left_out) == {s.key for s in vectors.sites if s.layer == 0}
+
+
+# --- streaming (issue 40) ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_streamed_text_is_the_generated_text(merged, vectors, positions):
+    """Every mode: the streamed text grows token by token and ends on generate_steered's text; steering generated
+    positions only, every λ decodes from the one prompt forward of the document. Closing a stream midway leaves no
+    hook and frees the model for the next generation."""
+    session, hooks = SteeringSession(merged, vectors), all_hooks(merged.model)
+    gen = GenerationConfig(max_new_tokens=12, precision="fp32")
+    for mode, spec in MODES.items():
+        how = SteerConfig(mode, positions, "raw")
+        step = big_lambda(vectors) if spec.action.units_apply else 100.0
+        for lam in (spec.neutral, spec.neutral + step):
+            parts = list(session.stream_steered(DOC, lam, gen, how=how))
+            assert parts[-1] == session.generate_steered(DOC, lam, gen, how=how), (how, lam)
+            assert len(parts) > 1 and all(b.startswith(a.rstrip()) for a, b in zip(parts, parts[1:]) if a)
+    assert len(session._prefills) == (1 if positions == "generated" else 0)
+    stream = session.stream_steered(DOC, 0.0, gen, how=SteerConfig("vector", positions))
+    next(stream)
+    assert all_hooks(merged.model) > hooks
+    stream.close()
+    assert all_hooks(merged.model) == hooks and session._lock.acquire(blocking=False)
+    session._lock.release()
+
+
+def test_slider_bench_measures_both_paths_on_the_same_text(merged, vectors):
+    """bench --slider's figures on the tiny model: both paths write the same text (the bench checks it), every time is
+    positive and the ratios are the times' ratios."""
+    from topl_core.analysis.steering.slider_bench import format_slider, slider_bench
+
+    res = slider_bench(
+        SteeringSession(merged, vectors), DOC, new_tokens=6, precision="fp32", repeats=2, log=lambda _: 0
+    )
+    assert (
+        res["repeats"] == 2 and res["precision"] == {"prefill": "fp32", "decode": "fp32"} and res["prompt_tokens"] > 0
+    )
+    assert 0 < res["slider_first_token_s"] <= res["slider_s"] and res["naive_s"] > 0
+    assert res["slider_vs_naive"] == pytest.approx(res["slider_s"] / res["naive_s"])
+    assert res["first_token_vs_naive"] == pytest.approx(res["slider_first_token_s"] / res["naive_s"])
+    assert "slider_vs_naive" in format_slider(res)

@@ -5,11 +5,12 @@ resume without redoing finished windows, and the label-sensitivity study's rows 
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import free_port, tiny_config
 from safetensors.torch import load_file
 
 from topl_core.analysis.studies import sweeps
@@ -322,3 +323,21 @@ def test_executor_settings_are_checked_before_any_work(capsys):
     assert "needs --executor ray" in capsys.readouterr().err
     assert main(["evaluate", "--run", "unused", "--lambdas", "1", "--executor", "ray"]) == 2
     assert "λ study" in capsys.readouterr().err
+
+
+def test_an_unreachable_ray_cluster_is_refused_in_seconds(capsys, tmp_path):
+    """A cluster address where nothing listens: refused by the probe before anything is loaded or written, naming
+    the flag and the fix (Ray's own connect retried for minutes); a study run directly is refused by run_tasks."""
+    from topl_core.cli import main
+    from topl_core.errors import ServiceError
+    from topl_core.executor import ExecutorConfig, run_tasks
+
+    address = f"127.0.0.1:{free_port()}"
+    t0 = time.perf_counter()
+    assert main(["sweep", "--out", str(tmp_path / "sweep"), "--executor", "ray", "--ray-address", address]) == 2
+    err = capsys.readouterr().err
+    assert f"--ray-address = {address}: the Ray cluster's head node" in err and "not reachable" in err
+    assert "ray start --head" in err and not (tmp_path / "sweep").exists()
+    with pytest.raises(ServiceError, match="not reachable"):
+        run_tasks(lambda shared, item: {}, None, [1], ExecutorConfig(kind="ray", address=address), lambda i, r: None)
+    assert time.perf_counter() - t0 < 10

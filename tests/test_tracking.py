@@ -6,20 +6,23 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
 import sys
 import time
 
 import pytest
-from conftest import REPO, tiny_config
+from conftest import REPO, free_port, tiny_config
 
 from topl_core.adapters import open_adapter
 from topl_core.cli import build_parser, main
 from topl_core.cli.train import config_from_args
-from topl_core.errors import ConfigError, RunError
+from topl_core.data.records import write_jsonl
+from topl_core.errors import ConfigError, RunError, ServiceError
+from topl_core.jobs import read_job
 from topl_core.runs import RunDir
 from topl_core.sharing import export_run
 from topl_core.training.config import TrainConfig
-from topl_core.training.tracking import INSTALL, numeric_metrics
+from topl_core.training.tracking import INSTALL, RUN_DIR_TAG, check_trackers, numeric_metrics
 from topl_core.training.trainer import train
 
 DEMOS = ("topl-smollm2", "sft-smollm2")
@@ -164,3 +167,56 @@ def test_report_to_names_a_known_tracker():
         TrainConfig(report_to=("wandb",))
     with pytest.raises(ConfigError, match="mlflow_tracking_uri"):
         TrainConfig(mlflow_tracking_uri="sqlite:///x.db")
+
+
+def test_an_unreachable_mlflow_server_is_refused_in_seconds_before_training(tmp_path, tiny_records):
+    """A tracking URI where nothing listens (a typo'd port), through the real CLI: one `error:` line naming the URI,
+    the flag and the fixes, exit 2, no traceback, no run folder — where MLflow's own retries took four minutes."""
+    data = write_jsonl(tiny_records, tmp_path / "d.jsonl")
+    uri = f"http://127.0.0.1:{free_port()}"
+    argv = ["train", "--model", "tiny-llama", "--data", str(data), "--out", str(tmp_path / "run"), "--steps", "2",
+            "--lora-layer-end", "2", "--report-to", "mlflow", "--mlflow-tracking-uri", uri]  # fmt: skip
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "topl_core", *argv], capture_output=True, text=True, timeout=300)
+    took = time.perf_counter() - t0
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    (error,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert f"{uri}: MLflow's tracking store at 127.0.0.1:" in error and "not reachable" in error
+    assert "--mlflow-tracking-uri" in error and "mlflow server" in error and "--report-to" in error
+    assert not (tmp_path / "run").exists()
+    assert took < 90, took  # the interpreter and the core's imports (~10 s on 2 cores), not a network wait
+    t0 = time.perf_counter()
+    with pytest.raises(ServiceError, match="not reachable"):  # the probe itself, as the Train page calls it
+        check_trackers(tiny_config(report_to=("mlflow",), mlflow_tracking_uri=uri))
+    assert time.perf_counter() - t0 < 5
+
+
+def test_a_tracker_failing_mid_run_leaves_a_finished_run_and_a_warning(tmp_path, tiny_records, mlflow_uri):
+    """The run's MLflow run is deleted by someone else after step 2 (a real store, a real failure): MLflow refuses
+    the next rows, training goes on to a finished run, the failure is warned, recorded in status.json (the Runs page
+    reads it through read_job) and not repeated; metrics.jsonl keeps every step."""
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    cfg = tiny_config(steps=4, report_to=("mlflow",), mlflow_tracking_uri=mlflow_uri)
+    run_path = tmp_path / "topl-tiny"
+    client = MlflowClient(tracking_uri=mlflow_uri)
+
+    def delete_the_mlflow_run(p) -> None:
+        if p.step == 2:
+            experiment = client.get_experiment_by_name("mid-run-failure")
+            (logged,) = client.search_runs([experiment.experiment_id], f"tags.`{RUN_DIR_TAG}` = '{run_path.resolve()}'")
+            client.delete_run(logged.info.run_id)
+
+    with pytest.warns(RuntimeWarning, match="the mlflow tracker failed at step 3") as seen:
+        run = train(
+            cfg, run_path, progress=delete_the_mlflow_run, records=tiny_records, tracking_group="mid-run-failure"
+        )
+    assert run.read_status()["state"] == "finished" and run.is_complete
+    assert [r["step"] for r in run.read_metrics() if "loss" in r] == [1, 2, 3, 4]
+    (warning,) = read_job(run.path).warnings  # once: the broken tracker got no later rows
+    assert warning.startswith("the mlflow tracker failed at step 3 (") and "metrics.jsonl has every row" in warning
+    assert sum("mlflow tracker" in str(w.message) for w in seen) == 1
+    experiment = client.get_experiment_by_name("mid-run-failure").experiment_id
+    deleted = client.search_runs([experiment], run_view_type=ViewType.DELETED_ONLY)
+    assert [m.step for m in client.get_metric_history(deleted[0].info.run_id, "loss")] == [1, 2]

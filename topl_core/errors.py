@@ -28,5 +28,10 @@ class ScorerError(WorkbenchError):
     """A scorer cannot be built or used as asked; the message says what to do."""
 
 
+class ServiceError(WorkbenchError):
+    """An outside service (a tracking server, a hub, a cluster) is not reachable; the message names it, the setting
+    that named it and the fix."""
+
+
 class JobError(RuntimeError):
     """A job cannot be launched, resumed or cancelled; the message says why and what to do."""

@@ -33,9 +33,15 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 from .config_fields import config_argv, config_field
-from .errors import ConfigError
+from .errors import ConfigError, ServiceError
+from .services import check_reachable
 
 ExecutorKind = Literal["local", "ray"]
+RAY_GCS_PORT, RAY_CLIENT_PORT = 6379, 10001  # Ray's default ports: a head node's GCS, the Ray client (ray://)
+RAY_FIX = (
+    "Start the cluster (ray start --head on its head node), correct the address, or leave it empty to start Ray on "
+    "this machine."
+)
 EXECUTORS: tuple[str, ...] = ("local", "ray")
 
 
@@ -103,6 +109,19 @@ class ExecutorConfig:
         """The command-line flags that ask for this executor (topl_core.cli.common.add_executor_args); --executor
         always, since a command without it keeps the study's saved executor."""
         return config_argv(self, always=("kind",))
+
+    def check_reachable(self) -> None:
+        """Refuse, before any task, a cluster address where nothing answers (Ray's own connect retries for minutes).
+        "auto" (a cluster this machine runs, found by Ray) and no address (Ray started here) are not probed."""
+        if self.kind == "ray" and self.address not in (None, "auto", "local"):
+            client = self.address.startswith("ray://")
+            check_reachable(
+                self.address,
+                RAY_CLIENT_PORT if client else RAY_GCS_PORT,
+                what="the Ray cluster's " + ("client server" if client else "head node"),
+                setting="--ray-address",
+                fix=RAY_FIX,
+            )
 
     def describe(self) -> str:
         if self.kind == "local":
@@ -196,11 +215,15 @@ def _run_ray(fn, shared, items, cfg: ExecutorConfig, on_done) -> list[TaskFailur
         import ray
     except ImportError as e:
         raise ConfigError("--executor ray needs the ray package: pip install -r requirements.txt") from e
+    cfg.check_reachable()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report from this machine
     started_here = not ray.is_initialized()
     if started_here:
         on_sigterm = signal.getsignal(signal.SIGTERM)
-        ray.init(address=cfg.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        try:
+            ray.init(address=cfg.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        except ConnectionError as e:  # something answers at the address, but not a Ray cluster (or it went away)
+            raise ServiceError(f"--ray-address {cfg.address}: {str(e).splitlines()[0]}. {RAY_FIX}") from e
         if on_sigterm is not None and threading.current_thread() is threading.main_thread():
             # Ray installs a handler that ends the process without unwinding; keep ours (a job's SIGTERM is a
             # clean stop: status.sigterm_as_interrupt), so the study still writes its state

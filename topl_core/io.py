@@ -1,28 +1,82 @@
-"""Atomic file writes: write to a temp file in the same folder, then rename (a crash never leaves half a file)."""
+"""Atomic file writes: write to a temp file in the same folder, then rename (a crash never leaves half a file). A
+written file gets the permissions open() would give it: an existing file's own, a new file those the user's umask
+allows (mkstemp alone makes 0600 files, which a colleague on a shared server cannot read)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
+import stat
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
 
+_UMASK_GUARD = threading.Lock()
+
+
+def current_umask() -> int:
+    """This process's umask, read from /proc where there is one (os.umask cannot read it without setting it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_GUARD:  # set and restored at once; a file another thread creates meanwhile is private, not open
+        mask = os.umask(0o077)
+        os.umask(mask)
+    return mask
+
+
+def file_mode(path: str | os.PathLike) -> int:
+    """The permission bits open(path, "w") leaves: the file's own when it exists, else 0o666 less the umask."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return 0o666 & ~current_umask()
+
+
+def give_umask_permissions(*paths: str | os.PathLike) -> None:
+    """Files another library wrote privately (safetensors' save_file, and with it PEFT's and transformers'
+    save_pretrained, makes 0600 files) given the permissions a new file gets under the umask."""
+    mode = 0o666 & ~current_umask()
+    for p in paths:
+        os.chmod(p, mode)
+
 
 @contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temp file's path beside `path`, with the permissions `path` is to have, renamed over `path` when the block
+    ends without error (removed when it raises): for writers that take a file name."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
-            yield f
+        os.fchmod(fd, file_mode(path))
+        os.close(fd)
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+    with atomic_path(path) as tmp, open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        yield f
+
+
+def copy_file(src: str | os.PathLike, dest: str | os.PathLike) -> Path:
+    """`src` copied to `dest` atomically, with the permissions of a file written here (not src's own, as
+    shutil.copy2 would keep: a private source would make a private copy)."""
+    with open(src, "rb") as fin, atomic_open(dest, "wb") as fout:
+        shutil.copyfileobj(fin, fout)
+    return Path(dest)
 
 
 def write_json(path: str | os.PathLike, obj) -> Path:

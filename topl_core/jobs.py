@@ -83,6 +83,7 @@ class JobStatus:
     error: str | None = None
     val: dict = field(default_factory=dict)  # latest validation metrics (e.g. val_token_auroc)
     current: str | None = None  # what a sweep is training now (a window's name)
+    warnings: tuple[str, ...] = ()  # what went wrong without stopping the work (status.add_warning)
     label: str = ""  # the path relative to the listed root ("baselines/sft"), set by list_jobs
 
     @property
@@ -254,6 +255,7 @@ def read_job(job_dir: str | Path) -> JobStatus | None:
         error,
         val,
         current=status.get("current"),
+        warnings=tuple(status.get("warnings", ())),
     )
 
 

@@ -155,6 +155,9 @@ def launch_sweep(cfg: SweepConfig, sweep_dir: str | Path, executor: ExecutorConf
     """Start (or continue) a layer sweep in the background, its windows run by `executor` (default: the sweep's
     saved one, else local); its windows checkpoint when cancelled."""
     sweep_dir = Path(sweep_dir).resolve()
+    check_trackers(cfg.train)  # said here, on the page, rather than in a background job's log
+    if executor is not None:
+        executor.check_reachable()
     with claim(sweep_dir) as lock:
         save_sweep_config(sweep_dir, cfg, executor or saved_executor(sweep_dir))
         return start_claimed(["sweep", "--resume", str(sweep_dir)], lock, "sweep", None)

@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +27,11 @@ from typing import Literal, get_args
 import torch
 
 from .errors import ModelError
-from .io import sha256_file
+from .io import give_umask_permissions, sha256_file
 from .paths import cache_dir
 from .precision import PRECISIONS, TORCH_DTYPES, Precision, resolve_weights
 from .presets import DEFAULT_MODEL, PRESETS
+from .services import PROBE_TIMEOUT_S, host_port, unreachable
 from .tiny_models import TINY_FAMILIES, build_tiny_model
 
 Device = Literal["cpu", "cuda"]
@@ -260,20 +260,14 @@ def _load_hub_or_path(name: str, dtype: torch.dtype):
         ) from e
 
 
-def hub_reachable(timeout_s: float = 3.0) -> bool:
+def hub_reachable(timeout_s: float = PROBE_TIMEOUT_S) -> bool:
     """A quick TCP probe of the hub endpoint, so offline machines fail in seconds instead of retrying for a minute."""
-    from urllib.parse import urlparse
-
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
         return False
-    url = urlparse(constants.ENDPOINT)
-    try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=timeout_s).close()
-        return True
-    except OSError:
-        return False
+    where = host_port(constants.ENDPOINT, 443)
+    return where is not None and unreachable(*where, timeout_s) is None
 
 
 def _from_hub(model_id: str, dtype: torch.dtype):
@@ -315,6 +309,7 @@ def converted_embedded_dir(name: str) -> Path:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    give_umask_permissions(*(p for p in tmp.iterdir() if p.is_file()))
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

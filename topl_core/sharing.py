@@ -2,18 +2,18 @@
 
     export_run(run, dest) -> RunDir        copies RunDir.shared_files() (adapter, head, card, config, metrics,
                                            state); no checkpoint, tracker files, writer lock or stop request
-    push_to_hub(folder, repo_id)           uploads an exported folder (huggingface_hub); offline: a RunError at once
+    push_to_hub(folder, repo_id)           uploads an exported folder (huggingface_hub); offline: a ServiceError at once
 
 The export is itself a run folder: the workbench opens it as a run (checksums verified), PEFT as an adapter folder.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from .card import write_card
-from .errors import RunError
+from .errors import RunError, ServiceError
+from .io import copy_file
 from .models import hub_reachable
 from .runs import RunDir
 
@@ -27,7 +27,7 @@ def export_run(run: RunDir | str | Path, dest: str | Path) -> RunDir:
         raise RunError(f"{out.path}: exists and is not empty; export into a new or empty folder.")
     out.path.mkdir(parents=True, exist_ok=True)
     for f in run.shared_files():
-        shutil.copy2(f, out.path / f.name)
+        copy_file(f, out.path / f.name)  # the user's permissions, whatever the run's files have
     if not run.card_path.exists():  # a run finished before runs carried cards
         write_card(out)
     return out
@@ -36,7 +36,7 @@ def export_run(run: RunDir | str | Path, dest: str | Path) -> RunDir:
 def push_to_hub(folder: str | Path, repo_id: str, private: bool = False) -> str:
     """Upload an exported folder to the hub repository `repo_id` (created if needed); returns its URL."""
     if not hub_reachable():
-        raise RunError(
+        raise ServiceError(
             f"--push-to-hub {repo_id}: the hub is not reachable from here (offline, HF_HUB_OFFLINE set, or no "
             f"network). The export in {folder} is complete: upload it later with "
             f"`hf upload {repo_id} {folder}`."
@@ -48,4 +48,4 @@ def push_to_hub(folder: str | Path, repo_id: str, private: bool = False) -> str:
         api.create_repo(repo_id, private=private, exist_ok=True)
         return str(api.upload_folder(repo_id=repo_id, folder_path=str(folder)))
     except Exception as e:  # auth, permissions, a network that fails halfway
-        raise RunError(f"--push-to-hub {repo_id}: the upload failed ({str(e).splitlines()[0]}).") from e
+        raise ServiceError(f"--push-to-hub {repo_id}: the upload failed ({str(e).splitlines()[0]}).") from e

@@ -3,9 +3,10 @@ whether it runs in the foreground (a CLI command) or as a background job (topl_c
 
 The work's folder holds:
 
-    status.json   {"state", "updated", "pid", "error"?, ...progress}: written atomically by the work as it goes
-                  (training: step / steps; a sweep: done / total windows and the current window), and by the job
-                  runner when the work ended without saying so (a crash before the first write, a signal).
+    status.json   {"state", "updated", "pid", "error"?, "warnings"?, ...progress}: written atomically by the work as
+                  it goes (training: step / steps; a sweep: done / total windows and the current window), and by the
+                  job runner when the work ended without saying so (a crash before the first write, a signal);
+                  warnings: what went wrong without stopping the work (add_warning).
     STOP          a stop request: the work stops at its next check (training: after the current step, with a
                   checkpoint), sets state "cancelled", and the file is removed when the work is started again.
     LOCK          the single writer's pid and host while it works (WriterLock): a second writer is refused.
@@ -39,8 +40,12 @@ ENDED_STATES: tuple[State, ...] = ("finished", "failed", "cancelled", "interrupt
 
 
 def write_status(folder: str | Path, state: State, **fields) -> None:
-    """Replace the folder's status (atomically) with `state`, this process's pid, the time and `fields`."""
-    write_json(Path(folder) / STATUS_FILE, {"state": state, "updated": time.time(), "pid": os.getpid(), **fields})
+    """Replace the folder's status (atomically) with `state`, this process's pid, the time and `fields`; the
+    warnings recorded so far (add_warning) are kept."""
+    kept = {k: v for k, v in read_status(folder).items() if k == "warnings"}
+    write_json(
+        Path(folder) / STATUS_FILE, {"state": state, "updated": time.time(), "pid": os.getpid(), **kept, **fields}
+    )
 
 
 def update_status(folder: str | Path, state: State, **fields) -> None:
@@ -48,6 +53,13 @@ def update_status(folder: str | Path, state: State, **fields) -> None:
     that wrote them unless `fields` names another) — for the job runner and for the reader that finds a job dead."""
     kept = {k: v for k, v in read_status(folder).items() if k not in ("state", "updated")}
     write_status(folder, state, **{**kept, **fields})
+
+
+def add_warning(folder: str | Path, message: str) -> None:
+    """Record what went wrong without stopping the work (a tracker that failed mid-run) in status.json's "warnings",
+    where the job list and the Runs page read it."""
+    status = read_status(folder)
+    update_status(folder, status.get("state", "running"), warnings=[*status.get("warnings", []), message])
 
 
 def read_status(folder: str | Path) -> dict:

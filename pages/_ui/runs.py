@@ -19,7 +19,7 @@ from topl_core.runs import RunDir
 EXAMPLE_PREFIX = "example: "  # how a shipped demo adapter is named in tables and pickers
 OPENED_KEY = "opened_adapters"  # session_state: paths / hub ids opened on the Runs page in this session
 COLUMNS = ["run", "method", "model", "state", "step", "steps", "loss", "val_token_auroc", "layers", "lora", "lr",
-           "precision", "has_head", "complete", "source", "path"]  # fmt: skip
+           "precision", "has_head", "complete", "source", "path", "warnings"]  # fmt: skip
 
 
 @st.cache_data(ttl=2, show_spinner=False)
@@ -53,6 +53,7 @@ def runs_table(root: str, examples: str | None = None) -> pd.DataFrame:
                     "complete": stt.state == "finished" and RunDir(stt.path).adapter_path.exists(),
                     "source": source,
                     "path": str(stt.path),
+                    "warnings": " ".join(stt.warnings),  # what went wrong without stopping the run
                 }
             )
         rows += [adapter_row(a, source) for a in _adapters_in(folder)]
@@ -90,6 +91,7 @@ def adapter_row(adapter: Adapter, source: str) -> dict:
         "complete": True,
         "source": source,
         "path": str(adapter.path),
+        "warnings": "",
     }
 
 

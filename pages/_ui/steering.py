@@ -1,13 +1,20 @@
 """The Steering page's cached work: the merged model with its steering vectors (one session per model spec, run
-fingerprint, token set and k, shared read-only), the texts per λ, the base model's text, and each text's factuality
-and fluency."""
+fingerprint, token set and k, shared read-only), the texts per λ — streamed into the page as they are written, then
+kept — the base model's text, each text's factuality and fluency, and the export zip."""
 
 from __future__ import annotations
+
+import html
+import threading
+from collections import OrderedDict
+from contextlib import closing
+from typing import Callable, Iterator
 
 import streamlit as st
 
 from pages._ui.datasets import dataset_picker, records_of
 from pages._ui.models import MAX_MODELS, base_model, merged_model, resource_lock
+from pages._ui.render import text_box
 from pages._ui.token_sets import token_set
 from topl_core.analysis.evaluation.quality import scorer_quality
 from topl_core.analysis.evaluation.scorers import GroundingScorer, score_summary
@@ -16,8 +23,9 @@ from topl_core.analysis.lora_a.probe import ProbeSettings
 from topl_core.analysis.steering.fluency import fluency
 from topl_core.analysis.steering.modes import SteerConfig
 from topl_core.analysis.steering.session import SteeringSession
+from topl_core.analysis.steering.summary import ExportBundle, export_bundle
 from topl_core.analysis.steering.vectors import build_steering_vectors
-from topl_core.generate import GenerationConfig, generate
+from topl_core.generate import GenerationConfig, stream_generate
 
 
 @st.cache_resource(show_spinner="Computing steering vectors (projections cached on disk)…", max_entries=2 * MAX_MODELS)
@@ -51,11 +59,83 @@ def steered_texts(
     return dict(zip(grid, sess.generate_grid(document, grid, gen, how=how)))
 
 
-@st.cache_data(show_spinner=False, max_entries=128)
-def base_text(spec: str, precision: str, document: str, max_new: int) -> str:
+class TextStore:
+    """Every text generated on the page, by what it depends on (shared by the browser sessions; the least recently
+    used dropped past `size`): a λ already seen is drawn at once, and a generation a reader left is not kept half."""
+
+    def __init__(self, size: int = 4096):
+        self._texts: OrderedDict[tuple, str] = OrderedDict()
+        self._lock, self._size = threading.Lock(), size
+
+    def get(self, key: tuple) -> str | None:
+        with self._lock:
+            if key in self._texts:
+                self._texts.move_to_end(key)
+            return self._texts.get(key)
+
+    def put(self, key: tuple, text: str, replace: bool = True) -> None:
+        with self._lock:
+            if replace or key not in self._texts:
+                self._texts[key] = text
+            while len(self._texts) > self._size:
+                self._texts.popitem(last=False)
+
+
+@st.cache_resource
+def text_store() -> TextStore:
+    return TextStore()
+
+
+CURSOR = "▍"
+
+
+def written(placeholder, title: str, key: tuple, stream: Callable[[], Iterator[str]]) -> str:
+    """The text under `key`: from the store, or streamed into `placeholder` token by token and then stored. A new
+    slider position reruns the page, which stops the stream at its next token (the reader has moved on)."""
+    text = text_store().get(key)
+    if text is not None:
+        return text
+    text = ""
+    with closing(stream()) as parts:
+        for text in parts:
+            body = html.escape(text).replace("\n", "<br>") + CURSOR
+            placeholder.markdown(text_box(title, body, "writing…"), unsafe_allow_html=True)
+    text_store().put(key, text)
+    return text
+
+
+def base_stream(spec: str, precision: str, document: str, max_new: int) -> Iterator[str]:
+    """The base model's summary as it is written."""
     lm = base_model(spec)
     with resource_lock(f"base:{spec}"):
-        return generate(lm, [document], GenerationConfig(max_new_tokens=max_new, precision=precision))[0]
+        yield from stream_generate(lm, document, GenerationConfig(max_new_tokens=max_new, precision=precision))
+
+
+def steered_stream(
+    spec: str,
+    run: str,
+    fp: str,
+    ts: tuple,
+    top_k: int,
+    precision: str,
+    document: str,
+    lam: float,
+    max_new: int,
+    how: SteerConfig,
+) -> Iterator[str]:
+    """The steered summary at λ as it is written (SteeringSession.stream_steered)."""
+    sess = steering_session(spec, run, fp, ts, top_k, precision)
+    yield from sess.stream_steered(
+        document, lam, GenerationConfig(max_new_tokens=max_new, precision=precision), how=how
+    )
+
+
+@st.cache_data(show_spinner="Writing the steering vectors and control vectors…", max_entries=16)
+def export_zip(spec: str, run: str, fp: str, ts: tuple, top_k: int, precision: str) -> ExportBundle:
+    """The Steering page's export (summary.export_bundle), built once per set of vectors."""
+    sess = steering_session(spec, run, fp, ts, top_k, precision)
+    config = sess.lm.model.config
+    return export_bundle(sess.vectors, config.model_type, config.num_hidden_layers)
 
 
 @st.cache_resource
@@ -71,6 +151,7 @@ def scorer_caption() -> str:
         return f"offline grounding scorer (quality not measured: {e})"
 
 
+@st.cache_data(show_spinner=False, max_entries=1024)
 def fact(document: str, text: str) -> float:
     return score_summary(scorer(), document, text, "sentence").score
 

@@ -62,7 +62,8 @@ def train_jobs_panel() -> None:
 
 
 def job_card(j: jobs.JobStatus) -> None:
-    """One run: its state, progress (ETA while it runs, validation AUROC once it ended), Cancel or Resume, error."""
+    """One run: its state, progress (ETA while it runs, validation AUROC once it ended), Cancel or Resume, its error
+    and warnings."""
     loss = "—" if j.loss is None else f"{j.loss:.4f}"
     with st.container(border=True):
         a, b, c = st.columns([3, 6, 1.3], vertical_alignment="center")
@@ -73,20 +74,27 @@ def job_card(j: jobs.JobStatus) -> None:
             if c.button("Cancel", key=f"train.cancel.{j.name}", icon=":material/stop:"):
                 jobs.cancel(j.path)
                 st.toast(f"Cancelling {j.name}: saving a checkpoint…")
-            return
-        auroc = j.val.get("val_token_auroc")
-        shown_auroc = f" · val token AUROC {auroc:.3f}" if auroc is not None else ""
-        b.progress(j.fraction, text=f"step {j.step}/{j.steps} · loss {loss}{shown_auroc}")
-        if j.state in ("cancelled", "failed", "interrupted"):
-            if c.button("Resume", key=f"train.resume.{j.name}", icon=":material/replay:"):
-                try:
-                    launchers.resume_train(j.path)
-                    st.session_state[KEY + "watch"] = str(j.path)
-                    st.rerun(scope="app")
-                except jobs.JobError as e:
-                    st.error(str(e))
-        if j.error and j.state != "finished":
-            b.caption(f"{j.error[:300]}")
+        else:
+            auroc = j.val.get("val_token_auroc")
+            shown_auroc = f" · val token AUROC {auroc:.3f}" if auroc is not None else ""
+            b.progress(j.fraction, text=f"step {j.step}/{j.steps} · loss {loss}{shown_auroc}")
+            if j.state in ("cancelled", "failed", "interrupted"):
+                resume_button(j, c)
+            if j.error and j.state != "finished":
+                b.caption(f"{j.error[:300]}")
+        for warning in j.warnings:  # a tracker that failed mid-run: the run went on
+            b.caption(f":orange[:material/warning:] {warning}")
+
+
+def resume_button(j: jobs.JobStatus, container) -> None:
+    """Resume a run that stopped before its last step, from its last checkpoint, and follow it."""
+    if container.button("Resume", key=f"train.resume.{j.name}", icon=":material/replay:"):
+        try:
+            launchers.resume_train(j.path)
+            st.session_state[KEY + "watch"] = str(j.path)
+            st.rerun(scope="app")
+        except jobs.JobError as e:
+            st.error(str(e))
 
 
 def curves(path: Path) -> None:

@@ -19,7 +19,7 @@ arrays), PARQUET (pandas DataFrame), and json_codec(to_json, from_json) / npz_co
 wrap value types. Next to every entry, <key>.key.json records the full key dict (for people reading the cache) and
 the sha256 of the entry's bytes. An entry is used only when its key file names the same kind and key and its bytes
 match that checksum: a file edited into other valid content, a key file swapped in, or a write cut between the entry
-and its key file is recomputed, never trusted.
+and its key file is recomputed, never trusted — with a RuntimeWarning naming the file and why.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping
@@ -156,12 +157,16 @@ def cached(
     path = cache_path(kind, kd, codec)
     if not refresh:
         for candidate in (path, shipped_cache_path(path)):
-            data = _intact_bytes(candidate, kind, kd) if candidate is not None else None
-            if data is not None:
-                try:
-                    return codec.load(data)
-                except Exception:  # a corrupt or foreign file: recompute (and overwrite a local one)
-                    pass
+            if candidate is None or not candidate.exists():
+                continue
+            try:
+                return codec.load(_intact_bytes(candidate, kind, kd))
+            except Exception as e:  # unreadable, changed or foreign: said, then recomputed (a local one overwritten)
+                warnings.warn(
+                    f"{candidate}: unusable ({type(e).__name__}: {e}); the result is computed again.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
     value = compute()
     with atomic_open(path, "wb") as f:
         codec.dump(value, f)
@@ -174,20 +179,16 @@ def key_file(entry: Path) -> Path:
     return entry.with_name(entry.name.rsplit(".", 1)[0] + ".key.json")
 
 
-def _intact_bytes(entry: Path, kind: str, kd: Mapping) -> bytes | None:
+def _intact_bytes(entry: Path, kind: str, kd: Mapping) -> bytes:
     """The entry's bytes when its key file names this kind and key and the bytes match the checksum recorded there;
-    None otherwise (absent, unreadable, changed or foreign)."""
-    try:
-        recorded = json.loads(key_file(entry).read_text(encoding="utf-8"))
-        data = entry.read_bytes()
-    except (OSError, ValueError):
-        return None
+    raises otherwise (absent, unreadable, changed or foreign)."""
+    recorded = json.loads(key_file(entry).read_text(encoding="utf-8"))
+    data = entry.read_bytes()
     if not isinstance(recorded, dict):
-        return None
+        raise ValueError(f"{key_file(entry).name} holds no key")
     checksum = recorded.pop("sha256", None)
-    intact = (
-        recorded.pop("kind", None) == kind
-        and cache_key(recorded) == cache_key(kd)
-        and checksum == hashlib.sha256(data).hexdigest()
-    )
-    return data if intact else None
+    if recorded.pop("kind", None) != kind or cache_key(recorded) != cache_key(kd):
+        raise ValueError(f"{key_file(entry).name} names another kind or key")
+    if checksum != hashlib.sha256(data).hexdigest():
+        raise ValueError("its bytes do not match the checksum in its key file: changed since it was written")
+    return data

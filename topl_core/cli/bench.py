@@ -1,16 +1,24 @@
 """`bench`: speed and memory against the measured machine limit and the naive way (ratios, one run); `bench --scale`:
 the paper's presets at their published shape on one device (topl_core.scale_bench); `bench --memory`: what fits on a
-GPU per paper preset, computed on the meta device (no GPU needed)."""
+GPU per paper preset, computed on the meta device (no GPU needed); `bench --slider`: a new λ position of the Steering
+page against plain generate (topl_core.analysis.steering.slider_bench)."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
 
+from ..adapters import open_adapter
+from ..analysis.evaluation.config import EvalConfig
+from ..analysis.evaluation.evaluate import steering_vectors_for
+from ..analysis.steering.session import SteeringSession
+from ..analysis.steering.slider_bench import format_slider, slider_bench
 from ..bench import main
+from ..data.records import read_jsonl
+from ..data.split import split_records
 from ..io import write_json
 from ..models import DEVICES
-from ..paths import DEFAULT_DATA
+from ..paths import DEFAULT_DATA, examples_dir, project_path
 from ..presets import DEFAULT_MODEL, PRESETS
 from ..progress import Bar
 from ..scale_bench import PHASES_PER_MODEL, ScaleSettings, format_scale, run_scale_bench
@@ -36,6 +44,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="only compute the largest micro-batch of each paper preset and method that fits --budget-gib, with and "
         "without gradient checkpointing (meta-device accounting: no GPU, no weights)",
     )
+    p.add_argument(
+        "--slider",
+        action="store_true",
+        help="only time a new λ position of the Steering page's slider (streamed, the prompt reused) against plain "
+        "generate of the same text, on --run",
+    )
+    p.add_argument(
+        "--run", default=None, help="--slider: the adapter to steer (default: the demo TOPL adapter, examples/adapters)"
+    )
+    p.add_argument("--new-tokens", type=int, default=64, help="--slider, --device cuda: tokens per steered generation")
     p.add_argument("--budget-gib", type=float, default=78.0, help="GPU memory for --memory (an 80 GB H100: 79.2 GiB)")
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 2048], help="sequence lengths for --memory")
     add_precision_arg(p)
@@ -59,11 +77,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     scale.add_argument("--micro-batch-size", type=int, default=4)
     scale.add_argument("--packing", action="store_true", help="train on packed batches (TrainConfig.packing)")
     scale.add_argument("--compile-backend", default="", help="compile the decoder layers (TrainConfig.compile_backend)")
-    scale.add_argument("--new-tokens", type=int, default=64, help="tokens per steered generation")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.slider:
+        return slider(args.run, args.new_tokens, announce_precision(args.precision), args.json)
     if args.memory:
         return memory_table(args.budget_gib, tuple(args.seq_lens), args.json)
     if args.scale or args.device == "cuda":
@@ -94,3 +113,16 @@ def memory_table(budget_gib: float, seq_lens: tuple[int, ...], json_path: str | 
         )
     if json_path:
         write_json(json_path, {"budget_gib": budget_gib, "rows": [asdict(r) for r in rows]})
+
+
+def slider(run: str | None, new_tokens: int, precision: str, json_path: str | None) -> None:
+    """bench --slider on `run` (default: the demo TOPL adapter) with vectors from its data's validation split and the
+    first document of its test split."""
+    adapter = open_adapter(run or str((examples_dir() or project_path("examples/adapters")) / "topl-smollm2"))
+    vectors = steering_vectors_for(adapter, EvalConfig(precision=precision))
+    records = read_jsonl(project_path(adapter.settings.data))
+    document = split_records(records, seed=adapter.settings.split_seed)["test"][0].document
+    res = slider_bench(SteeringSession.from_run(adapter, vectors), document, new_tokens, precision)
+    print(format_slider(res))
+    if json_path:
+        write_json(json_path, res)

@@ -112,4 +112,6 @@ def executor_from_args(args: argparse.Namespace) -> ExecutorConfig | None:
         if args.ray_address:
             raise ConfigError(f"--ray-address {args.ray_address!r} needs --executor ray.")
         return None
-    return ExecutorConfig(**config_args(args, ExecutorConfig))
+    executor = ExecutorConfig(**config_args(args, ExecutorConfig))
+    executor.check_reachable()  # before the study loads anything
+    return executor

@@ -120,6 +120,8 @@ def run_deck(args: argparse.Namespace) -> int:
     announce_precision(cfg.precision, open_adapter(cfg.adapter).device)
     with Bar("preparing the deck") as bar:
         stats = prepare_deck(folder, progress=bar)
+    for note in stats.redone:
+        print(note)
     print(f"deck {folder}: {stats.generated} summaries generated, {stats.skipped} already there ({stats.state})")
     if stats.state == "cancelled":
         return CANCELLED

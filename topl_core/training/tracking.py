@@ -1,9 +1,13 @@
 """Experiment trackers: every row a run writes to metrics.jsonl, and its config, also where researchers keep their
 runs (TrainConfig.report_to, as TRL's `report_to`). Optional packages: `pip install -e '.[tracking]'`.
 
-    check_trackers(cfg)                                  before any work: a clear error naming what to install
+    check_trackers(cfg)                                  before any work: a clear error naming what to install,
+                                                         or the MLflow server or database that does not answer
     open_trackers(cfg, run, start, group) -> Trackers    rank 0 only; one Tracker per name in cfg.report_to
     trackers.log(row) / trackers.close(state)            a metrics.jsonl row; the run's end state
+
+A tracker that fails mid-run never stops training: the failure is warned (the run's log) and recorded in the run's
+status (the Runs page shows it), later rows are no longer sent to that tracker, and metrics.jsonl keeps every row.
 
 TensorBoard: event files in the run folder itself, so `tensorboard --logdir runs/` lists every run (a sweep's windows
 under the sweep's folder); the config as HParams. A resumed run purges the events after its checkpoint, as
@@ -17,12 +21,16 @@ from __future__ import annotations
 
 import importlib.util
 import time
+import warnings
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from ..config_fields import flat_fields, value_of
 from ..errors import ConfigError
 from ..paths import runs_dir
 from ..runs import RunDir
+from ..services import check_reachable
+from ..status import add_warning
 from .config import TrainConfig
 
 DEFAULT_EXPERIMENT = "topl-workbench"
@@ -46,8 +54,14 @@ def _modules_needed(cfg: TrainConfig) -> dict[str, list[str]]:
     return {name: needed[name] for name in cfg.report_to}
 
 
+# MLflow stores reached over the network (a tracking server, a database) by URI scheme, with the scheme's default
+# port; a SQLite or file store is on this machine and needs no probe
+MLFLOW_REMOTE_PORTS = {"http": 80, "https": 443, "postgresql": 5432, "mysql": 3306, "mssql": 1433}
+
+
 def check_trackers(cfg: TrainConfig) -> None:
-    """Refuse, before any work starts, a tracker whose package is not installed, naming the install command."""
+    """Refuse, before any work starts, a tracker whose package is not installed (naming the install command) or
+    whose server does not answer (TensorBoard writes files into the run folder: nothing to reach)."""
     missing = {
         name: [m for m in mods if importlib.util.find_spec(m) is None] for name, mods in _modules_needed(cfg).items()
     }
@@ -57,6 +71,17 @@ def check_trackers(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"report_to={list(cfg.report_to)}: {what}, not installed. Install the trackers with {INSTALL} "
             f"(tensorboard, mlflow-skinny, sqlalchemy, alembic), or drop them from report_to."
+        )
+    uri = mlflow_uri(cfg)
+    port = MLFLOW_REMOTE_PORTS.get(urlsplit(uri).scheme.split("+")[0])  # postgresql+psycopg2: postgresql
+    if "mlflow" in cfg.report_to and port is not None:
+        check_reachable(
+            uri,
+            port,
+            what="MLflow's tracking store",
+            setting="mlflow_tracking_uri (--mlflow-tracking-uri)",
+            fix="Start the MLflow server there (mlflow server --host HOST --port PORT), correct the URI (empty: the "
+            "SQLite store in the runs folder), or drop mlflow from report_to (--report-to).",
         )
 
 
@@ -137,30 +162,46 @@ class MLflowTracker:
 
 
 class Trackers:
-    """The run's trackers together (none: every call does nothing)."""
+    """The run's trackers together (none: every call does nothing). A tracker whose call raises is reported
+    (module docstring) and dropped; the run goes on."""
 
-    def __init__(self, trackers: list[Tracker] | None = None):
-        self.trackers = trackers or []
+    def __init__(self, trackers: dict[str, Tracker] | None = None, run: RunDir | None = None):
+        self.trackers = dict(trackers or {})
+        self.run = run
 
     def log(self, row: dict) -> None:
         if self.trackers:
             metrics = numeric_metrics(row)
-            for t in self.trackers:
-                t.log(row["step"], metrics)
+            for name, t in list(self.trackers.items()):
+                try:
+                    t.log(row["step"], metrics)
+                except Exception as e:
+                    del self.trackers[name]  # a broken tracker is not closed: MLflow would retry for minutes
+                    self._failed(name, f"failed at step {row['step']}", e, "training went on without it; ")
 
     def close(self, state: str) -> None:
-        for t in self.trackers:
-            t.close(state)
-        self.trackers = []
+        for name, t in self.trackers.items():
+            try:
+                t.close(state)
+            except Exception as e:
+                self._failed(name, f"failed to record the run's end ({state})", e, "")
+        self.trackers = {}
+
+    def _failed(self, name: str, what: str, error: Exception, went_on: str) -> None:
+        first = str(error).strip().splitlines()[0][:300] if str(error).strip() else "no message"
+        message = f"the {name} tracker {what} ({type(error).__name__}: {first}); {went_on}metrics.jsonl has every row."
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        if self.run is not None:
+            add_warning(self.run.path, message)
 
 
 def open_trackers(cfg: TrainConfig, run: RunDir, start: int, group: str | None = None) -> Trackers:
     """One tracker per name in cfg.report_to for the run that continues after step `start` (0: a new run)."""
     check_trackers(cfg)
-    made: list[Tracker] = []
+    made: dict[str, Tracker] = {}
     for name in cfg.report_to:
         if name == "tensorboard":
-            made.append(TensorBoardTracker(cfg, run, start))
+            made[name] = TensorBoardTracker(cfg, run, start)
         else:
-            made.append(MLflowTracker(cfg, run, start, group or DEFAULT_EXPERIMENT))
-    return Trackers(made)
+            made[name] = MLflowTracker(cfg, run, start, group or DEFAULT_EXPERIMENT)
+    return Trackers(made, run)

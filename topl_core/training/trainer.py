@@ -26,7 +26,7 @@ from ..data.records import Record, read_jsonl, records_fingerprint
 from ..data.split import split_records
 from ..data.variants import apply_label_setting
 from ..errors import DataError, RunError
-from ..io import save_tensors
+from ..io import give_umask_permissions, save_tensors
 from ..models import LoadedModel, ModelSpec, hub_id, load_model
 from ..precision import autocast, weights_for
 from ..runs import RunDir
@@ -403,6 +403,7 @@ def _save_final(run: RunDir, cfg: TrainConfig, t: Trainable, meta: dict, adapter
         peft_config.base_model_name_or_path = hub_id(cfg.model)
     # no hub lookup for resized embeddings (as in checkpoint_state)
     t.model.save_pretrained(run.path, state_dict=adapter, save_embedding_layers=False)
+    give_umask_permissions(run.adapter_path)
     if t.head is not None:
         save_tensors(
             run.head_path,

@@ -10,9 +10,9 @@
     write_control_vector(path, directions, model_hint, layer_count=None) -> Path
         GGUF with general.architecture = "controlvector", controlvector.model_hint (str),
         controlvector.layer_count (int32: the number of direction tensors, as llama.cpp's cvector-generator and
-        repeng write it) and one F32 1-D tensor "direction.N" per index, in index order; written atomically (temp
-        file in the same folder, then os.replace). layer_count (the model's config.num_hidden_layers) is only a
-        check: llama.cpp silently ignores direction.N for N >= n_layer.
+        repeng write it) and one F32 1-D tensor "direction.N" per index, in index order; written atomically
+        (io.atomic_path: a temp file in the same folder, then os.replace). layer_count (the model's
+        config.num_hidden_layers) is only a check: llama.cpp silently ignores direction.N for N >= n_layer.
     read_control_vector(path) -> ControlVector(model_hint, layer_count, directions)
         applies llama.cpp's loader rules (below) and raises ModelError where llama.cpp would skip the file.
     model_hint_for(model_type) -> str                    llama.cpp architecture name of a HF config.model_type
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -43,6 +42,7 @@ from typing import Mapping
 import numpy as np
 
 from ...errors import ModelError
+from ...io import atomic_path
 from ..lora_a.sites import RESIDUAL_MODULES, Site
 
 ARCHITECTURE = "controlvector"
@@ -246,10 +246,7 @@ def write_control_vector(
         arrays[index] = np.ascontiguousarray(vec, dtype=np.float32)
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         writer = gguf.GGUFWriter(tmp, ARCHITECTURE)  # adds general.architecture
         try:
             writer.add_string(KEY_MODEL_HINT, model_hint)
@@ -263,10 +260,6 @@ def write_control_vector(
             writer.close()
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 

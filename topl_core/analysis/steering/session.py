@@ -5,6 +5,9 @@ SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED mod
     .generate_many(documents, lam, gen_cfg=GenerationConfig(), task=..., how=...) -> list[str]   batched
     .generate_grid(document, lambdas, gen_cfg=GenerationConfig(), task=..., how=...) -> list[str]
         one text per λ, the λ grid generated as one batch (each row steered with its own λ)
+    .stream_steered(document, lam, gen_cfg=GenerationConfig(), task=..., how=...) -> Iterator[str]
+        greedy: the text so far after every token (its last value is generate_steered's text); steering only the
+        generated positions, the prompt is run once per document and every λ decodes from its KV cache
     SteeringSession.from_run(run, vectors, spec=None)
 Generation holds a per-model lock (sessions sharing one model take turns; sessions on different models run in
 parallel); it never mutates the model, the tokenizer or the vectors.
@@ -15,13 +18,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 import weakref
-from typing import Sequence
+from collections import OrderedDict
+from typing import Iterator, Sequence
 
 import torch
 
 from ...adapters import open_adapter
 from ...errors import ModelError
-from ...generate import GenerationConfig, generate, load_merged
+from ...generate import GenerationConfig, Prefill, generate, load_merged, prefill, stream_generate
 from ...models import LoadedModel
 from ..lora_a.sites import LoraWeights, Site, site_module
 from .hooks import steer
@@ -34,6 +38,7 @@ _SAMPLING_LOCK = threading.Lock()  # sampling seeds torch's global RNG: one samp
 # the least number of λ positions generate_grid puts in one generate call: the default grids (17 slider positions)
 # fit in one; 32 rows of a 512-token document and 96 new tokens hold ~3 GB of KV cache on an 8B model in bf16
 GRID_ROWS = 32
+PREFILLS_KEPT = 4  # prompts whose KV cache a session keeps (a 1,536-token SmolLM2 prompt: ~70 MB in fp32)
 
 
 def model_lock(model: torch.nn.Module) -> threading.RLock:
@@ -61,6 +66,7 @@ class SteeringSession:
         self.vectors = vectors
         self._lock = model_lock(lm.model)
         self._lora: dict[Site, LoraWeights] | None = None  # read on the first generation that scales the update
+        self._prefills: OrderedDict[tuple, Prefill] = OrderedDict()  # unsteered prompts, most recent last
 
     def lora(self) -> dict[Site, LoraWeights]:
         """The adapter's LoRA pairs (what an action that needs the LoRA reads), read once from vectors.adapter_path."""
@@ -131,6 +137,38 @@ class SteeringSession:
             chunk_cfg = dataclasses.replace(gen_cfg, batch_size=len(chunk))
             texts.extend(self._generate([document] * len(chunk), chunk, chunk_cfg, task, how))
         return texts
+
+    def stream_steered(
+        self,
+        document: str,
+        lam: float,
+        gen_cfg: GenerationConfig = GenerationConfig(),
+        task: str = "summarization",
+        how: SteerConfig = SteerConfig(),
+    ) -> Iterator[str]:
+        """generate_steered's text as it is written: the response so far after every new token (greedy; sampling
+        yields the whole text once). With how.positions == "generated" the prompt's forward is the same for every λ
+        (the hooks leave it alone), so it runs once per document and each λ decodes from its KV cache. The model's
+        lock is held until the iterator ends or is closed: close it (or let it run out) before generating again."""
+        if gen_cfg.mode == "sample":
+            yield self.generate_steered(document, lam, gen_cfg, task, how)
+            return
+        lora = self.lora() if how.spec.action.needs_lora else None
+        with self._lock:
+            prefix = self._prefill(document, gen_cfg, task) if how.positions == "generated" else None
+            with steer(self.lm.model, self.vectors, lam, how, lora):
+                yield from stream_generate(self.lm, document, gen_cfg, task, prefix=prefix)
+
+    def _prefill(self, document: str, gen_cfg: GenerationConfig, task: str) -> Prefill:
+        """The unsteered prompt of `document`, kept for the PREFILLS_KEPT most recent documents."""
+        key = (document, task, gen_cfg.max_doc_tokens, gen_cfg.precision)
+        if key in self._prefills:
+            self._prefills.move_to_end(key)
+        else:
+            self._prefills[key] = prefill(self.lm, document, gen_cfg, task)
+            while len(self._prefills) > PREFILLS_KEPT:
+                self._prefills.popitem(last=False)
+        return self._prefills[key]
 
     def _generate(
         self,

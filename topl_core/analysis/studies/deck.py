@@ -7,7 +7,8 @@ the head's verdict — per-token p(good) of the adapter's own head (a TOPL run's
 states), the share of flagged tokens (p(good) < FLAG_THRESHOLD) — beside the offline factuality score. It is long
 work under the status protocol (topl_core.status: progress, ETA, STOP) and resumable: each finished summary is
 written at once (a STOP is heard between summaries: a batch's texts not yet judged are dropped), and a restart
-generates only what is missing.
+generates only what is missing. A document file that cannot be read (cut short, edited) is named — Deck.unreadable,
+PrepareStats.redone and status.json's "redone" — and its summaries are made again.
 
     DeckConfig(adapter, documents, lambdas, mode="vector", ...)      frozen; the neutral λ is always in the grid
     create_deck(folder, cfg) -> Path        deck.json (a folder holding another deck's config is refused)
@@ -169,6 +170,10 @@ class DeckDocument:
     def at(self, lam: float) -> Summary | None:
         return self.positions.get(lambda_key(lam))
 
+    def to_json(self) -> dict:
+        positions = {k: v.to_json() for k, v in self.positions.items()}
+        return {"document": self.document, "base": self.base and self.base.to_json(), "positions": positions}
+
 
 @dataclass(frozen=True)
 class Deck:
@@ -176,6 +181,11 @@ class Deck:
     config: DeckConfig
     head: dict  # head.json; {} before prepare has resolved the head
     documents: tuple[DeckDocument, ...]
+    unreadable: tuple[tuple[Path, str], ...] = ()  # document files there but unreadable (cut short, edited), why
+
+    def unreadable_notes(self, then: str) -> list[str]:
+        """Each unreadable document file, why, and `then`: what is done about it (its summaries are made again)."""
+        return [f"{path}: unreadable ({why}); {then}" for path, why in self.unreadable]
 
     @property
     def total(self) -> int:
@@ -226,8 +236,8 @@ def create_deck(folder: str | Path, cfg: DeckConfig) -> Path:
     """Write the deck's config into `folder` (created). The same config again is fine (prepare resumes); another
     deck's config there is refused."""
     folder = Path(folder)
-    old = _read_json(folder / CONFIG_FILE)
-    if old is not None and DeckConfig.from_json(old["config"]) != cfg:
+    old = read_deck(folder)  # an unreadable deck.json is refused, not overwritten: its documents may be another's
+    if old is not None and old.config != cfg:
         raise RunError(f"{folder} already holds another deck; choose another deck name (or delete that folder).")
     if old is None:
         write_json(folder / CONFIG_FILE, {"config": cfg.to_json(), "created": time.time()})
@@ -235,29 +245,43 @@ def create_deck(folder: str | Path, cfg: DeckConfig) -> Path:
 
 
 def read_deck(folder: str | Path) -> Deck | None:
-    """The deck in `folder` as far as it is prepared; None where there is no deck.json."""
+    """The deck in `folder` as far as it is prepared; None where there is no deck.json. A document file that cannot
+    be read counts as not prepared, and is named in Deck.unreadable; an unreadable deck.json is a RunError."""
     folder = Path(folder)
-    meta = _read_json(folder / CONFIG_FILE)
-    if meta is None:
+    path = folder / CONFIG_FILE
+    if not path.exists():
         return None
-    cfg = DeckConfig.from_json(meta["config"])
-    docs = []
+    try:
+        cfg = DeckConfig.from_json(json.loads(path.read_text())["config"])
+    except (OSError, ValueError, KeyError, TypeError) as e:  # JSON and UTF-8 decoding errors are ValueErrors
+        raise RunError(
+            f"{path}: unreadable ({type(e).__name__}: {e}); the deck's settings are lost: delete {folder} and "
+            "prepare the deck again."
+        ) from e
+    docs, unreadable = [], []
     for i, text in enumerate(cfg.documents):
-        d = _read_json(doc_path(folder, i)) or {}
-        docs.append(
-            DeckDocument(
-                text,
-                Summary.from_json(d["base"]) if d.get("base") else None,
-                {k: Summary.from_json(v) for k, v in d.get("positions", {}).items()},
-            )
-        )
-    return Deck(folder, cfg, _read_json(folder / HEAD_FILE) or {}, tuple(docs))
+        try:
+            docs.append(_read_document(doc_path(folder, i), text))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            docs.append(DeckDocument(text, None, {}))
+            unreadable.append((doc_path(folder, i), f"{type(e).__name__}: {e}"))
+    return Deck(folder, cfg, _read_json(folder / HEAD_FILE) or {}, tuple(docs), tuple(unreadable))
+
+
+def _read_document(path: Path, text: str) -> DeckDocument:
+    """A document's prepared summaries (none before its file is written); raises on a file that cannot be read."""
+    d = json.loads(path.read_text()) if path.exists() else {}
+    base, positions = d.get("base"), d.get("positions", {})
+    return DeckDocument(
+        text, Summary.from_json(base) if base else None, {k: Summary.from_json(v) for k, v in positions.items()}
+    )
 
 
 @dataclass
 class PrepareStats:
     generated: int = 0  # summaries generated by this call
     skipped: int = 0  # summaries found finished
+    redone: list[str] = field(default_factory=list)  # the document files found unreadable, why, made again
     state: str = "finished"  # or "cancelled"
     timings: list[float] = field(default_factory=list)
 
@@ -332,12 +356,13 @@ def prepare_deck(folder: str | Path, progress: Callable[[int, int], None] | None
             if (d.base if lam is None else d.at(lam)) is None
         ]
         stats.skipped = deck.total - len(todo)
+        stats.redone = deck.unreadable_notes("its summaries are made again.")
 
         def report(state: str, current: str | None = None) -> None:
             done = deck.total - len(todo)
             mean = float(np.mean(stats.timings)) if stats.timings else None
             eta = mean * len(todo) if mean is not None else None
-            write_status(folder, state, done=done, total=deck.total, eta_s=eta, current=current)
+            write_status(folder, state, done=done, total=deck.total, eta_s=eta, current=current, redone=stats.redone)
             if progress is not None:
                 progress(done, deck.total)
 
@@ -359,10 +384,7 @@ def prepare_deck(folder: str | Path, progress: Callable[[int, int], None] | None
         session = SteeringSession.from_run(adapter, vectors, spec)
         base_lm = load_model(spec)  # the base model's summaries, and every text's perplexity (fluency)
         grounding = GroundingScorer()
-        files = {
-            i: _read_json(doc_path(folder, i)) or {"document": d, "base": None, "positions": {}}
-            for i, d in enumerate(cfg.documents)
-        }
+        files = {i: d.to_json() for i, d in enumerate(deck.documents)}  # an unreadable file starts over
         steered: dict[tuple[int, float], tuple[str, float]] = {}  # generated, not yet judged: (text, seconds)
         while todo:
             i, lam = todo[0]
