@@ -96,22 +96,22 @@ def build_job_panel(job_dir: Path) -> None:
     build = launchers.read_data_build(job_dir)
     if build is None:  # a build started by an older version, which stored no info: nothing to show
         return
-    job, name = build.job, build.out.name
+    job, name = build.job, f"`{build.out.name}` ({build.source})"
     was_running = st.session_state.get("data.build_was_running")
     st.session_state["data.build_was_running"] = job.active
     if job.active:
         c1, c2 = st.columns([5, 1], vertical_alignment="center")
-        c1.progress(build.done / max(build.total, 1), text=f"`{name}` {job.state}: {build.done} of {build.total}")
+        c1.progress(build.done / max(build.total, 1), text=f"{name} {job.state}: {build.done} of {build.total}")
         if c2.button("Cancel", key="data.build_cancel", icon=":material/stop:"):
             jobs.cancel(job_dir)
         return
     if was_running:  # it just ended: every data-set picker should see the new file
         st.rerun(scope="app")
     if job.state == "finished":
-        st.success("\n\n".join([f"`{name}` built.", *build.said]))
+        st.success("\n\n".join([f"{name} built.", *build.said]))
     else:
         st.warning(
-            f"Building `{name}` {job.state}{': ' + job.error if job.error else ''}. Start it again with the same "
+            f"Building {name} {job.state}{': ' + job.error if job.error else ''}. Start it again with the same "
             "settings to continue (the source's help above says what a stopped build keeps)."
         )
         st.code(jobs.log_tail(job_dir, 15) or "(empty log)", language=None)
