@@ -1191,7 +1191,8 @@ def test_talk_mode_answers_every_deck_state(workbench, tmp_path):
     import sys
 
     from topl_core import jobs
-    from topl_core.analysis.studies.deck import DeckConfig, create_deck, decks_dir, prepare_deck, read_deck
+    from topl_core.analysis.studies.deck import DeckConfig, create_deck, decks_dir, read_deck
+    from topl_core.analysis.studies.deck_prepare import prepare_deck
     from topl_core.status import write_status
 
     shutil.rmtree(decks_dir(), ignore_errors=True)

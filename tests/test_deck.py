@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import tiny_config
 
-from topl_core.analysis.studies.deck import DeckConfig, create_deck, doc_path, prepare_deck, read_deck
+from topl_core.analysis.studies.deck import DeckConfig, create_deck, doc_path, read_deck
 from topl_core.analysis.studies.deck_html import deck_html, write_deck_html
+from topl_core.analysis.studies.deck_prepare import prepare_deck
 from topl_core.analysis.token_colors import p_color
 from topl_core.data.records import write_jsonl
 from topl_core.status import read_status, request_stop
