@@ -447,7 +447,8 @@ def test_steered_text_streams_in_while_it_is_written(app, browser, workbench):
 def test_talk_mode_keys_move_lambda_and_switch_document_from_the_deck(app, browser, workbench):
     """Talk mode in the browser: keys pressed anywhere in the app window move λ and switch document in the embedded
     view, which shows the prepared summary of each position (read from the deck, nothing generated)."""
-    from topl_core.analysis.studies.deck import DeckConfig, create_deck, prepare_deck, read_deck
+    from topl_core.analysis.studies.deck import DeckConfig, create_deck, read_deck
+    from topl_core.analysis.studies.deck_prepare import prepare_deck
     from topl_core.data.records import read_jsonl
 
     documents = tuple(dict.fromkeys(r.document for r in read_jsonl(workbench["data"])))[:2]

@@ -160,10 +160,16 @@ def add_config_args(
             kw.update(type=s.item, choices=s.choices or None, nargs="+" if s.is_tuple else None)
         help = " ".join(filter(None, [s.help, (notes or {}).get(s.key, "")]))
         if defaults is None:
-            shown = (" ".join(map(str, s.default)) or "none") if s.is_tuple else s.default if s.default != "" else "''"
-            help += f" (default {shown})"
+            help += f" (default {_shown(s.default)})"
         kw["default"] = None if defaults is None else value_of(defaults, s)
         parser.add_argument(s.flag, help=help.replace("%", "%%"), **kw)  # argparse %-formats help
+
+
+def _shown(default: Any) -> str:
+    """A default as a flag's help says it: a tuple's items, "none" for None or an empty tuple, '' for an empty str."""
+    if isinstance(default, tuple):
+        return " ".join(map(str, default)) or "none"
+    return "none" if default is None else "''" if default == "" else str(default)
 
 
 def config_args(
