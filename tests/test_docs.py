@@ -1,0 +1,352 @@
+"""The docs as a map that does not lie: README.md, docs/*.md and examples/adapters/README.md are read with a CommonMark
+parser (markdown-it-py), and
+
+- every relative link and image (markdown and HTML `<img src>`) resolves to a file or folder of the checkout, and a
+  link's `#anchor` into a markdown file names one of its headings (GitHub's heading ids);
+- every `python -m topl_core …` they show (in a code block or inline code; also `-m topl_core` under `accelerate
+  launch` and `.venv/bin/python`) parses with the CLI's own parser (`topl_core.cli.build_parser`): the command exists,
+  and so does every flag and its value — an unknown flag fails, as it fails for a user;
+- README.md stays short, and its map of docs/ names every file there.
+
+How a doc line becomes an argv (the rule, so that a doc writer can predict it):
+- shell syntax is read as a shell reads it (quotes, backslash-newline continuations, `#` comments, `;` `|` `&&`
+  `>` end a command); `VAR="…"` lines of a code block are expanded where `$VAR` follows;
+- placeholders stand for a value: an ALL-CAPS word (`PATH`, `DIR`, `N`, `LAMBDA`, `-LAMBDA`, `A`), `<word>` and a
+  quoted ellipsis (`"..."`); each is given the first of its flag's choices, else `1` (`-1` after a minus);
+- an unquoted ellipsis (`…` or `...`) ends the checked part: what follows it is elided, and so may be a required
+  argument (the error "arguments are required" / "expected one argument" is then accepted); inside `[ ]` an ellipsis
+  only repeats the group (`[--run B …]`) and the brackets are dropped;
+- a line whose command is itself a placeholder (`python -m topl_core <command>`) names no command to check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+markdown_it = pytest.importorskip("markdown_it", reason="markdown-it-py is not installed (requirements.txt pins it)")
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+DOCS = [README, *sorted((REPO / "docs").glob("*.md")), REPO / "examples" / "adapters" / "README.md"]
+README_MAX_LINES = 150
+
+MD = markdown_it.MarkdownIt("commonmark").enable("table")
+ELLIPSES = ("…", "...")
+SHELL_ENDS = {";", "|", "||", "&", "&&", ">", ">>", "<", ">&", "(", ")"}
+PLACEHOLDER = re.compile(r"-?[A-Z][A-Z0-9_]*|<[^<>]+>")
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(REPO).as_posix()
+
+
+def tokens_of(path: Path) -> list:
+    return MD.parse(path.read_text(encoding="utf-8"))
+
+
+def inline_children(tokens: list):
+    """(child, line) for every inline element of the document, with the line of its block."""
+    for tok in tokens:
+        if tok.type == "inline":
+            for child in tok.children or []:
+                yield child, (tok.map[0] + 1 if tok.map else 0)
+
+
+# --- links -------------------------------------------------------------------------------------------------------
+
+
+def heading_ids(path: Path) -> set[str]:
+    """GitHub's ids of a markdown file's headings: lower-cased text, punctuation dropped, spaces as hyphens, a
+    repeated id numbered -1, -2, …"""
+    tokens, ids, seen = tokens_of(path), set(), {}
+    for i, tok in enumerate(tokens):
+        if tok.type != "heading_open":
+            continue
+        text = "".join(c.content for c in tokens[i + 1].children or [] if c.type in ("text", "code_inline"))
+        slug = re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        ids.add(slug if n == 0 else f"{slug}-{n}")
+    return ids
+
+
+def links_of(path: Path) -> list[tuple[str, int]]:
+    """(target, line) of every link and image in the file, markdown or HTML."""
+    tokens, out = tokens_of(path), []
+    for child, line in inline_children(tokens):
+        if child.type == "link_open":
+            out.append((child.attrs.get("href", ""), line))
+        elif child.type == "image":
+            out.append((child.attrs.get("src", ""), line))
+        elif child.type == "html_inline":
+            out += [(m, line) for m in re.findall(r"""(?:src|href)=["']([^"']+)["']""", child.content)]
+    for tok in tokens:
+        if tok.type == "html_block":
+            out += [(m, tok.map[0] + 1) for m in re.findall(r"""(?:src|href)=["']([^"']+)["']""", tok.content)]
+    return out
+
+
+def broken_links(path: Path, root: Path = REPO) -> list[str]:
+    problems = []
+    for target, line in links_of(path):
+        if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:|//", target):
+            continue  # a URL: not checked offline
+        file_part, _, anchor = target.partition("#")
+        dest = (path.parent / unquote(file_part)).resolve() if file_part else path
+        where = f"{path.relative_to(root).as_posix()}:{line}: {target}"
+        if not dest.exists():
+            problems.append(f"{where} → no such file")
+        elif not dest.is_relative_to(root):
+            problems.append(f"{where} → outside the checkout")
+        elif anchor and dest.suffix == ".md" and unquote(anchor) not in heading_ids(dest):
+            problems.append(f"{where} → no heading with that id in {dest.relative_to(root).as_posix()}")
+    return problems
+
+
+@pytest.mark.parametrize("path", DOCS, ids=rel)
+def test_relative_links_resolve(path):
+    assert not (problems := broken_links(path)), "broken links:\n" + "\n".join(problems)
+
+
+def test_link_check_sees_a_broken_link(tmp_path):
+    """The check itself: a missing file, a missing heading and a good link of each kind."""
+    (tmp_path / "b.md").write_text("# A title, with `code`\n\n## Twice\n\n## Twice\n")
+    doc = tmp_path / "a.md"
+    doc.write_text(
+        "[ok](b.md) [ok](b.md#a-title-with-code) [ok](b.md#twice-1) [ok](#here) ![ok](b.md) [url](https://x.org)\n\n"
+        "# Here\n\n[gone](missing.md) [bad anchor](b.md#nowhere) <img src='nothing.png'>\n"
+    )
+    problems = broken_links(doc, root=tmp_path)
+    assert [p.split(": ", 1)[1] for p in problems] == [
+        "missing.md → no such file",
+        "b.md#nowhere → no heading with that id in b.md",
+        "nothing.png → no such file",
+    ]
+
+
+# --- commands ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DocCommand:
+    where: str  # file:line
+    text: str  # the doc's command line (continuations joined)
+    argv: tuple[str, ...]  # what is parsed: placeholders filled, cut at an ellipsis
+    elided: bool  # an ellipsis cut the line: missing required arguments are accepted
+    note: str = ""  # what is wrong with the line before any parsing
+
+
+def shell_words(line: str) -> list[str]:
+    line = re.sub(r"""(["'])(…|\.\.\.)\1""", "VALUE", line)  # a quoted ellipsis is a placeholder value
+    lex = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lex.whitespace_split = True
+    try:
+        return list(lex)
+    except ValueError:  # an unbalanced quote in prose-like inline code
+        return line.split()
+
+
+def commands_in(text: str) -> list[tuple[list[str], bool, str]]:
+    """The topl_core argvs of one shell line: (words after `-m topl_core`, cut at an ellipsis, a problem seen)."""
+    from topl_core.cli import COMMANDS
+
+    words, out = shell_words(text), []
+    for i in range(len(words) - 1):
+        if words[i] == "-m" and words[i + 1] == "topl_core":
+            argv, elided, depth, note = [], False, 0, ""
+            for j, w in enumerate(words[i + 2 :], start=i + 2):
+                if w in SHELL_ENDS:
+                    if w == "|" and words[j + 1 : j + 2] and words[j + 1] in COMMANDS:
+                        note = f"`| {words[j + 1]}` pipes into a shell command: write each topl_core command out"
+                    break
+                opens, closes = len(w) - len(w.lstrip("[")), len(w) - len(w.rstrip("]"))
+                depth += opens
+                w = w.strip("[]")
+                if any(e in w for e in ELLIPSES):
+                    if depth == 0:
+                        elided = True
+                        break
+                    w = ""  # `[--run B …]`: the group repeats
+                depth = max(0, depth - closes)
+                if w:
+                    argv.append(w)
+            out.append((argv, elided, note))
+    return out
+
+
+def code_lines(content: str) -> list[tuple[int, str]]:
+    """A code block's shell lines with their offsets in the block: continuations joined, `VAR=value` lines expanded
+    where `$VAR` follows."""
+    joined, start, buffer = [], 0, ""
+    for i, raw in enumerate(content.splitlines()):
+        if not buffer:
+            start = i
+        if raw.rstrip().endswith("\\"):
+            buffer += raw.rstrip()[:-1] + " "
+            continue
+        joined.append((start, buffer + raw))
+        buffer = ""
+    if buffer:
+        joined.append((start, buffer))
+    env, out = {}, []
+    for offset, line in joined:
+        for name, value in env.items():
+            line = re.sub(rf"\$\{{{name}\}}|\${name}\b", lambda _, v=value: v, line)
+        if m := re.fullmatch(r"\s*([A-Za-z_]\w*)=(.*)", line):
+            env[m.group(1)] = " ".join(shell_words(m.group(2)))  # unquoted where it is used: it splits
+        out.append((offset, line))
+    return out
+
+
+def doc_commands(path: Path) -> list[DocCommand]:
+    tokens, found = tokens_of(path), []
+
+    def add(text: str, line: int) -> None:
+        for argv, elided, note in commands_in(text):
+            found.append(DocCommand(f"{rel(path)}:{line}", " ".join(text.split()), tuple(argv), elided, note))
+
+    for tok in tokens:
+        if tok.type in ("fence", "code_block"):
+            first = tok.map[0] + (2 if tok.type == "fence" else 1)  # the 1-based line of the block's first code line
+            for offset, line in code_lines(tok.content):
+                add(line, first + offset)
+    for child, line in inline_children(tokens):
+        if child.type == "code_inline":
+            add(child.content, line)
+    return found
+
+
+def fill_placeholders(argv: list[str]) -> list[str] | None:
+    """`argv` with each placeholder given a value its flag takes; None when the command itself is a placeholder."""
+    from topl_core.cli import COMMANDS, build_parser
+
+    if not argv or PLACEHOLDER.fullmatch(argv[0]):
+        return None
+    parser = build_parser(argv) if argv[0] in COMMANDS else None
+    actions = {}
+    if parser is not None:  # every option of the command and of its sub-commands (`data build`)
+        stack = [parser]
+        while stack:
+            p = stack.pop()
+            actions.update(p._option_string_actions)
+            for a in p._actions:
+                if a.choices and isinstance(a.choices, dict):
+                    stack.extend(a.choices.values())
+    out, flag = [], None
+    for w in argv:
+        if w.startswith("--") and "=" in w:
+            name, value = w.split("=", 1)
+            if PLACEHOLDER.fullmatch(value):
+                w = f"{name}={value_for(actions.get(name), value)}"
+            flag = None
+        elif PLACEHOLDER.fullmatch(w):
+            w = value_for(actions.get(flag), w)
+        elif w.startswith("-") and not re.fullmatch(r"-\d.*", w):
+            flag = w
+        out.append(w)
+    return out
+
+
+def value_for(action, placeholder: str) -> str:
+    if action is not None and action.choices and placeholder in action.choices:
+        return placeholder  # not a placeholder: a value in capitals (`--sets ID OOD`)
+    if action is not None and action.choices:
+        return str(next(iter(action.choices)))
+    return "-1" if placeholder.startswith("-") else "1"
+
+
+def parse_error(argv: list[str]) -> str | None:
+    """The CLI parser's complaint about `argv`, or None when it parses (`--help` included)."""
+    from topl_core.cli import build_parser
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            build_parser(argv).parse_args(argv)
+        except SystemExit as e:
+            if e.code not in (0, None):
+                return err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else f"exit {e.code}"
+    return None
+
+
+ELIDED_OK = ("arguments are required", "expected one argument", "expected at least one argument")
+
+
+def command_problem(cmd: DocCommand) -> str | None:
+    if cmd.note:
+        return f"{cmd.where}: {cmd.text}\n    {cmd.note}"
+    argv = fill_placeholders(list(cmd.argv))
+    if argv is None:
+        return None
+    error = parse_error(argv)
+    if error is None or (cmd.elided and any(s in error for s in ELIDED_OK)):
+        return None
+    return f"{cmd.where}: {cmd.text}\n    parsed as {argv}: {error}"
+
+
+COMMAND_LINES = [c for path in DOCS for c in doc_commands(path)]
+
+
+def test_the_docs_show_commands():
+    assert len(COMMAND_LINES) > 50, "the command extraction found too little: the docs' code was not read"
+    assert all(c.argv for c in COMMAND_LINES if c.argv[:1] != ()), COMMAND_LINES
+
+
+@pytest.mark.parametrize("path", DOCS, ids=rel)
+def test_documented_commands_parse(path):
+    problems = [p for c in COMMAND_LINES if c.where.startswith(rel(path) + ":") if (p := command_problem(c))]
+    assert not problems, "documented commands the CLI rejects:\n" + "\n".join(problems)
+
+
+def test_command_check_rejects_what_the_cli_rejects():
+    """The check itself, on made-up doc text: an unknown flag, an unknown command, a bad choice and commands joined
+    by a pipe fail; placeholders, a value in capitals, an elided tail, a repeated optional group, a variable and a
+    help line pass."""
+    text = """
+```bash
+python -m topl_core train --method topl --steps N --out DIR     # fine
+python -m topl_core train --no-such-flag 3                     # unknown flag
+python -m topl_core frobnicate --x                             # unknown command
+python -m topl_core train --method nope                        # not a choice
+python -m topl_core transfer --run A [--run B …] --stage dev   # a repeated group
+python -m topl_core steer --run X --document "..." --lambdas -2 0 2
+C="--steps 3 \\
+   --batch-size 2"
+python -m topl_core train --out runs/x $C
+python -m topl_core evaluate --help; python -m topl_core sweep --help
+accelerate launch --config_file c.yaml -m topl_core train --method sft --micro-batch-size 1
+python -m topl_core evaluate --sets ID OOD --n-id 2
+```
+Inline: `python -m topl_core train …` and `python -m topl_core <command>` and `python -m topl_core probe --bogus` and
+`python -m topl_core evaluate | sweep`.
+"""
+    found = []
+    for tok in MD.parse(text):
+        if tok.type == "fence":
+            for _, line in code_lines(tok.content):
+                found += [(line, *c) for c in commands_in(line)]
+        elif tok.type == "inline":
+            for child in tok.children:
+                if child.type == "code_inline":
+                    found += [(child.content, *c) for c in commands_in(child.content)]
+    verdicts = [command_problem(DocCommand("example.md:0", t, tuple(a), e, n)) is None for t, a, e, n in found]
+    assert verdicts == [True, False, False, False, True, True, True, True, True, True, True, True, True, False, False]
+
+
+def test_readme_is_short():
+    lines = README.read_text(encoding="utf-8").count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}): move detail to docs/"
+
+
+def test_readme_maps_every_doc():
+    linked = {(README.parent / unquote(t.partition("#")[0])).resolve() for t, _ in links_of(README)}
+    missing = [rel(p) for p in sorted((REPO / "docs").glob("*.md")) if p.resolve() not in linked]
+    assert not missing, f"docs/ files the README's map does not link: {missing}"
