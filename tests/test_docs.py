@@ -16,7 +16,9 @@ How a doc line becomes an argv (the rule, so that a doc writer can predict it):
 - an unquoted ellipsis (`…` or `...`) ends the checked part: what follows it is elided, and so may be a required
   argument (the error "arguments are required" / "expected one argument" is then accepted); inside `[ ]` an ellipsis
   only repeats the group (`[--run B …]`) and the brackets are dropped;
-- a line whose command is itself a placeholder (`python -m topl_core <command>`) names no command to check.
+- a line without a flag names a command (`python -m topl_core transfer`): that it exists is checked, and missing
+  required arguments are accepted; a line whose command is itself a placeholder (`python -m topl_core <command>`)
+  names no command to check.
 """
 
 from __future__ import annotations
@@ -287,7 +289,8 @@ def command_problem(cmd: DocCommand) -> str | None:
     if argv is None:
         return None
     error = parse_error(argv)
-    if error is None or (cmd.elided and any(s in error for s in ELIDED_OK)):
+    names_only = not any(w.startswith("-") for w in argv)  # `python -m topl_core transfer` in prose names a command
+    if error is None or ((cmd.elided or names_only) and any(s in error for s in ELIDED_OK)):
         return None
     return f"{cmd.where}: {cmd.text}\n    parsed as {argv}: {error}"
 
@@ -326,7 +329,7 @@ accelerate launch --config_file c.yaml -m topl_core train --method sft --micro-b
 python -m topl_core evaluate --sets ID OOD --n-id 2
 ```
 Inline: `python -m topl_core train …` and `python -m topl_core <command>` and `python -m topl_core probe --bogus` and
-`python -m topl_core evaluate | sweep`.
+`python -m topl_core evaluate | sweep` and `python -m topl_core transfer` and `python -m topl_core transfr`.
 """
     found = []
     for tok in MD.parse(text):
@@ -338,7 +341,25 @@ Inline: `python -m topl_core train …` and `python -m topl_core <command>` and 
                 if child.type == "code_inline":
                     found += [(child.content, *c) for c in commands_in(child.content)]
     verdicts = [command_problem(DocCommand("example.md:0", t, tuple(a), e, n)) is None for t, a, e, n in found]
-    assert verdicts == [True, False, False, False, True, True, True, True, True, True, True, True, True, False, False]
+    assert verdicts == [
+        True,
+        False,
+        False,
+        False,
+        True,
+        True,
+        True,
+        True,
+        True,
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+        True,
+        False,
+    ]
 
 
 def test_readme_is_short():
