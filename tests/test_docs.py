@@ -6,6 +6,7 @@ parser (markdown-it-py), and
 - every `python -m topl_core …` they show (in a code block or inline code; also `-m topl_core` under `accelerate
   launch` and `.venv/bin/python`) parses with the CLI's own parser (`topl_core.cli.build_parser`): the command exists,
   and so does every flag and its value — an unknown flag fails, as it fails for a user;
+- a table that quotes a benchmark JSON of docs/bench shows that JSON's figures (each number, rounded as shown);
 - README.md stays short, and its map of docs/ names every file there.
 
 How a doc line becomes an argv (the rule, so that a doc writer can predict it):
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import shlex
 from dataclasses import dataclass
@@ -360,6 +362,99 @@ Inline: `python -m topl_core train …` and `python -m topl_core <command>` and 
         True,
         False,
     ]
+
+
+# --- figures read from docs/bench ------------------------------------------------------------------------------
+
+BENCH = REPO / "docs" / "bench"
+# a measured number as a table shows it: not part of a name ("Qwen3-8B", "16x1"); bounds ("≤ 1.05") are dropped first
+NUMBER = re.compile(r"(?<![\w.\-−])\d[\d,]*(?:\.\d+)?(?![\w.\-])")
+BOUND = re.compile(r"[≤≥<>]\s*\d[\d,.]*")
+
+
+def json_numbers(value) -> list[float]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, (int, float)):
+        return [float(value)]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return [x for v in value for x in json_numbers(v)]
+    return []
+
+
+def significant_digits(text: str) -> int:
+    return len(text.replace(",", "").replace(".", "").lstrip("0"))
+
+
+def shown(text: str, values: list[float]) -> bool:
+    """`text` (e.g. "4,037", "0.223") is one of `values` rounded as the doc rounds it."""
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    x = float(text.replace(",", ""))
+    return any(abs(v - x) <= 0.5 * 10**-decimals + 1e-9 for v in values)
+
+
+def bench_tables(path: Path):
+    """(row, line, cited JSON files) for every table row that cites docs/bench: the row's own links, else the links
+    of the paragraph just above its table."""
+    tokens, above = tokens_of(path), []
+    for i, tok in enumerate(tokens):
+        if tok.type == "paragraph_open":
+            inline = tokens[i + 1]
+            above = [c.attrs["href"] for c in inline.children or [] if c.type == "link_open"]
+        elif tok.type == "table_open":
+            j = i
+            while tokens[j].type != "table_close":
+                if tokens[j].type == "tr_open" and tokens[j + 1].type == "td_open":
+                    cells, k = [], j
+                    while tokens[k].type != "tr_close":
+                        if tokens[k].type == "inline":
+                            cells.append(tokens[k])
+                        k += 1
+                    own = [c.attrs["href"] for cell in cells for c in cell.children or [] if c.type == "link_open"]
+                    cited = [h for h in (own if any("bench/" in h for h in own) else above) if h.endswith(".json")]
+                    files = [(path.parent / h).resolve() for h in cited if "bench/" in h]
+                    if files:
+                        yield [c.content for c in cells], tokens[j].map[0] + 1, files
+                j += 1
+
+
+def bench_figure_problems(path: Path, root: Path = REPO) -> list[str]:
+    problems = []
+    for cells, line, files in bench_tables(path):
+        values = [v for f in files for v in json_numbers(json.loads(f.read_text()))]
+        for cell in cells[1:]:  # the first cell names the row
+            cell = re.sub(r"`[^`]*`|\[[^\]]*\]\([^)]*\)", "", cell)  # commands and links are not figures
+            cell = BOUND.sub("", cell)
+            for m in NUMBER.finditer(cell):
+                if significant_digits(m.group()) >= 3 and not shown(m.group(), values):
+                    names = ", ".join(f.name for f in files)
+                    where = f"{path.relative_to(root).as_posix()}:{line}"
+                    problems.append(f"{where}: {m.group()} ({cells[0][:50]}) is not in {names}")
+    return problems
+
+
+@pytest.mark.parametrize("path", DOCS, ids=rel)
+def test_bench_figures_are_their_json(path):
+    """A table that cites a JSON of docs/bench shows that JSON's figures: every number of 3 or more significant digits
+    in it (other than the row's name and a bound such as "≤ 1.05") is one of the JSON's values, rounded as shown."""
+    assert not (problems := bench_figure_problems(path)), "figures that their JSON does not hold:\n" + "\n".join(
+        problems
+    )
+
+
+def test_bench_check_sees_a_wrong_figure(tmp_path):
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "run.json").write_text(
+        json.dumps({"tokens_per_s": 4037.3, "mfu": 0.2231, "rows": [{"g": 28.88}]})
+    )
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "Measured ([run.json](bench/run.json)):\n\n| what | figure | goal |\n|---|---|---|\n"
+        "| Qwen3-8B tokens/s | 4,037 on Llama-3.1-8B | ≥ 1.05 |\n| mfu | 0.223 / 28.9 | — |\n| wrong | 0.224 | — |\n"
+    )
+    assert bench_figure_problems(doc, root=tmp_path) == ["doc.md:7: 0.224 (wrong) is not in run.json"]
 
 
 def test_readme_is_short():
