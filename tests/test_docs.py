@@ -24,6 +24,7 @@ How a doc line becomes an argv (the rule, so that a doc writer can predict it):
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -244,7 +245,7 @@ def fill_placeholders(argv: list[str]) -> list[str] | None:
             p = stack.pop()
             actions.update(p._option_string_actions)
             for a in p._actions:
-                if a.choices and isinstance(a.choices, dict):
+                if isinstance(a, argparse._SubParsersAction):
                     stack.extend(a.choices.values())
     out, flag = [], None
     for w in argv:
