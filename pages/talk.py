@@ -20,11 +20,12 @@ from pages._ui.spec import current_precision
 from topl_core import jobs
 from topl_core.analysis.steering.modes import MODES
 from topl_core.analysis.studies.deck import (
-    CONFIG_FILE,
     HEAD_CHOICES,
     DeckConfig,
     create_deck,
+    deck_folders,
     decks_dir,
+    is_shipped,
     read_deck,
 )
 from topl_core.analysis.studies.deck_html import deck_html
@@ -41,13 +42,6 @@ st.caption(
     "head), then drag λ on stage — each move is read from the deck, nothing is generated."
 )
 DECKS = decks_dir()
-
-
-def deck_folders() -> list[Path]:
-    """The decks under runs/decks/, newest first."""
-    if not DECKS.is_dir():
-        return []
-    return sorted((d for d in DECKS.iterdir() if (d / CONFIG_FILE).exists()), key=lambda d: -d.stat().st_mtime)
 
 
 def prepare_args(cfg: DeckConfig, folder: Path) -> list[str]:
@@ -127,7 +121,14 @@ if not folders:
 paths = [str(f) for f in folders]
 if st.session_state.get(K + "deck") not in paths:
     st.session_state[K + "deck"] = paths[0]
-chosen = Path(st.selectbox("Deck", paths, key=K + "deck", format_func=lambda p: Path(p).name))
+chosen = Path(
+    st.selectbox(
+        "Deck",
+        paths,
+        key=K + "deck",
+        format_func=lambda p: Path(p).name + (" (shipped with the demo adapters)" if is_shipped(Path(p)) else ""),
+    )
+)
 
 
 # --- preparing / failed ---------------------------------------------------------------------------------------------

@@ -8,23 +8,19 @@ ensure_frame()  # first: see pages/_ui/frame.py
 
 from pathlib import Path
 
-import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
-from plotly.subplots import make_subplots
 
 from pages._ui.datasets import dataset_paths
 from pages._ui.forms import SIDEBAR_FIELDS, config_inputs, field_input, precision_select
 from pages._ui.models import layer_count_or_stop
-from pages._ui.render import csv_download, plot
 from pages._ui.spec import current_spec, split_spec
+from pages._ui.train_jobs import train_jobs_panel
 from topl_core import jobs, launchers
 from topl_core.errors import ConfigError
 from topl_core.paths import inside, runs_dir
 from topl_core.presets import PRESETS
-from topl_core.runs import RunDir
 from topl_core.training.config import LoraSettings, TrainConfig, preset_config
-from topl_core.training.objectives import OBJECTIVES
+from topl_core.training.methods import METHODS
 
 st.title("Train")
 st.caption(
@@ -87,7 +83,7 @@ def form_defaults() -> dict:
         "layer_start": layers[0],
         "layer_end": layers[1],
     }
-    if method == "tldr":  # TLDR: LoRA on all layers, head on the last layer
+    if METHODS[method].lora_all_layers:  # TLDR: defined with LoRA on every layer
         values.update(layer_start=0, layer_end=n_layers - 1)
     values["run_name"] = launchers.default_run_name(TrainConfig(method=method, model=model_name))
     return values
@@ -122,14 +118,13 @@ if flash := st.session_state.pop(K + "flash", None):
 any_active = any(j.active for j in jobs.list_jobs() if j.kind == "train")
 with st.expander("New run", expanded=not any_active, icon=":material/add:"):
     c1, c2, c3 = st.columns([1, 1, 2])
-    methods = list(OBJECTIVES)
     c1.selectbox(
         "Method",
-        methods,
+        list(METHODS),
         key=K + "method",
         persist_state="session",
         on_change=apply_defaults,
-        format_func=lambda m: m if m == "unlikelihood" else m.upper(),
+        format_func=lambda m: METHODS[m].label,
     )
     c2.selectbox(
         "Preset",
@@ -139,7 +134,7 @@ with st.expander("New run", expanded=not any_active, icon=":material/add:"):
         on_change=apply_defaults,
         help="The paper's learning rate, batch and LoRA layers for that model family (8B/4B, GPU).",
     )
-    c3.info(OBJECTIVES[st.session_state[K + "method"]].description)
+    c3.info(METHODS[st.session_state[K + "method"]].description)
 
     with st.form("train.form", border=False):
         a, b, c, d = st.columns(4)
@@ -177,7 +172,7 @@ with st.expander("New run", expanded=not any_active, icon=":material/add:"):
             max_resp = field_input(b, TrainConfig, "max_response_tokens", K, DEFAULT.max_response_tokens)
             max_val = field_input(c, TrainConfig, "max_val_examples", K, DEFAULT.max_val_examples)
             micro = field_input(d, TrainConfig, "micro_batch_size", K, DEFAULT.micro_batch_size)
-            has_head = OBJECTIVES[st.session_state[K + "method"]].uses_head
+            has_head = METHODS[st.session_state[K + "method"]].uses_head
             a, b = st.columns([1, 3])
             head_mult = field_input(a, TrainConfig, "head_lr_multiplier", K, disabled=not has_head)
             probe_layers = field_input(b, TrainConfig, "probe_layers", K, DEFAULT.probe_layers, options=range(n_layers))
@@ -231,102 +226,4 @@ if submitted:
 
 # --- live jobs ------------------------------------------------------------------------------------------------
 
-
-def fmt_s(s) -> str:
-    if s is None:
-        return "—"
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
-STATE_ICON = {
-    "starting": ":gray[:material/hourglass_top:]",
-    "running": ":blue[:material/play_circle:]",
-    "finished": ":green[:material/check_circle:]",
-    "failed": ":red[:material/error:]",
-    "cancelled": ":gray[:material/stop_circle:]",
-    "interrupted": ":orange[:material/warning:]",
-    "unknown": ":gray[:material/help:]",
-}
-
-
-def curves(path: Path) -> None:
-    rows = RunDir(path).read_metrics()
-    if not rows:
-        st.caption("No metrics yet: the process is loading the model and data.")
-        return
-    df = pd.DataFrame(rows)
-    val_cols = [
-        c
-        for c in df.columns
-        if c.startswith("val_") and c not in ("val_tokens", "val_examples") and pd.api.types.is_numeric_dtype(df[c])
-    ]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("Training loss", "Validation"))
-    fig.add_trace(go.Scatter(x=df["step"], y=df["loss"], mode="lines", name="loss", line=dict(color="#2563eb")), 1, 1)
-    for col in val_cols:
-        v = df[["step", col]].dropna()
-        fig.add_trace(go.Scatter(x=v["step"], y=v[col], mode="lines+markers", name=col), 1, 2)
-    fig.update_xaxes(title_text="step")
-    fig.update_layout(height=300, legend=dict(orientation="h", y=-0.25))
-    plot(fig, key=f"train.curves.{path.name}")
-    csv_download(df, f"{path.name}-metrics.csv", key=f"train.csv.{path.name}", label="Metrics CSV")
-
-
-def jobs_panel() -> None:
-    all_jobs = [j for j in jobs.list_jobs() if j.kind == "train"]
-    active = [j for j in all_jobs if j.active]
-    if st.session_state.get(K + "had_active") and not active:
-        st.session_state[K + "had_active"] = False
-        st.rerun(scope="app")  # a job just ended: stop polling, refresh the run lists
-    st.session_state[K + "had_active"] = bool(active)
-    st.subheader(f"Runs ({len(active)} active)")
-    if not all_jobs:
-        st.info(f"No runs yet in `{runs_dir()}`.")
-        return
-    names = [j.name for j in all_jobs]
-    watch = Path(st.session_state.get(K + "watch", "")).name
-    for j in all_jobs[:8]:
-        with st.container(border=True):
-            a, b, c = st.columns([3, 6, 1.3], vertical_alignment="center")
-            a.markdown(f"{STATE_ICON.get(j.state, '')} **{j.name}**  \n`{j.state}`")
-            if j.state in ("running", "starting"):
-                b.progress(
-                    j.fraction,
-                    text=f"step {j.step}/{j.steps} · ETA {fmt_s(j.eta_s)} · elapsed "
-                    f"{fmt_s(j.elapsed_s)} · loss {'—' if j.loss is None else f'{j.loss:.4f}'}",
-                )
-                if c.button("Cancel", key=f"train.cancel.{j.name}", icon=":material/stop:"):
-                    jobs.cancel(j.path)
-                    st.toast(f"Cancelling {j.name}: saving a checkpoint…")
-            else:
-                auroc = j.val.get("val_token_auroc")
-                b.progress(
-                    j.fraction,
-                    text=f"step {j.step}/{j.steps} · loss "
-                    f"{'—' if j.loss is None else f'{j.loss:.4f}'}"
-                    + (f" · val token AUROC {auroc:.3f}" if auroc is not None else ""),
-                )
-                if j.state in ("cancelled", "failed", "interrupted"):
-                    if c.button("Resume", key=f"train.resume.{j.name}", icon=":material/replay:"):
-                        try:
-                            launchers.resume_train(j.path)
-                            st.session_state[K + "watch"] = str(j.path)
-                            st.rerun(scope="app")
-                        except jobs.JobError as e:
-                            st.error(str(e))
-                if j.error and j.state != "finished":
-                    b.caption(f"{j.error[:300]}")
-            for warning in j.warnings:  # a tracker that failed mid-run: the run went on
-                b.caption(f":orange[:material/warning:] {warning}")
-    if len(all_jobs) > 8:
-        st.caption(f"… and {len(all_jobs) - 8} older runs (see the Runs page).")
-    default = watch if watch in names else (active[0].name if active else names[0])
-    if st.session_state.get(K + "detail") not in names:
-        st.session_state[K + "detail"] = default
-    sel = st.selectbox("Curves of", names, key=K + "detail", persist_state="session")
-    curves(runs_dir() / sel)
-    with st.expander("Log"):
-        st.code(jobs.log_tail(runs_dir() / sel, 30) or "(empty)", language=None)
-
-
-st.fragment(jobs_panel, run_every=1.5 if any_active else None)()
+st.fragment(train_jobs_panel, run_every=1.5 if any_active else None)()

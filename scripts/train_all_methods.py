@@ -29,15 +29,13 @@ from topl_core.models import EMBEDDED, load_model  # noqa: E402
 from topl_core.paths import DEFAULT_DATA  # noqa: E402
 from topl_core.presets import DEFAULT_MODEL  # noqa: E402
 from topl_core.runs import RunDir  # noqa: E402
-from topl_core.training.config import METHODS, TrainConfig  # noqa: E402
-from topl_core.training.objectives import OBJECTIVES  # noqa: E402
-
-PAIR_METHODS = {"dpo", "tdpo"}
+from topl_core.training.config import TrainConfig  # noqa: E402
+from topl_core.training.methods import METHODS  # noqa: E402
 
 
 def method_command(args: argparse.Namespace, method: str, num_layers: int) -> list[str]:
-    pairs = method in PAIR_METHODS
-    layer_end = num_layers - 1 if method == "tldr" else args.layer_end
+    pairs = METHODS[method].pairs
+    layer_end = num_layers - 1 if METHODS[method].lora_all_layers else args.layer_end
     return [
         sys.executable,
         "-m",
@@ -57,7 +55,7 @@ def method_command(args: argparse.Namespace, method: str, num_layers: int) -> li
         str(args.pair_batch_size if pairs else args.batch_size),
         "--lr",
         str(args.lr),
-        *(["--head-lr-multiplier", str(args.head_lr_multiplier)] if OBJECTIVES[method].uses_head else []),
+        *(["--head-lr-multiplier", str(args.head_lr_multiplier)] if METHODS[method].uses_head else []),
         "--lora-layer-start",
         "0",
         "--lora-layer-end",
@@ -86,7 +84,7 @@ def summarize(run_dir: Path, method: str) -> dict:
     rows = [r for r in run.read_metrics() if "loss" in r]
     status = run.read_status()
     cfg, meta = run.read_config()
-    metric = meta.get("validation_metric", OBJECTIVES[method].validation_metric)
+    metric = meta.get("validation_metric", METHODS[method].validation_metric)
     val_rows = [r for r in rows if metric in r]
     last = rows[-1] if rows else {}
     tail = [r["loss"] for r in rows[-5:]]
@@ -159,7 +157,7 @@ def write_table(
             lines.append(f"| {r['method']} | failed: {r['error']} |" + " |" * 12)
             continue
         extra = ", ".join(f"{k} {v:.3f}" for k, v in r["val_extra"].items())
-        pairs = " pairs" if r["method"] in PAIR_METHODS else ""
+        pairs = " pairs" if METHODS[r["method"]].pairs else ""
         head = r["head_layer"] if r["head_layer"] is not None else "–"
         cells = [
             r["method"], r["steps"], f"{r['examples_per_step']}{pairs}", r["lora_layers"], head,
@@ -189,7 +187,7 @@ def write_table(
         "tokens/s counts the tokens of the training batches (for DPO/TDPO both responses of each pair; the reference "
         "forward pass is not counted again). Loss values are not comparable across methods (different objectives).",
         "",
-        "How each baseline is defined here (docstrings of `topl_core/training/objectives.py`):",
+        "How each baseline is defined here (docstrings of `topl_core/training/methods/`):",
         "- **SFT**: next-token cross-entropy on the faithful responses only (sequence_label 1), over the response "
         "tokens and the end-of-turn token.",
         "- **DPO**: chosen = the faithful response, rejected = the perturbed response to the same prompt; log-probs "
@@ -218,7 +216,7 @@ def write_table(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--data", default=DEFAULT_DATA)
     p.add_argument("--out", default="runs/baselines")

@@ -267,27 +267,29 @@ def test_data_browse_labels_and_build(workbench):
     assert len(table) == 7 and (table["tokens"] > 0).all()
     # build: import the JSONL back under another name
     at.selectbox(key="data.build_source").set_value("jsonl").run()
-    at.text_input(key="data.build_input.jsonl").set_value(str(workbench["data"])).run()
-    at.text_input(key="data.build_out.jsonl").set_value("copy.jsonl").run()
+    at.text_input(key="data.build.jsonl.input").set_value(str(workbench["data"])).run()
+    at.text_input(key="data.build.jsonl.out").set_value("copy.jsonl").run()
     at.button(key="data.build_go").click().run()
     assert not at.exception
     assert any("Wrote 80 records" in s.value for s in at.success)
     assert (workbench["root"] / "cache" / "data" / "copy.jsonl").exists()
     # a name that would leave the data folder is refused, and nothing is written
     for name in ("../../escaped.jsonl", "/tmp/escaped.jsonl", "sub/../../escaped.jsonl"):
-        at.text_input(key="data.build_out.jsonl").set_value(name).run()
+        at.text_input(key="data.build.jsonl.out").set_value(name).run()
         at.button(key="data.build_go").click().run()
         assert not at.exception and any("use a plain name" in e.value for e in at.error), name
     assert not list(workbench["root"].rglob("escaped.jsonl")) and not Path("/tmp/escaped.jsonl").exists()
 
 
 def test_a_data_source_added_in_one_place_reaches_the_cli_and_the_data_page(workbench, monkeypatch, tmp_path, capsys):
-    """A data source is one entry of data/sources.py's SOURCES. Inserted here (tab-separated lines of document,
-    response and its bad words), it is a `data build --source` choice with its help, builds in-process, and the Data
-    page lists it, shows its help and the inputs of the options it reads (only those), and builds the same records."""
+    """A data source is one entry of the source registry (analysis/studies/data_sources.py's SOURCES). Inserted here
+    (tab-separated lines of document, response and its bad words), it is a `data build --source` choice with its
+    help, builds in-process, and the Data page lists it, shows its help and the inputs of the options it reads (only
+    those), and builds the same records."""
+    from topl_core.analysis.studies.data_sources import SOURCES
     from topl_core.cli import build_parser, main
     from topl_core.data.records import Record, Span, read_jsonl
-    from topl_core.data.sources import SOURCES, DataSource, Loaded
+    from topl_core.data.sources import DataSource, Loaded
 
     def load_tsv(options, progress) -> Loaded:
         records = []
@@ -316,12 +318,93 @@ def test_a_data_source_added_in_one_place_reaches_the_cli_and_the_data_page(work
     at.selectbox(key="data.build_source").set_value("tsv").run()
     assert help in [i.value for i in at.info]
     shown = {w.key for widgets in (at.selectbox, at.number_input, at.text_input) for w in widgets}
-    assert "data.build_limit" in shown and at.number_input(key="data.build_limit").value == 600
-    assert not shown & {"data.build_seed", "data.build_recipe", "data.build_fava_form", "data.build_mlqe_split"}
-    at.text_input(key="data.build_input.tsv").set_value(str(tsv)).run()
+    assert "data.build.tsv.limit" in shown and at.number_input(key="data.build.tsv.limit").value == 600
+    assert not {k for k in shown if k.startswith("data.build.tsv.")} - {
+        f"data.build.tsv.{o}" for o in ("input", "limit", "out")
+    }
+    at.text_input(key="data.build.tsv.input").set_value(str(tsv)).run()
     at.button(key="data.build_go").click().run()
     assert not at.exception and any("Wrote 3 records (3 with bad spans)" in s.value for s in at.success)
     assert read_jsonl(workbench["root"] / "cache" / "data" / "tsv.jsonl")[:2] == from_cli
+
+
+def test_a_data_source_a_model_writes_reaches_the_cli_the_data_page_and_the_launcher(
+    workbench, monkeypatch, tmp_path, capsys
+):
+    """A source that runs in the background, with options of its own (the model that writes, a bool) and its own
+    default limit, is one entry of the registry. Inserted here, `data build --source` offers it with its flags, typed,
+    and builds it at its defaults; the Data page lists it with an input for each option it reads (the model at the
+    sidebar's, no input path: it reads none) and starts it through the launcher, whose command line the CLI reads
+    back to the same options and builds (what the job process runs)."""
+    import dataclasses
+
+    from topl_core import launchers
+    from topl_core.analysis.studies.data_sources import SOURCES
+    from topl_core.cli import build_parser, main
+    from topl_core.cli.data import options_of
+    from topl_core.config_fields import config_field
+    from topl_core.data.records import Record, read_jsonl
+    from topl_core.data.sources import DataSource, Loaded, SourceOptions
+
+    @dataclasses.dataclass(frozen=True)
+    class EchoOptions(SourceOptions):
+        limit: int = config_field(2, label="Documents", help="documents to summarise", min=1)
+        model: str = config_field("nobody", label="Model", help="the model whose name each summary says")
+        shout: bool = config_field(False, label="Shout", help="upper-case the summaries")
+
+    def build_echo(o: EchoOptions, progress) -> Loaded:
+        records = []
+        for i in range(o.limit):
+            text = f"{o.model} wrote summary {i}."
+            response = text.upper() if o.shout else text
+            records.append(Record(id=f"echo-{i}", document=f"Document {i}.", response=response, source="echo"))
+            progress(i + 1, o.limit)
+        return Loaded(records, f"echo: {len(records)} summaries")
+
+    help = "Each document summarised by a model that only says its name."
+    options = ("model", "limit", "shout")
+    entry = DataSource(
+        "echo", help, options, build_echo, input_required=False, options_type=EchoOptions, background=True
+    )
+    monkeypatch.setitem(SOURCES, "echo", entry)
+
+    with pytest.raises(SystemExit):
+        build_parser(["data", "build", "--help"]).parse_args(["data", "build", "--help"])
+    shown_help = capsys.readouterr().out
+    assert f"echo: {help}" in shown_help and "--shout" in shown_help and "echo: default nobody" in shown_help
+    assert main(["data", "build", "--source", "echo", "--shout", "--out", str(tmp_path / "cli.jsonl")]) == 0
+    assert [r.response for r in read_jsonl(tmp_path / "cli.jsonl")] == [f"NOBODY WROTE SUMMARY {i}." for i in range(2)]
+
+    launched = []
+
+    def launch(argv, job_dir, **kw) -> Path:  # the job process would run `python -m topl_core <argv>`
+        launched.append((argv, Path(job_dir), kw))
+        return Path(job_dir)
+
+    monkeypatch.setattr(launchers, "launch", launch)
+    at = open_page("data")
+    assert "echo" in at.selectbox(key="data.build_source").options
+    at.selectbox(key="data.build_source").set_value("echo").run()
+    assert help in [i.value for i in at.info]
+    widgets = (at.text_input, at.number_input, at.toggle, at.selectbox)
+    keys = {w.key for ws in widgets for w in ws if w.key and w.key.startswith("data.build.echo.")}
+    assert keys == {f"data.build.echo.{o}" for o in (*options, "out")}
+    assert at.text_input(key="data.build.echo.model").value == "tiny-llama"  # the sidebar's model
+    assert at.number_input(key="data.build.echo.limit").value == 2
+    at.number_input(key="data.build.echo.limit").set_value(3)
+    at.toggle(key="data.build.echo.shout").set_value(True)
+    at.button(key="data.build_go").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    ((argv, job_dir, kw),) = launched
+    data_dir = workbench["root"] / "cache" / "data"
+    assert job_dir == data_dir / "jobs" / "echo" and kw["info"]["out"] == str(data_dir / "echo.jsonl")
+    assert options_of(build_parser(argv).parse_args(argv), entry) == EchoOptions(
+        limit=3, model="tiny-llama", shout=True
+    )
+    assert main(argv) == 0
+    assert [r.response for r in read_jsonl(data_dir / "echo.jsonl")] == [
+        f"TINY-LLAMA WROTE SUMMARY {i}." for i in range(3)
+    ]
 
 
 def test_data_page_builds_own_summaries_in_the_background_and_merges(workbench):
@@ -337,13 +420,14 @@ def test_data_page_builds_own_summaries_in_the_background_and_merges(workbench):
     data_dir = workbench["root"] / "cache" / "data"
     at = open_page("data")
     at.selectbox(key="data.build_source").set_value("own-summaries").run()
-    assert at.text_input(key="data.own_model").value == "tiny-llama"  # the sidebar's model
-    at.number_input(key="data.own_limit").set_value(3)
-    at.text_input(key="data.build_out.own-summaries").set_value("own-tiny").run()
-    at.button(key="data.own_go").click().run()
+    assert at.text_input(key="data.build.own-summaries.model").value == "tiny-llama"  # the sidebar's model
+    assert at.number_input(key="data.build.own-summaries.limit").value == 240  # the source's own default
+    at.number_input(key="data.build.own-summaries.limit").set_value(3)
+    at.text_input(key="data.build.own-summaries.out").set_value("own-tiny").run()
+    at.button(key="data.build_go").click().run()
     job_dir = data_dir / "jobs" / "own-tiny"
     assert jobs.wait(job_dir, timeout_s=TIMEOUT).state == "failed", jobs.log_tail(job_dir)
-    assert "--model tiny-llama --limit 3" in jobs.log_tail(job_dir)
+    assert "--limit 3 --model tiny-llama" in jobs.log_tail(job_dir)
     at.run()
     assert any("Start it again with the same settings" in w.value for w in at.warning)
     assert any("no records to write" in c.value for c in at.code), [c.value for c in at.code]
@@ -1109,7 +1193,8 @@ def test_talk_mode_answers_every_deck_state(workbench, tmp_path):
     import sys
 
     from topl_core import jobs
-    from topl_core.analysis.studies.deck import DeckConfig, create_deck, decks_dir, prepare_deck, read_deck
+    from topl_core.analysis.studies.deck import DeckConfig, create_deck, decks_dir, read_deck
+    from topl_core.analysis.studies.deck_prepare import prepare_deck
     from topl_core.status import write_status
 
     shutil.rmtree(decks_dir(), ignore_errors=True)

@@ -18,33 +18,23 @@ from topl_core.data.split import split_records
 from topl_core.errors import ConfigError, DataError
 from topl_core.forward import head_features, next_token_logprobs
 from topl_core.models import load_model
-from topl_core.presets import PRESETS
 from topl_core.tiny_models import build_tiny_model
 from topl_core.training import trainer as trainer_module
 from topl_core.training.batching import EncodeSettings, encode_pairs, faithful_records, make_pair_batches
-from topl_core.training.config import METHOD_DATA, METHODS, LoraSettings, TrainConfig, preset_config
+from topl_core.training.config import LoraSettings, TrainConfig, preset_config
 from topl_core.training.lora import apply_lora
-from topl_core.training.losses import (
-    dpo_loss,
+from topl_core.training.methods import METHODS
+from topl_core.training.methods.dpo import dpo_loss, dpo_loss_step
+from topl_core.training.methods.sft import nll_loss, sft_loss_step
+from topl_core.training.methods.sopl import pooled_response_logits, sequence_bce_loss, sopl_loss_step
+from topl_core.training.methods.tdpo import sequential_kl, tdpo_loss, tdpo_loss_step
+from topl_core.training.methods.unlikelihood import (
     log1m_exp,
     log_one_minus_p,
-    nll_loss,
-    pooled_response_logits,
-    sequence_bce_loss,
-    sequential_kl,
-    tdpo_loss,
     unlikelihood_loss,
-)
-from topl_core.training.objectives import OBJECTIVES
-from topl_core.training.steps import (
-    StepContext,
-    dpo_loss_step,
-    sft_loss_step,
-    sopl_loss_step,
-    target_logprobs,
-    tdpo_loss_step,
     unlikelihood_loss_step,
 )
+from topl_core.training.steps import StepContext, target_logprobs
 from topl_core.training.trainer import train
 
 HEAD_METHODS = {"topl", "sopl", "tldr"}
@@ -406,7 +396,7 @@ def test_training_changes_lora_only_and_the_adapter_round_trips(method, records,
     assert ("head.safetensors" in files) == (method in HEAD_METHODS)
     assert "checkpoint" not in files and run.read_status()["state"] == "finished"
     cfg, meta = run.read_config()
-    assert cfg.method == method and meta["validation_metric"] == OBJECTIVES[method].validation_metric
+    assert cfg.method == method and meta["validation_metric"] == METHODS[method].validation_metric
     last = run.read_metrics()[-1]
     assert last["step"] == steps and math.isfinite(last["loss"]) and meta["validation_metric"] in last
 
@@ -452,7 +442,7 @@ def test_tldr_head_on_last_layer_and_warns_without_all_layers(records, tmp_path)
     assert any("all layers" in str(w.message) for w in caught)
     meta = json.loads(run.config_path.read_text())["meta"]
     assert meta["head_layer"] == 3 and meta["lora_all_layers"] is False
-    assert OBJECTIVES["topl"].head_layer(2, 4) == 2 and OBJECTIVES["sopl"].head_layer(2, 4) == 2
+    assert METHODS["topl"].head_layer(2, 4) == 2 and METHODS["sopl"].head_layer(2, 4) == 2
 
 
 # --- data checks before training ---------------------------------------------------------------------------------
@@ -505,7 +495,7 @@ def test_sequence_only_pairs_still_train_sequence_methods(records, tmp_path):
     """HaluEval-style pairs (no token labels) are enough for DPO, TDPO, SOPL and SFT."""
     data = _sequence_only(records)
     for m in ("dpo", "tdpo", "sopl", "sft"):
-        OBJECTIVES[m].check_data(data)
+        METHODS[m].check_data(data)
     run = train(_cfg("sopl"), tmp_path / "sopl", records=data, base=load_model("tiny-llama"))
     last = run.read_metrics()[-1]
     # only the faithful records have (all-good) token labels: no token AUROC to report, no crash
@@ -568,7 +558,6 @@ def test_config_rejects_label_settings_for_methods_without_token_labels():
         TrainConfig(method="dpo", beta=0.0)
     with pytest.raises(ConfigError, match="tdpo_alpha"):
         TrainConfig(method="tdpo", tdpo_alpha=-1.0)
-    assert set(METHODS) == set(OBJECTIVES)
 
 
 @pytest.mark.parametrize("method", ["dpo", "unlikelihood"])
@@ -587,13 +576,3 @@ def test_non_head_methods_resume_exactly(method, records, tmp_path):
     assert seen == [3, 4]
     a, b = load_file(straight.adapter_path), load_file(run.adapter_path)
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
-
-
-def test_one_list_of_methods_behind_registry_presets_config_and_form():
-    """METHODS (training/config.py) is the only list of method names: the objective registry, every paper preset
-    and TrainConfig's validation agree with it (a method added in one place fails here until added everywhere)."""
-    assert set(OBJECTIVES) == set(METHODS) == set(METHOD_DATA)
-    for name, preset in PRESETS.items():
-        assert set(preset.methods) == set(METHODS), name
-    for m in METHODS:
-        assert TrainConfig(method=m, model="tiny-llama").method == m

@@ -168,7 +168,8 @@ def test_steering_on_bf16_weights(run, news_records):
 
 def test_deck_in_bf16(run, news_records, tmp_path):
     """A talk deck prepared in bf16: every summary generated and judged by the head, finite p(good) in [0, 1]."""
-    from topl_core.analysis.studies.deck import DeckConfig, create_deck, prepare_deck, read_deck
+    from topl_core.analysis.studies.deck import DeckConfig, create_deck, read_deck
+    from topl_core.analysis.studies.deck_prepare import prepare_deck
     from topl_core.data.records import write_jsonl
 
     data = tmp_path / "news.jsonl"

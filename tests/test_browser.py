@@ -16,6 +16,7 @@ embedded SmolLM2 (its TOPL and SFT runs must exist), each main page shot into do
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -164,10 +165,10 @@ def settle(page, quiet_s: float = 0.6, timeout_s: float = 180) -> None:
     raise AssertionError("the app kept running")
 
 
-def visit(page, app: App, path: str, title: str) -> None:
+def visit(page, app: App, path: str, title: str, timeout_s: float = 180) -> None:
     page.goto(f"{app.url}/{path}")
     page.get_by_role("heading", name=title, exact=False).first.wait_for()
-    settle(page)
+    settle(page, timeout_s=timeout_s)
     assert_clean(page, path)
 
 
@@ -321,7 +322,7 @@ def test_shipped_adapters_open_on_every_analysis_page_and_steer(browser, tmp_pat
         visit(page, demo, "token_overlay", "Token overlay")
         page.locator(".topl-tok").first.wait_for(timeout=300_000)
         shot(page, "demo-token_overlay")
-        visit(page, demo, "steering", "Steering")
+        visit(page, demo, "steering", "Steering", timeout_s=600)  # SmolLM2 merged and three summaries, cold
         page.locator(".topl-box").nth(2).wait_for(timeout=300_000)
         settle(page, timeout_s=600)
         _, merged, steered = box_texts(page)
@@ -419,27 +420,31 @@ def test_dragging_lambda_changes_the_steered_summary(app, browser, workbench):
 
 
 def test_steered_text_streams_in_while_it_is_written(app, browser, workbench):
-    """A new λ position fills the steered box token by token: the page shows the text written so far (with a cursor)
-    before the whole summary, each partial text a beginning of the final one; then the box holds the final text."""
+    """A new λ position fills the steered box token by token: the browser receives the text written so far (with a
+    cursor) several times before the whole summary, each partial text a beginning of the final one; then the box holds
+    the final text. Read from the app's websocket frames as the browser receives them (how fast it paints them is
+    the browser's business)."""
     page = new_page(browser)
+    frames: list[str] = []
+    page.on(
+        "websocket",
+        lambda ws: ws.on(
+            "framereceived", lambda f: frames.append(f if isinstance(f, str) else f.decode("utf-8", "ignore"))
+        ),
+    )
     visit(page, app, "steering", "Steering")
     page.locator(".topl-box").nth(2).wait_for()
-    # every state of the steered box the browser draws, recorded as the DOM changes
-    page.evaluate(
-        """() => { window.__partials = [];
-        new MutationObserver(() => { const b = document.querySelectorAll('.topl-box')[2];
-            if (b && b.textContent.includes('\u258d')) window.__partials.push(b.textContent); })
-        .observe(document.body, {subtree: true, childList: true, characterData: true}); }"""
-    )
-    choose_lambda_range(page, WIDEST_RANGE)  # a rerun at λ = 0, read from the store: nothing streams
-    assert page.evaluate("() => window.__partials.length") == 0
+    choose_lambda_range(page, WIDEST_RANGE)
+    frames.clear()  # what the first visit streamed: only what the new λ sends counts
     drag_slider(page, lambda_slider(page), 0.125)  # a λ no other test generates: the store does not have it
     settle(page)
     assert_clean(page, "steering while streaming")
-    # compared without whitespace: the final box joins words with spaces, the partial one keeps line breaks as <br>
-    bare = lambda text: re.sub(r"\s+", "", text.replace("\u258d", ""))  # noqa: E731
-    partials, final = [bare(p) for p in page.evaluate("() => window.__partials")], bare(steered_words(page))
-    assert partials, "the steered text was not shown while it was written"
+    # the box bodies sent while writing: the text so far, then the cursor; compared without tags and whitespace (the
+    # final box joins words with spaces, the partial one keeps line breaks as <br>)
+    bare = lambda text: re.sub(r"\s+|<[^>]+>", "", html.unescape(text))  # noqa: E731
+    partials = [bare(m) for f in frames for m in re.findall(r'class="topl-box">(.*?)\u258d', f, re.S)]
+    final = re.sub(r"\s+", "", steered_words(page))
+    assert len(partials) >= 2, "the steered text was not sent while it was written"
     assert all(final.startswith(p) for p in partials) and any(len(p) < len(final) for p in partials)
     page.context.close()
 
@@ -447,7 +452,8 @@ def test_steered_text_streams_in_while_it_is_written(app, browser, workbench):
 def test_talk_mode_keys_move_lambda_and_switch_document_from_the_deck(app, browser, workbench):
     """Talk mode in the browser: keys pressed anywhere in the app window move λ and switch document in the embedded
     view, which shows the prepared summary of each position (read from the deck, nothing generated)."""
-    from topl_core.analysis.studies.deck import DeckConfig, create_deck, prepare_deck, read_deck
+    from topl_core.analysis.studies.deck import DeckConfig, create_deck, read_deck
+    from topl_core.analysis.studies.deck_prepare import prepare_deck
     from topl_core.data.records import read_jsonl
 
     documents = tuple(dict.fromkeys(r.document for r in read_jsonl(workbench["data"])))[:2]

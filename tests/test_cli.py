@@ -144,6 +144,20 @@ def test_data_build_from_fava_jsonl(tmp_path):
     assert rec.response == "The capital of France is Lyon." and rec.bad_texts == ["Lyon"]
 
 
+def test_a_background_data_build_is_read_back_with_its_progress_and_what_it_said(tmp_path):
+    """launch_data_build runs `data build` as a job (as the Data page does for a source a model writes);
+    read_data_build reads back the file it writes, its last progress count and what it said after it."""
+    from topl_core import jobs, launchers
+    from topl_core.data.sources import FILE_SOURCES, SourceOptions
+
+    out, job_dir = tmp_path / "p.jsonl", tmp_path / "jobs" / "p"
+    launchers.launch_data_build(FILE_SOURCES["halueval-perturbed"], SourceOptions(limit=3), out, job_dir)
+    assert jobs.wait(job_dir, timeout_s=300).state == "finished", jobs.log_tail(job_dir)
+    build = launchers.read_data_build(job_dir)
+    assert (build.source, build.out, build.done, build.total) == ("halueval-perturbed", out, 3, 3)
+    assert build.said == (f"wrote {len(read_jsonl(out))} records to {out}",)
+
+
 def test_listing_the_commands_does_not_load_the_core():
     """`python -m topl_core --help` (or a mistyped command) imports no command module, so no torch: it answers at
     once; naming a command loads that command's module alone."""
@@ -197,13 +211,16 @@ def test_train_without_out_writes_into_the_runs_folder(tmp_path, tiny_records, m
 
 def test_job_launchers_write_the_command_lines_the_cli_reads(tmp_path):
     """The pages start evaluations through typed launchers (launchers.launch_evaluation / launch_translation /
-    launch_own_summaries): the command line each writes, parsed by the real CLI parser, gives back the job's
+    launch_data_build): the command line each writes, parsed by the real CLI parser, gives back the job's
     settings."""
     from topl_core import launchers
     from topl_core.analysis.evaluation.config import EvalConfig, EvalJob, LambdaStudy
     from topl_core.analysis.evaluation.translation import TranslationConfig, TranslationJob
+    from topl_core.analysis.studies.data_sources import SOURCES
+    from topl_core.analysis.studies.own_summaries import OwnSummaryOptions
     from topl_core.cli import evaluate as evaluate_cli
     from topl_core.cli import evaluate_mt as evaluate_mt_cli
+    from topl_core.cli.data import options_of
     from topl_core.presets import DEFAULT_MODEL
 
     def parse(argv):
@@ -245,11 +262,8 @@ def test_job_launchers_write_the_command_lines_the_cli_reads(tmp_path):
     )
     assert (args.n_id, args.n_ood) == (4, 5)
 
-    args = parse(launchers.own_summaries_argv("tiny-llama", 7, 33, "cpu", tmp_path / "own.jsonl"))
-    assert (args.source, args.model, args.limit, args.max_new_tokens, args.out) == (
-        "own-summaries",
-        "tiny-llama",
-        7,
-        33,
-        str(tmp_path / "own.jsonl"),
-    )
+    # limit 600: SourceOptions' default, not this source's (240), so it must be spelled all the same
+    own = OwnSummaryOptions(model="tiny-llama", limit=600, max_new_tokens=33)
+    args = parse(launchers.data_build_argv(SOURCES["own-summaries"], own, tmp_path / "own.jsonl"))
+    assert (args.source, args.out) == ("own-summaries", str(tmp_path / "own.jsonl"))
+    assert options_of(args, SOURCES["own-summaries"]) == own

@@ -13,6 +13,7 @@ import pytest
 from pages._ui.forms import config_inputs, field_input
 from topl_core.analysis.evaluation.config import EvalConfig
 from topl_core.analysis.evaluation.translation import TranslationConfig
+from topl_core.analysis.studies.data_sources import SOURCES
 from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig
 from topl_core.analysis.studies.sweeps import SweepConfig
 from topl_core.cli import build_parser, main
@@ -24,7 +25,10 @@ from topl_core.training.config import LoraSettings, TrainConfig
 
 # the configs whose fields are command-line flags and form inputs
 EXPOSED = (TrainConfig, LoraSettings, sources.SourceOptions, SweepConfig, LabelStudyConfig, ExecutorConfig, EvalConfig)
-EXPOSED += (TranslationConfig,)
+EXPOSED += (
+    TranslationConfig,
+    *dict.fromkeys(s.options_type for s in SOURCES.values() if s.options_type not in EXPOSED),
+)
 
 
 @pytest.mark.parametrize("cls", EXPOSED, ids=lambda c: c.__name__)
@@ -100,11 +104,10 @@ def test_a_float_and_a_bool_option_of_a_data_source_parse_to_float_and_bool(monk
         seen.append(options)
         return sources.Loaded([Record(id="r0", document="A cat.", response="A cat.", source="knobs")])
 
-    monkeypatch.setattr(sources, "SourceOptions", OptionsWithKnobs)
-    monkeypatch.setattr("topl_core.cli.data.SourceOptions", OptionsWithKnobs)
     knobs = ("ratio", "keep_case")
-    entry = sources.DataSource("knobs", "A source with a float and a bool option.", knobs, load, input_required=False)
-    monkeypatch.setitem(sources.SOURCES, "knobs", entry)
+    help = "A source with a float and a bool option."
+    entry = sources.DataSource("knobs", help, knobs, load, input_required=False, options_type=OptionsWithKnobs)
+    monkeypatch.setitem(SOURCES, "knobs", entry)
     argv = ["data", "build", "--source", "knobs", "--ratio", "0.25", "--keep-case", "--out", str(tmp_path / "k.jsonl")]
     args = build_parser(argv).parse_args(argv)
     assert (args.ratio, args.keep_case) == (0.25, True) and (type(args.ratio), type(args.keep_case)) == (float, bool)

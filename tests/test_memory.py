@@ -16,7 +16,7 @@ from topl_core.models import preset_model_config
 from topl_core.paths import DEFAULT_DATA, PROJECT_ROOT, cache_dir, project_path
 from topl_core.tiny_models import build_tiny_model
 from topl_core.training.batching import EncodeSettings, length_buckets
-from topl_core.training.config import METHODS, TrainConfig, preset_config
+from topl_core.training.config import TrainConfig, preset_config
 from topl_core.training.memory import (
     GIB,
     check_fits,
@@ -27,7 +27,7 @@ from topl_core.training.memory import (
     synthetic_batch,
     traced_step,
 )
-from topl_core.training.objectives import OBJECTIVES
+from topl_core.training.methods import METHODS
 from topl_core.training.trainer import _batch_for
 
 H100_PEAKS = PROJECT_ROOT / "docs" / "bench" / "gpu-presets-h100.json"
@@ -66,7 +66,7 @@ def test_the_meta_count_equals_the_count_on_real_tensors(tiny_config, method, ch
 def _micro_batches_the_h100_run_saw(cfg: TrainConfig, examples: list, pad_id: int) -> list:
     """The micro-batches the H100 preset runs (docs/bench/gpu-presets-h100.json) trained on: 4 steps of the
     preset's batches, micro-batches of 4."""
-    objective = OBJECTIVES[cfg.method]
+    objective = METHODS[cfg.method]
     batches = [objective.batches(g, 4, pad_id) for g in length_buckets(examples, cfg.batch_size)]
     return [_batch_for(batches, i, cfg.seed) for i in range(4 * cfg.grad_accum)]
 
@@ -79,7 +79,7 @@ def test_the_estimate_meets_the_peaks_measured_on_an_h100():
     tokenizer = AutoTokenizer.from_pretrained(SMOLLM2_TOKENIZER)
     train_records = split_records(read_jsonl(project_path(DEFAULT_DATA))[:400], seed=0)["train"]
     examples = {
-        method: OBJECTIVES[method].prepare(tokenizer, train_records, EncodeSettings(320, 128))
+        method: METHODS[method].prepare(tokenizer, train_records, EncodeSettings(320, 128))
         for method in ("topl", "sft")
     }
     rows = json.loads(H100_PEAKS.read_text())["rows"]

@@ -14,7 +14,7 @@ from topl_core.metrics import auroc
 from topl_core.precision import autocast
 from topl_core.training.config import LoraSettings, TrainConfig
 from topl_core.training.lora import apply_lora
-from topl_core.training.objectives import OBJECTIVES
+from topl_core.training.methods import METHODS
 from topl_core.training.steps import StepContext
 
 HEAD_LAYER = 20  # of SmolLM2's 30: the default TOPL head position
@@ -103,7 +103,7 @@ def test_bf16_topl_step_matches_fp32_loss_and_gradient(smollm2, tiny_records):
     def loss_and_grad(precision: str):
         model.zero_grad(set_to_none=True)
         with autocast(precision, "cpu"):
-            loss, _ = OBJECTIVES["topl"].loss(ctx, batch)
+            loss, _ = METHODS["topl"].loss(ctx, batch)
         loss.backward()
         return loss.item(), torch.cat([p.grad.flatten() for p in params])
 

@@ -249,14 +249,14 @@ def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path, mlfl
     from topl_core.data.split import split_records
     from topl_core.data.variants import LABEL_SETTINGS, label_settings_table
     from topl_core.training.batching import EncodeSettings
-    from topl_core.training.objectives import OBJECTIVES
+    from topl_core.training.methods import METHODS
 
     tcfg = tiny_config(steps=2, eval_every=2)
     cfg = LabelStudyConfig(train=tcfg)
     lm = load_model("tiny-llama")
     # the labels the trainer starts from, computed independently, through data.variants' own table
     train_recs = split_records(tiny_records, seed=tcfg.split_seed)["train"]
-    ex = OBJECTIVES["topl"].prepare(
+    ex = METHODS["topl"].prepare(
         lm.tokenizer, train_recs, EncodeSettings(tcfg.max_doc_tokens, tcfg.max_response_tokens)
     )
     want = label_settings_table([e.response_labels for e in ex], tcfg.seed)

@@ -25,7 +25,7 @@ from topl_core.runs import RunDir
 from topl_core.status import request_stop, stop_requested
 from topl_core.training.config import LoraSettings
 from topl_core.training.lora import FastDropout, apply_lora
-from topl_core.training.losses import masked_token_bce_loss, token_bce_loss
+from topl_core.training.methods.topl import masked_token_bce_loss, token_bce_loss
 from topl_core.training.trainer import train
 
 
@@ -311,16 +311,16 @@ def test_gradient_checkpointing_trains_the_same_weights(tmp_path, tiny_records):
     # by a pre-hook: the layer's own hooks stay outside the checkpoint, and the recompute stops at the last tensor
     # backward needs, before the MLP's forward hook would fire)
     from topl_core.architecture import decoder_layers
-    from topl_core.training.objectives import OBJECTIVES
+    from topl_core.training.methods import METHODS
     from topl_core.training.trainer import _prepare, _train_step, _trainable
 
     for checkpointing, runs_per_micro_batch in ((False, 1), (True, 2)):
         cfg = tiny_config(steps=1, gradient_checkpointing=checkpointing)
-        base, batches = _prepare(cfg, OBJECTIVES["topl"], tiny_records, None)
-        t = _trainable(cfg, OBJECTIVES["topl"], base, 2)
+        base, batches = _prepare(cfg, METHODS["topl"], tiny_records, None)
+        t = _trainable(cfg, METHODS["topl"], base, 2)
         calls = []
         decoder_layers(t.model)[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
-        _train_step(cfg, OBJECTIVES["topl"], t, batches.train, 1)
+        _train_step(cfg, METHODS["topl"], t, batches.train, 1)
         micro_batches = len(batches.train[0])  # (the first step's batch: an order permutation of equal sizes)
         assert len(calls) == runs_per_micro_batch * micro_batches
 
@@ -406,10 +406,10 @@ def test_packed_rows_give_the_loss_and_gradients_of_padded_ones(family, method, 
     """Several examples a row, each restarting its positions (transformers masks each to itself): the same loss and
     gradients as the padded batch of the same examples, with fewer positions computed."""
     from topl_core.training.batching import make_packed_batches
-    from topl_core.training.objectives import OBJECTIVES
+    from topl_core.training.methods import METHODS
     from topl_core.training.trainer import _trainable
 
-    objective = OBJECTIVES[method]
+    objective = METHODS[method]
     cfg = tiny_config(model=family, method=method, lora=LoraSettings(layer_start=0, layer_end=2, dropout=0.0))
     base = load_model(family)
     recs = [r for r in tiny_records if r.token_labels_known and (method == "topl" or r.sequence_label == 1)][:6]
@@ -434,7 +434,7 @@ def test_packing_trains_the_same_run(tmp_path, tiny_records):
     """A run trained on packed batches is the run trained on padded ones (no dropout: its masks follow the shapes)."""
     from dataclasses import replace
 
-    from topl_core.training.objectives import OBJECTIVES
+    from topl_core.training.methods import METHODS
     from topl_core.training.trainer import _prepare
 
     # a third of the documents cut to 10 characters: the shortest batch mixes short and long examples, and its short
@@ -442,7 +442,7 @@ def test_packing_trains_the_same_run(tmp_path, tiny_records):
     records = [replace(r, document=r.document[:10]) if i % 3 == 0 else r for i, r in enumerate(tiny_records)]
     lora = LoraSettings(layer_start=0, layer_end=2, dropout=0.0)
     cfg = tiny_config(steps=3, lora=lora, batch_size=32, micro_batch_size=4)
-    _, batches = _prepare(replace(cfg, packing=True), OBJECTIVES["topl"], records, None)
+    _, batches = _prepare(replace(cfg, packing=True), METHODS["topl"], records, None)
     rows = sum(b.input_ids.shape[0] for step in batches.train for b in step)
     assert rows < batches.n_train  # packing happened
     plain = train(cfg, tmp_path / "plain", records=records)

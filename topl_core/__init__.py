@@ -57,7 +57,7 @@ _EXPORTS: dict[str, str] = {
     "TokenOverlay": "topl_core.analysis.token_colors",
     "DeckConfig": "topl_core.analysis.studies.deck",
     "create_deck": "topl_core.analysis.studies.deck",
-    "prepare_deck": "topl_core.analysis.studies.deck",
+    "prepare_deck": "topl_core.analysis.studies.deck_prepare",
     "read_deck": "topl_core.analysis.studies.deck",
     "Deck": "topl_core.analysis.studies.deck",
     "evaluate": "topl_core.analysis.evaluation.evaluate",

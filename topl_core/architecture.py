@@ -7,10 +7,11 @@ from __future__ import annotations
 import inspect
 
 import torch
-from peft import PeftModel
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from .errors import ModelError
+
+# peft and transformers are imported inside the functions that use them: TrainConfig's validation reads the
+# training methods' registry, which builds on this module, and importing a config need not wait for them
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -27,6 +28,8 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 def base_causal_lm(model: torch.nn.Module) -> torch.nn.Module:
     """Unwrap a PeftModel to the underlying *ForCausalLM."""
+    from peft import PeftModel
+
     return model.get_base_model() if isinstance(model, PeftModel) else model
 
 
@@ -66,6 +69,8 @@ def _layer_types(config, n: int) -> list[str]:
 
 
 def _masks_and_positions(decoder, hidden: torch.Tensor, attention_mask: torch.Tensor | None, types: set[str]):
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
     config = decoder.config
     if getattr(config, "use_bidirectional_attention", False):
         raise ModelError("forward_from_hidden: bidirectional-attention configs are not supported (causal LMs only).")

@@ -36,8 +36,10 @@ def config_field(
 ) -> Any:
     """A dataclass field described once. `min`, `max`, `step`: what a form's number input offers (what is valid is the
     config's __post_init__'s to say); `choices`: the values a str field (or each item of a tuple of str) takes, where
-    the type is not a Literal; `flag`: the command-line flag where the commands spell it otherwise than --field-name."""
-    metadata = {"label": label, "help": help, "min": min, "max": max, "step": step, "choices": tuple(choices)}
+    the type is not a Literal (a registry — a Mapping — is kept, not copied: its keys when a parser or form is built,
+    so an entry added later is a choice too); `flag`: the command-line flag where the commands spell it otherwise than
+    --field-name."""
+    metadata = {"label": label, "help": help, "min": min, "max": max, "step": step, "choices": _choices(choices)}
     return dataclasses.field(default=default, default_factory=default_factory, metadata={**metadata, "flag": flag})
 
 
@@ -54,7 +56,7 @@ class FieldInfo:
     min: float | None
     max: float | None
     step: float | None
-    choices: tuple  # the values it (or each of its items) takes; () when any value goes
+    choices: Collection  # the values it (or each of its items) takes, or a registry's keys; () when any value goes
 
     @property
     def key(self) -> str:
@@ -101,9 +103,13 @@ def field_infos(cls: type) -> dict[str, FieldInfo]:
             min=meta.get("min"),
             max=meta.get("max"),
             step=meta.get("step"),
-            choices=tuple(choices),
+            choices=_choices(choices),
         )
     return out
+
+
+def _choices(choices: Collection) -> Collection:
+    return choices if isinstance(choices, Mapping) else tuple(choices)
 
 
 def flat_fields(cls: type, *, only: Collection[str] | None = None, skip: Collection[str] = ()) -> list[FieldInfo]:
@@ -154,10 +160,16 @@ def add_config_args(
             kw.update(type=s.item, choices=s.choices or None, nargs="+" if s.is_tuple else None)
         help = " ".join(filter(None, [s.help, (notes or {}).get(s.key, "")]))
         if defaults is None:
-            shown = (" ".join(map(str, s.default)) or "none") if s.is_tuple else s.default if s.default != "" else "''"
-            help += f" (default {shown})"
+            help += f" (default {_shown(s.default)})"
         kw["default"] = None if defaults is None else value_of(defaults, s)
         parser.add_argument(s.flag, help=help.replace("%", "%%"), **kw)  # argparse %-formats help
+
+
+def _shown(default: Any) -> str:
+    """A default as a flag's help says it: a tuple's items, "none" for None or an empty tuple, '' for an empty str."""
+    if isinstance(default, tuple):
+        return " ".join(map(str, default)) or "none"
+    return "none" if default is None else "''" if default == "" else str(default)
 
 
 def config_args(

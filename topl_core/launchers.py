@@ -4,7 +4,7 @@ line a page writes (the command line is built here, in one place per kind, and r
     launch_train(TrainConfig, run_dir) / resume_train(run_dir)
     launch_sweep(SweepConfig, sweep_dir, executor) / resume_sweep_job(sweep_dir)
     launch_evaluation(EvalJob, out_dir) / launch_translation(TranslationJob, out_dir)
-    launch_own_summaries(model, limit, max_new_tokens, device, out, job_dir)
+    launch_data_build(DataSource, SourceOptions, out, job_dir) / read_data_build(job_dir)
 
 State, stop and the job list: topl_core.jobs (read_job, cancel, list_jobs).
 """
@@ -12,16 +12,19 @@ State, stop and the job list: topl_core.jobs (read_job, cancel, list_jobs).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .analysis.evaluation.config import EvalJob
 from .analysis.evaluation.translation import TranslationJob
 from .analysis.studies.sweeps import SweepConfig, save_sweep_config, saved_executor
 from .config_fields import config_argv
+from .data.sources import DataSource, SourceOptions
 from .errors import JobError
 from .executor import ExecutorConfig
-from .jobs import claim, launch, start_claimed
+from .jobs import JobStatus, claim, job_info, launch, log_tail, read_job, start_claimed
 from .paths import runs_dir
+from .progress import bar_count
 from .runs import RunDir
 from .training.config import TrainConfig
 from .training.tracking import check_trackers
@@ -80,19 +83,42 @@ def launch_translation(job: TranslationJob, out_dir: str | Path) -> Path:
     return launch(translation_argv(job, out_dir), out_dir, kind="evaluate")
 
 
-def own_summaries_argv(model: str, limit: int, max_new_tokens: int, device: str, out: str | Path) -> list[str]:
-    """The `data build --source own-summaries` command line: the model's own summaries of `limit` HaluEval
-    documents, labelled, written to `out`."""
-    return ["data", "build", "--source", "own-summaries", "--model", model, "--limit", str(limit),
-            "--max-new-tokens", str(max_new_tokens), "--device", device, "--out", str(out)]  # fmt: skip
+def data_build_argv(source: DataSource, options: SourceOptions, out: str | Path) -> list[str]:
+    """The `data build` command line of `source` with `options` (every option it reads spelled, so that none falls
+    back to another default), writing `out`."""
+    argv = ["data", "build", "--source", source.name, *config_argv(options, only=source.options, always=source.options)]
+    return [*argv, "--out", str(out)]
 
 
-def launch_own_summaries(
-    model: str, limit: int, max_new_tokens: int, device: str, out: str | Path, job_dir: str | Path
-) -> Path:
-    """Build the model's own summaries as a data set in the background (job_info: out, limit)."""
-    argv = own_summaries_argv(model, limit, max_new_tokens, device, out)
-    return launch(argv, job_dir, kind="data", info={"out": str(out), "limit": int(limit)})
+def launch_data_build(source: DataSource, options: SourceOptions, out: str | Path, job_dir: str | Path) -> Path:
+    """Build `source` into `out` in the background (a source a model writes: minutes to hours), logging into
+    job_dir; read it back with read_data_build."""
+    info = {"source": source.name, "out": str(out), "limit": options.limit}
+    return launch(data_build_argv(source, options, out), job_dir, kind="data", info=info)
+
+
+@dataclass(frozen=True)
+class DataBuild:
+    """A background `data build`: its job, the file it writes, its progress and, once ended, what it said."""
+
+    job: JobStatus
+    source: str
+    out: Path
+    done: int
+    total: int  # the limit until the first progress line
+    said: tuple[str, ...]  # the lines after its last progress line: the source's report and "wrote N records to …"
+
+
+def read_data_build(job_dir: str | Path) -> DataBuild | None:
+    """The data build in job_dir, None where there is none (or one whose launcher stored no info)."""
+    job, info = read_job(job_dir), job_info(job_dir)
+    if job is None or "out" not in info:
+        return None
+    lines = log_tail(job_dir, 40).splitlines()
+    counted = [i for i, line in enumerate(lines) if bar_count(line)]
+    done, total = bar_count(lines[counted[-1]]) if counted else (0, int(info["limit"]))
+    said = tuple(line for line in lines[counted[-1] + 1 :] if line.strip()) if counted else ()
+    return DataBuild(job, info.get("source", ""), Path(info["out"]), done, total, said)
 
 
 def launch_train(cfg: TrainConfig, run_dir: str | Path | None = None, env: dict | None = None) -> Path:

@@ -34,6 +34,13 @@ def examples_dir() -> Path | None:
     return Path(raw) if raw.strip() else None
 
 
+def shipped_decks_dir() -> Path | None:
+    """The talk decks that ship with the demo adapters (examples/decks: prepared on them, so Talk mode opens on a
+    working deck in a fresh clone); hidden with the demo adapters (an empty TOPL_EXAMPLES_DIR)."""
+    adapters = examples_dir()
+    return None if adapters is None else adapters.parent / "decks"
+
+
 # The default training/evaluation data set, as configs record it (relative to the project root): scripts/setup.sh
 # builds it (600 HaluEval documents with seeded token-level perturbations).
 DEFAULT_DATA = "cache/data/halueval-perturbed.jsonl"

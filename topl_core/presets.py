@@ -1,9 +1,9 @@
 """Defaults and the paper's training presets, as data (no project imports: every layer may read them).
 
 DEFAULT_MODEL is the embedded model every command and page starts on; LORA_MODULES the linear modules LoRA may adapt;
-PRESETS the paper's per-model-family settings: per-method learning rate / batch and LoRA layers (TOPL on a range,
-the baselines on every layer; docs/design.md §2).
-The method keys of every preset equal training.config.METHODS and the objective registry's keys (a test holds them).
+PRESETS the paper's per-model-family settings: the layer range TOPL puts LoRA on and the published architecture;
+MethodHyper the type of a method's paper hyperparameters for one family, which each method's module holds
+(training/methods/, docs/design.md §2).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ LORA_MODULES: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_p
 
 @dataclass(frozen=True)
 class MethodHyper:
+    """A method's paper hyperparameters for one model family."""
+
     lr: float
     batch_size: int
     grad_accum: int = 1
@@ -29,43 +31,29 @@ class MethodHyper:
 
 @dataclass(frozen=True)
 class Preset:
-    """The paper's settings for a model family: per-method learning rate / batch, the layer range TOPL puts LoRA on
-    (its head reads the last of them; every other method adapts all `num_layers` layers), and the published
-    configuration of the decoder `hf_id` holds (transformers' config fields, model_type first):
-    what the GPU benchmark builds with random weights where no hub is reachable and what the memory estimate
-    (training.memory) counts."""
+    """The paper's settings for a model family: the layer range TOPL puts LoRA on (its head reads the last of them;
+    every other method adapts all `num_layers` layers), and the published configuration of the decoder `hf_id` holds
+    (transformers' config fields, model_type first): what the GPU benchmark builds with random weights where no hub
+    is reachable and what the memory estimate (training.memory) counts. The per-method learning rates and batches
+    are in each method's module (training/methods/)."""
 
     hf_id: str
     topl_layers: tuple[int, int]
-    methods: dict[str, MethodHyper]
     architecture: dict[str, object]
 
     @property
     def num_layers(self) -> int:
         return int(self.architecture["num_hidden_layers"])
 
-    def lora_layers(self, method: str) -> tuple[int, int]:
-        """(first, last) decoder layer the method puts LoRA on in the paper."""
-        return (0, self.num_layers - 1) if self.methods[method].all_layers else self.topl_layers
-
-
-def _paper_methods(topl_lr: float, sft_lr: float, dpo_lr: float) -> dict[str, MethodHyper]:
-    return {
-        "topl": MethodHyper(topl_lr, 16, all_layers=False),
-        "sft": MethodHyper(sft_lr, 4, 4),
-        "dpo": MethodHyper(dpo_lr, 1, 8),
-        "sopl": MethodHyper(1e-4, 8),
-        "tldr": MethodHyper(1e-4, 16),
-        "unlikelihood": MethodHyper(1e-4, 4, 2),
-        "tdpo": MethodHyper(5e-6, 4, 4),
-    }
+    def lora_layers(self, all_layers: bool) -> tuple[int, int]:
+        """(first, last) decoder layer LoRA goes on: every layer, or the TOPL range (MethodHyper.all_layers)."""
+        return (0, self.num_layers - 1) if all_layers else self.topl_layers
 
 
 PRESETS: dict[str, Preset] = {
     "qwen3-8b": Preset(
         "Qwen/Qwen3-8B",
         (0, 29),
-        _paper_methods(5e-5, 1e-4, 1e-5),
         dict(
             model_type="qwen3",
             hidden_size=4096,
@@ -83,7 +71,6 @@ PRESETS: dict[str, Preset] = {
     "llama3.1-8b": Preset(
         "meta-llama/Llama-3.1-8B-Instruct",
         (0, 27),
-        _paper_methods(1e-4, 1e-4, 2e-5),
         dict(
             model_type="llama",
             hidden_size=4096,
@@ -100,7 +87,6 @@ PRESETS: dict[str, Preset] = {
     "gemma3-4b": Preset(
         "google/gemma-3-4b-it",
         (0, 27),
-        _paper_methods(1e-4, 5e-5, 5e-6),
         dict(  # the text decoder of the multimodal checkpoint
             model_type="gemma3_text",
             hidden_size=2560,

@@ -15,16 +15,24 @@ and at the end, so a log shows progress without a flood of carriage returns.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import TextIO
 
 BAR_WIDTH = 24
+COUNTED = re.compile(r"\[[#.]{%d}\] (\d+)/(\d+) " % BAR_WIDTH)  # the count of a counted Bar.line(), read back
 
 
 def format_seconds(s: float) -> str:
     s = max(0, int(round(s)))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def bar_count(line: str) -> tuple[int, int] | None:
+    """(done, total) of a counted Bar line ("desc [####....] 16/240  7% …", as a job's log holds it), else None."""
+    m = COUNTED.search(line)
+    return (int(m[1]), int(m[2])) if m else None
 
 
 class Bar:

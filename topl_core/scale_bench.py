@@ -46,7 +46,7 @@ from .precision import autocast, resolve_precision, weights_for
 from .presets import PRESETS
 from .training.batching import EncodeSettings
 from .training.config import LoraSettings, TrainConfig, preset_config
-from .training.objectives import OBJECTIVES
+from .training.methods import METHODS
 from .training.steps import StepContext
 from .training.trainer import train
 
@@ -149,12 +149,12 @@ def largest_micro_batch(cfg: TrainConfig, lm: LoadedModel, records: Sequence[Rec
     times that step made the host wait for the GPU (torch's sync debug mode). None on a CPU."""
     if cfg.device != "cuda":
         return None
-    objective = OBJECTIVES[cfg.method]
+    method = METHODS[cfg.method]
     examples = sorted(
-        objective.prepare(lm.tokenizer, records, EncodeSettings(cfg.max_doc_tokens, cfg.max_response_tokens)), key=len
+        method.prepare(lm.tokenizer, records, EncodeSettings(cfg.max_doc_tokens, cfg.max_response_tokens)), key=len
     )
-    head = torch.nn.Linear(lm.model.config.hidden_size, 1, device="cuda") if objective.uses_head else None
-    ctx = StepContext(lm.model, head, objective.head_layer(cfg.lora.layer_end, lm.num_layers), cfg.beta, cfg.tdpo_alpha)
+    head = torch.nn.Linear(lm.model.config.hidden_size, 1, device="cuda") if method.uses_head else None
+    ctx = StepContext(lm.model, head, method.head_layer(cfg.lora.layer_end, lm.num_layers), cfg.beta, cfg.tdpo_alpha)
     lm.model.train()
     fits = None
     for size in FIT_CANDIDATES:
@@ -164,7 +164,7 @@ def largest_micro_batch(cfg: TrainConfig, lm: LoadedModel, records: Sequence[Rec
                 warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")  # each op that makes the host wait for the GPU warns
                 try:
-                    loss, _ = objective.loss(ctx, batch)
+                    loss, _ = method.loss(ctx, batch)
                     loss.backward()
                 finally:
                     torch.cuda.set_sync_debug_mode("default")

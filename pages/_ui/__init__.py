@@ -5,10 +5,12 @@
     models       cached models (base, merged, token scorer), the shared locks, model-load errors
     runs         the runs table (the user's runs and the demo adapters), run pickers, fingerprints
     datasets     data-set files, cached records, the data-set picker
+    data_build   the Data page's build form for any data source, its background builds, the merge form
     render       colored tokens, legend, word diff, text boxes, Plotly charts, CSV downloads
     token_sets   the labelled token sets of the LoRA-A and Steering pages
     evaluations  evaluation results read back from disk (Evaluation and Runs pages)
     forms        config forms generated from the config dataclasses (Train, Layer sweep), the precision picker
+    train_jobs   the Train page's live runs: progress, Cancel / Resume, curves, log
 
 This is a package, not a set of pages/_*.py files: Streamlit 1.67's legacy router runs every pages/*.py file as a page
 (only dot-files and __init__.py are skipped, whatever the leading underscore), but it does not look into folders.

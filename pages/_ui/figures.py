@@ -3,13 +3,18 @@ heatmap renderer is the core's (topl_core.analysis.figures: heatmap, auroc_heatm
 
 lambda_curve(curve, lam, axis_title)    a document's λ curve: factuality, degenerate texts, perplexity
 token_bars(table, threshold)            p(good) per token, gold-bad tokens in black, flagged in red
+label_settings_bars(table)              the supervised good and bad tokens of each label setting
+training_curves(metrics)                a run's training loss and validation metrics by step
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import plotly.express as px
 import plotly.graph_objects as go
+from pandas.api.types import is_numeric_dtype
+from plotly.subplots import make_subplots
 
 
 def lambda_curve(curve: pd.DataFrame, lam: float, axis_title: str) -> go.Figure:
@@ -81,4 +86,33 @@ def token_bars(table: pd.DataFrame, threshold: float) -> go.Figure:
         yaxis_range=[0, 1],
         height=280,
     )
+    return fig
+
+
+def label_settings_bars(table: pd.DataFrame) -> go.Figure:
+    """The supervised tokens of each label setting (data.variants.label_settings_table), good and bad stacked."""
+    long = table.melt(id_vars="setting", value_vars=["good", "bad"], var_name="label", value_name="count")
+    return px.bar(
+        long,
+        x="setting",
+        y="count",
+        color="label",
+        barmode="stack",
+        color_discrete_map={"good": "#16a34a", "bad": "#dc2626"},
+        title="Supervised tokens per label setting",
+    )
+
+
+def training_curves(metrics: pd.DataFrame) -> go.Figure:
+    """A run's metrics.jsonl rows: the training loss on the left, every numeric validation metric on the right."""
+    counts = ("val_tokens", "val_examples")
+    val = [c for c in metrics.columns if c.startswith("val_") and c not in counts and is_numeric_dtype(metrics[c])]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Training loss", "Validation"))
+    loss = go.Scatter(x=metrics["step"], y=metrics["loss"], mode="lines", name="loss", line=dict(color="#2563eb"))
+    fig.add_trace(loss, 1, 1)
+    for col in val:
+        v = metrics[["step", col]].dropna()
+        fig.add_trace(go.Scatter(x=v["step"], y=v[col], mode="lines+markers", name=col), 1, 2)
+    fig.update_xaxes(title_text="step")
+    fig.update_layout(height=300, legend=dict(orientation="h", y=-0.25))
     return fig

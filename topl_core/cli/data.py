@@ -5,18 +5,15 @@ from __future__ import annotations
 import argparse
 import textwrap
 from collections import Counter
+from typing import Collection
 
-from ..analysis.evaluation.config import EvalConfig
-from ..analysis.studies.own_summaries import generate_own_summaries, own_summary_records
+from ..analysis.studies.data_sources import SOURCES
 from ..config_fields import add_config_args, config_args, field_infos
-from ..data import halueval
-from ..data.encode import encode_record
+from ..data.overview import label_settings, token_labelled
 from ..data.records import Record, merge_jsonl, read_jsonl, write_jsonl
-from ..data.sources import SOURCES, SourceOptions, read_source
+from ..data.sources import DataSource, SourceOptions, build_source
 from ..data.split import split_records
-from ..data.variants import label_settings_table
-from ..models import DEVICES, ModelSpec, load_model
-from ..presets import DEFAULT_MODEL
+from ..models import ModelSpec, load_model
 from ..progress import Bar
 from . import COMMANDS
 from .common import add_model_args
@@ -35,18 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--source", choices=list(SOURCES), default="halueval-perturbed", help="where the records come from (below)"
     )
-    readers = {name: [s.name for s in SOURCES.values() if name in s.options] for name in field_infos(SourceOptions)}
-    # --input, --limit, …: each says which sources read it
-    add_config_args(b, SourceOptions, SourceOptions(), notes={n: f"({', '.join(r)})" for n, r in readers.items()})
+    add_option_args(b, list(SOURCES.values()))
     b.add_argument("--out", required=True, help="output JSONL")
-    b.add_argument("--model", default=DEFAULT_MODEL, help="own-summaries: the model that writes the summaries")
-    b.add_argument("--device", default="cpu", choices=DEVICES, help="own-summaries: where it generates")
-    b.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=EvalConfig.max_new_tokens,
-        help="own-summaries: the longest summary, in tokens (the evaluation's default)",
-    )
     b.set_defaults(func=build)
 
     m = dsub.add_parser("merge", help="join records JSONL files into one (e.g. perturbations + own summaries)")
@@ -67,34 +54,45 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=stats)
 
 
+def add_option_args(parser: argparse.ArgumentParser, sources: Collection[DataSource]) -> None:
+    """A flag per option any of `sources` reads (--input, --limit, --model, …), added once, each saying which sources
+    read it (with a source's own default where it differs). No flag has a default: an option not given takes the
+    chosen source's (`options_of`)."""
+    added: set[str] = set()
+    for cls in dict.fromkeys(s.options_type for s in sources):
+        fields = field_infos(cls)
+        notes = {name: f"({', '.join(_readers(sources, name, f.default))})" for name, f in fields.items()}
+        add_config_args(parser, cls, skip=added, notes=notes)
+        added |= set(fields)
+
+
+def _readers(sources: Collection[DataSource], name: str, default: object) -> list[str]:
+    """The sources that read option `name`, each with its default where that is not `default`."""
+    out = []
+    for s in sources:
+        if name in s.options:
+            own = field_infos(s.options_type)[name].default
+            out.append(s.name if own == default else f"{s.name}: default {own}")
+    return out
+
+
+def options_of(args: argparse.Namespace, source: DataSource) -> SourceOptions:
+    """The options of `source` from `data build`'s flags: those it reads, given or at its options_type's defaults."""
+    return source.options_type(**config_args(args, source.options_type, only=source.options))
+
+
 def build(args: argparse.Namespace) -> None:
     source = SOURCES[args.source]
-    options = SourceOptions(**config_args(args, SourceOptions))
-    if source.generated:  # own-summaries, the one generated source (data/sources.py says why it has no loader)
-        records = _own_summaries(args)
-    else:
-        with Bar(f"building {source.name}") as bar:
-            loaded = read_source(source, options, bar)
-        if loaded.report:
-            print(loaded.report)
-        records = loaded.records
-    write_jsonl(records, args.out)
-    print(f"wrote {len(records)} records to {args.out}")
+    with Bar(f"building {source.name}") as bar:
+        loaded = build_source(source, options_of(args, source), bar)
+    if loaded.report:
+        print(loaded.report)
+    write_jsonl(loaded.records, args.out)
+    print(f"wrote {len(loaded.records)} records to {args.out}")
 
 
 def _wrapped(text: str) -> str:
     return textwrap.fill(text, 100, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
-
-
-def _own_summaries(args: argparse.Namespace) -> list[Record]:
-    rows = halueval.load_halueval_rows(args.input, limit=args.limit)
-    with Bar(f"{args.model} summarising", total=len(rows)) as bar:
-        summaries = generate_own_summaries(
-            args.model, rows, device=args.device, progress=bar, max_new_tokens=args.max_new_tokens
-        )
-    records, report = own_summary_records(rows, summaries, args.model)
-    print(report)
-    return records
 
 
 def merge(args: argparse.Namespace) -> None:
@@ -126,15 +124,12 @@ def stats(args: argparse.Namespace) -> None:
     print("by source:", dict(Counter(r.source for r in records)))
     print("by sequence label:", dict(Counter(r.sequence_label for r in records)))
     print("by split:", {k: len(v) for k, v in split_records(records).items()})
-    chosen = [r for r in split_records(records)[args.split] if r.token_labels_known]
+    chosen = token_labelled(records, args.split)
     if not chosen:
         print("no token-labelled records in this split")
         return
     tok = load_model(ModelSpec(args.model, args.dtype, args.device)).tokenizer
-    labels = []
     with Bar("tokenizing", total=len(chosen)) as bar:
-        for r in chosen:
-            labels.append(encode_record(tok, r).response_labels)
-            bar.update()
+        table = label_settings(tok, chosen, seed=0, progress=bar)
     print(f"\ntoken labels per label setting ({args.split} split, {args.model} tokenizer):")
-    print(label_settings_table(labels, seed=0).to_string(index=False))
+    print(table.to_string(index=False))

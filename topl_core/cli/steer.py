@@ -15,8 +15,9 @@ from ..analysis.lora_a.probe import ProbeSettings, labelled_records
 from ..analysis.steering.modes import MODES, POSITIONS, UNITS, UNITS_DOC, SteerConfig, modes_help
 from ..analysis.steering.session import SteeringSession
 from ..analysis.steering.vectors import SteeringVectors, build_steering_vectors
-from ..analysis.studies.deck import HEAD_CHOICES, DeckConfig, create_deck, prepare_deck, read_deck
+from ..analysis.studies.deck import HEAD_CHOICES, DeckConfig, create_deck, read_deck
 from ..analysis.studies.deck_html import write_deck_html, write_frames
+from ..analysis.studies.deck_prepare import prepare_deck
 from ..data.records import read_jsonl, read_utf8
 from ..data.split import split_records
 from ..generate import GenerationConfig, generate

@@ -11,7 +11,7 @@ from ..paths import runs_dir
 from ..presets import PRESETS
 from ..runs import RunDir
 from ..training.config import TrainConfig, preset_config
-from ..training.objectives import OBJECTIVES
+from ..training.methods import METHODS
 from ..training.trainer import Progress, train
 from ..training.world import World
 from . import COMMANDS
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> None:
     requested = cfg.precision if args.resume else (args.precision or "auto")  # a resumed run keeps what it recorded
     announce_precision(requested, cfg.device)
 
-    metric = OBJECTIVES[cfg.method].validation_metric  # the method's headline number (AUROC, loss, reward accuracy)
+    metric = METHODS[cfg.method].validation_metric  # the method's headline number (AUROC, loss, reward accuracy)
 
     def report(p: Progress) -> None:
         val = f"  {metric} {p.val[metric]:.3f}" if p.val and metric in p.val else ""

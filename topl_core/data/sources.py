@@ -1,14 +1,13 @@
-"""Every source `data build` reads, by name: what it is, the options it takes and its loader. The CLI (`data build
---source`, its choices, flags and help) and the Data page (its source picker, help and build form) read `SOURCES`,
-so a new source is one entry here, and its test.
+"""The file sources `data build` reads, by name, and what every source is (`DataSource`): what it reads, the options it
+takes and how it builds its records.
 
-Two kinds of source. A *file* source reads a file (or the embedded HaluEval) with a loader in this package, in
-seconds. A *generated* source has a model write the responses — `own-summaries`, minutes to hours, built by
-analysis/studies/own_summaries.py two layers above this one (it generates as the evaluation does). Its entry holds
-its name, help and options but no loader: the CLI's `data build` (processes layer) runs it and the Data page starts
-it as a background job. Naming the loader here by a dotted path imported at call time would make the data layer
-depend on the analysis layer while hiding that from the layer check (tests/test_architecture.py); an entry that says
-"generated" leaves the dependency where the imports show it.
+A file source reads a file (or the embedded HaluEval) with a loader in this package, in seconds. A source a model
+writes (the model's own summaries, minutes to hours) is a `DataSource` too, with its own options class (a
+`SourceOptions` subclass adding the model that writes, …) and `background=True`; its builder generates as the
+evaluation does, layers above this one, so its entry sits beside its builder in analysis/studies/, and the registry
+of every source, `analysis/studies/data_sources.SOURCES`, joins those entries to `FILE_SOURCES`. The CLI (`data build
+--source`, its choices, flags and help) and the Data page (its picker, help and build form) read that registry and
+ask the entry, never its name; `launchers.launch_data_build` takes an entry and runs `data build` in the background.
 """
 
 from __future__ import annotations
@@ -31,7 +30,8 @@ ProgressFn = Callable[[int, int], None]  # progress(done, total), e.g. a progres
 @dataclass(frozen=True)
 class SourceOptions:
     """The settings a source may read; each source names the ones it reads (`DataSource.options`). Each field is a
-    `data build` flag (`--fava-form` for fava_form) and a Data page input, described by its config_field."""
+    `data build` flag (`--fava-form` for fava_form) and a Data page input, described by its config_field. A source
+    with settings of its own (the model that writes its responses) or other defaults subclasses it."""
 
     input: str | None = config_field(
         None,
@@ -61,7 +61,7 @@ class SourceOptions:
     def __post_init__(self) -> None:
         if self.limit < 1:
             raise ConfigError(f"limit={self.limit}: read at least one document or row (limit >= 1).")
-        for name, f in field_infos(SourceOptions).items():
+        for name, f in field_infos(type(self)).items():
             if f.choices and getattr(self, name) not in f.choices:
                 raise ConfigError(f"{name}={getattr(self, name)!r} is not one of {list(f.choices)}.")
 
@@ -72,34 +72,34 @@ class Loaded:
     report: str = ""  # what the loader has to say beside the records (rows a CSV skipped), "" when nothing
 
 
-Loader = Callable[[SourceOptions, ProgressFn | None], Loaded]
+Builder = Callable[[SourceOptions, ProgressFn | None], Loaded]
 
 
 @dataclass(frozen=True)
 class DataSource:
     name: str  # the `--source` value
     help: str  # shown by `data build --help` and on the Data page
-    options: tuple[str, ...]  # the SourceOptions fields it reads: the Data page shows these inputs
-    load: Loader | None  # None: a generated source (see the module's docstring)
+    options: tuple[str, ...]  # the fields of options_type it reads: its `data build` flags and the Data page's inputs
+    build: Builder  # its records from an options_type instance, reporting progress(done, total)
     input_required: bool = True  # False: with no input it reads its own default file
+    options_type: type[SourceOptions] = SourceOptions  # a subclass adds the source's own settings or defaults
+    background: bool = False  # minutes to hours (a model writes): the Data page runs `data build` as a background job
 
     def __post_init__(self) -> None:
-        unknown = set(self.options) - set(field_infos(SourceOptions))
-        if unknown:
-            raise ConfigError(f"source {self.name!r}: options {sorted(unknown)} are not SourceOptions fields.")
-
-    @property
-    def generated(self) -> bool:
-        return self.load is None
+        if not issubclass(self.options_type, SourceOptions):
+            raise ConfigError(f"source {self.name!r}: options_type must be SourceOptions or a subclass of it.")
+        fields = field_infos(self.options_type)
+        if unknown := set(self.options) - set(fields):
+            raise ConfigError(f"source {self.name!r}: options {sorted(unknown)} are not fields of {self.options_type}.")
 
 
-def read_source(source: DataSource, options: SourceOptions, progress: ProgressFn | None = None) -> Loaded:
-    """The records of a file source, read with `options`."""
-    if source.generated:
-        raise ConfigError(f"source {source.name!r} is generated with a model: build it with `data build`.")
+def build_source(source: DataSource, options: SourceOptions, progress: ProgressFn | None = None) -> Loaded:
+    """The records of `source`, built with `options` (an instance of its options_type)."""
+    if not isinstance(options, source.options_type):
+        raise ConfigError(f"source {source.name!r} reads {source.options_type.__name__}, not {type(options).__name__}.")
     if source.input_required and options.input is None:
         raise DataError(f"source {source.name!r} needs an input path (--input PATH).")
-    return source.load(options, progress)
+    return source.build(options, progress)
 
 
 def _halueval_perturbed(o: SourceOptions, progress: ProgressFn | None) -> Loaded:
@@ -132,7 +132,7 @@ def _jsonl(o: SourceOptions, progress: ProgressFn | None) -> Loaded:
     return Loaded(read_jsonl(o.input)[: o.limit])
 
 
-SOURCES: dict[str, DataSource] = {
+FILE_SOURCES: dict[str, DataSource] = {
     s.name: s
     for s in (
         DataSource(
@@ -180,17 +180,6 @@ SOURCES: dict[str, DataSource] = {
         ),
         DataSource(
             "jsonl", "A records JSONL written by this workbench (validated and copied).", ("input", "limit"), _jsonl
-        ),
-        DataSource(
-            "own-summaries",
-            "The model's own greedy summaries of HaluEval documents (--model, --device, --max-new-tokens), labelled "
-            "by a lexical rule: a number or a name the document lacks is bad; a sentence with any other word the "
-            "document lacks is left out (docs/evaluation.md §6). Generation is cached: started again with the same "
-            "settings, a stopped build resumes (SmolLM2: ~5 s per document on 2 CPU cores; the Data page runs it in "
-            "the background).",
-            ("input", "limit"),
-            None,
-            input_required=False,
         ),
     )
 }

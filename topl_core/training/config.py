@@ -15,25 +15,7 @@ from ..errors import ConfigError
 from ..paths import DEFAULT_DATA
 from ..precision import PRECISION_HELP, PRECISIONS, Precision, resolve_precision
 from ..presets import DEFAULT_MODEL, LORA_MODULES, PRESETS
-
-Method = Literal["topl", "sft", "dpo", "sopl", "tldr", "unlikelihood", "tdpo"]
-METHODS: tuple[str, ...] = typing.get_args(Method)  # the objective registry and the paper presets have these keys
-# What each method's loss reads from a record; Objective.check_data tells the user when the data lacks it.
-Requirement = Literal["token_labels", "pairs", "sequence_labels", "faithful"]
-METHOD_DATA: dict[str, Requirement] = {
-    "topl": "token_labels",
-    "tldr": "token_labels",
-    "unlikelihood": "token_labels",
-    "sopl": "sequence_labels",
-    "sft": "faithful",
-    "dpo": "pairs",
-    "tdpo": "pairs",
-}
-
-
-PROBED_METHODS = ("topl", "tldr")  # the token-head methods side probes can learn beside
-# the methods whose loss is a mean over tokens, which packed rows (several examples a row) leave as it is
-PACKABLE_METHODS = ("topl", "tldr", "sft")
+from .methods import METHODS
 
 # experiment trackers a run can also log to, beside its metrics.jsonl (topl_core.training.tracking)
 Tracker = Literal["tensorboard", "mlflow"]
@@ -93,7 +75,10 @@ class TrainConfig:
 
     Example: ``train(TrainConfig(method="sft", steps=60, lr=1e-4), "runs/sft-demo")``"""
 
-    method: Method = config_field("topl", label="Method", help="the training objective (training/objectives.py)")
+    # choices: the registry itself, read when a parser or form is built, so a method added to it is a choice too
+    method: str = config_field(
+        "topl", label="Method", help="the training method (training/methods/: one module each)", choices=METHODS
+    )
     model: str = config_field(
         DEFAULT_MODEL, label="Model", help="embedded model (smollm2-135m, gemma3-270m), preset, hub id or local path"
     )
@@ -231,15 +216,19 @@ class TrainConfig:
             _fail("mlflow_tracking_uri", self.mlflow_tracking_uri, "add 'mlflow' to report_to, or leave the URI empty.")
         if self.compile_backend and self.compile_backend not in compile_backends():
             _fail("compile_backend", self.compile_backend, f"choose '' (eager) or one of {compile_backends()}.")
-        if self.packing and self.method not in PACKABLE_METHODS:
-            _fail("packing", self.packing, f"packed rows hold no single example's sequence: use {PACKABLE_METHODS}.")
-        if self.probe_layers and self.method not in PROBED_METHODS:
-            _fail("probe_layers", self.probe_layers, f"side probes read a token head's labels: use {PROBED_METHODS}.")
-        below = self.lora.layer_end if self.method == "topl" else None  # TLDR's head layer is the model's last
+        method = METHODS[self.method]
+        if self.packing and not method.packable:
+            packable = tuple(k for k, m in METHODS.items() if m.packable)
+            _fail("packing", self.packing, f"packed rows hold no single example's sequence: use {packable}.")
+        if self.probe_layers and not method.probed:
+            probed = tuple(k for k, m in METHODS.items() if m.probed)
+            _fail("probe_layers", self.probe_layers, f"side probes read a token head's labels: use {probed}.")
+        # a head after the last LoRA layer bounds the probes; one on the model's last layer (TLDR) sits above them all
+        below = self.lora.layer_end if method.head_position == "lora_end" else None
         if any(k < 0 or (below is not None and k >= below) for k in self.probe_layers):
             _fail("probe_layers", self.probe_layers, f"use layers from 0 up to below the head layer ({below}).")
-        token_methods = sorted(k for k, needs in METHOD_DATA.items() if needs == "token_labels")
-        if self.label_setting != "original" and self.method not in token_methods:
+        token_methods = sorted(k for k, m in METHODS.items() if m.requires == "token_labels")
+        if self.label_setting != "original" and method.requires != "token_labels":
             _fail(
                 "label_setting",
                 self.label_setting,
@@ -284,13 +273,16 @@ def study_schedule(cfg: TrainConfig) -> TrainConfig:
     return replace(cfg, eval_every=cfg.steps, checkpoint_every=max(1, min(10, cfg.steps)))
 
 
-def preset_config(preset: str, method: Method = "topl", **overrides) -> TrainConfig:
-    """The paper's hyperparameters for a model family and method (docs/design.md §2), with any field overridden."""
+def preset_config(preset: str, method: str = "topl", **overrides) -> TrainConfig:
+    """The paper's hyperparameters for a model family and method (docs/design.md §2: each method's module holds its
+    own, training/methods/), with any field overridden."""
     if preset not in PRESETS:
         _fail("preset", preset, f"choose one of {sorted(PRESETS)}.")
+    if method not in METHODS:
+        _fail("method", method, f"choose one of {sorted(METHODS)}.")
     p = PRESETS[preset]
-    h = p.methods[method]
-    layer_start, layer_end = p.lora_layers(method)
+    h = METHODS[method].hyper(preset)
+    layer_start, layer_end = p.lora_layers(h.all_layers)
     base = TrainConfig(
         method=method,
         model=preset,

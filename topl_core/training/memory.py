@@ -5,7 +5,7 @@
     + the step's peak (activations saved for backward, plus the transients alive at the worst moment: the LM head's
       float32 logits of SFT-like methods, attention buffers, the backward's gradients in flight)
 
-The step runs the method's own loss step (objectives.py) on the model built from its configuration (`transformers`
+The step runs the method's own loss step (training/methods/) on the model built from its configuration (`transformers`
 on meta, bf16), with LoRA injected as training does (lora.apply_lora) and, when asked, the decoder layers'
 activation checkpointing (the recompute in backward is traced too). Three things differ from a CUDA run and are
 stood in for: meta has no autocast (the LoRA weights and the head run in bf16 instead, as autocast computes them),
@@ -31,7 +31,7 @@ from ..errors import ConfigError
 from ..models import preset_model_config
 from .config import TrainConfig, preset_config
 from .lora import apply_lora
-from .objectives import OBJECTIVES
+from .methods import METHODS
 from .steps import StepContext
 
 GIB = 2**30
@@ -181,16 +181,11 @@ def synthetic_batch(method: str, rows: int, seq_len: int, response_tokens: int) 
     response_mask[:, start : start + response] = True
     lm_mask = torch.zeros(rows, seq_len, dtype=torch.bool)
     lm_mask[:, start:] = attention[:, start:].bool()
-    paired = _pairs(method)
+    paired = METHODS[method].pairs
     sequence_labels = (torch.arange(rows) < rows // 2).long() if paired else torch.ones(rows, dtype=torch.long)
     return Batch(
         torch.zeros(rows, seq_len, dtype=torch.long), attention, labels, response_mask, sequence_labels, lm_mask
     )
-
-
-def _pairs(method: str) -> bool:
-    """The method's micro-batches hold (chosen, rejected) pairs: twice the rows."""
-    return OBJECTIVES[method].units_key == "pairs"
 
 
 def _bf16_linear(hidden: int, device: torch.device) -> torch.nn.Linear:
@@ -201,24 +196,24 @@ def traced_step(cfg: TrainConfig, model, batch: Batch) -> tuple[int, int]:
     """Trace one micro-batch's loss and backward as the trainer runs them: (the peak bytes of live tensors on the
     model's device, the trainable parameters: LoRA, head and probes). `model` (a bf16 causal LM: meta_causal_lm, or a
     real one on the CPU to check the meta count against) receives LoRA here."""
-    objective = OBJECTIVES[cfg.method]
+    method = METHODS[cfg.method]
     device = next(model.parameters()).device
     peft = apply_lora(model, cfg)
     if cfg.gradient_checkpointing:
         peft.base_model.model.activation_checkpointing_enable({"use_reentrant": False})
     hidden = model.config.hidden_size
-    head = _bf16_linear(hidden, device) if objective.uses_head else None
+    head = _bf16_linear(hidden, device) if method.uses_head else None
     probes = torch.nn.ModuleDict({str(k): _bf16_linear(hidden, device) for k in cfg.probe_layers})
     trainable = [p for m in (peft, head, probes) if m is not None for p in m.parameters() if p.requires_grad]
     for p in trainable:  # in bf16 as autocast computes with them; their fp32 selves are counted apart
         p.data = p.data.to(torch.bfloat16)
         p.register_post_accumulate_grad_hook(lambda q: setattr(q, "grad", None))  # fp32 gradients: counted apart
-    head_layer = objective.head_layer(cfg.lora.layer_end, model.config.num_hidden_layers)
+    head_layer = method.head_layer(cfg.lora.layer_end, model.config.num_hidden_layers)
     ctx = StepContext(peft, head, head_layer, cfg.beta, cfg.tdpo_alpha, probes or None)
     peft.train()
     with LiveBytes(device) as counter:
-        loss, info = objective.loss(ctx, batch)
-        (loss * info[objective.units_key]).backward()
+        loss, info = method.loss(ctx, batch)
+        (loss * info[method.units_key]).backward()
         del loss
     return counter.peak, sum(p.numel() for p in trainable)
 
@@ -230,7 +225,7 @@ def estimate_training_memory(
     `seq_len` tokens, each with a response of cfg.max_response_tokens (the most a record is cut to) and its
     end-of-turn token: weights in bf16, LoRA in fp32 with AdamW, the step's peak traced on meta."""
     rows = micro_batch_size or cfg.micro_batch_size
-    batch_rows = 2 * rows if _pairs(cfg.method) else rows
+    batch_rows = 2 * rows if METHODS[cfg.method].pairs else rows
     return estimate_batch_memory(
         cfg, model_config, synthetic_batch(cfg.method, batch_rows, seq_len, cfg.max_response_tokens)
     )
@@ -242,7 +237,7 @@ def estimate_batch_memory(cfg: TrainConfig, model_config, batch: Batch) -> Memor
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     step, trainable = traced_step(cfg, model, batch)
     rows, seq_len = batch.input_ids.shape
-    if _pairs(cfg.method):
+    if METHODS[cfg.method].pairs:
         rows //= 2  # a micro-batch of pairs holds chosen and rejected rows
     return MemoryEstimate(rows, seq_len, cfg.gradient_checkpointing, weights, trainable * ADAMW_BYTES_PER_PARAM, step)
 

@@ -1,6 +1,7 @@
-"""What each method computes from the model on a batch: the forward helpers (head logits with the side probes, the
-targets' log-probs, the reference policy), one loss step per method — (context, batch) → (loss, info) — and the
-validators — (context, batches, precision, device) → metrics. The losses themselves are in losses.py."""
+"""What the methods' loss steps — (context, batch) → (loss, info) — and validators — (context, batches, precision,
+device) → metrics — share: the step context, the forward helpers (head logits with the side probes, the targets'
+log-probs, the reference policy), the (chosen, rejected) pair helpers of the preference methods, and the validators
+that several methods use. Each method's own loss, step and validator are in its module of training/methods/."""
 
 from __future__ import annotations
 
@@ -16,17 +17,6 @@ from ..data.encode import IGNORE, Batch
 from ..forward import head_features, lm_head_logits
 from ..metrics import auroc
 from ..precision import autocast, to_numpy
-from .losses import (
-    dpo_loss,
-    log_one_minus_p,
-    nll_loss,
-    pooled_response_logits,
-    sequence_bce_loss,
-    sequential_kl,
-    tdpo_loss,
-    token_bce_loss,
-    unlikelihood_loss,
-)
 
 # --- forward helpers ----------------------------------------------------------------------------------------
 
@@ -126,51 +116,11 @@ def reference_policy(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
         yield model
 
 
-# --- step functions: (context, batch) → (loss, info) ---------------------------------------------------------
+# --- (chosen, rejected) pairs: DPO, TDPO ---------------------------------------------------------------------
 
 
-def topl_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict]:
-    logits, probes = head_and_probe_logits(ctx, batch)
-    loss = token_bce_loss(logits, batch.labels)
-    info: dict = {"supervised_tokens": batch.n_labelled}
-    if probes:
-        side = {k: token_bce_loss(p, batch.labels) for k, p in probes.items()}
-        info |= {f"probe_loss_L{k}": float(v.detach()) for k, v in side.items()}
-        total = sum(side.values())
-        loss = loss + (total - total.detach())  # the value stays the head's loss; the gradient trains the probes too
-    return loss, info
-
-
-def sopl_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict]:
-    logits = head_logits(ctx, batch)
-    loss = sequence_bce_loss(logits, batch.response_mask, batch.sequence_labels)
-    return loss, {"supervised_sequences": int(batch.sequence_labels.numel())}
-
-
-def sft_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict]:
-    lp = target_logprobs(ctx.model, batch)
-    return nll_loss(lp.token_logp), {"supervised_tokens": batch.n_lm_targets}
-
-
-def _unlikelihood_labels(lp: TargetLogprobs, batch: Batch) -> torch.Tensor:
-    """Response tokens keep their labels; the end-of-turn token is good after a faithful response, else ignored."""
-    eot = torch.where(batch.sequence_labels[lp.rows] == 1, 1, IGNORE)
-    return torch.where(lp.is_response, lp.labels, eot)
-
-
-def unlikelihood_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict]:
-    lp = target_logprobs(ctx.model, batch, vocab=True)
-    labels = _unlikelihood_labels(lp, batch)
-    log1m_p = log_one_minus_p(lp.vocab_logp, lp.targets)
-    good, bad = int((labels == 1).sum()), int((labels == 0).sum())
-    return unlikelihood_loss(lp.token_logp, labels, log1m_p), {
-        "good_tokens": good,
-        "bad_tokens": bad,
-        "supervised_tokens": good + bad,
-    }
-
-
-def _pair_halves(batch: Batch) -> int:
+def pair_halves(batch: Batch) -> int:
+    """B, the number of pairs of a pair batch: chosen rows [0, B), rejected rows [B, 2B)."""
     n = batch.input_ids.shape[0]
     if n % 2 or not (
         bool((batch.sequence_labels[: n // 2] == 1).all()) and bool((batch.sequence_labels[n // 2 :] == 0).all())
@@ -181,39 +131,13 @@ def _pair_halves(batch: Batch) -> int:
     return n // 2
 
 
-def _pair_info(ctx: StepContext, chosen_ratio: torch.Tensor, rejected_ratio: torch.Tensor) -> dict:
+def pair_info(ctx: StepContext, chosen_ratio: torch.Tensor, rejected_ratio: torch.Tensor) -> dict:
     """Implicit rewards r = β(log π_θ − log π_ref): accuracy = share of pairs with r_chosen > r_rejected."""
     margin = ctx.beta * (chosen_ratio - rejected_ratio).detach()
     return {
         "reward_accuracy": float((margin > 0).float().mean()),
         "reward_margin": float(margin.mean()),
         "pairs": int(margin.numel()),
-    }
-
-
-def dpo_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict]:
-    B = _pair_halves(batch)
-    pol = target_logprobs(ctx.model, batch)
-    with reference_policy(ctx.model) as ref_model:
-        ref = target_logprobs(ref_model, batch)
-    pol_seq, ref_seq = pol.per_sequence(pol.token_logp), ref.per_sequence(ref.token_logp)
-    loss = dpo_loss(pol_seq[:B], pol_seq[B:], ref_seq[:B], ref_seq[B:], ctx.beta)
-    ratio = pol_seq - ref_seq
-    return loss, _pair_info(ctx, ratio[:B], ratio[B:])
-
-
-def tdpo_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict]:
-    B = _pair_halves(batch)
-    pol = target_logprobs(ctx.model, batch, vocab=True)
-    with reference_policy(ctx.model) as ref_model:
-        ref = target_logprobs(ref_model, batch, vocab=True)
-    margin = pol.per_sequence(pol.token_logp - ref.token_logp)
-    kl = pol.per_sequence(sequential_kl(ref.vocab_logp, pol.vocab_logp))
-    loss = tdpo_loss(margin[:B], margin[B:], kl[:B], kl[B:], ctx.beta, ctx.tdpo_alpha, "tdpo2")
-    return loss, {
-        **_pair_info(ctx, margin[:B], margin[B:]),
-        "seq_kl_chosen": float(kl[:B].detach().mean()),
-        "seq_kl_rejected": float(kl[B:].detach().mean()),
     }
 
 
@@ -264,43 +188,3 @@ def mean_loss_validator(step, keys: tuple[str, ...]) -> Validator:
         return {"val_loss": total / max(n, 1), **{f"val_{k}": v / max(n, 1) for k, v in sums.items()}}
 
     return validate
-
-
-@torch.no_grad()
-def validate_sopl(ctx: StepContext, batches, precision: str, device: str) -> dict:
-    """Validation loss, sequence AUROC of the pooled head logit (faithful positive), and the token AUROC of the
-    same head where token labels are known (does a sequence-level head localise errors?)."""
-    ctx.model.eval()
-    losses, pooled, seq = [], [], []
-    for b in batches:
-        b = b.to(device)
-        with autocast(precision, device):
-            logits = head_logits(ctx, b)
-        losses.append(float(sequence_bce_loss(logits, b.response_mask, b.sequence_labels)) * len(b.sequence_labels))
-        pooled.append(to_numpy(pooled_response_logits(logits, b.response_mask)))
-        seq.append(to_numpy(b.sequence_labels))
-    y = np.concatenate(seq)
-    out = {"val_loss": sum(losses) / max(len(y), 1), "val_seq_auroc": auroc(y, np.concatenate(pooled))}
-    if any(bool((b.labels != IGNORE).any()) for b in batches):  # token labels known for some validation records
-        out.update(validate_head(ctx, batches, precision, device))
-    return out
-
-
-@torch.no_grad()
-def validate_unlikelihood(ctx: StepContext, batches, precision: str, device: str) -> dict:
-    """Validation loss and the token AUROC of the policy's own log p(token) (good positive) on labelled tokens."""
-    ctx.model.eval()
-    total, n, scores, labels = 0.0, 0, [], []
-    for b in batches:
-        b = b.to(device)
-        with autocast(precision, device):
-            lp = target_logprobs(ctx.model, b, vocab=True)
-        lab = _unlikelihood_labels(lp, b)
-        k = int((lab != IGNORE).sum())
-        total += float(unlikelihood_loss(lp.token_logp, lab, log_one_minus_p(lp.vocab_logp, lp.targets))) * k
-        n += k
-        keep = lp.is_response & (lp.labels != IGNORE)
-        scores.append(to_numpy(lp.token_logp[keep]))
-        labels.append(to_numpy(lp.labels[keep]))
-    s, y = np.concatenate(scores), np.concatenate(labels)
-    return {"val_loss": total / max(n, 1), "val_token_auroc_logp": auroc(y, s), "val_tokens": int(len(y))}

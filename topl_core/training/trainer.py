@@ -1,4 +1,4 @@
-"""The one training loop. Every method is an Objective from the registry; this loop owns data order, the
+"""The one training loop. Every method is a Method of the registry (training/methods/); this loop owns data order, the
 optimizer, precision, validation, checkpoints/resume, progress reporting and the run directory.
 
 Resume is exact: data order is a pure function of (seed, step), and the checkpoint holds the adapter, head,
@@ -36,7 +36,7 @@ from .checkpoint import Trainable, checkpoint_state, load_checkpoint, lora_state
 from .config import TrainConfig
 from .lora import apply_lora
 from .memory import check_fits, longest_micro_batch
-from .objectives import OBJECTIVES, Objective
+from .methods import METHODS, Method
 from .steps import StepContext
 from .tracking import Trackers, check_trackers, open_trackers
 from .world import World
@@ -102,21 +102,21 @@ def train(
 
 
 def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World, tracking_group: str | None) -> RunDir:
-    objective: Objective = OBJECTIVES[cfg.method]
+    method: Method = METHODS[cfg.method]
     resuming = _check_resumable(run, cfg)
     world.barrier()  # every rank has looked at the directory before rank 0 writes to it
     if resuming and run.is_complete:
         return run
     if world.is_main:
         clear_stop(run.path)  # a stop request belongs to the start it was made for
-    base, batches = _prepare(cfg, objective, records, base)
+    base, batches = _prepare(cfg, method, records, base)
     if cfg.device == "cuda" and not world.fsdp:
         _check_gpu_memory(cfg, base, batches)
-    meta = _run_meta(cfg, objective, base, batches)
+    meta = _run_meta(cfg, method, base, batches)
     if world.size > 1:
         meta |= {"world_size": world.size, **({"fsdp": True} if world.fsdp else {})}
     torch.manual_seed(cfg.seed)  # after loading: LoRA/head init depends on cfg.seed alone, however the base was built
-    t = _trainable(cfg, objective, base, meta["head_layer"], world)
+    t = _trainable(cfg, method, base, meta["head_layer"], world)
     start = _open_run(run, cfg, meta, t, resuming, world)
 
     clock = _Clock()
@@ -127,11 +127,11 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World,
             with clock.overhead():  # not training time (MLflow's first open of a store migrates its schema)
                 trackers = open_trackers(cfg, run, start, tracking_group)
         for step in range(start + 1, cfg.steps + 1):
-            loss, info, tokens = _train_step(cfg, objective, t, batches.train, step, world)
+            loss, info, tokens = _train_step(cfg, method, t, batches.train, step, world)
             completed = step
             row = {"step": step, "loss": loss, "lr": t.scheduler.get_last_lr()[0], **clock.step(tokens), **info}
             with clock.overhead():  # validation and checkpoints are not training time
-                val = _validate(cfg, objective, t, batches, step, world)
+                val = _validate(cfg, method, t, batches, step, world)
                 ckpt = checkpoint_state(t, world) if step % cfg.checkpoint_every == 0 else None
             stop = world.is_main and _record_step(run, cfg, row, val, ckpt, clock, start, progress, trackers)
             if step % cfg.checkpoint_every == 0:
@@ -164,13 +164,13 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World,
 
 
 def _validate(
-    cfg: TrainConfig, objective: Objective, t: Trainable, batches: _Batches, step: int, world: World
+    cfg: TrainConfig, method: Method, t: Trainable, batches: _Batches, step: int, world: World
 ) -> dict | None:
     """The validation metrics when due (rank 0; every rank under FSDP, whose layers all-gather together)."""
-    due = objective.validate is not None and batches.val and (step % cfg.eval_every == 0 or step == cfg.steps)
+    due = bool(batches.val) and (step % cfg.eval_every == 0 or step == cfg.steps)
     if not due or not (world.is_main or world.fsdp):
         return None
-    return objective.validate(t.ctx, batches.val, cfg.precision, cfg.device)
+    return method.validate(t.ctx, batches.val, cfg.precision, cfg.device)
 
 
 def _record_step(
@@ -201,16 +201,16 @@ def _record_step(
 
 
 def _prepare(
-    cfg: TrainConfig, objective: Objective, records: Sequence[Record] | None, base: LoadedModel | None
+    cfg: TrainConfig, method: Method, records: Sequence[Record] | None, base: LoadedModel | None
 ) -> tuple[LoadedModel, _Batches]:
     """The data, checked before the model loads (a method given data it cannot use fails at once), the base model
     and the encoded, batched train / validation examples."""
     records = list(records) if records is not None else read_jsonl(cfg.data)
     splits = split_records(records, seed=cfg.split_seed)
-    objective.check_data(splits["train"])
+    method.check_data(splits["train"])
     base = base or load_model(ModelSpec(cfg.model, weights_for(cfg.precision), cfg.device))
     check_layer_range(base.num_layers, cfg.lora.layer_start, cfg.lora.layer_end)
-    if objective.lora_all_layers and not _lora_on_all_layers(cfg, base):
+    if method.lora_all_layers and not _lora_on_all_layers(cfg, base):
         warnings.warn(
             f"{cfg.method} is defined with LoRA on all layers, but lora layers are "
             f"{cfg.lora.layer_start}-{cfg.lora.layer_end} "
@@ -219,20 +219,18 @@ def _prepare(
             stacklevel=3,
         )
     enc = EncodeSettings(cfg.max_doc_tokens, cfg.max_response_tokens)
-    train_ex = _apply_label_setting(
-        objective.prepare(base.tokenizer, splits["train"], enc), cfg.label_setting, cfg.seed
-    )
-    val_ex = objective.prepare(base.tokenizer, splits["val"][: cfg.max_val_examples], enc) if splits["val"] else []
+    train_ex = _apply_label_setting(method.prepare(base.tokenizer, splits["train"], enc), cfg.label_setting, cfg.seed)
+    val_ex = method.prepare(base.tokenizer, splits["val"][: cfg.max_val_examples], enc) if splits["val"] else []
     if not train_ex:
         raise DataError(
             f"{cfg.method}: no training example could be built from {len(splits['train'])} training records."
         )
     pad = base.tokenizer.pad_token_id
-    micro_batches = make_packed_batches if cfg.packing else objective.batches
+    micro_batches = make_packed_batches if cfg.packing else method.batches
     train_batches = [
         micro_batches(group, cfg.micro_batch_size, pad) for group in length_buckets(train_ex, cfg.batch_size)
     ]
-    val_batches = objective.batches(val_ex, cfg.batch_size, pad) if val_ex else []
+    val_batches = method.batches(val_ex, cfg.batch_size, pad) if val_ex else []
     return base, _Batches(train_batches, val_batches, len(train_ex), len(val_ex), records_fingerprint(records))
 
 
@@ -248,7 +246,7 @@ def _lora_on_all_layers(cfg: TrainConfig, base: LoadedModel) -> bool:
     return cfg.lora.layer_start == 0 and cfg.lora.layer_end == base.num_layers - 1
 
 
-def _run_meta(cfg: TrainConfig, objective: Objective, base: LoadedModel, batches: _Batches) -> dict:
+def _run_meta(cfg: TrainConfig, method: Method, base: LoadedModel, batches: _Batches) -> dict:
     """What topl_config.json records beside the config: the base model and what the run trained on."""
     return {
         "base_model": cfg.model,
@@ -256,18 +254,18 @@ def _run_meta(cfg: TrainConfig, objective: Objective, base: LoadedModel, batches
         "model_type": base.model.config.model_type,
         "num_layers": base.num_layers,
         "hidden_size": base.model.config.hidden_size,
-        "head_layer": objective.head_layer(cfg.lora.layer_end, base.num_layers),
+        "head_layer": method.head_layer(cfg.lora.layer_end, base.num_layers),
         "n_train_examples": batches.n_train,
         "n_val_examples": batches.n_val,
         "data_fingerprint": batches.data_fingerprint,
-        "objective": objective.description,
-        "validation_metric": objective.validation_metric,
+        "objective": method.description,
+        "validation_metric": method.validation_metric,
         "lora_all_layers": _lora_on_all_layers(cfg, base),
     }
 
 
 def _trainable(
-    cfg: TrainConfig, objective: Objective, base: LoadedModel, head_layer: int | None, world: World = World()
+    cfg: TrainConfig, method: Method, base: LoadedModel, head_layer: int | None, world: World = World()
 ) -> Trainable:
     """LoRA injected into the base model (its layers sharded under FSDP), a zero-initialised head for head
     methods, AdamW (the head at lr × head_lr_multiplier) and a linear warm-up."""
@@ -279,7 +277,7 @@ def _trainable(
             layer.forward = torch.compile(layer.forward, backend=cfg.compile_backend, dynamic=True)
     world.shard(model)  # before the optimizer: sharding replaces the parameters
     hidden = base.model.config.hidden_size
-    head = _zero_linear(hidden, cfg.device) if objective.uses_head else None
+    head = _zero_linear(hidden, cfg.device) if method.uses_head else None
     with torch.random.fork_rng(devices=[]):  # probes draw no random numbers: a run's dropout masks stay its own
         probes = torch.nn.ModuleDict({str(k): _zero_linear(hidden, cfg.device) for k in cfg.probe_layers})
     lora_params = [p for p in model.parameters() if p.requires_grad]
@@ -324,7 +322,7 @@ def _open_run(run: RunDir, cfg: TrainConfig, meta: dict, t: Trainable, resuming:
 
 
 def _train_step(
-    cfg: TrainConfig, objective: Objective, t: Trainable, batches: list, step: int, world: World = World()
+    cfg: TrainConfig, method: Method, t: Trainable, batches: list, step: int, world: World = World()
 ) -> tuple[float, dict, int]:
     """One optimizer step over grad_accum batches of micro-batches (this rank's share of them). Returns (loss, info,
     tokens seen) of the whole step."""
@@ -337,9 +335,9 @@ def _train_step(
         host = micro[max(index, 0)]
         batch = host.to(cfg.device)
         with autocast(cfg.precision, cfg.device):
-            loss, info = objective.loss(t.ctx, batch)
+            loss, info = method.loss(t.ctx, batch)
         # weight by what the loss averages over; the sum is divided by the step's total below
-        (loss * (info[objective.units_key] if index >= 0 else 0)).backward()
+        (loss * (info[method.units_key] if index >= 0 else 0)).backward()
         if index >= 0:  # the loss stays on the device: one transfer for the whole step, after the last backward
             done.append((index, loss.detach(), info, host.real_tokens, host.input_ids.numel()))
     step_losses = torch.stack([d[1] for d in done]).tolist() if done else []
@@ -347,7 +345,7 @@ def _train_step(
     world.sum_grads(t.params + t.probe_params)
     done = sorted(world.gather(done), key=lambda d: d[0])  # the whole step, in one process's order
     losses, infos, tokens = [d[1] for d in done], [d[2] for d in done], sum(d[3] for d in done)
-    loss, info = _combine_micro_batches(losses, infos, objective.units_key, t.params + t.probe_params)
+    loss, info = _combine_micro_batches(losses, infos, method.units_key, t.params + t.probe_params)
     info["padding_share"] = 1 - tokens / sum(d[4] for d in done)  # of the positions the step computed
     info["grad_norm"] = world.clip_grad_norm(t.params, cfg.max_grad_norm)
     if t.probe_params:  # clipped on their own: the run's own gradients are clipped as without probes

@@ -1,18 +1,19 @@
-"""A steering deck: every summary a talk shows, prepared beforehand so that the talk only reads files.
+"""A steering deck: every summary a talk shows, prepared beforehand so that the talk only reads files. This module
+holds the deck's settings and files (what talk mode and the export read); deck_prepare.py prepares them.
 
-A deck is an adapter, a steering mode, N documents and the mode's λ grid. `prepare_deck` generates, per document,
-the base model's summary and the merged model's summary at every λ of the grid (the neutral λ is the merged model
-itself; a document's missing λ positions are generated as one batch, SteeringSession.generate_grid), and gives each
-the head's verdict — per-token p(good) of the adapter's own head (a TOPL run's, or a probe head fitted on its hidden
-states), the share of flagged tokens (p(good) < FLAG_THRESHOLD) — beside the offline factuality score. It is long
-work under the status protocol (topl_core.status: progress, ETA, STOP) and resumable: each finished summary is
-written at once (a STOP is heard between summaries: a batch's texts not yet judged are dropped), and a restart
-generates only what is missing. A document file that cannot be read (cut short, edited) is named — Deck.unreadable,
-PrepareStats.redone and status.json's "redone" — and its summaries are made again.
+A deck is an adapter, a steering mode, N documents and the mode's λ grid. `prepare_deck` (deck_prepare.py)
+generates, per document, the base model's summary and the merged model's summary at every λ of the grid (the neutral
+λ is the merged model itself; a document's missing λ positions are generated as one batch,
+SteeringSession.generate_grid), and gives each the head's verdict — per-token p(good) of the adapter's own head (a TOPL
+run's, or a probe head fitted on its hidden states), the share of flagged tokens (p(good) < FLAG_THRESHOLD) — beside
+the offline factuality score. It is long work under the status protocol (topl_core.status: progress, ETA, STOP) and
+resumable: each finished summary is written at once (a STOP is heard between summaries: a batch's texts not yet judged
+are dropped), and a restart generates only what is missing. A document file that cannot be read (cut short, edited) is
+named — Deck.unreadable, PrepareStats.redone and status.json's "redone" — and its summaries are made again.
 
     DeckConfig(adapter, documents, lambdas, mode="vector", ...)      frozen; the neutral λ is always in the grid
     create_deck(folder, cfg) -> Path        deck.json (a folder holding another deck's config is refused)
-    prepare_deck(folder, progress=None) -> PrepareStats
+    prepare_deck(folder, progress=None) -> PrepareStats            (deck_prepare.py)
     read_deck(folder) -> Deck               what talk mode and the export read; None where no deck.json is
     Deck.show() -> DeckView                 talk mode inline in Jupyter: the exported page (deck_html.py)
 
@@ -32,30 +33,15 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
-import numpy as np
-
-from ...adapters import open_adapter
-from ...data.records import read_jsonl
-from ...data.split import split_records
 from ...errors import ConfigError, RunError
-from ...generate import GenerationConfig, generate
 from ...io import write_json
-from ...models import LoadedModel, ModelSpec, load_model
-from ...paths import project_path, runs_dir
-from ...precision import PRECISIONS, Precision, resolve_precision
-from ...scoring import TokenScorer
-from ...status import WriterLock, clear_stop, stop_requested, write_status
-from ..evaluation.scorers import GroundingScorer, score_summary
-from ..lora_a.probe import ProbeSettings, labelled_records
-from ..lora_a.probe_head import ProbeHeadSettings, fit_probe_head
-from ..steering.fluency import fluency
+from ...paths import runs_dir, shipped_decks_dir
+from ...precision import PRECISIONS, Precision
 from ..steering.modes import SteerConfig
-from ..steering.session import SteeringSession
-from ..steering.vectors import build_steering_vectors
 from ..token_colors import FLAG_THRESHOLD
 from .deck_html import DeckView, deck_html
 
@@ -68,6 +54,24 @@ HEAD_CHOICES: tuple[str, ...] = ("auto", "probe", "none")
 def decks_dir() -> Path:
     """Where the app keeps decks: runs/decks/ (TOPL_RUNS_DIR moves it with the runs)."""
     return runs_dir() / "decks"
+
+
+def deck_folders() -> list[Path]:
+    """Every deck to open: the user's under decks_dir(), newest first, then those shipped with the demo adapters
+    (paths.shipped_decks_dir), by name."""
+    user = sorted(_decks_in(decks_dir()), key=lambda d: -d.stat().st_mtime)
+    shipped = shipped_decks_dir()
+    return user + (sorted(_decks_in(shipped)) if shipped is not None else [])
+
+
+def _decks_in(folder: Path) -> list[Path]:
+    return [d for d in folder.iterdir() if (d / CONFIG_FILE).exists()] if folder.is_dir() else []
+
+
+def is_shipped(folder: Path) -> bool:
+    """A deck that ships with the repository (read-only: opened, never prepared again)."""
+    shipped = shipped_decks_dir()
+    return shipped is not None and Path(folder).resolve().parent == shipped.resolve()
 
 
 @dataclass(frozen=True)
@@ -291,164 +295,3 @@ def _read_document(path: Path, text: str) -> DeckDocument:
     return DeckDocument(
         text, Summary.from_json(base) if base else None, {k: Summary.from_json(v) for k, v in positions.items()}
     )
-
-
-@dataclass
-class PrepareStats:
-    generated: int = 0  # summaries generated by this call
-    skipped: int = 0  # summaries found finished
-    redone: list[str] = field(default_factory=list)  # the document files found unreadable, why, made again
-    state: str = "finished"  # or "cancelled"
-    timings: list[float] = field(default_factory=list)
-
-
-def _run_auroc(adapter) -> float | None:
-    """The held-out token AUROC a run logged last (val_token_auroc in metrics.jsonl), if any."""
-    if adapter.run is None:
-        return None
-    return next((r["val_token_auroc"] for r in reversed(adapter.run.read_metrics()) if "val_token_auroc" in r), None)
-
-
-def _records(cfg: DeckConfig, adapter) -> list:
-    return read_jsonl(cfg.data or project_path(adapter.settings.data))
-
-
-def _token_set(cfg: DeckConfig, adapter) -> list:
-    records = _records(cfg, adapter)
-    return labelled_records(split_records(records, seed=adapter.settings.split_seed)["val"])[: cfg.token_records]
-
-
-def _head(cfg: DeckConfig, adapter, precision: str):
-    """(head.json, the TokenScorer's head argument or None, whether to score at all)."""
-    if cfg.head == "none":
-        return {"kind": "none", "reason": "the deck was prepared without the head's verdict"}, None, False
-    if cfg.head == "auto":
-        if adapter.has_head:
-            return (
-                {
-                    "kind": "run",
-                    "auroc": _run_auroc(adapter),
-                    "auroc_source": "val_token_auroc (metrics.jsonl)",
-                    "layer": adapter.head_layer,
-                },
-                None,
-                True,
-            )
-        return (
-            {
-                "kind": "none",
-                "reason": f"{adapter.name} has no head ({adapter.method or 'method unknown'}); prepare "
-                "the deck with the probe head (head: probe) to see the verdict",
-            },
-            None,
-            False,
-        )
-    probe = fit_probe_head(adapter, _records(cfg, adapter), ProbeHeadSettings(precision=precision))
-    head = {
-        "kind": "probe",
-        "auroc": probe.val_auroc,
-        "auroc_source": "probe head, validation split",
-        "layer": probe.layer,
-    }
-    return head, (probe.layer, probe.linear()), True
-
-
-def prepare_deck(folder: str | Path, progress: Callable[[int, int], None] | None = None) -> PrepareStats:
-    """Generate and score every summary of the deck in `folder` that is not there yet (module docstring). Stops,
-    with state "cancelled", at the first check after a STOP request. `progress(done, total)` after each summary.
-
-    Example: ``stats = prepare_deck(create_deck("runs/decks/talk", cfg)); stats.generated, stats.skipped``"""
-    folder = Path(folder)
-    if not (folder / CONFIG_FILE).exists():
-        raise RunError(f"{folder}: no {CONFIG_FILE}; create the deck first (steer --deck DIR --run ADAPTER ...).")
-    with WriterLock(folder):  # read under the lock: what another writer finished is not made again
-        deck = read_deck(folder)
-        cfg, stats = deck.config, PrepareStats()
-        clear_stop(folder)  # a stop request ends the run it was made for; starting again is resuming
-        adapter = open_adapter(cfg.adapter)
-        precision = resolve_precision(cfg.precision, adapter.device)
-        todo = [
-            (i, lam)
-            for i, d in enumerate(deck.documents)
-            for lam in (None, *cfg.lambdas)
-            if (d.base if lam is None else d.at(lam)) is None
-        ]
-        stats.skipped = deck.total - len(todo)
-        stats.redone = deck.unreadable_notes("its summaries are made again.")
-
-        def report(state: str, current: str | None = None) -> None:
-            done = deck.total - len(todo)
-            mean = float(np.mean(stats.timings)) if stats.timings else None
-            eta = mean * len(todo) if mean is not None else None
-            write_status(folder, state, done=done, total=deck.total, eta_s=eta, current=current, redone=stats.redone)
-            if progress is not None:
-                progress(done, deck.total)
-
-        report("running", "loading the models")
-        if not todo:
-            report("finished")
-            return stats
-        gen = GenerationConfig(max_new_tokens=cfg.max_new_tokens, precision=precision)
-        spec = ModelSpec(adapter.base_model, "float32", adapter.device)
-        token_set = _token_set(cfg, adapter)
-        if not token_set:
-            raise RunError(f"{cfg.data or adapter.settings.data}: no token-labelled record for the steering vectors.")
-        head_json, head_arg, scored = _head(cfg, adapter, precision)
-        write_json(folder / HEAD_FILE, head_json)
-        scorer = TokenScorer(load_model(spec), adapter, precision, head=head_arg) if scored else None
-        vectors = build_steering_vectors(
-            adapter, token_set, ProbeSettings(random_control=False, precision=precision), cfg.top_k
-        )
-        session = SteeringSession.from_run(adapter, vectors, spec)
-        base_lm = load_model(spec)  # the base model's summaries, and every text's perplexity (fluency)
-        grounding = GroundingScorer()
-        files = {i: d.to_json() for i, d in enumerate(deck.documents)}  # an unreadable file starts over
-        steered: dict[tuple[int, float], tuple[str, float]] = {}  # generated, not yet judged: (text, seconds)
-        while todo:
-            i, lam = todo[0]
-            document = cfg.documents[i]
-            where = f"document {i + 1}/{len(cfg.documents)}, " + ("base model" if lam is None else f"λ = {lam:+g}")
-            report("running", where)
-            if stop_requested(folder):
-                stats.state = "cancelled"
-                report("cancelled")
-                return stats
-            t0 = time.perf_counter()
-            if lam is None:
-                text = generate(base_lm, [document], gen)[0]
-                seconds = time.perf_counter() - t0
-            else:
-                if (i, lam) not in steered:  # the document's missing λ positions, generated as one batch
-                    grid = [x for j, x in todo if j == i and x is not None]
-                    texts = session.generate_grid(document, grid, gen, how=cfg.how)
-                    share = (time.perf_counter() - t0) / len(grid)  # each summary's part of the batch's time
-                    steered.update({(i, x): (t, share) for x, t in zip(grid, texts)})
-                text, seconds = steered.pop((i, lam))
-            t_verdict = time.perf_counter()
-            summary = _verdict(document, text, scorer, grounding, base_lm, seconds)
-            if lam is None:
-                files[i]["base"] = summary.to_json()
-            else:
-                files[i]["positions"][lambda_key(lam)] = summary.to_json()
-            write_json(doc_path(folder, i), files[i])
-            stats.timings.append(seconds + time.perf_counter() - t_verdict)  # its generation and its verdict
-            stats.generated += 1
-            todo.pop(0)
-        report("finished")
-    return stats
-
-
-def _verdict(
-    document: str, text: str, scorer: TokenScorer | None, grounding, base_lm: LoadedModel, seconds: float
-) -> Summary:
-    factuality = score_summary(grounding, document, text, "sentence").score
-    fluent = fluency([text], base_lm)[0]
-    degenerate = fluent.reason if fluent.degenerate else None
-    if scorer is None:
-        return Summary(text, factuality, seconds, degenerate=degenerate)
-    if not text.strip():  # nothing for the head to judge: no tokens, no share
-        return Summary(text, factuality, seconds, (), (), None, degenerate)
-    s = scorer.score_text(document, text)
-    p = s.p_good.astype(float)
-    share = float((p < FLAG_THRESHOLD).mean()) if len(p) else None
-    return Summary(text, factuality, seconds, tuple(s.tokens), tuple(round(float(x), 4) for x in p), share, degenerate)

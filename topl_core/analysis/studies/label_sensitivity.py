@@ -6,7 +6,7 @@ Public API
     LabelStudyConfig(train=TrainConfig(...), settings=LABEL_SETTINGS, n_cliff=0, cliff_csv=None, n_generate=0)
     label_stats_for(cfg, records=None, tokenizer=None) -> DataFrame
         one row per setting: tokens, good, bad, pct_good, pct_bad, examples — exactly the labels the trainer
-        uses: the train split encoded by the TOPL objective, then data.variants.apply_label_setting(…, cfg.seed)
+        uses: the train split encoded by the TOPL method, then data.variants.apply_label_setting(…, cfg.seed)
     run_label_study(cfg, out_dir, progress=None, records=None, base_loader=None, executor=ExecutorConfig())
         trains out_dir/<setting>/ per setting, each a task (in this process, or as Ray tasks: topl_core.executor;
         resumable: finished runs are kept, interrupted ones resume) and
@@ -43,7 +43,7 @@ from ...scoring import TokenScorer, detection_auroc
 from ...status import WriterLock
 from ...training.batching import EncodeSettings
 from ...training.config import TrainConfig
-from ...training.objectives import OBJECTIVES
+from ...training.methods import METHODS
 from ...training.tracking import check_trackers
 from ...training.trainer import train
 from ..evaluation.config import EvalConfig, Variant
@@ -109,7 +109,7 @@ class LabelStudyConfig:
 def _train_labels(cfg: TrainConfig, records, tokenizer) -> list[np.ndarray]:
     """The per-example response labels the trainer starts from (train split, TOPL encoding)."""
     train_recs = split_records(records, seed=cfg.split_seed)["train"]
-    examples = OBJECTIVES[cfg.method].prepare(
+    examples = METHODS[cfg.method].prepare(
         tokenizer, train_recs, EncodeSettings(cfg.max_doc_tokens, cfg.max_response_tokens)
     )
     return [e.response_labels for e in examples]

@@ -14,6 +14,9 @@ stems and number reading), sentence by sentence:
 The record's response is the kept sentences in order, joined by single spaces: its tokens are good except the bad
 spans. The rule is lexical, so a kept sentence can still be wrong in ways words do not show (a relation between
 two names that both occur); such tokens are labelled good, as in the perturbation data's untouched words.
+
+`OWN_SUMMARIES` is its data source (`data build --source own-summaries`, the Data page's background build): the
+options it reads, with the model that writes (`OwnSummaryOptions`), and its builder.
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ...config_fields import config_field
+from ...data import halueval
 from ...data.records import Record, Span
+from ...data.sources import DataSource, Loaded, ProgressFn, SourceOptions
+from ...models import Device
+from ...presets import DEFAULT_MODEL
 from ..evaluation.config import EvalConfig, Variant
 from ..evaluation.documents import EvalDoc
 from ..evaluation.evaluate import VariantModels, generate_for
@@ -163,3 +171,47 @@ def generate_own_summaries(
         if progress is not None:
             progress(len(out))
     return out
+
+
+@dataclass(frozen=True)
+class OwnSummaryOptions(SourceOptions):
+    """The options of `data build --source own-summaries`: the HaluEval documents to summarise, and how."""
+
+    limit: int = config_field(240, label="HaluEval documents", help="documents / rows to read", min=1, max=10_000)
+    model: str = config_field(
+        DEFAULT_MODEL,
+        label="Model that writes the summaries",
+        help="the model that writes the summaries: an embedded model's name, a hub id or a local folder",
+    )
+    device: Device = config_field("cpu", label="Device", help="where the model generates")
+    max_new_tokens: int = config_field(
+        EvalConfig.max_new_tokens,
+        label="Max new tokens",
+        help="the longest summary, in tokens (the evaluation's default)",
+        min=8,
+        max=1024,
+    )
+
+
+def build_own_summaries(o: OwnSummaryOptions, progress: ProgressFn | None) -> Loaded:
+    """The labelled records of the model's own summaries of `o.limit` HaluEval documents (`o.input`: another
+    HaluEval summarization JSONL), with the rule's report."""
+    rows = halueval.load_halueval_rows(o.input, limit=o.limit)
+    done = None if progress is None else lambda n: progress(n, len(rows))
+    summaries = generate_own_summaries(o.model, rows, device=o.device, progress=done, max_new_tokens=o.max_new_tokens)
+    records, report = own_summary_records(rows, summaries, o.model)
+    return Loaded(records, str(report))
+
+
+OWN_SUMMARIES = DataSource(
+    SOURCE,
+    "The model's own greedy summaries of HaluEval documents (--model, --device, --max-new-tokens), labelled by a "
+    "lexical rule: a number or a name the document lacks is bad; a sentence with any other word the document lacks is "
+    "left out (docs/evaluation.md §6). Generation is cached: started again with the same settings, a stopped build "
+    "resumes (SmolLM2: ~5 s per document on 2 CPU cores; the Data page runs it in the background).",
+    ("input", "model", "limit", "max_new_tokens", "device"),
+    build_own_summaries,
+    input_required=False,
+    options_type=OwnSummaryOptions,
+    background=True,
+)
