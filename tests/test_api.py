@@ -1,7 +1,8 @@
 """The public Python API (`import topl_core as topl`, topl_core/__init__.py) and the quickstart notebook: every name
 of `__all__` is the documented function or class of a core module, importing the package loads nothing heavy, the
-verbs work on tiny-llama adapters trained for 2 steps, and examples/quickstart.ipynb (committed without outputs) runs
-top to bottom on them and shows a Plotly figure and a token overlay."""
+verbs work on tiny-llama adapters trained for 2 steps, the README's Python example runs on them, and
+examples/quickstart.ipynb (committed without outputs) runs top to bottom on them and shows a Plotly figure, a token
+overlay and a deck."""
 
 from __future__ import annotations
 
@@ -109,6 +110,21 @@ def test_a_deck_shows_the_exported_page_inline(adapters, tiny_records, tmp_path)
     assert frame.startswith("<iframe srcdoc=") and 'sandbox="allow-scripts"' in frame
     srcdoc = frame.split('srcdoc="', 1)[1].split('" sandbox=', 1)[0]
     assert html.unescape(srcdoc) == deck_html(deck)  # the same page as the offline export
+
+
+def readme_example() -> str:
+    """The README's Python example: the code block after its `<!-- python-example -->` marker."""
+    after = (REPO / "README.md").read_text().split("<!-- python-example -->", 1)[1]
+    return after.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_python_example_runs(adapters, capsys):
+    """The README's example as written, on the tiny TOPL adapter in place of the demo one."""
+    demo = '"examples/adapters/topl-smollm2"'
+    code = readme_example()
+    assert demo in code
+    exec(compile(code.replace(demo, repr(str(adapters["topl"]))), "README.md", "exec"), {})
+    assert capsys.readouterr().out.count("λ = ") == 3
 
 
 def test_the_notebook_is_committed_without_outputs():
