@@ -25,7 +25,8 @@ from topl_core.training.config import TrainConfig, study_schedule
 
 with core_imports():
     from topl_core.analysis.figures import heatmap
-    from topl_core.analysis.studies.sweeps import SweepConfig, heatmap_table, lines_table, plan_windows, read_sweep
+    from topl_core.analysis.studies.sweep_results import heatmap_table, lines_table, read_sweep
+    from topl_core.analysis.studies.sweeps import SweepConfig, plan_windows
 
 st.title("Layer sweep")
 st.caption(

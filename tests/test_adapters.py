@@ -19,7 +19,7 @@ from topl_core.analysis.lora_a.capture import collect_projections
 from topl_core.analysis.lora_a.probe import ProbeSettings, labelled_records, probe_run, run_projections
 from topl_core.analysis.lora_a.probe_head import ProbeHeadSettings, fit_probe_head
 from topl_core.analysis.lora_a.sites import lora_sites, lora_weights, read_lora_weights
-from topl_core.analysis.steering.vectors import build_steering_vectors
+from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.errors import ModelError, RunError
 from topl_core.forward import head_features
 from topl_core.models import load_model, model_name_for

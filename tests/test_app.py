@@ -962,7 +962,8 @@ def test_studies_as_ray_tasks_equal_the_serial_ones_and_fill_the_page(workbench,
     from topl_core.analysis.evaluation.config import EvalConfig, Variant
     from topl_core.analysis.evaluation.evaluate import evaluate
     from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig, run_label_study
-    from topl_core.analysis.studies.sweeps import SweepConfig, heatmap_table, read_sweep, run_sweep
+    from topl_core.analysis.studies.sweep_results import heatmap_table, read_sweep
+    from topl_core.analysis.studies.sweeps import SweepConfig, run_sweep
     from topl_core.errors import RunError
     from topl_core.executor import ExecutorConfig
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from topl_core.bench import layer_forward_flops, sweep_flops_ratio
 from topl_core.tiny_models import build_tiny_model
+from topl_core.training.flops import layer_forward_flops, sweep_flops_ratio
 
 
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-qwen3"])

@@ -20,9 +20,9 @@ from topl_core import precision as prec
 from topl_core.analysis.lora_a.capture import collect_projections
 from topl_core.analysis.lora_a.probe import ProbeSettings, probe_run, run_projections
 from topl_core.analysis.lora_a.probe_head import ProbeHeadSettings, fit_probe_head
+from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.modes import MODES, POSITIONS, SteerConfig
 from topl_core.analysis.steering.session import SteeringSession
-from topl_core.analysis.steering.vectors import build_steering_vectors
 from topl_core.generate import GenerationConfig, generate, load_merged
 from topl_core.models import LoadedModel, ModelSpec, load_model
 from topl_core.scoring import TokenScorer
@@ -248,7 +248,8 @@ def test_label_study_in_bf16(tiny_records, tmp_path):
 
 
 def test_transfer_and_layer_scan_in_bf16(run, tiny_records):
-    from topl_core.analysis.studies.transfer import TransferSettings, layer_scan, transfer_table
+    from topl_core.analysis.studies.layer_scan import layer_scan
+    from topl_core.analysis.studies.transfer import TransferSettings, transfer_table
 
     small = TransferSettings(stage="dev", max_records_per_set=4, probe_records=16, bootstrap=20)
     t32 = transfer_table([run], replace(small, precision="fp32"), None, tiny_records)

@@ -15,7 +15,7 @@ from topl_core.errors import ConfigError
 from topl_core.models import preset_model_config
 from topl_core.paths import DEFAULT_DATA, PROJECT_ROOT, cache_dir, project_path
 from topl_core.tiny_models import build_tiny_model
-from topl_core.training.batching import EncodeSettings, length_buckets
+from topl_core.training.batching import EncodeSettings, batch_for, length_buckets
 from topl_core.training.config import TrainConfig, preset_config
 from topl_core.training.memory import (
     GIB,
@@ -28,7 +28,6 @@ from topl_core.training.memory import (
     traced_step,
 )
 from topl_core.training.methods import METHODS
-from topl_core.training.trainer import _batch_for
 
 H100_PEAKS = PROJECT_ROOT / "docs" / "bench" / "gpu-presets-h100.json"
 SMOLLM2_TOKENIZER = cache_dir() / "models" / "smollm2-135m"
@@ -68,7 +67,7 @@ def _micro_batches_the_h100_run_saw(cfg: TrainConfig, examples: list, pad_id: in
     preset's batches, micro-batches of 4."""
     objective = METHODS[cfg.method]
     batches = [objective.batches(g, 4, pad_id) for g in length_buckets(examples, cfg.batch_size)]
-    return [_batch_for(batches, i, cfg.seed) for i in range(4 * cfg.grad_accum)]
+    return [batch_for(batches, i, cfg.seed) for i in range(4 * cfg.grad_accum)]
 
 
 @pytest.mark.skipif(not SMOLLM2_TOKENIZER.exists(), reason="SmolLM2 not converted (scripts/setup.sh)")

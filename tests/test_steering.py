@@ -15,15 +15,15 @@ from topl_core.adapters import load_adapter
 from topl_core.analysis.lora_a.capture import collect_projections
 from topl_core.analysis.lora_a.separability import separability
 from topl_core.analysis.lora_a.sites import RESIDUAL_MODULES
-from topl_core.analysis.steering.hooks import steer
-from topl_core.analysis.steering.modes import MODES, POSITIONS, UNIT_FRACTION, SteerConfig
-from topl_core.analysis.steering.session import SteeringSession
-from topl_core.analysis.steering.vectors import (
-    SteeringVectors,
+from topl_core.analysis.steering.extract import (
     build_steering_vectors,
     compute_steering_vectors,
     steering_vectors_from_model,
 )
+from topl_core.analysis.steering.hooks import steer
+from topl_core.analysis.steering.modes import MODES, POSITIONS, UNIT_FRACTION, SteerConfig
+from topl_core.analysis.steering.session import SteeringSession
+from topl_core.analysis.steering.vectors import SteeringVectors
 from topl_core.errors import ModelError
 from topl_core.generate import GenerationConfig, generate, load_merged
 from topl_core.models import load_model

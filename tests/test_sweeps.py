@@ -14,15 +14,8 @@ from conftest import free_port, tiny_config
 from safetensors.torch import load_file
 
 from topl_core.analysis.studies import sweeps
-from topl_core.analysis.studies.sweeps import (
-    SweepConfig,
-    Window,
-    heatmap_table,
-    lines_table,
-    plan_windows,
-    read_sweep,
-    run_sweep,
-)
+from topl_core.analysis.studies.sweep_results import compare_reuse, heatmap_table, lines_table, read_sweep
+from topl_core.analysis.studies.sweeps import SweepConfig, Window, plan_windows, run_sweep
 from topl_core.architecture import embed_inputs, forward_from_hidden
 from topl_core.bench import benchmark_prefix_reuse
 from topl_core.models import load_model
@@ -208,7 +201,7 @@ def test_sweep_with_and_without_reuse_agree_and_tables(tiny_records, tmp_path, m
         a.sort_values("window")["val_token_auroc"], b.sort_values("window")["val_token_auroc"], atol=1e-6
     )
     assert a["prefix_layer_passes_saved"].sum() > 0 and "prefix_layer_passes" not in b.columns
-    cmp = sweeps.compare_reuse(a, b)
+    cmp = compare_reuse(a, b)
     assert len(cmp) == 4 and {"train_s_reuse", "train_s_plain", "saving"} <= set(cmp.columns)
     hm = heatmap_table(a)
     assert list(hm.columns) == [1, 2] and list(hm.index) == [0, 1, 2, 3] and np.isnan(hm.loc[1, 2])

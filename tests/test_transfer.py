@@ -14,8 +14,9 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from topl_core.adapters import open_adapter
+from topl_core.adapters import load_adapter, open_adapter
 from topl_core.analysis.studies import transfer
+from topl_core.analysis.studies.layer_scan import _features_by_layer, layer_scan
 from topl_core.analysis.studies.transfer import (
     COLUMNS,
     DETECTORS,
@@ -25,7 +26,6 @@ from topl_core.analysis.studies.transfer import (
     evaluation_sets,
     format_markdown,
     heldout_log_path,
-    layer_scan,
     load_cliff,
     training_records,
     transfer_table,
@@ -257,10 +257,10 @@ def test_layer_scan_reads_every_layer_from_one_forward_and_only_dev(peft_folder,
     adapter = open_adapter(peft_folder)
     settings = replace(SMALL, stage="dev")
     lm = load_model("tiny-llama")
-    model = transfer.load_adapter(lm, adapter)
+    model = load_adapter(lm, adapter)
     records = [r for r in tiny_records if r.token_labels_known][:6]
     with model.disable_adapter():
-        features, labels = transfer._features_by_layer(model, lm.tokenizer, records, [0, 2], adapter.settings, settings)
+        features, labels = _features_by_layer(model, lm.tokenizer, records, [0, 2], adapter.settings, settings)
         for layer in (0, 2):
             expected = []
             for r in records:

@@ -47,7 +47,7 @@ _EXPORTS: dict[str, str] = {
     "ProbeSettings": "topl_core.analysis.lora_a.probe",
     "comparison_table": "topl_core.analysis.lora_a.separability",
     "auroc_heatmap": "topl_core.analysis.figures",
-    "build_steering_vectors": "topl_core.analysis.steering.vectors",
+    "build_steering_vectors": "topl_core.analysis.steering.extract",
     "SteeringVectors": "topl_core.analysis.steering.vectors",
     "steer": "topl_core.analysis.steering.hooks",
     "SteerConfig": "topl_core.analysis.steering.modes",

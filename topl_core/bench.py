@@ -48,8 +48,8 @@ import torch
 from .adapters import load_adapter
 from .analysis.lora_a.capture import capture_lora
 from .analysis.lora_a.probe import ProbeSettings, probe_run
+from .analysis.steering.extract import build_steering_vectors
 from .analysis.steering.hooks import steer
-from .analysis.steering.vectors import build_steering_vectors
 from .analysis.studies.sweeps import SweepConfig, Window, fresh_copy, plan_windows, run_sweep, sweep_inputs
 from .data.encode import build_prompt, collate, encode_record
 from .data.records import read_jsonl
@@ -63,6 +63,7 @@ from .presets import DEFAULT_MODEL
 from .progress import Bar
 from .runs import RunDir
 from .training.config import LoraSettings, TrainConfig
+from .training.flops import sft_flops_per_token, sweep_flops_ratio, topl_flops_per_token
 from .training.lora import apply_lora
 from .training.prefix_cache import PrefixStore, install_prefix_cache
 from .training.trainer import train
@@ -124,32 +125,6 @@ def _step_seconds_per_token(run_dir: Path) -> float:
     """Seconds per token over the logged steps after the first (warm-up) step."""
     timed = RunDir(run_dir).step_times()[1:]
     return sum(s for s, _ in timed) / sum(tok for _, tok in timed)
-
-
-def layer_forward_flops(config, seq_len: float) -> float:
-    """Forward FLOPs per token of one decoder layer: its matmuls plus causal attention (half of 4·T·d)."""
-    d, f = config.hidden_size, config.intermediate_size
-    kv = config.num_key_value_heads * getattr(config, "head_dim", d // config.num_attention_heads)
-    params_per_layer = d * d * 2 + d * kv * 2 + 3 * d * f  # q, o, k, v, gate, up, down
-    return 2 * params_per_layer + 2 * seq_len * d
-
-
-def topl_flops_per_token(config, layers_run: int, seq_len: float) -> float:
-    return 2 * layers_run * layer_forward_flops(config, seq_len)  # forward + backward w.r.t. activations
-
-
-def sft_flops_per_token(config, seq_len: float, predicted_share: float) -> float:
-    """Every layer, plus the LM head at the predicted share of positions; forward + backward."""
-    head = 2 * config.hidden_size * config.vocab_size * predicted_share
-    return 2 * (config.num_hidden_layers * layer_forward_flops(config, seq_len) + head)
-
-
-def sweep_flops_ratio(windows: list[tuple[int, int]]) -> float:
-    """Training FLOPs per batch of a sweep with frozen-prefix reuse over without. A window (s, k) runs its k layers
-    forward + backward (2 units each) either way; without reuse each window also runs the s frozen layers below it
-    forward, with reuse the stored state is advanced once through max(s) layers for the whole grid."""
-    window = sum(2 * k for _, k in windows)
-    return (window + max(s for s, _ in windows)) / (window + sum(s for s, _ in windows))
 
 
 N_PHASES = 7  # the phase(...) calls in run_bench: peaks, TOPL, SFT, capture, generation, heatmap, sweep

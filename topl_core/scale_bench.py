@@ -6,7 +6,7 @@ model name loads as usual, e.g. tiny-llama for the CPU test):
 - train_{topl,sft}: the paper preset's method settings (the TOPL layer range, all layers for SFT), a few steps
   through the workbench's trainer: median tokens/s and step seconds over the steps after the first, the padding
   share of the positions computed, peak device memory (CUDA: max_memory_allocated; None on a CPU), and mfu = the
-  step's FLOPs (bench.topl_flops_per_token / sft_flops_per_token at the data's mean length) × tokens/s over the
+  step's FLOPs (training.flops.topl_flops_per_token / sft_flops_per_token at the data's mean length) × tokens/s over the
   matmul peak measured in the same run; on a GPU also the largest micro-batch whose step fits, measured
   (largest_micro_batch). topl_vs_sft_step: TOPL's seconds per token over SFT's.
 - capture: LoRA-A capture of every site of the SFT adapter (LoRA on every layer: layers × 7 sites) on 48 records.
@@ -32,11 +32,11 @@ import torch
 
 from .analysis.lora_a.capture import collect_projections
 from .analysis.lora_a.probe import ProbeSettings
+from .analysis.steering.extract import build_steering_vectors
 from .analysis.steering.modes import MODES
 from .analysis.steering.session import SteeringSession
-from .analysis.steering.vectors import build_steering_vectors
 from .analysis.studies.sweeps import SweepConfig
-from .bench import benchmark_prefix_reuse, sft_flops_per_token, topl_flops_per_token
+from .bench import benchmark_prefix_reuse
 from .data.encode import collate, encode_record
 from .data.records import Record, read_jsonl
 from .data.split import split_records
@@ -46,6 +46,7 @@ from .precision import autocast, resolve_precision, weights_for
 from .presets import PRESETS
 from .training.batching import EncodeSettings
 from .training.config import LoraSettings, TrainConfig, preset_config
+from .training.flops import sft_flops_per_token, topl_flops_per_token
 from .training.methods import METHODS
 from .training.steps import StepContext
 from .training.trainer import train

@@ -20,11 +20,11 @@ from topl_core.analysis.evaluation.quality import scorer_quality
 from topl_core.analysis.evaluation.scorers import GroundingScorer, score_summary
 from topl_core.analysis.evaluation.text import count_sentences
 from topl_core.analysis.lora_a.probe import ProbeSettings
+from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.fluency import fluency
 from topl_core.analysis.steering.modes import SteerConfig
 from topl_core.analysis.steering.session import SteeringSession
 from topl_core.analysis.steering.summary import ExportBundle, export_bundle
-from topl_core.analysis.steering.vectors import build_steering_vectors
 from topl_core.generate import GenerationConfig, stream_generate
 
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from ..adapters import open_adapter
 from ..analysis.lora_a.probe import ProbeSettings, labelled_records
+from ..analysis.steering.extract import build_steering_vectors
 from ..analysis.steering.modes import MODES, POSITIONS, UNITS, UNITS_DOC, SteerConfig, modes_help
 from ..analysis.steering.session import SteeringSession
-from ..analysis.steering.vectors import SteeringVectors, build_steering_vectors
+from ..analysis.steering.vectors import SteeringVectors
 from ..analysis.studies.deck import HEAD_CHOICES, DeckConfig, create_deck, read_deck
 from ..analysis.studies.deck_html import write_deck_html, write_frames
 from ..analysis.studies.deck_prepare import prepare_deck

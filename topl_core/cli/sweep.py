@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..analysis.studies.sweeps import SweepConfig, compare_reuse, heatmap_table, read_sweep, resume_sweep, run_sweep
+from ..analysis.studies.sweep_results import compare_reuse, heatmap_table, read_sweep
+from ..analysis.studies.sweeps import SweepConfig, resume_sweep, run_sweep
 from ..config_fields import add_config_args, config_args
 from ..errors import ConfigError
 from ..jobs import read_job

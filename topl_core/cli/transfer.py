@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..analysis.studies.layer_scan import layer_scan
 from ..analysis.studies.transfer import (
     STAGES,
     TransferSettings,
     format_markdown,
     heldout_count,
-    layer_scan,
     transfer_table,
 )
 from ..data.records import read_jsonl

@@ -8,6 +8,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from ..data.encode import Batch, Encoded, EncodedPair, collate, collate_packed, collate_pairs, encode_record
 from ..data.records import Record
 
@@ -120,3 +122,10 @@ def make_packed_batches(examples: Sequence[Encoded], rows_per_batch: int, pad_id
         collate_packed(rows[k : k + rows_per_batch], pad_id, pad_to_multiple)
         for k in range(0, len(rows), rows_per_batch)
     ]
+
+
+def batch_for(batches: list, index: int, seed: int):
+    """Batch number `index` of an endless stream of epochs, each a seeded permutation of the batches."""
+    epoch, pos = divmod(index, len(batches))
+    order = np.random.default_rng([seed, epoch]).permutation(len(batches))
+    return batches[order[pos]]

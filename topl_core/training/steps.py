@@ -188,3 +188,22 @@ def mean_loss_validator(step, keys: tuple[str, ...]) -> Validator:
         return {"val_loss": total / max(n, 1), **{f"val_{k}": v / max(n, 1) for k, v in sums.items()}}
 
     return validate
+
+
+def combine_micro_batches(
+    losses: list[float], infos: list[dict], units_key: str, params: list[torch.nn.Parameter]
+) -> tuple[float, dict]:
+    """Turn the unit-weighted gradient sum into the step's mean (the gradient of the loss over all micro-batches
+    at once) and merge the micro-batches' logs: counts add up, rates are unit-weighted means."""
+    units = [info[units_key] for info in infos]
+    total = sum(units)
+    if total:
+        for p in params:
+            if p.grad is not None:
+                p.grad.div_(total)
+    weights = [u / total if total else 1 / len(units) for u in units]
+    merged = {}
+    for key in infos[0]:
+        values = [info[key] for info in infos]
+        merged[key] = sum(values) if isinstance(values[0], int) else float(sum(w * v for w, v in zip(weights, values)))
+    return float(sum(w * x for w, x in zip(weights, losses))), merged

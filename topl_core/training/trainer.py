@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import math
 import shutil
-import time
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
-import numpy as np
 import torch
 
 from ..architecture import check_layer_range, decoder_layers
@@ -31,13 +29,14 @@ from ..models import LoadedModel, ModelSpec, hub_id, load_model
 from ..precision import autocast, weights_for
 from ..runs import RunDir
 from ..status import WriterLock, clear_stop, stop_requested
-from .batching import EncodeSettings, length_buckets, make_packed_batches
+from .batching import EncodeSettings, batch_for, length_buckets, make_packed_batches
 from .checkpoint import Trainable, checkpoint_state, load_checkpoint, lora_state, write_checkpoint
+from .clock import TrainingClock
 from .config import TrainConfig
 from .lora import apply_lora
 from .memory import check_fits, longest_micro_batch
 from .methods import METHODS, Method
-from .steps import StepContext
+from .steps import StepContext, combine_micro_batches
 from .tracking import Trackers, check_trackers, open_trackers
 from .world import World
 
@@ -119,7 +118,7 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World,
     t = _trainable(cfg, method, base, meta["head_layer"], world)
     start = _open_run(run, cfg, meta, t, resuming, world)
 
-    clock = _Clock()
+    clock = TrainingClock()
     last_ckpt = completed = start
     trackers = Trackers()
     try:
@@ -179,7 +178,7 @@ def _record_step(
     row: dict,
     val: dict | None,
     ckpt: dict | None,
-    clock: _Clock,
+    clock: TrainingClock,
     start: int,
     progress: ProgressCallback | None,
     trackers: Trackers,
@@ -328,7 +327,7 @@ def _train_step(
     tokens seen) of the whole step."""
     t.model.train()
     done = []  # (micro-batch index, loss, info, tokens) of this rank's micro-batches
-    micro = [b for k in range(cfg.grad_accum) for b in _batch_for(batches, (step - 1) * cfg.grad_accum + k, cfg.seed)]
+    micro = [b for k in range(cfg.grad_accum) for b in batch_for(batches, (step - 1) * cfg.grad_accum + k, cfg.seed)]
     mine = [i for i in range(len(micro)) if world.mine(i)]
     padding = world.passes(len(micro)) - len(mine)  # FSDP: passes of weight 0 keep every rank's all-gathers in step
     for index in mine + [-1] * padding:
@@ -345,7 +344,7 @@ def _train_step(
     world.sum_grads(t.params + t.probe_params)
     done = sorted(world.gather(done), key=lambda d: d[0])  # the whole step, in one process's order
     losses, infos, tokens = [d[1] for d in done], [d[2] for d in done], sum(d[3] for d in done)
-    loss, info = _combine_micro_batches(losses, infos, method.units_key, t.params + t.probe_params)
+    loss, info = combine_micro_batches(losses, infos, method.units_key, t.params + t.probe_params)
     info["padding_share"] = 1 - tokens / sum(d[4] for d in done)  # of the positions the step computed
     info["grad_norm"] = world.clip_grad_norm(t.params, cfg.max_grad_norm)
     if t.probe_params:  # clipped on their own: the run's own gradients are clipped as without probes
@@ -356,42 +355,6 @@ def _train_step(
     if not math.isfinite(loss):
         raise FloatingPointError(f"loss became {loss} at step {step}; lower lr (now {cfg.lr}) or use precision=fp32.")
     return loss, info, tokens
-
-
-class _Clock:
-    """Training time since this (re)start, validation and checkpoints excluded: elapsed_s and tokens_per_s count
-    from the start, step_s and step_tokens are the last step's alone."""
-
-    def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-        self.excluded = 0.0
-        self.elapsed = 0.0
-        self.tokens = 0
-
-    def step(self, tokens: int) -> dict:
-        elapsed = time.perf_counter() - self.t0 - self.excluded
-        row = {
-            "elapsed_s": elapsed,
-            "tokens_per_s": (self.tokens + tokens) / elapsed,
-            "step_s": elapsed - self.elapsed,
-            "step_tokens": tokens,
-        }
-        self.elapsed, self.tokens = elapsed, self.tokens + tokens
-        return row
-
-    @contextmanager
-    def overhead(self) -> Iterator[None]:
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.excluded += time.perf_counter() - t
-
-    def eta(self, steps_done: int, steps_left: int) -> float:
-        return self.wall() / steps_done * steps_left
-
-    def wall(self) -> float:
-        return time.perf_counter() - self.t0
 
 
 def _save_final(run: RunDir, cfg: TrainConfig, t: Trainable, meta: dict, adapter: dict) -> None:
@@ -414,32 +377,6 @@ def _save_final(run: RunDir, cfg: TrainConfig, t: Trainable, meta: dict, adapter
         save_tensors(run.probes_path, t.ctx.probes.state_dict())
     run.record_checksums()
     shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
-
-
-def _combine_micro_batches(
-    losses: list[float], infos: list[dict], units_key: str, params: list[torch.nn.Parameter]
-) -> tuple[float, dict]:
-    """Turn the unit-weighted gradient sum into the step's mean (the gradient of the loss over all micro-batches
-    at once) and merge the micro-batches' logs: counts add up, rates are unit-weighted means."""
-    units = [info[units_key] for info in infos]
-    total = sum(units)
-    if total:
-        for p in params:
-            if p.grad is not None:
-                p.grad.div_(total)
-    weights = [u / total if total else 1 / len(units) for u in units]
-    merged = {}
-    for key in infos[0]:
-        values = [info[key] for info in infos]
-        merged[key] = sum(values) if isinstance(values[0], int) else float(sum(w * v for w, v in zip(weights, values)))
-    return float(sum(w * x for w, x in zip(weights, losses))), merged
-
-
-def _batch_for(batches: list, index: int, seed: int):
-    """Batch number `index` of an endless stream of epochs, each a seeded permutation of the batches."""
-    epoch, pos = divmod(index, len(batches))
-    order = np.random.default_rng([seed, epoch]).permutation(len(batches))
-    return batches[order[pos]]
 
 
 def _check_resumable(run: RunDir, cfg: TrainConfig) -> bool:

@@ -33,9 +33,9 @@ from ...models import ModelSpec, load_model
 from ...precision import weights_for
 from ..cache import JSON, cached
 from ..lora_a.probe import ProbeSettings, labelled_split
+from ..steering.extract import build_steering_vectors
 from ..steering.modes import SteerConfig
 from ..steering.session import SteeringSession
-from ..steering.vectors import build_steering_vectors
 from .config import OOD_MEAN, EvalConfig, ProgressFn, Variant
 from .documents import EvalDoc, id_documents, ood_documents
 from .quality import ScorerQuality, scorer_quality

@@ -162,7 +162,8 @@ class AddDirection(SteeringAction):
             m = site_module(model, s)
             v = torch.from_numpy(deltas[s.key])
             _check_width(s, m, v.shape[0])
-            add = lams.float().to(next(m.parameters()).device) * v.to(next(m.parameters()).device)  # float32
+            device = next(m.parameters()).device
+            add = lams.float().to(device) * v.to(device)  # float32
 
             def edit(_x, output, add=add):
                 return output + add.to(output.dtype)

@@ -28,9 +28,9 @@ from ...status import WriterLock, clear_stop, stop_requested, write_status
 from ..evaluation.scorers import GroundingScorer, score_summary
 from ..lora_a.probe import ProbeSettings, labelled_records
 from ..lora_a.probe_head import ProbeHeadSettings, fit_probe_head
+from ..steering.extract import build_steering_vectors
 from ..steering.fluency import fluency
 from ..steering.session import SteeringSession
-from ..steering.vectors import build_steering_vectors
 from ..token_colors import FLAG_THRESHOLD
 from .deck import CONFIG_FILE, HEAD_FILE, DeckConfig, Summary, doc_path, lambda_key, read_deck
 

@@ -63,6 +63,7 @@ from ...training.tracking import check_trackers
 from ...training.trainer import train
 from ..evaluation.scorers import DEFAULT_SCORER, SCORER_HELP, make_scorer, score_summary
 from .study import Study
+from .sweep_results import RESULTS_FILE, read_sweep
 
 # --- windows and config -----------------------------------------------------------------------------------------
 
@@ -168,7 +169,7 @@ class SweepConfig:
 # --- running --------------------------------------------------------------------------------------------------
 
 SweepProgress = Callable[[dict], "bool | None"]  # {"event": ..., "window": name, ...}; return False to cancel
-CONFIG_FILE, RESULTS_FILE = "sweep.json", "results.jsonl"
+CONFIG_FILE = "sweep.json"
 
 
 def save_sweep_config(sweep_dir: str | Path, cfg: SweepConfig, executor: ExecutorConfig | None = None) -> None:
@@ -390,35 +391,3 @@ def resume_sweep(sweep_dir: str | Path, progress: SweepProgress | None = None, e
         )
     cfg = SweepConfig.from_json(json.loads(path.read_text())["config"])
     return run_sweep(cfg, sweep_dir, progress, executor=executor)
-
-
-def read_sweep(sweep_dir: str | Path):
-    """Results so far, one row per finished window (the latest row when a window appears twice)."""
-    import pandas as pd
-
-    rows = read_log_rows(Path(sweep_dir) / RESULTS_FILE)
-    if not rows:
-        return pd.DataFrame(columns=["window", "start", "size", "end", "val_token_auroc", "train_s"])
-    df = pd.DataFrame(rows).drop_duplicates("window", keep="last")
-    return df.sort_values(["size", "start"]).reset_index(drop=True)
-
-
-def heatmap_table(df, value: str = "val_token_auroc"):
-    """Rows = window start layer, columns = window size, cells = `value` (NaN where not run)."""
-    return df.pivot_table(index="start", columns="size", values=value, aggfunc="last").sort_index()
-
-
-def lines_table(df, sizes: Sequence[int] = (3, 6, 12), value: str = "val_token_auroc"):
-    """Long table for the k = 3, 6, 12 lines: size, start, value (sorted)."""
-    sub = df[df["size"].isin(list(sizes))][["size", "start", value]]
-    return sub.sort_values(["size", "start"]).reset_index(drop=True)
-
-
-def compare_reuse(with_reuse, without_reuse):
-    """Per window: training time with and without frozen-prefix reuse, the ratio, and both AUROCs (they should
-    agree: reuse changes where the prefix is computed, not what is computed)."""
-    a = with_reuse.set_index("window")[["start", "size", "train_s", "val_token_auroc"]]
-    b = without_reuse.set_index("window")[["train_s", "val_token_auroc"]]
-    out = a.join(b, lsuffix="_reuse", rsuffix="_plain", how="inner")
-    out["saving"] = 1 - out["train_s_reuse"] / out["train_s_plain"]
-    return out.reset_index().sort_values(["size", "start"]).reset_index(drop=True)
