@@ -31,3 +31,19 @@ def weighted_aurocs(positive: np.ndarray, scores: np.ndarray, weights: np.ndarra
     total = pos.sum(axis=1) * neg.sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(total > 0, (pos * (below + 0.5 * neg)).sum(axis=1) / total, np.nan)
+
+
+def mean_ci(x, name: str) -> dict:
+    """{name, name_sem, name_lo, name_hi, name_n}: the mean of `x` (a pandas Series or array; NaN when empty), its
+    standard error and its 95% interval by the normal approximation (mean ± 1.96 s.e.; NaN below two values)."""
+    x = np.asarray(x, dtype=np.float64)
+    n = int(len(x))
+    mean = float(x.mean()) if n else float("nan")
+    sem = float(x.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+    return {
+        name: mean,
+        f"{name}_sem": sem,
+        f"{name}_lo": mean - 1.96 * sem,
+        f"{name}_hi": mean + 1.96 * sem,
+        f"{name}_n": n,
+    }

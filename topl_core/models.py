@@ -156,14 +156,14 @@ def package_dir(package: str) -> Path | None:
 _LOAD_LOCK = threading.Lock()
 
 
-def layer_count(spec: ModelSpec | str) -> int:
-    """The model's decoder layers from its config, without loading its weights (a study's driver plans its grid
-    with it while the workers load the model)."""
+def decoder_config(spec: ModelSpec | str):
+    """The model's decoder configuration (a multimodal config's text part) from its config file, without loading its
+    weights: its layers for a study's plan, its model_type for the paper's preset of its family."""
     name = spec.name if isinstance(spec, ModelSpec) else spec
     if name in TINY_FAMILIES:
-        return build_tiny_model(name)[0].config.num_hidden_layers
+        return build_tiny_model(name)[0].config
     if random_weights_preset(name):
-        return PRESETS[random_weights_preset(name)].num_layers
+        return preset_model_config(random_weights_preset(name))
     from transformers import AutoConfig
 
     with _LOAD_LOCK:
@@ -174,7 +174,13 @@ def layer_count(spec: ModelSpec | str) -> int:
         config = AutoConfig.from_pretrained(where)
     except (OSError, ValueError) as e:
         raise ModelError(f"Could not read the config of model {name!r}: {str(e).splitlines()[0]}") from e
-    return getattr(config, "text_config", config).num_hidden_layers
+    return getattr(config, "text_config", config)
+
+
+def layer_count(spec: ModelSpec | str) -> int:
+    """The model's decoder layers from its config, without loading its weights (a study's driver plans its grid
+    with it while the workers load the model)."""
+    return decoder_config(spec).num_hidden_layers
 
 
 RANDOM_WEIGHTS = "@random"  # the suffix of a preset name that builds its architecture with random weights

@@ -133,6 +133,15 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
+def machine_description(device: str = "cpu") -> str:
+    """The machine a result comes from, as the docs name it: the GPU, or the CPU's model, cores and instruction set."""
+    if device == "cuda" and torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()} (GPU)"
+    amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    capability = torch.backends.cpu.get_cpu_capability() + (", AMX" if amx else "")
+    return f"{_cpu_model()}, {os.cpu_count()} cores ({capability})"
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_bf16_probe() -> Bf16Probe:
     """The probe for this machine, measured once and cached on disk (cache/machine/bf16-<key>.json)."""

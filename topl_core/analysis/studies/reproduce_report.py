@@ -1,0 +1,370 @@
+"""A reproduction's report, written into the study folder: report.md (its figures linked from figures/), one
+self-contained report.html (tables and figures inline; no script, nothing fetched: a deck export's approach,
+deck_html.py) and report.json (every table and verdict as data) — each table with the paper's figures beside this
+run's (reproduce_tables.py) and a verdict per claim (reproduce_claims.py).
+
+    write_report(folder, cfg, results, machine) -> Path     report.md; report.html, report.json and figures/ beside it
+    read_report(folder) -> dict                              report.json
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ...io import atomic_open, write_json
+from ..lora_a.separability import METHOD
+from .paper_numbers import INDICATOR_MODEL
+from .report_figures import Series, chart, standalone
+from .reproduce_claims import VERDICTS, judge
+from .reproduce_config import CONTROL_MODES, VECTOR_MODE, ReproduceConfig
+from .reproduce_tables import ReportTables, report_tables
+
+NO_NETWORK = "default-src 'none'; style-src 'unsafe-inline'"  # the page loads nothing and runs no script
+
+# --- what the report shows ----------------------------------------------------------------------------------------
+
+PAPER = f"paper ({INDICATOR_MODEL})"
+
+
+def _f(x, digits: int = 3, sign: bool = False) -> str:
+    """A number as the tables show it ("–" for a missing one)."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    if not isinstance(x, float):
+        return str(x)
+    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
+
+
+def _ci(mean, lo, hi, sign: bool = False) -> str:
+    interval = f" [{_f(lo, sign=sign)}, {_f(hi, sign=sign)}]" if math.isfinite(lo) else ""
+    return _f(mean, sign=sign) + interval
+
+
+def _show_training(t: ReportTables) -> list[dict]:
+    return [
+        {
+            "method": r.method,
+            "steps": r.steps,
+            "examples/step": r.examples_per_step,
+            "lr": f"{r.lr:g}",
+            "LoRA layers": r.lora_layers,
+            "head layer": _f(r.head_layer),
+            "train s": _f(r.train_wall_s, 0),
+            "median s/step": _f(r.median_s_per_step, 2),
+            "tokens/s": _f(r.median_tokens_per_s, 0),
+            "loss": f"{_f(r.first_loss)} → {_f(r.final_loss)}",
+            "validation": f"{r.val_metric} {_f(r.val_value)}",
+        }
+        for r in t.training.itertuples()
+    ]
+
+
+def _show_separability(t: ReportTables) -> list[dict]:
+    return [
+        {
+            "method": r.method,
+            "sites": r.sites,
+            "tokens (bad)": f"{r.tokens} ({r.bad})",
+            "LoRA-A AUROC mean ± std": f"{r.mean:.3f} ± {r.std:.3f}",
+            "95% CI of mean": f"[{r.ci_low:.3f}, {r.ci_high:.3f}]",
+            "random-init A [95% CI]": _ci(r.control_mean, r.control_low, r.control_high),
+            PAPER: "–" if math.isnan(r.paper_mean) else f"{r.paper_mean:.4f} ± {r.paper_std:.4f}",
+        }
+        for r in t.separability.itertuples()
+    ]
+
+
+def _show_factuality(t: ReportTables) -> list[dict]:
+    return [
+        {
+            "model": r.variant,
+            "protocol": r.protocol,
+            "ID": _f(r.ID),
+            "OOD": _f(r.OOD),
+            "Δ ID vs base": _ci(r.d_ID, r.d_ID_lo, r.d_ID_hi, sign=True),
+            "Δ OOD vs base": _ci(r.d_OOD, r.d_OOD_lo, r.d_OOD_hi, sign=True),
+            "sentences, all (OOD)": f"{_f(r.sentences, 2)} ({_f(r.ood_sentences, 2)})",
+            "documents ID + OOD": f"{r.n_ID} + {r.n_OOD}",
+            f"{PAPER} OOD": _f(r.paper_ood, 4),
+        }
+        for r in t.factuality.itertuples()
+    ]
+
+
+def _show_indicator(t: ReportTables) -> list[dict]:
+    return [
+        {
+            "method": r.method,
+            "LoRA-A AUROC": r.lora_a_auroc,
+            "ID factuality": _f(r.id_factuality),
+            "OOD factuality": _f(r.ood_factuality),
+            "sentences": _f(r.sentences, 2),
+            f"{PAPER} LoRA-A": r.paper_lora_a if isinstance(r.paper_lora_a, str) else "–",
+            f"{PAPER} OOD": _f(r.paper_ood, 4),
+        }
+        for r in t.indicator.itertuples()
+    ]
+
+
+def _show_lambda(t: ReportTables) -> list[dict]:
+    return [
+        {
+            "method": r.run,
+            "mode": r.mode,
+            "λ": f"{r.lam:g}",
+            "factuality [95%]": _ci(r.factuality, r.factuality_lo, r.factuality_hi),
+            "change vs neutral λ": _ci(r.change, r.change_lo, r.change_hi, sign=True),
+            "degenerate": f"{100 * r.degenerate:.0f}%",
+            "perplexity": _f(r.perplexity, 1),
+            "sentences": _f(r.sentences, 2),
+        }
+        for r in t.lambda_curve.rename(columns={"lambda": "lam"}).itertuples()
+    ]
+
+
+def _show_labels(t: ReportTables) -> list[dict]:
+    return [
+        {
+            "setting": r.setting,
+            "tokens": r.tokens,
+            "% good": _f(r.pct_good, 1),
+            "% bad": _f(r.pct_bad, 1),
+            "head AUROC (val, original labels)": _f(r.val_token_auroc),
+            "head AUROC (CLIFF)": _f(getattr(r, "cliff_token_auroc", None)),
+        }
+        for r in t.labels.itertuples()
+    ]
+
+
+def _show_detection(t: ReportTables) -> list[dict]:
+    return [
+        {
+            "method": r.adapter,
+            "token set": r.set,
+            "detector": r.detector,
+            "AUROC [95% CI]": _ci(r.auroc, r.ci_low, r.ci_high),
+            "tokens": r.tokens,
+            "records": r.records,
+            "% bad": _f(r.pct_bad, 1),
+        }
+        for r in t.detection.itertuples()
+    ]
+
+
+@dataclass(frozen=True)
+class Section:
+    key: str
+    title: str
+    text: str
+    rows: list[dict]  # display strings
+    figure: str = ""  # the name of its figure in figures/ (no .svg)
+
+
+def _sections(cfg: ReproduceConfig, t: ReportTables, verdicts) -> list[Section]:
+    return [
+        Section(
+            "verdicts",
+            "Verdicts",
+            "Each claim against this run's figures: the direction from the point estimates, and whether the 95% "
+            "intervals settle it.",
+            [
+                {
+                    "claim": v.claim,
+                    "paper": v.paper,
+                    "this run": v.this_run,
+                    "verdict": v.verdict,
+                    "why": v.why,
+                    "source": v.source,
+                }
+                for v in verdicts
+            ],
+        ),  # fmt: skip
+        Section(
+            "training",
+            "Training",
+            "Every method on the same records and document split, with its paper settings scaled to the model.",
+            _show_training(t),
+        ),
+        Section("separability", "LoRA-A separability", f"{METHOD}", _show_separability(t), "per_layer"),
+        Section(
+            "factuality",
+            "Factuality, ID and OOD",
+            f"Summaries of the same {cfg.n_id} ID documents (test split) and {cfg.n_ood} OOD documents by the base "
+            f"model and every merged model, scored by {cfg.scorer}; Δ: the paired change against the base model on "
+            "the same documents, with its 95% interval.",
+            _show_factuality(t),
+        ),
+        Section(
+            "indicator",
+            "LoRA-A as an indicator of OOD generalization",
+            _rho_text(t.rho),
+            _show_indicator(t),
+            "indicator",
+        ),
+        Section(
+            "lambda_curve",
+            "λ curves",
+            f"Each method's LoRA-B vector ({VECTOR_MODE}) and the {' and '.join(CONTROL_MODES)} controls (the same "
+            "sites, the same length) on the evaluation's documents, sentence protocol; change: paired against the "
+            "neutral λ (the merged model); a degenerate text is damage, not a less faithful summary.",
+            _show_lambda(t),
+            "lambda",
+        ),
+        Section(
+            "labels",
+            "Label sensitivity",
+            "TOPL on each label setting; every head is scored against the original labels of the validation split "
+            "(and CLIFF's spans), so the columns compare what each labelling teaches.",
+            _show_labels(t),
+        ),
+        Section(
+            "detection",
+            "Token-level detection, held out",
+            "Each head method's head against base-model surprisal and the frozen probe (the base model's states at "
+            "the head's layer, fitted on the same training records), on the test split and CLIFF's test cut; 95% CI "
+            "over records.",
+            _show_detection(t),
+        ),
+    ]
+
+
+def _rho_text(rho: dict) -> str:
+    if not rho or not math.isfinite(rho.get("rho", math.nan)):
+        return "Spearman ρ needs at least three methods with both measures."
+    return (
+        f"Spearman ρ between LoRA-A mean AUROC and OOD factuality over {rho['methods']} methods: {rho['rho']:+.2f} "
+        f"(with ID factuality: {rho['rho_id']:+.2f}). Under the intervals — bootstrap draws of every method's sites "
+        f"and of the OOD documents, the same documents for every method — ρ lies in [{rho['lo']:+.2f}, "
+        f"{rho['hi']:+.2f}] and is positive in {100 * rho['positive']:.0f}% of the draws."
+    )
+
+
+def _figures(t: ReportTables) -> dict[str, str]:
+    layers = t.per_layer
+    per_layer = [Series(c, list(layers.index), list(layers[c]), dashed=c.startswith("random")) for c in layers]
+    lines = []
+    for (method, mode), p in t.lambda_curve.groupby(["run", "mode"], sort=False) if len(t.lambda_curve) else ():
+        p = p.sort_values("lambda")
+        if mode == VECTOR_MODE:
+            band = {"lo": list(p["factuality_lo"]), "hi": list(p["factuality_hi"])}
+            lines.append(Series(method, list(p["lambda"]), list(p["factuality"]), **band))
+        elif method == "topl":  # the controls of the paper's headline curve
+            lines.append(Series(f"topl {mode}", list(p["lambda"]), list(p["factuality"]), dashed=True))
+    points = [
+        Series(r.method, [r.mean], [r.ood_factuality], points=True)
+        for r in t.indicator.itertuples()
+        if math.isfinite(r.ood_factuality)
+    ]
+    return {
+        "per_layer": chart(per_layer, "LoRA-A AUROC by layer (mean over its sites)", "layer", "AUROC"),
+        "lambda": chart(lines, "Factuality against λ (LoRA-B vector, 95% band)", "λ (normalised)", "factuality"),
+        "indicator": chart(points, "LoRA-A separability against OOD factuality", "LoRA-A mean AUROC", "OOD"),
+    }
+
+
+# --- the files ----------------------------------------------------------------------------------------------------
+
+CSS = """
+body {font-family: ui-sans-serif, system-ui, sans-serif; margin: 1.5rem 2rem; color: #111; background: #fff;
+      max-width: 1400px;}
+h1 {font-size: 1.7rem;} h2 {font-size: 1.3rem; margin-top: 2rem;}
+p {line-height: 1.5;} code {background: #f3f3f3; padding: 0 .25em; border-radius: 3px;}
+table {border-collapse: collapse; font-size: .9rem; margin: .6rem 0;}
+th, td {border: 1px solid #ccc; padding: .25rem .5rem; text-align: left; vertical-align: top;}
+th {background: #f5f5f5;}
+td.v-reproduced-in-direction {background: #dcfce7;} td.v-not-reproduced {background: #fee2e2;}
+td.v-not-measurable-here {background: #f3f4f6;}
+"""
+
+
+def _md_table(rows: list[dict]) -> str:
+    if not rows:
+        return "_Not measured in this run._"
+    cols = list(rows[0])
+    cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    return "\n".join(lines + ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows])
+
+
+def _html_cell(column: str, value) -> str:
+    text = html.escape(str(value))
+    if column == "verdict" and value in VERDICTS:
+        return f'<td class="v-{value.replace(" ", "-")}">{text}</td>'
+    return f"<td>{text}</td>"
+
+
+def _html_table(rows: list[dict]) -> str:
+    if not rows:
+        return "<p><i>Not measured in this run.</i></p>"
+    cols = list(rows[0])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(_html_cell(c, r[c]) for c in cols) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _setup(cfg: ReproduceConfig, results: dict[str, dict], machine: str) -> list[str]:
+    """The paragraphs that say what ran, where and for how long."""
+    minutes = sum(r.get("seconds", 0.0) for r in results.values()) / 60
+    s = cfg.settings
+    return [
+        f"Model `{cfg.model}`, trained with the per-method settings of the paper's `{s.preset}` preset scaled to it "
+        f"(learning rates × {cfg.lr_scale:g}, examples per step × {cfg.batch_scale:g}, heads at lr × "
+        f"{cfg.head_lr_multiplier:g}), {cfg.steps} steps each, precision {cfg.precision} on {cfg.device}. Data "
+        f"`{cfg.data}`, split by document (seed {cfg.split_seed}); every measure reads the same held-out tokens and "
+        f"documents for every method. The paper's figures are those of {INDICATOR_MODEL} after full training: read "
+        "this run's against them by direction, not by value.",
+        f"Machine: {machine}. Tasks: {len(results)}, {minutes:.1f} min of task time in all (the sum of their wall "
+        "times; a study resumed after a stop counts each finished task once).",
+    ]
+
+
+def write_report(folder: str | Path, cfg: ReproduceConfig, results: dict[str, dict], machine: str) -> Path:
+    """report.md, report.html, report.json and figures/*.svg in `folder`, from the tasks' results; report.md's path."""
+    folder = Path(folder)
+    tables = report_tables(cfg, results)
+    verdicts = judge(tables)
+    sections = _sections(cfg, tables, verdicts)
+    figures = _figures(tables)
+    (folder / "figures").mkdir(parents=True, exist_ok=True)
+    for name, svg in figures.items():
+        with atomic_open(folder / "figures" / f"{name}.svg") as f:
+            f.write(standalone(svg))
+    title = f"Reproducing the paper's tables: {cfg.model}"
+    setup = _setup(cfg, results, machine)
+    md = [f"# {title}", "", *(p + "\n" for p in setup)]
+    page = [f"<h1>{html.escape(title)}</h1>", *(f"<p>{html.escape(p)}</p>" for p in setup)]
+    for s in sections:
+        md += [f"## {s.title}", "", s.text, "", _md_table(s.rows), ""]
+        page += [f'<h2 id="{s.key}">{html.escape(s.title)}</h2>', f"<p>{html.escape(s.text)}</p>", _html_table(s.rows)]
+        if s.figure:
+            md += [f"![{s.title}](figures/{s.figure}.svg)", ""]
+            page.append(f"<figure>{figures[s.figure]}</figure>")
+    with atomic_open(folder / "report.html") as f:
+        f.write(
+            f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>\n'
+            f'<meta http-equiv="Content-Security-Policy" content="{NO_NETWORK}">\n<style>{CSS}</style></head>\n'
+            f"<body>\n{chr(10).join(page)}\n</body></html>\n"
+        )
+    with atomic_open(folder / "report.md") as f:
+        f.write("\n".join(md))
+    write_json(
+        folder / "report.json",
+        {
+            "config": cfg.to_json(),
+            "machine": machine,
+            "verdicts": [asdict(v) for v in verdicts],
+            "rho": tables.rho,
+            "sections": {s.key: s.rows for s in sections},
+            "figures": sorted(figures),
+        },
+    )
+    return folder / "report.md"
+
+
+def read_report(folder: str | Path) -> dict:
+    """The report's data (report.json): config, machine, verdicts, rho, each section's rows, the figures' names."""
+    return json.loads((Path(folder) / "report.json").read_text())

@@ -1,0 +1,131 @@
+"""A reproduction's tables from its tasks' results (reproduce.read_results): training, LoRA-A separability with the
+random-init-A control and its per-layer profile, factuality ID / OOD with paired changes against the base model, the
+indicator table with Spearman ρ and how far ρ moves under the intervals, the λ curves, label sensitivity and
+detection — each with the paper's figures beside this run's where the paper gives them (paper_numbers.py).
+
+    ReportTables      every table (an empty DataFrame where no task measured it) and the rank correlation
+    report_tables(cfg, results) -> ReportTables
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from ...metrics import mean_ci
+from ..evaluation.evaluate import results_table
+from ..evaluation.indicator import factuality_columns, indicator_table, rho_interval
+from ..evaluation.lambda_study import lambda_curve
+from ..evaluation.scorers import PROTOCOLS
+from ..lora_a.probe import ProbeResult
+from .paper_numbers import INDICATOR
+from .reproduce_config import ReproduceConfig
+
+
+@dataclass
+class ReportTables:
+    """Every table of the report (an empty DataFrame where no task measured it) and the rank correlation."""
+
+    training: pd.DataFrame = field(default_factory=pd.DataFrame)
+    separability: pd.DataFrame = field(default_factory=pd.DataFrame)
+    per_layer: pd.DataFrame = field(default_factory=pd.DataFrame)
+    factuality: pd.DataFrame = field(default_factory=pd.DataFrame)
+    indicator: pd.DataFrame = field(default_factory=pd.DataFrame)
+    lambda_curve: pd.DataFrame = field(default_factory=pd.DataFrame)
+    labels: pd.DataFrame = field(default_factory=pd.DataFrame)
+    detection: pd.DataFrame = field(default_factory=pd.DataFrame)
+    rho: dict = field(default_factory=dict)
+
+
+def _rows(results: dict, kind: str, methods) -> list[dict]:
+    return [row for m in methods for row in results.get(f"{kind}-{m}", {}).get("rows", [])]
+
+
+def report_tables(cfg: ReproduceConfig, results: dict[str, dict]) -> ReportTables:
+    t = ReportTables()
+    t.training = pd.DataFrame([results[f"train-{m}"]["summary"] for m in cfg.methods if f"train-{m}" in results])
+    probes = {
+        m: ProbeResult.from_json(results[f"separability-{m}"]["probe"])
+        for m in cfg.methods
+        if f"separability-{m}" in results
+    }
+    t.separability = pd.DataFrame([_separability_row(m, p) for m, p in probes.items()])
+    t.per_layer = _per_layer(probes)
+    per_doc = pd.DataFrame(_rows(results, "factuality", ["base", *cfg.methods]))
+    if len(per_doc):
+        t.factuality = _factuality(per_doc)
+        t.indicator, t.rho = _indicator(probes, per_doc)
+    steered = pd.DataFrame(_rows(results, "lambda", cfg.methods))
+    t.lambda_curve = lambda_curve(steered) if len(steered) else t.lambda_curve
+    t.labels = pd.DataFrame(results.get("labels", {}).get("rows", []))
+    t.detection = pd.DataFrame(_rows(results, "detection", cfg.methods))
+    return t
+
+
+def _separability_row(method: str, p: ProbeResult) -> dict:
+    s, c, paper = p.lora, p.control, INDICATOR.get(method)
+    nan = math.nan
+    return {
+        "method": method,
+        "sites": len(s.scores),
+        "tokens": s.n_tokens,
+        "bad": s.n_bad,
+        "mean": s.mean,
+        "std": s.std,
+        "ci_low": s.ci_low,
+        "ci_high": s.ci_high,
+        "control_mean": c.mean if c else nan,
+        "control_low": c.ci_low if c else nan,
+        "control_high": c.ci_high if c else nan,
+        "paper_mean": paper.lora_a_mean if paper else nan,
+        "paper_std": paper.lora_a_std if paper else nan,
+    }
+
+
+def _per_layer(probes: dict[str, ProbeResult]) -> pd.DataFrame:
+    """Mean LoRA-A AUROC over a layer's sites, per method (columns), and the random-init A of the first method."""
+    cols = {m: p.lora.heatmap().mean(axis=1) for m, p in probes.items()}
+    first = next(iter(probes.values()), None)
+    if first is not None and first.control is not None:
+        cols[f"random-init A ({next(iter(probes))})"] = first.control.heatmap().mean(axis=1)
+    return pd.DataFrame(cols)
+
+
+def _factuality(per_doc: pd.DataFrame) -> pd.DataFrame:
+    """Per variant and protocol: ID, OOD, average, sentences (all and OOD), and the paired change against the base
+    model on the same documents with its 95% interval."""
+    out = []
+    ood = per_doc[per_doc["set"] == "OOD"].groupby("variant")["n_sentences"].mean()
+    for protocol in PROTOCOLS:
+        col, table = f"score_{protocol}", results_table(per_doc, protocol)
+        base = per_doc[per_doc["variant"] == "base"].set_index(["set", "doc_id"])[col]
+        for variant, r in table.iterrows():
+            row = {"variant": variant, "protocol": protocol, **r.to_dict(), "ood_sentences": ood.get(variant, math.nan)}
+            mine = per_doc[per_doc["variant"] == variant].set_index(["set", "doc_id"])[col]
+            for s in ("ID", "OOD"):
+                diff = (mine - base.reindex(mine.index)).xs(s, level="set", drop_level=False).dropna()
+                ci = mean_ci(diff, "d")
+                row.update({f"d_{s}": ci["d"], f"d_{s}_lo": ci["d_lo"], f"d_{s}_hi": ci["d_hi"]})
+            paper = INDICATOR.get(variant)
+            row["paper_ood"] = paper.ood_factuality if paper else math.nan
+            out.append(row)
+    return pd.DataFrame(out)
+
+
+def _indicator(probes: dict[str, ProbeResult], per_doc: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    methods = [m for m in probes if m in set(per_doc["variant"])]
+    if not methods:
+        return pd.DataFrame(), {}
+    control = probes[methods[0]].control
+    table, rho = indicator_table({m: probes[m].lora for m in methods}, factuality_columns(per_doc), control)
+    table["paper_lora_a"] = table["method"].map(
+        {m: f"{r.lora_a_mean:.4f} ± {r.lora_a_std:.4f}" for m, r in INDICATOR.items()}
+    )
+    table["paper_ood"] = table["method"].map({m: r.ood_factuality for m, r in INDICATOR.items()})
+    ood = per_doc[per_doc["set"] == "OOD"].sort_values(["source", "doc_id"])
+    scores = {m: ood[ood["variant"] == m]["score_sentence"].tolist() for m in methods}
+    sites = {m: [s.cv_auroc for s in probes[m].lora.scores] for m in methods}
+    spread = rho_interval(sites, {m: v for m, v in scores.items() if v})
+    return table, {"rho": rho["ood_factuality"], "rho_id": rho["id_factuality"], "methods": len(methods), **spread}
