@@ -26,7 +26,19 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
-PAGES = ["home", "data", "train", "runs", "lora_a", "steering", "token_overlay", "talk", "layer_sweep", "evaluation"]
+PAGES = [
+    "home",
+    "data",
+    "train",
+    "runs",
+    "lora_a",
+    "steering",
+    "token_overlay",
+    "talk",
+    "layer_sweep",
+    "evaluation",
+    "reproduce",
+]
 TIMEOUT = 300  # generous: the machine running the tests may be shared
 
 

@@ -239,6 +239,8 @@ def read_job(job_dir: str | Path) -> JobStatus | None:
     elapsed = sum(step_s) if step_s else None  # training time over every (re)start, validation excluded
     recent = step_s[-ETA_WINDOW:]
     eta = sum(recent) / len(recent) * (steps - step) if (recent and steps and state == "running") else None
+    if eta is None and state == "running":  # a study of tasks says its own (topl_core.analysis.studies.reproduce)
+        eta = status.get("eta_s")
     kind = (info or {}).get("kind", "train" if is_run else "sweep" if (job_dir / "sweep.json").exists() else "command")
     return JobStatus(
         job_dir,

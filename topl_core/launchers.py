@@ -5,6 +5,7 @@ line a page writes (the command line is built here, in one place per kind, and r
     launch_sweep(SweepConfig, sweep_dir, executor) / resume_sweep_job(sweep_dir)
     launch_evaluation(EvalJob, out_dir) / launch_translation(TranslationJob, out_dir)
     launch_data_build(DataSource, SourceOptions, out, job_dir) / read_data_build(job_dir)
+    launch_reproduce(ReproduceConfig, folder, executor) / resume_reproduce_job(folder)
 
 State, stop and the job list: topl_core.jobs (read_job, cancel, list_jobs).
 """
@@ -17,6 +18,8 @@ from pathlib import Path
 
 from .analysis.evaluation.config import EvalJob
 from .analysis.evaluation.translation import TranslationJob
+from .analysis.studies.reproduce import save_config, study_executor
+from .analysis.studies.reproduce_config import ReproduceConfig
 from .analysis.studies.sweeps import SweepConfig, save_sweep_config, saved_executor
 from .config_fields import config_argv
 from .data.sources import DataSource, SourceOptions
@@ -168,6 +171,24 @@ def resume_sweep_job(sweep_dir: str | Path, executor: ExecutorConfig | None = No
     background."""
     flags = executor.cli_args() if executor else []
     return launch(["sweep", "--resume", str(Path(sweep_dir).resolve()), *flags], sweep_dir, kind="sweep")
+
+
+def launch_reproduce(cfg: ReproduceConfig, folder: str | Path, executor: ExecutorConfig | None = None) -> Path:
+    """Start (or continue) a reproduction study in the background, its tasks run by `executor` (default: the
+    study's saved one, else local); it stops after the current training step or task when cancelled."""
+    folder = Path(folder).resolve()
+    if executor is not None:
+        executor.check_reachable()
+    with claim(folder) as lock:
+        save_config(folder, cfg, executor or study_executor(folder))  # refused: a folder with another study
+        return start_claimed(["reproduce", "--resume", str(folder)], lock, "reproduce", None)
+
+
+def resume_reproduce_job(folder: str | Path, executor: ExecutorConfig | None = None) -> Path:
+    """Continue the study in `folder` with its saved settings (and executor, unless one is given), in the
+    background."""
+    flags = executor.cli_args() if executor else []
+    return launch(["reproduce", "--resume", str(Path(folder).resolve()), *flags], folder, kind="reproduce")
 
 
 def default_run_name(cfg: TrainConfig) -> str:

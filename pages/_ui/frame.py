@@ -32,6 +32,7 @@ PAGES = {
     "Studies": [
         ("layer_sweep", "Layer sweep", ":material/view_comfy:"),
         ("evaluation", "Evaluation", ":material/fact_check:"),
+        ("reproduce", "Reproduce the paper", ":material/science:"),
     ],
 }
 PAGES_DIR = Path(__file__).resolve().parent.parent

@@ -35,6 +35,7 @@ COMMANDS: dict[str, Command] = {  # in --help order
     "evaluate-mt": Command("evaluate_mt", "translation: ID (MLQE-PE) / OOD (FLORES+) quality table of base and merged"),
     "sweep": Command("sweep", "sliding-window layer sweep (heatmap of head AUROC by window start × size)"),
     "label-sensitivity": Command("label_sensitivity", "train TOPL per label setting; table of label stats and scores"),
+    "reproduce": Command("reproduce", "the paper's tables in one study: every method trained, measured, judged"),
     "bench": Command("bench", "benchmark: MFU, TOPL/SFT step, steering, capture, sweep reuse, cache, memory"),
     "export": Command("export", "copy a finished run for sharing (adapter, head, card, config); --push-to-hub ID"),
     "merge-check": Command("merge_check", "compare merged and unmerged logits of an adapter (fp32 and bf16)"),

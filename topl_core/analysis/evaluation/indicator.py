@@ -45,15 +45,16 @@ def indicator_table(
     separabilities: Mapping[str, Separability], factuality, control: Separability | None = None
 ) -> tuple[object, dict[str, float]]:
     """comparison_table's rows with the factuality columns joined by name, and Spearman ρ between LoRA-A mean AUROC
-    and each factuality column over the adapters (the control row left out; NaN below MIN_ADAPTERS_FOR_RHO)."""
+    and each factuality column over the adapters (the control row left out; NaN below MIN_ADAPTERS_FOR_RHO or when
+    a column is constant)."""
     table = comparison_table(separabilities, factuality["ood_factuality"].to_dict(), control)
     for column in ("id_factuality", "sentences"):
         table[column] = table["method"].map(factuality[column].to_dict()).astype(float)
     adapters = table[table["method"].isin(list(separabilities))].dropna(subset=["ood_factuality"])
     rho = {
         column: float(adapters["mean"].corr(adapters[column], method="spearman"))
-        if len(adapters) >= MIN_ADAPTERS_FOR_RHO
-        else math.nan
+        if len(adapters) >= MIN_ADAPTERS_FOR_RHO and adapters["mean"].nunique() > 1 and adapters[column].nunique() > 1
+        else math.nan  # a rank correlation with a constant column is undefined
         for column in ("ood_factuality", "id_factuality")
     }
     return table, rho

@@ -258,6 +258,11 @@ def saved(folder: str | Path) -> tuple[ReproduceConfig, ExecutorConfig]:
     return ReproduceConfig.from_json(d["config"]), ExecutorConfig.from_json(d.get("executor"))
 
 
+def study_executor(folder: str | Path) -> ExecutorConfig:
+    """Where the study in `folder` last ran its tasks (local when none has run there)."""
+    return saved(folder)[1] if (Path(folder) / CONFIG_FILE).exists() else ExecutorConfig()
+
+
 def task_file(folder: Path, task: Task) -> Path:
     return folder / TASKS_DIR / f"{task.name}.json"
 
@@ -277,12 +282,11 @@ def run_reproduce(
 
 def resume_reproduce(folder: str | Path, progress=None, executor: ExecutorConfig | None = None) -> Path | None:
     """Continue the study in `folder` with its saved config (and saved executor, unless one is given)."""
-    cfg, was = saved(folder)
-    return run_reproduce(cfg, folder, progress, executor or was)
+    return run_reproduce(saved(folder)[0], folder, progress, executor)
 
 
 def _run(cfg: ReproduceConfig, folder: Path, progress, executor: ExecutorConfig | None) -> Path | None:
-    executor = executor or (saved(folder)[1] if (folder / CONFIG_FILE).exists() else ExecutorConfig())
+    executor = executor or study_executor(folder)
     save_config(folder, cfg, executor)
     clear_stop(folder)
     tasks = plan_tasks(cfg)

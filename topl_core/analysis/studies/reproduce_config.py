@@ -137,7 +137,9 @@ class ReproduceConfig:
             max_new_tokens=8,
             lambdas=(-4.0, 0.0, 4.0),
             control_lambdas=(4.0,),
+            lambda_methods=("topl", "sft"),  # the two curves the paper's claims compare
             label_steps=1,
+            label_settings=("original", "random"),  # the two settings the label claim compares
             label_cliff_records=4,
             detection_records=4,
             detection_probe_records=8,

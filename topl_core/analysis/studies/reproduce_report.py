@@ -52,7 +52,7 @@ def _show_training(t: ReportTables) -> list[dict]:
             "examples/step": r.examples_per_step,
             "lr": f"{r.lr:g}",
             "LoRA layers": r.lora_layers,
-            "head layer": _f(r.head_layer),
+            "head layer": _f(r.head_layer, 0),
             "train s": _f(r.train_wall_s, 0),
             "median s/step": _f(r.median_s_per_step, 2),
             "tokens/s": _f(r.median_tokens_per_s, 0),
@@ -88,7 +88,7 @@ def _show_factuality(t: ReportTables) -> list[dict]:
             "Δ ID vs base": _ci(r.d_ID, r.d_ID_lo, r.d_ID_hi, sign=True),
             "Δ OOD vs base": _ci(r.d_OOD, r.d_OOD_lo, r.d_OOD_hi, sign=True),
             "sentences, all (OOD)": f"{_f(r.sentences, 2)} ({_f(r.ood_sentences, 2)})",
-            "documents ID + OOD": f"{r.n_ID} + {r.n_OOD}",
+            "documents ID + OOD": f"{int(r.n_ID)} + {int(r.n_OOD)}",
             f"{PAPER} OOD": _f(r.paper_ood, 4),
         }
         for r in t.factuality.itertuples()

@@ -1,0 +1,196 @@
+"""`reproduce`: the paper's tables in one study — its quick setting end to end on a tiny model (every table, every
+verdict, a self-contained HTML report), a stop part-way and a resume that redoes nothing finished, the settings
+scaled from the paper's presets, the command line, and the page that shows a study."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from topl_core.analysis.studies import reproduce
+from topl_core.analysis.studies.method_runs import MethodSettings, family_preset, scaled_layer
+from topl_core.analysis.studies.reproduce import plan_tasks, read_tasks, run_reproduce
+from topl_core.analysis.studies.reproduce_claims import CLAIMS, VERDICTS
+from topl_core.analysis.studies.reproduce_config import ReproduceConfig
+from topl_core.analysis.studies.reproduce_report import read_report
+from topl_core.errors import RunError
+from topl_core.status import read_status, request_stop
+from topl_core.training.config import TrainConfig
+from topl_core.training.methods import METHODS
+
+REPO = Path(__file__).resolve().parents[1]
+SECTIONS = ("verdicts", "training", "separability", "factuality", "indicator", "lambda_curve", "labels", "detection")
+STOP_AT = 3  # the study is asked to stop when its third task starts (a training: it stops after its current step)
+
+
+def files_of(paths) -> dict[str, tuple[int, str]]:
+    """Every file under `paths`: its modification time (ns) and checksum."""
+    files = [f for p in paths for f in ([p] if p.is_file() else sorted(p.rglob("*"))) if f.is_file()]
+    return {str(f): (f.stat().st_mtime_ns, hashlib.sha256(f.read_bytes()).hexdigest()) for f in files}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, tiny_records):
+    """A quick study stopped part-way, its state then, and the same study resumed to the end."""
+    from topl_core.data.records import write_jsonl
+
+    root = tmp_path_factory.mktemp("reproduce")
+    data = write_jsonl(tiny_records, root / "data.jsonl")
+    cfg = ReproduceConfig.quick(data=str(data))
+    folder = root / "runs" / "paper-quick"
+    started: list[str] = []
+
+    def stop_at_third(name: str) -> None:
+        started.append(name)
+        if len(started) == STOP_AT:
+            request_stop(folder)
+
+    assert run_reproduce(cfg, folder, progress=stop_at_third) is None  # stopped before the end
+    stopped = {"status": read_status(folder), "tasks": read_tasks(folder), "started": list(started)}
+    finished = [folder / "tasks" / f"{name}.json" for name in started[: STOP_AT - 1]]
+    stopped["files"] = files_of([*finished, *(folder / "methods" / n.split("-", 1)[1] for n in started[:2])])
+    report = run_reproduce(cfg, folder)
+    return {"cfg": cfg, "folder": folder, "root": root, "stopped": stopped, "report": report}
+
+
+def test_a_stopped_study_resumes_without_redoing_finished_tasks(study):
+    stopped, folder = study["stopped"], study["folder"]
+    assert stopped["status"]["state"] == "cancelled"
+    assert stopped["started"] == [t.name for t in plan_tasks(study["cfg"])][:STOP_AT]
+    done = stopped["tasks"][stopped["tasks"]["state"] == "done"]["task"].tolist()
+    assert done == stopped["started"][: STOP_AT - 1]  # the third was stopped mid-training
+    assert files_of(Path(p) for p in stopped["files"]) == stopped["files"]  # untouched by the resume: not redone
+    third = reproduce.RunDir(folder / "methods" / stopped["started"][-1].split("-", 1)[1])
+    steps = [r["step"] for r in third.read_metrics() if "loss" in r]
+    assert steps == list(range(1, study["cfg"].steps + 1))  # resumed from its checkpoint: each step logged once
+    status = read_status(folder)
+    assert status["state"] == "finished" and status["done"] == status["total"] == len(plan_tasks(study["cfg"]))
+    assert status["eta_s"] == 0
+
+
+def test_the_quick_study_writes_every_table_and_a_verdict_per_claim(study):
+    folder, cfg = study["folder"], study["cfg"]
+    assert study["report"] == folder / "report.md"
+    report = read_report(folder)
+    sections = report["sections"]
+    assert set(SECTIONS) <= set(sections) and all(sections[k] for k in SECTIONS), [
+        k for k in SECTIONS if not sections.get(k)
+    ]
+    assert [v["claim"] for v in report["verdicts"]] == [c.statement for c in CLAIMS]
+    assert all(v["verdict"] in VERDICTS and v["why"] and v["source"] for v in report["verdicts"])
+    # every method trained and measured on the same tokens and documents, with the paper's figures beside
+    assert [r["method"] for r in sections["training"]] == list(cfg.methods)
+    sep = {r["method"]: r for r in sections["separability"]}
+    assert set(sep) == set(cfg.methods) and len({r["tokens (bad)"] for r in sep.values()}) == 1
+    assert sep["topl"]["paper (Qwen3-8B)"] == "0.7541 ± 0.1573" and sep["tldr"]["paper (Qwen3-8B)"] == "–"
+    fact = sections["factuality"]
+    assert {(r["model"], r["protocol"]) for r in fact} == {
+        (m, p) for m in ("base", *cfg.methods) for p in ("sentence", "full")
+    }
+    assert {r["documents ID + OOD"] for r in fact} == {f"{cfg.n_id} + {cfg.n_ood}"}
+    assert {r["method"] for r in sections["lambda_curve"]} == set(cfg.lambda_methods)
+    assert {r["mode"] for r in sections["lambda_curve"]} == {"vector", "diff-mean", "random"}
+    assert [r["setting"] for r in sections["labels"]] == list(cfg.label_settings)
+    heads = {m for m in cfg.methods if METHODS[m].uses_head}
+    det = sections["detection"]
+    assert {r["method"] for r in det} == heads and {r["detector"] for r in det} == {"head", "frozen probe", "surprisal"}
+    assert any(r["token set"].startswith("cliff-") for r in det)  # CLIFF's test cut
+    # the HTML stands alone: figures inline, nothing fetched, no script
+    page = (folder / "report.html").read_text(encoding="utf-8")
+    assert all(f'id="{k}"' in page for k in SECTIONS) and page.count("<svg") == len(report["figures"]) == 3
+    assert "default-src 'none'" in page and "<script" not in page
+    assert not re.search(r"https?:|//[a-z]|\bsrc=|\bhref=|@import|url\(", page, re.I), "the report fetches something"
+    md = (folder / "report.md").read_text(encoding="utf-8")
+    for link in re.findall(r"\]\((figures/[^)]+\.svg)\)", md):
+        assert (folder / link).read_text().startswith('<svg xmlns="http://www.w3.org/2000/svg"')
+
+
+def test_a_background_study_killed_part_way_resumes_with_its_finished_tasks_untouched(study, tmp_path, monkeypatch):
+    """A real kill (SIGKILL to the job's process group: no clean stop, no last word), then the page's Resume; one
+    method, to keep it short."""
+    import os
+    import signal
+    import time
+
+    from topl_core import jobs, launchers
+
+    cfg = ReproduceConfig.quick(data=study["cfg"].data, methods=("topl",))
+    folder = tmp_path / "paper-killed"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the job's torch: tiny models gain nothing from threads
+    launchers.launch_reproduce(cfg, folder)
+    deadline = time.monotonic() + 300
+    while read_status(folder).get("done", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(json.loads((folder / "job.json").read_text())["pid"], signal.SIGKILL)
+    assert jobs.wait(folder, timeout_s=30).state == "interrupted"
+    finished = files_of((folder / "tasks").glob("*.json"))
+    assert len(finished) >= 2
+    launchers.resume_reproduce_job(folder)
+    assert jobs.wait(folder, timeout_s=300).state == "finished", jobs.log_tail(folder, 40)
+    assert files_of(Path(p) for p in finished) == finished
+    assert (read_tasks(folder)["state"] == "done").all() and (folder / "report.html").exists()
+
+
+def test_a_finished_study_runs_no_task_again_and_other_settings_are_refused(study, monkeypatch):
+    folder, cfg = study["folder"], study["cfg"]
+    before = files_of([folder / "tasks", folder / "methods"])
+    monkeypatch.setattr(reproduce, "run_task", lambda *a: pytest.fail("a finished task ran again"))
+    assert run_reproduce(cfg, folder) == folder / "report.md"
+    assert files_of([folder / "tasks", folder / "methods"]) == before
+    with pytest.raises(RunError, match=r"other settings \(steps: 2 → 3\).*--resume"):
+        run_reproduce(ReproduceConfig.quick(data=cfg.data, steps=3), folder)
+
+
+def test_each_method_keeps_its_paper_settings_scaled_to_the_model():
+    assert family_preset("smollm2-135m") == "llama3.1-8b" and family_preset("tiny-qwen3") == "qwen3-8b"
+    assert [scaled_layer(x, 36, 36) for x in (0, 29, 35)] == [0, 29, 35]  # the preset's own model: unchanged
+    assert scaled_layer(29, 36, 30) == 24 and scaled_layer(35, 36, 4) == 3
+    settings, template = MethodSettings("qwen3-8b", lr_scale=2.0, batch_scale=0.5), TrainConfig(steps=5)
+    topl, dpo, sft = (settings.config(m, template, 30) for m in ("topl", "dpo", "sft"))
+    assert (topl.lr, topl.batch_size, topl.lora.layer_start, topl.lora.layer_end) == (1e-4, 8, 0, 24)
+    assert (dpo.lr, dpo.batch_size, dpo.lora.layer_end) == (2e-5, 4, 29)  # 1 × 8 pairs, halved; every layer
+    assert (sft.lr, sft.batch_size, sft.grad_accum, sft.steps) == (2e-4, 8, 1, 5)
+    paper = MethodSettings("qwen3-8b").config("topl", TrainConfig(), 36)  # on Qwen3-8B's depth: the paper's own
+    assert (paper.lr, paper.batch_size, paper.lora.layer_end, paper.head_lr_multiplier) == (5e-5, 16, 29, 1.0)
+
+
+def test_the_command_line_and_the_launcher_ask_for_the_same_study(tmp_path, capsys):
+    from topl_core.cli import build_parser
+    from topl_core.cli.reproduce import config_from_args
+
+    argv = ["reproduce", "--out", str(tmp_path), "--quick", "--methods", "topl", "sft", "--steps", "3"]
+    cfg = config_from_args(build_parser(argv).parse_args(argv))
+    assert cfg == ReproduceConfig.quick(methods=("topl", "sft"), steps=3)
+    argv = ["reproduce", "--out", str(tmp_path), "--preset", "qwen3-8b", "--device", "cuda", "--precision", "fp32"]
+    assert config_from_args(build_parser(argv).parse_args(argv)).model == "qwen3-8b"  # the paper's own model
+    assert [t.name for t in plan_tasks(cfg)] == [
+        "train-topl", "train-sft", "factuality-base", "labels", "separability-topl", "factuality-topl",
+        "separability-sft", "factuality-sft", "lambda-topl", "lambda-sft", "detection-topl",
+    ]  # fmt: skip
+    with pytest.raises(SystemExit):  # a method the registry does not know is refused by the parser
+        build_parser(["reproduce"]).parse_args(["reproduce", "--out", "x", "--methods", "nope"])
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_the_page_shows_a_study_its_progress_and_its_report(study, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("TOPL_RUNS_DIR", str(study["folder"].parent))
+    monkeypatch.setenv("TOPL_DEFAULT_MODEL", "tiny-llama")
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+    at.run()
+    at.switch_page("pages/reproduce.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.selectbox(key="repro.show").value == "paper-quick"
+    progress = [p.proto.text for p in at.get("progress")]
+    total = len(plan_tasks(study["cfg"]))
+    assert progress == [f"finished · {total}/{total} tasks"], progress
+    tasks, verdicts = (d.value for d in at.dataframe)
+    assert (tasks["state"] == "done").all() and len(tasks) == total
+    assert list(verdicts["claim"]) == [c.statement for c in CLAIMS]
+    (report,) = at.get("iframe")  # the report itself, as it is downloaded
+    assert report.proto.srcdoc == (study["folder"] / "report.html").read_text(encoding="utf-8")

@@ -1,0 +1,105 @@
+"""`reproduce`: the paper's tables in one command — every training method trained on the same data and split with the
+paper's relative settings, measured on the same held-out tokens and documents (LoRA-A separability, factuality ID and
+OOD, λ curves, label sensitivity, token-level detection), and a report (report.md, one self-contained report.html)
+that sets this run's figures beside the paper's with a verdict per claim. Resumable: finished tasks are kept."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..analysis.studies.reproduce import read_tasks, resume_reproduce, run_reproduce
+from ..analysis.studies.reproduce_config import ReproduceConfig
+from ..analysis.studies.reproduce_report import read_report
+from ..config_fields import add_config_args, config_args
+from ..jobs import read_job
+from ..launchers import launch_reproduce, resume_reproduce_job
+from ..progress import Bar, format_seconds
+from ..status import request_stop
+from . import CANCELLED, COMMANDS
+from .common import add_executor_args, announce_precision, executor_from_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "reproduce",
+        help=COMMANDS["reproduce"].help,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the config flags say their defaults
+        description="Train every method, measure them on the same held-out data and write the report. Examples:\n"
+        "  python -m topl_core reproduce --out runs/paper                  # SmolLM2, the paper's settings scaled\n"
+        "  python -m topl_core reproduce --out runs/paper-quick --quick    # the structure end to end, a minute\n"
+        "  python -m topl_core reproduce --out runs/paper-qwen --preset qwen3-8b --device cuda\n"
+        "  python -m topl_core reproduce --resume runs/paper               # continue; finished tasks are kept\n"
+        "  python -m topl_core reproduce --show runs/paper                 # its tasks, and the verdicts",
+    )
+    p.add_argument("--out", help="study folder (reproduce.json, methods/, tasks/, report.md, report.html)")
+    p.add_argument("--resume", metavar="DIR", help="continue the study in DIR with its saved settings")
+    p.add_argument("--show", metavar="DIR", help="print the study's tasks and, once finished, its verdicts")
+    p.add_argument("--stop", metavar="DIR", help="ask the study in DIR to stop after its current step or task")
+    p.add_argument("--background", action="store_true", help="run in a detached process (job.log in the folder)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny random model, a few steps and documents: every table and verdict end to end in about a "
+        "minute (the suite's; its numbers mean nothing); the flags below override it",
+    )
+    g = p.add_argument_group("what the study trains and measures (--preset alone: the preset's own model)")
+    add_config_args(g, ReproduceConfig)  # no defaults here: what is not given comes from the config (or --quick)
+    add_executor_args(p)
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> ReproduceConfig:
+    given = config_args(args, ReproduceConfig)
+    if "preset" in given and "model" not in given:
+        given["model"] = given["preset"]  # the paper's model itself, its settings unscaled
+    return ReproduceConfig.quick(**given) if args.quick else ReproduceConfig(**given)
+
+
+def _show(folder: str) -> None:
+    job = read_job(folder)
+    tasks = read_tasks(folder)
+    eta = f", about {format_seconds(job.eta_s)} left" if job and job.eta_s else ""
+    done = int((tasks["state"] == "done").sum())
+    print(f"status: {job.state if job else 'not started'}, {done}/{len(tasks)} tasks{eta}")
+    print(tasks.to_string(index=False, float_format=lambda x: f"{x:.0f}"))
+    if (Path(folder) / "report.json").exists():
+        print("\nverdicts:")
+        for v in read_report(folder)["verdicts"]:
+            print(f"- {v['verdict']}: {v['claim']} ({v['this_run']})")
+        print(f"\nreport: {Path(folder) / 'report.md'}, {Path(folder) / 'report.html'}")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.show:
+        _show(args.show)
+        return 0
+    if args.stop:
+        request_stop(args.stop)
+        print(f"asked {args.stop} to stop after its current training step or task")
+        return 0
+    executor = executor_from_args(args)
+    if args.resume:
+        folder = args.resume
+        if args.background:
+            print(f"the study continues in the background: {resume_reproduce_job(folder, executor)} (job.log there)")
+            return 0
+        with Bar("tasks") as bar:
+            report = resume_reproduce(folder, bar.stage, executor)
+    else:
+        if not args.out:
+            print("error: give --out DIR (or --resume / --show / --stop DIR)", file=sys.stderr)
+            return 2
+        cfg, folder = config_from_args(args), args.out
+        announce_precision(cfg.precision, cfg.device)
+        if args.background:
+            print(
+                f"the study started in the background: {launch_reproduce(cfg, folder, executor)}\n"
+                f"follow it with: python -m topl_core reproduce --show {folder}"
+            )
+            return 0
+        with Bar("tasks") as bar:
+            report = run_reproduce(cfg, folder, bar.stage, executor)
+    _show(folder)
+    return 0 if report is not None else CANCELLED  # stopped before the end: the job reads as cancelled
