@@ -15,6 +15,7 @@ from topl_core.analysis.evaluation.config import EvalConfig
 from topl_core.analysis.evaluation.translation import TranslationConfig
 from topl_core.analysis.studies.data_sources import SOURCES
 from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig
+from topl_core.analysis.studies.reproduce_config import ReproduceConfig
 from topl_core.analysis.studies.sweeps import SweepConfig
 from topl_core.cli import build_parser, main
 from topl_core.config_fields import add_config_args, config_args, config_argv, config_field, field_infos
@@ -27,6 +28,7 @@ from topl_core.training.config import LoraSettings, TrainConfig
 EXPOSED = (TrainConfig, LoraSettings, sources.SourceOptions, SweepConfig, LabelStudyConfig, ExecutorConfig, EvalConfig)
 EXPOSED += (
     TranslationConfig,
+    ReproduceConfig,
     *dict.fromkeys(s.options_type for s in SOURCES.values() if s.options_type not in EXPOSED),
 )
 

@@ -194,3 +194,62 @@ def test_the_page_shows_a_study_its_progress_and_its_report(study, monkeypatch):
     assert list(verdicts["claim"]) == [c.statement for c in CLAIMS]
     (report,) = at.get("iframe")  # the report itself, as it is downloaded
     assert report.proto.srcdoc == (study["folder"] / "report.html").read_text(encoding="utf-8")
+
+
+def test_how_far_rho_moves_under_the_intervals():
+    import numpy as np
+
+    from topl_core.analysis.evaluation.indicator import rho_interval
+
+    rng = np.random.default_rng(0)
+    docs = rng.uniform(0.3, 0.7, 40)  # the same documents for every method: their shared difficulty cancels
+
+    def methods(sep_means, fact_shifts, noise):
+        sites = {f"m{i}": rng.normal(m, noise, 30) for i, m in enumerate(sep_means)}
+        ood = {f"m{i}": docs + s + rng.normal(0, noise, 40) for i, s in enumerate(fact_shifts)}
+        return sites, ood
+
+    clear = rho_interval(*methods([0.6, 0.7, 0.8], [0.0, 0.1, 0.2], noise=0.01))
+    assert clear["lo"] == clear["hi"] == 1.0 and clear["positive"] == 1.0
+    reversed_ = rho_interval(*methods([0.6, 0.7, 0.8], [0.2, 0.1, 0.0], noise=0.01))
+    assert reversed_["hi"] == -1.0 and reversed_["positive"] == 0.0
+    blurred = rho_interval(*methods([0.6, 0.61, 0.62], [0.0, 0.01, 0.02], noise=0.2))
+    assert blurred["lo"] < 0 < blurred["hi"] and 0 < blurred["positive"] < 1
+    assert np.isnan(rho_interval(*methods([0.6, 0.7], [0.0, 0.1], noise=0.01))["lo"])  # two methods: no ρ
+
+
+def test_claims_read_directions_and_intervals_by_hand():
+    import pandas as pd
+
+    from topl_core.analysis.studies.reproduce_claims import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, judge
+    from topl_core.analysis.studies.reproduce_tables import ReportTables
+
+    def sep(topl, sft, low_high=0.01):
+        rows = [
+            {"method": m, "mean": v, "ci_low": v - low_high, "ci_high": v + low_high, "control_mean": 0.58}
+            | {"control_low": 0.57, "control_high": 0.59}
+            for m, v in (("topl", topl), ("sft", sft))
+        ]
+        return pd.DataFrame(rows)
+
+    def curve(method, values):
+        return [
+            {"run": method, "mode": "vector", "lambda": lam, "factuality": f, "factuality_lo": f - 0.05}
+            | {"factuality_hi": f + 0.05, "change_lo": 0.01}
+            for lam, f in zip((-2.0, 0.0, 2.0, 4.0), values)
+        ]
+
+    t = ReportTables(separability=sep(0.75, 0.63))
+    t.lambda_curve = pd.DataFrame(curve("topl", (0.5, 0.6, 0.7, 0.4)) + curve("sft", (0.6, 0.6, 0.61, 0.6)))
+    v = {x.claim: x for x in judge(t)}
+    first, control, rises, flatter = (v[c.statement] for c in CLAIMS[0:2] + CLAIMS[4:6])
+    assert first.verdict == REPRODUCED and "settle it" in first.why and "overlap" not in first.why
+    assert control.verdict == REPRODUCED and rises.verdict == REPRODUCED and flatter.verdict == REPRODUCED
+    assert "λ = 2" in rises.this_run
+    assert v[CLAIMS[3].statement].verdict == NOT_MEASURABLE  # no factuality measured
+    t = ReportTables(separability=sep(0.62, 0.63, low_high=0.05))
+    t.lambda_curve = pd.DataFrame(curve("topl", (0.4, 0.5, 0.6, 0.7)))
+    v = {x.claim: x for x in judge(t)}
+    assert v[CLAIMS[0].statement].verdict == NOT_REPRODUCED and "overlap" in v[CLAIMS[0].statement].why
+    assert v[CLAIMS[4].statement].verdict == NOT_REPRODUCED  # rises all the way: peaks at the end of the grid
+    assert v[CLAIMS[5].statement].verdict == NOT_MEASURABLE  # no SFT curve

@@ -87,7 +87,7 @@ class ReproduceConfig:
         (-2.0, 0.0, 1.0, 2.0, 4.0), label="λ (LoRA-B vector)", help="the λ curve's grid (normalised units)"
     )
     control_lambdas: tuple[float, ...] = config_field(
-        (1.0, 2.0), label="λ (controls)", help="the diff-mean and random controls' grid (their neutral λ is added)"
+        (2.0,), label="λ (controls)", help="the diff-mean and random controls' grid (their neutral λ is added)"
     )
     lambda_methods: tuple[str, ...] = config_field(
         LAMBDA_METHODS, label="λ curves of", help="methods whose LoRA-B vector is steered", choices=METHODS
