@@ -91,7 +91,7 @@ studies = sorted(set(found), key=lambda p: -p.stat().st_mtime)
 if not studies:
     st.info(
         "No study yet: start one above. On a 2-core CPU the full SmolLM2 study takes hours (docs/reproduce.md); "
-        "`python -m topl_core reproduce --quick` shows every table in about a minute on a tiny model."
+        "`python -m topl_core reproduce --quick` shows every table in minutes on a tiny model."
     )
     st.stop()
 names = [str(p.relative_to(runs_dir())) for p in studies]

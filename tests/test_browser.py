@@ -65,6 +65,7 @@ PAGES = {
     "talk": "Talk mode",
     "layer_sweep": "Layer sweep",
     "evaluation": "Evaluation",
+    "reproduce": "Reproduce the paper",
 }
 
 

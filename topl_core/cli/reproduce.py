@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,  # the config flags say their defaults
         description="Train every method, measure them on the same held-out data and write the report. Examples:\n"
         "  python -m topl_core reproduce --out runs/paper                  # SmolLM2, the paper's settings scaled\n"
-        "  python -m topl_core reproduce --out runs/paper-quick --quick    # the structure end to end, a minute\n"
+        "  python -m topl_core reproduce --out runs/paper-quick --quick    # the structure end to end, minutes\n"
         "  python -m topl_core reproduce --out runs/paper-qwen --preset qwen3-8b --device cuda\n"
         "  python -m topl_core reproduce --resume runs/paper               # continue; finished tasks are kept\n"
         "  python -m topl_core reproduce --show runs/paper                 # its tasks, and the verdicts",
@@ -41,8 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="a tiny random model, a few steps and documents: every table and verdict end to end in about a "
-        "minute (the suite's; its numbers mean nothing); the flags below override it",
+        help="a tiny random model, a few steps and documents: every table and verdict end to end in minutes (the "
+        "suite's, on a small data file: under a minute; its numbers mean nothing); the flags below override it",
     )
     g = p.add_argument_group("what the study trains and measures (--preset alone: the preset's own model)")
     add_config_args(g, ReproduceConfig)  # no defaults here: what is not given comes from the config (or --quick)

@@ -34,8 +34,14 @@ def _finite(*values: float) -> bool:
 
 
 def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    step = (hi - lo) / (n - 1) if hi > lo else 1.0
-    return [lo + i * step for i in range(n)]
+    """About n round values (steps of 1, 2 or 5 × a power of ten) inside [lo, hi]."""
+    if hi <= lo:
+        return [lo]
+    raw = (hi - lo) / (n - 1)
+    power = 10 ** math.floor(math.log10(raw))
+    step = min((m * power for m in (1, 2, 5, 10)), key=lambda x: abs(x - raw))
+    first = math.ceil(lo / step) * step
+    return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
 def chart(series: Sequence[Series], title: str, x_label: str, y_label: str) -> str:

@@ -124,7 +124,7 @@ class ReproduceConfig:
     @classmethod
     def quick(cls, **overrides) -> "ReproduceConfig":
         """Everything on a tiny random model in a few steps, documents and tokens: the structure of a reproduction
-        end to end in about a minute (the suite's), not its numbers."""
+        end to end in minutes (under one on the suite's small data file), not its numbers."""
         small = dict(
             model="tiny-gemma3",  # the tiny Gemma3 writes non-empty text (the tiny Llama's is often empty)
             steps=2,

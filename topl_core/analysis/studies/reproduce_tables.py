@@ -58,7 +58,10 @@ def report_tables(cfg: ReproduceConfig, results: dict[str, dict]) -> ReportTable
         t.factuality = _factuality(per_doc)
         t.indicator, t.rho = _indicator(probes, per_doc)
     steered = pd.DataFrame(_rows(results, "lambda", cfg.methods))
-    t.lambda_curve = lambda_curve(steered) if len(steered) else t.lambda_curve
+    if len(steered):  # lambda_curve sorts by run, mode, λ: the runs (methods) again, in the study's order
+        order = {m: i for i, m in enumerate(cfg.methods)}
+        curve = lambda_curve(steered).sort_values("run", key=lambda c: c.map(order), kind="stable")
+        t.lambda_curve = curve.reset_index(drop=True)
     t.labels = pd.DataFrame(results.get("labels", {}).get("rows", []))
     t.detection = pd.DataFrame(_rows(results, "detection", cfg.methods))
     return t
