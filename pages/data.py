@@ -22,7 +22,7 @@ from topl_core.analysis.token_colors import legend_html, token_html
 from topl_core.data import overview
 from topl_core.data.records import Record
 from topl_core.data.split import SPLITS
-from topl_core.errors import DataError
+from topl_core.foundations.errors import DataError
 
 st.title("Data")
 st.caption("Token-level supervision: a document, a response, and a good/bad label for every response token.")

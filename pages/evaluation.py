@@ -20,11 +20,12 @@ from pages._ui.evaluations import evaluations_dir, read_evaluation
 from pages._ui.runs import finished_runs
 from pages._ui.spec import current_model_name, current_precision, current_spec, split_spec
 from pages._ui.translation_form import translation_form
-from topl_core import jobs, launchers
 from topl_core.analysis.evaluation.config import EvalConfig, EvalJob, LambdaStudy
 from topl_core.analysis.evaluation.scorers import DEFAULT_SCORER, PROTOCOLS
 from topl_core.analysis.steering.modes import MODES, STUDY_MODES
-from topl_core.paths import inside
+from topl_core.foundations.paths import inside
+from topl_core.jobs import background as jobs
+from topl_core.jobs import launchers
 
 st.title("Evaluation")
 st.caption(

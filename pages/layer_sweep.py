@@ -17,10 +17,11 @@ from pages._ui.forms import SIDEBAR_FIELDS, config_inputs, field_input, precisio
 from pages._ui.models import layer_count_or_stop
 from pages._ui.render import csv_download, plot
 from pages._ui.spec import current_spec, split_spec
-from topl_core import jobs, launchers
-from topl_core.errors import ConfigError
-from topl_core.executor import ExecutorConfig
-from topl_core.paths import inside, runs_dir
+from topl_core.foundations.errors import ConfigError
+from topl_core.foundations.executor import ExecutorConfig
+from topl_core.foundations.paths import inside, runs_dir
+from topl_core.jobs import background as jobs
+from topl_core.jobs import launchers
 from topl_core.training.config import TrainConfig, study_schedule
 
 with core_imports():

@@ -17,7 +17,6 @@ import streamlit as st
 from pages._ui.datasets import dataset_picker, records_of
 from pages._ui.runs import run_picker
 from pages._ui.spec import current_precision
-from topl_core import jobs
 from topl_core.analysis.steering.modes import MODES
 from topl_core.analysis.studies.deck import (
     HEAD_CHOICES,
@@ -30,9 +29,10 @@ from topl_core.analysis.studies.deck import (
 )
 from topl_core.analysis.studies.deck_html import deck_html
 from topl_core.data.split import split_records
-from topl_core.errors import RunError
-from topl_core.paths import inside
-from topl_core.status import read_status
+from topl_core.foundations.errors import RunError
+from topl_core.foundations.paths import inside
+from topl_core.foundations.status import read_status
+from topl_core.jobs import background as jobs
 
 K = "talk."
 

@@ -1,5 +1,6 @@
-"""Train: a form for any method with the paper's presets; the run starts in a separate process (topl_core.jobs),
-and the page follows it live — progress bar with ETA, loss curve, validation metrics — with cancel and resume.
+"""Train: a form for any method with the paper's presets; the run starts in a separate process
+(topl_core.jobs.background), and the page follows it live — progress bar with ETA, loss curve, validation metrics —
+with cancel and resume.
 Everything shown is read from the run directories, so it survives page reloads and app restarts."""
 
 from pages._ui.frame import ensure_frame
@@ -15,10 +16,11 @@ from pages._ui.forms import SIDEBAR_FIELDS, config_inputs, field_input, precisio
 from pages._ui.models import layer_count_or_stop
 from pages._ui.spec import current_spec, split_spec
 from pages._ui.train_jobs import train_jobs_panel
-from topl_core import jobs, launchers
-from topl_core.errors import ConfigError
-from topl_core.paths import inside, runs_dir
-from topl_core.presets import PRESETS
+from topl_core.foundations.errors import ConfigError
+from topl_core.foundations.paths import inside, runs_dir
+from topl_core.foundations.presets import PRESETS
+from topl_core.jobs import background as jobs
+from topl_core.jobs import launchers
 from topl_core.training.config import LoraSettings, TrainConfig, preset_config
 from topl_core.training.methods import METHODS
 

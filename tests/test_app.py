@@ -3,7 +3,7 @@ through the app's own st.navigation (so app.py's sidebar model picker is rendere
 AppTest/st.navigation trap of docs/design.md §4 is checked, not assumed). Tiny random model, tiny adapters trained in a
 temporary runs directory (TOPL_RUNS_DIR / TOPL_CACHE_DIR), all offline on CPU.
 
-Also the background jobs of topl_core.jobs: a detached training process, cancel by SIGTERM (checkpoint kept,
+Also the background jobs of topl_core.jobs.background: a detached training process, cancel by SIGTERM (checkpoint kept,
 state "cancelled"), resume to the end, and the run list read back from disk."""
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def test_every_page_answers_an_empty_workbench(workbench, monkeypatch, tmp_path,
 def _copy_run(src: Path, dst: Path, **status) -> Path:
     import shutil
 
-    from topl_core.runs import RunDir
+    from topl_core.training.run_dirs import RunDir
 
     shutil.copytree(src, dst)
     for f in ("job.json", "STOP"):
@@ -338,13 +338,13 @@ def test_a_data_source_a_model_writes_reaches_the_cli_the_data_page_and_the_laun
     back to the same options and builds (what the job process runs)."""
     import dataclasses
 
-    from topl_core import launchers
     from topl_core.analysis.studies.data_sources import SOURCES
     from topl_core.cli import build_parser, main
     from topl_core.cli.data import options_of
-    from topl_core.config_fields import config_field
     from topl_core.data.records import Record, read_jsonl
     from topl_core.data.sources import DataSource, Loaded, SourceOptions
+    from topl_core.foundations.config_fields import config_field
+    from topl_core.jobs import launchers
 
     @dataclasses.dataclass(frozen=True)
     class EchoOptions(SourceOptions):
@@ -414,8 +414,8 @@ def test_data_page_builds_own_summaries_in_the_background_and_merges(workbench):
     files that share records."""
     import dataclasses
 
-    from topl_core import jobs
     from topl_core.data.records import read_jsonl, write_jsonl
+    from topl_core.jobs import background as jobs
 
     data_dir = workbench["root"] / "cache" / "data"
     at = open_page("data")
@@ -514,7 +514,7 @@ def test_layer_sweep_form_has_an_input_for_every_field_a_window_trains_with(work
     import dataclasses
 
     from topl_core.analysis.studies.sweeps import SweepConfig
-    from topl_core.executor import ExecutorConfig
+    from topl_core.foundations.executor import ExecutorConfig
     from topl_core.training.config import LoraSettings, TrainConfig
 
     at = open_page("layer_sweep")
@@ -614,7 +614,7 @@ def test_train_form_refills_values_streamlit_dropped(workbench):
 
 
 def test_train_page_launches_a_background_run(workbench):
-    from topl_core import jobs
+    from topl_core.jobs import background as jobs
 
     at = open_page("train")
     at.selectbox(key="train.method").set_value("topl").run()
@@ -657,7 +657,7 @@ def test_train_page_refuses_an_unreachable_tracker_before_launching(workbench):
 def test_runs_page_shows_what_went_wrong_without_stopping_a_run(workbench, monkeypatch, tmp_path):
     """A run whose tracker failed mid-run (status.add_warning, as the trainer records it) finished all the same: the
     Runs page says what happened beside the table; a run without warnings gets none."""
-    from topl_core.status import add_warning
+    from topl_core.foundations.status import add_warning
 
     runs = tmp_path / "runs"
     warned = _copy_run(workbench["runs"] / "topl-tiny", runs / "topl-warned")
@@ -808,8 +808,9 @@ def test_the_server_listens_on_this_machine_only_with_usage_statistics_off():
 def test_job_cancel_checkpoints_and_resume_finishes(workbench, tmp_path):
     """SIGTERM to the job's process group reaches the trainer's exception path (checkpoint + 'cancelled'), and the
     run resumes from that checkpoint to the end; the state is read from disk only."""
-    from topl_core import jobs, launchers
-    from topl_core.runs import RunDir
+    from topl_core.jobs import background as jobs
+    from topl_core.jobs import launchers
+    from topl_core.training.run_dirs import RunDir
 
     cfg = tiny_config(
         data=str(workbench["data"]),
@@ -854,8 +855,9 @@ def test_two_sessions_launching_the_same_run_at_once_start_one_job(workbench, tm
 
     import torch
 
-    from topl_core import jobs, launchers
-    from topl_core.runs import RunDir
+    from topl_core.jobs import background as jobs
+    from topl_core.jobs import launchers
+    from topl_core.training.run_dirs import RunDir
     from topl_core.training.trainer import train
 
     cfg = tiny_config(data=str(workbench["data"]), steps=3, max_doc_tokens=64)
@@ -887,9 +889,9 @@ def test_two_sessions_launching_the_same_run_at_once_start_one_job(workbench, tm
 
 def test_job_state_survives_a_restart_and_detects_dead_processes(workbench, tmp_path):
     """A run whose process vanished without a word reads as 'interrupted' (resumable), not 'running'."""
-    from topl_core import jobs
-    from topl_core.io import write_json
-    from topl_core.runs import RunDir
+    from topl_core.foundations.io import write_json
+    from topl_core.jobs import background as jobs
+    from topl_core.training.run_dirs import RunDir
 
     run = RunDir(tmp_path / "ghost")
     run.write_config(tiny_config(data=str(workbench["data"])), {})
@@ -910,7 +912,8 @@ def test_a_killed_job_says_how_it_died(workbench, tmp_path):
     import os
     import signal
 
-    from topl_core import jobs, launchers
+    from topl_core.jobs import background as jobs
+    from topl_core.jobs import launchers
 
     cfg = tiny_config(data=str(workbench["data"]), steps=400, max_doc_tokens=64)
     run_dir = tmp_path / "killed"
@@ -927,7 +930,7 @@ def test_a_killed_job_says_how_it_died(workbench, tmp_path):
 def test_layer_sweep_runs_in_the_background_and_fills_the_heatmap(workbench):
     """Started from the form (windows in the job's own process: Ray tasks are tried in
     test_studies_as_ray_tasks_equal_the_serial_ones_and_fill_the_page, where the executor reaches sweep.json too)."""
-    from topl_core import jobs
+    from topl_core.jobs import background as jobs
 
     at = open_page("layer_sweep")
     at.text_input(key="sweep.name").set_value("tiny-sweep")
@@ -964,8 +967,8 @@ def test_studies_as_ray_tasks_equal_the_serial_ones_and_fill_the_page(workbench,
     from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig, run_label_study
     from topl_core.analysis.studies.sweep_results import heatmap_table, read_sweep
     from topl_core.analysis.studies.sweeps import SweepConfig, run_sweep
-    from topl_core.errors import RunError
-    from topl_core.executor import ExecutorConfig
+    from topl_core.foundations.errors import RunError
+    from topl_core.foundations.executor import ExecutorConfig
 
     cfg = SweepConfig(
         train=tiny_config(steps=2, eval_every=2, checkpoint_every=1, data=str(workbench["data"])),
@@ -1030,7 +1033,7 @@ def test_studies_as_ray_tasks_equal_the_serial_ones_and_fill_the_page(workbench,
 def start_job_and_wait(at: AppTest, button: str, job_dir: Path) -> None:
     """Press the page's `button` (a form that launches a background job into job_dir), wait for the job to finish
     and rerun the page, with no error or exception box on the way."""
-    from topl_core import jobs
+    from topl_core.jobs import background as jobs
 
     at.button[[b.label for b in at.button].index(button)].click().run()
     assert not at.exception, [e.value for e in at.exception]
@@ -1107,7 +1110,7 @@ def test_evaluation_runs_in_the_background_and_shows_tables(workbench):
 def test_steering_study_runs_in_the_background_and_shows_its_curves(workbench):
     """The Evaluation page's λ sweep: two modes on one adapter → per-mode curves, the degenerate share and the
     table with paired changes; the conditional mode's λ = 1 is the merged model (change 0 by construction)."""
-    from topl_core import jobs
+    from topl_core.jobs import background as jobs
 
     at = open_page("evaluation")
     at.radio(key="eval.mode").set_value("λ sweep (steering study)").run()
@@ -1143,8 +1146,8 @@ def test_a_run_started_from_the_command_line_reads_as_running(workbench, tmp_pat
     import subprocess
     import sys
 
-    from topl_core import jobs
-    from topl_core.runs import RunDir
+    from topl_core.jobs import background as jobs
+    from topl_core.training.run_dirs import RunDir
 
     # a live process whose command line names topl_core, standing in for a foreground training run
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "topl_core"])
@@ -1193,10 +1196,10 @@ def test_talk_mode_answers_every_deck_state(workbench, tmp_path):
     import subprocess
     import sys
 
-    from topl_core import jobs
     from topl_core.analysis.studies.deck import DeckConfig, create_deck, decks_dir, read_deck
     from topl_core.analysis.studies.deck_prepare import prepare_deck
-    from topl_core.status import write_status
+    from topl_core.foundations.status import write_status
+    from topl_core.jobs import background as jobs
 
     shutil.rmtree(decks_dir(), ignore_errors=True)
     at = open_page("talk")

@@ -1,5 +1,5 @@
-"""The one status protocol (topl_core/status.py): the state table row by row, progress of every kind of work, and
-jobs.read_job on folders written the way a sweep, a foreground run and a dead job leave them."""
+"""The one status protocol (topl_core/foundations/status.py): the state table row by row, progress of every kind of
+work, and jobs.read_job on folders written the way a sweep, a foreground run and a dead job leave them."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import sys
 import pytest
 import torch
 
-from topl_core import jobs
-from topl_core.status import (
+from topl_core.foundations.status import (
     STATE_TABLE,
     Facts,
     progress_of,
@@ -22,6 +21,7 @@ from topl_core.status import (
     update_status,
     write_status,
 )
+from topl_core.jobs import background as jobs
 
 
 @pytest.mark.parametrize(
@@ -114,8 +114,8 @@ def test_one_writer_per_folder(tmp_path, tiny_records):
 
     from conftest import tiny_config
 
-    from topl_core.errors import RunError
-    from topl_core.status import LOCK_FILE, WriterLock
+    from topl_core.foundations.errors import RunError
+    from topl_core.foundations.status import LOCK_FILE, WriterLock
     from topl_core.training.trainer import train
 
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -133,7 +133,9 @@ def test_one_writer_per_folder(tmp_path, tiny_records):
     # a finished run's status no longer carries a loss: the table shows the last logged one
     assert jobs.read_job(run.path).loss == run.read_metrics()[-1]["loss"] is not None
     with WriterLock(tmp_path / "other"):  # held by this process: another process is refused
-        code = f"from topl_core.status import WriterLock; WriterLock({str(tmp_path / 'other')!r}).__enter__()"
+        code = (
+            f"from topl_core.foundations.status import WriterLock; WriterLock({str(tmp_path / 'other')!r}).__enter__()"
+        )
         other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert other.returncode != 0 and f"being written by pid {os.getpid()}" in other.stderr
     assert not (tmp_path / "other" / LOCK_FILE).exists()
@@ -144,8 +146,8 @@ def test_the_writer_lock_nests_in_its_thread_and_is_handed_to_a_started_process(
     session) is refused; a launcher's lock handed over reaches only the process started with its token."""
     import threading
 
-    from topl_core.errors import RunError
-    from topl_core.status import LOCK_FILE, WriterLock
+    from topl_core.foundations.errors import RunError
+    from topl_core.foundations.status import LOCK_FILE, WriterLock
 
     folder = tmp_path / "job"
     refused = []
@@ -169,7 +171,8 @@ def test_the_writer_lock_nests_in_its_thread_and_is_handed_to_a_started_process(
 
     lock = WriterLock(folder).__enter__()
     env = lock.hand_over()
-    take = f"from topl_core.status import WriterLock; WriterLock({str(folder)!r}).__enter__(); print('took it')"
+    take = "from topl_core.foundations.status import WriterLock; "
+    take += f"WriterLock({str(folder)!r}).__enter__(); print('took it')"
     stranger = subprocess.run([sys.executable, "-c", take], capture_output=True, text=True)
     assert stranger.returncode != 0 and "being written by pid" in stranger.stderr
     heir = subprocess.run([sys.executable, "-c", take], capture_output=True, text=True, env={**os.environ, **env})
@@ -184,7 +187,7 @@ def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_run(tmp_path, tiny
     import time
 
     from topl_core.data.records import write_jsonl
-    from topl_core.runs import RunDir
+    from topl_core.training.run_dirs import RunDir
     from topl_core.training.trainer import train
 
     data = write_jsonl(tiny_records, tmp_path / "d.jsonl")
@@ -245,8 +248,8 @@ def test_sigterm_stops_a_command_line_training_cleanly(tmp_path, tiny_records):
 
 @pytest.mark.parametrize("name", ["../up", "/abs/path", "a/b", "..", ".", "", "  ", "~user", "a\\\\b"])
 def test_a_typed_name_never_leaves_its_folder(tmp_path, name):
-    from topl_core.errors import ConfigError
-    from topl_core.paths import inside
+    from topl_core.foundations.errors import ConfigError
+    from topl_core.foundations.paths import inside
 
     with pytest.raises(ConfigError, match="plain name"):
         inside(tmp_path, name, "Run name")

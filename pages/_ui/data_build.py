@@ -12,12 +12,13 @@ import streamlit as st
 from pages._ui.datasets import dataset_paths
 from pages._ui.forms import SIDEBAR_FIELDS, field_input
 from pages._ui.spec import current_spec, split_spec
-from topl_core import jobs, launchers
-from topl_core.config_fields import field_infos
 from topl_core.data.records import merge_jsonl, write_jsonl
 from topl_core.data.sources import DataSource, SourceOptions, build_source
-from topl_core.errors import ConfigError, DataError
-from topl_core.paths import cache_dir, inside
+from topl_core.foundations.config_fields import field_infos
+from topl_core.foundations.errors import ConfigError, DataError
+from topl_core.foundations.paths import cache_dir, inside
+from topl_core.jobs import background as jobs
+from topl_core.jobs import launchers
 
 BUILD_JOBS = cache_dir() / "data" / "jobs"  # one folder per background build, by output name
 

@@ -1,6 +1,6 @@
 """The Train page's live runs: each recent run's state and progress with Cancel or Resume, then the chosen run's loss
-and validation curves and its log. Everything is read from the run directories (topl_core.jobs), so it survives
-reloads and app restarts."""
+and validation curves and its log. Everything is read from the run directories (topl_core.jobs.background), so it
+survives reloads and app restarts."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import streamlit as st
 
 from pages._ui.figures import training_curves
 from pages._ui.render import csv_download, plot
-from topl_core import jobs, launchers
-from topl_core.paths import runs_dir
-from topl_core.runs import RunDir
+from topl_core.foundations.paths import runs_dir
+from topl_core.jobs import background as jobs
+from topl_core.jobs import launchers
+from topl_core.training.run_dirs import RunDir
 
 KEY = "train."  # the Train page's widget keys
 SHOWN = 8  # runs listed; the Runs page has the rest

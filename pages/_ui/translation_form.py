@@ -11,10 +11,11 @@ import streamlit as st
 
 from pages._ui.evaluations import evaluations_dir
 from pages._ui.spec import current_model_name, current_precision
-from topl_core import jobs, launchers
 from topl_core.analysis.evaluation.translation import TranslationConfig, TranslationJob
-from topl_core.paths import inside
-from topl_core.presets import MLQE_PE_PAIRS
+from topl_core.foundations.paths import inside
+from topl_core.foundations.presets import MLQE_PE_PAIRS
+from topl_core.jobs import background as jobs
+from topl_core.jobs import launchers
 
 
 def translation_form(labels: dict[str, str], device: str, show_launched: Callable[[Path], None]) -> None:

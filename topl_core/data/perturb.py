@@ -10,8 +10,8 @@ import random
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..errors import DataError
-from .edits import (
+from ..foundations.errors import DataError
+from .fact_edits import (
     EDIT_KINDS,
     Edit,
     apply_edits,
@@ -23,8 +23,8 @@ from .edits import (
     number_edits,
     relation_edits,
 )
-from .edits_v2 import attribution_edits, copied_edits, extrinsic_edits, modal_edits, swap_edits
 from .records import Record, Span
+from .summarizer_edits import attribution_edits, copied_edits, extrinsic_edits, modal_edits, swap_edits
 
 V2_KINDS: tuple[str, ...] = EDIT_KINDS + ("attribution", "swap", "extrinsic", "modal", "copied")
 ALL_KINDS = V2_KINDS

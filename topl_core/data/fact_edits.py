@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..errors import DataError
+from ..foundations.errors import DataError
 from .records import Span
 
 EDIT_KINDS: tuple[str, ...] = ("entity", "number", "date", "negation", "relation", "invented")

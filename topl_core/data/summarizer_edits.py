@@ -18,7 +18,7 @@ import random
 import re
 from typing import Sequence
 
-from .edits import (
+from .fact_edits import (
     SENTENCE_END_RE,
     Edit,
     alternatives_re,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..errors import DataError
+from ..foundations.errors import DataError
 
 LABEL_SETTINGS: tuple[str, ...] = (
     "original",
