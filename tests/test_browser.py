@@ -558,9 +558,9 @@ def test_training_job_survives_reload_and_app_restart(app, browser, workbench):
     )
     assert_clean(page, "train after reload")
     run_dir = workbench["runs"] / "browser-run"
-    from topl_core.jobs import background as jobs
+    from topl_core.jobs import background
 
-    assert jobs.wait(run_dir, timeout_s=300).state == "finished", jobs.log_tail(run_dir)
+    assert background.wait(run_dir, timeout_s=300).state == "finished", background.log_tail(run_dir)
     page.context.close()
 
     # restart the app: the finished run is read back from disk

@@ -148,12 +148,11 @@ def test_a_background_data_build_is_read_back_with_its_progress_and_what_it_said
     """launch_data_build runs `data build` as a job (as the Data page does for a source a model writes);
     read_data_build reads back the file it writes, its last progress count and what it said after it."""
     from topl_core.data.sources import FILE_SOURCES, SourceOptions
-    from topl_core.jobs import background as jobs
-    from topl_core.jobs import launchers
+    from topl_core.jobs import background, launchers
 
     out, job_dir = tmp_path / "p.jsonl", tmp_path / "jobs" / "p"
     launchers.launch_data_build(FILE_SOURCES["halueval-perturbed"], SourceOptions(limit=3), out, job_dir)
-    assert jobs.wait(job_dir, timeout_s=300).state == "finished", jobs.log_tail(job_dir)
+    assert background.wait(job_dir, timeout_s=300).state == "finished", background.log_tail(job_dir)
     build = launchers.read_data_build(job_dir)
     assert (build.source, build.out, build.done, build.total) == ("halueval-perturbed", out, 3, 3)
     assert build.said == (f"wrote {len(read_jsonl(out))} records to {out}",)

@@ -12,8 +12,7 @@ import streamlit as st
 from pages._ui.figures import training_curves
 from pages._ui.render import csv_download, plot
 from topl_core.foundations.paths import runs_dir
-from topl_core.jobs import background as jobs
-from topl_core.jobs import launchers
+from topl_core.jobs import background, launchers
 from topl_core.training.run_dirs import RunDir
 
 KEY = "train."  # the Train page's widget keys
@@ -38,7 +37,7 @@ def duration(s: float | None) -> str:
 
 def train_jobs_panel() -> None:
     """The training runs, newest first (reruns the app when the last active one ends, so the run lists refresh)."""
-    all_jobs = [j for j in jobs.list_jobs() if j.kind == "train"]
+    all_jobs = [j for j in background.list_jobs() if j.kind == "train"]
     active = [j for j in all_jobs if j.active]
     if st.session_state.get(KEY + "had_active") and not active:
         st.session_state[KEY + "had_active"] = False
@@ -59,10 +58,10 @@ def train_jobs_panel() -> None:
     chosen = runs_dir() / st.selectbox("Curves of", names, key=KEY + "detail", persist_state="session")
     curves(chosen)
     with st.expander("Log"):
-        st.code(jobs.log_tail(chosen, 30) or "(empty)", language=None)
+        st.code(background.log_tail(chosen, 30) or "(empty)", language=None)
 
 
-def job_card(j: jobs.JobStatus) -> None:
+def job_card(j: background.JobStatus) -> None:
     """One run: its state, progress (ETA while it runs, validation AUROC once it ended), Cancel or Resume, its error
     and warnings."""
     loss = "—" if j.loss is None else f"{j.loss:.4f}"
@@ -73,7 +72,7 @@ def job_card(j: jobs.JobStatus) -> None:
             eta, elapsed = duration(j.eta_s), duration(j.elapsed_s)
             b.progress(j.fraction, text=f"step {j.step}/{j.steps} · ETA {eta} · elapsed {elapsed} · loss {loss}")
             if c.button("Cancel", key=f"train.cancel.{j.name}", icon=":material/stop:"):
-                jobs.cancel(j.path)
+                background.cancel(j.path)
                 st.toast(f"Cancelling {j.name}: saving a checkpoint…")
         else:
             auroc = j.val.get("val_token_auroc")
@@ -87,14 +86,14 @@ def job_card(j: jobs.JobStatus) -> None:
             b.caption(f":orange[:material/warning:] {warning}")
 
 
-def resume_button(j: jobs.JobStatus, container) -> None:
+def resume_button(j: background.JobStatus, container) -> None:
     """Resume a run that stopped before its last step, from its last checkpoint, and follow it."""
     if container.button("Resume", key=f"train.resume.{j.name}", icon=":material/replay:"):
         try:
             launchers.resume_train(j.path)
             st.session_state[KEY + "watch"] = str(j.path)
             st.rerun(scope="app")
-        except jobs.JobError as e:
+        except background.JobError as e:
             st.error(str(e))
 
 
