@@ -134,8 +134,7 @@ def steered_stream(
 def export_zip(spec: str, run: str, fp: str, ts: tuple, top_k: int, precision: str) -> ExportBundle:
     """The Steering page's export (summary.export_bundle), built once per set of vectors."""
     sess = steering_session(spec, run, fp, ts, top_k, precision)
-    config = sess.lm.model.config
-    return export_bundle(sess.vectors, config.model_type, config.num_hidden_layers)
+    return export_bundle(sess.vectors, sess.lm.model.config)
 
 
 @st.cache_resource
