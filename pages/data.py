@@ -1,4 +1,4 @@
-"""Data: browse examples with gold labels as colored tokens; label-sensitivity variants with their stats; build or
+"""Data: browse examples with gold labels as colored tokens; label-sensitivity settings with their stats; build or
 import a data set from any data source (one a model writes, as a background job) and merge data sets."""
 
 from pages._ui.frame import ensure_frame

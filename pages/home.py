@@ -65,7 +65,7 @@ starts = [
         "pages/data.py",
         "Data",
         ":material/dataset:",
-        "Browse token labels, label-sensitivity variants, build or import data.",
+        "Browse token labels, label-sensitivity settings, build or import data.",
     ),
     (
         "pages/train.py",

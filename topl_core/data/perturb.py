@@ -1,7 +1,7 @@
 """Seeded perturbations of a faithful summary S into S' with exact character spans of every edit: the recipes
 (which edit kinds, how many documents lower-cased), drawing 1–3 non-overlapping edits per summary, applying them,
-and building the labelled records. The edit kinds: edits.py ("v1": entity, number, date, negation, relation,
-invented) and edits_v2.py (attribution, swap, extrinsic, modal, copied).
+and building the labelled records. The edit kinds: fact_edits.py ("v1": entity, number, date, negation, relation,
+invented) and summarizer_edits.py ("v2": attribution, swap, extrinsic, modal, copied).
 """
 
 from __future__ import annotations
