@@ -11,7 +11,6 @@ import pytest
 import torch
 from conftest import NEWS_PAIRS, all_hooks
 
-from topl_core.adapters import load_adapter
 from topl_core.analysis.lora_a.capture import collect_projections
 from topl_core.analysis.lora_a.separability import separability
 from topl_core.analysis.lora_a.sites import RESIDUAL_MODULES
@@ -24,9 +23,10 @@ from topl_core.analysis.steering.hooks import steer
 from topl_core.analysis.steering.modes import MODES, POSITIONS, UNIT_FRACTION, SteerConfig
 from topl_core.analysis.steering.session import SteeringSession
 from topl_core.analysis.steering.vectors import SteeringVectors
-from topl_core.errors import ModelError
-from topl_core.generate import GenerationConfig, generate, load_merged
-from topl_core.models import load_model
+from topl_core.foundations.errors import ModelError
+from topl_core.inference.generate import GenerationConfig, generate, load_merged
+from topl_core.models.loading import load_model
+from topl_core.training.adapters import load_adapter
 from topl_core.training.config import LoraSettings, TrainConfig
 from topl_core.training.trainer import train
 
@@ -569,7 +569,7 @@ def test_streamed_text_is_the_generated_text(merged, vectors, positions):
 def test_slider_bench_measures_both_paths_on_the_same_text(merged, vectors):
     """bench --slider's figures on the tiny model: both paths write the same text (the bench checks it), every time is
     positive and the ratios are the times' ratios."""
-    from topl_core.analysis.steering.slider_bench import format_slider, slider_bench
+    from topl_core.bench.slider import format_slider, slider_bench
 
     res = slider_bench(
         SteeringSession(merged, vectors), DOC, new_tokens=6, precision="fp32", repeats=2, log=lambda _: 0

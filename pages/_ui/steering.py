@@ -25,7 +25,7 @@ from topl_core.analysis.steering.fluency import fluency
 from topl_core.analysis.steering.modes import SteerConfig
 from topl_core.analysis.steering.session import SteeringSession
 from topl_core.analysis.steering.summary import ExportBundle, export_bundle
-from topl_core.generate import GenerationConfig, stream_generate
+from topl_core.inference.generate import GenerationConfig, stream_generate
 
 
 @st.cache_resource(show_spinner="Computing steering vectors (projections cached on disk)…", max_entries=2 * MAX_MODELS)

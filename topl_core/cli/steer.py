@@ -10,7 +10,6 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from ..adapters import open_adapter
 from ..analysis.lora_a.probe import ProbeSettings, labelled_records
 from ..analysis.steering.extract import build_steering_vectors
 from ..analysis.steering.llama_cpp import export_for_llama_cpp
@@ -22,10 +21,11 @@ from ..analysis.studies.deck_html import write_deck_html, write_frames
 from ..analysis.studies.deck_prepare import prepare_deck
 from ..data.records import read_jsonl, read_utf8
 from ..data.split import split_records
-from ..generate import GenerationConfig, generate
-from ..io import write_json
-from ..models import ModelSpec, load_model
-from ..progress import Bar
+from ..foundations.io import write_json
+from ..foundations.progress import Bar
+from ..inference.generate import GenerationConfig, generate
+from ..models.loading import ModelSpec, load_model
+from ..training.adapters import open_adapter
 from . import CANCELLED, COMMANDS
 from .common import (
     ADAPTER_HELP,

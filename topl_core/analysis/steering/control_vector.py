@@ -43,8 +43,8 @@ from typing import Mapping
 
 import numpy as np
 
-from ...errors import ModelError
-from ...io import atomic_path
+from ...foundations.errors import ModelError
+from ...foundations.io import atomic_path
 from ..lora_a.sites import RESIDUAL_MODULES, Site
 
 ARCHITECTURE = "controlvector"

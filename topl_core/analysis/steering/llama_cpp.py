@@ -31,8 +31,8 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from ...errors import ModelError
-from ...io import atomic_path
+from ...foundations.errors import ModelError
+from ...foundations.io import atomic_path
 from ..lora_a.sites import LoraWeights, Site
 from .control_vector import model_hint_for
 from .vectors import SteeringVectors

@@ -29,8 +29,8 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from ...errors import ModelError
-from ...io import save_tensors, write_json
+from ...foundations.errors import ModelError
+from ...foundations.io import save_tensors, write_json
 from ..lora_a.sites import (
     LoraWeights,
     Site,
