@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from topl_core.data.encode import build_prompt, truncate_document
-from topl_core.generate import GenerationConfig
-from topl_core.models import EMBEDDED, converted_embedded_dir, load_model, package_dir
-from topl_core.paths import PROJECT_ROOT
+from topl_core.foundations.paths import PROJECT_ROOT
+from topl_core.inference.generate import GenerationConfig
+from topl_core.models.loading import EMBEDDED, converted_embedded_dir, load_model, package_dir
 
 MODEL = "smollm2-135m"
 ADAPTER = PROJECT_ROOT / "examples" / "adapters" / "topl-smollm2"
