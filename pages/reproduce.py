@@ -14,12 +14,13 @@ import streamlit as st
 from pages._ui.datasets import dataset_picker
 from pages._ui.forms import SIDEBAR_FIELDS, config_inputs, field_input
 from pages._ui.spec import current_model_name, current_spec, split_spec
-from topl_core import jobs, launchers
-from topl_core.errors import ConfigError, WorkbenchError
-from topl_core.executor import ExecutorConfig
-from topl_core.paths import inside, runs_dir
-from topl_core.presets import PRESETS
-from topl_core.progress import format_seconds
+from topl_core.foundations.errors import ConfigError, WorkbenchError
+from topl_core.foundations.executor import ExecutorConfig
+from topl_core.foundations.paths import inside, runs_dir
+from topl_core.foundations.presets import PRESETS
+from topl_core.foundations.progress import format_seconds
+from topl_core.jobs import background as jobs
+from topl_core.jobs import launchers
 
 with core_imports():
     from topl_core.analysis.studies.reproduce import read_tasks

@@ -17,8 +17,8 @@ from topl_core.analysis.studies.reproduce import plan_tasks, read_tasks, run_rep
 from topl_core.analysis.studies.reproduce_claims import CLAIMS, VERDICTS
 from topl_core.analysis.studies.reproduce_config import ReproduceConfig
 from topl_core.analysis.studies.reproduce_report import read_report
-from topl_core.errors import RunError
-from topl_core.status import read_status, request_stop
+from topl_core.foundations.errors import RunError
+from topl_core.foundations.status import read_status, request_stop
 from topl_core.training.config import TrainConfig
 from topl_core.training.methods import METHODS
 
@@ -116,7 +116,8 @@ def test_a_background_study_killed_part_way_resumes_with_its_finished_tasks_unto
     import signal
     import time
 
-    from topl_core import jobs, launchers
+    from topl_core.jobs import background as jobs
+    from topl_core.jobs import launchers
 
     cfg = ReproduceConfig.quick(data=study["cfg"].data, methods=("topl",))
     folder = tmp_path / "paper-killed"

@@ -12,11 +12,11 @@ from pathlib import Path
 from ..analysis.studies.reproduce import read_tasks, resume_reproduce, run_reproduce
 from ..analysis.studies.reproduce_config import ReproduceConfig
 from ..analysis.studies.reproduce_report import read_report
-from ..config_fields import add_config_args, config_args
-from ..jobs import read_job
-from ..launchers import launch_reproduce, resume_reproduce_job
-from ..progress import Bar, format_seconds
-from ..status import request_stop
+from ..foundations.config_fields import add_config_args, config_args
+from ..foundations.progress import Bar, format_seconds
+from ..foundations.status import request_stop
+from ..jobs.background import read_job
+from ..jobs.launchers import launch_reproduce, resume_reproduce_job
 from . import CANCELLED, COMMANDS
 from .common import add_executor_args, announce_precision, executor_from_args
 

@@ -14,7 +14,7 @@ import hashlib
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ...metrics import mean_ci
+from ...foundations.metrics import mean_ci
 from ..cache import JSON, cached
 from ..steering.fluency import Fluency, fluency, perplexities
 from ..steering.modes import SteerConfig, lambda_grids

@@ -21,7 +21,7 @@ from typing import Callable, ClassVar, Mapping, Protocol
 import numpy as np
 import torch
 
-from ...errors import ModelError
+from ...foundations.errors import ModelError
 from ..lora_a.sites import LoraWeights, Site, site_module, sort_sites
 
 # Normalised λ: |λ| = 1 adds, at each steered site, a vector whose norm is UNIT_FRACTION × that site's mean output

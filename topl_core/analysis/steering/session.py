@@ -23,10 +23,10 @@ from typing import Iterator, Sequence
 
 import torch
 
-from ...adapters import open_adapter
-from ...errors import ModelError
-from ...generate import GenerationConfig, Prefill, generate, load_merged, prefill, stream_generate
-from ...models import LoadedModel
+from ...foundations.errors import ModelError
+from ...inference.generate import GenerationConfig, Prefill, generate, load_merged, prefill, stream_generate
+from ...models.loading import LoadedModel
+from ...training.adapters import open_adapter
 from ..lora_a.sites import LoraWeights, Site, site_module
 from .hooks import steer
 from .modes import SteerConfig
@@ -108,7 +108,7 @@ class SteeringSession:
         task: str = "summarization",
         how: SteerConfig = SteerConfig(),
     ) -> list[str]:
-        """One response per document at one λ, in left-padded batches of gen_cfg.batch_size (topl_core.generate).
+        """One response per document at one λ, in left-padded batches of gen_cfg.batch_size (inference/generate.py).
         Greedy batched outputs can differ from one-at-a-time outputs in the last float bits (padding changes the
         matmul shapes); compare λ values within one mode."""
         return self._generate(documents, lam, gen_cfg, task, how)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
-from ...models import decoder_config
-from ...presets import PRESETS
-from ...runs import RunDir
+from ...foundations.presets import PRESETS
+from ...models.loading import decoder_config
 from ...training.config import TrainConfig
 from ...training.methods import METHODS
+from ...training.run_dirs import RunDir
 
 FALLBACK_PRESET = "qwen3-8b"  # the family of the paper's indicator table (paper_numbers.py)
 

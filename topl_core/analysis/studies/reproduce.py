@@ -14,15 +14,15 @@ beside the paper's, with a verdict per claim (reproduce_report.py).
     read_results(folder) -> {task name: result}
 
 Every task is independent within its phase and runs where the executor says (in this process, or as Ray tasks:
-topl_core.executor); this process alone writes the study's files. A finished task's result is tasks/<name>.json,
-written once: a rerun finds it and never runs that task again; a training stopped part-way resumes from its
-checkpoint; the measures' generations, projections and token scores are cached (analysis/cache.py), so a measure
-stopped part-way keeps what it had. A stop request (status.request_stop; the page's Stop) ends the study after the
-current training step or task, state "cancelled".
+topl_core.foundations.executor); this process alone writes the study's files. A finished task's result is
+tasks/<name>.json, written once: a rerun finds it and never runs that task again; a training stopped part-way resumes
+from its checkpoint; the measures' generations, projections and token scores are cached (analysis/cache.py), so a
+measure stopped part-way keeps what it had. A stop request (status.request_stop; the page's Stop) ends the study
+after the current training step or task, state "cancelled".
 
 Layout of a study folder:
     reproduce.json      {"config": ReproduceConfig, "executor": ExecutorConfig}
-    status.json, STOP   state, done / total tasks, the current task, eta_s; a stop request (topl_core.status)
+    status.json, STOP   state, done / total tasks, the current task, eta_s; a stop request (foundations/status.py)
     methods/<method>/   each method's run directory
     labels/             the label study (label_study.json, a run per setting)
     tasks/<name>.json   a finished task's result; tasks-errors/ the tracebacks of failed ones
@@ -40,14 +40,14 @@ from typing import Callable, ClassVar
 
 from ...data.records import read_jsonl
 from ...data.split import split_records
-from ...errors import RunError
-from ...executor import ExecutorConfig, failure_report, run_tasks
-from ...io import write_json
-from ...paths import project_path
-from ...precision import machine_description
-from ...runs import RunDir
-from ...status import WriterLock, clear_stop, stop_requested, write_status
+from ...foundations.errors import RunError
+from ...foundations.executor import ExecutorConfig, failure_report, run_tasks
+from ...foundations.io import write_json
+from ...foundations.paths import project_path
+from ...foundations.status import WriterLock, clear_stop, stop_requested, write_status
+from ...hardware.precision import machine_description
 from ...training.methods import METHODS
+from ...training.run_dirs import RunDir
 from ...training.trainer import train
 from ..evaluation.config import Variant
 from ..evaluation.evaluate import evaluate

@@ -8,13 +8,13 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
-from ...config_fields import config_field
-from ...data.variants import LABEL_SETTINGS
-from ...errors import ConfigError
-from ...models import layer_count
-from ...paths import DEFAULT_DATA
-from ...precision import PRECISION_HELP, PRECISIONS, Precision, resolve_precision
-from ...presets import DEFAULT_MODEL, PRESETS
+from ...data.label_settings import LABEL_SETTINGS
+from ...foundations.config_fields import config_field
+from ...foundations.errors import ConfigError
+from ...foundations.paths import DEFAULT_DATA
+from ...foundations.presets import DEFAULT_MODEL, PRESETS
+from ...hardware.precision import PRECISION_HELP, PRECISIONS, Precision, resolve_precision
+from ...models.loading import layer_count
 from ...training.config import TrainConfig, study_schedule
 from ...training.methods import METHODS
 from ..evaluation.config import EvalConfig

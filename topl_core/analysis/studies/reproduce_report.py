@@ -15,7 +15,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ...io import atomic_open, write_json
+from ...foundations.io import atomic_open, write_json
 from ..lora_a.separability import METHOD
 from .paper_numbers import INDICATOR_MODEL
 from .report_figures import Series, chart, standalone

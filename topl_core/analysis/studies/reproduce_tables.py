@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ...metrics import mean_ci
+from ...foundations.metrics import mean_ci
 from ..evaluation.evaluate import results_table
 from ..evaluation.indicator import factuality_columns, indicator_table, rho_interval
 from ..evaluation.lambda_study import lambda_curve
