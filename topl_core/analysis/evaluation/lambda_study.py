@@ -131,15 +131,15 @@ def lambda_curve(df, protocol: str = "sentence", by_set: bool = False):
     out = []
     for key, part in df.groupby(keys, sort=True, dropna=False):
         row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
-        row.update(_mean_ci(part[col], "factuality"))
+        row.update(mean_ci(part[col], "factuality"))
         neutral = SteerConfig(row.get("mode", "vector")).neutral
         same = (df[[k for k in keys if k != "lambda"]] == part.iloc[0][[k for k in keys if k != "lambda"]]).all(1)
         ref = df[same & (df["lambda"] == neutral)].set_index(["set", "doc_id"])[col]
         paired = part.set_index(["set", "doc_id"])[col] - ref.reindex(part.set_index(["set", "doc_id"]).index)
-        row.update(_mean_ci(paired.dropna(), "change"))
+        row.update(mean_ci(paired.dropna(), "change"))
         if "degenerate" in part:
             fluent = part[~part["degenerate"].astype(bool)]
-            row.update(_mean_ci(fluent[col], "factuality_fluent"))
+            row.update(mean_ci(fluent[col], "factuality_fluent"))
             row["degenerate"] = float(part["degenerate"].astype(bool).mean())
             row["perplexity"] = float(part["perplexity"].median())
             row["distinct_2"] = float(part["distinct_2"].mean())
@@ -153,7 +153,8 @@ def lambda_curve(df, protocol: str = "sentence", by_set: bool = False):
     return pd.DataFrame(out)
 
 
-def _mean_ci(x, name: str) -> dict:
+def mean_ci(x, name: str) -> dict:
+    """{name, name_sem, name_lo, name_hi, name_n}: the mean of `x` with its 95% interval (mean ± 1.96 s.e.)."""
     n = int(len(x))
     mean = float(x.mean()) if n else float("nan")
     sem = float(x.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
