@@ -10,6 +10,7 @@ dev table, the choice and the held-out table (all documents, then per set); --js
 from __future__ import annotations
 
 import argparse
+import json
 
 from topl_core.analysis.evaluation.config import EvalConfig
 from topl_core.analysis.evaluation.gated_comparison import GatedStudy, Scoring, choose, compare, paired_table
@@ -19,12 +20,18 @@ from topl_core.precision import PRECISIONS
 from topl_core.progress import Bar
 
 
+def records(df) -> list[dict]:
+    """A table's rows for JSON, an undefined value (NaN) as null."""
+    return json.loads(df.to_json(orient="records", force_ascii=False))
+
+
 def wide(tables: dict):
     """One row per metric and comparison, one column per set of documents (all, then each set)."""
     import pandas as pd
 
     long = pd.concat(tables.values())
-    long["cell"] = [f"{m:.3f} [{lo:.3f}, {hi:.3f}] ({int(n)})" for m, lo, hi, n in long[["mean", "lo", "hi", "n"]].values]
+    cells = long[["mean", "lo", "hi", "n"]].values
+    long["cell"] = [f"{m:.3f} [{lo:.3f}, {hi:.3f}] ({int(n)})" for m, lo, hi, n in cells]
     out = long.pivot_table(index=["metric", "comparison"], columns="set", values="cell", aggfunc="first", sort=False)
     return out[["all", *[c for c in out.columns if c != "all"]]].reset_index()
 
@@ -64,9 +71,9 @@ def main(argv: list[str] | None = None) -> None:
             "study": {**vars(args)},
             "choice": {"always_on_lambda": choice.always_on_lambda, "gated_lambda": choice.gated_lambda,
                        "tau": choice.tau, "keep": choice.keep},
-            "dev": choice.dev.to_dict("records"),
-            **{f"heldout_{k}": t.to_dict("records") for k, t in tables.items()},
-            "rows": rows.to_dict("records"),
+            "dev": records(choice.dev),
+            **{f"heldout_{k}": records(t) for k, t in tables.items()},
+            "rows": records(rows),
         })  # fmt: skip
         print(f"wrote {args.json}")
 

@@ -516,8 +516,8 @@ def test_site_table_and_export_bundle(merged, vectors):
 @pytest.mark.parametrize("positions", POSITIONS)
 def test_streamed_text_is_the_generated_text(merged, vectors, positions):
     """Every mode: the streamed text grows token by token and ends on generate_steered's text; where the prompt is not
-    steered (generated positions, a gated mode), every λ decodes from the one prompt forward of the document. Closing a stream midway leaves no
-    hook and frees the model for the next generation."""
+    steered (generated positions, a gated mode), every λ decodes from the one prompt forward of the document. Closing
+    a stream midway leaves no hook and frees the model for the next generation."""
     session, hooks = SteeringSession(merged, vectors), all_hooks(merged.model)
     gen = GenerationConfig(max_new_tokens=12, precision="fp32")
     for mode, spec in MODES.items():
