@@ -20,12 +20,12 @@ from topl_core.analysis.steering.gate import Head
 from topl_core.analysis.steering.hooks import steer
 from topl_core.analysis.steering.modes import MODES, SteerConfig
 from topl_core.analysis.steering.session import SteeringSession
-from topl_core.architecture import final_norm
 from topl_core.data.encode import build_prompt, truncate_document
-from topl_core.errors import ModelError
-from topl_core.forward import head_probability
-from topl_core.generate import GenerationConfig, generate, load_merged, prefill, stop_tokens
-from topl_core.precision import autocast
+from topl_core.foundations.errors import ModelError
+from topl_core.hardware.precision import autocast
+from topl_core.inference.generate import GenerationConfig, generate, load_merged, prefill, stop_tokens
+from topl_core.models.architecture import final_norm
+from topl_core.models.forward import head_probability
 from topl_core.training.trainer import train
 
 DOCS = [NEWS_PAIRS[0][1], NEWS_PAIRS[2][1]]

@@ -15,9 +15,9 @@ from conftest import NEWS_PAIRS, tiny_config
 from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.modes import MODE_SETTINGS, SteerConfig
 from topl_core.analysis.steering.session import SteeringSession
-from topl_core.config_fields import config_args
 from topl_core.data.records import write_jsonl
-from topl_core.generate import load_merged
+from topl_core.foundations.config_fields import config_args
+from topl_core.inference.generate import load_merged
 from topl_core.training.trainer import train
 
 DOC = NEWS_PAIRS[0][1]
@@ -104,9 +104,9 @@ def test_a_gated_deck_keeps_and_exports_its_replacements(run, data, session, tmp
 
 def test_the_lambda_study_job_spells_the_gate_settings(tmp_path):
     """A λ study with the gated mode: its settings reach the `evaluate` command line the job runs, and back."""
-    from topl_core import launchers
     from topl_core.analysis.evaluation.config import EvalConfig, EvalJob, LambdaStudy
     from topl_core.cli import build_parser
+    from topl_core.jobs import launchers
 
     study = LambdaStudy((0.0, 2.0), ("vector", "gated"), settings=(("tau", 0.3), ("keep", 2)))
     argv = launchers.evaluation_argv(EvalJob(EvalConfig(n_id=2, n_ood=0), ("runs/a",), study=study), tmp_path)

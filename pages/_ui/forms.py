@@ -1,8 +1,8 @@
 """Config forms (Train, Layer sweep, the Data page's build form) built from the config dataclasses — TrainConfig
 with its LoraSettings, SweepConfig, ExecutorConfig and the data sources' SourceOptions — as the CLI builds its
 flags: one input per field, the widget chosen by the field's type, worded by the field's own description (label, help,
-bounds, choices: topl_core.config_fields), the default taken from a config instance. A field added to a config reaches
-every form that shows that config with no edit here."""
+bounds, choices: topl_core.foundations.config_fields), the default taken from a config instance. A field added to a
+config reaches every form that shows that config with no edit here."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import itertools
 from typing import Sequence
 
 from topl_core.analysis.steering.modes import SteerConfig
-from topl_core.config_fields import field_infos
-from topl_core.precision import PRECISIONS, describe_precision, resolve_precision
+from topl_core.foundations.config_fields import field_infos
+from topl_core.hardware.precision import PRECISIONS, describe_precision, resolve_precision
 
 SIDEBAR_FIELDS = frozenset({"model", "device"})  # chosen in the sidebar, for every page
 NO_VALUE = object()  # field_input without a default: the value comes from st.session_state (set by the page)

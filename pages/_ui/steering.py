@@ -27,7 +27,7 @@ from topl_core.analysis.steering.modes import SteerConfig
 from topl_core.analysis.steering.session import SteeringSession
 from topl_core.analysis.steering.steered_text import SteeredText
 from topl_core.analysis.steering.summary import ExportBundle, export_bundle
-from topl_core.generate import GenerationConfig, stream_generate
+from topl_core.inference.generate import GenerationConfig, stream_generate
 
 
 @st.cache_resource(show_spinner="Computing steering vectors (projections cached on disk)…", max_entries=2 * MAX_MODELS)
@@ -137,8 +137,7 @@ def steered_stream(
 def export_zip(spec: str, run: str, fp: str, ts: tuple, top_k: int, precision: str) -> ExportBundle:
     """The Steering page's export (summary.export_bundle), built once per set of vectors."""
     sess = steering_session(spec, run, fp, ts, top_k, precision)
-    config = sess.lm.model.config
-    return export_bundle(sess.vectors, config.model_type, config.num_hidden_layers)
+    return export_bundle(sess.vectors, sess.lm.model.config)
 
 
 @st.cache_resource

@@ -1,31 +1,31 @@
 """`bench`: speed and memory against the measured machine limit and the naive way (ratios, one run); `bench --scale`:
-the paper's presets at their published shape on one device (topl_core.scale_bench); `bench --memory`: what fits on a
+the paper's presets at their published shape on one device (topl_core.bench.scale); `bench --memory`: what fits on a
 GPU per paper preset, computed on the meta device (no GPU needed); `bench --slider`: a new λ position of the Steering
-page against plain generate (topl_core.analysis.steering.slider_bench); `bench --gated`: gated steering against
-always-on steering and the merged model's plain generation (topl_core.analysis.steering.gated_bench)."""
+page against plain generate (topl_core.bench.slider); `bench --gated`: gated steering against always-on steering and
+the merged model's plain generation (topl_core.bench.workbench.gated)."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
 
-from ..adapters import open_adapter
 from ..analysis.evaluation.config import EvalConfig
 from ..analysis.evaluation.evaluate import steering_vectors_for
-from ..analysis.steering.gated_bench import format_gated, gated_bench
 from ..analysis.steering.modes import MODE_SETTINGS, SteerConfig
 from ..analysis.steering.session import SteeringSession
-from ..analysis.steering.slider_bench import format_slider, slider_bench
-from ..bench import main
-from ..config_fields import add_config_args, config_args
+from ..bench.gated import format_gated, gated_bench
+from ..bench.scale import PHASES_PER_MODEL, ScaleSettings, format_scale, run_scale_bench
+from ..bench.slider import format_slider, slider_bench
+from ..bench.workbench import main
 from ..data.records import read_jsonl
 from ..data.split import split_records
-from ..io import write_json
-from ..models import DEVICES
-from ..paths import DEFAULT_DATA, examples_dir, project_path
-from ..presets import DEFAULT_MODEL, PRESETS
-from ..progress import Bar
-from ..scale_bench import PHASES_PER_MODEL, ScaleSettings, format_scale, run_scale_bench
+from ..foundations.config_fields import add_config_args, config_args
+from ..foundations.io import write_json
+from ..foundations.paths import DEFAULT_DATA, examples_dir, project_path
+from ..foundations.presets import DEFAULT_MODEL, PRESETS
+from ..foundations.progress import Bar
+from ..models.loading import DEVICES
+from ..training.adapters import open_adapter
 from ..training.memory import GIB, what_fits
 from . import COMMANDS
 from .common import add_precision_arg, announce_precision

@@ -8,19 +8,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..adapters import open_adapter
 from ..analysis.evaluation.config import EvalConfig, Variant
 from ..analysis.evaluation.evaluate import evaluate, protocol_agreement, results_table
 from ..analysis.evaluation.lambda_study import CURVE_KEYS, lambda_curve, lambda_sweep
 from ..analysis.evaluation.quality import scorer_quality
 from ..analysis.evaluation.scorers import PROTOCOLS, make_scorer
 from ..analysis.steering.modes import MODE_SETTINGS, MODES, POSITIONS, UNITS_DOC, SteerConfig, lambda_grids, modes_help
-from ..config_fields import add_config_args, config_args
-from ..errors import ConfigError
-from ..executor import ExecutorConfig
-from ..io import atomic_open, write_json
-from ..presets import DEFAULT_MODEL
-from ..progress import Bar
+from ..foundations.config_fields import add_config_args, config_args
+from ..foundations.errors import ConfigError
+from ..foundations.executor import ExecutorConfig
+from ..foundations.io import atomic_open, write_json
+from ..foundations.presets import DEFAULT_MODEL
+from ..foundations.progress import Bar
+from ..training.adapters import open_adapter
 from . import COMMANDS
 from .common import ExamplesFormatter, add_executor_args, add_precision_arg, announce_precision, executor_from_args
 

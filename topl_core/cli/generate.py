@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..generate import GenerationConfig, generate, load_merged
-from ..io import atomic_open
-from ..models import ModelSpec
-from ..presets import DEFAULT_MODEL
+from ..foundations.io import atomic_open
+from ..foundations.presets import DEFAULT_MODEL
+from ..inference.generate import GenerationConfig, generate, load_merged
+from ..models.loading import ModelSpec
 from . import COMMANDS
 from .common import (
     ADAPTER_HELP,

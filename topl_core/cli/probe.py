@@ -14,9 +14,9 @@ from ..analysis.evaluation.scorers import DEFAULT_SCORER
 from ..analysis.lora_a.probe import ProbeSettings, labelled_records, probe_run
 from ..analysis.lora_a.separability import METHOD, comparison_table, format_heatmap
 from ..data.cliff import load_factuality_csv
-from ..errors import ConfigError
-from ..io import write_json
-from ..progress import Bar
+from ..foundations.errors import ConfigError
+from ..foundations.io import write_json
+from ..foundations.progress import Bar
 from . import COMMANDS
 from .common import (
     add_adapter_args,

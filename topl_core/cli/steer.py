@@ -9,22 +9,23 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..adapters import open_adapter
 from ..analysis.lora_a.probe import ProbeSettings, labelled_records
 from ..analysis.steering.extract import build_steering_vectors
+from ..analysis.steering.llama_cpp import export_for_llama_cpp
 from ..analysis.steering.modes import MODE_SETTINGS, MODES, POSITIONS, UNITS, UNITS_DOC, SteerConfig, modes_help
 from ..analysis.steering.session import SteeringSession
 from ..analysis.steering.vectors import SteeringVectors
 from ..analysis.studies.deck import HEAD_CHOICES, DeckConfig, create_deck, read_deck
 from ..analysis.studies.deck_html import write_deck_html, write_frames
 from ..analysis.studies.deck_prepare import prepare_deck
-from ..config_fields import add_config_args, config_args
 from ..data.records import read_jsonl, read_utf8
 from ..data.split import split_records
-from ..generate import GenerationConfig, generate
-from ..io import write_json
-from ..models import ModelSpec, load_model
-from ..progress import Bar
+from ..foundations.config_fields import add_config_args, config_args
+from ..foundations.io import write_json
+from ..foundations.progress import Bar
+from ..inference.generate import GenerationConfig, generate
+from ..models.loading import ModelSpec, load_model
+from ..training.adapters import open_adapter
 from . import CANCELLED, COMMANDS
 from .common import (
     ADAPTER_HELP,
@@ -54,7 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--export-gguf",
         metavar="FILE",
-        help="also write the --mode (vector or diff-mean) vectors at λ = 1 in --units as a llama.cpp control vector",
+        help="also write the --mode (vector or diff-mean) vectors at λ = 1 in --units as a llama.cpp control vector, "
+        "and the adapter's LoRA beside it as FILE's stem + .lora.gguf (llama.cpp's --lora); prints the llama.cpp line",
     )
     add_data_args(p)
     p.set_defaults(split="val")
@@ -189,13 +191,12 @@ def run(args: argparse.Namespace) -> int | None:
         print(f"exported to {args.export}")
     session = SteeringSession.from_run(rd, vectors, rd.base_model)
     if args.export_gguf:
-        config = session.lm.model.config
-        left_out = vectors.save_control_vector(
-            args.export_gguf, how.mode, how.units, config.model_type, config.num_hidden_layers
-        )
-        print(f"llama.cpp control vector ({how.mode}, λ = 1 in {how.units} units): {args.export_gguf}")
-        if left_out:
-            print(f"  left out (llama.cpp has no direction for layer 0): {', '.join(left_out)}")
+        exported = export_for_llama_cpp(vectors, args.export_gguf, how.mode, how.units, session.lm.model.config)
+        print(f"llama.cpp control vector ({how.mode}, λ = 1 in {how.units} units): {exported.vector}")
+        print(f"llama.cpp LoRA adapter (the vectors were computed on base + this LoRA): {exported.lora}")
+        if exported.left_out:
+            print(f"  left out (llama.cpp has no direction for layer 0): {', '.join(exported.left_out)}")
+        print(f"  in llama.cpp (steers every position, as --positions all): {exported.command(lambdas[-1])}")
 
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, mode=args.decoding, seed=args.seed, precision=precision)
     rows = []

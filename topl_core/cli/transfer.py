@@ -16,8 +16,8 @@ from ..analysis.studies.transfer import (
     transfer_table,
 )
 from ..data.records import read_jsonl
-from ..io import atomic_open, write_json
-from ..progress import Bar
+from ..foundations.io import atomic_open, write_json
+from ..foundations.progress import Bar
 from . import COMMANDS
 from .common import ADAPTER_HELP, add_precision_arg, announce_precision, open_adapter_arg
 

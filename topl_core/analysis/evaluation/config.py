@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ...config_fields import config_field
-from ...generate import GenerationConfig
-from ...models import Device
-from ...paths import DEFAULT_DATA
-from ...precision import PRECISION_HELP, Precision, resolve_precision
-from ...presets import DEFAULT_MODEL
+from ...foundations.config_fields import config_field
+from ...foundations.paths import DEFAULT_DATA
+from ...foundations.presets import DEFAULT_MODEL
+from ...hardware.precision import PRECISION_HELP, Precision, resolve_precision
+from ...inference.generate import GenerationConfig
+from ...models.loading import Device
 from ..steering.modes import SteerConfig
 from .scorers import DEFAULT_SCORER, SCORER_HELP
 
@@ -97,7 +97,7 @@ class EvalConfig:
     top_k: int = config_field(4, label="Steered sites", help="steered sites (the top k by LoRA-A AUROC)", min=1)
     model: str = config_field(DEFAULT_MODEL, label="Base model", help="the base model when no adapter names one")
     device: Device = config_field("cpu", label="Device", help="where the variants generate")
-    # resolved for `device` when built (topl_core.precision)
+    # resolved for `device` when built (topl_core.hardware.precision)
     precision: Precision = config_field("auto", label="Precision", help="of the generations: " + PRECISION_HELP)
 
     def __post_init__(self) -> None:
@@ -142,7 +142,7 @@ class LambdaStudy:
 
 @dataclass(frozen=True)
 class EvalJob:
-    """An evaluation to run in the background (topl_core.launchers.launch_evaluation): the results table of the base
+    """An evaluation to run in the background (jobs/launchers.py: launch_evaluation): the results table of the base
     model (include_base), each run merged and steered at each λ of `steer` — or, with `study`, a λ study of the runs."""
 
     cfg: EvalConfig

@@ -19,8 +19,8 @@ from pathlib import Path
 from ...data.cliff import csv_rows
 from ...data.records import read_jsonl
 from ...data.split import first_documents, split_records
-from ...errors import DataError
-from ...paths import cliff_csv, project_path
+from ...foundations.errors import DataError
+from ...foundations.paths import cliff_csv, project_path
 from .config import EvalConfig
 
 

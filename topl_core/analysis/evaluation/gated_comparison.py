@@ -25,13 +25,13 @@ from typing import Sequence
 
 import numpy as np
 
-from ...adapters import open_adapter
 from ...data.records import Record, read_jsonl
 from ...data.split import first_documents, split_records
-from ...models import ModelSpec, load_model
-from ...paths import project_path
-from ...precision import weights_for
-from ...scoring import TokenScorer
+from ...foundations.paths import project_path
+from ...hardware.precision import weights_for
+from ...inference.token_scores import TokenScorer
+from ...models.loading import ModelSpec, load_model
+from ...training.adapters import open_adapter
 from ..steering.modes import SteerConfig
 from ..token_colors import FLAG_THRESHOLD
 from .config import EvalConfig, ProgressFn, Variant

@@ -16,13 +16,13 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from ...adapters import Adapter, load_adapter, open_adapter
 from ...data.records import Record, read_jsonl, records_fingerprint
 from ...data.split import split_records
-from ...errors import ConfigError
-from ...models import ModelSpec, load_model
-from ...paths import project_path
-from ...precision import PRECISIONS, Precision, resolve_precision, weights_for
+from ...foundations.errors import ConfigError
+from ...foundations.paths import project_path
+from ...hardware.precision import PRECISIONS, Precision, resolve_precision, weights_for
+from ...models.loading import ModelSpec, load_model
+from ...training.adapters import Adapter, load_adapter, open_adapter
 from ..cache import cached, json_codec, npz_codec
 from .capture import DEFAULT_SET, Projections, collect_projections, random_lora_A
 from .separability import Separability, separability
@@ -41,7 +41,7 @@ class ProbeSettings:
     batch_size: int = 4
     max_doc_tokens: int | None = None
     max_response_tokens: int | None = None
-    precision: Precision = "auto"  # resolved for the run's device by resolved() (topl_core.precision)
+    precision: Precision = "auto"  # resolved for the run's device by resolved() (topl_core.hardware.precision)
     folds: int = 5
     seed: int = 0
     n_boot: int = 2000

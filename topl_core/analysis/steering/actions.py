@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Mapping, Protoco
 import numpy as np
 import torch
 
-from ...errors import ModelError
-from ...generate import GenerationConfig, Prefill, generate, stream_generate
-from ...models import LoadedModel
+from ...foundations.errors import ModelError
+from ...inference.generate import GenerationConfig, Prefill, generate, stream_generate
+from ...models.loading import LoadedModel
 from ..lora_a.sites import LoraWeights, Site, site_module, sort_sites
 from .steered_text import SteeredText
 

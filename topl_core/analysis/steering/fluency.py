@@ -9,7 +9,7 @@ damage instead of being scored "unfaithful".
         (fraction of the cased letters that are upper-case; 0.0 without any). No model: perplexity and
         tokens_per_word are NaN and `degenerate` is judged on the text-only criteria.
     perplexities(lm, texts, batch_size=8) -> list[float]
-        lm: a topl_core.models.LoadedModel. Each text on its own (no prompt; the tokenizer's own special tokens),
+        lm: a models.loading.LoadedModel. Each text on its own (no prompt; the tokenizer's own special tokens),
         cut to its first MAX_PERPLEXITY_TOKENS tokens: exp(mean next-token NLL over its tokens). Right-padded
         batches (padded here, so the tokenizer is never changed) with the attention mask, torch.no_grad, eval
         mode (the model's training flag is restored in finally). NaN for a text with fewer than 2 tokens.
@@ -63,7 +63,7 @@ from typing import Sequence
 
 import torch
 
-from ...models import LoadedModel
+from ...models.loading import LoadedModel
 
 MAX_REPEATED_3GRAM = 0.2  # real summaries max 0.064 (p99 0.026); SmolLM2 greedy loops 0.21-0.98
 MAX_COMPRESSION_RATIO = 3.0  # real summaries max 1.64, whole news documents max 2.53; loops 1.9-13

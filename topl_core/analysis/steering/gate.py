@@ -35,11 +35,11 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from ...architecture import decoder_layers, final_norm
-from ...forward import head_probability
-from ...generate import GenerationConfig, Prefill, stop_tokens
-from ...models import LoadedModel
-from ...precision import autocast
+from ...hardware.precision import autocast
+from ...inference.generate import GenerationConfig, Prefill, stop_tokens
+from ...models.architecture import decoder_layers, final_norm
+from ...models.forward import head_probability
+from ...models.loading import LoadedModel
 from .actions import Decoding, SteeringAction
 from .steered_text import GateCounts, Replacement, SteeredText
 

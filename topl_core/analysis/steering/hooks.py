@@ -23,8 +23,8 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 
-from ...architecture import base_causal_lm
-from ...errors import ModelError
+from ...foundations.errors import ModelError
+from ...models.architecture import base_causal_lm
 from ..lora_a.sites import LoraWeights, Site, site_module
 from .modes import SteerConfig
 from .vectors import SteeringVectors

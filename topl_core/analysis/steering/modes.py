@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ...config_fields import config_field
+from ...foundations.config_fields import config_field
 from ..token_colors import FLAG_THRESHOLD
 from .actions import (
     UNIT_FRACTION,

@@ -27,10 +27,10 @@ from typing import Iterator, Sequence
 
 import torch
 
-from ...adapters import open_adapter
-from ...errors import ModelError
-from ...generate import GenerationConfig, Prefill, load_merged, prefill
-from ...models import LoadedModel
+from ...foundations.errors import ModelError
+from ...inference.generate import GenerationConfig, Prefill, load_merged, prefill
+from ...models.loading import LoadedModel
+from ...training.adapters import open_adapter
 from ..lora_a.sites import LoraWeights, Site, site_module
 from .actions import Decoding
 from .gate import Head
@@ -130,7 +130,7 @@ class SteeringSession:
         task: str = "summarization",
         how: SteerConfig = SteerConfig(),
     ) -> list[str]:
-        """One response per document at one λ, in left-padded batches of gen_cfg.batch_size (topl_core.generate).
+        """One response per document at one λ, in left-padded batches of gen_cfg.batch_size (inference/generate.py).
         Greedy batched outputs can differ from one-at-a-time outputs in the last float bits (padding changes the
         matmul shapes); compare λ values within one mode."""
         return [g.text for g in self._generate(documents, lam, gen_cfg, task, how)]

@@ -6,7 +6,7 @@ generates, per document, the base model's summary and the merged model's summary
 λ is the merged model itself; a document's missing λ positions are generated as one batch,
 SteeringSession.generate_grid), and gives each the head's verdict — per-token p(good) of the adapter's own head (a TOPL
 run's, or a probe head fitted on its hidden states), the share of flagged tokens (p(good) < FLAG_THRESHOLD) — beside
-the offline factuality score. It is long work under the status protocol (topl_core.status: progress, ETA, STOP) and
+the offline factuality score. It is long work under the status protocol (foundations/status.py: progress, ETA, STOP) and
 resumable: each finished summary is written at once (a STOP is heard between summaries: a batch's texts not yet judged
 are dropped), and a restart generates only what is missing. A document file that cannot be read (cut short, edited) is
 named — Deck.unreadable, PrepareStats.redone and status.json's "redone" — and its summaries are made again.
@@ -38,10 +38,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from ...errors import ConfigError, RunError
-from ...io import write_json
-from ...paths import runs_dir, shipped_decks_dir
-from ...precision import PRECISIONS, Precision
+from ...foundations.errors import ConfigError, RunError
+from ...foundations.io import write_json
+from ...foundations.paths import runs_dir, shipped_decks_dir
+from ...hardware.precision import PRECISIONS, Precision
 from ..steering.modes import SteerConfig
 from ..steering.steered_text import GateCounts, Replacement
 from ..token_colors import FLAG_THRESHOLD

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...io import atomic_open
+from ...foundations.io import atomic_open
 from ..steering.steered_text import SteeredText
 from ..token_colors import FLAG_THRESHOLD, p_color, scale_legend
 

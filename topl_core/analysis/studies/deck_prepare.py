@@ -15,17 +15,17 @@ from typing import Callable
 
 import numpy as np
 
-from ...adapters import open_adapter
 from ...data.records import read_jsonl
 from ...data.split import split_records
-from ...errors import RunError
-from ...generate import GenerationConfig, generate
-from ...io import write_json
-from ...models import LoadedModel, ModelSpec, load_model
-from ...paths import project_path
-from ...precision import resolve_precision
-from ...scoring import TokenScorer
-from ...status import WriterLock, clear_stop, stop_requested, write_status
+from ...foundations.errors import RunError
+from ...foundations.io import write_json
+from ...foundations.paths import project_path
+from ...foundations.status import WriterLock, clear_stop, stop_requested, write_status
+from ...hardware.precision import resolve_precision
+from ...inference.generate import GenerationConfig, generate
+from ...inference.token_scores import TokenScorer
+from ...models.loading import LoadedModel, ModelSpec, load_model
+from ...training.adapters import open_adapter
 from ..evaluation.scorers import GroundingScorer, score_summary
 from ..lora_a.probe import ProbeSettings, labelled_records
 from ..lora_a.probe_head import ProbeHeadSettings, fit_probe_head

@@ -1,5 +1,5 @@
 """What every task of one study needs — a layer sweep's windows, a label study's settings — handed to
-topl_core.executor (and sent to Ray's object store once)."""
+topl_core.foundations.executor (and sent to Ray's object store once)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
-from ...models import LoadedModel
+from ...models.loading import LoadedModel
 
 C = TypeVar("C")
 

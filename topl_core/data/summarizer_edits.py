@@ -9,7 +9,7 @@
 - "copied": a document sentence absent from the summary is copied in with one entity/number/date/negation/relation
   edit inside it; only the edited words are bad, the copied words around them are good.
 
-Each kind is a function summary (+ document, names, rng) -> candidate edits (edits.Edit).
+Each kind is a function summary (+ document, names, rng) -> candidate edits (fact_edits.Edit).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import random
 import re
 from typing import Sequence
 
-from .edits import (
+from .fact_edits import (
     SENTENCE_END_RE,
     Edit,
     alternatives_re,

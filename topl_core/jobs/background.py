@@ -1,19 +1,19 @@
 """Background jobs: training runs, layer sweeps, evaluations and label studies (any `python -m topl_core`
-command) in detached processes, all read and stopped one way (topl_core.status).
+command) in detached processes, all read and stopped one way (topl_core.foundations.status).
 
 A job is a directory. For training it is the run directory itself; for a sweep, the sweep directory:
 
     runs/<name>/
       job.json        what was launched: {kind, argv, pid, started}
       job.log         the process's stdout + stderr
-      status.json     the protocol's status (topl_core.status): written by the work as it goes (the trainer: step
+      status.json     the protocol's status (foundations/status.py): written by the work as it goes (the trainer: step
                       / steps; a sweep: done / total), and by the job process when the work ended without saying so
       STOP            a stop request (cancel writes it, then SIGTERMs the job)
-      metrics.jsonl, topl_config.json, ...   written by the trainer (see topl_core.runs)
+      metrics.jsonl, topl_config.json, ...   written by the trainer (see topl_core.training.run_dirs)
 
-State is read back from these files only (read_job, through topl_core.status's state table), so the job list
+State is read back from these files only (read_job, through topl_core.foundations.status's state table), so the job list
 survives page reloads, app restarts and several app sessions at once. A job is started as
-`python -m topl_core.job_runner --job-dir DIR -- <cli args>` (job_runner.py) in a new session
+`python -m topl_core.cli.job_runner --job-dir DIR -- <cli args>` (job_runner.py) in a new session
 (`start_new_session=True`, so it outlives the app and has its own process group). That entry point turns SIGTERM
 into KeyboardInterrupt: Python's default SIGTERM action kills the process without unwinding, which would skip the
 trainer's `except BaseException` path (checkpoint + status "cancelled"). Cancel = SIGTERM to the process group.
@@ -35,11 +35,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .errors import JobError, RunError, WorkbenchError
-from .io import write_json
-from .paths import PROJECT_ROOT, runs_dir
-from .runs import RunDir
-from .status import (
+from ..foundations.errors import JobError, RunError, WorkbenchError
+from ..foundations.io import write_json
+from ..foundations.paths import PROJECT_ROOT, runs_dir
+from ..foundations.status import (
     ACTIVE_STATES,
     Facts,
     State,
@@ -54,6 +53,7 @@ from .status import (
     update_status,
     zombie,
 )
+from ..training.run_dirs import RunDir
 
 JOB_FILE = "job.json"
 LOG_FILE = "job.log"
@@ -135,7 +135,7 @@ def start_claimed(
 ) -> Path:
     job_dir = lock.path.parent  # a job still working here holds this lock, so claim refused this launch already
     clear_stop(job_dir)
-    argv = [sys.executable, "-m", "topl_core.job_runner", "--job-dir", str(job_dir), "--", *map(str, cli_args)]
+    argv = [sys.executable, "-m", "topl_core.cli.job_runner", "--job-dir", str(job_dir), "--", *map(str, cli_args)]
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), **lock.hand_over()}
     with open(job_dir / LOG_FILE, "ab") as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv[3:])}\n".encode())

@@ -31,8 +31,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from .io import write_json
-from .paths import cache_dir
+from ..foundations.io import write_json
+from ..foundations.paths import cache_dir
 
 Precision = Literal["auto", "fp32", "bf16"]
 ResolvedPrecision = Literal["fp32", "bf16"]

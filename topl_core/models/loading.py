@@ -26,13 +26,13 @@ from typing import Literal, get_args
 
 import torch
 
-from .errors import ModelError
-from .io import give_umask_permissions, sha256_file
-from .paths import cache_dir
-from .precision import PRECISIONS, TORCH_DTYPES, Precision, resolve_weights
-from .presets import DEFAULT_MODEL, PRESETS
-from .services import PROBE_TIMEOUT_S, host_port, unreachable
-from .tiny_models import TINY_FAMILIES, build_tiny_model
+from ..foundations.errors import ModelError
+from ..foundations.io import give_umask_permissions, sha256_file
+from ..foundations.paths import cache_dir
+from ..foundations.presets import DEFAULT_MODEL, PRESETS
+from ..foundations.services import PROBE_TIMEOUT_S, host_port, unreachable
+from ..hardware.precision import PRECISIONS, TORCH_DTYPES, Precision, resolve_weights
+from .tiny import TINY_FAMILIES, build_tiny_model
 
 Device = Literal["cpu", "cuda"]
 DEVICES: tuple[str, ...] = get_args(Device)

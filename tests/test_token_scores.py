@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from topl_core.generate import GenerationConfig, generate, load_merged
-from topl_core.models import load_model
-from topl_core.scoring import TokenScorer, detection_auroc
+from topl_core.inference.generate import GenerationConfig, generate, load_merged
+from topl_core.inference.token_scores import TokenScorer, detection_auroc
+from topl_core.models.loading import load_model
 
 
 def test_token_scores_cover_the_response(tiny_run, tiny_records):
@@ -52,7 +52,7 @@ def test_detection_auroc_counts_only_labelled_tokens(tiny_run, tiny_records):
 def test_flags_and_table_against_hand_counts(tiny_run, tiny_records):
     """TokenScores.flags / .table (the Token overlay page's metrics and chart), checked against counts by hand: the
     threshold at the median p(good) flags half the tokens; without gold labels only the counts are given."""
-    from topl_core.metrics import auroc
+    from topl_core.foundations.metrics import auroc
 
     rec = next(r for r in tiny_records if r.bad_spans)
     (s,) = TokenScorer(load_model("tiny-llama"), tiny_run).score([rec])
@@ -87,7 +87,7 @@ def test_generation_works_without_chat_template():
 
 
 def test_response_only_logprobs_equal_full_logprobs():
-    from topl_core.forward import next_token_logprobs
+    from topl_core.models.forward import next_token_logprobs
 
     for family in ("tiny-llama", "tiny-gemma3"):
         m = load_model(family).model

@@ -30,26 +30,26 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .analysis.lora_a.capture import collect_projections
-from .analysis.lora_a.probe import ProbeSettings
-from .analysis.steering.extract import build_steering_vectors
-from .analysis.steering.modes import MODES
-from .analysis.steering.session import SteeringSession
-from .analysis.studies.sweeps import SweepConfig
-from .bench import benchmark_prefix_reuse
-from .data.encode import collate, encode_record
-from .data.records import Record, read_jsonl
-from .data.split import split_records
-from .generate import GenerationConfig, load_merged
-from .models import RANDOM_WEIGHTS, LoadedModel, ModelSpec, layer_count, load_model
-from .precision import autocast, resolve_precision, weights_for
-from .presets import PRESETS
-from .training.batching import EncodeSettings
-from .training.config import LoraSettings, TrainConfig, preset_config
-from .training.flops import sft_flops_per_token, topl_flops_per_token
-from .training.methods import METHODS
-from .training.steps import StepContext
-from .training.trainer import train
+from ..analysis.lora_a.capture import collect_projections
+from ..analysis.lora_a.probe import ProbeSettings
+from ..analysis.steering.extract import build_steering_vectors
+from ..analysis.steering.modes import MODES
+from ..analysis.steering.session import SteeringSession
+from ..analysis.studies.sweeps import SweepConfig
+from ..data.encode import collate, encode_record
+from ..data.records import Record, read_jsonl
+from ..data.split import split_records
+from ..foundations.presets import PRESETS
+from ..hardware.precision import autocast, resolve_precision, weights_for
+from ..inference.generate import GenerationConfig, load_merged
+from ..models.loading import RANDOM_WEIGHTS, LoadedModel, ModelSpec, layer_count, load_model
+from ..training.batching import EncodeSettings
+from ..training.config import LoraSettings, TrainConfig, preset_config
+from ..training.flops import sft_flops_per_token, topl_flops_per_token
+from ..training.methods import METHODS
+from ..training.steps import StepContext
+from ..training.trainer import train
+from .workbench import benchmark_prefix_reuse
 
 CAPTURE_RECORDS = 48
 PHASES_PER_MODEL = 5  # the log(...) calls of bench_model: TOPL, SFT, capture, steering, sweep

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import ModelError
+from ..foundations.errors import ModelError
 
 TINY_FAMILIES = ("tiny-llama", "tiny-qwen3", "tiny-gemma3")
 

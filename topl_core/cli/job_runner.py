@@ -1,7 +1,7 @@
-"""The job process: `python -m topl_core.job_runner --job-dir DIR -- <topl_core cli args>` runs one CLI command as a
-background job started by topl_core.jobs.launch, and writes its final status (topl_core.status) when the command
-ended without saying how. It turns SIGTERM into KeyboardInterrupt so that cancelled work unwinds (checkpoint, status
-"cancelled") and dumps a native crash's traceback into the job's log."""
+"""The job process: `python -m topl_core.cli.job_runner --job-dir DIR -- <topl_core cli args>` runs one CLI command as a
+background job started by topl_core.jobs.background.launch, and writes its final status (the status protocol of
+topl_core.foundations.status) when the command ended without saying how. It turns SIGTERM into KeyboardInterrupt so
+that cancelled work unwinds (checkpoint, status "cancelled") and dumps a native crash's traceback into the job's log."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import sys
 import time
 from pathlib import Path
 
-from .cli import CANCELLED
-from .cli import main as cli_main
-from .errors import RunError
-from .jobs import LOG_FILE
-from .status import ENDED_STATES, WriterLock, read_status, stop_cleanly_on_sigterm, update_status
+from ..foundations.errors import RunError
+from ..foundations.status import ENDED_STATES, WriterLock, read_status, stop_cleanly_on_sigterm, update_status
+from ..jobs.background import LOG_FILE
+from . import CANCELLED
+from . import main as cli_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m topl_core.jobs --job-dir DIR -- <topl_core cli args>`: run one CLI command as a job."""
-    p = argparse.ArgumentParser(prog="python -m topl_core.jobs")
+    """`python -m topl_core.cli.job_runner --job-dir DIR -- <topl_core cli args>`: run one CLI command as a job."""
+    p = argparse.ArgumentParser(prog="python -m topl_core.cli.job_runner")
     p.add_argument("--job-dir", required=True)
     p.add_argument("cli_args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)

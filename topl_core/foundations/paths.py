@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def cache_dir() -> Path:

@@ -12,8 +12,8 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
+from ..hardware.precision import full_precision
 from .architecture import base_causal_lm, decoder_layers, final_norm
-from .precision import full_precision
 
 
 class _EarlyExit(Exception):

@@ -6,9 +6,9 @@ runs/<name>/
   topl_config.json                                  {"config": TrainConfig, "meta": {base fingerprint, head layer,
                                                     sha256 of the adapter and head files when the run finished, ...}}
   metrics.jsonl                                     one JSON object per logged step / validation
-  README.md                                         the model card of a finished run (topl_core.card)
+  README.md                                         the model card of a finished run (topl_core.training.card)
   events.out.tfevents.*                             TensorBoard's, with report_to tensorboard (training/tracking.py)
-  status.json, STOP                                 state and step / steps; a stop request (topl_core.status)
+  status.json, STOP                                 state and step / steps; a stop request (foundations/status.py)
   checkpoint/                                       latest resumable state (adapter, head, optimizer, RNG, step)
 """
 
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from .errors import ModelError, RunError
-from .io import atomic_open, checksum_problem, read_log_rows, sha256_file, write_json
-from .models import LoadedModel
-from .status import LOCK_FILE, STATUS_FILE, STOP_FILE, State, read_status, write_status
-from .training.config import TrainConfig
+from ..foundations.errors import ModelError, RunError
+from ..foundations.io import atomic_open, checksum_problem, read_log_rows, sha256_file, write_json
+from ..foundations.status import LOCK_FILE, STATUS_FILE, STOP_FILE, State, read_status, write_status
+from ..models.loading import LoadedModel
+from .config import TrainConfig
 
 # the files of a run folder (PEFT's two first: plain PeftModel.from_pretrained loads them)
 ADAPTER_CONFIG = "adapter_config.json"
@@ -121,7 +121,7 @@ class RunDir:
             return 0
 
     def shared_files(self) -> list[Path]:
-        """What a run exported for sharing holds (topl_core.sharing): the adapter, head and side probes, the card,
+        """What a run exported for sharing holds (sharing.py): the adapter, head and side probes, the card,
         config, metrics and state; never the checkpoint, tracker files, writer lock or a stop request."""
         wanted = [self.adapter_config_path, self.adapter_path, self.head_path, self.probes_path, self.card_path]
         return [p for p in wanted + [self.config_path, self.metrics_path, self.status_path] if p.exists()]

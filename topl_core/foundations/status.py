@@ -1,5 +1,5 @@
 """One status protocol for every long piece of work — a training run, a layer sweep, an evaluation, a label study —
-whether it runs in the foreground (a CLI command) or as a background job (topl_core.jobs).
+whether it runs in the foreground (a CLI command) or as a background job (topl_core.jobs.background).
 
 The work's folder holds:
 
@@ -12,7 +12,7 @@ The work's folder holds:
     LOCK          the single writer's pid and host while it works (WriterLock): a second writer is refused.
 
 The state shown to people is read from these files and from whether the writing process still lives, by
-STATE_TABLE below — the same function for the UI and the CLI (topl_core.jobs.read_job).
+STATE_TABLE below — the same function for the UI and the CLI (topl_core.jobs.background.read_job).
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..foundations.errors import RunError, ServiceError
+from ..foundations.io import copy_file
+from ..models.loading import hub_reachable
 from .card import write_card
-from .errors import RunError, ServiceError
-from .io import copy_file
-from .models import hub_reachable
-from .runs import RunDir
+from .run_dirs import RunDir
 
 
 def export_run(run: RunDir | str | Path, dest: str | Path) -> RunDir:

@@ -22,11 +22,11 @@ from typing import Callable
 
 import torch
 
-from ...generate import GenerationConfig, generate, prefill
-from ...precision import resolve_precision
-from .hooks import steer
-from .modes import SteerConfig
-from .session import SteeringSession
+from ..analysis.steering.hooks import steer
+from ..analysis.steering.modes import SteerConfig
+from ..analysis.steering.session import SteeringSession
+from ..hardware.precision import resolve_precision
+from ..inference.generate import GenerationConfig, generate, prefill
 
 # λ positions a reader moves to, each new to the session (the vector mode's slider positions near the merged model)
 NEW_POSITIONS = (0.25, 0.5, 0.75, 1.0, 1.25)

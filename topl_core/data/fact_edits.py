@@ -1,5 +1,6 @@
 """The edits of a faithful summary S that make a perturbed S', each with the exact character span of its new text
-(the recipe "v1" kinds; edits_v2.py holds the rest; perturb.py draws and applies them).
+(the `Edit` type and recipe "v1"'s kinds, each a fact of the summary changed; summarizer_edits.py holds recipe "v2"'s;
+perturb.py draws and applies them).
 
 Edit kinds (`Span.kind`):
 - "entity": a capitalised name is swapped for another name found in the document or the donor texts;
@@ -23,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..errors import DataError
+from ..foundations.errors import DataError
 from .records import Span
 
 EDIT_KINDS: tuple[str, ...] = ("entity", "number", "date", "negation", "relation", "invented")

@@ -23,11 +23,11 @@ from typing import Literal
 
 import torch
 
-from .errors import ModelError, RunError
-from .models import LoadedModel, hub_reachable, model_name_for
-from .presets import LORA_MODULES
-from .runs import ADAPTER_CONFIG, ADAPTER_WEIGHTS, RunDir, fingerprint_files
-from .training.config import TrainConfig
+from ..foundations.errors import ModelError, RunError
+from ..foundations.presets import LORA_MODULES
+from ..models.loading import LoadedModel, hub_reachable, model_name_for
+from .config import TrainConfig
+from .run_dirs import ADAPTER_CONFIG, ADAPTER_WEIGHTS, RunDir, fingerprint_files
 
 WEIGHT_FILES = (ADAPTER_WEIGHTS, "adapter_model.bin")  # PEFT's current and older weight files
 

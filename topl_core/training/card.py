@@ -14,10 +14,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from .data.records import read_jsonl, records_fingerprint
-from .models import EMBEDDED, hub_id
-from .runs import RunDir
-from .training.config import TrainConfig, command_args
+from ..data.records import read_jsonl, records_fingerprint
+from ..models.loading import EMBEDDED, hub_id
+from .config import TrainConfig, command_args
+from .run_dirs import RunDir
 
 LIBRARY_TAG = "topl-workbench"
 
@@ -99,8 +99,9 @@ def card_text(run: RunDir | str | Path) -> str:
 from safetensors.torch import load_file
 head = load_file("{run.name}/{run.head_path.name}")  # weight (1, hidden), bias (1,)"""
     embedded = (
-        f"\nThe run's base is the workbench's embedded `{cfg.model}` (`topl_core.models.load_model({cfg.model!r})`: "
-        f"its GGUF weights dequantized), converted from `{checkpoint}`; on that checkpoint it loads the same way.\n"
+        f"\nThe run's base is the workbench's embedded `{cfg.model}` "
+        f"(`topl_core.models.loading.load_model({cfg.model!r})`: its GGUF weights dequantized), converted from "
+        f"`{checkpoint}`; on that checkpoint it loads the same way.\n"
         if cfg.model in EMBEDDED
         else ""
     )

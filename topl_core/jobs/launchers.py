@@ -6,7 +6,7 @@ line a page writes (the command line is built here, in one place per kind, and r
     launch_evaluation(EvalJob, out_dir) / launch_translation(TranslationJob, out_dir)
     launch_data_build(DataSource, SourceOptions, out, job_dir) / read_data_build(job_dir)
 
-State, stop and the job list: topl_core.jobs (read_job, cancel, list_jobs).
+State, stop and the job list: topl_core.jobs.background (read_job, cancel, list_jobs).
 """
 
 from __future__ import annotations
@@ -15,20 +15,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .analysis.evaluation.config import EvalJob
-from .analysis.evaluation.translation import TranslationJob
-from .analysis.steering.modes import MODE_SETTINGS, SteerConfig
-from .analysis.studies.sweeps import SweepConfig, save_sweep_config, saved_executor
-from .config_fields import config_argv
-from .data.sources import DataSource, SourceOptions
-from .errors import JobError
-from .executor import ExecutorConfig
-from .jobs import JobStatus, claim, job_info, launch, log_tail, read_job, start_claimed
-from .paths import runs_dir
-from .progress import bar_count
-from .runs import RunDir
-from .training.config import TrainConfig
-from .training.tracking import check_trackers
+from ..analysis.evaluation.config import EvalJob
+from ..analysis.evaluation.translation import TranslationJob
+from ..analysis.steering.modes import MODE_SETTINGS, SteerConfig
+from ..analysis.studies.sweeps import SweepConfig, save_sweep_config, saved_executor
+from ..data.sources import DataSource, SourceOptions
+from ..foundations.config_fields import config_argv
+from ..foundations.errors import JobError
+from ..foundations.executor import ExecutorConfig
+from ..foundations.paths import runs_dir
+from ..foundations.progress import bar_count
+from ..training.config import TrainConfig
+from ..training.run_dirs import RunDir
+from ..training.tracking import check_trackers
+from .background import JobStatus, claim, job_info, launch, log_tail, read_job, start_claimed
 
 
 def evaluation_argv(job: EvalJob, out_dir: str | Path) -> list[str]:
@@ -138,7 +138,9 @@ def launch_train(cfg: TrainConfig, run_dir: str | Path | None = None, env: dict 
         elif run.is_foreign:
             raise JobError(f"{run.path} exists and is not a run directory; choose another run name.")
         else:
-            run.write_config(cfg, {"launched_by": "topl_core.jobs"})  # the trainer reads it back with --resume
+            run.write_config(
+                cfg, {"launched_by": "topl_core.jobs.background"}
+            )  # the trainer reads it back with --resume
         return start_claimed(["train", "--resume", str(run.path)], lock, "train", env)
 
 

@@ -5,8 +5,8 @@ shared machines). Definitions:
 
 - matmul_peak_tflops_{fp32,bf16}: best of several large square matmuls (2·n³ FLOPs each); n grows from 256 to
   2048 while one matmul stays under a second (on a CPU that emulates bf16, a 2048² bf16 matmul takes a minute).
-- precision: the compute precision the benchmark resolved (--precision, "auto" by default: topl_core.precision) and
-  runs every phase in.
+- precision: the compute precision the benchmark resolved (--precision, "auto" by default:
+  topl_core.hardware.precision) and runs every phase in.
 - train_mfu: TOPL training FLOPs per second over the peak of that precision. FLOPs counted for the layers that actually
   run (0..m, no LM head): forward 2·N_run + attention 2·L·T·d (causal half of 4·L·T·d) per token; backward the same
   again (gradients w.r.t. activations only — the base weights are frozen, so no weight gradients; LoRA's own
@@ -45,28 +45,28 @@ from typing import Callable, Sequence
 import pandas as pd
 import torch
 
-from .adapters import load_adapter
-from .analysis.lora_a.capture import capture_lora
-from .analysis.lora_a.probe import ProbeSettings, probe_run
-from .analysis.steering.extract import build_steering_vectors
-from .analysis.steering.hooks import steer
-from .analysis.studies.sweeps import SweepConfig, Window, fresh_copy, plan_windows, run_sweep, sweep_inputs
-from .data.encode import build_prompt, collate, encode_record
-from .data.records import read_jsonl
-from .data.split import split_records
-from .executor import ExecutorConfig
-from .io import write_json
-from .models import LoadedModel, load_model
-from .paths import cache_dir
-from .precision import autocast, resolve_precision
-from .presets import DEFAULT_MODEL
-from .progress import Bar
-from .runs import RunDir
-from .training.config import LoraSettings, TrainConfig
-from .training.flops import sft_flops_per_token, sweep_flops_ratio, topl_flops_per_token
-from .training.lora import apply_lora
-from .training.prefix_cache import PrefixStore, install_prefix_cache
-from .training.trainer import train
+from ..analysis.lora_a.capture import capture_lora
+from ..analysis.lora_a.probe import ProbeSettings, probe_run
+from ..analysis.steering.extract import build_steering_vectors
+from ..analysis.steering.hooks import steer
+from ..analysis.studies.sweeps import SweepConfig, Window, fresh_copy, plan_windows, run_sweep, sweep_inputs
+from ..data.encode import build_prompt, collate, encode_record
+from ..data.records import read_jsonl
+from ..data.split import split_records
+from ..foundations.executor import ExecutorConfig
+from ..foundations.io import write_json
+from ..foundations.paths import PROJECT_ROOT, cache_dir
+from ..foundations.presets import DEFAULT_MODEL
+from ..foundations.progress import Bar
+from ..hardware.precision import autocast, resolve_precision
+from ..models.loading import LoadedModel, load_model
+from ..training.adapters import load_adapter
+from ..training.config import LoraSettings, TrainConfig
+from ..training.flops import sft_flops_per_token, sweep_flops_ratio, topl_flops_per_token
+from ..training.lora import apply_lora
+from ..training.prefix_cache import PrefixStore, install_prefix_cache
+from ..training.run_dirs import RunDir
+from ..training.trainer import train
 
 GOALS = {
     "train_mfu": (">=", 0.20),
@@ -135,7 +135,7 @@ def run_bench(
 ) -> dict:
     res: dict = {"quick": quick, "model": model, "threads": torch.get_num_threads()}
     work = Path(tempfile.mkdtemp(prefix="topl-bench-"))
-    env = {**os.environ, "TOPL_CACHE_DIR": str(work / "cache"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "TOPL_CACHE_DIR": str(work / "cache"), "PYTHONPATH": str(PROJECT_ROOT)}
     # the converted model lives in the normal cache: point the child at it instead of converting again
 
     (work / "cache").mkdir()

@@ -1,14 +1,14 @@
 import numpy as np
 import pytest
 
-from topl_core.data.variants import (
+from topl_core.data.label_settings import (
     DENSE_MIN_BAD_FRACTION,
     LABEL_SETTINGS,
     apply_label_setting,
     label_settings_table,
     label_stats,
 )
-from topl_core.errors import DataError
+from topl_core.foundations.errors import DataError
 
 
 @pytest.fixture

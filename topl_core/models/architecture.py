@@ -8,7 +8,7 @@ import inspect
 
 import torch
 
-from .errors import ModelError
+from ..foundations.errors import ModelError
 
 # peft and transformers are imported inside the functions that use them: TrainConfig's validation reads the
 # training methods' registry, which builds on this module, and importing a config need not wait for them

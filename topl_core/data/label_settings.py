@@ -1,4 +1,4 @@
-"""Label-sensitivity settings: variants of the token labels used to train TOPL.
+"""The label settings of the label-sensitivity study: each a way of changing the token labels TOPL trains on.
 
 Input: one 1-D integer array per example over its response tokens: 1 = good, 0 = bad, -1 = not supervised.
 Every setting returns arrays of the same lengths (int64); removing a token from supervision sets it to -1.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..errors import DataError
+from ..foundations.errors import DataError
 
 LABEL_SETTINGS: tuple[str, ...] = (
     "original",

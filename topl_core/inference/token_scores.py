@@ -11,14 +11,14 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .adapters import load_adapter, open_adapter
-from .data.encode import IGNORE, Encoded, collate, encode_record
-from .data.records import Record
-from .errors import RunError
-from .forward import head_features, head_probability, next_token_logprobs
-from .metrics import auroc
-from .models import LoadedModel
-from .precision import autocast, resolve_precision, to_numpy
+from ..data.encode import IGNORE, Encoded, collate, encode_record
+from ..data.records import Record
+from ..foundations.errors import RunError
+from ..foundations.metrics import auroc
+from ..hardware.precision import autocast, resolve_precision, to_numpy
+from ..models.forward import head_features, head_probability, next_token_logprobs
+from ..models.loading import LoadedModel
+from ..training.adapters import load_adapter, open_adapter
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,10 @@ from typing import Iterator, Literal, Sequence
 
 import torch
 
-from .adapters import load_adapter
-from .data.encode import build_prompt, truncate_document
-from .models import LoadedModel, ModelSpec, load_model
-from .precision import PRECISIONS, Precision, autocast
+from ..data.encode import build_prompt, truncate_document
+from ..hardware.precision import PRECISIONS, Precision, autocast
+from ..models.loading import LoadedModel, ModelSpec, load_model
+from ..training.adapters import load_adapter
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""`bench --gated`: what gated steering (gate.py) costs against always-on steering and the merged model's plain
-generation, measured in one run on one document.
+"""`bench --gated`: what gated steering (analysis/steering/gate.py) costs against always-on steering and the merged
+model's plain generation, measured in one run on one document.
 
 - merged: the merged model's plain generate() (no hook);
 - always-on: the mode's inner vector at λ on every generated position (SteeringSession, mode "vector", positions
@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ...generate import GenerationConfig, generate
-from ...precision import resolve_precision
-from .modes import SteerConfig
-from .session import SteeringSession
+from ..analysis.steering.modes import SteerConfig
+from ..analysis.steering.session import SteeringSession
+from ..hardware.precision import resolve_precision
+from ..inference.generate import GenerationConfig, generate
 
 GOALS = {"gated_vs_merged": ("<=", 1.3), "gated_vs_merged_per_token": ("<=", 1.3)}
 
