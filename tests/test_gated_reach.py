@@ -68,7 +68,7 @@ def test_steer_prints_the_replaced_tokens_per_summary(run, data, session, tmp_pa
 def test_gated_bench_figures(session):
     """bench --gated on the tiny model: the ratios are the times' ratios, the forwards are what the gate counted and
     the tokens per path are those the exactness tests prove (the merged and always-on token counts)."""
-    from topl_core.analysis.steering.gated_bench import format_gated, gated_bench
+    from topl_core.bench.gated import format_gated, gated_bench
 
     how = SteerConfig("gated", units="raw", tau=0.6, keep=1)
     res = gated_bench(session, DOC, how, big(session), new_tokens=8, precision="fp32", repeats=1, log=lambda _: 0)
