@@ -18,7 +18,7 @@ BOX_CSS = """
 .topl-diff-del {color: #9ca3af; text-decoration: line-through;}
 .topl-replaced {background: #bbf7d0; border-radius: 3px; padding: 0 1px;}
 .topl-box {border: 1px solid rgba(128,128,128,.35); border-radius: 8px; padding: .7rem .9rem; min-height: 6rem;
-           line-height: 1.6; font-size: 1.02rem;}
+           line-height: 1.6; font-size: 1.02rem; overflow-wrap: anywhere;}
 </style>
 """
 
@@ -38,12 +38,17 @@ def diff_html(reference: str, text: str) -> str:
     return " ".join(out)
 
 
+def _visible(token: str) -> str:
+    """A token as HTML a reader sees struck through: a line break as ↵, a space as ␣ where it is all there is."""
+    return html.escape(token if token.strip() else token.replace(" ", "␣")).replace("\n", "↵") or "∅"
+
+
 def replaced_html(g: SteeredText) -> str:
     """A gated generation's text, each token the head took back struck through before the token that replaced it."""
     out, at = [], 0
     for r in g.replacements:
         out.append(html.escape(g.text[at : r.start]))
-        out.append(f'<span class="topl-diff-del" title="p(good) {r.p_good:.2f}">{html.escape(r.original)}</span>')
+        out.append(f'<span class="topl-diff-del" title="p(good) {r.p_good:.2f}">{_visible(r.original)}</span>')
         out.append(f'<span class="topl-replaced">{html.escape(g.text[r.start : r.end])}</span>')
         at = r.end
     out.append(html.escape(g.text[at:]))
