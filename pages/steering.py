@@ -4,7 +4,7 @@
 adapter's own head while generating) — on every position or only on generated tokens. Base | merged | steered side by
 side with the changed words highlighted (gated: the tokens the head took back struck through, with their replacements),
 factuality and fluency under each (a degenerate text is marked as such); the sites used; the λ curve of
-factuality and fluency; export of the vectors (safetensors + JSON, llama.cpp control vector).
+factuality and fluency; export of the vectors (safetensors + JSON, llama.cpp control vector and LoRA).
 
 Built for live demos: the merged model and the steering vectors are cached per (model spec, run fingerprint, token
 set, k) with st.cache_resource and shared read-only (steering hooks act only on the generating thread); every
@@ -195,10 +195,11 @@ with left:
         mime="application/zip",
         key="steer.export",
         icon=":material/download:",
-        help="vector.gguf / diff-mean.gguf hold λ = 1 in normalised units: `llama-cli -m MODEL.gguf "
-        "--control-vector-scaled vector.gguf 2` steers like λ = 2 here (an o_proj vector is added at the end of its "
-        "layer: an approximation). steering_vectors.safetensors + steering.json hold the raw vectors of the paper's "
-        "formula and the per-site factors."
+        help="vector.gguf / diff-mean.gguf hold λ = 1 in normalised units and lora.gguf the adapter's LoRA (the "
+        "vectors belong to base + LoRA): `llama-completion -m MODEL-F32.gguf --lora lora.gguf "
+        "--control-vector-scaled vector.gguf:2` steers like λ = 2 here on every position (an o_proj vector is added "
+        "at the end of its layer: an approximation; docs/analysis.md, Export). steering_vectors.safetensors + "
+        "steering.json hold the raw vectors of the paper's formula and the per-site factors."
         + (
             f" Left out of the .gguf files: {', '.join(bundle.left_out)} (llama.cpp has no direction for layer 0)."
             if bundle.left_out

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -26,10 +25,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from topl_core.data.encode import build_prompt, truncate_document
 from topl_core.foundations.paths import PROJECT_ROOT
+from topl_core.hardware.precision import cpu_bf16_probe
 from topl_core.inference.generate import GenerationConfig
 from topl_core.models.loading import EMBEDDED, converted_embedded_dir, load_model, package_dir
 
@@ -60,7 +59,7 @@ def f32_gguf(bin_dir: Path, out: Path) -> Path:
 def llama_completion(bin_dir: Path, model: Path, lora: Path, vector: Path, lam: float, prompt: str, n: int) -> str:
     cmd = [str(bin_dir / "llama-completion"), "-m", str(model), "--lora", str(lora)]
     cmd += ["--control-vector-scaled", f"{vector}:{lam:g}", "-p", prompt, "--no-escape", "-no-cnv"]
-    cmd += ["--temp", "0", "-n", str(n), "--no-display-prompt", "--simple-io", "--log-disable"]
+    cmd += ["--temp", "0", "-n", str(n), "--no-display-prompt", "--simple-io"]
     return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
 
 
@@ -118,8 +117,7 @@ def main() -> None:
         "against "
         "llama.cpp's llama-completion on the same weights in F32 with the exported LoRA and control vector, greedy",
         "date": time.strftime("%Y-%m-%d"),
-        "cpu": platform.processor() or platform.machine(),
-        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu": cpu_bf16_probe().describe(),
         "steer_printed": [line for line in printed.splitlines() if "llama" in line or "AUROC" in line],
         "rows": rows,
     }
