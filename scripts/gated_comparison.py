@@ -14,6 +14,7 @@ import json
 
 from topl_core.analysis.evaluation.config import EvalConfig
 from topl_core.analysis.evaluation.gated_comparison import GatedStudy, Scoring, choose, compare, paired_table
+from topl_core.analysis.steering.modes import POSITIONS
 from topl_core.foundations.io import write_json
 from topl_core.foundations.paths import examples_dir, project_path
 from topl_core.foundations.progress import Bar
@@ -40,12 +41,12 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo = (examples_dir() or project_path("examples/adapters")) / "topl-smollm2"
     p.add_argument("--run", default=str(demo), help="the adapter (default: the demo TOPL adapter)")
-    p.add_argument("--lambdas", nargs="+", type=float, default=[1.0, 2.0], help="λ searched (normalised units)")
-    p.add_argument("--taus", nargs="+", type=float, default=[0.3, 0.5, 0.7], help="τ searched")
-    p.add_argument("--keeps", nargs="+", type=int, default=[0, 4], help="k searched")
-    p.add_argument("--n-dev", type=int, default=8, help="dev documents per source (val split, CLIFF val cut)")
+    p.add_argument("--lambdas", nargs="+", type=float, default=list(GatedStudy.lambdas), help="λ searched (normalised)")
+    p.add_argument("--taus", nargs="+", type=float, default=list(GatedStudy.taus), help="τ searched")
+    p.add_argument("--keeps", nargs="+", type=int, default=list(GatedStudy.keeps), help="k searched")
+    p.add_argument("--n-dev", type=int, default=GatedStudy.n_split, help="dev documents per source (val, CLIFF val)")
     p.add_argument("--n-test", type=int, default=40, help="held-out documents per source (test split, CLIFF test)")
-    p.add_argument("--positions", choices=("all", "generated"), default="all", help="always-on steering's positions")
+    p.add_argument("--positions", choices=POSITIONS, default=GatedStudy.positions, help="always-on steering's")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--precision", choices=PRECISIONS, default="auto")
     p.add_argument("--json", help="write the dev table, the choice, the held-out tables and every row here")

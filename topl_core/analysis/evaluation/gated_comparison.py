@@ -51,7 +51,7 @@ class GatedStudy:
 
     run: str
     lambdas: tuple[float, ...] = (1.0, 2.0)
-    taus: tuple[float, ...] = (0.3, 0.5, 0.7)
+    taus: tuple[float, ...] = (0.5, 0.7, 0.9)  # the demo head flags few of the model's own tokens at 0.5
     keeps: tuple[int, ...] = (0, 4)
     n_split: int = 8
     n_cliff: int = 8
