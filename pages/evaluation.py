@@ -17,12 +17,13 @@ import streamlit as st
 from pages._ui.datasets import dataset_paths
 from pages._ui.evaluation_panels import lambda_study, per_document_panel, results_panel, translation_panel
 from pages._ui.evaluations import evaluations_dir, read_evaluation
+from pages._ui.forms import mode_settings
 from pages._ui.runs import finished_runs
 from pages._ui.spec import current_model_name, current_precision, current_spec, split_spec
 from pages._ui.translation_form import translation_form
 from topl_core.analysis.evaluation.config import EvalConfig, EvalJob, LambdaStudy
 from topl_core.analysis.evaluation.scorers import DEFAULT_SCORER, PROTOCOLS
-from topl_core.analysis.steering.modes import MODES, STUDY_MODES
+from topl_core.analysis.steering.modes import MODE_SETTINGS, MODES, STUDY_MODES
 from topl_core.foundations.paths import inside
 from topl_core.jobs import background, launchers
 
@@ -107,6 +108,7 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
                 persist_state="session",
             )
             gen_only = c.toggle("Generated tokens only", False, key=K + "gen_only", persist_state="session")
+            settings = mode_settings(st, MODE_SETTINGS, K)  # the modes' own settings (a gated mode's τ and k)
         a, b, c = st.columns([2, 2, 1])
         data_opts = dataset_paths()
         data = a.selectbox(
@@ -157,6 +159,7 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
                     "generated" if gen_only else "all",
                     ("ID",) if n_ood == 0 else ("ID", "OOD"),
                     tuple(float(x) for x in scaled_txt.replace(",", " ").split()),
+                    tuple(settings.items()),
                 )
             job = EvalJob(cfg, tuple(chosen), include_base, () if sweep_mode else lams, study)
             out = inside(EVALS, name, "Evaluation name")

@@ -15,6 +15,7 @@ from pathlib import Path
 import streamlit as st
 
 from pages._ui.datasets import dataset_picker, records_of
+from pages._ui.forms import mode_settings
 from pages._ui.runs import run_picker
 from pages._ui.spec import current_precision
 from topl_core.analysis.steering.modes import MODES
@@ -62,6 +63,7 @@ with st.expander("Prepare a new deck", expanded=not folders):
             key=K + "mode",
             persist_state="session",
         )
+        settings = mode_settings(st, MODES[mode].action.settings, K)  # the mode's own: a gated mode's τ and k
         centre = MODES[mode].neutral  # the merged model: the grid is centred on it
         bound = b.number_input(
             "λ from −x to +x" if centre == 0 else f"λ from {centre:g} − x to {centre:g} + x",
@@ -104,7 +106,14 @@ with st.expander("Prepare a new deck", expanded=not folders):
         if b.button("Prepare", key=K + "prepare", icon=":material/play_arrow:", disabled=not documents):
             try:
                 cfg = DeckConfig(
-                    run, documents, lambdas, mode, max_new_tokens=int(max_new), head=head, precision=current_precision()
+                    run,
+                    documents,
+                    lambdas,
+                    mode,
+                    max_new_tokens=int(max_new),
+                    head=head,
+                    precision=current_precision(),
+                    **settings,
                 )
                 folder = create_deck(inside(DECKS, name, "Deck name"), cfg)
                 background.launch(prepare_args(cfg, folder), folder, kind="deck")

@@ -545,9 +545,9 @@ def test_llama_cpp_export_carries_the_adapter_update(merged, vectors, tmp_path):
 
 @pytest.mark.parametrize("positions", POSITIONS)
 def test_streamed_text_is_the_generated_text(merged, vectors, positions):
-    """Every mode: the streamed text grows token by token and ends on generate_steered's text; steering generated
-    positions only, every λ decodes from the one prompt forward of the document. Closing a stream midway leaves no
-    hook and frees the model for the next generation."""
+    """Every mode: the streamed text grows token by token and ends on generate_steered's text; where the prompt is not
+    steered (generated positions, a gated mode), every λ decodes from the one prompt forward of the document. Closing
+    a stream midway leaves no hook and frees the model for the next generation."""
     session, hooks = SteeringSession(merged, vectors), all_hooks(merged.model)
     gen = GenerationConfig(max_new_tokens=12, precision="fp32")
     for mode, spec in MODES.items():
@@ -557,7 +557,8 @@ def test_streamed_text_is_the_generated_text(merged, vectors, positions):
             parts = list(session.stream_steered(DOC, lam, gen, how=how))
             assert parts[-1] == session.generate_steered(DOC, lam, gen, how=how), (how, lam)
             assert len(parts) > 1 and all(b.startswith(a.rstrip()) for a, b in zip(parts, parts[1:]) if a)
-    assert len(session._prefills) == (1 if positions == "generated" else 0)
+    # one prompt forward of the document, kept, where some mode leaves the prompt unsteered (generated positions, gated)
+    assert len(session._prefills) == (0 if all(SteerConfig(m, positions).steers_prompt for m in MODES) else 1)
     stream = session.stream_steered(DOC, 0.0, gen, how=SteerConfig("vector", positions))
     next(stream)
     assert all_hooks(merged.model) > hooks

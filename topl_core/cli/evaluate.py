@@ -13,7 +13,7 @@ from ..analysis.evaluation.evaluate import evaluate, protocol_agreement, results
 from ..analysis.evaluation.lambda_study import CURVE_KEYS, lambda_curve, lambda_sweep
 from ..analysis.evaluation.quality import scorer_quality
 from ..analysis.evaluation.scorers import PROTOCOLS, make_scorer
-from ..analysis.steering.modes import MODES, POSITIONS, UNITS_DOC, lambda_grids, modes_help
+from ..analysis.steering.modes import MODE_SETTINGS, MODES, POSITIONS, UNITS_DOC, SteerConfig, lambda_grids, modes_help
 from ..foundations.config_fields import add_config_args, config_args
 from ..foundations.errors import ConfigError
 from ..foundations.executor import ExecutorConfig
@@ -76,6 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--positions", choices=POSITIONS, default="all", help="steer every position, or only generated tokens"
     )
+    add_config_args(p, SteerConfig, SteerConfig(), only=MODE_SETTINGS)  # λ sweep: a mode's own (gated τ, k)
     p.add_argument("--sets", nargs="+", choices=["ID", "OOD"], default=["ID"], help="document sets of the λ sweep")
     p.add_argument(
         "--scorer-quality", action="store_true", help="print the scorer's measured AUROC on CLIFF / HaluEval"
@@ -147,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
                 modes=args.modes,
                 positions=args.positions,
                 grids=grids,
+                settings=config_args(args, SteerConfig, only=MODE_SETTINGS),
             )
         curve = lambda_curve(df)
         print(f"λ sweep (steered sites {df.attrs.get('sites')}; scorer {cfg.scorer}, sentence protocol; 95% interval")
@@ -164,7 +166,12 @@ def run(args: argparse.Namespace) -> int:
         out["lambda_curve_full"] = full.to_dict("records")
         out["lambda_curve_by_set"] = lambda_curve(df, by_set=True).to_dict("records")
         out["sites"] = df.attrs.get("sites")
-        out["steering"] = {"modes": args.modes, "positions": args.positions, "units": UNITS_DOC}
+        out["steering"] = {
+            "modes": args.modes,
+            "positions": args.positions,
+            "units": UNITS_DOC,
+            **config_args(args, SteerConfig, only=MODE_SETTINGS),
+        }
         per_doc = df
     else:
         variants = [] if args.no_base else [Variant.base(args.model if not args.run else None)]

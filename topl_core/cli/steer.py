@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 from ..analysis.lora_a.probe import ProbeSettings, labelled_records
 from ..analysis.steering.extract import build_steering_vectors
 from ..analysis.steering.llama_cpp import export_for_llama_cpp
-from ..analysis.steering.modes import MODES, POSITIONS, UNITS, UNITS_DOC, SteerConfig, modes_help
+from ..analysis.steering.modes import MODE_SETTINGS, MODES, POSITIONS, UNITS, UNITS_DOC, SteerConfig, modes_help
 from ..analysis.steering.session import SteeringSession
 from ..analysis.steering.vectors import SteeringVectors
 from ..analysis.studies.deck import HEAD_CHOICES, DeckConfig, create_deck, read_deck
@@ -21,6 +20,7 @@ from ..analysis.studies.deck_html import write_deck_html, write_frames
 from ..analysis.studies.deck_prepare import prepare_deck
 from ..data.records import read_jsonl, read_utf8
 from ..data.split import split_records
+from ..foundations.config_fields import add_config_args, config_args
 from ..foundations.io import write_json
 from ..foundations.progress import Bar
 from ..inference.generate import GenerationConfig, generate
@@ -48,6 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=tuple(MODES), default="vector", help=modes_help())
     p.add_argument("--positions", choices=POSITIONS, default="all", help="steer every position or only generated ones")
     p.add_argument("--units", choices=UNITS, default="normalised", help=UNITS_DOC)
+    add_config_args(p, SteerConfig, SteerConfig(), only=MODE_SETTINGS)  # a mode's own settings: gated τ and k
     p.add_argument("--top-k", type=int, default=4, help="number of steered sites (best o_proj/down_proj by AUROC)")
     p.add_argument("--vectors", help="import steering vectors from this directory instead of computing them")
     p.add_argument("--export", help="export the steering vectors (safetensors + JSON) to this directory")
@@ -104,13 +105,16 @@ def run_deck(args: argparse.Namespace) -> int:
             data_or_adapter_default(args, rd)
             test = split_records(read_jsonl(args.data), seed=args.split_seed)["test"]
             documents = tuple(dict.fromkeys(r.document for r in test))[: args.deck_documents]
+        how = steer_config(args)
         cfg = DeckConfig(
             str(rd.path),
             documents,
-            tuple(args.lambdas or SteerConfig(args.mode).spec.lambda_grid),
-            mode=args.mode,
-            positions=args.positions,
-            units=args.units,
+            tuple(args.lambdas or how.spec.lambda_grid),
+            mode=how.mode,
+            positions=how.positions,
+            units=how.units,
+            tau=how.tau,
+            keep=how.keep,
             top_k=args.top_k,
             max_new_tokens=args.max_new_tokens,
             head=args.head,
@@ -139,6 +143,11 @@ def run_deck(args: argparse.Namespace) -> int:
         frames = write_frames(args.export_html, args.frames, args.frame_lambdas or deck.config.lambdas)
         print(f"wrote {len(frames)} frames to {args.frames}")
     return 0
+
+
+def steer_config(args: argparse.Namespace) -> SteerConfig:
+    """The steering the command line asks for: the mode, its positions and units, and its own settings."""
+    return SteerConfig(args.mode, args.positions, args.units, **config_args(args, SteerConfig, only=MODE_SETTINGS))
 
 
 def run(args: argparse.Namespace) -> int | None:
@@ -172,7 +181,7 @@ def run(args: argparse.Namespace) -> int | None:
     print(f"steered sites ({vectors.n_good} good / {vectors.n_bad} bad tokens; v = scaling·B(μ+ − μ−)):")
     for s in vectors.sites:
         print(f"  {s.key:14s} AUROC {vectors.auroc[s.key]:.3f}  ‖v‖ {norms[s.key]:.4g}")
-    how = SteerConfig(args.mode, args.positions, args.units)
+    how = steer_config(args)
     lambdas = args.lambdas or list(how.spec.lambda_grid)
     unit_note = how.spec.action.unit_note(vectors, how.spec, how.units)
     if unit_note:
@@ -196,16 +205,18 @@ def run(args: argparse.Namespace) -> int | None:
         rows.append({"model": "base", "lambda": None, "text": base_text})
         print(f"\n== base model\n{base_text}")
     print(f"\ngenerating {len(lambdas)} λ positions …", flush=True)
-    for lam, text in zip(lambdas, session.generate_grid(args.document, lambdas, gen, how=how)):
-        rows.append({"model": "merged" if lam == how.neutral else "steered", "lambda": lam, "text": text})
-        print(f"\n== merged, λ = {lam:g} ({how.label()})\n{text}")
+    for lam, g in zip(lambdas, session.grid_generations(args.document, lambdas, gen, how=how)):
+        rows.append({"model": "merged" if lam == how.neutral else "steered", "lambda": lam, **g.to_json()})
+        print(f"\n== merged, λ = {lam:g} ({how.label()})\n{g.text}")
+        if g.note():  # a gated mode: how many tokens the head took back and what replaced them
+            print(f"-- {g.note()}: " + ", ".join(f"{r.original!r} → {r.replacement!r}" for r in g.replacements))
     if args.json:
         write_json(
             args.json,
             {
                 "run": str(rd.path),
                 "vectors": vectors.metadata(),
-                "steering": asdict(how),
+                "steering": how.key(),
                 "precision": precision,
                 "document": args.document,
                 "generations": rows,

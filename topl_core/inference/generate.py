@@ -7,6 +7,7 @@ generate responses for one or many documents.
         shows the words as they come and stops when the reader moves on (closing the iterator)
     prefill(lm, document, cfg) -> Prefill                     the prompt run once: its KV cache and last logits,
         which stream_generate decodes from (a copy), so the prompt is not run again
+    stop_tokens(tokenizer) -> set[int]                        the ids a response ends on
 """
 
 from __future__ import annotations
@@ -105,6 +106,11 @@ def generate(
     return outputs
 
 
+def stop_tokens(tok) -> set[int]:
+    """The token ids that end a response (the tokenizer's end-of-turn ids), as generate() stops on them."""
+    return set(tok.eos_token_id if isinstance(tok.eos_token_id, list) else [tok.eos_token_id]) - {None}
+
+
 @dataclass
 class Prefill:
     """A prompt run through the model once: its KV cache (`length` positions) and its last position's logits (float32),
@@ -158,7 +164,7 @@ def stream_generate(
         cache = prefix.cache
     else:
         cache = copy.deepcopy(prefix.cache)
-    stop = set(tok.eos_token_id if isinstance(tok.eos_token_id, list) else [tok.eos_token_id]) - {None}
+    stop = stop_tokens(tok)
     new: list[int] = []
     logits = prefix.logits
     for _ in range(cfg.max_new_tokens):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..analysis.evaluation.config import EvalJob
 from ..analysis.evaluation.translation import TranslationJob
+from ..analysis.steering.modes import MODE_SETTINGS, SteerConfig
 from ..analysis.studies.reproduce import save_config, study_executor
 from ..analysis.studies.reproduce_config import ReproduceConfig
 from ..analysis.studies.sweeps import SweepConfig, save_sweep_config, saved_executor
@@ -45,7 +46,7 @@ def evaluation_argv(job: EvalJob, out_dir: str | Path) -> list[str]:
     if job.study is not None:
         st = job.study
         argv += ["--lambdas", *map(str, st.lambdas), "--modes", *st.modes, "--positions", st.positions]
-        argv += ["--sets", *st.sets]
+        argv += ["--sets", *st.sets, *config_argv(SteerConfig(**dict(st.settings)), only=MODE_SETTINGS)]
         if st.scaled_lambdas:
             argv += ["--scaled-lambdas", *map(str, st.scaled_lambdas)]
         return argv

@@ -42,6 +42,7 @@ class Variant:
     @classmethod
     def steered(cls, run, lam: float, name: str | None = None, how: SteerConfig = SteerConfig()) -> "Variant":
         mode = "" if how == SteerConfig() else f" {how.mode}" + (" gen-only" if how.positions == "generated" else "")
+        mode += "".join(f" {name}={value:g}" for name, value in how.settings().items())  # gated: τ and k
         return cls(name or f"steered{mode} λ={lam:g} ({Path(run).name})", str(run), float(lam), how=how)
 
     @property
@@ -120,19 +121,21 @@ EVAL_SETS: tuple[str, ...] = ("ID", "OOD")
 @dataclass(frozen=True)
 class LambdaStudy:
     """A λ study (lambda_study.lambda_sweep): every run steered in each mode over its grid — adding modes over
-    `lambdas`, modes that scale the update over `scaled_lambdas` (default `lambdas`)."""
+    `lambdas`, modes that scale the update over `scaled_lambdas` (default `lambdas`); `settings`: the modes' own
+    SteerConfig settings as (name, value) pairs (a gated mode's tau and keep; modes.MODE_SETTINGS)."""
 
     lambdas: tuple[float, ...]
     modes: tuple[str, ...] = ("vector",)
     positions: str = "all"
     sets: tuple[str, ...] = ("ID",)
     scaled_lambdas: tuple[float, ...] = ()
+    settings: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.lambdas or not self.modes:
             raise ValueError("LambdaStudy: a λ study needs some λ values and at least one mode.")
         for mode in self.modes:
-            SteerConfig(mode, self.positions)  # names the bad mode or positions and the choices
+            SteerConfig(mode, self.positions, **dict(self.settings))  # names the bad mode, positions or setting
         if not self.sets or not set(self.sets) <= set(EVAL_SETS):
             raise ValueError(f"LambdaStudy.sets={self.sets}: choose among {EVAL_SETS}.")
 

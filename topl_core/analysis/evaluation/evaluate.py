@@ -117,7 +117,7 @@ def generate_for(
         "n": len(docs),
         "generation": asdict(cfg.generation),
         "vectors": vectors_fingerprint(vectors, v.how) if steered else None,
-        **({"how": asdict(v.how)} if steered else {}),
+        **({"how": v.how.key()} if steered else {}),
     }
 
     def compute() -> list[str]:

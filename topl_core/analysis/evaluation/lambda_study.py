@@ -1,7 +1,7 @@
 """The λ study: factuality and fluency against λ for every steering mode, and its curves with 95% intervals.
 
 lambda_sweep(runs, lambdas, cfg, sets=("ID",), vectors=None, progress=None, use_cache=True, modes=("vector",),
-             positions="all", grids=None) -> DataFrame
+             positions="all", grids=None, settings=None) -> DataFrame
     one row per (run, mode, λ, document) with the text, scores and fluency (each mode's neutral λ is the merged
     model); every (run, mode, λ) cached, so an interrupted sweep resumes
 lambda_curve(df, protocol="sentence", by_set=False) -> DataFrame
@@ -37,13 +37,15 @@ def lambda_sweep(
     positions: str = "all",
     grids: Mapping[str, Sequence[float]] | None = None,
     fluency_model: bool = True,
+    settings: Mapping[str, float] | None = None,
 ):
     """Factuality and fluency against λ: one row per (run, mode, λ, document) with the text, both scores and the
     fluency measures (steering/fluency.py; perplexity under the run's base model unless fluency_model is False).
     `runs`: one adapter or a list; `modes`: names in the mode registry, each over `grids[mode]` when given, else
     `lambdas` (adding modes in normalised units). The neutral λ of a mode reuses the merged model's generations;
     every (run, mode, λ) is cached, so an interrupted sweep resumes where it stopped.
-    `vectors`: SteeringVectors of a single run, or {run: SteeringVectors}."""
+    `vectors`: SteeringVectors of a single run, or {run: SteeringVectors}. `settings`: the modes' own SteerConfig
+    settings (a gated mode's tau and keep)."""
     import pandas as pd
 
     runs = [str(runs)] if isinstance(runs, (str, Path)) or hasattr(runs, "path") else [str(r) for r in runs]
@@ -62,7 +64,7 @@ def lambda_sweep(
         texts_of_run: list[str] = []
         start = len(rows)
         for mode, grid in lambda_grids(modes, lambdas, grids).items():
-            how = SteerConfig(mode, positions)
+            how = SteerConfig(mode, positions, **(settings or {}))
             for lam in grid:
                 if progress:
                     progress(f"{Path(run).name} {mode} λ = {lam:g}: generating {len(docs)} summaries")

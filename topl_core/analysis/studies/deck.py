@@ -23,8 +23,9 @@ The folder:
     head.json           the head used: {"kind": "run" | "probe" | "none", "auroc", "auroc_source", "layer", "reason"}
     doc-000.json        {"document", "base": Summary | null, "positions": {"<λ>": Summary}}   rewritten atomically
                         after each summary; Summary = {"text", "tokens", "p_good", "flagged_share", "factuality",
-                        "degenerate", "seconds"} (tokens / p_good / flagged_share null without a head;
-                        degenerate: why the text is broken, analysis/fluency.py, or null)
+                        "degenerate", "seconds", "replacements", "gate"} (tokens / p_good / flagged_share null
+                        without a head; degenerate: why the text is broken, analysis/fluency.py, or null;
+                        replacements / gate: what a gated mode took back, steering/steered_text.py, else [] / null)
     status.json, STOP, LOCK, job.json, job.log      the job protocol
 """
 
@@ -42,6 +43,7 @@ from ...foundations.io import write_json
 from ...foundations.paths import runs_dir, shipped_decks_dir
 from ...hardware.precision import PRECISIONS, Precision
 from ..steering.modes import SteerConfig
+from ..steering.steered_text import GateCounts, Replacement
 from ..token_colors import FLAG_THRESHOLD
 from .deck_html import DeckView, deck_html
 
@@ -79,7 +81,9 @@ class DeckConfig:
     """adapter: a run / PEFT folder / hub id; documents: the texts to summarise; lambdas: the grid, in the mode's
     units (steering.SteerConfig); head: "auto" (the run's head when it has one, else none), "probe" (a probe head
     fitted on the adapter's hidden states, ~2 min on SmolLM2) or "none"; data: the labelled records of the steering
-    vectors (val split, the first token_records) and of the probe head (default: the adapter's training data).
+    vectors (val split, the first token_records) and of the probe head (default: the adapter's training data);
+    tau, keep: a gated mode's settings (SteerConfig; a gated deck reads the head it is prepared with, the run's or
+    the probe head).
 
     Example: ``DeckConfig(str(adapter.path), documents=(document,), lambdas=(-2.0, 2.0), max_new_tokens=48)``"""
 
@@ -95,10 +99,12 @@ class DeckConfig:
     data: str | None = None
     token_records: int = 16  # the first N labelled val records give μ+ / μ− (the Steering page's default: shared cache)
     precision: Precision = "auto"
+    tau: float = FLAG_THRESHOLD
+    keep: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "documents", tuple(self.documents))
-        SteerConfig(self.mode, self.positions, self.units)  # names the field and the choices when one is wrong
+        SteerConfig(self.mode, self.positions, self.units, self.tau, self.keep)  # names a wrong field, its choices
         if not self.documents or any(not d.strip() for d in self.documents):
             raise ConfigError(
                 f"DeckConfig.documents: {len(self.documents)} given, {sum(not d.strip() for d in self.documents)} "
@@ -118,7 +124,7 @@ class DeckConfig:
 
     @property
     def how(self) -> SteerConfig:
-        return SteerConfig(self.mode, self.positions, self.units)
+        return SteerConfig(self.mode, self.positions, self.units, self.tau, self.keep)
 
     @property
     def lambda_caption(self) -> str:
@@ -142,7 +148,8 @@ def lambda_key(lam: float) -> str:
 class Summary:
     """One generated text and the head's verdict on it (tokens / p_good / flagged_share None without a head; empty
     for an empty text). seconds: how long its generation took (a steered summary: its share of its λ grid's batch).
-    A degenerate text keeps its factuality score, shown as not applicable."""
+    A degenerate text keeps its factuality score, shown as not applicable. replacements / gate: in a gated mode, the
+    tokens the head took back and what replaced them, and the gate's counts."""
 
     text: str
     factuality: float
@@ -151,13 +158,15 @@ class Summary:
     p_good: tuple[float, ...] | None = None
     flagged_share: float | None = None
     degenerate: str | None = None  # why the text is damage, not a summary (analysis/fluency.py); None when fluent
+    replacements: tuple[Replacement, ...] = ()
+    gate: GateCounts | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_json(cls, d: dict) -> "Summary":
-        tokens, p = d.get("tokens"), d.get("p_good")
+        tokens, p, gate = d.get("tokens"), d.get("p_good"), d.get("gate")
         return cls(
             d["text"],
             d["factuality"],
@@ -166,6 +175,8 @@ class Summary:
             None if p is None else tuple(p),
             d.get("flagged_share"),
             d.get("degenerate"),
+            tuple(Replacement(**r) for r in d.get("replacements") or ()),
+            None if gate is None else GateCounts(**gate),
         )
 
 
