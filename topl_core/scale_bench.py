@@ -36,7 +36,7 @@ from .analysis.steering.extract import build_steering_vectors
 from .analysis.steering.modes import MODES
 from .analysis.steering.session import SteeringSession
 from .analysis.studies.sweeps import SweepConfig
-from .bench import benchmark_prefix_reuse
+from .bench import benchmark_prefix_reuse, matmul_peak_tflops, sync
 from .data.encode import collate, encode_record
 from .data.records import Record, read_jsonl
 from .data.split import split_records
@@ -53,27 +53,7 @@ from .training.trainer import train
 
 CAPTURE_RECORDS = 48
 PHASES_PER_MODEL = 5  # the log(...) calls of bench_model: TOPL, SFT, capture, steering, sweep
-MATMUL_SIZES = {"cuda": (4096, 8192), "cpu": (512, 1024)}
-
-
-def matmul_peak_tflops(device: str, dtype: torch.dtype, repeats: int = 5) -> float:
-    """Best TFLOP/s of square matmuls (2·n³ FLOPs each) of the device's sizes, after a warm-up."""
-    best = 0.0
-    for n in MATMUL_SIZES[device]:
-        a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-        a @ b
-        for _ in range(repeats):
-            _sync(device)
-            t = time.perf_counter()
-            a @ b
-            _sync(device)
-            best = max(best, 2 * n**3 / (time.perf_counter() - t) / 1e12)
-    return best
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+MATMUL_MAX_N = {"cuda": 8192, "cpu": 1024}  # the largest matmul of the peak measurement (bench.matmul_peak_tflops)
 
 
 def _peak_gib(device: str) -> float | None:
@@ -184,12 +164,12 @@ def largest_micro_batch(cfg: TrainConfig, lm: LoadedModel, records: Sequence[Rec
 def bench_capture(lm: LoadedModel, records: Sequence[Record], cfg: TrainConfig) -> dict:
     """LoRA-A capture of every site of a trained model on CAPTURE_RECORDS records."""
     device = cfg.device
-    _sync(device)
+    sync(device)
     t = time.perf_counter()
     proj = collect_projections(
         lm.model, lm.tokenizer, records[:CAPTURE_RECORDS], precision=cfg.precision, batch_size=cfg.micro_batch_size
     )
-    _sync(device)
+    sync(device)
     return {
         "sites": len(proj.sites),
         "records": min(CAPTURE_RECORDS, len(records)),
@@ -216,14 +196,14 @@ def bench_steering(run: Path, spec: ModelSpec, records: Sequence[Record], precis
     gen = GenerationConfig(max_new_tokens=new_tokens, precision=precision)
     document = records[0].document
     session.generate_steered(document, grid[0], gen)  # warm-up
-    _sync(spec.device)
+    sync(spec.device)
     t = time.perf_counter()
     serial = [session.generate_steered(document, lam, gen) for lam in grid]
-    _sync(spec.device)
+    sync(spec.device)
     serial_s = time.perf_counter() - t
     t = time.perf_counter()
     batched = session.generate_grid(document, grid, gen)
-    _sync(spec.device)
+    sync(spec.device)
     batched_s = time.perf_counter() - t
     return {
         "lambdas": len(grid),
@@ -313,7 +293,7 @@ def run_scale_bench(
         "device": torch.cuda.get_device_name() if settings.device == "cuda" else "cpu",
         "torch": torch.__version__,
         "precision": precision,
-        "matmul_peak_tflops": matmul_peak_tflops(settings.device, dtype),
+        "matmul_peak_tflops": matmul_peak_tflops(dtype, settings.device, MATMUL_MAX_N[settings.device]),
         "settings": asdict(settings),
         "rows": [],
     }
