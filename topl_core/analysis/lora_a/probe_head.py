@@ -41,7 +41,7 @@ from .sites import lora_sites
 @dataclass(frozen=True)
 class ProbeHeadSettings:
     layer: int | None = None  # None: the adapter's last LoRA layer (a run with a head: its head layer)
-    max_records: int = 48  # labelled training records: ~50 s for SmolLM2 on a 2-core AVX2 CPU (its forward passes)
+    max_records: int = 48  # labelled training records (their forward passes are most of a fit: docs/performance.md)
     max_val_records: int = 24
     C: float = 1.0  # inverse L2 strength, as sklearn's LogisticRegression
     batch_size: int = 4

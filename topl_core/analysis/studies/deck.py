@@ -78,8 +78,9 @@ def is_shipped(folder: Path) -> bool:
 class DeckConfig:
     """adapter: a run / PEFT folder / hub id; documents: the texts to summarise; lambdas: the grid, in the mode's
     units (steering.SteerConfig); head: "auto" (the run's head when it has one, else none), "probe" (a probe head
-    fitted on the adapter's hidden states, ~2 min on SmolLM2) or "none"; data: the labelled records of the steering
-    vectors (val split, the first token_records) and of the probe head (default: the adapter's training data).
+    fitted on the adapter's hidden states; its time: docs/performance.md) or "none"; data: the labelled records of
+    the steering vectors (val split, the first token_records) and of the probe head (default: the adapter's
+    training data).
 
     Example: ``DeckConfig(str(adapter.path), documents=(document,), lambdas=(-2.0, 2.0), max_new_tokens=48)``"""
 

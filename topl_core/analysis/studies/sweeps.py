@@ -239,7 +239,7 @@ def sweep_inputs(cfg: SweepConfig, base_loader: Callable[[], LoadedModel] | None
 
 def fresh_copy(base: LoadedModel) -> LoadedModel:
     """A deep copy for one window (training injects LoRA into the model it gets): the base is loaded once per
-    worker; copying SmolLM2 took 0.9 s where loading it from disk took 1–3 s."""
+    worker, as copying it is faster than loading it again (docs/performance.md, "Figures behind the code's choices")."""
     return LoadedModel(copy.deepcopy(base.model), base.tokenizer, base.spec)
 
 
