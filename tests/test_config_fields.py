@@ -13,22 +13,28 @@ import pytest
 from pages._ui.forms import config_inputs, field_input
 from topl_core.analysis.evaluation.config import EvalConfig
 from topl_core.analysis.evaluation.translation import TranslationConfig
+from topl_core.analysis.lora_a.probe import ProbeSettings
+from topl_core.analysis.lora_a.probe_head import ProbeHeadSettings
+from topl_core.analysis.steering.modes import SteerConfig
 from topl_core.analysis.studies.data_sources import SOURCES
+from topl_core.analysis.studies.deck import DeckConfig
 from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig
 from topl_core.analysis.studies.sweeps import SweepConfig
+from topl_core.analysis.studies.transfer import TransferSettings
 from topl_core.cli import build_parser, main
 from topl_core.config_fields import add_config_args, config_args, config_argv, config_field, field_infos
 from topl_core.data import sources
 from topl_core.data.records import Record, read_jsonl
 from topl_core.executor import ExecutorConfig
+from topl_core.generate import GenerationConfig
+from topl_core.scale_bench import ScaleSettings
 from topl_core.training.config import LoraSettings, TrainConfig
 
 # the configs whose fields are command-line flags and form inputs
 EXPOSED = (TrainConfig, LoraSettings, sources.SourceOptions, SweepConfig, LabelStudyConfig, ExecutorConfig, EvalConfig)
-EXPOSED += (
-    TranslationConfig,
-    *dict.fromkeys(s.options_type for s in SOURCES.values() if s.options_type not in EXPOSED),
-)
+EXPOSED += (TranslationConfig, TransferSettings, ProbeSettings, ProbeHeadSettings, GenerationConfig, ScaleSettings)
+EXPOSED += (DeckConfig, SteerConfig)
+EXPOSED += tuple(dict.fromkeys(s.options_type for s in SOURCES.values() if s.options_type not in EXPOSED))
 
 
 @pytest.mark.parametrize("cls", EXPOSED, ids=lambda c: c.__name__)

@@ -37,6 +37,7 @@ from .analysis.steering.modes import MODES
 from .analysis.steering.session import SteeringSession
 from .analysis.studies.sweeps import SweepConfig
 from .bench import benchmark_prefix_reuse, matmul_peak_tflops, sync
+from .config_fields import config_field
 from .data.encode import collate, encode_record
 from .data.records import Record, read_jsonl
 from .data.split import split_records
@@ -233,14 +234,20 @@ class ScaleSettings:
     size, packing and the compile backend of the training runs (TrainConfig), the real weights from the hub instead
     of a preset's random-weight build, tokens per steered generation, and how many records of the data are read."""
 
-    device: str = "cuda"
-    steps: int = 4
-    micro_batch_size: int = 4
-    packing: bool = False
-    compile_backend: str = ""
-    hub: bool = False
-    new_tokens: int = 64
-    max_records: int = 400
+    device: str = config_field("cuda", label="Device", help="where every model is benchmarked")
+    steps: int = config_field(
+        4, label="Steps", help="training steps per method (the first is warm-up)", min=2, max=1000
+    )
+    micro_batch_size: int = config_field(4, label="Micro-batch size", help="TrainConfig.micro_batch_size", min=1)
+    packing: bool = config_field(False, label="Packing", help="train on packed batches (TrainConfig.packing)")
+    compile_backend: str = config_field(
+        "", label="Compile backend", help="compile the decoder layers (TrainConfig.compile_backend)"
+    )
+    hub: bool = config_field(
+        False, label="Hub weights", help="load the presets' real weights from the hub instead of random ones"
+    )
+    new_tokens: int = config_field(64, label="New tokens", help="tokens per steered generation", min=1)
+    max_records: int = config_field(400, label="Records", help="records of the data read", min=1)
 
 
 def bench_model(

@@ -14,6 +14,7 @@ from ..analysis.evaluation.evaluate import steering_vectors_for
 from ..analysis.steering.session import SteeringSession
 from ..analysis.steering.slider_bench import format_slider, slider_bench
 from ..bench import main
+from ..config_fields import add_config_args, config_args
 from ..data.records import read_jsonl
 from ..data.split import split_records
 from ..io import write_json
@@ -25,6 +26,8 @@ from ..scale_bench import PHASES_PER_MODEL, ScaleSettings, format_scale, run_sca
 from ..training.memory import GIB, what_fits
 from . import COMMANDS
 from .common import add_precision_arg, announce_precision
+
+SCALE = ScaleSettings()  # the scale flags' defaults (but --device's, which picks the scale benchmark when cuda)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--run", default=None, help="--slider: the adapter to steer (default: the demo TOPL adapter, examples/adapters)"
     )
-    p.add_argument("--new-tokens", type=int, default=64, help="--slider, --device cuda: tokens per steered generation")
+    add_config_args(p, ScaleSettings, SCALE, only=("new_tokens",), notes={"new_tokens": "(--slider, --scale)"})
     p.add_argument("--budget-gib", type=float, default=78.0, help="GPU memory for --memory (an 80 GB H100: 79.2 GiB)")
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 2048], help="sequence lengths for --memory")
     add_precision_arg(p)
@@ -72,11 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="presets (built with random weights at their published shape unless --hub) or any model name",
     )
     scale.add_argument("--device", choices=DEVICES, default="cpu", help="cuda: the scale benchmark on the GPU")
-    scale.add_argument("--hub", action="store_true", help="load the presets' real weights from the hub")
-    scale.add_argument("--steps", type=int, default=4, help="training steps per method (the first is warm-up)")
-    scale.add_argument("--micro-batch-size", type=int, default=4)
-    scale.add_argument("--packing", action="store_true", help="train on packed batches (TrainConfig.packing)")
-    scale.add_argument("--compile-backend", default="", help="compile the decoder layers (TrainConfig.compile_backend)")
+    add_config_args(scale, ScaleSettings, SCALE, skip=("device", "new_tokens", "max_records"))
     p.set_defaults(func=run)
 
 
@@ -87,10 +86,8 @@ def run(args: argparse.Namespace) -> None:
         return memory_table(args.budget_gib, tuple(args.seq_lens), args.json)
     if args.scale or args.device == "cuda":
         with Bar("scale bench", total=PHASES_PER_MODEL * len(args.models)) as bar:  # a phase's log line: a stage
-            settings = ScaleSettings(
-                args.device, args.steps, args.micro_batch_size, args.packing, args.compile_backend, args.hub,
-                args.new_tokens,
-            )  # fmt: skip
+            given = config_args(args, ScaleSettings, skip=("device", "max_records"))
+            settings = ScaleSettings(device=args.device, **given)
             res = run_scale_bench(args.models, args.data, settings, log=bar.stage)
         print(format_scale(res))
         if args.json:

@@ -13,12 +13,13 @@ from pathlib import Path
 from ..adapters import open_adapter
 from ..analysis.lora_a.probe import ProbeSettings, labelled_records
 from ..analysis.steering.extract import build_steering_vectors
-from ..analysis.steering.modes import MODES, POSITIONS, UNITS, UNITS_DOC, SteerConfig, modes_help
+from ..analysis.steering.modes import SteerConfig, modes_help
 from ..analysis.steering.session import SteeringSession
 from ..analysis.steering.vectors import SteeringVectors
-from ..analysis.studies.deck import HEAD_CHOICES, DeckConfig, create_deck, read_deck
+from ..analysis.studies.deck import DeckConfig, create_deck, read_deck
 from ..analysis.studies.deck_html import write_deck_html, write_frames
 from ..analysis.studies.deck_prepare import prepare_deck
+from ..config_fields import DECLARED, add_config_args, config_args, field_infos
 from ..data.records import read_jsonl, read_utf8
 from ..data.split import split_records
 from ..generate import GenerationConfig, generate
@@ -37,6 +38,8 @@ from .common import (
     open_adapter_arg,
 )
 
+GENERATION_FLAGS = ("max_new_tokens", "seed")  # GenerationConfig's mode is --decoding here
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("steer", help=COMMANDS["steer"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -44,10 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--document", help="document text to summarise")
     p.add_argument("--document-file", help="read the document from this file instead")
     p.add_argument("--lambdas", nargs="+", type=float, help="λ grid (default: the mode's grid)")
-    p.add_argument("--mode", choices=tuple(MODES), default="vector", help=modes_help())
-    p.add_argument("--positions", choices=POSITIONS, default="all", help="steer every position or only generated ones")
-    p.add_argument("--units", choices=UNITS, default="normalised", help=UNITS_DOC)
-    p.add_argument("--top-k", type=int, default=4, help="number of steered sites (best o_proj/down_proj by AUROC)")
+    add_config_args(p, SteerConfig, SteerConfig(), notes={"mode": modes_help()})
+    add_config_args(p, DeckConfig, DECLARED, only=("top_k",))
     p.add_argument("--vectors", help="import steering vectors from this directory instead of computing them")
     p.add_argument("--export", help="export the steering vectors (safetensors + JSON) to this directory")
     p.add_argument(
@@ -57,9 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_data_args(p)
     p.set_defaults(split="val")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--decoding", choices=["greedy", "sample"], default="greedy")
-    p.add_argument("--seed", type=int, default=0)
+    add_config_args(p, GenerationConfig, GenerationConfig(), only=GENERATION_FLAGS)
+    decoding = field_infos(GenerationConfig)["mode"]  # --mode is the steering mode's
+    p.add_argument("--decoding", choices=decoding.choices, default=decoding.default, help=decoding.help)
     p.add_argument("--no-base", action="store_true", help="skip the base model's summary")
     p.add_argument(
         "--no-cache", action="store_true", help="recompute the projections instead of reading cache/analysis/"
@@ -79,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="without --document: the first N documents of --data's test split",
     )
-    deck.add_argument("--head", choices=HEAD_CHOICES, default="auto", help="the verdict's head (DeckConfig.head)")
+    add_config_args(deck, DeckConfig, DECLARED, only=("head",))
     deck.add_argument("--export-html", metavar="FILE", help="write the deck as one self-contained HTML file")
     deck.add_argument("--frames", metavar="DIR", help="write PNG frames of the exported HTML (needs --export-html)")
     deck.add_argument(
@@ -102,16 +103,14 @@ def run_deck(args: argparse.Namespace) -> int:
             data_or_adapter_default(args, rd)
             test = split_records(read_jsonl(args.data), seed=args.split_seed)["test"]
             documents = tuple(dict.fromkeys(r.document for r in test))[: args.deck_documents]
+        steering = config_args(args, SteerConfig)  # mode, positions, units: fields of both configs
         cfg = DeckConfig(
             str(rd.path),
             documents,
-            tuple(args.lambdas or SteerConfig(args.mode).spec.lambda_grid),
-            mode=args.mode,
-            positions=args.positions,
-            units=args.units,
-            top_k=args.top_k,
+            tuple(args.lambdas or SteerConfig(**steering).spec.lambda_grid),
+            **steering,
+            **config_args(args, DeckConfig, only=("top_k", "head")),
             max_new_tokens=args.max_new_tokens,
-            head=args.head,
             data=args.data,
             precision=args.precision,
         )
@@ -170,7 +169,7 @@ def run(args: argparse.Namespace) -> int | None:
     print(f"steered sites ({vectors.n_good} good / {vectors.n_bad} bad tokens; v = scaling·B(μ+ − μ−)):")
     for s in vectors.sites:
         print(f"  {s.key:14s} AUROC {vectors.auroc[s.key]:.3f}  ‖v‖ {norms[s.key]:.4g}")
-    how = SteerConfig(args.mode, args.positions, args.units)
+    how = SteerConfig(**config_args(args, SteerConfig))
     lambdas = args.lambdas or list(how.spec.lambda_grid)
     unit_note = how.spec.action.unit_note(vectors, how.spec, how.units)
     if unit_note:
@@ -188,7 +187,8 @@ def run(args: argparse.Namespace) -> int | None:
         if left_out:
             print(f"  left out (llama.cpp has no direction for layer 0): {', '.join(left_out)}")
 
-    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, mode=args.decoding, seed=args.seed, precision=precision)
+    given = config_args(args, GenerationConfig, only=GENERATION_FLAGS)
+    gen = GenerationConfig(**given, mode=args.decoding, precision=precision)
     rows = []
     if not args.no_base:
         base_text = generate(load_model(ModelSpec(rd.base_model, device=rd.device)), [args.document], gen)[0]

@@ -9,8 +9,9 @@ the action it takes are declared in actions.py (a new action is one class and it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+from ...config_fields import config_field
 from .actions import MODE_TABLE, UNIT_FRACTION, SteeringMode
 
 POSITIONS: tuple[str, ...] = ("all", "generated")
@@ -51,6 +52,21 @@ def modes_help() -> str:
     return " ".join(f"{m.name}: {m.help}" for m in MODES.values())
 
 
+# How λ is applied, described once: SteerConfig's fields, and those of a config that carries them (DeckConfig)
+def mode_field() -> Any:
+    help = "how λ steers: a mode of the steering registry (analysis/steering/modes.py)."
+    return config_field("vector", label="Steering mode", help=help, choices=MODES)
+
+
+def positions_field() -> Any:
+    help = "steer every position, or only the generated ones (the prompt left untouched)"
+    return config_field("all", label="Positions", help=help, choices=POSITIONS)
+
+
+def units_field() -> Any:
+    return config_field("normalised", label="λ units", help=UNITS_DOC, choices=UNITS)
+
+
 @dataclass(frozen=True)
 class SteerConfig:
     """How λ is applied in one generation. mode: a key of MODES; positions: "all" or "generated" (the prompt is left
@@ -58,9 +74,9 @@ class SteerConfig:
 
     Example: ``session.generate_steered(document, 1.5, how=SteerConfig("conditional", positions="generated"))``"""
 
-    mode: str = "vector"
-    positions: str = "all"
-    units: str = "normalised"
+    mode: str = mode_field()
+    positions: str = positions_field()
+    units: str = units_field()
 
     def __post_init__(self) -> None:
         for name, value, choices in (
