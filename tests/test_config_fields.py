@@ -22,7 +22,7 @@ from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig
 from topl_core.analysis.studies.sweeps import SweepConfig
 from topl_core.analysis.studies.transfer import TransferSettings
 from topl_core.cli import build_parser, main
-from topl_core.config_fields import add_config_args, config_args, config_argv, config_field, field_infos
+from topl_core.config_fields import DECLARED, add_config_args, config_args, config_argv, config_field, field_infos
 from topl_core.data import sources
 from topl_core.data.records import Record, read_jsonl
 from topl_core.executor import ExecutorConfig
@@ -94,6 +94,22 @@ def test_without_defaults_only_the_given_flags_come_back():
     add_config_args(parser, Knobs)
     assert config_args(parser.parse_args(["--no-on", "--inner-depth", "4"]), Knobs) == {"on": False, "inner_depth": 4}
     assert "(default 0.5)" in parser.format_help()
+
+
+@dataclasses.dataclass(frozen=True)
+class WithRequired:
+    name: str = config_field(label="Name", help="required: no default")
+    size: int = config_field(4, label="Size", help="a declared default", min=1)
+
+
+def test_a_config_with_required_fields_gives_its_declared_defaults():
+    """DeckConfig's case: no instance to default the flags to, so DECLARED gives each field's declared default; a
+    required field has none and is refused (its flag is written by hand)."""
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, WithRequired, DECLARED, only=("size",))
+    assert parser.parse_args([]).size == 4 and parser.parse_args(["--size", "9"]).size == 9
+    with pytest.raises(TypeError, match="WithRequired.name has no declared default"):
+        add_config_args(argparse.ArgumentParser(), WithRequired, DECLARED)
 
 
 @dataclasses.dataclass(frozen=True)
