@@ -1,4 +1,4 @@
-"""Data: browse examples with gold labels as colored tokens; label-sensitivity variants with their stats; build or
+"""Data: browse examples with gold labels as colored tokens; label-sensitivity settings with their stats; build or
 import a data set from any data source (one a model writes, as a background job) and merge data sets."""
 
 from pages._ui.frame import ensure_frame
@@ -22,7 +22,7 @@ from topl_core.analysis.token_colors import legend_html, token_html
 from topl_core.data import overview
 from topl_core.data.records import Record
 from topl_core.data.split import SPLITS
-from topl_core.errors import DataError
+from topl_core.foundations.errors import DataError
 
 st.title("Data")
 st.caption("Token-level supervision: a document, a response, and a good/bad label for every response token.")

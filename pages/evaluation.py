@@ -17,14 +17,15 @@ import streamlit as st
 from pages._ui.datasets import dataset_paths
 from pages._ui.evaluation_panels import lambda_study, per_document_panel, results_panel, translation_panel
 from pages._ui.evaluations import evaluations_dir, read_evaluation
+from pages._ui.forms import mode_settings
 from pages._ui.runs import finished_runs
 from pages._ui.spec import current_model_name, current_precision, current_spec, split_spec
 from pages._ui.translation_form import translation_form
-from topl_core import jobs, launchers
 from topl_core.analysis.evaluation.config import EvalConfig, EvalJob, LambdaStudy
 from topl_core.analysis.evaluation.scorers import DEFAULT_SCORER, PROTOCOLS
-from topl_core.analysis.steering.modes import MODES, STUDY_MODES
-from topl_core.paths import inside
+from topl_core.analysis.steering.modes import MODE_SETTINGS, MODES, STUDY_MODES
+from topl_core.foundations.paths import inside
+from topl_core.jobs import background, launchers
 
 st.title("Evaluation")
 st.caption(
@@ -107,6 +108,7 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
                 persist_state="session",
             )
             gen_only = c.toggle("Generated tokens only", False, key=K + "gen_only", persist_state="session")
+            settings = mode_settings(st, MODE_SETTINGS, K)  # the modes' own settings (a gated mode's τ and k)
         a, b, c = st.columns([2, 2, 1])
         data_opts = dataset_paths()
         data = a.selectbox(
@@ -157,18 +159,19 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
                     "generated" if gen_only else "all",
                     ("ID",) if n_ood == 0 else ("ID", "OOD"),
                     tuple(float(x) for x in scaled_txt.replace(",", " ").split()),
+                    tuple(settings.items()),
                 )
             job = EvalJob(cfg, tuple(chosen), include_base, () if sweep_mode else lams, study)
             out = inside(EVALS, name, "Evaluation name")
             launchers.launch_evaluation(job, out)
             show_launched(out)
-        except (ValueError, jobs.JobError) as e:
+        except (ValueError, background.JobError) as e:
             st.error(str(e))
 
 translation_form(labels, device, show_launched)
 
 evals = (
-    sorted((p for p in EVALS.iterdir() if (p / jobs.JOB_FILE).exists()), key=lambda p: -p.stat().st_mtime)
+    sorted((p for p in EVALS.iterdir() if (p / background.JOB_FILE).exists()), key=lambda p: -p.stat().st_mtime)
     if EVALS.is_dir()
     else []
 )
@@ -183,22 +186,22 @@ edir = EVALS / sel
 
 
 def panel() -> None:
-    job = jobs.read_job(edir)
+    job = background.read_job(edir)
     state = job.state if job else "unknown"
     if st.session_state.get(K + "was_running") and state not in ("running", "starting"):
         st.session_state[K + "was_running"] = False
         st.rerun(scope="app")
     st.session_state[K + "was_running"] = state in ("running", "starting")
     if state in ("running", "starting"):
-        lines = [ln for ln in jobs.log_tail(edir, 50).splitlines() if "generating" in ln or "λ =" in ln]
+        lines = [ln for ln in background.log_tail(edir, 50).splitlines() if "generating" in ln or "λ =" in ln]
         c1, c2 = st.columns([5, 1], vertical_alignment="center")
         c1.progress(0.0 if not lines else 0.5, text=f"{state} · {lines[-1] if lines else 'loading models…'}")
         if c2.button("Cancel", key=K + "cancel", icon=":material/stop:"):
-            jobs.cancel(edir)
+            background.cancel(edir)
         return
     if state != "finished":
         st.error(f"Evaluation {state}: {job.error if job else ''}")
-        st.code(jobs.log_tail(edir, 20), language=None)
+        st.code(background.log_tail(edir, 20), language=None)
         return
     res = read_evaluation(str(edir), (edir / "eval.json").stat().st_mtime)
     if res.get("task") == "translation":
@@ -231,9 +234,9 @@ def panel() -> None:
     per_document_panel(edir / "per_doc.csv", sel)
 
 
-job = jobs.read_job(edir)
+job = background.read_job(edir)
 st.fragment(panel, run_every=2 if job is not None and job.active else None)()
 with st.expander("Command and log"):
-    info = json.loads((edir / jobs.JOB_FILE).read_text())
+    info = json.loads((edir / background.JOB_FILE).read_text())
     st.code("python -m topl_core " + " ".join(info.get("argv", [])), language="bash")
-    st.code(jobs.log_tail(edir, 30) or "(empty)", language=None)
+    st.code(background.log_tail(edir, 30) or "(empty)", language=None)

@@ -9,7 +9,7 @@ import streamlit as st
 from pages._ui.models import base_model, load_error
 from pages._ui.runs import all_runs
 from pages._ui.spec import current_spec, split_spec
-from topl_core.paths import runs_dir
+from topl_core.foundations.paths import runs_dir
 
 st.title("TOPL Workbench")
 st.markdown(
@@ -65,7 +65,7 @@ starts = [
         "pages/data.py",
         "Data",
         ":material/dataset:",
-        "Browse token labels, label-sensitivity variants, build or import data.",
+        "Browse token labels, label-sensitivity settings, build or import data.",
     ),
     (
         "pages/train.py",

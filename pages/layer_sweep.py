@@ -17,10 +17,10 @@ from pages._ui.forms import SIDEBAR_FIELDS, config_inputs, field_input, precisio
 from pages._ui.models import layer_count_or_stop
 from pages._ui.render import csv_download, plot
 from pages._ui.spec import current_spec, split_spec
-from topl_core import jobs, launchers
-from topl_core.errors import ConfigError
-from topl_core.executor import ExecutorConfig
-from topl_core.paths import inside, runs_dir
+from topl_core.foundations.errors import ConfigError
+from topl_core.foundations.executor import ExecutorConfig
+from topl_core.foundations.paths import inside, runs_dir
+from topl_core.jobs import background, launchers
 from topl_core.training.config import TrainConfig, study_schedule
 
 with core_imports():
@@ -112,7 +112,7 @@ with st.expander("Start a sweep", expanded=not SWEEPS.is_dir() or not any(SWEEPS
             path = launchers.launch_sweep(cfg, inside(SWEEPS, name, "Sweep name"), ExecutorConfig(**executor_values))
             st.session_state[K + "show"] = str(path.relative_to(runs_dir().resolve()))
             st.rerun()
-        except (ConfigError, jobs.JobError, ValueError) as e:
+        except (ConfigError, background.JobError, ValueError) as e:
             st.error(str(e))
 
 # sweeps started here live in runs/sweeps/; the CLI's (python -m topl_core sweep --out runs/NAME) anywhere in runs/
@@ -137,7 +137,7 @@ VALUE_LABEL = {
 
 
 def panel() -> None:
-    job = jobs.read_job(sweep_dir)
+    job = background.read_job(sweep_dir)
     state = job.state if job else "unknown"
     active = job is not None and job.active
     if st.session_state.get(K + "was_running") and not active:
@@ -155,7 +155,7 @@ def panel() -> None:
             icon=":material/stop:",
             help="Stops after the current step; the window keeps a checkpoint and the sweep can resume.",
         ):
-            jobs.cancel(sweep_dir)
+            background.cancel(sweep_dir)
             st.toast("Stopping after the current step…")
     elif state in ("cancelled", "failed", "interrupted") and c2.button(
         "Resume", key=K + "resume", icon=":material/replay:"
@@ -163,7 +163,7 @@ def panel() -> None:
         try:
             launchers.resume_sweep_job(sweep_dir)
             st.rerun(scope="app")
-        except jobs.JobError as e:
+        except background.JobError as e:
             st.error(str(e))
     if job and job.error and state != "finished":
         st.caption(job.error[:300])
@@ -232,8 +232,8 @@ def panel() -> None:
     csv_download(df, f"{Path(sel).name}.csv", key=K + "csv")
 
 
-job = jobs.read_job(sweep_dir)
+job = background.read_job(sweep_dir)
 running = job is not None and job.active
 st.fragment(panel, run_every=2 if running else None)()
 with st.expander("Log"):
-    st.code(jobs.log_tail(sweep_dir, 30) or "(empty)", language=None)
+    st.code(background.log_tail(sweep_dir, 30) or "(empty)", language=None)

@@ -18,11 +18,11 @@ from pages._ui.render import csv_download, plot, rho_text
 from pages._ui.runs import all_runs, open_by_reference, run_fingerprint
 from pages._ui.spec import current_precision
 from pages._ui.token_sets import default_token_set, lora_a_probe
-from topl_core.adapters import open_adapter
 from topl_core.analysis.evaluation.indicator import MIN_ADAPTERS_FOR_RHO, indicator_table
-from topl_core.errors import WorkbenchError
-from topl_core.paths import examples_dir, runs_dir
-from topl_core.runs import RunDir
+from topl_core.foundations.errors import WorkbenchError
+from topl_core.foundations.paths import examples_dir, runs_dir
+from topl_core.training.adapters import open_adapter
+from topl_core.training.run_dirs import RunDir
 
 st.title("Runs")
 st.caption(

@@ -1,9 +1,10 @@
 """Steering: a λ slider regenerates the summary with the merged model steered in one of the registered modes
 (topl_core/analysis/steering/modes.py: LoRA-B's vector v = scaling·B(μ+ − μ−) at the top-k residual-writing sites
-(the paper), the adapter's own update scaled by λ, two controls with the vector's norm) — on every position or only
-on generated tokens. Base | merged | steered side by side with the changed words highlighted,
+(the paper), the adapter's own update scaled by λ, two controls with the vector's norm, the vector gated by the
+adapter's own head while generating) — on every position or only on generated tokens. Base | merged | steered side by
+side with the changed words highlighted (gated: the tokens the head took back struck through, with their replacements),
 factuality and fluency under each (a degenerate text is marked as such); the sites used; the λ curve of
-factuality and fluency; export of the vectors (safetensors + JSON, llama.cpp control vector).
+factuality and fluency; export of the vectors (safetensors + JSON, llama.cpp control vector and LoRA).
 
 Built for live demos: the merged model and the steering vectors are cached per (model spec, run fingerprint, token
 set, k) with st.cache_resource and shared read-only (steering hooks act only on the generating thread); every
@@ -19,8 +20,9 @@ from pathlib import Path
 import streamlit as st
 
 from pages._ui.figures import lambda_curve
+from pages._ui.forms import mode_settings
 from pages._ui.models import load_error, merged_model, step_error
-from pages._ui.render import csv_download, diff_html, plot, text_box
+from pages._ui.render import csv_download, plot, steered_html, steered_summary, text_box
 from pages._ui.runs import run_fingerprint, run_picker
 from pages._ui.spec import current_precision, current_spec
 
@@ -48,7 +50,7 @@ st.title("Steering")
 st.caption(
     "Push the merged model toward faithful (λ > 0) or hallucinated (λ < 0) summaries by adding "
     "λ · scaling · B(μ+ − μ−) to the outputs of the adapter's most separating sites — or scale the adapter's own "
-    "update, or compare with two controls of the same norm."
+    "update, compare with two controls of the same norm, or let the adapter's head decide where the vector acts."
 )
 spec, precision = current_spec(), current_precision()
 top = st.columns([2, 1, 1])
@@ -73,9 +75,11 @@ generated_only = c_pos.toggle(
     False,
     key="steer.generated_only",
     persist_state="session",
+    disabled=not MODES[mode].action.positions_apply,  # the mode decides which positions it steers
     help="Leave the prompt (the document) untouched and steer only the tokens the model writes.",
 )
-how = SteerConfig(mode, "generated" if generated_only else "all")
+settings = mode_settings(st, MODES[mode].action.settings, "steer.")  # the mode's own: a gated mode's τ and k
+how = SteerConfig(mode, "generated" if generated_only else "all", **settings)
 with st.expander("Token set for μ+ / μ− and the site AUROCs", expanded=False):
     ts = token_set_picker("steer", run, default_limit=16)
 
@@ -158,21 +162,10 @@ try:
 except Exception as e:
     step_error(f"generate the summaries ({precision})", e)
     st.stop()
-for i, (slot, (title, _, _), text) in enumerate(zip(slots, boxes, (t_base, t_merged, t_steered))):
-    body = diff_html(t_merged, text) if i == 2 else html.escape(text).replace("\n", "<br>")
-    caption = quality_caption(spec, document, text)
-    slot.markdown(text_box(title, body or "<i>(empty)</i>", caption), unsafe_allow_html=True)
-changed = t_steered != t_merged
-summary = (
-    "Highlighted: words that differ from the merged output; struck through: words it dropped."
-    if changed
-    else "Identical to the merged output at this λ."
-)
-st.markdown(
-    f'<div id="steer-summary" data-lambda="{lam:.3f}" data-changed="{int(changed)}" style="opacity:.75">'
-    f"{summary}</div>",
-    unsafe_allow_html=True,
-)
+for i, (slot, (title, _, _), g) in enumerate(zip(slots, boxes, (t_base, t_merged, t_steered))):
+    body = steered_html(t_merged.text, g) if i == 2 else html.escape(g.text).replace("\n", "<br>")
+    slot.markdown(text_box(title, body or "<i>(empty)</i>", quality_caption(spec, document, g)), unsafe_allow_html=True)
+st.markdown(steered_summary(t_merged.text, t_steered, lam), unsafe_allow_html=True)
 st.caption(
     f"Factuality: {scorer_caption()}. Fluency: perplexity under the base model, distinct-2; a text is marked "
     "degenerate when it repeats itself, turns into non-words or is empty (thresholds: "
@@ -202,10 +195,11 @@ with left:
         mime="application/zip",
         key="steer.export",
         icon=":material/download:",
-        help="vector.gguf / diff-mean.gguf hold λ = 1 in normalised units: `llama-cli -m MODEL.gguf "
-        "--control-vector-scaled vector.gguf 2` steers like λ = 2 here (an o_proj vector is added at the end of its "
-        "layer: an approximation). steering_vectors.safetensors + steering.json hold the raw vectors of the paper's "
-        "formula and the per-site factors."
+        help="vector.gguf / diff-mean.gguf hold λ = 1 in normalised units and lora.gguf the adapter's LoRA (the "
+        "vectors belong to base + LoRA): `llama-completion -m MODEL-F32.gguf --lora lora.gguf "
+        "--control-vector-scaled vector.gguf:2` steers like λ = 2 here on every position (an o_proj vector is added "
+        "at the end of its layer: an approximation; docs/analysis.md, Export). steering_vectors.safetensors + "
+        "steering.json hold the raw vectors of the paper's formula and the per-site factors."
         + (
             f" Left out of the .gguf files: {', '.join(bundle.left_out)} (llama.cpp has no direction for layer 0)."
             if bundle.left_out
@@ -223,9 +217,10 @@ with right:
         st.session_state["steer.curve_for"] = curve_key
     if st.session_state.get("steer.curve_for") == curve_key:
         with st.spinner(f"Generating the {len(GRID)} λ positions as one batch, then their fluency…"):
-            texts = steered_texts(spec, run, fp, ts, top_k, precision, document, tuple(GRID), max_new, how)
-            for g, text in texts.items():  # the slider reads them from now on (a text already shown stays)
+            generations = steered_texts(spec, run, fp, ts, top_k, precision, document, tuple(GRID), max_new, how)
+            for g, text in generations.items():  # the slider reads them from now on (a text already shown stays)
                 text_store().put(steered_key(g), text, replace=False)
+            texts = {g: generations[g].text for g in GRID}
             fluencies = [text_fluency(spec, texts[g]) for g in GRID]
         curve = document_curve(document, texts, fluencies, scorer())
         plot(lambda_curve(curve, lam, f"λ ({spec_mode.label})"), key="steer.curve")

@@ -15,9 +15,9 @@ from pathlib import Path
 import streamlit as st
 
 from pages._ui.datasets import dataset_picker, records_of
+from pages._ui.forms import mode_settings
 from pages._ui.runs import run_picker
 from pages._ui.spec import current_precision
-from topl_core import jobs
 from topl_core.analysis.steering.modes import MODES
 from topl_core.analysis.studies.deck import (
     HEAD_CHOICES,
@@ -30,9 +30,10 @@ from topl_core.analysis.studies.deck import (
 )
 from topl_core.analysis.studies.deck_html import deck_html
 from topl_core.data.split import split_records
-from topl_core.errors import RunError
-from topl_core.paths import inside
-from topl_core.status import read_status
+from topl_core.foundations.errors import RunError
+from topl_core.foundations.paths import inside
+from topl_core.foundations.status import read_status
+from topl_core.jobs import background
 
 K = "talk."
 
@@ -62,6 +63,7 @@ with st.expander("Prepare a new deck", expanded=not folders):
             key=K + "mode",
             persist_state="session",
         )
+        settings = mode_settings(st, MODES[mode].action.settings, K)  # the mode's own: a gated mode's τ and k
         centre = MODES[mode].neutral  # the merged model: the grid is centred on it
         bound = b.number_input(
             "λ from −x to +x" if centre == 0 else f"λ from {centre:g} − x to {centre:g} + x",
@@ -104,10 +106,17 @@ with st.expander("Prepare a new deck", expanded=not folders):
         if b.button("Prepare", key=K + "prepare", icon=":material/play_arrow:", disabled=not documents):
             try:
                 cfg = DeckConfig(
-                    run, documents, lambdas, mode, max_new_tokens=int(max_new), head=head, precision=current_precision()
+                    run,
+                    documents,
+                    lambdas,
+                    mode,
+                    max_new_tokens=int(max_new),
+                    head=head,
+                    precision=current_precision(),
+                    **settings,
                 )
                 folder = create_deck(inside(DECKS, name, "Deck name"), cfg)
-                jobs.launch(prepare_args(cfg, folder), folder, kind="deck")
+                background.launch(prepare_args(cfg, folder), folder, kind="deck")
             except Exception as e:
                 st.error(f"Could not start the deck: {e}")
             else:
@@ -133,7 +142,7 @@ chosen = Path(
 
 # --- preparing / failed ---------------------------------------------------------------------------------------------
 def progress_panel() -> None:
-    job = jobs.read_job(chosen)
+    job = background.read_job(chosen)
     active = job is not None and job.active
     if st.session_state.get(K + "was_active") and not active:
         st.session_state[K + "was_active"] = False
@@ -150,10 +159,10 @@ def progress_panel() -> None:
         text=f"Preparing the deck: {job.step} / {job.steps or '?'} summaries{left} · {status.get('current') or ''}",
     )
     if c2.button("Stop", key=K + "stop", icon=":material/stop:"):
-        jobs.cancel(chosen)
+        background.cancel(chosen)
 
 
-job = jobs.read_job(chosen)
+job = background.read_job(chosen)
 try:
     deck = read_deck(chosen)
 except RunError as e:  # its deck.json cannot be read: the message says what to do
@@ -167,13 +176,13 @@ if not deck.complete:
     message = f"This deck is not complete ({deck.done} / {deck.total} summaries; {state})"
     if job is not None and job.state == "failed":
         st.error(f"{message}: {job.error or 'see the log'}")
-        st.code(jobs.log_tail(chosen, 20) or "(empty log)", language=None)
+        st.code(background.log_tail(chosen, 20) or "(empty log)", language=None)
     else:
         st.warning(message + ". Resuming keeps every summary already made.")
     for note in deck.unreadable_notes("resuming makes its summaries again."):
         st.warning(note, icon=":material/broken_image:")
     if st.button("Resume preparing", key=K + "resume", icon=":material/play_arrow:"):
-        jobs.launch(prepare_args(deck.config, chosen), chosen, kind="deck")
+        background.launch(prepare_args(deck.config, chosen), chosen, kind="deck")
         st.rerun()
     st.stop()
 

@@ -15,11 +15,11 @@ from pages._ui.models import merged_model, probe_heads, resource_lock, step_erro
 from pages._ui.render import csv_download, plot
 from pages._ui.runs import run_fingerprint, run_picker
 from pages._ui.spec import current_precision, current_spec
-from topl_core.adapters import open_adapter
 from topl_core.analysis.token_colors import legend_html, token_html
 from topl_core.data.records import Record
-from topl_core.generate import GenerationConfig, generate
-from topl_core.scoring import TokenScores
+from topl_core.inference.generate import GenerationConfig, generate
+from topl_core.inference.token_scores import TokenScores
+from topl_core.training.adapters import open_adapter
 
 st.title("Token overlay")
 st.caption(

@@ -1,5 +1,6 @@
-"""Train: a form for any method with the paper's presets; the run starts in a separate process (topl_core.jobs),
-and the page follows it live — progress bar with ETA, loss curve, validation metrics — with cancel and resume.
+"""Train: a form for any method with the paper's presets; the run starts in a separate process
+(topl_core.jobs.background), and the page follows it live — progress bar with ETA, loss curve, validation metrics —
+with cancel and resume.
 Everything shown is read from the run directories, so it survives page reloads and app restarts."""
 
 from pages._ui.frame import ensure_frame
@@ -15,10 +16,10 @@ from pages._ui.forms import SIDEBAR_FIELDS, config_inputs, field_input, precisio
 from pages._ui.models import layer_count_or_stop
 from pages._ui.spec import current_spec, split_spec
 from pages._ui.train_jobs import train_jobs_panel
-from topl_core import jobs, launchers
-from topl_core.errors import ConfigError
-from topl_core.paths import inside, runs_dir
-from topl_core.presets import PRESETS
+from topl_core.foundations.errors import ConfigError
+from topl_core.foundations.paths import inside, runs_dir
+from topl_core.foundations.presets import PRESETS
+from topl_core.jobs import background, launchers
 from topl_core.training.config import LoraSettings, TrainConfig, preset_config
 from topl_core.training.methods import METHODS
 
@@ -115,7 +116,7 @@ if flash := st.session_state.pop(K + "flash", None):
 
 # --- the form -------------------------------------------------------------------------------------------------
 
-any_active = any(j.active for j in jobs.list_jobs() if j.kind == "train")
+any_active = any(j.active for j in background.list_jobs() if j.kind == "train")
 with st.expander("New run", expanded=not any_active, icon=":material/add:"):
     c1, c2, c3 = st.columns([1, 1, 2])
     c1.selectbox(
@@ -218,10 +219,10 @@ if submitted:
         path = launchers.launch_train(cfg, inside(runs_dir(), name, "Run name"))
         st.session_state[K + "watch"] = str(path)
         st.session_state[K + "detail"] = path.name  # show the new run's curves
-        st.session_state[K + "flash"] = f"Started **{name}** in the background (pid {jobs.read_job(path).pid})."
+        st.session_state[K + "flash"] = f"Started **{name}** in the background (pid {background.read_job(path).pid})."
         st.session_state[K + "new_name"] = True
         st.rerun()
-    except (ConfigError, jobs.JobError, ValueError) as e:
+    except (ConfigError, background.JobError, ValueError) as e:
         st.error(str(e))
 
 # --- live jobs ------------------------------------------------------------------------------------------------

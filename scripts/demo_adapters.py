@@ -8,7 +8,7 @@
     .venv/bin/python scripts/demo_adapters.py --first-visit shipped   # time them again, as a fresh clone sees them
     .venv/bin/python scripts/demo_adapters.py --first-visit ship --visit-only peft-sft-smollm2
     .venv/bin/python scripts/demo_adapters.py --cards       # rewrite each demo's model card (README.md) from its
-                                  # topl_config.json and metrics (topl_core.card; the weights stay as they are)
+                                  # topl_config.json and metrics (topl_core.training.card; the weights stay as they are)
                                         # the same with that demo alone in the examples (added to what is shipped)
 
 `make demo-adapters` runs the first form. Training is seeded and its data order is a pure function of the seed, so
@@ -33,10 +33,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from topl_core.card import write_card  # noqa: E402
-from topl_core.paths import DEFAULT_DATA  # noqa: E402
-from topl_core.presets import DEFAULT_MODEL  # noqa: E402
-from topl_core.runs import (  # noqa: E402
+from topl_core.foundations.paths import DEFAULT_DATA  # noqa: E402
+from topl_core.foundations.presets import DEFAULT_MODEL  # noqa: E402
+from topl_core.training.card import write_card  # noqa: E402
+from topl_core.training.run_dirs import (  # noqa: E402
     ADAPTER_WEIGHTS,
     HEAD_FILE,
     RunDir,  # noqa: E402

@@ -28,9 +28,9 @@ fi
 
 # The default embedded model converted once from its embedded GGUF to safetensors (~35 s): the app's first start and the
 # tests load the converted copy.
-default_model=$(.venv/bin/python -c "from topl_core.presets import DEFAULT_MODEL; print(DEFAULT_MODEL)")  # 0.1 s
+default_model=$(.venv/bin/python -c "from topl_core.foundations.presets import DEFAULT_MODEL; print(DEFAULT_MODEL)")  # 0.1 s
 if [ ! -f "${TOPL_CACHE_DIR:-cache}/models/$default_model/config.json" ]; then
-  .venv/bin/python -c "from topl_core.models import converted_embedded_dir; converted_embedded_dir('$default_model')" \
+  .venv/bin/python -c "from topl_core.models.loading import converted_embedded_dir; converted_embedded_dir('$default_model')" \
     || echo "warning: could not convert $default_model now; the first load will try again (see above)" >&2
 fi
 

@@ -17,11 +17,11 @@ import torch
 from safetensors.torch import load_file
 
 from topl_core.data.encode import IGNORE
-from topl_core.paths import DEFAULT_DATA
-from topl_core.runs import ADAPTER_WEIGHTS, HEAD_FILE
+from topl_core.foundations.paths import DEFAULT_DATA
 from topl_core.training import trainer
 from topl_core.training.config import TrainConfig
 from topl_core.training.methods import topl
+from topl_core.training.run_dirs import ADAPTER_WEIGHTS, HEAD_FILE
 
 INDEXED, PLAIN_ADAMW = topl.token_bce_loss, torch.optim.AdamW
 VARIANTS = {"today": (False, False), "masked": (True, False), "fused": (False, True), "both": (True, True)}

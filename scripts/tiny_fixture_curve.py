@@ -22,9 +22,9 @@ from conftest import make_pairs, steerable_topl_config  # noqa: E402
 from topl_core.data.perturb import build_perturbation_records  # noqa: E402
 from topl_core.data.records import write_jsonl  # noqa: E402
 from topl_core.data.split import split_records  # noqa: E402
-from topl_core.generate import GenerationConfig, generate, load_merged  # noqa: E402
-from topl_core.models import load_model  # noqa: E402
-from topl_core.scoring import TokenScorer, detection_auroc  # noqa: E402
+from topl_core.inference.generate import GenerationConfig, generate, load_merged  # noqa: E402
+from topl_core.inference.token_scores import TokenScorer, detection_auroc  # noqa: E402
+from topl_core.models.loading import load_model  # noqa: E402
 from topl_core.training.trainer import train  # noqa: E402
 
 

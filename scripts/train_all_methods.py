@@ -25,12 +25,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from topl_core.data.records import read_jsonl  # noqa: E402
-from topl_core.models import EMBEDDED, load_model  # noqa: E402
-from topl_core.paths import DEFAULT_DATA  # noqa: E402
-from topl_core.presets import DEFAULT_MODEL  # noqa: E402
-from topl_core.runs import RunDir  # noqa: E402
+from topl_core.foundations.paths import DEFAULT_DATA  # noqa: E402
+from topl_core.foundations.presets import DEFAULT_MODEL  # noqa: E402
+from topl_core.models.loading import EMBEDDED, load_model  # noqa: E402
 from topl_core.training.config import TrainConfig  # noqa: E402
 from topl_core.training.methods import METHODS  # noqa: E402
+from topl_core.training.run_dirs import RunDir  # noqa: E402
 
 
 def method_command(args: argparse.Namespace, method: str, num_layers: int) -> list[str]:

@@ -25,8 +25,8 @@ from peft import LoraConfig, get_peft_model
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from topl_core.models import load_model  # noqa: E402  (the embedded base weights only)
-from topl_core.paths import DEFAULT_DATA  # noqa: E402
+from topl_core.foundations.paths import DEFAULT_DATA  # noqa: E402
+from topl_core.models.loading import load_model  # noqa: E402  (the embedded base weights only)
 
 OUT = REPO / "examples" / "adapters" / "peft-sft-smollm2"
 HUB_BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"

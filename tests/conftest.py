@@ -58,7 +58,7 @@ def cache_sharing_the_costly_parts(cache: Path) -> Path:
 def project_folders_untouched(tmp_path_factory):
     """No test writes into the project's runs/ or cache/: unless a test names its own, both point into a temp folder
     (cache_sharing_the_costly_parts). And no test's outcome depends on what precision "auto" resolves to on the
-    machine that runs it: the suite pins fp32 as the meaning of "auto" (TOPL_PRECISION, topl_core.precision) —
+    machine that runs it: the suite pins fp32 as the meaning of "auto" (TOPL_PRECISION, topl_core.hardware.precision) —
     tests/test_bf16.py forces bf16 on every computing path, and test_auto_end_to_end clears the pin."""
     root = tmp_path_factory.mktemp("project")
     cache = cache_sharing_the_costly_parts(root / "cache")
@@ -177,7 +177,7 @@ def free_port() -> int:
 
 
 def smollm2_available() -> bool:
-    from topl_core.models import EMBEDDED, package_dir
+    from topl_core.models.loading import EMBEDDED, package_dir
 
     return package_dir(EMBEDDED["smollm2-135m"].package) is not None
 

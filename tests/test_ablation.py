@@ -18,7 +18,7 @@ from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.hooks import steer
 from topl_core.analysis.steering.modes import MODES, SteerConfig
 from topl_core.analysis.steering.session import SteeringSession
-from topl_core.generate import GenerationConfig, generate, load_merged
+from topl_core.inference.generate import GenerationConfig, generate, load_merged
 from topl_core.training.trainer import train
 
 DOC = NEWS_PAIRS[0][1]

@@ -14,17 +14,17 @@ import torch
 from peft import IA3Config, LoraConfig, get_peft_model
 from safetensors.torch import load_file
 
-from topl_core.adapters import load_adapter, open_adapter
 from topl_core.analysis.lora_a.capture import collect_projections
 from topl_core.analysis.lora_a.probe import ProbeSettings, labelled_records, probe_run, run_projections
 from topl_core.analysis.lora_a.probe_head import ProbeHeadSettings, fit_probe_head
 from topl_core.analysis.lora_a.sites import lora_sites, lora_weights, read_lora_weights
 from topl_core.analysis.steering.extract import build_steering_vectors
-from topl_core.errors import ModelError, RunError
-from topl_core.forward import head_features
-from topl_core.models import load_model, model_name_for
-from topl_core.presets import LORA_MODULES
-from topl_core.scoring import TokenScorer
+from topl_core.foundations.errors import ModelError, RunError
+from topl_core.foundations.presets import LORA_MODULES
+from topl_core.inference.token_scores import TokenScorer
+from topl_core.models.forward import head_features
+from topl_core.models.loading import load_model, model_name_for
+from topl_core.training.adapters import load_adapter, open_adapter
 
 ALL = list(LORA_MODULES)
 CASES = {
@@ -184,7 +184,7 @@ def test_an_adapter_for_another_model_is_refused_when_loaded(tmp_path):
     """An adapter loaded on a model of other widths: a clear error naming the model it belongs to."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from topl_core.models import LoadedModel, ModelSpec
+    from topl_core.models.loading import LoadedModel, ModelSpec
 
     folder = make_peft_folder(tmp_path / "llama", **CASES["r4-alpha16-qv"])
     tiny = load_model("tiny-llama")

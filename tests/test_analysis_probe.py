@@ -14,11 +14,11 @@ from conftest import all_hooks
 
 from topl_core.analysis.lora_a.capture import Projections, capture_lora, collect_projections, random_lora_A
 from topl_core.analysis.lora_a.sites import Site, input_module, lora_sites, lora_weights, read_lora_weights
-from topl_core.architecture import decoder_layers
 from topl_core.data.encode import IGNORE, encode_record
-from topl_core.errors import ModelError
-from topl_core.presets import LORA_MODULES
-from topl_core.tiny_models import build_tiny_model
+from topl_core.foundations.errors import ModelError
+from topl_core.foundations.presets import LORA_MODULES
+from topl_core.models.architecture import decoder_layers
+from topl_core.models.tiny import build_tiny_model
 from topl_core.training.config import LoraSettings, TrainConfig
 from topl_core.training.lora import apply_lora
 from topl_core.training.trainer import train
@@ -87,8 +87,8 @@ def test_lora_sites_errors_name_the_fix():
 
 
 def test_read_lora_weights_equals_peft(tiny_run):
-    from topl_core.adapters import load_adapter
-    from topl_core.models import load_model
+    from topl_core.models.loading import load_model
+    from topl_core.training.adapters import load_adapter
 
     peft = load_adapter(load_model("tiny-llama"), tiny_run)
     from_files = read_lora_weights(tiny_run)
@@ -272,7 +272,7 @@ def test_fast_logistic_and_rank_auroc_agree_with_sklearn():
     from sklearn.preprocessing import StandardScaler
 
     from topl_core.analysis.lora_a.separability import fit_logistic, rank_auroc
-    from topl_core.metrics import auroc
+    from topl_core.foundations.metrics import auroc
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(500, 4)) * [1, 10, 0.1, 3] + [0, 5, 0, -2]
@@ -383,7 +383,7 @@ def test_shipped_cache_is_read_after_the_local_one_and_never_written(cache_tmp, 
 def _write_entry(path, kind: str, kd: dict, text: str) -> None:
     """A cache entry and its key file (kind, key, checksum) as `cached` writes them."""
     from topl_core.analysis.cache import key_file
-    from topl_core.io import sha256_file, write_json
+    from topl_core.foundations.io import sha256_file, write_json
 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -425,7 +425,7 @@ def test_probe_is_cached_and_invalidated_by_a_changed_adapter(cache_tmp, tiny_ru
     import shutil
 
     from topl_core.analysis.lora_a.probe import ProbeSettings, probe_run, run_projections
-    from topl_core.runs import RunDir
+    from topl_core.training.run_dirs import RunDir
 
     settings = ProbeSettings(n_boot=50)
     res = probe_run(tiny_run, news_records, settings, token_set="tiny")

@@ -3,7 +3,7 @@ through the app's own st.navigation (so app.py's sidebar model picker is rendere
 AppTest/st.navigation trap of docs/design.md §4 is checked, not assumed). Tiny random model, tiny adapters trained in a
 temporary runs directory (TOPL_RUNS_DIR / TOPL_CACHE_DIR), all offline on CPU.
 
-Also the background jobs of topl_core.jobs: a detached training process, cancel by SIGTERM (checkpoint kept,
+Also the background jobs of topl_core.jobs.background: a detached training process, cancel by SIGTERM (checkpoint kept,
 state "cancelled"), resume to the end, and the run list read back from disk."""
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def test_every_page_answers_an_empty_workbench(workbench, monkeypatch, tmp_path,
 def _copy_run(src: Path, dst: Path, **status) -> Path:
     import shutil
 
-    from topl_core.runs import RunDir
+    from topl_core.training.run_dirs import RunDir
 
     shutil.copytree(src, dst)
     for f in ("job.json", "STOP"):
@@ -337,13 +337,13 @@ def test_a_data_source_a_model_writes_reaches_the_cli_the_data_page_and_the_laun
     back to the same options and builds (what the job process runs)."""
     import dataclasses
 
-    from topl_core import launchers
     from topl_core.analysis.studies.data_sources import SOURCES
     from topl_core.cli import build_parser, main
     from topl_core.cli.data import options_of
-    from topl_core.config_fields import config_field
     from topl_core.data.records import Record, read_jsonl
     from topl_core.data.sources import DataSource, Loaded, SourceOptions
+    from topl_core.foundations.config_fields import config_field
+    from topl_core.jobs import launchers
 
     @dataclasses.dataclass(frozen=True)
     class EchoOptions(SourceOptions):
@@ -413,8 +413,8 @@ def test_data_page_builds_own_summaries_in_the_background_and_merges(workbench):
     files that share records."""
     import dataclasses
 
-    from topl_core import jobs
     from topl_core.data.records import read_jsonl, write_jsonl
+    from topl_core.jobs import background
 
     data_dir = workbench["root"] / "cache" / "data"
     at = open_page("data")
@@ -425,8 +425,8 @@ def test_data_page_builds_own_summaries_in_the_background_and_merges(workbench):
     at.text_input(key="data.build.own-summaries.out").set_value("own-tiny").run()
     at.button(key="data.build_go").click().run()
     job_dir = data_dir / "jobs" / "own-tiny"
-    assert jobs.wait(job_dir, timeout_s=TIMEOUT).state == "failed", jobs.log_tail(job_dir)
-    assert "--limit 3 --model tiny-llama" in jobs.log_tail(job_dir)
+    assert background.wait(job_dir, timeout_s=TIMEOUT).state == "failed", background.log_tail(job_dir)
+    assert "--limit 3 --model tiny-llama" in background.log_tail(job_dir)
     at.run()
     assert any("Start it again with the same settings" in w.value for w in at.warning)
     assert any("no records to write" in c.value for c in at.code), [c.value for c in at.code]
@@ -513,7 +513,7 @@ def test_layer_sweep_form_has_an_input_for_every_field_a_window_trains_with(work
     import dataclasses
 
     from topl_core.analysis.studies.sweeps import SweepConfig
-    from topl_core.executor import ExecutorConfig
+    from topl_core.foundations.executor import ExecutorConfig
     from topl_core.training.config import LoraSettings, TrainConfig
 
     at = open_page("layer_sweep")
@@ -614,7 +614,7 @@ def test_train_form_refills_values_streamlit_dropped(workbench):
 
 
 def test_train_page_launches_a_background_run(workbench):
-    from topl_core import jobs
+    from topl_core.jobs import background
 
     at = open_page("train")
     at.selectbox(key="train.method").set_value("topl").run()
@@ -629,8 +629,8 @@ def test_train_page_launches_a_background_run(workbench):
     assert not at.error, [e.value for e in at.error]
     run_dir = workbench["runs"] / "from-page"
     assert at.session_state["train.watch"] == str(run_dir.resolve())
-    status = jobs.wait(run_dir, timeout_s=240)
-    assert status.state == "finished", jobs.log_tail(run_dir)
+    status = background.wait(run_dir, timeout_s=240)
+    assert status.state == "finished", background.log_tail(run_dir)
     cfg = json.loads((run_dir / "topl_config.json").read_text())["config"]
     assert cfg["steps"] == 2 and cfg["lora"]["layer_end"] == 1 and cfg["model"] == "tiny-llama"
     at.run()  # the page reads the finished run back from disk
@@ -657,7 +657,7 @@ def test_train_page_refuses_an_unreachable_tracker_before_launching(workbench):
 def test_runs_page_shows_what_went_wrong_without_stopping_a_run(workbench, monkeypatch, tmp_path):
     """A run whose tracker failed mid-run (status.add_warning, as the trainer records it) finished all the same: the
     Runs page says what happened beside the table; a run without warnings gets none."""
-    from topl_core.status import add_warning
+    from topl_core.foundations.status import add_warning
 
     runs = tmp_path / "runs"
     warned = _copy_run(workbench["runs"] / "topl-tiny", runs / "topl-warned")
@@ -808,8 +808,8 @@ def test_the_server_listens_on_this_machine_only_with_usage_statistics_off():
 def test_job_cancel_checkpoints_and_resume_finishes(workbench, tmp_path):
     """SIGTERM to the job's process group reaches the trainer's exception path (checkpoint + 'cancelled'), and the
     run resumes from that checkpoint to the end; the state is read from disk only."""
-    from topl_core import jobs, launchers
-    from topl_core.runs import RunDir
+    from topl_core.jobs import background, launchers
+    from topl_core.training.run_dirs import RunDir
 
     cfg = tiny_config(
         data=str(workbench["data"]),
@@ -822,29 +822,29 @@ def test_job_cancel_checkpoints_and_resume_finishes(workbench, tmp_path):
     run_dir = tmp_path / "long"
     launchers.launch_train(cfg, run_dir)
     deadline = time.monotonic() + 180
-    while (st := jobs.read_job(run_dir)).step < 2:
-        assert st.active, jobs.log_tail(run_dir)
+    while (st := background.read_job(run_dir)).step < 2:
+        assert st.active, background.log_tail(run_dir)
         assert time.monotonic() < deadline, "the job never started stepping"
         time.sleep(0.2)
     assert st.state == "running" and st.eta_s is not None and st.steps == 400
-    assert jobs.cancel(run_dir)
-    st = jobs.wait(run_dir, timeout_s=60)
-    assert st.state == "cancelled", jobs.log_tail(run_dir)
+    assert background.cancel(run_dir)
+    st = background.wait(run_dir, timeout_s=60)
+    assert st.state == "cancelled", background.log_tail(run_dir)
     assert (run_dir / "checkpoint" / "state.json").exists(), "SIGTERM did not reach the trainer's checkpoint path"
     stopped = RunDir(run_dir).read_status()["step"]
     assert stopped >= 2
-    assert [j.name for j in jobs.list_jobs(tmp_path)] == ["long"]
-    with pytest.raises(jobs.JobError):
+    assert [j.name for j in background.list_jobs(tmp_path)] == ["long"]
+    with pytest.raises(background.JobError):
         launchers.launch_train(cfg.with_overrides(steps=5), run_dir)  # another config into the same directory
     # resume: it continues from the checkpoint (not from 0); stop it again after a step or two
     launchers.resume_train(run_dir)
     time.sleep(0.5)
-    while (st := jobs.read_job(run_dir)).step <= stopped + 1 and st.active:
+    while (st := background.read_job(run_dir)).step <= stopped + 1 and st.active:
         time.sleep(0.2)
-    assert jobs.cancel(run_dir)
-    st = jobs.wait(run_dir, timeout_s=60)
+    assert background.cancel(run_dir)
+    st = background.wait(run_dir, timeout_s=60)
     assert st.state == "cancelled" and st.step > stopped
-    assert "resuming" in jobs.log_tail(run_dir, 200)
+    assert "resuming" in background.log_tail(run_dir, 200)
 
 
 def test_two_sessions_launching_the_same_run_at_once_start_one_job(workbench, tmp_path):
@@ -854,8 +854,8 @@ def test_two_sessions_launching_the_same_run_at_once_start_one_job(workbench, tm
 
     import torch
 
-    from topl_core import jobs, launchers
-    from topl_core.runs import RunDir
+    from topl_core.jobs import background, launchers
+    from topl_core.training.run_dirs import RunDir
     from topl_core.training.trainer import train
 
     cfg = tiny_config(data=str(workbench["data"]), steps=3, max_doc_tokens=64)
@@ -866,7 +866,7 @@ def test_two_sessions_launching_the_same_run_at_once_start_one_job(workbench, tm
         barrier.wait()
         try:
             outcomes.append(launchers.launch_train(cfg, run_dir))
-        except jobs.JobError as e:
+        except background.JobError as e:
             outcomes.append(e)
 
     sessions = [threading.Thread(target=press_train) for _ in range(2)]
@@ -874,10 +874,10 @@ def test_two_sessions_launching_the_same_run_at_once_start_one_job(workbench, tm
         t.start()
     for t in sessions:
         t.join()
-    errors = [o for o in outcomes if isinstance(o, jobs.JobError)]
+    errors = [o for o in outcomes if isinstance(o, background.JobError)]
     assert len(errors) == 1 and "being written by pid" in str(errors[0]), outcomes
-    st = jobs.wait(run_dir, timeout_s=300)
-    assert st.state == "finished", jobs.log_tail(run_dir)
+    st = background.wait(run_dir, timeout_s=300)
+    assert st.state == "finished", background.log_tail(run_dir)
     alone = train(cfg, tmp_path / "alone")
     twin = RunDir(run_dir)
     assert twin.adapter_path.read_bytes() == alone.adapter_path.read_bytes()
@@ -887,21 +887,22 @@ def test_two_sessions_launching_the_same_run_at_once_start_one_job(workbench, tm
 
 def test_job_state_survives_a_restart_and_detects_dead_processes(workbench, tmp_path):
     """A run whose process vanished without a word reads as 'interrupted' (resumable), not 'running'."""
-    from topl_core import jobs
-    from topl_core.io import write_json
-    from topl_core.runs import RunDir
+    from topl_core.foundations.io import write_json
+    from topl_core.jobs import background
+    from topl_core.training.run_dirs import RunDir
 
     run = RunDir(tmp_path / "ghost")
     run.write_config(tiny_config(data=str(workbench["data"])), {})
     run.write_status("running", 3, 4)
     write_json(run.checkpoint_dir / "state.json", {"step": 2})
-    write_json(run.path / jobs.JOB_FILE, {"kind": "train", "argv": [], "pid": 2**22 + 12345, "started": time.time()})
-    st = jobs.read_job(run.path)
+    job = {"kind": "train", "argv": [], "pid": 2**22 + 12345, "started": time.time()}
+    write_json(run.path / background.JOB_FILE, job)
+    st = background.read_job(run.path)
     assert st.state == "interrupted" and not st.active and st.step == 2  # its last checkpoint, where it resumes
     # runs grouped in a folder (e.g. runs/baselines/<method>) are listed with their relative name
     grouped = RunDir(tmp_path / "baselines" / "sft")
     grouped.write_config(tiny_config(data=str(workbench["data"]), method="sft"), {})
-    assert sorted(j.name for j in jobs.list_jobs(tmp_path)) == ["baselines/sft", "ghost"]
+    assert sorted(j.name for j in background.list_jobs(tmp_path)) == ["baselines/sft", "ghost"]
 
 
 def test_a_killed_job_says_how_it_died(workbench, tmp_path):
@@ -910,24 +911,24 @@ def test_a_killed_job_says_how_it_died(workbench, tmp_path):
     import os
     import signal
 
-    from topl_core import jobs, launchers
+    from topl_core.jobs import background, launchers
 
     cfg = tiny_config(data=str(workbench["data"]), steps=400, max_doc_tokens=64)
     run_dir = tmp_path / "killed"
     launchers.launch_train(cfg, run_dir)
-    pid = jobs.read_job(run_dir).pid
+    pid = background.read_job(run_dir).pid
     time.sleep(0.5)
     os.kill(pid, signal.SIGKILL)
-    st = jobs.wait(run_dir, timeout_s=30)
+    st = background.wait(run_dir, timeout_s=30)
     assert st.state == "interrupted" and "killed by SIGKILL" in st.error, st
     assert json.loads((run_dir / "status.json").read_text())["returncode"] == -signal.SIGKILL
-    assert jobs.read_job(run_dir).error == st.error  # read back from the file now, the child being reaped
+    assert background.read_job(run_dir).error == st.error  # read back from the file now, the child being reaped
 
 
 def test_layer_sweep_runs_in_the_background_and_fills_the_heatmap(workbench):
     """Started from the form (windows in the job's own process: Ray tasks are tried in
     test_studies_as_ray_tasks_equal_the_serial_ones_and_fill_the_page, where the executor reaches sweep.json too)."""
-    from topl_core import jobs
+    from topl_core.jobs import background
 
     at = open_page("layer_sweep")
     at.text_input(key="sweep.name").set_value("tiny-sweep")
@@ -940,8 +941,8 @@ def test_layer_sweep_runs_in_the_background_and_fills_the_heatmap(workbench):
     assert not at.exception, [e.value for e in at.exception]
     sweep_dir = workbench["runs"] / "sweeps" / "tiny-sweep"
     assert json.loads((sweep_dir / "sweep.json").read_text())["executor"]["kind"] == "local"  # the form's default
-    st = jobs.wait(sweep_dir, timeout_s=300)
-    assert st.state == "finished", jobs.log_tail(sweep_dir, 40)
+    st = background.wait(sweep_dir, timeout_s=300)
+    assert st.state == "finished", background.log_tail(sweep_dir, 40)
     at.run()
     assert not at.exception
     heat = next(f for f in figures(at) if f["data"] and f["data"][0]["type"] == "heatmap")
@@ -964,8 +965,8 @@ def test_studies_as_ray_tasks_equal_the_serial_ones_and_fill_the_page(workbench,
     from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig, run_label_study
     from topl_core.analysis.studies.sweep_results import heatmap_table, read_sweep
     from topl_core.analysis.studies.sweeps import SweepConfig, run_sweep
-    from topl_core.errors import RunError
-    from topl_core.executor import ExecutorConfig
+    from topl_core.foundations.errors import RunError
+    from topl_core.foundations.executor import ExecutorConfig
 
     cfg = SweepConfig(
         train=tiny_config(steps=2, eval_every=2, checkpoint_every=1, data=str(workbench["data"])),
@@ -1030,13 +1031,13 @@ def test_studies_as_ray_tasks_equal_the_serial_ones_and_fill_the_page(workbench,
 def start_job_and_wait(at: AppTest, button: str, job_dir: Path) -> None:
     """Press the page's `button` (a form that launches a background job into job_dir), wait for the job to finish
     and rerun the page, with no error or exception box on the way."""
-    from topl_core import jobs
+    from topl_core.jobs import background
 
     at.button[[b.label for b in at.button].index(button)].click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
-    st = jobs.wait(job_dir, timeout_s=300)
-    assert st.state == "finished", jobs.log_tail(job_dir, 40)
+    st = background.wait(job_dir, timeout_s=300)
+    assert st.state == "finished", background.log_tail(job_dir, 40)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
 
@@ -1107,7 +1108,7 @@ def test_evaluation_runs_in_the_background_and_shows_tables(workbench):
 def test_steering_study_runs_in_the_background_and_shows_its_curves(workbench):
     """The Evaluation page's λ sweep: two modes on one adapter → per-mode curves, the degenerate share and the
     table with paired changes; the conditional mode's λ = 1 is the merged model (change 0 by construction)."""
-    from topl_core import jobs
+    from topl_core.jobs import background
 
     at = open_page("evaluation")
     at.radio(key="eval.mode").set_value("λ sweep (steering study)").run()
@@ -1122,8 +1123,8 @@ def test_steering_study_runs_in_the_background_and_shows_its_curves(workbench):
     at.button[[b.label for b in at.button].index("Start evaluation")].click().run()
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
     edir = workbench["runs"] / "evaluations" / "tiny-study"
-    st = jobs.wait(edir, timeout_s=300)
-    assert st.state == "finished", jobs.log_tail(edir, 40)
+    st = background.wait(edir, timeout_s=300)
+    assert st.state == "finished", background.log_tail(edir, 40)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     curve = next(d.value for d in at.dataframe if {"mode", "lambda", "factuality"} <= set(d.value.columns))
@@ -1143,20 +1144,20 @@ def test_a_run_started_from_the_command_line_reads_as_running(workbench, tmp_pat
     import subprocess
     import sys
 
-    from topl_core import jobs
-    from topl_core.runs import RunDir
+    from topl_core.jobs import background
+    from topl_core.training.run_dirs import RunDir
 
     # a live process whose command line names topl_core, standing in for a foreground training run
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "topl_core"])
     try:
         run = RunDir(tmp_path / "cli-run")
         run.write_config(tiny_config(data=str(workbench["data"])), {})
-        jobs.write_json(run.status_path, {"state": "running", "step": 2, "steps": 4, "pid": proc.pid})
-        assert jobs.read_job(run.path).state in ("running", "starting")
+        background.write_json(run.status_path, {"state": "running", "step": 2, "steps": 4, "pid": proc.pid})
+        assert background.read_job(run.path).state in ("running", "starting")
     finally:
         proc.kill()
         proc.wait()
-    assert jobs.read_job(run.path).state == "interrupted"
+    assert background.read_job(run.path).state == "interrupted"
 
 
 @pytest.mark.parametrize("page", ["lora_a", "steering", "token_overlay", "runs", "layer_sweep", "evaluation"])
@@ -1193,10 +1194,10 @@ def test_talk_mode_answers_every_deck_state(workbench, tmp_path):
     import subprocess
     import sys
 
-    from topl_core import jobs
     from topl_core.analysis.studies.deck import DeckConfig, create_deck, decks_dir, read_deck
     from topl_core.analysis.studies.deck_prepare import prepare_deck
-    from topl_core.status import write_status
+    from topl_core.foundations.status import write_status
+    from topl_core.jobs import background
 
     shutil.rmtree(decks_dir(), ignore_errors=True)
     at = open_page("talk")
@@ -1212,8 +1213,8 @@ def test_talk_mode_answers_every_deck_state(workbench, tmp_path):
     at.button(key="talk.prepare").click().run()
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
     folder = decks_dir() / "tiny-deck"
-    st = jobs.wait(folder, timeout_s=300)
-    assert st.state == "finished" and st.kind == "deck", jobs.log_tail(folder, 40)
+    st = background.wait(folder, timeout_s=300)
+    assert st.state == "finished" and st.kind == "deck", background.log_tail(folder, 40)
     deck = read_deck(folder)
     assert deck.complete and deck.config.lambdas == (-8.0, 0.0, 8.0) and list(deck.config.documents) == docs
 
@@ -1238,7 +1239,7 @@ def test_talk_mode_answers_every_deck_state(workbench, tmp_path):
         [sys.executable, "-c", "import time; time.sleep(120)", "topl_core"], start_new_session=True
     )
     try:
-        (preparing / jobs.JOB_FILE).write_text(json.dumps({"kind": "deck", "argv": [], "pid": worker.pid}))
+        (preparing / background.JOB_FILE).write_text(json.dumps({"kind": "deck", "argv": [], "pid": worker.pid}))
         write_status(preparing, "running", done=3, total=8, eta_s=12.0, current="document 1/2, λ = +8", pid=worker.pid)
         at.run().selectbox(key="talk.deck").set_value(str(preparing)).run()
         assert not at.exception, [e.value for e in at.exception]

@@ -18,8 +18,8 @@ DEFERRED_OK = {"topl_core.cli"}
 
 
 def layer_table() -> list[tuple[str, list[str]]]:
-    """[(layer name, [module prefixes])] from the doc's table, top layer first. `paths.py` → topl_core.paths,
-    `data/` → topl_core.data, `pages/` → pages, `app.py` → app."""
+    """[(layer name, [module prefixes])] from the doc's table, top layer first. `foundations/` → topl_core.foundations,
+    `data/label_settings.py` → topl_core.data.label_settings, `pages/` → pages, `app.py` → app."""
     rows = []
     for line in DOC.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -176,7 +176,7 @@ def test_the_core_never_imports_streamlit():
 def test_tests_write_outside_the_project_folders():
     """conftest.py's session fixture points the cache and runs folders of every test that names none into a temp
     folder: a test run never leaves results in the user's cache/ or runs/ (only what is shared by link is reused)."""
-    from topl_core.paths import PROJECT_ROOT, cache_dir, runs_dir
+    from topl_core.foundations.paths import PROJECT_ROOT, cache_dir, runs_dir
 
     assert not cache_dir().resolve().is_relative_to(PROJECT_ROOT.resolve())
     assert not runs_dir().resolve().is_relative_to(PROJECT_ROOT.resolve())

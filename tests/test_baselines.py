@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from topl_core.data.encode import IGNORE, collate, encode_record
 from topl_core.data.records import Record, Span
 from topl_core.data.split import split_records
-from topl_core.errors import ConfigError, DataError
-from topl_core.forward import head_features, next_token_logprobs
-from topl_core.models import load_model
-from topl_core.tiny_models import build_tiny_model
+from topl_core.foundations.errors import ConfigError, DataError
+from topl_core.models.forward import head_features, next_token_logprobs
+from topl_core.models.loading import load_model
+from topl_core.models.tiny import build_tiny_model
 from topl_core.training import trainer as trainer_module
 from topl_core.training.batching import EncodeSettings, encode_pairs, faithful_records, make_pair_batches
 from topl_core.training.config import LoraSettings, TrainConfig, preset_config

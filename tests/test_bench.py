@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from topl_core.tiny_models import build_tiny_model
+from topl_core.models.tiny import build_tiny_model
 from topl_core.training.flops import layer_forward_flops, sweep_flops_ratio
 
 
@@ -31,8 +31,8 @@ def test_sweep_flops_ratio_counts_the_skipped_prefix():
 def test_scale_bench_measures_every_part_on_a_cpu(tmp_path, tiny_records):
     """`bench --scale` end to end on a tiny model: every phase runs through the workbench's own code and reports
     figures that can be true (the GPU runs of the presets are in docs/bench/; here timings are not asserted)."""
+    from topl_core.bench.scale import ScaleSettings, format_scale, run_scale_bench
     from topl_core.data.records import write_jsonl
-    from topl_core.scale_bench import ScaleSettings, format_scale, run_scale_bench
 
     data = write_jsonl(tiny_records, tmp_path / "records.jsonl")
     settings = ScaleSettings("cpu", steps=2, micro_batch_size=2, new_tokens=6)
@@ -55,7 +55,7 @@ def test_random_weight_presets_have_the_published_size():
     """A preset's random-weight build has the parameter count of the real model (counted on the meta device)."""
     from transformers import AutoModelForCausalLM
 
-    from topl_core.models import layer_count, preset_model_config, random_weights_preset
+    from topl_core.models.loading import layer_count, preset_model_config, random_weights_preset
 
     assert random_weights_preset("qwen3-8b@random") == "qwen3-8b" and random_weights_preset("tiny-llama") is None
     assert layer_count("llama3.1-8b@random") == 32

@@ -16,17 +16,17 @@ import pytest
 import torch
 from conftest import NEWS_PAIRS, TOLERANCE, tiny_config
 
-from topl_core import precision as prec
 from topl_core.analysis.lora_a.capture import collect_projections
 from topl_core.analysis.lora_a.probe import ProbeSettings, probe_run, run_projections
 from topl_core.analysis.lora_a.probe_head import ProbeHeadSettings, fit_probe_head
 from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.modes import MODES, POSITIONS, SteerConfig
 from topl_core.analysis.steering.session import SteeringSession
-from topl_core.generate import GenerationConfig, generate, load_merged
-from topl_core.models import LoadedModel, ModelSpec, load_model
-from topl_core.scoring import TokenScorer
-from topl_core.tiny_models import build_tiny_model
+from topl_core.hardware import precision as prec
+from topl_core.inference.generate import GenerationConfig, generate, load_merged
+from topl_core.inference.token_scores import TokenScorer
+from topl_core.models.loading import LoadedModel, ModelSpec, load_model
+from topl_core.models.tiny import build_tiny_model
 from topl_core.training.config import LoraSettings, TrainConfig
 from topl_core.training.lora import apply_lora
 from topl_core.training.trainer import train

@@ -490,7 +490,6 @@ def test_four_sessions_steering_at_once_get_what_each_would_get_alone(app, brows
     """Four browser sessions drag λ to four different places at the same time (the generations overlap on the one
     shared merged model). Each shows exactly the text its λ gives when generated alone, in this test process without
     the app or any cache; no session shows an error; every cache entry the app wrote verifies against its checksum."""
-    from topl_core.adapters import open_adapter
     from topl_core.analysis.cache import key_file
     from topl_core.analysis.lora_a.probe import labelled_records
     from topl_core.analysis.steering.extract import build_steering_vectors
@@ -498,8 +497,9 @@ def test_four_sessions_steering_at_once_get_what_each_would_get_alone(app, brows
     from topl_core.analysis.steering.session import SteeringSession
     from topl_core.data.records import read_jsonl
     from topl_core.data.split import split_records
-    from topl_core.generate import GenerationConfig, load_merged
-    from topl_core.io import sha256_file
+    from topl_core.foundations.io import sha256_file
+    from topl_core.inference.generate import GenerationConfig, load_merged
+    from topl_core.training.adapters import open_adapter
 
     pages = [new_page(browser) for _ in range(4)]
     for page in pages:
@@ -558,9 +558,9 @@ def test_training_job_survives_reload_and_app_restart(app, browser, workbench):
     )
     assert_clean(page, "train after reload")
     run_dir = workbench["runs"] / "browser-run"
-    from topl_core import jobs
+    from topl_core.jobs import background
 
-    assert jobs.wait(run_dir, timeout_s=300).state == "finished", jobs.log_tail(run_dir)
+    assert background.wait(run_dir, timeout_s=300).state == "finished", background.log_tail(run_dir)
     page.context.close()
 
     # restart the app: the finished run is read back from disk

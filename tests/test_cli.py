@@ -147,12 +147,12 @@ def test_data_build_from_fava_jsonl(tmp_path):
 def test_a_background_data_build_is_read_back_with_its_progress_and_what_it_said(tmp_path):
     """launch_data_build runs `data build` as a job (as the Data page does for a source a model writes);
     read_data_build reads back the file it writes, its last progress count and what it said after it."""
-    from topl_core import jobs, launchers
     from topl_core.data.sources import FILE_SOURCES, SourceOptions
+    from topl_core.jobs import background, launchers
 
     out, job_dir = tmp_path / "p.jsonl", tmp_path / "jobs" / "p"
     launchers.launch_data_build(FILE_SOURCES["halueval-perturbed"], SourceOptions(limit=3), out, job_dir)
-    assert jobs.wait(job_dir, timeout_s=300).state == "finished", jobs.log_tail(job_dir)
+    assert background.wait(job_dir, timeout_s=300).state == "finished", background.log_tail(job_dir)
     build = launchers.read_data_build(job_dir)
     assert (build.source, build.out, build.done, build.total) == ("halueval-perturbed", out, 3, 3)
     assert build.said == (f"wrote {len(read_jsonl(out))} records to {out}",)
@@ -213,7 +213,6 @@ def test_job_launchers_write_the_command_lines_the_cli_reads(tmp_path):
     """The pages start evaluations through typed launchers (launchers.launch_evaluation / launch_translation /
     launch_data_build): the command line each writes, parsed by the real CLI parser, gives back the job's
     settings."""
-    from topl_core import launchers
     from topl_core.analysis.evaluation.config import EvalConfig, EvalJob, LambdaStudy
     from topl_core.analysis.evaluation.translation import TranslationConfig, TranslationJob
     from topl_core.analysis.studies.data_sources import SOURCES
@@ -221,7 +220,8 @@ def test_job_launchers_write_the_command_lines_the_cli_reads(tmp_path):
     from topl_core.cli import evaluate as evaluate_cli
     from topl_core.cli import evaluate_mt as evaluate_mt_cli
     from topl_core.cli.data import options_of
-    from topl_core.presets import DEFAULT_MODEL
+    from topl_core.foundations.presets import DEFAULT_MODEL
+    from topl_core.jobs import launchers
 
     def parse(argv):
         return build_parser(argv).parse_args(argv)

@@ -9,8 +9,8 @@ from topl_core.data.cliff import load_factuality_csv, match_spans
 from topl_core.data.encode import encode_record
 from topl_core.data.records import Record, Span
 from topl_core.data.textform import detokenize
-from topl_core.errors import DataError
-from topl_core.models import load_model
+from topl_core.foundations.errors import DataError
+from topl_core.models.loading import load_model
 
 CLIFF_CSV = Path(__file__).parents[2] / "shared/data/CLIFF_error_types.csv"
 

@@ -1,6 +1,6 @@
-"""One description per setting (topl_core/config_fields.py): every field of the configs the CLI and the forms show is
-described (label, help), a command's flags parse by the field's type, a config spelled as flags comes back equal, and
-the forms' widgets follow the same description."""
+"""One description per setting (topl_core/foundations/config_fields.py): every field of the configs the CLI and the
+forms show is described (label, help), a command's flags parse by the field's type, a config spelled as flags comes
+back equal, and the forms' widgets follow the same description."""
 
 from __future__ import annotations
 
@@ -21,13 +21,20 @@ from topl_core.analysis.studies.deck import DeckConfig
 from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig
 from topl_core.analysis.studies.sweeps import SweepConfig
 from topl_core.analysis.studies.transfer import TransferSettings
+from topl_core.bench.scale import ScaleSettings
 from topl_core.cli import build_parser, main
-from topl_core.config_fields import DECLARED, add_config_args, config_args, config_argv, config_field, field_infos
 from topl_core.data import sources
 from topl_core.data.records import Record, read_jsonl
-from topl_core.executor import ExecutorConfig
-from topl_core.generate import GenerationConfig
-from topl_core.scale_bench import ScaleSettings
+from topl_core.foundations.config_fields import (
+    DECLARED,
+    add_config_args,
+    config_args,
+    config_argv,
+    config_field,
+    field_infos,
+)
+from topl_core.foundations.executor import ExecutorConfig
+from topl_core.inference.generate import GenerationConfig
 from topl_core.training.config import LoraSettings, TrainConfig
 
 # the configs whose fields are command-line flags and form inputs

@@ -22,7 +22,7 @@ from topl_core.analysis.steering.control_vector import (
     read_control_vector,
     write_control_vector,
 )
-from topl_core.errors import ModelError
+from topl_core.foundations.errors import ModelError
 
 HIDDEN = 8
 

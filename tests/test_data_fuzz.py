@@ -31,7 +31,7 @@ from topl_core.data.fava import load_fava_jsonl
 from topl_core.data.halueval import halueval_pair_records, halueval_perturbation_records, load_halueval_rows
 from topl_core.data.mlqe import load_mlqe_dir
 from topl_core.data.records import Record, Span, read_jsonl, write_jsonl
-from topl_core.errors import DataError
+from topl_core.foundations.errors import DataError
 
 NASTY = Path(__file__).parent / "fixtures" / "nasty"
 FUZZ_EXAMPLES = int(os.environ.get("TOPL_FUZZ_EXAMPLES", "200"))

@@ -16,7 +16,7 @@ from topl_core.analysis.studies.deck_html import deck_html, write_deck_html
 from topl_core.analysis.studies.deck_prepare import prepare_deck
 from topl_core.analysis.token_colors import p_color
 from topl_core.data.records import write_jsonl
-from topl_core.status import read_status, request_stop
+from topl_core.foundations.status import read_status, request_stop
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +83,8 @@ def test_the_shared_tiny_head_has_learned_its_training_tokens(deck_config, tiny_
     import numpy as np
 
     from topl_core.data.split import split_records
-    from topl_core.models import load_model
-    from topl_core.scoring import TokenScorer, detection_auroc
+    from topl_core.inference.token_scores import TokenScorer, detection_auroc
+    from topl_core.models.loading import load_model
 
     train_split = split_records(tiny_records, seed=0)["train"]
     scorer = TokenScorer(load_model("tiny-llama"), deck_config.adapter, precision="fp32", max_doc_tokens=64)
@@ -252,7 +252,7 @@ def test_the_shipped_deck_is_what_the_demo_adapter_writes():
     a change that moves generation shows here (then rebuild the deck: docs/app.md)."""
     from conftest import smollm2_available
 
-    from topl_core.generate import GenerationConfig, generate, load_merged
+    from topl_core.inference.generate import GenerationConfig, generate, load_merged
 
     if not smollm2_available():
         pytest.skip("the embedded SmolLM2 is not converted here (make setup converts it)")

@@ -14,8 +14,8 @@ import torch
 from conftest import free_port
 
 from topl_core.data.records import write_jsonl
-from topl_core.runs import RunDir
-from topl_core.status import request_stop
+from topl_core.foundations.status import request_stop
+from topl_core.training.run_dirs import RunDir
 from topl_core.training.trainer import train
 
 # One process's gradient is one sum; two ranks' are two partial sums added: equal up to float rounding.

@@ -15,7 +15,7 @@ from topl_core.data.encode import (
     truncate_document,
 )
 from topl_core.data.records import Record, Span
-from topl_core.models import load_model
+from topl_core.models.loading import load_model
 
 
 def _check_exact_labels(tok, record: Record) -> None:
@@ -137,7 +137,7 @@ def test_collate_pads_and_masks(tiny_records):
 
 
 def test_bad_span_outside_response_rejected():
-    from topl_core.errors import DataError
+    from topl_core.foundations.errors import DataError
 
     with pytest.raises(DataError, match="outside the response"):
         Record(id="x", document="d", response="short", bad_spans=(Span(2, 40, "entity"),))

@@ -17,7 +17,7 @@ from topl_core.analysis.evaluation.quality import measure_scorer_quality, scorer
 from topl_core.analysis.evaluation.scorers import GroundingScorer, Scorer, make_scorer, score_summary
 from topl_core.analysis.evaluation.text import count_sentences, split_sentences
 from topl_core.analysis.steering.modes import MODES
-from topl_core.errors import ScorerError
+from topl_core.foundations.errors import ScorerError
 
 DOC = (
     "Police in Leeds arrested two men on Monday after a robbery at a jewellery shop on Briggate. "
@@ -140,7 +140,7 @@ def test_make_scorer_and_hub_scorer_offline_message(monkeypatch):
     assert isinstance(make_scorer("grounding"), GroundingScorer)
     with pytest.raises(ScorerError, match="grounding"):
         make_scorer("nonsense")
-    import topl_core.models as models
+    import topl_core.models.loading as models
 
     monkeypatch.setattr(models, "hub_reachable", lambda timeout_s=3.0: False)
     with pytest.raises(ScorerError, match="unreachable"):
@@ -280,7 +280,7 @@ def _llm_aggrefact_rows() -> list[dict]:
 def test_ood_over_a_benchmark_takes_n_documents_per_dataset(tmp_path):
     from topl_core.analysis.evaluation.config import EvalConfig
     from topl_core.analysis.evaluation.documents import ood_documents
-    from topl_core.errors import DataError
+    from topl_core.foundations.errors import DataError
 
     table = pd.DataFrame(_llm_aggrefact_rows())
     table.to_csv(tmp_path / "llm-aggrefact.csv", index=False)
@@ -458,8 +458,8 @@ def test_hub_scorer_runs_on_local_models(tmp_path):
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
     from topl_core.analysis.evaluation.scorers import HubScorer, _word_chunks
-    from topl_core.models import load_model
-    from topl_core.tiny_models import build_tiny_tokenizer
+    from topl_core.models.loading import load_model
+    from topl_core.models.tiny import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer(chat=True)
     torch.manual_seed(0)

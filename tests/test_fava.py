@@ -1,7 +1,7 @@
 import pytest
 
 from topl_core.data.fava import fava_records, parse_fava
-from topl_core.errors import DataError
+from topl_core.foundations.errors import DataError
 
 RAW = (
     "Lionel Messi is an <entity><mark>Brazilian</mark><delete>Argentine</delete></entity> footballer who "

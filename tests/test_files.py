@@ -14,7 +14,7 @@ import sys
 import pytest
 from conftest import REPO, cache_sharing_the_costly_parts
 
-from topl_core.io import write_json
+from topl_core.foundations.io import write_json
 
 # train (cancelled after step 1: a checkpoint), resume to the end, export, prepare a deck and export its HTML; print
 # the permission bits of every file written on the way

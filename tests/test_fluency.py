@@ -19,7 +19,7 @@ from topl_core.analysis.steering.fluency import (
     text_stats,
     tokens_per_word,
 )
-from topl_core.models import load_model
+from topl_core.models.loading import load_model
 
 FLUENT = (
     "The Leeds council approved the new budget on Monday after a long debate. "

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from topl_core.data import halueval
-from topl_core.errors import DataError
+from topl_core.foundations.errors import DataError
 
 
 def write_rows(path, lines):

@@ -11,10 +11,10 @@ import torch
 
 from topl_core.data.records import read_jsonl
 from topl_core.data.split import split_records
-from topl_core.errors import ConfigError
-from topl_core.models import preset_model_config
-from topl_core.paths import DEFAULT_DATA, PROJECT_ROOT, cache_dir, project_path
-from topl_core.tiny_models import build_tiny_model
+from topl_core.foundations.errors import ConfigError
+from topl_core.foundations.paths import DEFAULT_DATA, PROJECT_ROOT, cache_dir, project_path
+from topl_core.models.loading import preset_model_config
+from topl_core.models.tiny import build_tiny_model
 from topl_core.training.batching import EncodeSettings, batch_for, length_buckets
 from topl_core.training.config import TrainConfig, preset_config
 from topl_core.training.memory import (

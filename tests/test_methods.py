@@ -16,13 +16,13 @@ from topl_core.cli import build_parser, main
 from topl_core.cli.train import config_from_args
 from topl_core.data.encode import IGNORE, Batch
 from topl_core.data.records import write_jsonl
-from topl_core.errors import ConfigError
-from topl_core.presets import PRESETS, MethodHyper
-from topl_core.runs import RunDir
+from topl_core.foundations.errors import ConfigError
+from topl_core.foundations.presets import PRESETS, MethodHyper
 from topl_core.training import methods as methods_package
 from topl_core.training.batching import encode_token_labelled
 from topl_core.training.config import TrainConfig, preset_config
 from topl_core.training.methods import METHODS, Method
+from topl_core.training.run_dirs import RunDir
 from topl_core.training.steps import StepContext, head_logits, validate_head
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")

@@ -1,7 +1,7 @@
 import pytest
 
 from topl_core.data.mlqe import bad_word_spans, load_mlqe_dir, mlqe_records
-from topl_core.errors import DataError
+from topl_core.foundations.errors import DataError
 
 SOURCES = ["The cat sat on the mat .", "Hello world ."]
 TRANSLATIONS = ["Die Katze  saß auf der Matte .", "Hallo Welt ."]

@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import needs_smollm2
 
-from topl_core.architecture import check_layer_range, decoder_layers
-from topl_core.errors import ModelError
-from topl_core.models import ModelSpec, load_model
-from topl_core.tiny_models import TINY_FAMILIES
+from topl_core.foundations.errors import ModelError
+from topl_core.models.architecture import check_layer_range, decoder_layers
+from topl_core.models.loading import ModelSpec, load_model
+from topl_core.models.tiny import TINY_FAMILIES
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
@@ -112,7 +112,7 @@ def _fake_split_package(site, em, chunks: list[bytes], listed_sha: str) -> None:
 def test_split_gguf_parts_are_joined_in_order_and_checked(tmp_path, monkeypatch):
     import hashlib
 
-    from topl_core.models import EMBEDDED, _assemble_split_gguf, package_dir
+    from topl_core.models.loading import EMBEDDED, _assemble_split_gguf, package_dir
 
     em = EMBEDDED["gemma3-270m"]
     chunks = [b"GGUF-first-", b"second-", b"third-", b"fourth"]

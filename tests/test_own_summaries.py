@@ -8,8 +8,8 @@ from test_encode import _check_exact_labels
 from topl_core.analysis.evaluation.config import EvalConfig
 from topl_core.analysis.studies.own_summaries import SOURCE, generate_own_summaries, label_summary, own_summary_records
 from topl_core.data.records import read_jsonl, write_jsonl
-from topl_core.generate import generate
-from topl_core.models import load_model
+from topl_core.inference.generate import generate
+from topl_core.models.loading import load_model
 
 DOC = (
     "Alice Smith met Bob Jones in Paris on Monday. The company lost 300 jobs after the merger, and three "

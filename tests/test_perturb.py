@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import pytest
 
-from topl_core.data.edits import EDIT_KINDS, Edit, apply_edits, extract_names
+from topl_core.data.fact_edits import EDIT_KINDS, Edit, apply_edits, extract_names
 from topl_core.data.perturb import ALL_KINDS, RECIPES, build_perturbation_records, perturb_summary
 from topl_core.data.records import Span
-from topl_core.errors import DataError
+from topl_core.foundations.errors import DataError
 
 DOCUMENT = (
     "Chelsea beat Arsenal 3-1 on Saturday at Stamford Bridge. Manager Jose Mourinho said the team was not at its best "

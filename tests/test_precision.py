@@ -9,9 +9,9 @@ import torch
 from conftest import needs_smollm2
 
 from topl_core.data.encode import collate, encode_record
-from topl_core.forward import head_features
-from topl_core.metrics import auroc
-from topl_core.precision import autocast
+from topl_core.foundations.metrics import auroc
+from topl_core.hardware.precision import autocast
+from topl_core.models.forward import head_features
 from topl_core.training.config import LoraSettings, TrainConfig
 from topl_core.training.lora import apply_lora
 from topl_core.training.methods import METHODS
@@ -21,7 +21,7 @@ HEAD_LAYER = 20  # of SmolLM2's 30: the default TOPL head position
 
 
 def _native_bf16() -> bool:
-    from topl_core.precision import cpu_bf16_probe
+    from topl_core.hardware.precision import cpu_bf16_probe
 
     return cpu_bf16_probe().native
 
@@ -37,7 +37,7 @@ needs_native_bf16 = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from topl_core.models import load_model
+    from topl_core.models.loading import load_model
 
     return load_model("smollm2-135m")
 
@@ -115,7 +115,7 @@ def test_bf16_topl_step_matches_fp32_loss_and_gradient(smollm2, tiny_records):
 
 # --- "auto" precision follows the hardware (issue 12) ---------------------------------------------------------
 
-from topl_core import precision as prec  # noqa: E402
+from topl_core.hardware import precision as prec  # noqa: E402
 
 AVX2 = prec.Bf16Probe(capability="AVX2", amx=False, avx512_bf16=False, fp32_s=0.0005, bf16_s=0.035)
 AMX = prec.Bf16Probe(capability="AMX", amx=True, avx512_bf16=True, fp32_s=0.0007, bf16_s=0.0001)
@@ -176,7 +176,7 @@ def test_topl_precision_names_what_auto_means(monkeypatch, fake_cpu):
 
 
 def test_weights_dtype_auto_and_cuda_rule(monkeypatch):
-    from topl_core.models import ModelSpec
+    from topl_core.models.loading import ModelSpec
 
     monkeypatch.delenv(prec.PRECISION_ENV, raising=False)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from topl_core.progress import Bar, format_seconds
+from topl_core.foundations.progress import Bar, format_seconds
 
 
 def test_log_mode_writes_a_line_per_tenth_and_never_the_same_line_twice():

@@ -8,7 +8,7 @@ import pytest
 
 from topl_core.data.records import read_jsonl, write_jsonl
 from topl_core.data.split import split_records
-from topl_core.errors import DataError
+from topl_core.foundations.errors import DataError
 
 
 def test_jsonl_round_trip_is_exact(tmp_path, tiny_records):

@@ -1,5 +1,5 @@
-"""The one status protocol (topl_core/status.py): the state table row by row, progress of every kind of work, and
-jobs.read_job on folders written the way a sweep, a foreground run and a dead job leave them."""
+"""The one status protocol (topl_core/foundations/status.py): the state table row by row, progress of every kind of
+work, and background.read_job on folders written the way a sweep, a foreground run and a dead job leave them."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import sys
 import pytest
 import torch
 
-from topl_core import jobs
-from topl_core.status import (
+from topl_core.foundations.status import (
     STATE_TABLE,
     Facts,
     progress_of,
@@ -22,6 +21,7 @@ from topl_core.status import (
     update_status,
     write_status,
 )
+from topl_core.jobs import background
 
 
 @pytest.mark.parametrize(
@@ -87,23 +87,23 @@ def test_read_job_reads_a_sweep_and_a_stop_request(tmp_path):
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "topl_core"])
     try:
         write_status(sweep, "running", done=1, total=3, current="s03-k03", pid=live.pid)
-        job = jobs.read_job(sweep)
+        job = background.read_job(sweep)
         assert (job.kind, job.state, job.step, job.steps, job.current) == ("sweep", "running", 1, 3, "s03-k03")
-        assert jobs.cancel(sweep) and stop_requested(sweep)  # not a job: the stop request is the whole cancel
+        assert background.cancel(sweep) and stop_requested(sweep)  # not a job: the stop request is the whole cancel
     finally:
         live.kill()
         live.wait()
-    assert jobs.read_job(sweep).state == "cancelled"
+    assert background.read_job(sweep).state == "cancelled"
     (sweep / "STOP").unlink()
-    job = jobs.read_job(sweep)
+    job = background.read_job(sweep)
     assert job.state == "interrupted" and "without reporting" in job.error
-    assert not jobs.cancel(sweep)  # nothing running: nothing to stop
-    assert jobs.read_job(tmp_path / "empty") is None
+    assert not background.cancel(sweep)  # nothing running: nothing to stop
+    assert background.read_job(tmp_path / "empty") is None
 
 
 def test_a_request_to_stop_nothing_is_harmless(tmp_path):
     request_stop(tmp_path / "new")
-    assert stop_requested(tmp_path / "new") and jobs.read_job(tmp_path / "new") is None
+    assert stop_requested(tmp_path / "new") and background.read_job(tmp_path / "new") is None
 
 
 def test_one_writer_per_folder(tmp_path, tiny_records):
@@ -114,8 +114,8 @@ def test_one_writer_per_folder(tmp_path, tiny_records):
 
     from conftest import tiny_config
 
-    from topl_core.errors import RunError
-    from topl_core.status import LOCK_FILE, WriterLock
+    from topl_core.foundations.errors import RunError
+    from topl_core.foundations.status import LOCK_FILE, WriterLock
     from topl_core.training.trainer import train
 
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -131,9 +131,11 @@ def test_one_writer_per_folder(tmp_path, tiny_records):
     run = train(tiny_config(steps=2), tmp_path / "run", records=tiny_records)  # the dead holder's lock: taken over
     assert run.read_status()["state"] == "finished" and not (run.path / LOCK_FILE).exists()
     # a finished run's status no longer carries a loss: the table shows the last logged one
-    assert jobs.read_job(run.path).loss == run.read_metrics()[-1]["loss"] is not None
+    assert background.read_job(run.path).loss == run.read_metrics()[-1]["loss"] is not None
     with WriterLock(tmp_path / "other"):  # held by this process: another process is refused
-        code = f"from topl_core.status import WriterLock; WriterLock({str(tmp_path / 'other')!r}).__enter__()"
+        code = (
+            f"from topl_core.foundations.status import WriterLock; WriterLock({str(tmp_path / 'other')!r}).__enter__()"
+        )
         other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert other.returncode != 0 and f"being written by pid {os.getpid()}" in other.stderr
     assert not (tmp_path / "other" / LOCK_FILE).exists()
@@ -144,8 +146,8 @@ def test_the_writer_lock_nests_in_its_thread_and_is_handed_to_a_started_process(
     session) is refused; a launcher's lock handed over reaches only the process started with its token."""
     import threading
 
-    from topl_core.errors import RunError
-    from topl_core.status import LOCK_FILE, WriterLock
+    from topl_core.foundations.errors import RunError
+    from topl_core.foundations.status import LOCK_FILE, WriterLock
 
     folder = tmp_path / "job"
     refused = []
@@ -169,7 +171,8 @@ def test_the_writer_lock_nests_in_its_thread_and_is_handed_to_a_started_process(
 
     lock = WriterLock(folder).__enter__()
     env = lock.hand_over()
-    take = f"from topl_core.status import WriterLock; WriterLock({str(folder)!r}).__enter__(); print('took it')"
+    take = "from topl_core.foundations.status import WriterLock; "
+    take += f"WriterLock({str(folder)!r}).__enter__(); print('took it')"
     stranger = subprocess.run([sys.executable, "-c", take], capture_output=True, text=True)
     assert stranger.returncode != 0 and "being written by pid" in stranger.stderr
     heir = subprocess.run([sys.executable, "-c", take], capture_output=True, text=True, env={**os.environ, **env})
@@ -184,7 +187,7 @@ def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_run(tmp_path, tiny
     import time
 
     from topl_core.data.records import write_jsonl
-    from topl_core.runs import RunDir
+    from topl_core.training.run_dirs import RunDir
     from topl_core.training.trainer import train
 
     data = write_jsonl(tiny_records, tmp_path / "d.jsonl")
@@ -203,7 +206,7 @@ def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_run(tmp_path, tiny
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        st = jobs.read_job(run.path)
+        st = background.read_job(run.path)
         assert st.state == "interrupted" and st.step == run.checkpoint_step() and st.step % 4 == 0
         killed_at.append(len(run.read_metrics()))
     train(run.read_config()[0], run.path)  # resumed to the end (here, in this process: one interpreter start less)
@@ -240,13 +243,13 @@ def test_sigterm_stops_a_command_line_training_cleanly(tmp_path, tiny_records):
     status = read_status(out)
     ckpt = json.loads((out / "checkpoint" / "state.json").read_text())["step"]
     assert status["state"] == "cancelled" and ckpt == status["step"] >= 2
-    assert jobs.read_job(out).state == "cancelled"
+    assert background.read_job(out).state == "cancelled"
 
 
 @pytest.mark.parametrize("name", ["../up", "/abs/path", "a/b", "..", ".", "", "  ", "~user", "a\\\\b"])
 def test_a_typed_name_never_leaves_its_folder(tmp_path, name):
-    from topl_core.errors import ConfigError
-    from topl_core.paths import inside
+    from topl_core.foundations.errors import ConfigError
+    from topl_core.foundations.paths import inside
 
     with pytest.raises(ConfigError, match="plain name"):
         inside(tmp_path, name, "Run name")

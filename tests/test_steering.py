@@ -11,7 +11,6 @@ import pytest
 import torch
 from conftest import NEWS_PAIRS, all_hooks
 
-from topl_core.adapters import load_adapter
 from topl_core.analysis.lora_a.capture import collect_projections
 from topl_core.analysis.lora_a.separability import separability
 from topl_core.analysis.lora_a.sites import RESIDUAL_MODULES
@@ -24,9 +23,10 @@ from topl_core.analysis.steering.hooks import steer
 from topl_core.analysis.steering.modes import MODES, POSITIONS, UNIT_FRACTION, SteerConfig
 from topl_core.analysis.steering.session import SteeringSession
 from topl_core.analysis.steering.vectors import SteeringVectors
-from topl_core.errors import ModelError
-from topl_core.generate import GenerationConfig, generate, load_merged
-from topl_core.models import load_model
+from topl_core.foundations.errors import ModelError
+from topl_core.inference.generate import GenerationConfig, generate, load_merged
+from topl_core.models.loading import load_model
+from topl_core.training.adapters import load_adapter
 from topl_core.training.config import LoraSettings, TrainConfig
 from topl_core.training.trainer import train
 
@@ -489,7 +489,7 @@ def test_lambda_grid_in_one_batch_equals_one_lambda_at_a_time(merged, vectors, p
 
 def test_site_table_and_export_bundle(merged, vectors):
     """The Steering page's site table (one row per steered site, cosines and per-unit factors by hand) and its export:
-    one zip holding the vectors and a llama.cpp control vector per exportable mode, which read back."""
+    one zip holding the vectors, a llama.cpp control vector per exportable mode and the LoRA as a llama.cpp adapter."""
     import io
     import zipfile
 
@@ -502,12 +502,42 @@ def test_site_table_and_export_bundle(merged, vectors):
         cos = float(v @ dm / (np.linalg.norm(v) * np.linalg.norm(dm)))
         assert row[table.columns.get_loc("cos(v, diff-mean)")] == pytest.approx(cos, rel=1e-6)
         assert row[table.columns.get_loc("raw λ per unit")] == pytest.approx(vectors.unit_factor("vector")[row.site])
-    config = merged.model.config
-    bundle = export_bundle(vectors, config.model_type, config.num_hidden_layers)
+    bundle = export_bundle(vectors, merged.model.config)
     exportable = {f"{m.name}.gguf" for m in MODES.values() if m.exportable}
     names = set(zipfile.ZipFile(io.BytesIO(bundle.data)).namelist())
-    assert names == set(bundle.files) == exportable | {"steering_vectors.safetensors", "steering.json"}
+    assert names == set(bundle.files) == exportable | {"lora.gguf", "steering_vectors.safetensors", "steering.json"}
     assert set(bundle.left_out) == {s.key for s in vectors.sites if s.layer == 0}
+
+
+def test_llama_cpp_export_carries_the_adapter_update(merged, vectors, tmp_path):
+    """The LoRA written beside a control vector is, per site, llama.cpp's --lora at scale 1 (alpha 0 in the file) on
+    llama.cpp's own layout: undoing the q/k rotary permutation as transformers does when it loads a Llama GGUF gives
+    back scaling · B @ A of the adapter, every site present, and the printed line names both files and λ."""
+    import gguf
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    from topl_core.analysis.steering.llama_cpp import GGUF_TENSOR_NAMES, export_for_llama_cpp
+
+    config = merged.model.config
+    exported = export_for_llama_cpp(vectors, tmp_path / "v.gguf", "vector", "normalised", config)
+    assert exported.lora == tmp_path / "v.lora.gguf"
+    assert exported.left_out == tuple(s.key for s in vectors.sites if s.layer == 0)
+    reader = gguf.GGUFReader(exported.lora)
+    assert reader.get_field("general.architecture").contents() == "llama"
+    assert reader.get_field("general.type").contents() == "adapter"
+    assert reader.get_field("adapter.type").contents() == "lora"
+    assert reader.get_field("adapter.lora.alpha").contents() == 0.0
+    tensors = {t.name: np.array(t.data) for t in reader.tensors}
+    lora = vectors.adapter_lora()
+    assert len(tensors) == 2 * len(lora)
+    undo = LlamaTensorProcessor(config=config.to_dict())
+    for site, w in lora.items():
+        stem = f"blk.{site.layer}.{GGUF_TENSOR_NAMES[site.module]}.weight"
+        delta = tensors[f"{stem}.lora_b"] @ tensors[f"{stem}.lora_a"]
+        delta = undo.process(delta, stem).weights
+        np.testing.assert_allclose(delta, (w.scaling * w.B @ w.A).numpy(), rtol=1e-5, atol=1e-7)
+    line = exported.command(2.0)
+    assert "--lora" in line and str(exported.lora) in line and f"{exported.vector}:2" in line
 
 
 # --- streaming (issue 40) ------------------------------------------------------------------------------------------
@@ -515,9 +545,9 @@ def test_site_table_and_export_bundle(merged, vectors):
 
 @pytest.mark.parametrize("positions", POSITIONS)
 def test_streamed_text_is_the_generated_text(merged, vectors, positions):
-    """Every mode: the streamed text grows token by token and ends on generate_steered's text; steering generated
-    positions only, every λ decodes from the one prompt forward of the document. Closing a stream midway leaves no
-    hook and frees the model for the next generation."""
+    """Every mode: the streamed text grows token by token and ends on generate_steered's text; where the prompt is not
+    steered (generated positions, a gated mode), every λ decodes from the one prompt forward of the document. Closing
+    a stream midway leaves no hook and frees the model for the next generation."""
     session, hooks = SteeringSession(merged, vectors), all_hooks(merged.model)
     gen = GenerationConfig(max_new_tokens=12, precision="fp32")
     for mode, spec in MODES.items():
@@ -527,7 +557,8 @@ def test_streamed_text_is_the_generated_text(merged, vectors, positions):
             parts = list(session.stream_steered(DOC, lam, gen, how=how))
             assert parts[-1] == session.generate_steered(DOC, lam, gen, how=how), (how, lam)
             assert len(parts) > 1 and all(b.startswith(a.rstrip()) for a, b in zip(parts, parts[1:]) if a)
-    assert len(session._prefills) == (1 if positions == "generated" else 0)
+    # one prompt forward of the document, kept, where some mode leaves the prompt unsteered (generated positions, gated)
+    assert len(session._prefills) == (0 if all(SteerConfig(m, positions).steers_prompt for m in MODES) else 1)
     stream = session.stream_steered(DOC, 0.0, gen, how=SteerConfig("vector", positions))
     next(stream)
     assert all_hooks(merged.model) > hooks
@@ -539,7 +570,7 @@ def test_streamed_text_is_the_generated_text(merged, vectors, positions):
 def test_slider_bench_measures_both_paths_on_the_same_text(merged, vectors):
     """bench --slider's figures on the tiny model: both paths write the same text (the bench checks it), every time is
     positive and the ratios are the times' ratios."""
-    from topl_core.analysis.steering.slider_bench import format_slider, slider_bench
+    from topl_core.bench.slider import format_slider, slider_bench
 
     res = slider_bench(
         SteeringSession(merged, vectors), DOC, new_tokens=6, precision="fp32", repeats=2, log=lambda _: 0

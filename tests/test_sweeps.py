@@ -16,10 +16,10 @@ from safetensors.torch import load_file
 from topl_core.analysis.studies import sweeps
 from topl_core.analysis.studies.sweep_results import compare_reuse, heatmap_table, lines_table, read_sweep
 from topl_core.analysis.studies.sweeps import SweepConfig, Window, plan_windows, run_sweep
-from topl_core.architecture import embed_inputs, forward_from_hidden
-from topl_core.bench import benchmark_prefix_reuse
-from topl_core.models import load_model
-from topl_core.tiny_models import TINY_FAMILIES, build_tiny_tokenizer
+from topl_core.bench.workbench import benchmark_prefix_reuse
+from topl_core.models.architecture import embed_inputs, forward_from_hidden
+from topl_core.models.loading import load_model
+from topl_core.models.tiny import TINY_FAMILIES, build_tiny_tokenizer
 from topl_core.training.prefix_cache import PrefixStore, install_prefix_cache
 
 TEXTS = [
@@ -123,7 +123,7 @@ def test_prefix_reuse_trains_exactly_what_the_plain_trainer_trains(tiny_records,
         )
     assert store.stats.layer_passes_saved > 0
     # an adapter trained through the prefix cache loads and merges into the full model
-    from topl_core.adapters import load_adapter
+    from topl_core.training.adapters import load_adapter
 
     merged = load_adapter(load_model("tiny-llama"), tmp_path / "reuse2", merge=True)
     assert len(merged.model.layers) == 4
@@ -239,8 +239,8 @@ def test_sweep_cli_help_and_show(tmp_path, capsys):
 
 def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path, mlflow_uri):
     from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig, label_stats_for, run_label_study
+    from topl_core.data.label_settings import LABEL_SETTINGS, label_settings_table
     from topl_core.data.split import split_records
-    from topl_core.data.variants import LABEL_SETTINGS, label_settings_table
     from topl_core.training.batching import EncodeSettings
     from topl_core.training.methods import METHODS
 
@@ -272,7 +272,7 @@ def test_label_study_rows_and_stats_follow_variants(tiny_records, tmp_path, mlfl
     assert list(df["setting"]) == list(settings) and (df["state"] == "finished").all()
     assert df["val_token_auroc"].notna().all()
     for s in settings:  # each run trained on its own setting, validated on the original labels
-        from topl_core.runs import RunDir
+        from topl_core.training.run_dirs import RunDir
 
         run_cfg, _ = RunDir(tmp_path / "ls" / s).read_config()
         assert run_cfg.label_setting == s
@@ -302,7 +302,7 @@ def test_executor_settings_are_checked_before_any_work(capsys):
     config and by the CLI (exit 2, before loading anything); the λ study refuses Ray (it runs in its process)."""
     from topl_core.cli import build_parser, main
     from topl_core.cli.common import executor_from_args
-    from topl_core.executor import ExecutorConfig
+    from topl_core.foundations.executor import ExecutorConfig
 
     for bad in (dict(kind="slurm"), dict(kind="ray", cpus_per_task=0), dict(kind="ray", max_retries=-1)):
         with pytest.raises(ValueError):
@@ -322,8 +322,8 @@ def test_an_unreachable_ray_cluster_is_refused_in_seconds(capsys, tmp_path):
     """A cluster address where nothing listens: refused by the probe before anything is loaded or written, naming
     the flag and the fix (Ray's own connect retried for minutes); a study run directly is refused by run_tasks."""
     from topl_core.cli import main
-    from topl_core.errors import ServiceError
-    from topl_core.executor import ExecutorConfig, run_tasks
+    from topl_core.foundations.errors import ServiceError
+    from topl_core.foundations.executor import ExecutorConfig, run_tasks
 
     address = f"127.0.0.1:{free_port()}"
     t0 = time.perf_counter()

@@ -13,15 +13,15 @@ import time
 import pytest
 from conftest import REPO, free_port, tiny_config
 
-from topl_core.adapters import open_adapter
 from topl_core.cli import build_parser, main
 from topl_core.cli.train import config_from_args
 from topl_core.data.records import write_jsonl
-from topl_core.errors import ConfigError, RunError, ServiceError
-from topl_core.jobs import read_job
-from topl_core.runs import RunDir
-from topl_core.sharing import export_run
+from topl_core.foundations.errors import ConfigError, RunError, ServiceError
+from topl_core.jobs.background import read_job
+from topl_core.training.adapters import open_adapter
 from topl_core.training.config import TrainConfig
+from topl_core.training.run_dirs import RunDir
+from topl_core.training.sharing import export_run
 from topl_core.training.tracking import INSTALL, RUN_DIR_TAG, check_trackers, numeric_metrics
 from topl_core.training.trainer import train
 
@@ -128,7 +128,7 @@ def test_export_opens_with_plain_peft_and_holds_no_checkpoint(tiny_run, tmp_path
     from peft import PeftModel
     from safetensors.torch import load_file
 
-    from topl_core.tiny_models import build_tiny_model
+    from topl_core.models.tiny import build_tiny_model
 
     dest = tmp_path / "shared"
     assert main(["export", str(tiny_run.path), str(dest)]) == 0

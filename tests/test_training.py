@@ -15,17 +15,17 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from topl_core.adapters import load_adapter
 from topl_core.data.encode import collate, encode_record
 from topl_core.data.records import Record, write_jsonl
-from topl_core.errors import ConfigError, DataError, ModelError, RunError
-from topl_core.forward import head_features
-from topl_core.models import load_model
-from topl_core.runs import RunDir
-from topl_core.status import request_stop, stop_requested
+from topl_core.foundations.errors import ConfigError, DataError, ModelError, RunError
+from topl_core.foundations.status import request_stop, stop_requested
+from topl_core.models.forward import head_features
+from topl_core.models.loading import load_model
+from topl_core.training.adapters import load_adapter
 from topl_core.training.config import LoraSettings
 from topl_core.training.lora import FastDropout, apply_lora
 from topl_core.training.methods.topl import masked_token_bce_loss, token_bce_loss
+from topl_core.training.run_dirs import RunDir
 from topl_core.training.trainer import train
 
 
@@ -163,7 +163,7 @@ def test_adapter_round_trips_through_plain_peft(tiny_run, tiny_records):
 
 @pytest.mark.parametrize("dtype, tol", [("fp32", 1e-4), ("bf16", 0.25)])
 def test_merged_and_unmerged_logits_agree(tiny_run, tiny_records, dtype, tol):
-    from topl_core.models import ModelSpec
+    from topl_core.models.loading import ModelSpec
 
     spec = ModelSpec("tiny-llama", dtype=dtype)
     unmerged = load_adapter(load_model(spec), tiny_run)
@@ -185,7 +185,7 @@ def _weights(run: RunDir) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("interrupt", ["cancel", "stop_request", "exception"])
 def test_resume_after_interruption_continues_the_same_run(tmp_path, tiny_records, interrupt):
-    """Stopped at step 3 — by the progress callback, by a STOP request in the run directory (topl_core.status: how
+    """Stopped at step 3 — by the progress callback, by a STOP request in the run directory (status protocol: how
     the app and `jobs.cancel` stop a run, also one started from the command line), or by an exception — the run
     keeps a checkpoint of step 3, and training the same directory again continues at step 4 to the same weights."""
     cfg = tiny_config(steps=6, checkpoint_every=4)
@@ -310,7 +310,7 @@ def test_gradient_checkpointing_trains_the_same_weights(tmp_path, tiny_records):
     # ... and it is on: a decoder layer's MLP starts twice per micro-batch, in forward and again in backward (counted
     # by a pre-hook: the layer's own hooks stay outside the checkpoint, and the recompute stops at the last tensor
     # backward needs, before the MLP's forward hook would fire)
-    from topl_core.architecture import decoder_layers
+    from topl_core.models.architecture import decoder_layers
     from topl_core.training.methods import METHODS
     from topl_core.training.trainer import _prepare, _train_step, _trainable
 
@@ -378,7 +378,7 @@ def test_side_probes_learn_beside_the_run_without_changing_it_and_resume(tmp_pat
 
 
 def test_side_probes_are_checked_against_the_method_and_the_head_layer():
-    from topl_core.errors import ConfigError
+    from topl_core.foundations.errors import ConfigError
 
     with pytest.raises(ConfigError, match="probe_layers"):
         tiny_config(method="sft", probe_layers=(0,))  # no token head to learn beside

@@ -14,7 +14,6 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from topl_core.adapters import load_adapter, open_adapter
 from topl_core.analysis.studies import transfer
 from topl_core.analysis.studies.layer_scan import _features_by_layer, layer_scan
 from topl_core.analysis.studies.transfer import (
@@ -34,11 +33,12 @@ from topl_core.cli import main
 from topl_core.data.encode import encode_record
 from topl_core.data.records import Record, write_jsonl
 from topl_core.data.split import split_records
-from topl_core.errors import ConfigError, DataError
-from topl_core.forward import head_features
-from topl_core.io import read_log_rows
-from topl_core.metrics import auroc, weighted_aurocs
-from topl_core.models import load_model
+from topl_core.foundations.errors import ConfigError, DataError
+from topl_core.foundations.io import read_log_rows
+from topl_core.foundations.metrics import auroc, weighted_aurocs
+from topl_core.models.forward import head_features
+from topl_core.models.loading import load_model
+from topl_core.training.adapters import load_adapter, open_adapter
 
 CLIFF_COLUMNS = ["dataset", "origin", "id", "doc", "summ", "model_name", "cut", "error_type", "annotated_span"]
 SMALL = TransferSettings(stage="heldout", max_records_per_set=4, probe_records=16, bootstrap=50)

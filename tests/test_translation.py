@@ -12,7 +12,7 @@ from conftest import MLQE_PAIRS, tiny_config, write_mlqe
 from topl_core.analysis.evaluation import translation
 from topl_core.analysis.evaluation.translation import ChrfScorer, flores_pairs, make_translation_scorer, parallel_pairs
 from topl_core.data.mlqe import load_mlqe_dir
-from topl_core.errors import DataError, ScorerError
+from topl_core.foundations.errors import DataError, ScorerError
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def mlqe(tmp_path_factory):
 
 def test_the_loader_keeps_post_edits_and_pair_and_the_prompt_names_both_languages(mlqe):
     from topl_core.data.encode import encode_record
-    from topl_core.models import load_model
+    from topl_core.models.loading import load_model
 
     records = load_mlqe_dir(mlqe / "test", "test")
     assert [r.meta for r in records[:2]] == [

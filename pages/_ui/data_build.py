@@ -12,12 +12,12 @@ import streamlit as st
 from pages._ui.datasets import dataset_paths
 from pages._ui.forms import SIDEBAR_FIELDS, field_input
 from pages._ui.spec import current_spec, split_spec
-from topl_core import jobs, launchers
-from topl_core.config_fields import field_infos
 from topl_core.data.records import merge_jsonl, write_jsonl
 from topl_core.data.sources import DataSource, SourceOptions, build_source
-from topl_core.errors import ConfigError, DataError
-from topl_core.paths import cache_dir, inside
+from topl_core.foundations.config_fields import field_infos
+from topl_core.foundations.errors import ConfigError, DataError
+from topl_core.foundations.paths import cache_dir, inside
+from topl_core.jobs import background, launchers
 
 BUILD_JOBS = cache_dir() / "data" / "jobs"  # one folder per background build, by output name
 
@@ -50,9 +50,9 @@ def build_form(source: DataSource) -> None:
                 start_build(source, options, data_file(out_name))
             else:
                 build_here(source, options, data_file(out_name))
-        except (DataError, ConfigError, OSError, jobs.JobError) as ex:
+        except (DataError, ConfigError, OSError, background.JobError) as ex:
             st.error(str(ex))
-    if source.background and (found := jobs.list_jobs(BUILD_JOBS)):
+    if source.background and (found := background.list_jobs(BUILD_JOBS)):
         job = found[0]  # the newest background build, of any source
         st.fragment(build_job_panel, run_every=2 if job.active else None)(job.path)
 
@@ -103,7 +103,7 @@ def build_job_panel(job_dir: Path) -> None:
         c1, c2 = st.columns([5, 1], vertical_alignment="center")
         c1.progress(build.done / max(build.total, 1), text=f"{name} {job.state}: {build.done} of {build.total}")
         if c2.button("Cancel", key="data.build_cancel", icon=":material/stop:"):
-            jobs.cancel(job_dir)
+            background.cancel(job_dir)
         return
     if was_running:  # it just ended: every data-set picker should see the new file
         st.rerun(scope="app")
@@ -114,7 +114,7 @@ def build_job_panel(job_dir: Path) -> None:
             f"Building {name} {job.state}{': ' + job.error if job.error else ''}. Start it again with the same "
             "settings to continue (the source's help above says what a stopped build keeps)."
         )
-        st.code(jobs.log_tail(job_dir, 15) or "(empty log)", language=None)
+        st.code(background.log_tail(job_dir, 15) or "(empty log)", language=None)
 
 
 def merge_form() -> None:

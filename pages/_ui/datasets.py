@@ -8,7 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from topl_core.data.records import read_jsonl
-from topl_core.paths import DEFAULT_DATA, cache_dir
+from topl_core.foundations.paths import DEFAULT_DATA, cache_dir
 
 
 def dataset_paths() -> list[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from topl_core.paths import runs_dir
+from topl_core.foundations.paths import runs_dir
 
 
 def evaluations_dir() -> Path:

@@ -1,16 +1,18 @@
 """Config forms (Train, Layer sweep, the Data page's build form) built from the config dataclasses — TrainConfig
 with its LoraSettings, SweepConfig, ExecutorConfig and the data sources' SourceOptions — as the CLI builds its
 flags: one input per field, the widget chosen by the field's type, worded by the field's own description (label, help,
-bounds, choices: topl_core.config_fields), the default taken from a config instance. A field added to a config reaches
-every form that shows that config with no edit here."""
+bounds, choices: topl_core.foundations.config_fields), the default taken from a config instance. A field added to a
+config reaches every form that shows that config with no edit here."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Sequence
 
-from topl_core.config_fields import field_infos
-from topl_core.precision import PRECISIONS, describe_precision, resolve_precision
+from topl_core.analysis.steering.modes import SteerConfig
+from topl_core.foundations.config_fields import field_infos
+from topl_core.hardware.precision import PRECISIONS, describe_precision, resolve_precision
 
 SIDEBAR_FIELDS = frozenset({"model", "device"})  # chosen in the sidebar, for every page
 NO_VALUE = object()  # field_input without a default: the value comes from st.session_state (set by the page)
@@ -62,6 +64,15 @@ def _inputs(cls, columns, key_prefix: str, defaults, skip: frozenset) -> dict:
         else:
             values[name] = field_input(next(columns), cls, name, key_prefix, default)
     return values
+
+
+def mode_settings(container, names: Sequence[str], key_prefix: str) -> dict:
+    """An input per steering-mode setting in `names` (the SteerConfig fields a mode's action reads as its own: a
+    gated mode's τ and k), side by side in `container`, starting at SteerConfig's defaults; {} for none."""
+    if not names:
+        return {}
+    defaults, columns = SteerConfig(), container.columns(len(names))
+    return {n: field_input(c, SteerConfig, n, key_prefix, getattr(defaults, n)) for n, c in zip(names, columns)}
 
 
 def precision_select(container, key: str, device: str) -> str:

@@ -9,13 +9,13 @@ import threading
 import streamlit as st
 
 from pages._ui.spec import current_model_name, spec_of
-from topl_core.adapters import open_adapter
 from topl_core.analysis.lora_a.probe_head import ProbeHead, ProbeHeadSettings, fit_probe_head
 from topl_core.data.records import read_jsonl
-from topl_core.generate import load_merged
-from topl_core.models import EMBEDDED, load_model
-from topl_core.scoring import TokenScorer
-from topl_core.tiny_models import TINY_FAMILIES
+from topl_core.inference.generate import load_merged
+from topl_core.inference.token_scores import TokenScorer
+from topl_core.models.loading import EMBEDDED, load_model
+from topl_core.models.tiny import TINY_FAMILIES
+from topl_core.training.adapters import open_adapter
 
 # How many models each cache keeps (base, merged per run, token scorer). 8B models on one GPU: set 1.
 MAX_MODELS = int(os.environ.get("TOPL_UI_MAX_MODELS", "3"))

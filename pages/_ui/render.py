@@ -1,5 +1,6 @@
-"""Rendering: a word diff, text boxes, Plotly charts with a PNG download, CSV downloads. Tokens coloured by p(good)
-or gold labels, and their legend, are the core's (topl_core.analysis.token_colors: token_html, legend_html)."""
+"""Rendering: a word diff, a gated generation's replaced tokens, text boxes, Plotly charts with a PNG download, CSV
+downloads. Tokens coloured by p(good) or gold labels, and their legend, are the core's
+(topl_core.analysis.token_colors: token_html, legend_html)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import html
 import pandas as pd
 import streamlit as st
 
+from topl_core.analysis.steering.steered_text import SteeredText
+
 BOX_CSS = """
 <style>
 .topl-diff-ins {background: #fde68a; border-radius: 3px; padding: 0 1px;}
 .topl-diff-del {color: #9ca3af; text-decoration: line-through;}
+.topl-replaced {background: #bbf7d0; border-radius: 3px; padding: 0 1px;}
 .topl-box {border: 1px solid rgba(128,128,128,.35); border-radius: 8px; padding: .7rem .9rem; min-height: 6rem;
-           line-height: 1.6; font-size: 1.02rem;}
+           line-height: 1.6; font-size: 1.02rem; overflow-wrap: anywhere;}
 </style>
 """
 
@@ -32,6 +36,48 @@ def diff_html(reference: str, text: str) -> str:
         if op in ("insert", "replace") and j2 > j1:
             out.append(f'<span class="topl-diff-ins">{html.escape(" ".join(b[j1:j2]))}</span>')
     return " ".join(out)
+
+
+def _visible(token: str) -> str:
+    """A token as HTML a reader sees struck through: a line break as ↵, a space as ␣ where it is all there is."""
+    return html.escape(token if token.strip() else token.replace(" ", "␣")).replace("\n", "↵") or "∅"
+
+
+def replaced_html(g: SteeredText) -> str:
+    """A gated generation's text, each token the head took back struck through before the token that replaced it."""
+    out, at = [], 0
+    for r in g.replacements:
+        out.append(html.escape(g.text[at : r.start]))
+        out.append(f'<span class="topl-diff-del" title="p(good) {r.p_good:.2f}">{_visible(r.original)}</span>')
+        out.append(f'<span class="topl-replaced">{html.escape(g.text[r.start : r.end])}</span>')
+        at = r.end
+    out.append(html.escape(g.text[at:]))
+    return "".join(out).replace("\n", "<br>")
+
+
+def steered_html(merged: str, g: SteeredText) -> str:
+    """The steered box: where a gate decided (g.gate), the tokens it replaced; otherwise the words that differ from
+    the merged text."""
+    return replaced_html(g) if g.gate is not None else diff_html(merged, g.text)
+
+
+def steered_summary(merged: str, g: SteeredText, lam: float) -> str:
+    """The line under the three boxes: what the steered box marks (data-lambda, data-changed and data-replaced for
+    the browser test)."""
+    changed = g.text != merged
+    if g.gate is not None:
+        summary = (
+            f"{len(g.replacements)} token(s) replaced: struck through, the tokens the adapter's head flagged (p(good) "
+            "< τ); in green, what the steered regeneration wrote instead."
+        )
+    elif changed:
+        summary = "Highlighted: words that differ from the merged output; struck through: words it dropped."
+    else:
+        summary = "Identical to the merged output at this λ."
+    return (
+        f'<div id="steer-summary" data-lambda="{lam:.3f}" data-changed="{int(changed)}" '
+        f'data-replaced="{len(g.replacements)}" style="opacity:.75">{html.escape(summary)}</div>'
+    )
 
 
 def text_box(title: str, body_html: str, caption: str = "") -> str:

@@ -10,11 +10,11 @@ import pandas as pd
 import streamlit as st
 
 from pages._ui.spec import current_model_name
-from topl_core import jobs
-from topl_core.adapters import Adapter, find_adapter_folders, open_adapter
-from topl_core.errors import WorkbenchError
-from topl_core.paths import examples_dir, runs_dir
-from topl_core.runs import RunDir
+from topl_core.foundations.errors import WorkbenchError
+from topl_core.foundations.paths import examples_dir, runs_dir
+from topl_core.jobs import background
+from topl_core.training.adapters import Adapter, find_adapter_folders, open_adapter
+from topl_core.training.run_dirs import RunDir
 
 EXAMPLE_PREFIX = "example: "  # how a shipped demo adapter is named in tables and pickers
 OPENED_KEY = "opened_adapters"  # session_state: paths / hub ids opened on the Runs page in this session
@@ -29,7 +29,7 @@ def runs_table(root: str, examples: str | None = None) -> pd.DataFrame:
     rows = []
     sources = [(root, "yours")] + ([(examples, "example")] if examples else [])
     for folder, source in sources:
-        for stt in jobs.list_jobs(folder):
+        for stt in background.list_jobs(folder):
             try:
                 cfg, meta = RunDir(stt.path).read_config()
             except WorkbenchError:

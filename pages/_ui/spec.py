@@ -7,8 +7,8 @@ import os
 
 import streamlit as st
 
-from topl_core.models import DEVICES, EMBEDDED, ModelSpec
-from topl_core.precision import (
+from topl_core.foundations.presets import DEFAULT_MODEL
+from topl_core.hardware.precision import (
     PRECISIONS,
     ResolvedPrecision,
     describe_precision,
@@ -16,8 +16,8 @@ from topl_core.precision import (
     resolve_precision,
     resolve_weights,
 )
-from topl_core.presets import DEFAULT_MODEL
-from topl_core.tiny_models import TINY_FAMILIES
+from topl_core.models.loading import DEVICES, EMBEDDED, ModelSpec
+from topl_core.models.tiny import TINY_FAMILIES
 
 SPEC_KEY = "model_spec"  # session_state: "name|dtype|device"
 PRECISION_KEY = "sidebar.precision"  # session_state: the analysis pages' compute precision, "auto" / "fp32" / "bf16"

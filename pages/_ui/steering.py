@@ -1,6 +1,7 @@
 """The Steering page's cached work: the merged model with its steering vectors (one session per model spec, run
-fingerprint, token set and k, shared read-only), the texts per λ — streamed into the page as they are written, then
-kept — the base model's text, each text's factuality and fluency, and the export zip."""
+fingerprint, token set and k, shared read-only), the generations per λ (SteeredText: in a gated mode with what the
+head took back) — streamed into the page as they are written, then kept — the base model's text, each text's
+factuality and fluency, and the export zip."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.fluency import fluency
 from topl_core.analysis.steering.modes import SteerConfig
 from topl_core.analysis.steering.session import SteeringSession
+from topl_core.analysis.steering.steered_text import SteeredText
 from topl_core.analysis.steering.summary import ExportBundle, export_bundle
-from topl_core.generate import GenerationConfig, stream_generate
+from topl_core.inference.generate import GenerationConfig, stream_generate
 
 
 @st.cache_resource(show_spinner="Computing steering vectors (projections cached on disk)…", max_entries=2 * MAX_MODELS)
@@ -51,12 +53,12 @@ def steered_texts(
     grid: tuple[float, ...],
     max_new: int,
     how: SteerConfig,
-) -> dict[float, str]:
-    """The steered text at every λ of `grid` (one λ, or the slider's every position), generated as one batch
-    (SteeringSession.generate_grid; one λ alone is generate_steered's text)."""
+) -> dict[float, SteeredText]:
+    """The steered generation at every λ of `grid` (one λ, or the slider's every position), generated as one batch
+    where the mode batches rows (SteeringSession.grid_generations; one λ alone is generate_steered's text)."""
     sess = steering_session(spec, run, fp, ts, top_k, precision)
     gen = GenerationConfig(max_new_tokens=max_new, precision=precision)
-    return dict(zip(grid, sess.generate_grid(document, grid, gen, how=how)))
+    return dict(zip(grid, sess.grid_generations(document, grid, gen, how=how)))
 
 
 class TextStore:
@@ -64,16 +66,16 @@ class TextStore:
     used dropped past `size`): a λ already seen is drawn at once, and a generation a reader left is not kept half."""
 
     def __init__(self, size: int = 4096):
-        self._texts: OrderedDict[tuple, str] = OrderedDict()
+        self._texts: OrderedDict[tuple, SteeredText] = OrderedDict()
         self._lock, self._size = threading.Lock(), size
 
-    def get(self, key: tuple) -> str | None:
+    def get(self, key: tuple) -> SteeredText | None:
         with self._lock:
             if key in self._texts:
                 self._texts.move_to_end(key)
             return self._texts.get(key)
 
-    def put(self, key: tuple, text: str, replace: bool = True) -> None:
+    def put(self, key: tuple, text: SteeredText, replace: bool = True) -> None:
         with self._lock:
             if replace or key not in self._texts:
                 self._texts[key] = text
@@ -89,26 +91,27 @@ def text_store() -> TextStore:
 CURSOR = "▍"
 
 
-def written(placeholder, title: str, key: tuple, stream: Callable[[], Iterator[str]]) -> str:
-    """The text under `key`: from the store, or streamed into `placeholder` token by token and then stored. A new
-    slider position reruns the page, which stops the stream at its next token (the reader has moved on)."""
-    text = text_store().get(key)
-    if text is not None:
-        return text
-    text = ""
+def written(placeholder, title: str, key: tuple, stream: Callable[[], Iterator[SteeredText]]) -> SteeredText:
+    """The generation under `key`: from the store, or streamed into `placeholder` token by token and then stored. A
+    new slider position reruns the page, which stops the stream at its next token (the reader has moved on)."""
+    done = text_store().get(key)
+    if done is not None:
+        return done
+    g = SteeredText("")
     with closing(stream()) as parts:
-        for text in parts:
-            body = html.escape(text).replace("\n", "<br>") + CURSOR
+        for g in parts:
+            body = html.escape(g.text).replace("\n", "<br>") + CURSOR
             placeholder.markdown(text_box(title, body, "writing…"), unsafe_allow_html=True)
-    text_store().put(key, text)
-    return text
+    text_store().put(key, g)
+    return g
 
 
-def base_stream(spec: str, precision: str, document: str, max_new: int) -> Iterator[str]:
+def base_stream(spec: str, precision: str, document: str, max_new: int) -> Iterator[SteeredText]:
     """The base model's summary as it is written."""
     lm = base_model(spec)
     with resource_lock(f"base:{spec}"):
-        yield from stream_generate(lm, document, GenerationConfig(max_new_tokens=max_new, precision=precision))
+        for text in stream_generate(lm, document, GenerationConfig(max_new_tokens=max_new, precision=precision)):
+            yield SteeredText(text)
 
 
 def steered_stream(
@@ -122,10 +125,10 @@ def steered_stream(
     lam: float,
     max_new: int,
     how: SteerConfig,
-) -> Iterator[str]:
-    """The steered summary at λ as it is written (SteeringSession.stream_steered)."""
+) -> Iterator[SteeredText]:
+    """The steered summary at λ as it is written (SteeringSession.stream_generations)."""
     sess = steering_session(spec, run, fp, ts, top_k, precision)
-    yield from sess.stream_steered(
+    yield from sess.stream_generations(
         document, lam, GenerationConfig(max_new_tokens=max_new, precision=precision), how=how
     )
 
@@ -134,8 +137,7 @@ def steered_stream(
 def export_zip(spec: str, run: str, fp: str, ts: tuple, top_k: int, precision: str) -> ExportBundle:
     """The Steering page's export (summary.export_bundle), built once per set of vectors."""
     sess = steering_session(spec, run, fp, ts, top_k, precision)
-    config = sess.lm.model.config
-    return export_bundle(sess.vectors, config.model_type, config.num_hidden_layers)
+    return export_bundle(sess.vectors, sess.lm.model.config)
 
 
 @st.cache_resource
@@ -164,8 +166,13 @@ def text_fluency(spec: str, text: str) -> dict:
         return fluency([text], lm)[0].to_json()
 
 
-def quality_caption(spec: str, document: str, text: str) -> str:
-    """Factuality and fluency of a text, or why it is degenerate (a broken text is damage, not "unfaithful")."""
+def quality_caption(spec: str, document: str, g: SteeredText) -> str:
+    """Factuality and fluency of a generation, or why it is degenerate (a broken text is damage, not "unfaithful"),
+    and what a gate did to it."""
+    return " · ".join(filter(None, [_quality(spec, document, g.text), g.note()]))
+
+
+def _quality(spec: str, document: str, text: str) -> str:
     f = text_fluency(spec, text)
     n_sent = count_sentences(text)
     ppl = f"perplexity {f['perplexity']:.0f}" if f["perplexity"] is not None else "perplexity n/a"

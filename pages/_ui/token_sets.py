@@ -7,13 +7,13 @@ from pathlib import Path
 import streamlit as st
 
 from pages._ui.datasets import dataset_picker
-from topl_core.adapters import open_adapter
 from topl_core.analysis.lora_a.probe import ProbeResult, ProbeSettings, labelled_records, labelled_split, probe_run
 from topl_core.data.cliff import load_factuality_csv
 from topl_core.data.records import read_jsonl
 from topl_core.data.split import split_records
-from topl_core.errors import DataError
-from topl_core.paths import cliff_csv, project_path
+from topl_core.foundations.errors import DataError
+from topl_core.foundations.paths import cliff_csv, project_path
+from topl_core.training.adapters import open_adapter
 
 TOKEN_SETS = ("run's data · val split", "run's data · test split", "CLIFF spans (OOD)", "another data set")
 DEFAULT_LIMIT = 48  # records of the default token set (LoRA-A page and the Runs page's indicator table)

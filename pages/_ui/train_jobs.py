@@ -1,6 +1,6 @@
 """The Train page's live runs: each recent run's state and progress with Cancel or Resume, then the chosen run's loss
-and validation curves and its log. Everything is read from the run directories (topl_core.jobs), so it survives
-reloads and app restarts."""
+and validation curves and its log. Everything is read from the run directories (topl_core.jobs.background), so it
+survives reloads and app restarts."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import streamlit as st
 
 from pages._ui.figures import training_curves
 from pages._ui.render import csv_download, plot
-from topl_core import jobs, launchers
-from topl_core.paths import runs_dir
-from topl_core.runs import RunDir
+from topl_core.foundations.paths import runs_dir
+from topl_core.jobs import background, launchers
+from topl_core.training.run_dirs import RunDir
 
 KEY = "train."  # the Train page's widget keys
 SHOWN = 8  # runs listed; the Runs page has the rest
@@ -37,7 +37,7 @@ def duration(s: float | None) -> str:
 
 def train_jobs_panel() -> None:
     """The training runs, newest first (reruns the app when the last active one ends, so the run lists refresh)."""
-    all_jobs = [j for j in jobs.list_jobs() if j.kind == "train"]
+    all_jobs = [j for j in background.list_jobs() if j.kind == "train"]
     active = [j for j in all_jobs if j.active]
     if st.session_state.get(KEY + "had_active") and not active:
         st.session_state[KEY + "had_active"] = False
@@ -58,10 +58,10 @@ def train_jobs_panel() -> None:
     chosen = runs_dir() / st.selectbox("Curves of", names, key=KEY + "detail", persist_state="session")
     curves(chosen)
     with st.expander("Log"):
-        st.code(jobs.log_tail(chosen, 30) or "(empty)", language=None)
+        st.code(background.log_tail(chosen, 30) or "(empty)", language=None)
 
 
-def job_card(j: jobs.JobStatus) -> None:
+def job_card(j: background.JobStatus) -> None:
     """One run: its state, progress (ETA while it runs, validation AUROC once it ended), Cancel or Resume, its error
     and warnings."""
     loss = "—" if j.loss is None else f"{j.loss:.4f}"
@@ -72,7 +72,7 @@ def job_card(j: jobs.JobStatus) -> None:
             eta, elapsed = duration(j.eta_s), duration(j.elapsed_s)
             b.progress(j.fraction, text=f"step {j.step}/{j.steps} · ETA {eta} · elapsed {elapsed} · loss {loss}")
             if c.button("Cancel", key=f"train.cancel.{j.name}", icon=":material/stop:"):
-                jobs.cancel(j.path)
+                background.cancel(j.path)
                 st.toast(f"Cancelling {j.name}: saving a checkpoint…")
         else:
             auroc = j.val.get("val_token_auroc")
@@ -86,14 +86,14 @@ def job_card(j: jobs.JobStatus) -> None:
             b.caption(f":orange[:material/warning:] {warning}")
 
 
-def resume_button(j: jobs.JobStatus, container) -> None:
+def resume_button(j: background.JobStatus, container) -> None:
     """Resume a run that stopped before its last step, from its last checkpoint, and follow it."""
     if container.button("Resume", key=f"train.resume.{j.name}", icon=":material/replay:"):
         try:
             launchers.resume_train(j.path)
             st.session_state[KEY + "watch"] = str(j.path)
             st.rerun(scope="app")
-        except jobs.JobError as e:
+        except background.JobError as e:
             st.error(str(e))
 
 

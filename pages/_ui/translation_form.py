@@ -11,10 +11,10 @@ import streamlit as st
 
 from pages._ui.evaluations import evaluations_dir
 from pages._ui.spec import current_model_name, current_precision
-from topl_core import jobs, launchers
 from topl_core.analysis.evaluation.translation import TranslationConfig, TranslationJob
-from topl_core.paths import inside
-from topl_core.presets import MLQE_PE_PAIRS
+from topl_core.foundations.paths import inside
+from topl_core.foundations.presets import MLQE_PE_PAIRS
+from topl_core.jobs import background, launchers
 
 
 def translation_form(labels: dict[str, str], device: str, show_launched: Callable[[Path], None]) -> None:
@@ -95,5 +95,5 @@ def translation_form(labels: dict[str, str], device: str, show_launched: Callabl
                 out = inside(evaluations_dir(), mt_name, "Evaluation name")
                 launchers.launch_translation(mt_job, out)
                 show_launched(out)
-            except (ValueError, jobs.JobError) as e:
+            except (ValueError, background.JobError) as e:
                 st.error(str(e))

@@ -34,9 +34,9 @@ from typing import IO, Any, Callable, Mapping
 
 import numpy as np
 
-from ..adapters import open_adapter
-from ..io import atomic_open, sha256_file, write_json
-from ..paths import cache_dir, examples_dir
+from ..foundations.io import atomic_open, sha256_file, write_json
+from ..foundations.paths import cache_dir, examples_dir
+from ..training.adapters import open_adapter
 
 
 @dataclass(frozen=True)

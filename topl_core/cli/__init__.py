@@ -13,8 +13,8 @@ import importlib
 import sys
 from typing import NamedTuple
 
-from ..errors import WorkbenchError
-from ..status import stop_cleanly_on_sigterm
+from ..foundations.errors import WorkbenchError
+from ..foundations.status import stop_cleanly_on_sigterm
 
 
 class Command(NamedTuple):

@@ -1,28 +1,31 @@
 """`bench`: speed and memory against the measured machine limit and the naive way (ratios, one run); `bench --scale`:
-the paper's presets at their published shape on one device (topl_core.scale_bench); `bench --memory`: what fits on a
+the paper's presets at their published shape on one device (topl_core.bench.scale); `bench --memory`: what fits on a
 GPU per paper preset, computed on the meta device (no GPU needed); `bench --slider`: a new λ position of the Steering
-page against plain generate (topl_core.analysis.steering.slider_bench)."""
+page against plain generate (topl_core.bench.slider); `bench --gated`: gated steering against always-on steering and
+the merged model's plain generation (topl_core.bench.workbench.gated)."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
 
-from ..adapters import open_adapter
 from ..analysis.evaluation.config import EvalConfig
 from ..analysis.evaluation.evaluate import steering_vectors_for
+from ..analysis.steering.modes import MODE_SETTINGS, SteerConfig
 from ..analysis.steering.session import SteeringSession
-from ..analysis.steering.slider_bench import format_slider, slider_bench
-from ..bench import main
-from ..config_fields import add_config_args, config_args
+from ..bench.gated import format_gated, gated_bench
+from ..bench.scale import PHASES_PER_MODEL, ScaleSettings, format_scale, run_scale_bench
+from ..bench.slider import format_slider, slider_bench
+from ..bench.workbench import main
 from ..data.records import read_jsonl
 from ..data.split import split_records
-from ..io import write_json
-from ..models import DEVICES
-from ..paths import DEFAULT_DATA, examples_dir, project_path
-from ..presets import DEFAULT_MODEL, PRESETS
-from ..progress import Bar
-from ..scale_bench import PHASES_PER_MODEL, ScaleSettings, format_scale, run_scale_bench
+from ..foundations.config_fields import add_config_args, config_args
+from ..foundations.io import write_json
+from ..foundations.paths import DEFAULT_DATA, examples_dir, project_path
+from ..foundations.presets import DEFAULT_MODEL, PRESETS
+from ..foundations.progress import Bar
+from ..models.loading import DEVICES
+from ..training.adapters import open_adapter
 from ..training.memory import GIB, what_fits
 from . import COMMANDS
 from .common import add_precision_arg, announce_precision
@@ -54,9 +57,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "generate of the same text, on --run",
     )
     p.add_argument(
-        "--run", default=None, help="--slider: the adapter to steer (default: the demo TOPL adapter, examples/adapters)"
+        "--gated",
+        action="store_true",
+        help="only time gated steering (mode gated at --lam, --tau, --keep) against always-on steering and the merged "
+        "model's plain generate, on --run; with its forwards per token",
     )
-    add_config_args(p, ScaleSettings, SCALE, only=("new_tokens",), notes={"new_tokens": "(--slider, --scale)"})
+    p.add_argument(
+        "--run",
+        default=None,
+        help="--slider, --gated: the adapter to steer (default: the demo TOPL adapter, examples/adapters)",
+    )
+    p.add_argument("--lam", type=float, default=2.0, help="--gated: λ, in normalised units")
+    add_config_args(p, SteerConfig, SteerConfig(), only=MODE_SETTINGS)
+    notes = {"new_tokens": "(--slider, --gated, the scale benchmark)"}
+    add_config_args(p, ScaleSettings, SCALE, only=("new_tokens",), notes=notes)
     p.add_argument("--budget-gib", type=float, default=78.0, help="GPU memory for --memory (an 80 GB H100: 79.2 GiB)")
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 2048], help="sequence lengths for --memory")
     add_precision_arg(p)
@@ -80,8 +94,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    if args.slider:
-        return slider(args.run, args.new_tokens, announce_precision(args.precision), args.json)
+    if args.slider or args.gated:
+        return steering_bench(args, announce_precision(args.precision))
     if args.memory:
         return memory_table(args.budget_gib, tuple(args.seq_lens), args.json)
     if args.scale or args.device == "cuda":
@@ -112,14 +126,21 @@ def memory_table(budget_gib: float, seq_lens: tuple[int, ...], json_path: str | 
         write_json(json_path, {"budget_gib": budget_gib, "rows": [asdict(r) for r in rows]})
 
 
-def slider(run: str | None, new_tokens: int, precision: str, json_path: str | None) -> None:
-    """bench --slider on `run` (default: the demo TOPL adapter) with vectors from its data's validation split and the
-    first document of its test split."""
-    adapter = open_adapter(run or str((examples_dir() or project_path("examples/adapters")) / "topl-smollm2"))
+def steering_bench(args: argparse.Namespace, precision: str) -> None:
+    """bench --slider or --gated on --run (default: the demo TOPL adapter) with vectors from its data's validation
+    split and the first document of its test split."""
+    adapter = open_adapter(args.run or str((examples_dir() or project_path("examples/adapters")) / "topl-smollm2"))
     vectors = steering_vectors_for(adapter, EvalConfig(precision=precision))
     records = read_jsonl(project_path(adapter.settings.data))
     document = split_records(records, seed=adapter.settings.split_seed)["test"][0].document
-    res = slider_bench(SteeringSession.from_run(adapter, vectors), document, new_tokens, precision)
-    print(format_slider(res))
-    if json_path:
-        write_json(json_path, res)
+    session = SteeringSession.from_run(adapter, vectors)
+    if args.gated:
+        how = SteerConfig("gated", **config_args(args, SteerConfig, only=MODE_SETTINGS))
+        with Bar("gated bench") as bar:
+            res = gated_bench(session, document, how, args.lam, args.new_tokens, precision, log=bar.stage)
+        print(format_gated(res))
+    else:
+        res = slider_bench(session, document, args.new_tokens, precision)
+        print(format_slider(res))
+    if args.json:
+        write_json(args.json, res)

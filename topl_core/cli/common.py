@@ -5,16 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..adapters import Adapter, open_adapter
-from ..config_fields import add_config_args, config_args
 from ..data.records import Record, read_jsonl
 from ..data.split import SPLITS, split_records
-from ..errors import ConfigError
-from ..executor import ExecutorConfig
-from ..models import DEVICES
-from ..paths import project_path
-from ..precision import PRECISION_HELP, PRECISIONS, ResolvedPrecision, describe_precision, resolve_precision
-from ..presets import DEFAULT_MODEL
+from ..foundations.config_fields import add_config_args, config_args
+from ..foundations.errors import ConfigError
+from ..foundations.executor import ExecutorConfig
+from ..foundations.paths import project_path
+from ..foundations.presets import DEFAULT_MODEL
+from ..hardware.precision import PRECISION_HELP, PRECISIONS, ResolvedPrecision, describe_precision, resolve_precision
+from ..models.loading import DEVICES
+from ..training.adapters import Adapter, open_adapter
 from ..training.config import TrainConfig, study_schedule
 
 
@@ -99,7 +99,7 @@ def announce_precision(requested: str, device: str = "cpu") -> ResolvedPrecision
 
 
 def add_executor_args(p: argparse.ArgumentParser) -> None:
-    """Where a study's independent tasks run (topl_core.executor)."""
+    """Where a study's independent tasks run (topl_core.foundations.executor)."""
     g = p.add_argument_group("where the tasks run")
     add_config_args(
         g, ExecutorConfig, ExecutorConfig(), notes={"kind": "(default: what the study last used, else local)"}

@@ -8,13 +8,13 @@ from collections import Counter
 from typing import Collection
 
 from ..analysis.studies.data_sources import SOURCES
-from ..config_fields import add_config_args, config_args, field_infos
 from ..data.overview import label_settings, token_labelled
 from ..data.records import Record, merge_jsonl, read_jsonl, write_jsonl
 from ..data.sources import DataSource, SourceOptions, build_source
 from ..data.split import split_records
-from ..models import ModelSpec, load_model
-from ..progress import Bar
+from ..foundations.config_fields import add_config_args, config_args, field_infos
+from ..foundations.progress import Bar
+from ..models.loading import ModelSpec, load_model
 from . import COMMANDS
 from .common import add_model_args
 

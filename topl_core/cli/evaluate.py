@@ -8,19 +8,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..adapters import open_adapter
 from ..analysis.evaluation.config import EvalConfig, Variant
 from ..analysis.evaluation.evaluate import evaluate, protocol_agreement, results_table
 from ..analysis.evaluation.lambda_study import CURVE_KEYS, lambda_curve, lambda_sweep
 from ..analysis.evaluation.quality import scorer_quality
 from ..analysis.evaluation.scorers import PROTOCOLS, make_scorer
-from ..analysis.steering.modes import MODES, UNITS_DOC, SteerConfig, lambda_grids, modes_help
-from ..config_fields import add_config_args, config_args
-from ..errors import ConfigError
-from ..executor import ExecutorConfig
-from ..io import atomic_open, write_json
-from ..presets import DEFAULT_MODEL
-from ..progress import Bar
+from ..analysis.steering.modes import MODE_SETTINGS, MODES, UNITS_DOC, SteerConfig, lambda_grids, modes_help
+from ..foundations.config_fields import add_config_args, config_args
+from ..foundations.errors import ConfigError
+from ..foundations.executor import ExecutorConfig
+from ..foundations.io import atomic_open, write_json
+from ..foundations.presets import DEFAULT_MODEL
+from ..foundations.progress import Bar
+from ..training.adapters import open_adapter
 from . import COMMANDS
 from .common import ExamplesFormatter, add_executor_args, add_precision_arg, announce_precision, executor_from_args
 
@@ -73,7 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="LAMBDA",
         help="λ grid of the modes whose λ is not in normalised units (scaling the update, ...; default: --lambdas)",
     )
-    add_config_args(p, SteerConfig, SteerConfig(), only=("positions",))
+    # λ sweep: the positions, and a mode's own settings (gated τ, k)
+    add_config_args(p, SteerConfig, SteerConfig(), only=("positions", *MODE_SETTINGS))
     p.add_argument("--sets", nargs="+", choices=["ID", "OOD"], default=["ID"], help="document sets of the λ sweep")
     p.add_argument(
         "--scorer-quality", action="store_true", help="print the scorer's measured AUROC on CLIFF / HaluEval"
@@ -145,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
                 modes=args.modes,
                 positions=args.positions,
                 grids=grids,
+                settings=config_args(args, SteerConfig, only=MODE_SETTINGS),
             )
         curve = lambda_curve(df)
         print(f"λ sweep (steered sites {df.attrs.get('sites')}; scorer {cfg.scorer}, sentence protocol; 95% interval")
@@ -162,7 +164,12 @@ def run(args: argparse.Namespace) -> int:
         out["lambda_curve_full"] = full.to_dict("records")
         out["lambda_curve_by_set"] = lambda_curve(df, by_set=True).to_dict("records")
         out["sites"] = df.attrs.get("sites")
-        out["steering"] = {"modes": args.modes, "positions": args.positions, "units": UNITS_DOC}
+        out["steering"] = {
+            "modes": args.modes,
+            "positions": args.positions,
+            "units": UNITS_DOC,
+            **config_args(args, SteerConfig, only=MODE_SETTINGS),
+        }
         per_doc = df
     else:
         variants = [] if args.no_base else [Variant.base(args.model if not args.run else None)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..adapters import open_adapter
 from ..analysis.evaluation.config import Variant
 from ..analysis.evaluation.translation import (
     TranslationConfig,
@@ -17,10 +16,11 @@ from ..analysis.evaluation.translation import (
     scorer_agreement,
     translation_table,
 )
-from ..config_fields import add_config_args, config_args
-from ..errors import ConfigError
-from ..io import atomic_open, write_json
-from ..presets import DEFAULT_MODEL
+from ..foundations.config_fields import add_config_args, config_args
+from ..foundations.errors import ConfigError
+from ..foundations.io import atomic_open, write_json
+from ..foundations.presets import DEFAULT_MODEL
+from ..training.adapters import open_adapter
 from . import COMMANDS
 from .common import add_precision_arg, announce_precision
 

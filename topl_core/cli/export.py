@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..sharing import export_run, push_to_hub
+from ..training.sharing import export_run, push_to_hub
 from . import COMMANDS
 
 

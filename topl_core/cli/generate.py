@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..config_fields import add_config_args, config_args
-from ..generate import GenerationConfig, generate, load_merged
-from ..io import atomic_open
-from ..models import ModelSpec
-from ..presets import DEFAULT_MODEL
+from ..foundations.config_fields import add_config_args, config_args
+from ..foundations.io import atomic_open
+from ..foundations.presets import DEFAULT_MODEL
+from ..inference.generate import GenerationConfig, generate, load_merged
+from ..models.loading import ModelSpec
 from . import COMMANDS
 from .common import (
     ADAPTER_HELP,

@@ -1,5 +1,5 @@
 """`label-sensitivity`: TOPL trained on each label setting (original, random, balanced, bad_skewed, good_skewed,
-good_only, dense_balanced; see topl_core.data.variants) and the scores per setting next to the label stats
+good_only, dense_balanced; see topl_core.data.label_settings) and the scores per setting next to the label stats
 (#tokens, % good, % bad). Resumable: finished settings are kept."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import argparse
 from pathlib import Path
 
 from ..analysis.studies.label_sensitivity import LabelStudyConfig, label_stats_for, read_label_study, run_label_study
-from ..config_fields import add_config_args, config_args
-from ..executor import ExecutorConfig
-from ..io import write_json
-from ..progress import Bar
-from ..runs import RunDir
+from ..foundations.config_fields import add_config_args, config_args
+from ..foundations.executor import ExecutorConfig
+from ..foundations.io import write_json
+from ..foundations.progress import Bar
+from ..training.run_dirs import RunDir
 from . import COMMANDS
 from .common import (
     ExamplesFormatter,

@@ -7,12 +7,12 @@ import argparse
 
 import torch
 
-from ..adapters import load_adapter
 from ..data.encode import collate, encode_record
 from ..data.records import read_jsonl
 from ..data.split import split_records
-from ..models import ModelSpec, load_model
-from ..precision import autocast
+from ..hardware.precision import autocast
+from ..models.loading import ModelSpec, load_model
+from ..training.adapters import load_adapter
 from . import COMMANDS
 from .common import add_adapter_args, add_precision_arg, announce_precision, open_adapter_arg
 

@@ -13,11 +13,11 @@ from ..analysis.evaluation.indicator import MIN_ADAPTERS_FOR_RHO, factuality_by_
 from ..analysis.evaluation.scorers import DEFAULT_SCORER
 from ..analysis.lora_a.probe import ProbeSettings, labelled_records, probe_run
 from ..analysis.lora_a.separability import METHOD, comparison_table, format_heatmap
-from ..config_fields import add_config_args, config_args
 from ..data.cliff import load_factuality_csv
-from ..errors import ConfigError
-from ..io import write_json
-from ..progress import Bar
+from ..foundations.config_fields import add_config_args, config_args
+from ..foundations.errors import ConfigError
+from ..foundations.io import write_json
+from ..foundations.progress import Bar
 from . import COMMANDS
 from .common import (
     add_adapter_args,

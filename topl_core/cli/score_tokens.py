@@ -9,10 +9,10 @@ import sys
 from ..analysis.lora_a.probe_head import ProbeHeadSettings, fit_probe_head
 from ..data.cliff import load_factuality_csv
 from ..data.records import read_jsonl
-from ..io import write_json
-from ..models import ModelSpec, load_model
-from ..progress import Bar
-from ..scoring import TokenScorer, detection_auroc
+from ..foundations.io import write_json
+from ..foundations.progress import Bar
+from ..inference.token_scores import TokenScorer, detection_auroc
+from ..models.loading import ModelSpec, load_model
 from . import COMMANDS
 from .common import (
     ADAPTER_HELP,

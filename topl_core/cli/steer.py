@@ -10,22 +10,23 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from ..adapters import open_adapter
 from ..analysis.lora_a.probe import ProbeSettings, labelled_records
 from ..analysis.steering.extract import build_steering_vectors
+from ..analysis.steering.llama_cpp import export_for_llama_cpp
 from ..analysis.steering.modes import SteerConfig, modes_help
 from ..analysis.steering.session import SteeringSession
 from ..analysis.steering.vectors import SteeringVectors
 from ..analysis.studies.deck import DeckConfig, create_deck, read_deck
 from ..analysis.studies.deck_html import write_deck_html, write_frames
 from ..analysis.studies.deck_prepare import prepare_deck
-from ..config_fields import DECLARED, add_config_args, config_args, field_infos
 from ..data.records import read_jsonl, read_utf8
 from ..data.split import split_records
-from ..generate import GenerationConfig, generate
-from ..io import write_json
-from ..models import ModelSpec, load_model
-from ..progress import Bar
+from ..foundations.config_fields import DECLARED, add_config_args, config_args, field_infos
+from ..foundations.io import write_json
+from ..foundations.progress import Bar
+from ..inference.generate import GenerationConfig, generate
+from ..models.loading import ModelSpec, load_model
+from ..training.adapters import open_adapter
 from . import CANCELLED, COMMANDS
 from .common import (
     ADAPTER_HELP,
@@ -47,14 +48,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--document", help="document text to summarise")
     p.add_argument("--document-file", help="read the document from this file instead")
     p.add_argument("--lambdas", nargs="+", type=float, help="λ grid (default: the mode's grid)")
-    add_config_args(p, SteerConfig, SteerConfig(), notes={"mode": modes_help()})
+    add_config_args(p, SteerConfig, SteerConfig(), notes={"mode": modes_help()})  # and a mode's own: gated τ, k
     add_config_args(p, DeckConfig, DECLARED, only=("top_k",))
     p.add_argument("--vectors", help="import steering vectors from this directory instead of computing them")
     p.add_argument("--export", help="export the steering vectors (safetensors + JSON) to this directory")
     p.add_argument(
         "--export-gguf",
         metavar="FILE",
-        help="also write the --mode (vector or diff-mean) vectors at λ = 1 in --units as a llama.cpp control vector",
+        help="also write the --mode (vector or diff-mean) vectors at λ = 1 in --units as a llama.cpp control vector, "
+        "and the adapter's LoRA beside it as FILE's stem + .lora.gguf (llama.cpp's --lora); prints the llama.cpp line",
     )
     add_data_args(p)
     p.set_defaults(split="val")
@@ -103,12 +105,12 @@ def run_deck(args: argparse.Namespace) -> int:
             data_or_adapter_default(args, rd)
             test = split_records(read_jsonl(args.data), seed=args.split_seed)["test"]
             documents = tuple(dict.fromkeys(r.document for r in test))[: args.deck_documents]
-        steering = config_args(args, SteerConfig)  # mode, positions, units: fields of both configs
+        how = steer_config(args)
         cfg = DeckConfig(
             str(rd.path),
             documents,
-            tuple(args.lambdas or SteerConfig(**steering).spec.lambda_grid),
-            **steering,
+            tuple(args.lambdas or how.spec.lambda_grid),
+            **asdict(how),  # mode, positions, units and a mode's own settings: fields of both configs
             **config_args(args, DeckConfig, only=("top_k", "head")),
             max_new_tokens=args.max_new_tokens,
             data=args.data,
@@ -136,6 +138,11 @@ def run_deck(args: argparse.Namespace) -> int:
         frames = write_frames(args.export_html, args.frames, args.frame_lambdas or deck.config.lambdas)
         print(f"wrote {len(frames)} frames to {args.frames}")
     return 0
+
+
+def steer_config(args: argparse.Namespace) -> SteerConfig:
+    """The steering the command line asks for: the mode, its positions and units, and its own settings."""
+    return SteerConfig(**config_args(args, SteerConfig))
 
 
 def run(args: argparse.Namespace) -> int | None:
@@ -169,7 +176,7 @@ def run(args: argparse.Namespace) -> int | None:
     print(f"steered sites ({vectors.n_good} good / {vectors.n_bad} bad tokens; v = scaling·B(μ+ − μ−)):")
     for s in vectors.sites:
         print(f"  {s.key:14s} AUROC {vectors.auroc[s.key]:.3f}  ‖v‖ {norms[s.key]:.4g}")
-    how = SteerConfig(**config_args(args, SteerConfig))
+    how = steer_config(args)
     lambdas = args.lambdas or list(how.spec.lambda_grid)
     unit_note = how.spec.action.unit_note(vectors, how.spec, how.units)
     if unit_note:
@@ -179,13 +186,12 @@ def run(args: argparse.Namespace) -> int | None:
         print(f"exported to {args.export}")
     session = SteeringSession.from_run(rd, vectors, rd.base_model)
     if args.export_gguf:
-        config = session.lm.model.config
-        left_out = vectors.save_control_vector(
-            args.export_gguf, how.mode, how.units, config.model_type, config.num_hidden_layers
-        )
-        print(f"llama.cpp control vector ({how.mode}, λ = 1 in {how.units} units): {args.export_gguf}")
-        if left_out:
-            print(f"  left out (llama.cpp has no direction for layer 0): {', '.join(left_out)}")
+        exported = export_for_llama_cpp(vectors, args.export_gguf, how.mode, how.units, session.lm.model.config)
+        print(f"llama.cpp control vector ({how.mode}, λ = 1 in {how.units} units): {exported.vector}")
+        print(f"llama.cpp LoRA adapter (the vectors were computed on base + this LoRA): {exported.lora}")
+        if exported.left_out:
+            print(f"  left out (llama.cpp has no direction for layer 0): {', '.join(exported.left_out)}")
+        print(f"  in llama.cpp (steers every position, as --positions all): {exported.command(lambdas[-1])}")
 
     given = config_args(args, GenerationConfig, only=GENERATION_FLAGS)
     gen = GenerationConfig(**given, mode=args.decoding, precision=precision)
@@ -195,16 +201,18 @@ def run(args: argparse.Namespace) -> int | None:
         rows.append({"model": "base", "lambda": None, "text": base_text})
         print(f"\n== base model\n{base_text}")
     print(f"\ngenerating {len(lambdas)} λ positions …", flush=True)
-    for lam, text in zip(lambdas, session.generate_grid(args.document, lambdas, gen, how=how)):
-        rows.append({"model": "merged" if lam == how.neutral else "steered", "lambda": lam, "text": text})
-        print(f"\n== merged, λ = {lam:g} ({how.label()})\n{text}")
+    for lam, g in zip(lambdas, session.grid_generations(args.document, lambdas, gen, how=how)):
+        rows.append({"model": "merged" if lam == how.neutral else "steered", "lambda": lam, **g.to_json()})
+        print(f"\n== merged, λ = {lam:g} ({how.label()})\n{g.text}")
+        if g.note():  # a gated mode: how many tokens the head took back and what replaced them
+            print(f"-- {g.note()}: " + ", ".join(f"{r.original!r} → {r.replacement!r}" for r in g.replacements))
     if args.json:
         write_json(
             args.json,
             {
                 "run": str(rd.path),
                 "vectors": vectors.metadata(),
-                "steering": asdict(how),
+                "steering": how.key(),
                 "precision": precision,
                 "document": args.document,
                 "generations": rows,

@@ -9,12 +9,12 @@ import sys
 
 from ..analysis.studies.sweep_results import compare_reuse, heatmap_table, read_sweep
 from ..analysis.studies.sweeps import SweepConfig, resume_sweep, run_sweep
-from ..config_fields import add_config_args, config_args
-from ..errors import ConfigError
-from ..jobs import read_job
-from ..launchers import launch_sweep, resume_sweep_job
-from ..progress import Bar
-from ..status import request_stop
+from ..foundations.config_fields import add_config_args, config_args
+from ..foundations.errors import ConfigError
+from ..foundations.progress import Bar
+from ..foundations.status import request_stop
+from ..jobs.background import read_job
+from ..jobs.launchers import launch_sweep, resume_sweep_job
 from . import COMMANDS
 from .common import (
     ExamplesFormatter,

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..config_fields import add_config_args, config_args, flat_fields
-from ..errors import ConfigError
-from ..paths import runs_dir
-from ..presets import PRESETS
-from ..runs import RunDir
+from ..foundations.config_fields import add_config_args, config_args, flat_fields
+from ..foundations.errors import ConfigError
+from ..foundations.paths import runs_dir
+from ..foundations.presets import PRESETS
 from ..training.config import TrainConfig, preset_config
 from ..training.methods import METHODS
+from ..training.run_dirs import RunDir
 from ..training.trainer import Progress, train
 from ..training.world import World
 from . import COMMANDS

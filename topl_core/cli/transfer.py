@@ -15,10 +15,10 @@ from ..analysis.studies.transfer import (
     heldout_count,
     transfer_table,
 )
-from ..config_fields import add_config_args, config_args, field_infos
 from ..data.records import read_jsonl
-from ..io import atomic_open, write_json
-from ..progress import Bar
+from ..foundations.config_fields import add_config_args, config_args, field_infos
+from ..foundations.io import atomic_open, write_json
+from ..foundations.progress import Bar
 from . import COMMANDS
 from .common import ADAPTER_HELP, add_precision_arg, announce_precision, open_adapter_arg
 

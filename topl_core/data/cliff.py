@@ -40,7 +40,7 @@ from typing import Literal, Sequence
 
 import pandas as pd
 
-from ..errors import DataError
+from ..foundations.errors import DataError
 from .records import Record, Span, read_utf8
 from .textform import detokenize
 

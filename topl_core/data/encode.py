@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import DataError
-from ..presets import LANGUAGES, language_pair
+from ..foundations.errors import DataError
+from ..foundations.presets import LANGUAGES, language_pair
 from .records import Record
 
 IGNORE = -1  # label of tokens that are not supervised (prompt, document, end-of-turn)

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Literal
 
-from ..errors import DataError
+from ..foundations.errors import DataError
 from .records import Record, Span, json_lines
 
 FavaForm = Literal["raw", "completion"]

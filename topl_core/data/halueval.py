@@ -11,7 +11,7 @@ import importlib.util
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import DataError
+from ..foundations.errors import DataError
 from .perturb import RECIPES, build_perturbation_records
 from .records import Record, json_lines
 

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import DataError
+from ..foundations.errors import DataError
 from .records import Record, Span, utf8_lines
 
 WORD_TAGS = ("OK", "BAD")

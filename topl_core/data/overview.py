@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 
 from .encode import encode_record
+from .label_settings import label_settings_table
 from .records import Record
 from .split import split_records
-from .variants import label_settings_table
 
 ALL = "all"  # every split
 

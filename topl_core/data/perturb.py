@@ -1,7 +1,7 @@
 """Seeded perturbations of a faithful summary S into S' with exact character spans of every edit: the recipes
 (which edit kinds, how many documents lower-cased), drawing 1–3 non-overlapping edits per summary, applying them,
-and building the labelled records. The edit kinds: edits.py ("v1": entity, number, date, negation, relation,
-invented) and edits_v2.py (attribution, swap, extrinsic, modal, copied).
+and building the labelled records. The edit kinds: fact_edits.py ("v1": entity, number, date, negation, relation,
+invented) and summarizer_edits.py ("v2": attribution, swap, extrinsic, modal, copied).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import random
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..errors import DataError
-from .edits import (
+from ..foundations.errors import DataError
+from .fact_edits import (
     EDIT_KINDS,
     Edit,
     apply_edits,
@@ -23,8 +23,8 @@ from .edits import (
     number_edits,
     relation_edits,
 )
-from .edits_v2 import attribution_edits, copied_edits, extrinsic_edits, modal_edits, swap_edits
 from .records import Record, Span
+from .summarizer_edits import attribution_edits, copied_edits, extrinsic_edits, modal_edits, swap_edits
 
 V2_KINDS: tuple[str, ...] = EDIT_KINDS + ("attribution", "swap", "extrinsic", "modal", "copied")
 ALL_KINDS = V2_KINDS

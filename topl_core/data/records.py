@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Literal
 
-from ..errors import DataError
-from ..io import atomic_open
+from ..foundations.errors import DataError
+from ..foundations.io import atomic_open
 
 Task = Literal["summarization", "translation"]
 TASKS: tuple[str, ...] = ("summarization", "translation")

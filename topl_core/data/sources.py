@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..config_fields import config_field, field_infos
-from ..errors import ConfigError, DataError
-from ..paths import cliff_csv
+from ..foundations.config_fields import config_field, field_infos
+from ..foundations.errors import ConfigError, DataError
+from ..foundations.paths import cliff_csv
 from . import cliff, fava, halueval, mlqe
 from .fava import FavaForm
 from .perturb import RECIPES

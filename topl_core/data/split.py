@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Sequence
 
-from ..errors import DataError
+from ..foundations.errors import DataError
 from .records import Record
 
 SPLITS = ("train", "val", "test")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import RunError
-from ..io import checksum_problem, save_tensors, sha256_file, write_json
-from ..runs import HEAD_FILE, PROBES_FILE, RunDir
+from ..foundations.errors import RunError
+from ..foundations.io import checksum_problem, save_tensors, sha256_file, write_json
+from .run_dirs import HEAD_FILE, PROBES_FILE, RunDir
 from .steps import StepContext
 from .world import World
 

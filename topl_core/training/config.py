@@ -9,12 +9,12 @@ from typing import Literal
 
 import torch
 
-from ..config_fields import config_argv, config_field
-from ..data.variants import LABEL_SETTINGS
-from ..errors import ConfigError
-from ..paths import DEFAULT_DATA
-from ..precision import PRECISION_HELP, PRECISIONS, Precision, resolve_precision
-from ..presets import DEFAULT_MODEL, LORA_MODULES, PRESETS
+from ..data.label_settings import LABEL_SETTINGS
+from ..foundations.config_fields import config_argv, config_field
+from ..foundations.errors import ConfigError
+from ..foundations.paths import DEFAULT_DATA
+from ..foundations.presets import DEFAULT_MODEL, LORA_MODULES, PRESETS
+from ..hardware.precision import PRECISION_HELP, PRECISIONS, Precision, resolve_precision
 from .methods import METHODS
 
 # experiment trackers a run can also log to, beside its metrics.jsonl (topl_core.training.tracking)

@@ -27,8 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from ..data.encode import IGNORE, Batch
-from ..errors import ConfigError
-from ..models import preset_model_config
+from ..foundations.errors import ConfigError
+from ..models.loading import preset_model_config
 from .config import TrainConfig, preset_config
 from .lora import apply_lora
 from .methods import METHODS

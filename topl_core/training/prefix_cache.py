@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-from ..architecture import base_causal_lm, decoder_stack, embed_inputs, forward_from_hidden
-from ..errors import ModelError
-from ..models import LoadedModel
+from ..foundations.errors import ModelError
+from ..models.architecture import base_causal_lm, decoder_stack, embed_inputs, forward_from_hidden
+from ..models.loading import LoadedModel
 
 
 @dataclass

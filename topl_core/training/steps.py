@@ -12,11 +12,11 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from ..architecture import base_causal_lm, decoder_layers, final_norm
 from ..data.encode import IGNORE, Batch
-from ..forward import head_features, lm_head_logits
-from ..metrics import auroc
-from ..precision import autocast, to_numpy
+from ..foundations.metrics import auroc
+from ..hardware.precision import autocast, to_numpy
+from ..models.architecture import base_causal_lm, decoder_layers, final_norm
+from ..models.forward import head_features, lm_head_logits
 
 # --- forward helpers ----------------------------------------------------------------------------------------
 

@@ -25,13 +25,13 @@ import warnings
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from ..config_fields import flat_fields, value_of
-from ..errors import ConfigError
-from ..paths import runs_dir
-from ..runs import RunDir
-from ..services import check_reachable
-from ..status import add_warning
+from ..foundations.config_fields import flat_fields, value_of
+from ..foundations.errors import ConfigError
+from ..foundations.paths import runs_dir
+from ..foundations.services import check_reachable
+from ..foundations.status import add_warning
 from .config import TrainConfig
+from .run_dirs import RunDir
 
 DEFAULT_EXPERIMENT = "topl-workbench"
 INSTALL = "pip install -e '.[tracking]'"

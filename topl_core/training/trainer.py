@@ -17,25 +17,25 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..architecture import check_layer_range, decoder_layers
-from ..card import write_card
 from ..data.encode import Encoded
+from ..data.label_settings import apply_label_setting
 from ..data.records import Record, read_jsonl, records_fingerprint
 from ..data.split import split_records
-from ..data.variants import apply_label_setting
-from ..errors import DataError, RunError
-from ..io import give_umask_permissions, save_tensors
-from ..models import LoadedModel, ModelSpec, hub_id, load_model
-from ..precision import autocast, weights_for
-from ..runs import RunDir
-from ..status import WriterLock, clear_stop, stop_requested
+from ..foundations.errors import DataError, RunError
+from ..foundations.io import give_umask_permissions, save_tensors
+from ..foundations.status import WriterLock, clear_stop, stop_requested
+from ..hardware.precision import autocast, weights_for
+from ..models.architecture import check_layer_range, decoder_layers
+from ..models.loading import LoadedModel, ModelSpec, hub_id, load_model
 from .batching import EncodeSettings, batch_for, length_buckets, make_packed_batches
+from .card import write_card
 from .checkpoint import Trainable, checkpoint_state, load_checkpoint, lora_state, write_checkpoint
 from .clock import TrainingClock
 from .config import TrainConfig
 from .lora import apply_lora
 from .memory import check_fits, longest_micro_batch
 from .methods import METHODS, Method
+from .run_dirs import RunDir
 from .steps import StepContext, combine_micro_batches
 from .tracking import Trackers, check_trackers, open_trackers
 from .world import World

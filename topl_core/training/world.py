@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..architecture import decoder_layers
+from ..models.architecture import decoder_layers
 
 FSDP_ENV = ("ACCELERATE_USE_FSDP", "TOPL_FSDP")  # accelerate's switch, and ours for torchrun
 

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ...config_fields import config_field
-from ...generate import GenerationConfig
-from ...models import Device
-from ...paths import DEFAULT_DATA
-from ...precision import PRECISION_HELP, Precision, resolve_precision
-from ...presets import DEFAULT_MODEL
+from ...foundations.config_fields import config_field
+from ...foundations.paths import DEFAULT_DATA
+from ...foundations.presets import DEFAULT_MODEL
+from ...hardware.precision import PRECISION_HELP, Precision, resolve_precision
+from ...inference.generate import GenerationConfig
+from ...models.loading import Device
 from ..steering.modes import SteerConfig
 from .scorers import DEFAULT_SCORER, SCORER_HELP
 
@@ -42,6 +42,7 @@ class Variant:
     @classmethod
     def steered(cls, run, lam: float, name: str | None = None, how: SteerConfig = SteerConfig()) -> "Variant":
         mode = "" if how == SteerConfig() else f" {how.mode}" + (" gen-only" if how.positions == "generated" else "")
+        mode += "".join(f" {name}={value:g}" for name, value in how.settings().items())  # gated: τ and k
         return cls(name or f"steered{mode} λ={lam:g} ({Path(run).name})", str(run), float(lam), how=how)
 
     @property
@@ -96,7 +97,7 @@ class EvalConfig:
     top_k: int = config_field(4, label="Steered sites", help="steered sites (the top k by LoRA-A AUROC)", min=1)
     model: str = config_field(DEFAULT_MODEL, label="Base model", help="the base model when no adapter names one")
     device: Device = config_field("cpu", label="Device", help="where the variants generate")
-    # resolved for `device` when built (topl_core.precision)
+    # resolved for `device` when built (topl_core.hardware.precision)
     precision: Precision = config_field("auto", label="Precision", help="of the generations: " + PRECISION_HELP)
 
     def __post_init__(self) -> None:
@@ -120,26 +121,28 @@ EVAL_SETS: tuple[str, ...] = ("ID", "OOD")
 @dataclass(frozen=True)
 class LambdaStudy:
     """A λ study (lambda_study.lambda_sweep): every run steered in each mode over its grid — adding modes over
-    `lambdas`, modes that scale the update over `scaled_lambdas` (default `lambdas`)."""
+    `lambdas`, modes that scale the update over `scaled_lambdas` (default `lambdas`); `settings`: the modes' own
+    SteerConfig settings as (name, value) pairs (a gated mode's tau and keep; modes.MODE_SETTINGS)."""
 
     lambdas: tuple[float, ...]
     modes: tuple[str, ...] = ("vector",)
     positions: str = "all"
     sets: tuple[str, ...] = ("ID",)
     scaled_lambdas: tuple[float, ...] = ()
+    settings: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.lambdas or not self.modes:
             raise ValueError("LambdaStudy: a λ study needs some λ values and at least one mode.")
         for mode in self.modes:
-            SteerConfig(mode, self.positions)  # names the bad mode or positions and the choices
+            SteerConfig(mode, self.positions, **dict(self.settings))  # names the bad mode, positions or setting
         if not self.sets or not set(self.sets) <= set(EVAL_SETS):
             raise ValueError(f"LambdaStudy.sets={self.sets}: choose among {EVAL_SETS}.")
 
 
 @dataclass(frozen=True)
 class EvalJob:
-    """An evaluation to run in the background (topl_core.launchers.launch_evaluation): the results table of the base
+    """An evaluation to run in the background (jobs/launchers.py: launch_evaluation): the results table of the base
     model (include_base), each run merged and steered at each λ of `steer` — or, with `study`, a λ study of the runs."""
 
     cfg: EvalConfig

@@ -2,7 +2,8 @@
 factuality benchmark's datasets (OOD).
 
     id_documents(cfg) -> list[EvalDoc]      first n_id documents of the held-out *test* split of `data`
-    ood_documents(cfg) -> list[EvalDoc]     n_ood CLIFF documents, alternating cliff-xsum / cliff-cnndm; or, with
+    ood_documents(cfg, cut=None) -> list[EvalDoc]   n_ood CLIFF documents, alternating cliff-xsum / cliff-cnndm
+                                            (only CLIFF's own `cut` "val" or "test" when given); or, with
                                             cfg.ood_data (AggreFact, LLM-AggreFact), n_ood per dataset
     benchmark_rows(spec), hub_rows(dataset_id, fix)   the rows of a benchmark file or hub dataset
 """
@@ -18,8 +19,8 @@ from pathlib import Path
 from ...data.cliff import csv_rows
 from ...data.records import read_jsonl
 from ...data.split import first_documents, split_records
-from ...errors import DataError
-from ...paths import cliff_csv, project_path
+from ...foundations.errors import DataError
+from ...foundations.paths import cliff_csv, project_path
 from .config import EvalConfig
 
 
@@ -41,22 +42,25 @@ def id_documents(cfg: EvalConfig) -> list[EvalDoc]:
     ]
 
 
-def ood_documents(cfg: EvalConfig) -> list[EvalDoc]:
+def ood_documents(cfg: EvalConfig, cut: str | None = None) -> list[EvalDoc]:
     """OOD documents. Default: n_ood distinct CLIFF documents, taken alternately from each source (cliff-xsum,
-    cliff-cnndm), in file order; empty when the CSV is absent. With cfg.ood_data: up to n_ood distinct documents of
-    every dataset in that benchmark (source = its dataset, and origin when the file has one), in file order."""
+    cliff-cnndm), in file order — with `cut`, only the rows of CLIFF's own cut column ("val" to choose settings on,
+    "test" to report); empty when the CSV is absent. With cfg.ood_data: up to n_ood distinct documents of every
+    dataset in that benchmark (source = its dataset, and origin when the file has one), in file order."""
     if cfg.n_ood == 0:
         return []
     if cfg.ood_data:
+        if cut is not None:
+            raise DataError(f"cut={cut!r}: only CLIFF has cuts; drop ood_data to read CLIFF's {cut} documents.")
         return _benchmark_documents(cfg.ood_data, cfg.n_ood)
     path = Path(cfg.cliff_csv) if cfg.cliff_csv else cliff_csv()
     if not path.is_file():
         return []
     by_source: dict[str, list[EvalDoc]] = {}
     seen = set()
-    for row in csv_rows(path, required=("doc",)):
+    for row in csv_rows(path, required=("doc",) if cut is None else ("doc", "cut")):
         doc_id = f"{row.get('origin', 'cliff')}-{row.get('id', '')}"
-        if doc_id in seen:
+        if doc_id in seen or (cut is not None and row["cut"] != cut):
             continue
         seen.add(doc_id)
         source = f"cliff-{row['origin']}" if row.get("origin") else "cliff"

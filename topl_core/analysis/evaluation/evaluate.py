@@ -4,7 +4,7 @@ like the paper (rows = model variant; columns ID, OOD, average, average sentence
 config.py (Variant, EvalConfig); on which documents: documents.py; the λ study: lambda_study.py.
 
     evaluate(variants, cfg, progress=None, use_cache=True, vectors=None, executor=ExecutorConfig()) -> EvalResult
-        (each variant's generation a task: in this process or as Ray tasks, topl_core.executor)
+        (each variant's generation a task: in this process or as Ray tasks, topl_core.foundations.executor)
     EvalResult.per_doc (DataFrame: variant, lambda, set, source, doc_id, text, score_sentence, score_full,
                n_sentences, n_words), .table(protocol="sentence", by_source=False), .quality (ScorerQuality or None)
     results_table(per_doc, protocol="sentence", by_source=False) -> DataFrame
@@ -25,12 +25,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ...adapters import open_adapter
-from ...errors import RunError
-from ...executor import ExecutorConfig, failure_report, run_tasks, worker_memo
-from ...generate import generate, load_merged
-from ...models import ModelSpec, load_model
-from ...precision import weights_for
+from ...foundations.errors import RunError
+from ...foundations.executor import ExecutorConfig, failure_report, run_tasks, worker_memo
+from ...hardware.precision import weights_for
+from ...inference.generate import generate, load_merged
+from ...models.loading import ModelSpec, load_model
+from ...training.adapters import open_adapter
 from ..cache import JSON, cached
 from ..lora_a.probe import ProbeSettings, labelled_split
 from ..steering.extract import build_steering_vectors
@@ -117,7 +117,7 @@ def generate_for(
         "n": len(docs),
         "generation": asdict(cfg.generation),
         "vectors": vectors_fingerprint(vectors, v.how) if steered else None,
-        **({"how": asdict(v.how)} if steered else {}),
+        **({"how": v.how.key()} if steered else {}),
     }
 
     def compute() -> list[str]:
@@ -230,7 +230,7 @@ class _Shard:
 
 
 def generate_variant(shard: _Shard, v: Variant) -> dict:
-    """One variant of an evaluation as a task (topl_core.executor): its generations for every document (from the
+    """One variant of an evaluation as a task (foundations/executor.py): its generations for every document (from the
     cache when there; written to it otherwise). The worker keeps the models it loaded for the evaluation."""
     if shard.progress:
         shard.progress(f"{v.name}: generating {len(shard.docs)} summaries")

@@ -1,7 +1,7 @@
 """The λ study: factuality and fluency against λ for every steering mode, and its curves with 95% intervals.
 
 lambda_sweep(runs, lambdas, cfg, sets=("ID",), vectors=None, progress=None, use_cache=True, modes=("vector",),
-             positions="all", grids=None) -> DataFrame
+             positions="all", grids=None, settings=None) -> DataFrame
     one row per (run, mode, λ, document) with the text, scores and fluency (each mode's neutral λ is the merged
     model); every (run, mode, λ) cached, so an interrupted sweep resumes
 lambda_curve(df, protocol="sentence", by_set=False) -> DataFrame
@@ -38,13 +38,15 @@ def lambda_sweep(
     positions: str = "all",
     grids: Mapping[str, Sequence[float]] | None = None,
     fluency_model: bool = True,
+    settings: Mapping[str, float] | None = None,
 ):
     """Factuality and fluency against λ: one row per (run, mode, λ, document) with the text, both scores and the
     fluency measures (steering/fluency.py; perplexity under the run's base model unless fluency_model is False).
     `runs`: one adapter or a list; `modes`: names in the mode registry, each over `grids[mode]` when given, else
     `lambdas` (adding modes in normalised units). The neutral λ of a mode reuses the merged model's generations;
     every (run, mode, λ) is cached, so an interrupted sweep resumes where it stopped.
-    `vectors`: SteeringVectors of a single run, or {run: SteeringVectors}."""
+    `vectors`: SteeringVectors of a single run, or {run: SteeringVectors}. `settings`: the modes' own SteerConfig
+    settings (a gated mode's tau and keep)."""
     import pandas as pd
 
     runs = [str(runs)] if isinstance(runs, (str, Path)) or hasattr(runs, "path") else [str(r) for r in runs]
@@ -63,7 +65,7 @@ def lambda_sweep(
         texts_of_run: list[str] = []
         start = len(rows)
         for mode, grid in lambda_grids(modes, lambdas, grids).items():
-            how = SteerConfig(mode, positions)
+            how = SteerConfig(mode, positions, **(settings or {}))
             for lam in grid:
                 if progress:
                     progress(f"{Path(run).name} {mode} λ = {lam:g}: generating {len(docs)} summaries")
@@ -129,15 +131,15 @@ def lambda_curve(df, protocol: str = "sentence", by_set: bool = False):
     out = []
     for key, part in df.groupby(keys, sort=True, dropna=False):
         row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
-        row.update(_mean_ci(part[col], "factuality"))
+        row.update(mean_ci(part[col], "factuality"))
         neutral = SteerConfig(row.get("mode", "vector")).neutral
         same = (df[[k for k in keys if k != "lambda"]] == part.iloc[0][[k for k in keys if k != "lambda"]]).all(1)
         ref = df[same & (df["lambda"] == neutral)].set_index(["set", "doc_id"])[col]
         paired = part.set_index(["set", "doc_id"])[col] - ref.reindex(part.set_index(["set", "doc_id"]).index)
-        row.update(_mean_ci(paired.dropna(), "change"))
+        row.update(mean_ci(paired.dropna(), "change"))
         if "degenerate" in part:
             fluent = part[~part["degenerate"].astype(bool)]
-            row.update(_mean_ci(fluent[col], "factuality_fluent"))
+            row.update(mean_ci(fluent[col], "factuality_fluent"))
             row["degenerate"] = float(part["degenerate"].astype(bool).mean())
             row["perplexity"] = float(part["perplexity"].median())
             row["distinct_2"] = float(part["distinct_2"].mean())
@@ -151,7 +153,8 @@ def lambda_curve(df, protocol: str = "sentence", by_set: bool = False):
     return pd.DataFrame(out)
 
 
-def _mean_ci(x, name: str) -> dict:
+def mean_ci(x, name: str) -> dict:
+    """{name, name_sem, name_lo, name_hi, name_n}: the mean of `x` with its 95% interval (mean ± 1.96 s.e.)."""
     n = int(len(x))
     mean = float(x.mean()) if n else float("nan")
     sem = float(x.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")

@@ -17,9 +17,9 @@ import numpy as np
 
 from ...data.cliff import csv_rows
 from ...data.halueval import load_halueval_rows
-from ...errors import DataError
-from ...metrics import auroc
-from ...paths import cliff_csv as default_cliff_csv
+from ...foundations.errors import DataError
+from ...foundations.metrics import auroc
+from ...foundations.paths import cliff_csv as default_cliff_csv
 from ..cache import cached, json_codec
 from .scorers import PROTOCOLS, GroundingScorer, Scorer, score_summary
 

@@ -32,8 +32,8 @@ from typing import Literal, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from ...errors import ScorerError
-from ...models import hub_reachable
+from ...foundations.errors import ScorerError
+from ...models.loading import hub_reachable
 from .text import AnalysedText, analyse_text, split_sentences, stem
 
 PROTOCOLS: tuple[str, ...] = ("sentence", "full")

@@ -24,15 +24,15 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from ...adapters import open_adapter
-from ...config_fields import config_field
 from ...data.mlqe import load_mlqe_dir
 from ...data.records import utf8_lines
-from ...errors import DataError, ScorerError
-from ...generate import GenerationConfig, generate
-from ...models import Device
-from ...precision import PRECISION_HELP, Precision, resolve_precision
-from ...presets import DEFAULT_MODEL, FLORES_CODES, MLQE_PE_PAIRS, language_pair
+from ...foundations.config_fields import config_field
+from ...foundations.errors import DataError, ScorerError
+from ...foundations.presets import DEFAULT_MODEL, FLORES_CODES, MLQE_PE_PAIRS, language_pair
+from ...hardware.precision import PRECISION_HELP, Precision, resolve_precision
+from ...inference.generate import GenerationConfig, generate
+from ...models.loading import Device
+from ...training.adapters import open_adapter
 from ..cache import JSON, cached
 from .config import Variant
 from .documents import hub_rows
@@ -183,7 +183,7 @@ class TranslationConfig:
         96, label="Max new tokens", help="the longest translation, in tokens", min=8, max=1024
     )
     batch_size: int = config_field(8, label="Batch size", help="sentences translated together", min=1, max=256)
-    # resolved for `device` when built (topl_core.precision)
+    # resolved for `device` when built (topl_core.hardware.precision)
     precision: Precision = config_field("auto", label="Precision", help="of the translations: " + PRECISION_HELP)
 
     def __post_init__(self) -> None:
@@ -202,7 +202,7 @@ class TranslationConfig:
 
 @dataclass(frozen=True)
 class TranslationJob:
-    """A translation evaluation to run in the background (topl_core.launchers.launch_translation): the base model
+    """A translation evaluation to run in the background (topl_core.jobs.launchers.launch_translation): the base model
     (include_base) and each run merged, on MLQE-PE (ID: `mlqe` folder, `split`) and FLORES+ or parallel files (OOD)."""
 
     cfg: TranslationConfig

@@ -16,14 +16,14 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from ...adapters import Adapter, load_adapter, open_adapter
-from ...config_fields import config_field
 from ...data.records import Record, read_jsonl, records_fingerprint
 from ...data.split import split_records
-from ...errors import ConfigError
-from ...models import ModelSpec, load_model
-from ...paths import project_path
-from ...precision import PRECISION_HELP, PRECISIONS, Precision, resolve_precision, weights_for
+from ...foundations.config_fields import config_field
+from ...foundations.errors import ConfigError
+from ...foundations.paths import project_path
+from ...hardware.precision import PRECISION_HELP, PRECISIONS, Precision, resolve_precision, weights_for
+from ...models.loading import ModelSpec, load_model
+from ...training.adapters import Adapter, load_adapter, open_adapter
 from ..cache import cached, json_codec, npz_codec
 from .capture import DEFAULT_SET, Projections, collect_projections, random_lora_A
 from .separability import Separability, separability
@@ -48,7 +48,7 @@ class ProbeSettings:
     max_response_tokens: int | None = config_field(
         None, label="Max response tokens", help="responses cut to this many tokens (none: the run's own)", min=1
     )
-    # resolved for the run's device by resolved() (topl_core.precision)
+    # resolved for the run's device by resolved() (topl_core.hardware.precision)
     precision: Precision = config_field("auto", label="Precision", help=PRECISION_HELP)
     folds: int = config_field(
         5, label="CV folds", help="folds of each site's cross-validated logistic regression", min=2, max=20

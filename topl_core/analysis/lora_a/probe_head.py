@@ -24,16 +24,16 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ...adapters import load_adapter, open_adapter
-from ...config_fields import config_field
 from ...data.encode import collate, encode_record
 from ...data.records import Record, records_fingerprint
 from ...data.split import split_records
-from ...errors import ConfigError, DataError
-from ...forward import head_features
-from ...metrics import auroc
-from ...models import ModelSpec, load_model
-from ...precision import PRECISION_HELP, PRECISIONS, Precision, autocast, resolve_precision, to_numpy
+from ...foundations.config_fields import config_field
+from ...foundations.errors import ConfigError, DataError
+from ...foundations.metrics import auroc
+from ...hardware.precision import PRECISION_HELP, PRECISIONS, Precision, autocast, resolve_precision, to_numpy
+from ...models.forward import head_features
+from ...models.loading import ModelSpec, load_model
+from ...training.adapters import load_adapter, open_adapter
 from ..cache import cached, json_codec
 from .separability import fit_logistic
 from .sites import lora_sites

@@ -35,7 +35,7 @@ from typing import Literal, Mapping, Sequence
 
 import numpy as np
 
-from ...presets import LORA_MODULES
+from ...foundations.presets import LORA_MODULES
 from ..figures import auroc_heatmap
 from .capture import Projections
 from .sites import Site

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ...architecture import base_causal_lm, decoder_layers
-from ...errors import ModelError
-from ...presets import LORA_MODULES
-from ...runs import RunDir
+from ...foundations.errors import ModelError
+from ...foundations.presets import LORA_MODULES
+from ...models.architecture import base_causal_lm, decoder_layers
+from ...training.run_dirs import RunDir
 
 RESIDUAL_MODULES: tuple[str, ...] = ("o_proj", "down_proj")  # outputs live in the residual stream (steerable)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen3", "qwen2", "mistral", "gemma3_text", "gemma3")
@@ -127,7 +127,8 @@ def lora_sites(model: torch.nn.Module) -> list[Site]:
     if not sites:
         raise ModelError(
             f"{type(inner).__name__} holds no LoRA layers: LoRA-A analysis needs the unmerged adapter. Load it with "
-            "topl_core.runs.load_adapter(base, run) (merge=False), or read weights with read_lora_weights(run)."
+            "topl_core.training.adapters.load_adapter(base, run) (merge=False), or read weights with "
+            "read_lora_weights(run)."
         )
     return sort_sites(sites)
 

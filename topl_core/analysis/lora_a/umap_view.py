@@ -18,9 +18,9 @@ from typing import Literal
 
 import numpy as np
 
-from ...adapters import load_adapter, open_adapter
 from ...data.records import records_fingerprint
-from ...models import ModelSpec, load_model
+from ...models.loading import ModelSpec, load_model
+from ...training.adapters import load_adapter, open_adapter
 from ..cache import PARQUET, cached
 from .capture import Projections
 from .probe import ProbeSettings, run_projections

@@ -1,28 +1,38 @@
-"""Steering actions and the modes built on them: what λ does to a site's output while generating.
+"""Steering actions and the mode type built on them: what λ does to a site's output while generating, and how a
+steered text is generated.
 
 An action owns its λ axis (neutral value, slider span, study grid, what one unit means), what it prepares from the
-steering vectors and the adapter, and the edit its forward hook applies. A mode is an action with a name, a colour
-and (for actions that act along one) a direction per site. hooks.steer, the session, evaluation, decks, the CLI and
-the pages call these objects and never branch on which action a mode has, so a new action is one class and its
-modes here (and its test).
+steering vectors and the adapter, the edit its forward hook applies and how the session generates under it
+(`generate`, `stream`: every forward steered, unless the action decides per token, as gate.GateOnHead does). A mode is
+an action with a name, a colour and (for actions that act along one) a direction per site. hooks.steer, the session,
+evaluation, decks, the CLI and the pages call these objects and never branch on which action a mode has, so a new
+action is one class (here, or in its own module as gate.py) and its modes in modes.MODE_TABLE (and its test).
 
     AddDirection       output += λ · delta           delta: the mode's direction, in normalised or raw units
     ScaleUpdate        output += (λ − 1) · s·B(A x)  at every LoRA site of the merged model: λ scales the update
     AblateDirection    output −= λ · (output·d̂) d̂   the component along the mode's direction, λ = 1 removes it
-    MODE_TABLE         every SteeringMode, in the order the UI lists them (modes.MODES is keyed by name)
+    Decoding           what the session hands an action's generate / stream from inside steer()
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
 
-from ...errors import ModelError
+from ...foundations.errors import ModelError
+from ...inference.generate import GenerationConfig, Prefill, generate, stream_generate
+from ...models.loading import LoadedModel
 from ..lora_a.sites import LoraWeights, Site, site_module, sort_sites
+from .steered_text import SteeredText
+
+if TYPE_CHECKING:
+    from .gate import Head
+    from .hooks import SteeringSwitch
+    from .modes import SteerConfig
 
 # Normalised λ: |λ| = 1 adds, at each steered site, a vector whose norm is UNIT_FRACTION × that site's mean output
 # norm on the token set (the same norm for every adding mode: only the direction differs between them).
@@ -87,14 +97,30 @@ def _hash_arrays(arrays: Mapping[str, np.ndarray]) -> str:
     return h.hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """What the session hands an action's generate / stream, from inside hooks.steer(): the hooks' switch (on), the λ
+    of the steered forwards (one, or one per batch row), the unsteered prompt of a document as a Prefill (cached by
+    the session; computed with the switch as it is: turn it off first) and, for an action that needs_head, the
+    adapter's token-level head."""
+
+    switch: "SteeringSwitch"
+    lam: float | Sequence[float]
+    prefill: Callable[[str], Prefill]
+    head: "Callable[[], Head] | None" = None
+
+
 class SteeringAction:
     """What λ does at a site. Subclasses set the λ axis (class attributes) and implement `edits`.
 
     neutral: the λ that reproduces the merged model exactly. lambda_range / lambda_step: the slider's default span;
     range_choices: the ± bounds a user may widen it to (empty: fixed). lambda_grid: the λ study's default grid.
     family: modes of one action share a λ axis (one slider state, one plot). needs_direction: its modes give a
-    direction per site; needs_lora: it reads the adapter's A and B; units_apply: λ is in the normalised/raw units of
-    SteerConfig.units (otherwise the units setting is ignored)."""
+    direction per site; needs_lora: it reads the adapter's A and B; needs_head: its generation reads the adapter's
+    token-level head; units_apply: λ is in the normalised/raw units of SteerConfig.units (otherwise the units setting
+    is ignored); positions_apply: SteerConfig.positions says which positions are steered (otherwise the action
+    decides); settings: the SteerConfig fields of its own that it reads (a form or a command line shows them only
+    for it); batches_rows: a λ grid's positions can share one generate call, a λ per batch row."""
 
     family: ClassVar[str]
     neutral: ClassVar[float] = 0.0
@@ -106,7 +132,11 @@ class SteeringAction:
     lambda_help: ClassVar[str]  # what λ means, for the slider's help
     needs_direction: ClassVar[bool] = True
     needs_lora: ClassVar[bool] = False
+    needs_head: ClassVar[bool] = False
     units_apply: ClassVar[bool] = False
+    positions_apply: ClassVar[bool] = True
+    settings: ClassVar[tuple[str, ...]] = ()
+    batches_rows: ClassVar[bool] = True
 
     def edits(
         self,
@@ -135,6 +165,28 @@ class SteeringAction:
     def fingerprint(self, vectors: HasDirections, mode: "SteeringMode", units: str) -> str:
         """What the action applies at λ = 1, hashed (a cache key part beside the adapter's fingerprint)."""
         return _hash_arrays(mode.directions(vectors))
+
+    def generate(
+        self,
+        lm: LoadedModel,
+        documents: Sequence[str],
+        gen_cfg: GenerationConfig,
+        task: str,
+        how: "SteerConfig",
+        run: Decoding,
+    ) -> list[SteeredText]:
+        """One text per document, generated inside steer() (batched; every forward steered)."""
+        return [SteeredText(t) for t in generate(lm, documents, gen_cfg, task)]
+
+    def stream(
+        self, lm: LoadedModel, document: str, gen_cfg: GenerationConfig, task: str, how: "SteerConfig", run: Decoding
+    ) -> Iterator[SteeredText]:
+        """Greedy, inside steer(): the text so far after every new token. Where the prompt is not steered, it is the
+        session's cached Prefill (computed under steer, whose hooks skip the prompt's forward on generated
+        positions)."""
+        prefix = None if how.steers_prompt else run.prefill(document)
+        for text in stream_generate(lm, document, gen_cfg, task, prefix=prefix):
+            yield SteeredText(text)
 
 
 class AddDirection(SteeringAction):
@@ -323,52 +375,3 @@ class SteeringMode:
         """Every position of the λ slider (17 by default), the grid the Steering page generates as one batch."""
         lo, hi, step = self.slider(bound)
         return [round(lo + i * step, 6) for i in range(int(round((hi - lo) / step)) + 1)]
-
-
-_ADD, _SCALE, _ABLATE = AddDirection(), ScaleUpdate(), AblateDirection()
-MODE_TABLE: tuple[SteeringMode, ...] = (
-    SteeringMode(
-        name="vector",
-        label="LoRA-B vector (paper)",
-        help="λ · scaling · B(μ+ − μ−) added at the top-k sites, the same at every position (the paper's formula).",
-        colour="#2563eb",
-        action=_ADD,
-        direction=lora_b_direction,
-        exportable=True,
-    ),
-    SteeringMode(
-        name="conditional",
-        label="Scale the adapter's update",
-        help="every LoRA site adds λ · scaling · B(A h) — the update gated per token by A — so λ = 0 is the base "
-        "model, 1 the merged model, > 1 amplifies and < 0 reverses it.",
-        colour="#16a34a",
-        action=_SCALE,
-    ),
-    SteeringMode(
-        name="diff-mean",
-        label="Control: diff-mean",
-        help="control: the mean output of good minus bad tokens at the same sites, with the LoRA-B vector's length.",
-        colour="#d97706",
-        action=_ADD,
-        direction=diff_mean_direction,
-        exportable=True,
-    ),
-    SteeringMode(
-        name="random",
-        label="Control: random direction",
-        help="control: a seeded random direction at the same sites with the LoRA-B vector's length — if it moves "
-        "the text as much, the LoRA-B direction carries nothing special.",
-        colour="#6b7280",
-        action=_ADD,
-        direction=random_direction,
-    ),
-    SteeringMode(
-        name="ablate",
-        label="Ablate the LoRA-B direction",
-        help="removes λ × the component of each steered site's output along the LoRA-B vector's direction: λ = 0 is "
-        "the merged model, 1 projects the direction out (does the text still change without it?), < 0 amplifies it.",
-        colour="#9333ea",
-        action=_ABLATE,
-        direction=lora_b_direction,
-    ),
-)

@@ -1,5 +1,6 @@
-"""Steering vectors as a llama.cpp control vector: the GGUF file that `llama-cli --control-vector FILE` (or
-`--control-vector-scaled FILE SCALE`) reads, and reading one back.
+"""Steering vectors as a llama.cpp control vector: the GGUF file that llama.cpp's `--control-vector FILE` (or
+`--control-vector-scaled FILE:SCALE`) reads, and reading one back. The vectors belong to base + LoRA: llama_cpp.py
+writes the LoRA beside them for `--lora`.
 
     control_vector_index(site) -> int                    the llama.cpp layer index a residual site's vector goes to
                                                          (the mapping rule and its approximation, in its docstring)
@@ -22,7 +23,8 @@ What llama.cpp does with the file (ggml-org/llama.cpp):
         every tensor must be named "direction.<int>" (std::stoi of the text after the first '.'), index >= 1
         ("invalid (zero) direction tensor layer index"), F32, 1-D (ggml_n_dims), all of one length (n_embd);
         tensors of the same index are summed, each times the --control-vector-scaled strength; any bad tensor, or
-        none at all, makes it skip the file, and llama-cli then fails to start.
+        none at all, makes it skip the file: it logs "no valid control vector files passed" and generates UNSTEERED
+        text with exit code 0 (hence read_control_vector's checks before a file is handed over).
     src/llama-adapter.cpp  llama_adapter_cvec::apply/tensor_for/apply_to: tensors exist for layers 1..n_layer-1
         ("there's never a tensor for layer 0"); the n_embd must equal the model's; by default (common.cpp) the
         range is --control-vector-layer-range 1 n_layer.
@@ -41,8 +43,8 @@ from typing import Mapping
 
 import numpy as np
 
-from ...errors import ModelError
-from ...io import atomic_path
+from ...foundations.errors import ModelError
+from ...foundations.io import atomic_path
 from ..lora_a.sites import RESIDUAL_MODULES, Site
 
 ARCHITECTURE = "controlvector"

@@ -13,12 +13,12 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from ...adapters import open_adapter
 from ...data.records import records_fingerprint
-from ...errors import ModelError
-from ...generate import load_merged
-from ...models import LoadedModel, ModelSpec
-from ...precision import to_numpy, weights_for
+from ...foundations.errors import ModelError
+from ...hardware.precision import to_numpy, weights_for
+from ...inference.generate import load_merged
+from ...models.loading import LoadedModel, ModelSpec
+from ...training.adapters import open_adapter
 from ..cache import cached, json_codec
 from ..lora_a.capture import DEFAULT_SET, Projections
 from ..lora_a.probe import ProbeSettings, run_projections

@@ -9,7 +9,7 @@ damage instead of being scored "unfaithful".
         (fraction of the cased letters that are upper-case; 0.0 without any). No model: perplexity and
         tokens_per_word are NaN and `degenerate` is judged on the text-only criteria.
     perplexities(lm, texts, batch_size=8) -> list[float]
-        lm: a topl_core.models.LoadedModel. Each text on its own (no prompt; the tokenizer's own special tokens),
+        lm: a models.loading.LoadedModel. Each text on its own (no prompt; the tokenizer's own special tokens),
         cut to its first MAX_PERPLEXITY_TOKENS tokens: exp(mean next-token NLL over its tokens). Right-padded
         batches (padded here, so the tokenizer is never changed) with the attention mask, torch.no_grad, eval
         mode (the model's training flag is restored in finally). NaN for a text with fewer than 2 tokens.
@@ -44,7 +44,7 @@ from typing import Sequence
 
 import torch
 
-from ...models import LoadedModel
+from ...models.loading import LoadedModel
 
 # the degenerate rule's thresholds (docs/evaluation.md §3, "The degenerate rule's thresholds")
 MAX_REPEATED_3GRAM = 0.2

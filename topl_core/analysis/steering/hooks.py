@@ -10,23 +10,33 @@ with steer(model, vectors, lam, how=SteerConfig(), lora=None): ...
     new positions are steered just as a full recompute would steer them), and with positions="generated" leaves
     the prompt untouched. Any generation code runs steered inside the context, e.g.
     `with steer(lm.model, v, 2.0): generate(lm, documents, cfg)`.
+    The context yields a SteeringSwitch: while its `on` is False the hooks leave every forward alone (a gated
+    decoder, gate.py, turns the steering on for the forwards its head asks for).
 """
 
 from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
 import torch
 
-from ...architecture import base_causal_lm
-from ...errors import ModelError
+from ...foundations.errors import ModelError
+from ...models.architecture import base_causal_lm
 from ..lora_a.sites import LoraWeights, Site, site_module
 from .modes import SteerConfig
 from .vectors import SteeringVectors
 
 _HOOK_LOCK = threading.Lock()  # registering/removing hooks is serialised (hook dicts are shared by threads)
+
+
+@dataclass
+class SteeringSwitch:
+    """What steer() yields: `on` says whether the forwards from here on are steered (True on entry)."""
+
+    on: bool = True
 
 
 def _is_prefill(kwargs: dict) -> bool:
@@ -43,7 +53,7 @@ def steer(
     lam: float | Sequence[float],
     how: SteerConfig = SteerConfig(),
     lora: Mapping[Site, LoraWeights] | None = None,
-) -> Iterator[None]:
+) -> Iterator[SteeringSwitch]:
     """Steer forwards from this thread while active (module docstring): the mode's action (actions.py) edits the
     outputs of its sites of the MERGED model `model` — adding λ·delta at the vectors' sites, scaling the adapter's
     update by λ at every site of `lora` (default: read from vectors.adapter_path when the action needs it), ...
@@ -59,6 +69,7 @@ def steer(
     lams = lams.reshape(-1, 1, 1) if rows > 1 else lams.reshape(())
     owner = threading.get_ident()
     state = {"prefill": False}
+    switch = SteeringSwitch()
     action = how.spec.action
     if action.needs_lora and lora is None:
         lora = vectors.adapter_lora()
@@ -66,7 +77,7 @@ def steer(
 
     def make_hook(key: str, edit):
         def hook(_module, inputs, output):
-            if threading.get_ident() != owner or (how.positions == "generated" and state["prefill"]):
+            if threading.get_ident() != owner or not switch.on or (how.positions == "generated" and state["prefill"]):
                 return None
             if rows > 1 and output.shape[0] != rows:
                 raise ModelError(
@@ -89,7 +100,7 @@ def steer(
                 handles.append(base_causal_lm(model).register_forward_pre_hook(prefill_hook, with_kwargs=True))
             for s, edit in edits.items():
                 handles.append(site_module(model, s).register_forward_hook(make_hook(s.key, edit)))
-        yield
+        yield switch
     finally:
         with _HOOK_LOCK:
             for h in handles:

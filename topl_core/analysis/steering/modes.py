@@ -1,8 +1,10 @@
-"""The steering-mode registry: how λ steers. Pages, the CLI and the λ study read every mode from here; a mode and
-the action it takes are declared in actions.py (a new action is one class and its modes there, and its test).
+"""The steering-mode registry: how λ steers. Pages, the CLI and the λ study read every mode from here; a mode is one
+MODE_TABLE entry, the action it takes one class of actions.py (or of its own module, as gate.py's), and its test.
 
-    MODES                      {name: SteeringMode}, in the order the UI lists them
-    SteerConfig(mode, positions, units)    how one generation is steered (validated against MODES)
+    MODE_TABLE                 every SteeringMode, in the order the UI lists them
+    MODES                      {name: SteeringMode}, the same keyed by name
+    SteerConfig(mode, positions, units, tau, keep)    how one generation is steered (validated against MODES)
+    MODE_SETTINGS              the SteerConfig fields some action reads as its own (gated: tau, keep)
     UNIT_FRACTION, UNITS_DOC   normalised λ: |λ| = 1 adds UNIT_FRACTION × the site's mean output norm
 """
 
@@ -11,8 +13,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ...config_fields import config_field
-from .actions import MODE_TABLE, UNIT_FRACTION, SteeringMode
+from ...foundations.config_fields import config_field
+from ..token_colors import FLAG_THRESHOLD
+from .actions import (
+    UNIT_FRACTION,
+    AblateDirection,
+    AddDirection,
+    ScaleUpdate,
+    SteeringMode,
+    diff_mean_direction,
+    lora_b_direction,
+    random_direction,
+)
+from .gate import GateOnHead
 
 POSITIONS: tuple[str, ...] = ("all", "generated")
 UNITS: tuple[str, ...] = ("normalised", "raw")
@@ -21,7 +34,65 @@ UNITS_DOC = (
     "direction; raw: lambda multiplies the stored vector (the paper's formula); modes that do not add a direction "
     "ignore it"
 )
+_ADD, _SCALE, _ABLATE = AddDirection(), ScaleUpdate(), AblateDirection()
+MODE_TABLE: tuple[SteeringMode, ...] = (
+    SteeringMode(
+        name="vector",
+        label="LoRA-B vector (paper)",
+        help="λ · scaling · B(μ+ − μ−) added at the top-k sites, the same at every position (the paper's formula).",
+        colour="#2563eb",
+        action=_ADD,
+        direction=lora_b_direction,
+        exportable=True,
+    ),
+    SteeringMode(
+        name="conditional",
+        label="Scale the adapter's update",
+        help="every LoRA site adds λ · scaling · B(A h) — the update gated per token by A — so λ = 0 is the base "
+        "model, 1 the merged model, > 1 amplifies and < 0 reverses it.",
+        colour="#16a34a",
+        action=_SCALE,
+    ),
+    SteeringMode(
+        name="diff-mean",
+        label="Control: diff-mean",
+        help="control: the mean output of good minus bad tokens at the same sites, with the LoRA-B vector's length.",
+        colour="#d97706",
+        action=_ADD,
+        direction=diff_mean_direction,
+        exportable=True,
+    ),
+    SteeringMode(
+        name="random",
+        label="Control: random direction",
+        help="control: a seeded random direction at the same sites with the LoRA-B vector's length — if it moves "
+        "the text as much, the LoRA-B direction carries nothing special.",
+        colour="#6b7280",
+        action=_ADD,
+        direction=random_direction,
+    ),
+    SteeringMode(
+        name="ablate",
+        label="Ablate the LoRA-B direction",
+        help="removes λ × the component of each steered site's output along the LoRA-B vector's direction: λ = 0 is "
+        "the merged model, 1 projects the direction out (does the text still change without it?), < 0 amplifies it.",
+        colour="#9333ea",
+        action=_ABLATE,
+        direction=lora_b_direction,
+    ),
+    SteeringMode(
+        name="gated",
+        label="Detect, then steer (gated LoRA-B vector)",
+        help="the LoRA-B vector at λ only where the adapter's own head flags a token while generating: a token with "
+        "p(good) < τ is taken back and written again with the vector on, which then stays on for the next k tokens "
+        "(τ = 0: the merged model; τ = 1, large k: the vector on every generated token).",
+        colour="#dc2626",
+        action=GateOnHead(_ADD),
+        direction=lora_b_direction,
+    ),
+)
 MODES: dict[str, SteeringMode] = {m.name: m for m in MODE_TABLE}
+MODE_SETTINGS: tuple[str, ...] = tuple(dict.fromkeys(s for m in MODE_TABLE for s in m.action.settings))
 # the λ study's and the Evaluation page's default: the paper's vector and the conditional reading of LoRA
 STUDY_MODES: tuple[str, ...] = ("vector", "conditional")
 
@@ -67,16 +138,41 @@ def units_field() -> Any:
     return config_field("normalised", label="λ units", help=UNITS_DOC, choices=UNITS)
 
 
+def tau_field() -> Any:
+    return config_field(
+        FLAG_THRESHOLD,
+        label="τ: the gate's threshold",
+        help="gated modes: a generated token whose p(good) under the adapter's head is below τ is taken back and "
+        "written again with steering on (0: never, the merged model; 1: every token chosen without steering)",
+        min=0.0,
+        max=1.0,
+        step=0.05,
+    )
+
+
+def keep_field() -> Any:
+    return config_field(
+        0,
+        label="k: tokens steered after a take-back",
+        help="gated modes: steering stays on for the next k tokens after a token is taken back",
+        min=0,
+        max=4096,
+    )
+
+
 @dataclass(frozen=True)
 class SteerConfig:
     """How λ is applied in one generation. mode: a key of MODES; positions: "all" or "generated" (the prompt is left
-    untouched); units (modes whose action adds a direction): "normalised" (module docstring) or "raw".
+    untouched); units (modes whose action adds a direction): "normalised" (module docstring) or "raw"; tau and keep
+    (gated modes, gate.py): the head's threshold and how many tokens steering stays on after a take-back.
 
     Example: ``session.generate_steered(document, 1.5, how=SteerConfig("conditional", positions="generated"))``"""
 
     mode: str = mode_field()
     positions: str = positions_field()
     units: str = units_field()
+    tau: float = tau_field()
+    keep: int = keep_field()
 
     def __post_init__(self) -> None:
         for name, value, choices in (
@@ -86,6 +182,10 @@ class SteerConfig:
         ):
             if value not in choices:
                 raise ValueError(f"SteerConfig.{name}={value!r}: choose one of {choices}.")
+        if not 0.0 <= self.tau <= 1.0:
+            raise ValueError(f"SteerConfig.tau={self.tau}: a threshold on p(good), between 0 and 1.")
+        if int(self.keep) != self.keep or self.keep < 0:
+            raise ValueError(f"SteerConfig.keep={self.keep}: a number of tokens, 0 or more.")
 
     @property
     def spec(self) -> SteeringMode:
@@ -101,6 +201,22 @@ class SteerConfig:
         """The λ that leaves the merged model unchanged."""
         return self.spec.neutral
 
+    @property
+    def steers_prompt(self) -> bool:
+        """Whether the prompt's forward is steered (else every λ decodes from one unsteered prompt)."""
+        return self.positions == "all" and self.spec.action.positions_apply
+
+    def settings(self) -> dict[str, float]:
+        """The mode's own settings (its action's `settings`) and their values."""
+        return {name: getattr(self, name) for name in self.spec.action.settings}
+
+    def key(self) -> dict:
+        """What a cache key holds of this config: every setting the mode reads."""
+        return {"mode": self.mode, "positions": self.positions, "units": self.units, **self.settings()}
+
     def label(self) -> str:
-        unit = f", {self.units}" if self.spec.action.units_apply else ""
-        return f"{self.mode} ({self.positions} positions{unit})"
+        action = self.spec.action
+        parts = [f"{self.positions} positions"] if action.positions_apply else []
+        parts += [self.units] if action.units_apply else []
+        parts += [f"{name} {value:g}" for name, value in self.settings().items()]
+        return f"{self.mode} ({', '.join(parts)})"

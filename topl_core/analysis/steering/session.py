@@ -6,9 +6,13 @@ SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED mod
     .generate_grid(document, lambdas, gen_cfg=GenerationConfig(), task=..., how=...) -> list[str]
         one text per λ, the λ grid generated as one batch (each row steered with its own λ)
     .stream_steered(document, lam, gen_cfg=GenerationConfig(), task=..., how=...) -> Iterator[str]
-        greedy: the text so far after every token (its last value is generate_steered's text); steering only the
-        generated positions, the prompt is run once per document and every λ decodes from its KV cache
-    SteeringSession.from_run(run, vectors, spec=None)
+        greedy: the text so far after every token (its last value is generate_steered's text); where the prompt is
+        not steered (generated positions, gated modes), it is run once per document and every λ decodes from its cache
+    .grid_generations(document, lambdas, ...) -> list[SteeredText]; .stream_generations(document, lam, ...)
+        the same as SteeredText: the text and, in a gated mode, the tokens the head took back and their replacements
+    .head() -> gate.Head    the adapter's token-level head (gated modes read it): the run's own, or the one given
+    SteeringSession.from_run(run, vectors, spec=None, head=None)
+How a mode generates is its action's (actions.SteeringAction.generate / stream, called inside hooks.steer()).
 Generation holds a per-model lock (sessions sharing one model take turns; sessions on different models run in
 parallel); it never mutates the model, the tokenizer or the vectors.
 """
@@ -23,13 +27,16 @@ from typing import Iterator, Sequence
 
 import torch
 
-from ...adapters import open_adapter
-from ...errors import ModelError
-from ...generate import GenerationConfig, Prefill, generate, load_merged, prefill, stream_generate
-from ...models import LoadedModel
+from ...foundations.errors import ModelError
+from ...inference.generate import GenerationConfig, Prefill, load_merged, prefill
+from ...models.loading import LoadedModel
+from ...training.adapters import open_adapter
 from ..lora_a.sites import LoraWeights, Site, site_module
+from .actions import Decoding
+from .gate import Head
 from .hooks import steer
 from .modes import SteerConfig
+from .steered_text import SteeredText
 from .vectors import SteeringVectors
 
 _MODEL_LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
@@ -55,7 +62,7 @@ class SteeringSession:
 
     Example: ``SteeringSession.from_run(adapter, vectors).generate_grid(document, [-2.0, 0.0, 2.0])``"""
 
-    def __init__(self, lm: LoadedModel, vectors: SteeringVectors, check_base: bool = True):
+    def __init__(self, lm: LoadedModel, vectors: SteeringVectors, check_base: bool = True, head: Head | None = None):
         if check_base and vectors.base_fingerprint and vectors.base_fingerprint != lm.fingerprint:
             raise ModelError(
                 f"Steering vectors were computed on base model {vectors.base_model!r} (fingerprint "
@@ -68,6 +75,7 @@ class SteeringSession:
         self.vectors = vectors
         self._lock = model_lock(lm.model)
         self._lora: dict[Site, LoraWeights] | None = None  # read on the first generation that scales the update
+        self._head = None if head is None else Head(head.layer, head.linear.to(lm.model.device))
         self._prefills: OrderedDict[tuple, Prefill] = OrderedDict()  # unsteered prompts, most recent last
 
     def lora(self) -> dict[Site, LoraWeights]:
@@ -76,8 +84,22 @@ class SteeringSession:
             self._lora = self.vectors.adapter_lora()
         return self._lora
 
+    def head(self) -> Head:
+        """The adapter's token-level head (what a gated mode reads): the one given, else the run's own, read once."""
+        if self._head is None:
+            adapter = open_adapter(self.vectors.adapter_path) if self.vectors.adapter_path else None
+            if adapter is None or not adapter.has_head:
+                name = adapter.name if adapter is not None else "these steering vectors' adapter (none named)"
+                raise ModelError(
+                    f"{name} has no token-level head, and a gated mode steers where the head flags a token. Fit a "
+                    "probe head on its hidden states (score-tokens --probe-head, or a deck with head: probe) and "
+                    "give it: SteeringSession(lm, vectors, head=Head(layer, linear))."
+                )
+            self._head = Head(int(adapter.head_layer), adapter.run.load_head(self.lm.model.device))
+        return self._head
+
     @classmethod
-    def from_run(cls, adapter, vectors: SteeringVectors, spec=None) -> "SteeringSession":
+    def from_run(cls, adapter, vectors: SteeringVectors, spec=None, head: Head | None = None) -> "SteeringSession":
         """Load a fresh base model with the adapter's LoRA merged in (load_merged) and wrap it."""
         adapter = open_adapter(adapter)
         if vectors.adapter_fingerprint and vectors.adapter_fingerprint != adapter.fingerprint():
@@ -86,7 +108,7 @@ class SteeringSession:
                 f"{adapter.path} ({adapter.fingerprint()}); recompute them for this adapter (python -m topl_core "
                 f"steer --run {adapter.path})."
             )
-        return cls(load_merged(spec or adapter.base_model, adapter), vectors)
+        return cls(load_merged(spec or adapter.base_model, adapter), vectors, head=head)
 
     @torch.no_grad()
     def generate_steered(
@@ -108,10 +130,10 @@ class SteeringSession:
         task: str = "summarization",
         how: SteerConfig = SteerConfig(),
     ) -> list[str]:
-        """One response per document at one λ, in left-padded batches of gen_cfg.batch_size (topl_core.generate).
+        """One response per document at one λ, in left-padded batches of gen_cfg.batch_size (inference/generate.py).
         Greedy batched outputs can differ from one-at-a-time outputs in the last float bits (padding changes the
         matmul shapes); compare λ values within one mode."""
-        return self._generate(documents, lam, gen_cfg, task, how)
+        return [g.text for g in self._generate(documents, lam, gen_cfg, task, how)]
 
     def generate_grid(
         self,
@@ -129,16 +151,28 @@ class SteeringSession:
         positions: batch_size is sized for documents of different lengths, a grid's rows share one prompt.
         Sampling goes one λ at a time, each seeded with gen_cfg.seed as generate_steered is: a batch's rows would
         draw from one shared random stream, so no row would be the sample its λ gives alone."""
+        return [g.text for g in self.grid_generations(document, lambdas, gen_cfg, task, how)]
+
+    def grid_generations(
+        self,
+        document: str,
+        lambdas: Sequence[float],
+        gen_cfg: GenerationConfig = GenerationConfig(),
+        task: str = "summarization",
+        how: SteerConfig = SteerConfig(),
+    ) -> list[SteeredText]:
+        """generate_grid's generations as SteeredText (in a gated mode: what the head took back and the counts). A
+        mode whose action does not batch rows (gated) goes one λ at a time."""
         lambdas = [float(lam) for lam in lambdas]
-        if gen_cfg.mode == "sample":
-            return [self.generate_steered(document, lam, gen_cfg, task, how) for lam in lambdas]
+        if gen_cfg.mode == "sample" or not how.spec.action.batches_rows:
+            return [g for lam in lambdas for g in self._generate([document], lam, gen_cfg, task, how)]
         rows = max(gen_cfg.batch_size, GRID_ROWS)
-        texts: list[str] = []
+        out: list[SteeredText] = []
         for start in range(0, len(lambdas), rows):
             chunk = lambdas[start : start + rows]
             chunk_cfg = dataclasses.replace(gen_cfg, batch_size=len(chunk))
-            texts.extend(self._generate([document] * len(chunk), chunk, chunk_cfg, task, how))
-        return texts
+            out.extend(self._generate([document] * len(chunk), chunk, chunk_cfg, task, how))
+        return out
 
     def stream_steered(
         self,
@@ -149,17 +183,31 @@ class SteeringSession:
         how: SteerConfig = SteerConfig(),
     ) -> Iterator[str]:
         """generate_steered's text as it is written: the response so far after every new token (greedy; sampling
-        yields the whole text once). With how.positions == "generated" the prompt's forward is the same for every λ
-        (the hooks leave it alone), so it runs once per document and each λ decodes from its KV cache. The model's
-        lock is held until the iterator ends or is closed: close it (or let it run out) before generating again."""
+        yields the whole text once). Where the prompt is not steered (how.steers_prompt False) its forward is the
+        same for every λ, so it runs once per document and each λ decodes from its KV cache. The model's lock is held
+        until the iterator ends or is closed: close it (or let it run out) before generating again."""
+        for g in self.stream_generations(document, lam, gen_cfg, task, how):
+            yield g.text
+
+    def stream_generations(
+        self,
+        document: str,
+        lam: float,
+        gen_cfg: GenerationConfig = GenerationConfig(),
+        task: str = "summarization",
+        how: SteerConfig = SteerConfig(),
+    ) -> Iterator[SteeredText]:
+        """stream_steered's texts as SteeredText (in a gated mode, with the replacements so far)."""
         if gen_cfg.mode == "sample":
-            yield self.generate_steered(document, lam, gen_cfg, task, how)
+            yield from self._generate([document], lam, gen_cfg, task, how)
             return
-        lora = self.lora() if how.spec.action.needs_lora else None
-        with self._lock:
-            prefix = self._prefill(document, gen_cfg, task) if how.positions == "generated" else None
-            with steer(self.lm.model, self.vectors, lam, how, lora):
-                yield from stream_generate(self.lm, document, gen_cfg, task, prefix=prefix)
+        action = how.spec.action
+        lora = self.lora() if action.needs_lora else None
+        with self._lock, steer(self.lm.model, self.vectors, lam, how, lora) as switch:
+            yield from action.stream(self.lm, document, gen_cfg, task, how, self._decoding(switch, lam, gen_cfg, task))
+
+    def _decoding(self, switch, lam, gen_cfg: GenerationConfig, task: str) -> Decoding:
+        return Decoding(switch, lam, lambda document: self._prefill(document, gen_cfg, task), self.head)
 
     def _prefill(self, document: str, gen_cfg: GenerationConfig, task: str) -> Prefill:
         """The unsteered prompt of `document`, kept for the PREFILLS_KEPT most recent documents."""
@@ -179,11 +227,13 @@ class SteeringSession:
         gen_cfg: GenerationConfig,
         task: str,
         how: SteerConfig,
-    ) -> list[str]:
-        """generate() under steer(); `lam`: one λ, or one per document when they form one batch."""
-        lora = self.lora() if how.spec.action.needs_lora else None
-        with self._lock, steer(self.lm.model, self.vectors, lam, how, lora):
+    ) -> list[SteeredText]:
+        """The mode's action generates inside steer(); `lam`: one λ, or one per document when they form one batch."""
+        action = how.spec.action
+        lora = self.lora() if action.needs_lora else None
+        with self._lock, steer(self.lm.model, self.vectors, lam, how, lora) as switch:
+            run = self._decoding(switch, lam, gen_cfg, task)
             if gen_cfg.mode == "sample":
                 with _SAMPLING_LOCK:
-                    return generate(self.lm, documents, gen_cfg, task)
-            return generate(self.lm, documents, gen_cfg, task)
+                    return action.generate(self.lm, documents, gen_cfg, task, how, run)
+            return action.generate(self.lm, documents, gen_cfg, task, how, run)

@@ -2,8 +2,9 @@
 
 site_table(vectors) -> DataFrame        per site: AUROC, scaling, ‖v‖, mean ‖output‖, ‖diff-mean‖,
                                         cos(v, diff-mean), the raw λ of one normalised unit
-export_bundle(vectors, model_type, layer_count) -> ExportBundle
-    steering_vectors.safetensors + steering.json and a llama.cpp control vector per exportable mode, zipped
+export_bundle(vectors, config) -> ExportBundle
+    steering_vectors.safetensors + steering.json, a llama.cpp control vector per exportable mode and the LoRA as
+    a llama.cpp adapter, zipped
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .llama_cpp import export_for_llama_cpp
 from .modes import MODES
 from .vectors import SteeringVectors
 
@@ -54,15 +56,18 @@ class ExportBundle:
     left_out: tuple[str, ...]
 
 
-def export_bundle(vectors: SteeringVectors, model_type: str, layer_count: int) -> ExportBundle:
-    """The vectors (SteeringVectors.save) and, per exportable mode, `<mode>.gguf`: λ = 1 in normalised units as a
-    llama.cpp control vector (SteeringVectors.save_control_vector), in one zip."""
-    buf, left_out = io.BytesIO(), []
+def export_bundle(vectors: SteeringVectors, config) -> ExportBundle:
+    """The vectors (SteeringVectors.save), per exportable mode `<mode>.gguf`: λ = 1 in normalised units as a
+    llama.cpp control vector, and `lora.gguf`: the adapter's LoRA for llama.cpp's --lora (llama_cpp.py), in one
+    zip. config: the base model's transformers config."""
+    buf, left_out = io.BytesIO(), ()
     with tempfile.TemporaryDirectory() as d:
         vectors.save(d)
         for mode in (m.name for m in MODES.values() if m.exportable):
-            gguf = Path(d) / f"{mode}.gguf"
-            left_out = vectors.save_control_vector(gguf, mode, "normalised", model_type, layer_count)
+            exported = export_for_llama_cpp(
+                vectors, Path(d) / f"{mode}.gguf", mode, "normalised", config, Path(d) / "lora.gguf"
+            )
+            left_out = exported.left_out
         files = sorted(Path(d).iterdir())
         with zipfile.ZipFile(buf, "w") as z:
             for f in files:

@@ -29,8 +29,8 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from ...errors import ModelError
-from ...io import save_tensors, write_json
+from ...foundations.errors import ModelError
+from ...foundations.io import save_tensors, write_json
 from ..lora_a.sites import (
     LoraWeights,
     Site,
@@ -113,8 +113,9 @@ class SteeringVectors:
         layer_count: int | None = None,
     ) -> list[str]:
         """The mode's λ = 1 vectors as a llama.cpp control vector (GGUF; topl_core.analysis.steering.control_vector):
-        `llama-cli --control-vector-scaled FILE λ` then steers like λ here (approximately: an o_proj vector is added
-        at the end of its layer). model_type / layer_count: the base model's config.model_type / num_hidden_layers.
+        llama.cpp's `--control-vector-scaled FILE:λ`, with the adapter's LoRA (llama_cpp.export_for_llama_cpp writes
+        both), then steers like λ here (approximately for an o_proj vector, which llama.cpp adds at the end of its
+        layer). model_type / layer_count: the base model's config.model_type / num_hidden_layers.
         Returns the sites left out: those of layer 0, which llama.cpp cannot carry (it rejects direction.0)."""
         if not steering_mode(mode).exportable:
             exportable = [m.name for m in MODES.values() if m.exportable]

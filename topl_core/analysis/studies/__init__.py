@@ -1,3 +1,15 @@
-"""Studies of many trainings or scorings: layer sweeps, label sensitivity, detection transfer, the model's own
-summaries as labelled training data; and the registry of every data source (`data_sources.SOURCES`), here because a
-source a model writes is built by a study."""
+"""Studies of many trainings or scorings, and what they prepare.
+
+    sweeps.py              SweepConfig, run_sweep, resume_sweep: layer sweeps; sweep_results.py: their results
+    label_sensitivity.py   LabelStudyConfig, run_label_study: TOPL trained per label setting
+    transfer.py            transfer_table: detection transfer (dev / held-out AUROC with CIs); layer_scan.py:
+                           the frozen probe at every layer
+    own_summaries.py       OWN_SUMMARIES: the model's own summaries as labelled training records
+    data_sources.py        SOURCES: the registry of every data source (here because a source a model writes is
+                           built by a study)
+    deck.py                DeckConfig, create_deck, read_deck, Deck: talk-mode decks; deck_prepare.py: preparing
+                           one; deck_html.py: its offline HTML and PNG frames
+    study.py               Study: what a study's tasks share
+
+Import the module you need: this package imports none of them.
+"""

@@ -6,7 +6,7 @@ generates, per document, the base model's summary and the merged model's summary
 λ is the merged model itself; a document's missing λ positions are generated as one batch,
 SteeringSession.generate_grid), and gives each the head's verdict — per-token p(good) of the adapter's own head (a TOPL
 run's, or a probe head fitted on its hidden states), the share of flagged tokens (p(good) < FLAG_THRESHOLD) — beside
-the offline factuality score. It is long work under the status protocol (topl_core.status: progress, ETA, STOP) and
+the offline factuality score. It is long work under the status protocol (foundations/status.py: progress, ETA, STOP) and
 resumable: each finished summary is written at once (a STOP is heard between summaries: a batch's texts not yet judged
 are dropped), and a restart generates only what is missing. A document file that cannot be read (cut short, edited) is
 named — Deck.unreadable, PrepareStats.redone and status.json's "redone" — and its summaries are made again.
@@ -23,8 +23,9 @@ The folder:
     head.json           the head used: {"kind": "run" | "probe" | "none", "auroc", "auroc_source", "layer", "reason"}
     doc-000.json        {"document", "base": Summary | null, "positions": {"<λ>": Summary}}   rewritten atomically
                         after each summary; Summary = {"text", "tokens", "p_good", "flagged_share", "factuality",
-                        "degenerate", "seconds"} (tokens / p_good / flagged_share null without a head;
-                        degenerate: why the text is broken, analysis/fluency.py, or null)
+                        "degenerate", "seconds", "replacements", "gate"} (tokens / p_good / flagged_share null
+                        without a head; degenerate: why the text is broken, analysis/fluency.py, or null;
+                        replacements / gate: what a gated mode took back, steering/steered_text.py, else [] / null)
     status.json, STOP, LOCK, job.json, job.log      the job protocol
 """
 
@@ -37,12 +38,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from ...config_fields import config_field
-from ...errors import ConfigError, RunError
-from ...io import write_json
-from ...paths import runs_dir, shipped_decks_dir
-from ...precision import PRECISION_HELP, PRECISIONS, Precision
-from ..steering.modes import SteerConfig, mode_field, positions_field, units_field
+from ...foundations.config_fields import config_field
+from ...foundations.errors import ConfigError, RunError
+from ...foundations.io import write_json
+from ...foundations.paths import runs_dir, shipped_decks_dir
+from ...hardware.precision import PRECISION_HELP, PRECISIONS, Precision
+from ..steering.modes import SteerConfig, keep_field, mode_field, positions_field, tau_field, units_field
+from ..steering.steered_text import GateCounts, Replacement
 from ..token_colors import FLAG_THRESHOLD
 from .deck_html import DeckView, deck_html
 
@@ -78,7 +80,8 @@ def is_shipped(folder: Path) -> bool:
 @dataclass(frozen=True)
 class DeckConfig:
     """A deck's settings: the adapter, the documents, the λ grid and how it steers (steering.SteerConfig's fields),
-    the generation's length and the head that gives each token's verdict (a probe head's time: docs/performance.md).
+    the generation's length and the head that gives each token's verdict (a probe head's time: docs/performance.md);
+    a gated mode reads the head the deck is prepared with, the run's or the probe head.
 
     Example: ``DeckConfig(str(adapter.path), documents=(document,), lambdas=(-2.0, 2.0), max_new_tokens=48)``"""
 
@@ -110,10 +113,12 @@ class DeckConfig:
         16, label="Token records", help="the first N labelled val records give the vectors' μ+ / μ−", min=1
     )
     precision: Precision = config_field("auto", label="Precision", help=PRECISION_HELP)
+    tau: float = tau_field()
+    keep: int = keep_field()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "documents", tuple(self.documents))
-        SteerConfig(self.mode, self.positions, self.units)  # names the field and the choices when one is wrong
+        SteerConfig(self.mode, self.positions, self.units, self.tau, self.keep)  # names a wrong field, its choices
         if not self.documents or any(not d.strip() for d in self.documents):
             raise ConfigError(
                 f"DeckConfig.documents: {len(self.documents)} given, {sum(not d.strip() for d in self.documents)} "
@@ -133,7 +138,7 @@ class DeckConfig:
 
     @property
     def how(self) -> SteerConfig:
-        return SteerConfig(self.mode, self.positions, self.units)
+        return SteerConfig(self.mode, self.positions, self.units, self.tau, self.keep)
 
     @property
     def lambda_caption(self) -> str:
@@ -157,7 +162,8 @@ def lambda_key(lam: float) -> str:
 class Summary:
     """One generated text and the head's verdict on it (tokens / p_good / flagged_share None without a head; empty
     for an empty text). seconds: how long its generation took (a steered summary: its share of its λ grid's batch).
-    A degenerate text keeps its factuality score, shown as not applicable."""
+    A degenerate text keeps its factuality score, shown as not applicable. replacements / gate: in a gated mode, the
+    tokens the head took back and what replaced them, and the gate's counts."""
 
     text: str
     factuality: float
@@ -166,13 +172,15 @@ class Summary:
     p_good: tuple[float, ...] | None = None
     flagged_share: float | None = None
     degenerate: str | None = None  # why the text is damage, not a summary (analysis/fluency.py); None when fluent
+    replacements: tuple[Replacement, ...] = ()
+    gate: GateCounts | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_json(cls, d: dict) -> "Summary":
-        tokens, p = d.get("tokens"), d.get("p_good")
+        tokens, p, gate = d.get("tokens"), d.get("p_good"), d.get("gate")
         return cls(
             d["text"],
             d["factuality"],
@@ -181,6 +189,8 @@ class Summary:
             None if p is None else tuple(p),
             d.get("flagged_share"),
             d.get("degenerate"),
+            tuple(Replacement(**r) for r in d.get("replacements") or ()),
+            None if gate is None else GateCounts(**gate),
         )
 
 

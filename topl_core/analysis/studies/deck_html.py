@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...io import atomic_open
+from ...foundations.io import atomic_open
+from ..steering.steered_text import SteeredText
 from ..token_colors import FLAG_THRESHOLD, p_color, scale_legend
 
 if TYPE_CHECKING:  # annotations only: deck.py imports this module (Deck.show)
@@ -47,6 +48,7 @@ h2 {font-size: 1.3rem; margin: 0 0 .4rem 0;}
       font-size: 1.45rem; line-height: 1.75;}
 .tok {border-radius: 3px; white-space: pre-wrap;} .flag {outline: 1.5px solid #b91c1c; outline-offset: -1px;}
 .cap {opacity: .75; font-size: 1rem; margin-top: .4rem;}
+del {color: #b91c1c;} ins {color: #15803d; text-decoration: none; font-weight: 600;}
 .legend span {display: inline-block; padding: 0 .45em; margin-right: .4em; border-radius: 3px; font-size: .9rem;}
 svg text {font-size: 12px; fill: #444;}
 """
@@ -63,8 +65,10 @@ function fill(id, s) {
     : s.tokens.map(([t, c, p]) => `<span class="tok${p < D.threshold ? ' flag' : ''}" style="background:${c}"` +
         ` title="p(good)=${p.toFixed(3)}">${esc(t).replace(/\\n/g, '<br>')}</span>`).join('');
   const quality = s.degenerate ? `DEGENERATE — ${s.degenerate}` : `factuality ${s.factuality.toFixed(2)}`;
-  document.getElementById(id + '-cap').textContent = quality +
-    (D.has_head && s.flagged_share !== null ? ` · flagged ${pct(s.flagged_share)} of tokens` : '');
+  const gate = s.gate === null ? '' : `<br>${esc(s.gate)}` + s.replaced.map(([was, now]) =>
+    ` <del>${esc(was)}</del>→<ins>${esc(now)}</ins>`).join('');
+  document.getElementById(id + '-cap').innerHTML = esc(quality +
+    (D.has_head && s.flagged_share !== null ? ` · flagged ${pct(s.flagged_share)} of tokens` : '')) + gate;
 }
 function curve(d, i) {
   const W = 520, H = 170, L = 40, R = 10, T = 10, B = 30, xs = D.lambdas, lo = xs[0], hi = xs[xs.length - 1];
@@ -129,7 +133,15 @@ try {
 
 def _summary_json(s: Summary | None) -> dict:
     if s is None:
-        return {"text": "(not prepared)", "factuality": 0.0, "flagged_share": None, "tokens": None, "degenerate": None}
+        return {
+            "text": "(not prepared)",
+            "factuality": 0.0,
+            "flagged_share": None,
+            "tokens": None,
+            "degenerate": None,
+            "gate": None,
+            "replaced": [],
+        }
     tokens = None if s.tokens is None else [[t, p_color(p), p] for t, p in zip(s.tokens, s.p_good)]
     return {
         "text": s.text,
@@ -137,6 +149,9 @@ def _summary_json(s: Summary | None) -> dict:
         "flagged_share": s.flagged_share,
         "tokens": tokens,
         "degenerate": s.degenerate,
+        # a gated mode's take-backs: how many, and each token struck through with its replacement
+        "gate": SteeredText(s.text, s.replacements, s.gate).note(),
+        "replaced": [[r.original, r.replacement] for r in s.replacements],
     }
 
 

@@ -7,6 +7,7 @@ finished; resumable, under the status protocol (a STOP is heard between summarie
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,23 +15,25 @@ from typing import Callable
 
 import numpy as np
 
-from ...adapters import open_adapter
 from ...data.records import read_jsonl
 from ...data.split import split_records
-from ...errors import RunError
-from ...generate import GenerationConfig, generate
-from ...io import write_json
-from ...models import LoadedModel, ModelSpec, load_model
-from ...paths import project_path
-from ...precision import resolve_precision
-from ...scoring import TokenScorer
-from ...status import WriterLock, clear_stop, stop_requested, write_status
+from ...foundations.errors import RunError
+from ...foundations.io import write_json
+from ...foundations.paths import project_path
+from ...foundations.status import WriterLock, clear_stop, stop_requested, write_status
+from ...hardware.precision import resolve_precision
+from ...inference.generate import GenerationConfig, generate
+from ...inference.token_scores import TokenScorer
+from ...models.loading import LoadedModel, ModelSpec, load_model
+from ...training.adapters import open_adapter
 from ..evaluation.scorers import GroundingScorer, score_summary
 from ..lora_a.probe import ProbeSettings, labelled_records
 from ..lora_a.probe_head import ProbeHeadSettings, fit_probe_head
 from ..steering.extract import build_steering_vectors
 from ..steering.fluency import fluency
+from ..steering.gate import Head
 from ..steering.session import SteeringSession
+from ..steering.steered_text import SteeredText
 from ..token_colors import FLAG_THRESHOLD
 from .deck import CONFIG_FILE, HEAD_FILE, DeckConfig, Summary, doc_path, lambda_key, read_deck
 
@@ -141,11 +144,12 @@ def prepare_deck(folder: str | Path, progress: Callable[[int, int], None] | None
         vectors = build_steering_vectors(
             adapter, token_set, ProbeSettings(random_control=False, precision=precision), cfg.top_k
         )
-        session = SteeringSession.from_run(adapter, vectors, spec)
+        # a gated mode reads the head the verdict comes from: the run's own, or the probe head fitted above
+        session = SteeringSession.from_run(adapter, vectors, spec, head=Head(*head_arg) if head_arg else None)
         base_lm = load_model(spec)  # the base model's summaries, and every text's perplexity (fluency)
         grounding = GroundingScorer()
         files = {i: d.to_json() for i, d in enumerate(deck.documents)}  # an unreadable file starts over
-        steered: dict[tuple[int, float], tuple[str, float]] = {}  # generated, not yet judged: (text, seconds)
+        steered: dict[tuple[int, float], tuple[SteeredText, float]] = {}  # generated, not judged: (text, seconds)
         while todo:
             i, lam = todo[0]
             document = cfg.documents[i]
@@ -157,17 +161,17 @@ def prepare_deck(folder: str | Path, progress: Callable[[int, int], None] | None
                 return stats
             t0 = time.perf_counter()
             if lam is None:
-                text = generate(base_lm, [document], gen)[0]
+                generation = SteeredText(generate(base_lm, [document], gen)[0])
                 seconds = time.perf_counter() - t0
             else:
                 if (i, lam) not in steered:  # the document's missing λ positions, generated as one batch
                     grid = [x for j, x in todo if j == i and x is not None]
-                    texts = session.generate_grid(document, grid, gen, how=cfg.how)
+                    texts = session.grid_generations(document, grid, gen, how=cfg.how)
                     share = (time.perf_counter() - t0) / len(grid)  # each summary's part of the batch's time
                     steered.update({(i, x): (t, share) for x, t in zip(grid, texts)})
-                text, seconds = steered.pop((i, lam))
+                generation, seconds = steered.pop((i, lam))
             t_verdict = time.perf_counter()
-            summary = _verdict(document, text, scorer, grounding, base_lm, seconds)
+            summary = _verdict(document, generation, scorer, grounding, base_lm, seconds)
             if lam is None:
                 files[i]["base"] = summary.to_json()
             else:
@@ -181,16 +185,24 @@ def prepare_deck(folder: str | Path, progress: Callable[[int, int], None] | None
 
 
 def _verdict(
-    document: str, text: str, scorer: TokenScorer | None, grounding, base_lm: LoadedModel, seconds: float
+    document: str, generation: SteeredText, scorer: TokenScorer | None, grounding, base_lm: LoadedModel, seconds: float
 ) -> Summary:
+    text = generation.text
     factuality = score_summary(grounding, document, text, "sentence").score
     fluent = fluency([text], base_lm)[0]
     degenerate = fluent.reason if fluent.degenerate else None
+    summary = Summary(
+        text, factuality, seconds, degenerate=degenerate, replacements=generation.replacements, gate=generation.gate
+    )
     if scorer is None:
-        return Summary(text, factuality, seconds, degenerate=degenerate)
+        return summary
     if not text.strip():  # nothing for the head to judge: no tokens, no share
-        return Summary(text, factuality, seconds, (), (), None, degenerate)
-    s = scorer.score_text(document, text)
-    p = s.p_good.astype(float)
-    share = float((p < FLAG_THRESHOLD).mean()) if len(p) else None
-    return Summary(text, factuality, seconds, tuple(s.tokens), tuple(round(float(x), 4) for x in p), share, degenerate)
+        return dataclasses.replace(summary, tokens=(), p_good=())
+    scores = scorer.score_text(document, text)
+    p = scores.p_good.astype(float)
+    return dataclasses.replace(
+        summary,
+        tokens=tuple(scores.tokens),
+        p_good=tuple(round(float(x), 4) for x in p),
+        flagged_share=float((p < FLAG_THRESHOLD).mean()) if len(p) else None,
+    )

@@ -1,4 +1,4 @@
-"""Label-sensitivity study (docs/design.md §2): TOPL trained on each label setting of topl_core.data.variants
+"""Label-sensitivity study (docs/design.md §2): TOPL trained on each label setting of topl_core.data.label_settings
 (original, random, balanced, bad_skewed, good_skewed, good_only, dense_balanced) with everything else fixed, and
 the scores per setting next to the stats of the labels it trained on (#tokens, % good, % bad).
 
@@ -8,7 +8,7 @@ Public API
         one row per setting: tokens, good, bad, pct_good, pct_bad, examples — exactly the labels the trainer
         uses: the train split encoded by the TOPL method, then data.variants.apply_label_setting(…, cfg.seed)
     run_label_study(cfg, out_dir, progress=None, records=None, base_loader=None, executor=ExecutorConfig())
-        trains out_dir/<setting>/ per setting, each a task (in this process, or as Ray tasks: topl_core.executor;
+        trains out_dir/<setting>/ per setting, each a task (in this process, or as Ray tasks: foundations/executor.py;
         resumable: finished runs are kept, interrupted ones resume) and
         returns the stats columns plus val_token_auroc (head token AUROC on the *original* validation labels),
         optionally cliff_token_auroc (head vs CLIFF span labels on n_cliff records) and gen_factuality.
@@ -28,22 +28,22 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
-from ...config_fields import config_field
 from ...data.cliff import load_factuality_csv
+from ...data.label_settings import LABEL_SETTINGS, apply_label_setting, label_stats
 from ...data.records import read_jsonl
 from ...data.split import split_records
-from ...data.variants import LABEL_SETTINGS, apply_label_setting, label_stats
-from ...errors import ConfigError, RunError
-from ...executor import ExecutorConfig, failure_report, run_tasks
-from ...io import write_json
-from ...models import LoadedModel, ModelSpec, load_model
-from ...paths import cliff_csv
-from ...runs import RunDir
-from ...scoring import TokenScorer, detection_auroc
-from ...status import WriterLock
+from ...foundations.config_fields import config_field
+from ...foundations.errors import ConfigError, RunError
+from ...foundations.executor import ExecutorConfig, failure_report, run_tasks
+from ...foundations.io import write_json
+from ...foundations.paths import cliff_csv
+from ...foundations.status import WriterLock
+from ...inference.token_scores import TokenScorer, detection_auroc
+from ...models.loading import LoadedModel, ModelSpec, load_model
 from ...training.batching import EncodeSettings
 from ...training.config import TrainConfig
 from ...training.methods import METHODS
+from ...training.run_dirs import RunDir
 from ...training.tracking import check_trackers
 from ...training.trainer import train
 from ..evaluation.config import EvalConfig, Variant
@@ -173,7 +173,7 @@ def run_label_study(
 
 
 def train_setting(study: Study[LabelStudyConfig], item: tuple[str, dict]) -> dict:
-    """One label setting as a task (topl_core.executor): train out_dir/<setting> — or resume it, or find it
+    """One label setting as a task (topl_core.foundations.executor): train out_dir/<setting> — or resume it, or find it
     complete — then compute the extra scores it does not have yet. Returns {"extras": …}, or {"cancelled": …} when
     the run did not finish."""
     setting, have = item

@@ -11,16 +11,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ...adapters import load_adapter, open_adapter
-from ...architecture import decoder_layers, final_norm
 from ...data.encode import IGNORE, collate, encode_record
 from ...data.records import Record, records_fingerprint
 from ...data.split import split_records
-from ...errors import ConfigError
-from ...forward import hidden_after_layer
-from ...metrics import auroc
-from ...models import ModelSpec, load_model
-from ...precision import autocast, resolve_precision, to_numpy
+from ...foundations.errors import ConfigError
+from ...foundations.metrics import auroc
+from ...hardware.precision import autocast, resolve_precision, to_numpy
+from ...models.architecture import decoder_layers, final_norm
+from ...models.forward import hidden_after_layer
+from ...models.loading import ModelSpec, load_model
+from ...training.adapters import load_adapter, open_adapter
 from ..cache import PARQUET, cached
 from ..lora_a.separability import fit_logistic
 from .transfer import TransferSettings, evaluation_sets, load_cliff, training_records

@@ -25,12 +25,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ...config_fields import config_field
 from ...data import halueval
 from ...data.records import Record, Span
 from ...data.sources import DataSource, Loaded, ProgressFn, SourceOptions
-from ...models import Device
-from ...presets import DEFAULT_MODEL
+from ...foundations.config_fields import config_field
+from ...foundations.presets import DEFAULT_MODEL
+from ...models.loading import Device
 from ..evaluation.config import EvalConfig, Variant
 from ..evaluation.documents import EvalDoc
 from ..evaluation.evaluate import VariantModels, generate_for

@@ -1,6 +1,6 @@
 """What the studies of trained TOPL runs — a layer sweep's windows, a label study's settings — share: the settings
-every study has (StudyConfig) and what every task of one study needs (Study), handed to topl_core.executor (and sent
-to Ray's object store once)."""
+every study has (StudyConfig) and what every task of one study needs (Study), handed to
+topl_core.foundations.executor (and sent to Ray's object store once)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ClassVar, Generic, TypeVar
 
-from ...config_fields import config_field
-from ...errors import ConfigError
-from ...models import LoadedModel
+from ...foundations.config_fields import config_field
+from ...foundations.errors import ConfigError
+from ...models.loading import LoadedModel
 from ...training.config import TrainConfig
 from ..evaluation.scorers import DEFAULT_SCORER, SCORER_HELP
 

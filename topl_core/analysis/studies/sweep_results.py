@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ...io import read_log_rows
+from ...foundations.io import read_log_rows
 
 RESULTS_FILE = "results.jsonl"  # one JSON row per finished window, in a sweep's folder
 

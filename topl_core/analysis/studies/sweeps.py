@@ -8,21 +8,21 @@ Public API
     run_sweep(cfg, sweep_dir, progress=None, base_loader=None, records=None) -> DataFrame  (foreground; resumable)
     save_sweep_config(sweep_dir, cfg)            write sweep.json (refusing a different sweep in the folder)
     read_sweep(sweep_dir) -> pandas.DataFrame    results so far (one row per finished window)
-    (in the background: topl_core.launchers.launch_sweep; state and stop: topl_core.jobs.read_job / cancel)
+    (in the background: jobs/launchers.py's launch_sweep; state and stop: jobs/background.py's read_job / cancel)
     heatmap_table(df, value="val_token_auroc") -> DataFrame (rows start, columns size)
     lines_table(df, sizes=(3, 6, 12)) -> DataFrame (one line per size: x = start, y = value)
     compare_reuse(df_reuse, df_plain) -> DataFrame  per-window time with / without prefix reuse, AUROC of both
-    (the benchmark of reuse, the same windows trained with and without it: topl_core.bench.benchmark_prefix_reuse)
+    (the benchmark of reuse, the same windows trained with and without it: bench/workbench.py's benchmark_prefix_reuse)
 
-    The forward from an intermediate hidden state is topl_core/architecture.py (forward_from_hidden); the prefix
+    The forward from an intermediate hidden state is topl_core/models/architecture.py (forward_from_hidden); the prefix
     store is topl_core/training/prefix_cache.py.
 
 Layout of a sweep directory (resumable: finished windows are kept and never redone):
     sweep.json          {"config": SweepConfig}
-    status.json, STOP   state, done / total windows and the current one; a stop request (topl_core.status)
+    status.json, STOP   state, done / total windows and the current one; a stop request (topl_core.foundations.status)
     results.jsonl       one row per finished window
-    windows/s{start:02d}-k{size:02d}/   a normal run directory (topl_core.runs) per window
-    job.json, job.log   when started in the background (topl_core.jobs)
+    windows/s{start:02d}-k{size:02d}/   a normal run directory (topl_core.training.run_dirs) per window
+    job.json, job.log   when started in the background (topl_core.jobs.background)
 
 Frozen-prefix reuse. Layers below a window carry no LoRA, so the residual stream entering layer s is the base
 model's, identical for every window that starts at s or above. With `reuse_prefix=True`, windows run in order of
@@ -46,19 +46,19 @@ from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
-from ...config_fields import config_field
 from ...data.records import read_jsonl
 from ...data.split import first_documents, split_records
-from ...errors import ConfigError, RunError
-from ...executor import ExecutorConfig, failure_report, run_tasks, worker_memo
-from ...generate import GenerationConfig, generate, load_merged
-from ...io import read_log_rows, write_json
-from ...models import LoadedModel, ModelSpec, layer_count, load_model
-from ...precision import weights_for
-from ...runs import RunDir
-from ...status import WriterLock, clear_stop, stop_requested, write_status
+from ...foundations.config_fields import config_field
+from ...foundations.errors import ConfigError, RunError
+from ...foundations.executor import ExecutorConfig, failure_report, run_tasks, worker_memo
+from ...foundations.io import read_log_rows, write_json
+from ...foundations.status import WriterLock, clear_stop, stop_requested, write_status
+from ...hardware.precision import weights_for
+from ...inference.generate import GenerationConfig, generate, load_merged
+from ...models.loading import LoadedModel, ModelSpec, layer_count, load_model
 from ...training.config import TrainConfig
 from ...training.prefix_cache import PrefixStats, PrefixStore, install_prefix_cache
+from ...training.run_dirs import RunDir
 from ...training.tracking import check_trackers
 from ...training.trainer import train
 from ..evaluation.scorers import make_scorer, score_summary
@@ -244,7 +244,7 @@ def fresh_copy(base: LoadedModel) -> LoadedModel:
 
 
 def train_window(sweep: Study[SweepConfig], w: Window) -> dict:
-    """One window of the sweep as a task (topl_core.executor): train windows/<name> — or resume it from its
+    """One window of the sweep as a task (topl_core.foundations.executor): train windows/<name> — or resume it from its
     checkpoint, or find it complete — and return its results row; {"cancelled": ...} when the sweep was asked to
     stop. The worker keeps the base model (each window trains a deep copy) and the prefix store between windows."""
     cfg, sweep_dir = sweep.cfg, sweep.folder
@@ -297,7 +297,7 @@ def run_sweep(
     results.jsonl and status.json, a row as each window ends. Resumable: a window with a row in results.jsonl is
     skipped; a window whose run directory is complete but has no row (a crash in between) gets its row without
     retraining; an interrupted window resumes from its last checkpoint (the trainer's resume). A stop request
-    (topl_core.status.request_stop; or progress returning False) stops after the current step with a checkpoint,
+    (foundations/status.py's request_stop; or progress returning False) stops after the current step with a checkpoint,
     state "cancelled". `base_loader` loads the base model (default: load_model of the config's model); each worker
     calls it once and every window trains a deep copy. A window that fails is reported (state "failed", its
     traceback in task-errors/<window>.log) after the others have run. One writer per sweep directory: a second

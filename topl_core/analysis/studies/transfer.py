@@ -56,19 +56,19 @@ from typing import Callable, Literal, Mapping, NamedTuple, Sequence
 import numpy as np
 import pandas as pd
 
-from ...adapters import Adapter, open_adapter
-from ...config_fields import config_field
 from ...data.cliff import CsvLoadReport, load_factuality_csv
 from ...data.encode import IGNORE
 from ...data.records import Record, read_jsonl, records_fingerprint
 from ...data.split import split_records
-from ...errors import ConfigError, DataError
-from ...io import read_log_rows
-from ...metrics import auroc, weighted_aurocs
-from ...models import ModelSpec, load_model
-from ...paths import cliff_csv, project_path
-from ...precision import PRECISION_HELP, PRECISIONS, resolve_precision
-from ...scoring import TokenScorer
+from ...foundations.config_fields import config_field
+from ...foundations.errors import ConfigError, DataError
+from ...foundations.io import read_log_rows
+from ...foundations.metrics import auroc, weighted_aurocs
+from ...foundations.paths import cliff_csv, project_path
+from ...hardware.precision import PRECISION_HELP, PRECISIONS, resolve_precision
+from ...inference.token_scores import TokenScorer
+from ...models.loading import ModelSpec, load_model
+from ...training.adapters import Adapter, open_adapter
 from ..cache import NPZ, analysis_cache_dir, cached
 from ..lora_a.probe_head import ProbeHeadSettings, fit_probe_head
 

@@ -13,8 +13,8 @@ import torch
 
 from ...data.encode import Batch
 from ...data.records import Record
-from ...errors import ConfigError, DataError
-from ...presets import MethodHyper
+from ...foundations.errors import ConfigError, DataError
+from ...foundations.presets import MethodHyper
 from ..batching import EncodeSettings, make_batches
 from ..steps import StepContext, Validator
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ...data.encode import Batch
-from ...presets import MethodHyper
+from ...foundations.presets import MethodHyper
 from ..batching import encode_pairs, make_pair_batches
 from ..steps import StepContext, mean_loss_validator, pair_halves, pair_info, reference_policy, target_logprobs
 from .base import Method

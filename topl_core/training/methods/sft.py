@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ...data.encode import Batch
-from ...presets import MethodHyper
+from ...foundations.presets import MethodHyper
 from ..batching import encode_faithful
 from ..steps import StepContext, mean_loss_validator, target_logprobs
 from .base import Method

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from ...data.encode import IGNORE, Batch
-from ...metrics import auroc
-from ...precision import autocast, to_numpy
-from ...presets import PRESETS, MethodHyper
+from ...foundations.metrics import auroc
+from ...foundations.presets import PRESETS, MethodHyper
+from ...hardware.precision import autocast, to_numpy
 from ..batching import encode_all
 from ..steps import StepContext, head_logits, validate_head
 from .base import Method

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ...data.encode import Batch
-from ...presets import PRESETS, MethodHyper
+from ...foundations.presets import PRESETS, MethodHyper
 from ..batching import encode_pairs, make_pair_batches
 from ..steps import StepContext, mean_loss_validator, pair_halves, pair_info, reference_policy, target_logprobs
 from .base import Method

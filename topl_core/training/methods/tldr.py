@@ -3,7 +3,7 @@ and LoRA on every layer."""
 
 from __future__ import annotations
 
-from ...presets import PRESETS, MethodHyper
+from ...foundations.presets import PRESETS, MethodHyper
 from ..batching import encode_token_labelled
 from ..steps import validate_head
 from .base import Method

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ...data.encode import IGNORE, Batch
-from ...presets import MethodHyper
+from ...foundations.presets import MethodHyper
 from ..batching import encode_token_labelled
 from ..steps import StepContext, head_and_probe_logits, validate_head
 from .base import Method

@@ -8,9 +8,9 @@ import numpy as np
 import torch
 
 from ...data.encode import IGNORE, Batch
-from ...metrics import auroc
-from ...precision import autocast, to_numpy
-from ...presets import PRESETS, MethodHyper
+from ...foundations.metrics import auroc
+from ...foundations.presets import PRESETS, MethodHyper
+from ...hardware.precision import autocast, to_numpy
 from ..batching import encode_token_labelled
 from ..steps import StepContext, TargetLogprobs, target_logprobs
 from .base import Method

@@ -1,0 +1,121 @@
+"""`bench --slider`: a new λ position of the Steering page's slider against the naive path, measured in one run.
+
+For a document already shown (its prompt run once), each new λ is generated
+- naive: the merged model under steer(λ) with plain generate() — the full prompt again, nothing shown until the whole
+  summary is done (what the page did before streaming);
+- slider: SteeringSession.stream_steered, steering the generated positions: the prompt's KV cache reused, the text
+  streamed; time to the first token and to the whole summary;
+- slider_all_positions: the same stream steering every position (the prompt is steered, so it runs again per λ).
+The same λ gives the same text on every path (tested token for token), so the paths write the same tokens.
+
+    slider_vs_naive        slider whole summary / naive whole summary
+    first_token_vs_naive   slider first token / naive whole summary (when the naive page first shows a word)
+    prefill_tokens_per_s, decode_ms_per_token   the two phases, from the naive path's prompt and the slider's decode
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..analysis.steering.hooks import steer
+from ..analysis.steering.modes import SteerConfig
+from ..analysis.steering.session import SteeringSession
+from ..hardware.precision import resolve_precision
+from ..inference.generate import GenerationConfig, generate, prefill
+
+# λ positions a reader moves to, each new to the session (the vector mode's slider positions near the merged model)
+NEW_POSITIONS = (0.25, 0.5, 0.75, 1.0, 1.25)
+
+
+def _timed_stream(stream) -> tuple[float, float, str]:
+    """(seconds to the first text, seconds to the last, the last text) of a stream of texts."""
+    t0 = time.perf_counter()
+    first, text = None, ""
+    for text in stream:
+        if first is None:
+            first = time.perf_counter() - t0
+    return first or 0.0, time.perf_counter() - t0, text
+
+
+def slider_bench(
+    session: SteeringSession,
+    document: str,
+    new_tokens: int = 64,
+    precision: str = "auto",
+    repeats: int = 3,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """The module docstring's figures for `session` (a merged model and its vectors) on `document`; medians over
+    `repeats` new λ positions per path."""
+    lm = session.lm
+    device = lm.model.device.type
+    resolved = resolve_precision(precision, device)
+    gen = GenerationConfig(max_new_tokens=new_tokens, precision=resolved)
+    generated, everywhere = SteerConfig("vector", "generated"), SteerConfig("vector", "all")
+    lambdas = NEW_POSITIONS[:repeats]
+    # warm-up: the first generate after loading is slow; this also runs the document's prompt once, as the page has
+    session.generate_steered(document, 0.0, gen, how=generated)
+    [*session.stream_steered(document, 0.0, gen, how=generated)]
+    prompt_tokens = prefill(lm, document, gen).length
+
+    naive, slider, slider_all, tokens = [], [], [], []
+    for lam in lambdas:
+        log(f"slider bench: λ = {lam:g}")
+        t0 = time.perf_counter()
+        with torch.no_grad(), steer(lm.model, session.vectors, lam, generated):
+            naive_text = generate(lm, [document], gen)[0]
+        naive.append(time.perf_counter() - t0)
+        first, total, text = _timed_stream(session.stream_steered(document, lam, gen, how=generated))
+        if text != naive_text:
+            raise AssertionError(f"λ = {lam}: the streamed text differs from generate()'s: {text!r} / {naive_text!r}")
+        slider.append((first, total))
+        slider_all.append(_timed_stream(session.stream_steered(document, lam + 0.01, gen, how=everywhere))[:2])
+        tokens.append(len(lm.tokenizer(text, add_special_tokens=False).input_ids))
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        prefill(lm, document, gen)
+    prefill_s = (time.perf_counter() - t0) / repeats
+
+    med = statistics.median
+    naive_s, first_s, total_s = med(naive), med(s[0] for s in slider), med(s[1] for s in slider)
+    n_new = med(tokens)
+    return {
+        "model": lm.spec.name,
+        "adapter": Path(session.vectors.adapter_path or "").name,
+        "device": device,
+        "precision": {"prefill": resolved, "decode": resolved},
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": n_new,
+        "repeats": len(lambdas),
+        "naive_s": naive_s,
+        "slider_first_token_s": first_s,
+        "slider_s": total_s,
+        "slider_all_positions_first_token_s": med(s[0] for s in slider_all),
+        "slider_all_positions_s": med(s[1] for s in slider_all),
+        "slider_vs_naive": total_s / naive_s,
+        "first_token_vs_naive": first_s / naive_s,
+        "prefill_tokens_per_s": prompt_tokens / prefill_s,
+        "decode_ms_per_token": 1000 * (total_s - first_s) / max(n_new - 1, 1),
+        "naive_tokens_per_s": n_new / naive_s,
+    }
+
+
+GOALS = {"slider_vs_naive": ("<=", 0.35), "first_token_vs_naive": ("<=", 0.1)}
+
+
+def format_slider(res: dict) -> str:
+    """The figures as a table, each goal of issue 40 marked met or missed."""
+    lines = [f"slider bench: {res['model']} + {res['adapter']} on {res['device']}, precision {res['precision']}"]
+    lines.append(f"prompt {res['prompt_tokens']} tokens, {res['new_tokens']} new tokens, median of {res['repeats']}")
+    for k, v in res.items():
+        if not isinstance(v, float):
+            continue
+        goal = GOALS.get(k)
+        mark = "" if goal is None else f"  (goal {goal[0]} {goal[1]}: {'met' if v <= goal[1] else 'MISSED'})"
+        lines.append(f"{k:36s} {v:10.3f}{mark}")
+    return "\n".join(lines)

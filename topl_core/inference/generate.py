@@ -1,0 +1,187 @@
+"""Merge a run's LoRA into its base model (the head is dropped: generation uses the original LM head) and
+generate responses for one or many documents.
+
+    generate(lm, documents, cfg) -> list[str]                 batched (HF generate)
+    stream_generate(lm, document, cfg, prefix=None) -> Iterator[str]
+        greedy, one document: the text so far after every new token (its last value is generate's text); a page
+        shows the words as they come and stops when the reader moves on (closing the iterator)
+    prefill(lm, document, cfg) -> Prefill                     the prompt run once: its KV cache and last logits,
+        which stream_generate decodes from (a copy), so the prompt is not run again
+    stop_tokens(tokenizer) -> set[int]                        the ids a response ends on
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Iterator, Literal, Sequence
+
+import torch
+
+from ..data.encode import build_prompt, truncate_document
+from ..foundations.config_fields import config_field
+from ..hardware.precision import PRECISION_HELP, PRECISIONS, Precision, autocast
+from ..models.loading import LoadedModel, ModelSpec, load_model
+from ..training.adapters import load_adapter
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How a response is generated: its length, greedy or sampled, the document's cut, the batch and the precision.
+
+    Example: ``session.generate_grid(document, [-2, 0, 2], GenerationConfig(max_new_tokens=48))``"""
+
+    max_new_tokens: int = config_field(96, label="Max new tokens", help="the longest response, in tokens", min=1)
+    mode: Literal["greedy", "sample"] = config_field(
+        "greedy", label="Decoding", help="greedy: the likeliest token at each step; sample: drawn (temperature, top_p)"
+    )
+    temperature: float = config_field(
+        0.7, label="Temperature", help="sampling temperature (sample decoding)", min=0.01, max=5.0
+    )
+    top_p: float = config_field(
+        0.9, label="Top p", help="sample from the likeliest tokens holding this much probability", min=0.01, max=1.0
+    )
+    seed: int = config_field(0, label="Seed", help="seed of the sampling", min=0)
+    max_doc_tokens: int | None = config_field(
+        512, label="Max document tokens", help="the document is cut to this many tokens in the prompt", min=1
+    )
+    batch_size: int = config_field(4, label="Batch size", help="documents generated at once", min=1, max=256)
+    # compute precision of the forward passes (bf16 = autocast); "auto" resolves for the model's device when it
+    # generates: callers that key a cache by this config resolve it first (EvalConfig does)
+    precision: Precision = config_field("auto", label="Precision", help=PRECISION_HELP)
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r}: choose one of {PRECISIONS} ('auto' follows the hardware).")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens}: must be at least 1.")
+        if self.mode not in ("greedy", "sample"):
+            raise ValueError(f"mode={self.mode!r}: choose 'greedy' or 'sample'.")
+        if self.mode == "sample" and not self.temperature > 0:
+            raise ValueError(f"temperature={self.temperature}: sampling needs a positive temperature.")
+
+
+def load_merged(spec: ModelSpec | str, adapter) -> LoadedModel:
+    """A fresh base model with the adapter's LoRA merged in (or the plain base model when adapter is None);
+    `adapter`: anything open_adapter opens.
+
+    Example: ``merged = load_merged("smollm2-135m", "examples/adapters/topl-smollm2")``"""
+    lm = load_model(spec)
+    if adapter is not None:
+        lm.model = load_adapter(lm, adapter, merge=True)
+    return lm
+
+
+def _prompt(lm: LoadedModel, document: str, cfg: GenerationConfig, task: str, lang_pair: str | None) -> str:
+    return build_prompt(lm.tokenizer, truncate_document(lm.tokenizer, document, cfg.max_doc_tokens), task, lang_pair)
+
+
+@torch.no_grad()
+def generate(
+    lm: LoadedModel,
+    documents: Sequence[str],
+    cfg: GenerationConfig = GenerationConfig(),
+    task: str = "summarization",
+    lang_pair: str | None = None,
+) -> list[str]:
+    """Generate one response per document (left-padded batches; stops at end-of-turn). A translation's lang_pair
+    ("en-de") names the languages in the prompt."""
+    tok, model = lm.tokenizer, lm.model
+    prompts = [_prompt(lm, d, cfg, task, lang_pair) for d in documents]
+    outputs: list[str] = []
+    old_side = tok.padding_side
+    tok.padding_side = "left"
+    try:
+        for i in range(0, len(prompts), cfg.batch_size):
+            enc = tok(prompts[i : i + cfg.batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+            enc = {k: v.to(model.device) for k, v in enc.items()}
+            if cfg.mode == "sample":
+                torch.manual_seed(cfg.seed + i)
+            with autocast(cfg.precision, model.device.type):
+                out = model.generate(
+                    **enc,
+                    max_new_tokens=cfg.max_new_tokens,
+                    do_sample=cfg.mode == "sample",
+                    temperature=cfg.temperature if cfg.mode == "sample" else None,
+                    top_p=cfg.top_p if cfg.mode == "sample" else None,
+                    top_k=None,
+                    pad_token_id=tok.pad_token_id,
+                    eos_token_id=tok.eos_token_id,
+                )
+            new = out[:, enc["input_ids"].shape[1] :]
+            outputs.extend(t.strip() for t in tok.batch_decode(new, skip_special_tokens=True))
+    finally:
+        tok.padding_side = old_side
+    return outputs
+
+
+def stop_tokens(tok) -> set[int]:
+    """The token ids that end a response (the tokenizer's end-of-turn ids), as generate() stops on them."""
+    return set(tok.eos_token_id if isinstance(tok.eos_token_id, list) else [tok.eos_token_id]) - {None}
+
+
+@dataclass
+class Prefill:
+    """A prompt run through the model once: its KV cache (`length` positions) and its last position's logits (float32),
+    from which the first new token is chosen. stream_generate decodes from a copy of the cache (a sliding-window
+    layer's cache drops old positions as it grows, so it cannot be cropped back), so one Prefill serves any number of
+    generations."""
+
+    cache: object  # a transformers Cache
+    logits: torch.Tensor
+    length: int
+
+
+@torch.no_grad()
+def prefill(
+    lm: LoadedModel,
+    document: str,
+    cfg: GenerationConfig = GenerationConfig(),
+    task: str = "summarization",
+    lang_pair: str | None = None,
+) -> Prefill:
+    """Run the prompt of `document` once (see Prefill); the forward is a plain causal-LM forward with an empty cache,
+    so steering hooks restricted to generated positions leave it untouched."""
+    from transformers import DynamicCache
+
+    tok, model = lm.tokenizer, lm.model
+    ids = tok(_prompt(lm, document, cfg, task, lang_pair), return_tensors="pt", add_special_tokens=False).input_ids
+    cache = DynamicCache()
+    with autocast(cfg.precision, model.device.type):
+        out = model(input_ids=ids.to(model.device), past_key_values=cache, use_cache=True)
+    return Prefill(cache, out.logits[0, -1].float(), ids.shape[1])
+
+
+@torch.no_grad()
+def stream_generate(
+    lm: LoadedModel,
+    document: str,
+    cfg: GenerationConfig = GenerationConfig(),
+    task: str = "summarization",
+    lang_pair: str | None = None,
+    prefix: Prefill | None = None,
+) -> Iterator[str]:
+    """Greedy generation for one document, yielding the response so far (stripped, special tokens dropped) after each
+    new token; the last value is generate(lm, [document], cfg)[0] token for token (tested). `prefix`: the prompt's
+    Prefill to decode from instead of running the prompt (it must come from the same model, document, cfg and task).
+    Autocast is entered per forward, never across a yield; closing the iterator stops the generation."""
+    if cfg.mode != "greedy":
+        raise ValueError("stream_generate decodes greedily: use generate() for sampling.")
+    tok, model = lm.tokenizer, lm.model
+    if prefix is None:
+        prefix = prefill(lm, document, cfg, task, lang_pair)
+        cache = prefix.cache
+    else:
+        cache = copy.deepcopy(prefix.cache)
+    stop = stop_tokens(tok)
+    new: list[int] = []
+    logits = prefix.logits
+    for _ in range(cfg.max_new_tokens):
+        token = int(logits.argmax())
+        new.append(token)
+        yield tok.decode(new, skip_special_tokens=True).strip()
+        if token in stop or len(new) == cfg.max_new_tokens:
+            return
+        with autocast(cfg.precision, model.device.type):
+            out = model(input_ids=torch.tensor([[token]], device=model.device), past_key_values=cache, use_cache=True)
+        logits = out.logits[0, -1].float()

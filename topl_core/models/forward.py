@@ -1,0 +1,105 @@
+"""Forward passes shared by training, token scoring and analysis.
+
+`head_features` runs the decoder only up to layer m (an early exit through a forward hook, so the shared model is
+never modified) and applies the model's own final norm: H = FinalNorm(f_{0:m}(x)), the input of a TOPL head.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from ..hardware.precision import full_precision
+from .architecture import base_causal_lm, decoder_layers, final_norm
+
+
+class _EarlyExit(Exception):
+    def __init__(self, hidden: torch.Tensor):
+        self.hidden = hidden
+
+
+@contextmanager
+def exit_after_layer(model: torch.nn.Module, layer: int) -> Iterator[None]:
+    """While active, a forward pass stops after decoder layer `layer` by raising _EarlyExit with its output.
+    The hook is removed on every exit path."""
+
+    def hook(_module, _inputs, output):
+        raise _EarlyExit(output[0] if isinstance(output, tuple) else output)
+
+    handle = decoder_layers(model)[layer].register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def hidden_after_layer(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    layer: int,
+    position_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Residual stream output of decoder layer `layer` (0-based), without running the layers after it. A packed
+    batch passes its position_ids and no attention_mask (topl_core.data.encode.Batch.forward_inputs)."""
+    inner = base_causal_lm(model).model
+    with exit_after_layer(model, layer):
+        try:
+            inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        except _EarlyExit as stop:
+            return stop.hidden
+    raise RuntimeError(f"decoder layer {layer} never ran: the model has {len(decoder_layers(model))} layers")
+
+
+def head_features(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    layer: int,
+    position_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """H = FinalNorm(hidden after layer m): what the TOPL/SOPL/TLDR head reads. Shape (B, T, d)."""
+    return final_norm(model)(hidden_after_layer(model, input_ids, attention_mask, layer, position_ids))
+
+
+def head_probability(head: torch.nn.Linear, features: torch.Tensor) -> torch.Tensor:
+    """p(good) = σ(head(H)) per token, (B, T, d) → (B, T), in float32 outside autocast: a bf16 head logit carries 8
+    mantissa bits, so near-equal tokens would tie and the detection AUROC would move with the precision."""
+    bias = None if head.bias is None else head.bias.float()
+    with full_precision(features.device.type):
+        return torch.sigmoid(F.linear(features.float(), head.weight.float(), bias).squeeze(-1))
+
+
+def lm_head_logits(lm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The causal LM's output head on `hidden` (N, d) → (N, vocab) float32 logits: computed in float32 outside
+    autocast (bf16 logits would quantise log-probs to ~0.1 nats), then the model's final logit soft-cap when its
+    config has one (Gemma), as in the model's own forward. `lm` is the base causal LM (models.base_causal_lm)."""
+    head = lm.get_output_embeddings()
+    with full_precision(hidden.device.type):
+        logits = F.linear(hidden.float(), head.weight.float(), None if head.bias is None else head.bias.float())
+    cap = getattr(lm.config, "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def next_token_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """log p(x_t | x_<t), aligned so that result[:, t] scores input_ids[:, t]; result[:, 0] = 0. Computed from
+    logits in float32. With `positions` (bool (B, T)), the LM head runs only where needed (the vocabulary
+    projection dominates a small model's forward) and other entries are 0."""
+    if positions is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float()
+        lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+        return F.pad(lp, (1, 0))
+    lm = base_causal_lm(model)
+    hidden = lm.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    want = positions.clone()
+    want[:, 0] = False  # the first token has no prediction
+    rows, cols = want.nonzero(as_tuple=True)
+    logits = lm_head_logits(lm, hidden[rows, cols - 1])
+    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    out[rows, cols] = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[rows, cols, None]).squeeze(-1)
+    return out
