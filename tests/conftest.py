@@ -145,6 +145,15 @@ def tiny_config(**kw):
     return TrainConfig(**base)
 
 
+def steerable_topl_config(data, **kw):
+    """The tiny TOPL run that the app, deck and browser tests steer and score: LoRA at lr 3e-3, the head at 5× that,
+    80 steps of 4 — where the tiny head converges and its outcome does not hang on the last float bits (a head at lr
+    0.5, as these tests once trained it, jumps between losses near 0 and above 50). Its loss curve and how it was
+    measured: docs/reliability.md, "The tiny TOPL fixture"."""
+    base = dict(method="topl", lr=3e-3, head_lr_multiplier=5.0, steps=80, eval_every=40, max_doc_tokens=64)
+    return tiny_config(**{**base, "data": str(data), **kw})
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory, tiny_records):
     """A finished TOPL run on tiny-llama (LoRA layers 0–2, head after layer 2)."""

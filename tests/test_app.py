@@ -19,7 +19,7 @@ from typing import Literal
 
 import numpy as np
 import pytest
-from conftest import tiny_config, write_mlqe
+from conftest import steerable_topl_config, tiny_config, write_mlqe
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -51,10 +51,9 @@ def build_workbench(root: Path, records) -> dict:
     data = root / "cache" / "data" / "tiny-perturbed.jsonl"
     write_jsonl(records, data)
     runs = root / "runs"
-    # a high learning rate, so that LoRA-B grows enough in a few steps for steering to change the tiny model's text
-    common = dict(data=str(data), max_doc_tokens=64, max_val_examples=8)
-    train(tiny_config(method="topl", lr=0.05, steps=12, eval_every=6, **common), runs / "topl-tiny", records=records)
-    train(tiny_config(method="sft", lr=0.01, steps=2, **common), runs / "sft-tiny", records=records)
+    train(steerable_topl_config(data), runs / "topl-tiny", records=records)
+    sft = tiny_config(method="sft", lr=0.01, steps=2, data=str(data), max_doc_tokens=64)
+    train(sft, runs / "sft-tiny", records=records)
     env = {
         "TOPL_CACHE_DIR": str(root / "cache"),
         "TOPL_RUNS_DIR": str(runs),
@@ -563,6 +562,7 @@ def test_a_new_config_field_reaches_the_train_and_sweep_forms(workbench, monkeyp
     added to SweepConfig in the Layer-sweep form — with no edit to either page (both are built by pages/_ui/forms)."""
     import dataclasses
 
+    import topl_core.analysis.studies.study as study
     import topl_core.analysis.studies.sweeps as sweeps
     import topl_core.training.config as config
 
@@ -578,7 +578,7 @@ def test_a_new_config_field_reaches_the_train_and_sweep_forms(workbench, monkeyp
         extra_sweep_knob: int = 3
 
     monkeypatch.setattr(config, "TrainConfig", ExtendedTrainConfig)
-    monkeypatch.setattr(sweeps, "TrainConfig", ExtendedTrainConfig)  # SweepConfig's default template
+    monkeypatch.setattr(study, "TrainConfig", ExtendedTrainConfig)  # every study's default template
     monkeypatch.setattr(sweeps, "SweepConfig", ExtendedSweepConfig)
     new = {"extra_knob": 7, "extra_rate": 0.25, "extra_mode": "fancy", "extra_sinks": []}
     for page, prefix, fields in (("train", "train.", new), ("layer_sweep", "sweep.", {**new, "extra_sweep_knob": 3})):

@@ -13,24 +13,36 @@ import pytest
 from pages._ui.forms import config_inputs, field_input
 from topl_core.analysis.evaluation.config import EvalConfig
 from topl_core.analysis.evaluation.translation import TranslationConfig
+from topl_core.analysis.lora_a.probe import ProbeSettings
+from topl_core.analysis.lora_a.probe_head import ProbeHeadSettings
+from topl_core.analysis.steering.modes import SteerConfig
 from topl_core.analysis.studies.data_sources import SOURCES
+from topl_core.analysis.studies.deck import DeckConfig
 from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig
 from topl_core.analysis.studies.reproduce_config import ReproduceConfig
 from topl_core.analysis.studies.sweeps import SweepConfig
+from topl_core.analysis.studies.transfer import TransferSettings
+from topl_core.bench.scale import ScaleSettings
 from topl_core.cli import build_parser, main
 from topl_core.data import sources
 from topl_core.data.records import Record, read_jsonl
-from topl_core.foundations.config_fields import add_config_args, config_args, config_argv, config_field, field_infos
+from topl_core.foundations.config_fields import (
+    DECLARED,
+    add_config_args,
+    config_args,
+    config_argv,
+    config_field,
+    field_infos,
+)
 from topl_core.foundations.executor import ExecutorConfig
+from topl_core.inference.generate import GenerationConfig
 from topl_core.training.config import LoraSettings, TrainConfig
 
 # the configs whose fields are command-line flags and form inputs
 EXPOSED = (TrainConfig, LoraSettings, sources.SourceOptions, SweepConfig, LabelStudyConfig, ExecutorConfig, EvalConfig)
-EXPOSED += (
-    TranslationConfig,
-    ReproduceConfig,
-    *dict.fromkeys(s.options_type for s in SOURCES.values() if s.options_type not in EXPOSED),
-)
+EXPOSED += (TranslationConfig, ReproduceConfig, TransferSettings, ProbeSettings, ProbeHeadSettings, GenerationConfig)
+EXPOSED += (ScaleSettings, DeckConfig, SteerConfig)
+EXPOSED += tuple(dict.fromkeys(s.options_type for s in SOURCES.values() if s.options_type not in EXPOSED))
 
 
 @pytest.mark.parametrize("cls", EXPOSED, ids=lambda c: c.__name__)
@@ -90,6 +102,22 @@ def test_without_defaults_only_the_given_flags_come_back():
     add_config_args(parser, Knobs)
     assert config_args(parser.parse_args(["--no-on", "--inner-depth", "4"]), Knobs) == {"on": False, "inner_depth": 4}
     assert "(default 0.5)" in parser.format_help()
+
+
+@dataclasses.dataclass(frozen=True)
+class WithRequired:
+    name: str = config_field(label="Name", help="required: no default")
+    size: int = config_field(4, label="Size", help="a declared default", min=1)
+
+
+def test_a_config_with_required_fields_gives_its_declared_defaults():
+    """DeckConfig's case: no instance to default the flags to, so DECLARED gives each field's declared default; a
+    required field has none and is refused (its flag is written by hand)."""
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, WithRequired, DECLARED, only=("size",))
+    assert parser.parse_args([]).size == 4 and parser.parse_args(["--size", "9"]).size == 9
+    with pytest.raises(TypeError, match="WithRequired.name has no declared default"):
+        add_config_args(argparse.ArgumentParser(), WithRequired, DECLARED)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import tiny_config
+from conftest import steerable_topl_config
 
 from topl_core.analysis.studies.deck import DeckConfig, create_deck, doc_path, read_deck
 from topl_core.analysis.studies.deck_html import deck_html, write_deck_html
@@ -26,16 +26,14 @@ def deck_config(tiny_records, tmp_path_factory) -> DeckConfig:
     root = tmp_path_factory.mktemp("deck")
     data = root / "tiny.jsonl"
     write_jsonl(tiny_records, data)
-    # a high learning rate, as tests/test_app.py's steering run: the random tiny model then writes non-empty texts
-    cfg = tiny_config(lr=0.05, steps=12, eval_every=6, max_doc_tokens=64, data=str(data))
-    run = train(cfg, root / "topl-tiny", records=tiny_records)
+    run = train(steerable_topl_config(data), root / "topl-tiny", records=tiny_records)
     documents = tuple(dict.fromkeys(r.document for r in tiny_records))[:2]
-    return DeckConfig(str(run.path), documents, (-8.0, 8.0), top_k=2, max_new_tokens=8, data=str(data))
+    return DeckConfig(str(run.path), documents, (-64.0, 64.0), top_k=2, max_new_tokens=8, data=str(data))
 
 
 def test_a_stopped_deck_resumes_without_regenerating_finished_summaries(deck_config, tmp_path):
     folder = create_deck(tmp_path / "deck", deck_config)
-    assert deck_config.lambdas == (-8.0, 0.0, 8.0)  # the neutral λ (the merged model) joins the grid
+    assert deck_config.lambdas == (-64.0, 0.0, 64.0)  # the neutral λ (the merged model) joins the grid
     total = 2 * (1 + 3)
 
     def stop_after_three(done: int, _total: int) -> None:
@@ -76,6 +74,28 @@ def test_a_stopped_deck_resumes_without_regenerating_finished_summaries(deck_con
     assert any(s.text.strip() for d in deck.documents for s in d.positions.values()), "no text to judge"
     third = prepare_deck(folder)
     assert (third.generated, third.skipped) == (0, total)
+
+
+def test_the_shared_tiny_head_has_learned_its_training_tokens(deck_config, tiny_records):
+    """The tiny TOPL run that the app, deck and browser tests steer and score (conftest.steerable_topl_config) has
+    converged rather than landed wherever its last step threw it: its head ranks the bad tokens of its own training
+    split well above chance, and its mean BCE there is below the base rate's (the best a constant p does)."""
+    import numpy as np
+
+    from topl_core.data.split import split_records
+    from topl_core.inference.token_scores import TokenScorer, detection_auroc
+    from topl_core.models.loading import load_model
+
+    train_split = split_records(tiny_records, seed=0)["train"]
+    scorer = TokenScorer(load_model("tiny-llama"), deck_config.adapter, precision="fp32", max_doc_tokens=64)
+    scores = scorer.score(train_split)
+    assert detection_auroc(scores)["head_auroc"] > 0.7
+    gold = np.concatenate([s.gold for s in scores])
+    p_good = np.concatenate([s.p_good for s in scores])[gold >= 0].astype(np.float64)
+    good = gold[gold >= 0] == 1
+    bce = -np.mean(np.log(np.where(good, p_good, 1 - p_good)))
+    rate = good.mean()
+    assert bce < -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate))
 
 
 @pytest.fixture(scope="module")
@@ -121,20 +141,21 @@ def test_exported_html_works_from_disk_with_the_network_off(prepared_deck, tmp_p
             assert caption.startswith(f"DEGENERATE — {doc0.base.degenerate}" if doc0.base.degenerate else "factuality")
             page.locator("#lambda").focus()
             page.keyboard.press("ArrowRight")
-            assert float(steered.get_attribute("data-lambda")) == cfg.lambdas[-1] == 8.0
-            assert steered.inner_text().strip() == shown(doc0.at(8.0))
-            assert doc0.at(-8.0).text != doc0.at(0.0).text  # so the next move must change the text shown
+            low, high = cfg.lambdas[0], cfg.lambdas[-1]
+            assert float(steered.get_attribute("data-lambda")) == high
+            assert steered.inner_text().strip() == shown(doc0.at(high))
+            assert doc0.at(low).text != doc0.at(0.0).text  # so the next move must change the text shown
             page.keyboard.press("Home")  # the range input's own keys
-            assert float(steered.get_attribute("data-lambda")) == -8.0
-            assert steered.inner_text().strip() == shown(doc0.at(-8.0))
-            tokens, s = page.locator("#steered .tok"), doc0.at(-8.0)
+            assert float(steered.get_attribute("data-lambda")) == low
+            assert steered.inner_text().strip() == shown(doc0.at(low))
+            tokens, s = page.locator("#steered .tok"), doc0.at(low)
             assert tokens.count() == len(s.tokens)
             assert [tokens.nth(i).get_attribute("style") for i in range(len(s.tokens))] == [
                 f"background:{p_color(p)}" for p in s.p_good
             ]
             page.keyboard.press("PageDown")  # the next document, at the same λ
             assert page.locator("#doc-number").inner_text() == "Document 2 / 2"
-            assert steered.inner_text().strip() == shown(deck.documents[1].at(-8.0))
+            assert steered.inner_text().strip() == shown(deck.documents[1].at(low))
             assert "AUROC" in page.locator(".note").first.inner_text()
         finally:
             browser.close()

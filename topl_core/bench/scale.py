@@ -39,6 +39,7 @@ from ..analysis.studies.sweeps import SweepConfig
 from ..data.encode import collate, encode_record
 from ..data.records import Record, read_jsonl
 from ..data.split import split_records
+from ..foundations.config_fields import config_field
 from ..foundations.presets import PRESETS
 from ..hardware.precision import autocast, resolve_precision, weights_for
 from ..inference.generate import GenerationConfig, load_merged
@@ -49,31 +50,11 @@ from ..training.flops import sft_flops_per_token, topl_flops_per_token
 from ..training.methods import METHODS
 from ..training.steps import StepContext
 from ..training.trainer import train
-from .workbench import benchmark_prefix_reuse
+from .workbench import benchmark_prefix_reuse, matmul_peak_tflops, sync
 
 CAPTURE_RECORDS = 48
 PHASES_PER_MODEL = 5  # the log(...) calls of bench_model: TOPL, SFT, capture, steering, sweep
-MATMUL_SIZES = {"cuda": (4096, 8192), "cpu": (512, 1024)}
-
-
-def matmul_peak_tflops(device: str, dtype: torch.dtype, repeats: int = 5) -> float:
-    """Best TFLOP/s of square matmuls (2·n³ FLOPs each) of the device's sizes, after a warm-up."""
-    best = 0.0
-    for n in MATMUL_SIZES[device]:
-        a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-        a @ b
-        for _ in range(repeats):
-            _sync(device)
-            t = time.perf_counter()
-            a @ b
-            _sync(device)
-            best = max(best, 2 * n**3 / (time.perf_counter() - t) / 1e12)
-    return best
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+MATMUL_MAX_N = {"cuda": 8192, "cpu": 1024}  # the largest matmul of the peak measurement (workbench.matmul_peak_tflops)
 
 
 def _peak_gib(device: str) -> float | None:
@@ -184,12 +165,12 @@ def largest_micro_batch(cfg: TrainConfig, lm: LoadedModel, records: Sequence[Rec
 def bench_capture(lm: LoadedModel, records: Sequence[Record], cfg: TrainConfig) -> dict:
     """LoRA-A capture of every site of a trained model on CAPTURE_RECORDS records."""
     device = cfg.device
-    _sync(device)
+    sync(device)
     t = time.perf_counter()
     proj = collect_projections(
         lm.model, lm.tokenizer, records[:CAPTURE_RECORDS], precision=cfg.precision, batch_size=cfg.micro_batch_size
     )
-    _sync(device)
+    sync(device)
     return {
         "sites": len(proj.sites),
         "records": min(CAPTURE_RECORDS, len(records)),
@@ -216,14 +197,14 @@ def bench_steering(run: Path, spec: ModelSpec, records: Sequence[Record], precis
     gen = GenerationConfig(max_new_tokens=new_tokens, precision=precision)
     document = records[0].document
     session.generate_steered(document, grid[0], gen)  # warm-up
-    _sync(spec.device)
+    sync(spec.device)
     t = time.perf_counter()
     serial = [session.generate_steered(document, lam, gen) for lam in grid]
-    _sync(spec.device)
+    sync(spec.device)
     serial_s = time.perf_counter() - t
     t = time.perf_counter()
     batched = session.generate_grid(document, grid, gen)
-    _sync(spec.device)
+    sync(spec.device)
     batched_s = time.perf_counter() - t
     return {
         "lambdas": len(grid),
@@ -253,14 +234,20 @@ class ScaleSettings:
     size, packing and the compile backend of the training runs (TrainConfig), the real weights from the hub instead
     of a preset's random-weight build, tokens per steered generation, and how many records of the data are read."""
 
-    device: str = "cuda"
-    steps: int = 4
-    micro_batch_size: int = 4
-    packing: bool = False
-    compile_backend: str = ""
-    hub: bool = False
-    new_tokens: int = 64
-    max_records: int = 400
+    device: str = config_field("cuda", label="Device", help="where every model is benchmarked")
+    steps: int = config_field(
+        4, label="Steps", help="training steps per method (the first is warm-up)", min=2, max=1000
+    )
+    micro_batch_size: int = config_field(4, label="Micro-batch size", help="TrainConfig.micro_batch_size", min=1)
+    packing: bool = config_field(False, label="Packing", help="train on packed batches (TrainConfig.packing)")
+    compile_backend: str = config_field(
+        "", label="Compile backend", help="compile the decoder layers (TrainConfig.compile_backend)"
+    )
+    hub: bool = config_field(
+        False, label="Hub weights", help="load the presets' real weights from the hub instead of random ones"
+    )
+    new_tokens: int = config_field(64, label="New tokens", help="tokens per steered generation", min=1)
+    max_records: int = config_field(400, label="Records", help="records of the data read", min=1)
 
 
 def bench_model(
@@ -313,7 +300,7 @@ def run_scale_bench(
         "device": torch.cuda.get_device_name() if settings.device == "cuda" else "cpu",
         "torch": torch.__version__,
         "precision": precision,
-        "matmul_peak_tflops": matmul_peak_tflops(settings.device, dtype),
+        "matmul_peak_tflops": matmul_peak_tflops(dtype, settings.device, MATMUL_MAX_N[settings.device]),
         "settings": asdict(settings),
         "rows": [],
     }

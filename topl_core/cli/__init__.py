@@ -1,8 +1,9 @@
 """`python -m topl_core <command>`: one module per command, each with `register(subparsers)` setting a `func`.
 
 Only the module of the command being run is imported. Each imports the core at its top (torch, transformers, PEFT:
-about 8 s on a 2-core CPU), which listing the commands or rejecting a mistyped one does not need. This dispatch is
-the project's one deferred import of its own modules (docs/architecture.md).
+seconds on a 2-core CPU, docs/performance.md, "Figures behind the code's choices"), which listing the commands or
+rejecting a mistyped one does not need. This dispatch is the project's one deferred import of its own modules
+(docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ from ..training.memory import GIB, what_fits
 from . import COMMANDS
 from .common import add_precision_arg, announce_precision
 
+SCALE = ScaleSettings()  # the scale flags' defaults (but --device's, which picks the scale benchmark when cuda)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help=COMMANDS["bench"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -67,9 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--lam", type=float, default=2.0, help="--gated: λ, in normalised units")
     add_config_args(p, SteerConfig, SteerConfig(), only=MODE_SETTINGS)
-    p.add_argument(
-        "--new-tokens", type=int, default=64, help="--slider, --gated, --device cuda: tokens per steered generation"
-    )
+    notes = {"new_tokens": "(--slider, --gated, the scale benchmark)"}
+    add_config_args(p, ScaleSettings, SCALE, only=("new_tokens",), notes=notes)
     p.add_argument("--budget-gib", type=float, default=78.0, help="GPU memory for --memory (an 80 GB H100: 79.2 GiB)")
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 2048], help="sequence lengths for --memory")
     add_precision_arg(p)
@@ -88,11 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="presets (built with random weights at their published shape unless --hub) or any model name",
     )
     scale.add_argument("--device", choices=DEVICES, default="cpu", help="cuda: the scale benchmark on the GPU")
-    scale.add_argument("--hub", action="store_true", help="load the presets' real weights from the hub")
-    scale.add_argument("--steps", type=int, default=4, help="training steps per method (the first is warm-up)")
-    scale.add_argument("--micro-batch-size", type=int, default=4)
-    scale.add_argument("--packing", action="store_true", help="train on packed batches (TrainConfig.packing)")
-    scale.add_argument("--compile-backend", default="", help="compile the decoder layers (TrainConfig.compile_backend)")
+    add_config_args(scale, ScaleSettings, SCALE, skip=("device", "new_tokens", "max_records"))
     p.set_defaults(func=run)
 
 
@@ -103,10 +100,8 @@ def run(args: argparse.Namespace) -> None:
         return memory_table(args.budget_gib, tuple(args.seq_lens), args.json)
     if args.scale or args.device == "cuda":
         with Bar("scale bench", total=PHASES_PER_MODEL * len(args.models)) as bar:  # a phase's log line: a stage
-            settings = ScaleSettings(
-                args.device, args.steps, args.micro_batch_size, args.packing, args.compile_backend, args.hub,
-                args.new_tokens,
-            )  # fmt: skip
+            given = config_args(args, ScaleSettings, skip=("device", "max_records"))
+            settings = ScaleSettings(device=args.device, **given)
             res = run_scale_bench(args.models, args.data, settings, log=bar.stage)
         print(format_scale(res))
         if args.json:

@@ -15,6 +15,7 @@ from ..foundations.presets import DEFAULT_MODEL
 from ..hardware.precision import PRECISION_HELP, PRECISIONS, ResolvedPrecision, describe_precision, resolve_precision
 from ..models.loading import DEVICES
 from ..training.adapters import Adapter, open_adapter
+from ..training.config import TrainConfig, study_schedule
 
 
 class ExamplesFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -115,3 +116,24 @@ def executor_from_args(args: argparse.Namespace) -> ExecutorConfig | None:
     executor = ExecutorConfig(**config_args(args, ExecutorConfig))
     executor.check_reachable()  # before the study loads anything
     return executor
+
+
+# the training flags of every study (each run's other TrainConfig fields at the template's value; the validation
+# schedule follows the steps): a study adds its own (a sweep's lengths, a label study's LoRA layers)
+STUDY_TRAIN_FLAGS = ("model", "data", "steps", "lr", "batch_size", "max_val_examples", "seed", "device")
+TRACKER_FLAGS = ("report_to", "mlflow_tracking_uri")
+
+
+def add_study_train_args(
+    p: argparse.ArgumentParser | argparse._ArgumentGroup, template: TrainConfig, more: tuple[str, ...]
+) -> None:
+    """A study's training flags (STUDY_TRAIN_FLAGS, `more`, the trackers'), defaulting to its template, and the
+    precision's ("auto" by default: the template holds it resolved)."""
+    add_config_args(p, TrainConfig, template, only=(*STUDY_TRAIN_FLAGS, *more, *TRACKER_FLAGS))
+    add_precision_arg(p)
+
+
+def study_train_from_args(args: argparse.Namespace, template: TrainConfig, more: tuple[str, ...]) -> TrainConfig:
+    """The template of every run of a study, with the flags add_study_train_args added."""
+    given = config_args(args, TrainConfig, only=(*STUDY_TRAIN_FLAGS, *more, *TRACKER_FLAGS))
+    return study_schedule(template.with_overrides(**given, precision=args.precision))

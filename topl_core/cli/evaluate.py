@@ -13,7 +13,7 @@ from ..analysis.evaluation.evaluate import evaluate, protocol_agreement, results
 from ..analysis.evaluation.lambda_study import CURVE_KEYS, lambda_curve, lambda_sweep
 from ..analysis.evaluation.quality import scorer_quality
 from ..analysis.evaluation.scorers import PROTOCOLS, make_scorer
-from ..analysis.steering.modes import MODE_SETTINGS, MODES, POSITIONS, UNITS_DOC, SteerConfig, lambda_grids, modes_help
+from ..analysis.steering.modes import MODE_SETTINGS, MODES, UNITS_DOC, SteerConfig, lambda_grids, modes_help
 from ..foundations.config_fields import add_config_args, config_args
 from ..foundations.errors import ConfigError
 from ..foundations.executor import ExecutorConfig
@@ -73,10 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="LAMBDA",
         help="λ grid of the modes whose λ is not in normalised units (scaling the update, ...; default: --lambdas)",
     )
-    p.add_argument(
-        "--positions", choices=POSITIONS, default="all", help="steer every position, or only generated tokens"
-    )
-    add_config_args(p, SteerConfig, SteerConfig(), only=MODE_SETTINGS)  # λ sweep: a mode's own (gated τ, k)
+    # λ sweep: the positions, and a mode's own settings (gated τ, k)
+    add_config_args(p, SteerConfig, SteerConfig(), only=("positions", *MODE_SETTINGS))
     p.add_argument("--sets", nargs="+", choices=["ID", "OOD"], default=["ID"], help="document sets of the λ sweep")
     p.add_argument(
         "--scorer-quality", action="store_true", help="print the scorer's measured AUROC on CLIFF / HaluEval"

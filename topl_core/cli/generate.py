@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..foundations.config_fields import add_config_args, config_args
 from ..foundations.io import atomic_open
 from ..foundations.presets import DEFAULT_MODEL
 from ..inference.generate import GenerationConfig, generate, load_merged
@@ -20,6 +21,8 @@ from .common import (
     open_adapter_arg,
 )
 
+GENERATION_FLAGS = ("max_new_tokens", "mode", "temperature", "seed")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -29,10 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--document", help="one document (else --data)")
     add_data_args(p)
-    p.add_argument("--mode", choices=["greedy", "sample"], default="greedy")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--seed", type=int, default=0)
+    add_config_args(p, GenerationConfig, GenerationConfig(), only=GENERATION_FLAGS)
     p.add_argument("--out", help="write JSONL {id, document, generated} here")
     add_precision_arg(p)
     p.set_defaults(func=run)
@@ -54,10 +54,7 @@ def run(args: argparse.Namespace) -> None:
         spec = ModelSpec(model, args.dtype, args.device)
     lm = load_merged(spec, adapter)
     cfg = GenerationConfig(
-        max_new_tokens=args.max_new_tokens,
-        mode=args.mode,
-        temperature=args.temperature,
-        seed=args.seed,
+        **config_args(args, GenerationConfig, only=GENERATION_FLAGS),
         precision=announce_precision(args.precision, args.device),
     )
     texts = generate(lm, [d for _, d in items], cfg)

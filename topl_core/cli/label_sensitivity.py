@@ -12,28 +12,19 @@ from ..foundations.config_fields import add_config_args, config_args
 from ..foundations.executor import ExecutorConfig
 from ..foundations.io import write_json
 from ..foundations.progress import Bar
-from ..training.config import TrainConfig, study_schedule
 from ..training.run_dirs import RunDir
 from . import COMMANDS
-from .common import ExamplesFormatter, add_executor_args, add_precision_arg, announce_precision, executor_from_args
+from .common import (
+    ExamplesFormatter,
+    add_executor_args,
+    add_study_train_args,
+    announce_precision,
+    executor_from_args,
+    study_train_from_args,
+)
 
 STUDY = LabelStudyConfig()  # the flags' defaults; its `train` is every setting's template
-# the training flags of the study (every other TrainConfig field at the template's value; the validation schedule
-# follows the steps); the precision's is add_precision_arg
-SETTING_FLAGS = (
-    "model",
-    "data",
-    "steps",
-    "lr",
-    "batch_size",
-    "lora_layer_start",
-    "lora_layer_end",
-    "max_val_examples",
-    "seed",
-    "device",
-    "report_to",
-    "mlflow_tracking_uri",
-)
+LAYER_FLAGS = ("lora_layer_start", "lora_layer_end")  # a label study's own training flags, beside every study's
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,8 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stats-only", action="store_true", help="print the label stats table without training")
     p.add_argument("--show", action="store_true", help="print the table of what has finished so far and exit")
     add_config_args(p, LabelStudyConfig, STUDY, skip={"train"})
-    add_config_args(p, TrainConfig, STUDY.train, only=SETTING_FLAGS)
-    add_precision_arg(p)  # "auto" by default (the template holds it resolved)
+    add_study_train_args(p, STUDY.train, LAYER_FLAGS)
     p.add_argument("--json", help="write the table here")
     add_executor_args(p)
     p.set_defaults(func=run)
@@ -58,8 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     announce_precision(args.precision, args.device)
-    given = config_args(args, TrainConfig, only=SETTING_FLAGS)
-    train = study_schedule(STUDY.train.with_overrides(**given, precision=args.precision))
+    train = study_train_from_args(args, STUDY.train, LAYER_FLAGS)
     cfg = LabelStudyConfig(train=train, **config_args(args, LabelStudyConfig, skip={"train"}))
     if args.stats_only:
         df = label_stats_for(cfg)

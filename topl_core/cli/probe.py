@@ -14,6 +14,7 @@ from ..analysis.evaluation.scorers import DEFAULT_SCORER
 from ..analysis.lora_a.probe import ProbeSettings, labelled_records, probe_run
 from ..analysis.lora_a.separability import METHOD, comparison_table, format_heatmap
 from ..data.cliff import load_factuality_csv
+from ..foundations.config_fields import add_config_args, config_args
 from ..foundations.errors import ConfigError
 from ..foundations.io import write_json
 from ..foundations.progress import Bar
@@ -28,6 +29,8 @@ from .common import (
     open_adapter_arg,
 )
 
+PROBE_FLAGS = ("random_control", "batch_size", "folds", "seed", "n_boot")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("probe", help=COMMANDS["probe"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -39,15 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--cliff", help="token set from a CLIFF span CSV (e.g. ../shared/data/CLIFF_error_types.csv) instead of --data"
     )
-    p.add_argument(
-        "--random-control", action="store_true", help="also score a random-init A (same r) on the same inputs"
-    )
     p.add_argument("--column", choices=["cv_auroc", "component_auroc"], default="cv_auroc", help="heatmap value")
-    p.add_argument("--batch-size", type=int, default=4)
+    # the random-A control (a second capture of every site) only when asked for: --random-control
+    add_config_args(p, ProbeSettings, ProbeSettings(random_control=False), only=PROBE_FLAGS)
     add_precision_arg(p)
-    p.add_argument("--folds", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n-boot", type=int, default=2000, help="bootstrap draws for the CI of the mean over sites")
     p.add_argument(
         "--ood-score",
         nargs="*",
@@ -87,14 +85,7 @@ def run(args: argparse.Namespace) -> None:
     if not records:
         raise SystemExit("error: the token set holds no records with token labels; pick another --split or data file.")
     announce_precision(args.precision, runs[0].device)
-    settings = ProbeSettings(
-        batch_size=args.batch_size,
-        precision=args.precision,
-        folds=args.folds,
-        seed=args.seed,
-        n_boot=args.n_boot,
-        random_control=args.random_control,
-    )
+    settings = ProbeSettings(**config_args(args, ProbeSettings, only=PROBE_FLAGS), precision=args.precision)
     ood = {}
     for item in args.ood_score:
         name, _, value = item.partition("=")

@@ -7,20 +7,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from ..analysis.lora_a.probe import ProbeSettings, labelled_records
 from ..analysis.steering.extract import build_steering_vectors
 from ..analysis.steering.llama_cpp import export_for_llama_cpp
-from ..analysis.steering.modes import MODE_SETTINGS, MODES, POSITIONS, UNITS, UNITS_DOC, SteerConfig, modes_help
+from ..analysis.steering.modes import SteerConfig, modes_help
 from ..analysis.steering.session import SteeringSession
 from ..analysis.steering.vectors import SteeringVectors
-from ..analysis.studies.deck import HEAD_CHOICES, DeckConfig, create_deck, read_deck
+from ..analysis.studies.deck import DeckConfig, create_deck, read_deck
 from ..analysis.studies.deck_html import write_deck_html, write_frames
 from ..analysis.studies.deck_prepare import prepare_deck
 from ..data.records import read_jsonl, read_utf8
 from ..data.split import split_records
-from ..foundations.config_fields import add_config_args, config_args
+from ..foundations.config_fields import DECLARED, add_config_args, config_args, field_infos
 from ..foundations.io import write_json
 from ..foundations.progress import Bar
 from ..inference.generate import GenerationConfig, generate
@@ -38,6 +39,8 @@ from .common import (
     open_adapter_arg,
 )
 
+GENERATION_FLAGS = ("max_new_tokens", "seed")  # GenerationConfig's mode is --decoding here
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("steer", help=COMMANDS["steer"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -45,11 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--document", help="document text to summarise")
     p.add_argument("--document-file", help="read the document from this file instead")
     p.add_argument("--lambdas", nargs="+", type=float, help="λ grid (default: the mode's grid)")
-    p.add_argument("--mode", choices=tuple(MODES), default="vector", help=modes_help())
-    p.add_argument("--positions", choices=POSITIONS, default="all", help="steer every position or only generated ones")
-    p.add_argument("--units", choices=UNITS, default="normalised", help=UNITS_DOC)
-    add_config_args(p, SteerConfig, SteerConfig(), only=MODE_SETTINGS)  # a mode's own settings: gated τ and k
-    p.add_argument("--top-k", type=int, default=4, help="number of steered sites (best o_proj/down_proj by AUROC)")
+    add_config_args(p, SteerConfig, SteerConfig(), notes={"mode": modes_help()})  # and a mode's own: gated τ, k
+    add_config_args(p, DeckConfig, DECLARED, only=("top_k",))
     p.add_argument("--vectors", help="import steering vectors from this directory instead of computing them")
     p.add_argument("--export", help="export the steering vectors (safetensors + JSON) to this directory")
     p.add_argument(
@@ -60,9 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_data_args(p)
     p.set_defaults(split="val")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--decoding", choices=["greedy", "sample"], default="greedy")
-    p.add_argument("--seed", type=int, default=0)
+    add_config_args(p, GenerationConfig, GenerationConfig(), only=GENERATION_FLAGS)
+    decoding = field_infos(GenerationConfig)["mode"]  # --mode is the steering mode's
+    p.add_argument("--decoding", choices=decoding.choices, default=decoding.default, help=decoding.help)
     p.add_argument("--no-base", action="store_true", help="skip the base model's summary")
     p.add_argument(
         "--no-cache", action="store_true", help="recompute the projections instead of reading cache/analysis/"
@@ -82,7 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="without --document: the first N documents of --data's test split",
     )
-    deck.add_argument("--head", choices=HEAD_CHOICES, default="auto", help="the verdict's head (DeckConfig.head)")
+    add_config_args(deck, DeckConfig, DECLARED, only=("head",))
     deck.add_argument("--export-html", metavar="FILE", help="write the deck as one self-contained HTML file")
     deck.add_argument("--frames", metavar="DIR", help="write PNG frames of the exported HTML (needs --export-html)")
     deck.add_argument(
@@ -110,14 +110,9 @@ def run_deck(args: argparse.Namespace) -> int:
             str(rd.path),
             documents,
             tuple(args.lambdas or how.spec.lambda_grid),
-            mode=how.mode,
-            positions=how.positions,
-            units=how.units,
-            tau=how.tau,
-            keep=how.keep,
-            top_k=args.top_k,
+            **asdict(how),  # mode, positions, units and a mode's own settings: fields of both configs
+            **config_args(args, DeckConfig, only=("top_k", "head")),
             max_new_tokens=args.max_new_tokens,
-            head=args.head,
             data=args.data,
             precision=args.precision,
         )
@@ -147,7 +142,7 @@ def run_deck(args: argparse.Namespace) -> int:
 
 def steer_config(args: argparse.Namespace) -> SteerConfig:
     """The steering the command line asks for: the mode, its positions and units, and its own settings."""
-    return SteerConfig(args.mode, args.positions, args.units, **config_args(args, SteerConfig, only=MODE_SETTINGS))
+    return SteerConfig(**config_args(args, SteerConfig))
 
 
 def run(args: argparse.Namespace) -> int | None:
@@ -198,7 +193,8 @@ def run(args: argparse.Namespace) -> int | None:
             print(f"  left out (llama.cpp has no direction for layer 0): {', '.join(exported.left_out)}")
         print(f"  in llama.cpp (steers every position, as --positions all): {exported.command(lambdas[-1])}")
 
-    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, mode=args.decoding, seed=args.seed, precision=precision)
+    given = config_args(args, GenerationConfig, only=GENERATION_FLAGS)
+    gen = GenerationConfig(**given, mode=args.decoding, precision=precision)
     rows = []
     if not args.no_base:
         base_text = generate(load_model(ModelSpec(rd.base_model, device=rd.device)), [args.document], gen)[0]

@@ -15,27 +15,19 @@ from ..foundations.progress import Bar
 from ..foundations.status import request_stop
 from ..jobs.background import read_job
 from ..jobs.launchers import launch_sweep, resume_sweep_job
-from ..training.config import TrainConfig, study_schedule
 from . import COMMANDS
-from .common import ExamplesFormatter, add_executor_args, add_precision_arg, announce_precision, executor_from_args
+from .common import (
+    ExamplesFormatter,
+    add_executor_args,
+    add_study_train_args,
+    announce_precision,
+    executor_from_args,
+    study_train_from_args,
+)
 
 SWEEP = SweepConfig()  # the flags' defaults; its `train` is every window's template
-# the training flags of a sweep (every other TrainConfig field at the template's value; the LoRA layers are each
-# window's, the validation schedule follows the steps); the precision's is add_precision_arg
-WINDOW_FLAGS = (
-    "model",
-    "data",
-    "steps",
-    "lr",
-    "batch_size",
-    "max_val_examples",
-    "max_doc_tokens",
-    "max_response_tokens",
-    "seed",
-    "device",
-    "report_to",
-    "mlflow_tracking_uri",
-)
+# a sweep's own training flags, beside every study's (the LoRA layers are each window's)
+LENGTH_FLAGS = ("max_doc_tokens", "max_response_tokens")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,9 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("grid")
     g.add_argument("--windows", nargs="+", metavar="START:SIZE", help="explicit windows instead of sizes/stride")
     add_config_args(g, SweepConfig, SWEEP, skip={"train", "windows"})
-    t = p.add_argument_group("training (per window)")
-    add_config_args(t, TrainConfig, SWEEP.train, only=WINDOW_FLAGS)
-    add_precision_arg(t)  # "auto" by default (the template holds it resolved)
+    add_study_train_args(p.add_argument_group("training (per window)"), SWEEP.train, LENGTH_FLAGS)
     add_executor_args(p)
     p.set_defaults(func=run)
 
@@ -76,8 +66,7 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
             windows = tuple(tuple(int(x) for x in w.split(":")) for w in args.windows)
         except ValueError as e:
             raise ConfigError(f"--windows {args.windows}: write each as START:SIZE, e.g. 0:3 6:6") from e
-    given = config_args(args, TrainConfig, only=WINDOW_FLAGS)
-    train = study_schedule(SWEEP.train.with_overrides(**given, precision=args.precision))
+    train = study_train_from_args(args, SWEEP.train, LENGTH_FLAGS)
     return SweepConfig(train=train, windows=windows, **config_args(args, SweepConfig, skip={"train", "windows"}))
 
 

@@ -16,6 +16,7 @@ from ..analysis.studies.transfer import (
     transfer_table,
 )
 from ..data.records import read_jsonl
+from ..foundations.config_fields import add_config_args, config_args, field_infos
 from ..foundations.io import atomic_open, write_json
 from ..foundations.progress import Bar
 from . import COMMANDS
@@ -28,28 +29,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--run", action="append", required=True, metavar="ADAPTER", help=ADAPTER_HELP + "; repeat for more")
     p.add_argument("--base-model", help="the base model to load every adapter on; without it, each adapter's own")
-    p.add_argument(
-        "--stage",
-        required=True,
-        choices=STAGES,
-        help="dev: val split + CLIFF cut val, to compare and choose settings; heldout: test split + CLIFF cut test, "
-        "for the figures you report (logged)",
-    )
+    # required, not defaulted: whether the held-out sets are read is always said on the command line
+    p.add_argument("--stage", required=True, choices=STAGES, help=field_infos(TransferSettings)["stage"].help)
     p.add_argument(
         "--cliff", help="CLIFF span CSV; without it, ../shared/data/CLIFF_error_types.csv, skipped when absent"
     )
-    p.add_argument(
-        "--detokenize-cliff",
-        action="store_true",
-        help="undo CLIFF's tokenized forms ('30 - year - old', -lrb-, \"did n't\") before scoring; spans move with it",
-    )
     p.add_argument("--data", help="records JSONL for every adapter; without it, each run's training data")
-    defaults = TransferSettings()
-    p.add_argument("--max-records", type=int, default=defaults.max_records_per_set, help="records per set")
-    p.add_argument("--probe-records", type=int, default=defaults.probe_records, help="frozen-probe training records")
-    p.add_argument("--bootstrap", type=int, default=defaults.bootstrap, help="record resamples for the CI (0: none)")
-    p.add_argument("--seed", type=int, default=defaults.seed, help="bootstrap seed")
-    p.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    add_config_args(p, TransferSettings, TransferSettings(), skip=("stage", "precision"))
     add_precision_arg(p)
     p.add_argument(
         "--layer-scan",
@@ -64,16 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    settings = TransferSettings(
-        stage=args.stage,
-        max_records_per_set=args.max_records,
-        probe_records=args.probe_records,
-        bootstrap=args.bootstrap,
-        seed=args.seed,
-        precision=args.precision,
-        batch_size=args.batch_size,
-        detokenized_cliff=args.detokenize_cliff,
-    )
+    given = config_args(args, TransferSettings, skip=("stage", "precision"))
+    settings = TransferSettings(stage=args.stage, precision=args.precision, **given)
     adapters = [open_adapter_arg(args, ref) for ref in args.run]
     announce_precision(args.precision, adapters[0].device)
     records = read_jsonl(args.data) if args.data else None

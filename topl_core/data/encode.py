@@ -67,8 +67,8 @@ def build_prompt(tokenizer, document: str, task: str = "summarization", lang_pai
 
 
 # Text is cut to this many characters per wanted token before tokenizing, so that memory and time are bounded by
-# the token limit, not by the file (a 50 MB document took 137 s and 12.5 GB when tokenized whole). No token of an
-# embedded tokenizer is this long, so the tokens kept are those of the whole text.
+# the token limit, not by the file (what a large document cost whole: docs/performance.md, "Figures behind the
+# code's choices"). No token of an embedded tokenizer is this long, so the tokens kept are those of the whole text.
 CHARS_PER_TOKEN_BOUND = 64
 
 

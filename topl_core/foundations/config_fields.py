@@ -6,7 +6,8 @@ choices, or a tuple of one of these.
     dropout: float = config_field(0.1, label="Dropout", help="…", min=0.0, max=0.9)
 
     add_config_args(parser, Cls, Cls())            --dropout, a float flag defaulting to 0.1 (a nested config's
-                                                    fields as --lora-r …)
+                                                    fields as --lora-r …); DECLARED instead of Cls(): the declared
+                                                    defaults (a config with required fields has no Cls())
     Cls(**config_args(parser.parse_args(argv), Cls))   the values back ({"lora_r": …} for a nested config's fields)
     config_argv(cfg)                               the flags that give cfg back (what a background job is started with)
 """
@@ -20,6 +21,7 @@ import typing
 from typing import Any, Collection, Literal, Mapping
 
 SCALARS = (bool, int, float, str)  # the types a flag parses (or each of its values, for a tuple)
+DECLARED = object()  # add_config_args's defaults: each field's declared default
 
 
 def config_field(
@@ -148,8 +150,10 @@ def add_config_args(
 ) -> None:
     """A flag per field of `cls` (see `flat_fields` for `only` and `skip`), typed by the field: a bool as --x and
     --no-x, a tuple as one or more values, a Literal or described choices as choices; helped by the field's help and
-    `notes[key]`. `defaults`: an instance of cls, whose values the flags default to; None: every flag defaults to
-    None (not given), its help saying the field's default, so config_args returns only what the command line set."""
+    `notes[key]`. `defaults`: an instance of cls, whose values the flags default to; DECLARED: the fields' declared
+    defaults (where cls has required fields, so no instance to give; add none of those); None: every flag defaults
+    to None (not given), its help saying the field's default, so config_args returns only what the command line
+    set."""
     for s in flat_fields(cls, only=only, skip=skip):
         kw: dict[str, Any] = {"dest": s.dest}
         if s.item not in SCALARS:
@@ -161,8 +165,18 @@ def add_config_args(
         help = " ".join(filter(None, [s.help, (notes or {}).get(s.key, "")]))
         if defaults is None:
             help += f" (default {_shown(s.default)})"
-        kw["default"] = None if defaults is None else value_of(defaults, s)
+        kw["default"] = _flag_default(cls, s, defaults)
         parser.add_argument(s.flag, help=help.replace("%", "%%"), **kw)  # argparse %-formats help
+
+
+def _flag_default(cls: type, s: FieldInfo, defaults: Any) -> Any:
+    if defaults is None:
+        return None
+    if defaults is not DECLARED:
+        return value_of(defaults, s)
+    if s.default is dataclasses.MISSING:
+        raise TypeError(f"{cls.__name__}.{s.key} has no declared default: give its flag by hand, or an instance.")
+    return s.default
 
 
 def _shown(default: Any) -> str:

@@ -1,12 +1,12 @@
 """Precision that follows the hardware: "auto" resolves to bf16 only where the device computes it natively and fast.
 
-bf16 autocast is a large win on a CPU with AMX (bf16 matmuls ~7× faster than fp32) and a disaster on one with AVX2
-only, where PyTorch emulates bf16 (a 2048² matmul ran ~300× slower than fp32 and one TOPL step did not finish in
-5 minutes). So "auto" asks two things of a CPU: does it report native bf16 (AMX tiles or AVX-512-BF16), and does a
-sub-second matmul probe (cached per machine under cache/machine/) confirm bf16 is the faster of the two. On CUDA,
-`torch.cuda.is_bf16_supported()` decides. Weights (ModelSpec.dtype) follow a simpler rule: bfloat16 on a GPU that
-supports it, float32 on CPU, where bf16 compute comes from autocast over float32 weights (merging a LoRA into bf16
-weights rounds the delta away — README, merge-check).
+bf16 autocast is a large win on a CPU with AMX and a disaster on one with AVX2 only, where PyTorch emulates bf16
+(docs/models.md, "Device and precision", has the figures). So "auto" asks two things of a CPU: does it report
+native bf16 (AMX tiles or AVX-512-BF16), and does a sub-second matmul probe (cached per machine under
+cache/machine/) confirm bf16 is the faster of the two. On CUDA, `torch.cuda.is_bf16_supported()` decides.
+Weights (ModelSpec.dtype) follow a simpler rule: bfloat16 on a GPU that supports it, float32 on CPU, where bf16
+compute comes from autocast over float32 weights (merging a LoRA into bf16 weights rounds the delta away —
+docs/training.md, "Merged vs unmerged logits").
 
 TOPL_PRECISION=fp32|bf16 makes every "auto" mean that precision (the app's and every command's default; the test
 suite pins fp32 this way, and forces bf16 where it tests the bf16 path). Configs resolve "auto" when they are built
@@ -46,7 +46,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfl
 _TORCH_NAMES = {"float32": "fp32", "bfloat16": "bf16"}
 
 PRECISION_ENV = "TOPL_PRECISION"  # "fp32" / "bf16": what "auto" means on this machine, overriding the probe
-PROBE_SIZE = 256  # matmul side: ~0.5 ms in fp32, ~35 ms in emulated bf16 on one core of an AVX2 EPYC
+PROBE_SIZE = 256  # matmul side: a sub-second probe even where bf16 is emulated (docs/models.md, "The probe")
 PROBE_REPEATS = 5
 
 
@@ -81,7 +81,8 @@ class Bf16Probe:
 
 def _time_matmul(dtype: torch.dtype) -> float:
     """Best of PROBE_REPEATS single-threaded matmuls: one thread keeps the comparison per core and steady when
-    another job shares the CPU (threads waiting on a busy core made a 2-thread fp32 matmul look 30× slower)."""
+    another job shares the CPU (threads waiting on a busy core skew a multi-threaded one: docs/models.md, "The
+    probe")."""
     a = torch.randn(PROBE_SIZE, PROBE_SIZE).to(dtype)
     b = torch.randn(PROBE_SIZE, PROBE_SIZE).to(dtype)
     threads = torch.get_num_threads()

@@ -19,7 +19,8 @@ from typing import Iterator, Literal, Sequence
 import torch
 
 from ..data.encode import build_prompt, truncate_document
-from ..hardware.precision import PRECISIONS, Precision, autocast
+from ..foundations.config_fields import config_field
+from ..hardware.precision import PRECISION_HELP, PRECISIONS, Precision, autocast
 from ..models.loading import LoadedModel, ModelSpec, load_model
 from ..training.adapters import load_adapter
 
@@ -30,16 +31,24 @@ class GenerationConfig:
 
     Example: ``session.generate_grid(document, [-2, 0, 2], GenerationConfig(max_new_tokens=48))``"""
 
-    max_new_tokens: int = 96
-    mode: Literal["greedy", "sample"] = "greedy"
-    temperature: float = 0.7
-    top_p: float = 0.9
-    seed: int = 0
-    max_doc_tokens: int | None = 512
-    batch_size: int = 4
+    max_new_tokens: int = config_field(96, label="Max new tokens", help="the longest response, in tokens", min=1)
+    mode: Literal["greedy", "sample"] = config_field(
+        "greedy", label="Decoding", help="greedy: the likeliest token at each step; sample: drawn (temperature, top_p)"
+    )
+    temperature: float = config_field(
+        0.7, label="Temperature", help="sampling temperature (sample decoding)", min=0.01, max=5.0
+    )
+    top_p: float = config_field(
+        0.9, label="Top p", help="sample from the likeliest tokens holding this much probability", min=0.01, max=1.0
+    )
+    seed: int = config_field(0, label="Seed", help="seed of the sampling", min=0)
+    max_doc_tokens: int | None = config_field(
+        512, label="Max document tokens", help="the document is cut to this many tokens in the prompt", min=1
+    )
+    batch_size: int = config_field(4, label="Batch size", help="documents generated at once", min=1, max=256)
     # compute precision of the forward passes (bf16 = autocast); "auto" resolves for the model's device when it
     # generates: callers that key a cache by this config resolve it first (EvalConfig does)
-    precision: Precision = "auto"
+    precision: Precision = config_field("auto", label="Precision", help=PRECISION_HELP)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

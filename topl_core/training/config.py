@@ -90,7 +90,7 @@ class TrainConfig:
         1e-4, label="Learning rate", help="AdamW's learning rate of the LoRA", min=1e-7, max=1.0, step=1e-5
     )
     # the head is a fresh, zero-initialised linear layer while the LoRA adapts pretrained weights: at the LoRA's lr it
-    # needs far more steps than a CPU run has (README, "head learning rate", measures ×1, ×10, ×100)
+    # needs far more steps than a CPU run has (docs/evaluation.md §6 compares head lr ×1, ×10 and ×100)
     head_lr_multiplier: float = config_field(
         10.0,
         label="Head lr × (of lr)",

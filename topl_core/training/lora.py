@@ -20,9 +20,8 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -
 
 class FastDropout(torch.nn.Module):
     """Inverted dropout, as nn.Dropout, with one random draw per three elements. Every LoRA module draws a mask
-    for its input (7 per layer); on SmolLM2 (TOPL, LoRA on layers 0–20, micro-batch 2, bf16, 2 cores) a
-    forward + backward took 3.35 s without dropout, 4.89 s with nn.Dropout and 4.33 s with this (best of 4,
-    interleaved)."""
+    for its input (7 per layer), and nn.Dropout's masks were a large share of a CPU step (docs/performance.md,
+    "What changed to get here")."""
 
     def __init__(self, p: float):
         super().__init__()

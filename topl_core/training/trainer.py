@@ -286,7 +286,8 @@ def _trainable(
     if head_params:
         groups.append({"params": head_params + probe_params, "lr": cfg.lr * cfg.head_lr_multiplier})
     # fused on a GPU: one kernel updates every parameter instead of several launches per LoRA matrix (tested to step
-    # as the plain one; a CPU keeps the plain one, whose float bits earlier runs have)
+    # as the plain one); a CPU keeps the plain one, whose bits the shipped demo adapters have (docs/training.md, "Two
+    # forms on a CPU and a GPU")
     fused = cfg.device == "cuda" and not world.fsdp
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))

@@ -273,8 +273,8 @@ _LIBC = None
 
 def trim_heap() -> None:
     """Hand freed heap pages back to the OS (glibc malloc_trim; a no-op elsewhere). Batches of varying sequence
-    length fragment glibc's heap: without this, resident memory of a SmolLM2 capture grew by ~0.1 GB per batch
-    (8–12 GB for 116 records, measured)."""
+    length fragment glibc's heap: without this, resident memory of a SmolLM2 capture grew with every batch
+    (docs/performance.md, "Figures behind the code's choices")."""
     global _LIBC
     if _LIBC is None:
         try:

@@ -18,9 +18,10 @@ import numpy as np
 
 from ...data.records import Record, read_jsonl, records_fingerprint
 from ...data.split import split_records
+from ...foundations.config_fields import config_field
 from ...foundations.errors import ConfigError
 from ...foundations.paths import project_path
-from ...hardware.precision import PRECISIONS, Precision, resolve_precision, weights_for
+from ...hardware.precision import PRECISION_HELP, PRECISIONS, Precision, resolve_precision, weights_for
 from ...models.loading import ModelSpec, load_model
 from ...training.adapters import Adapter, load_adapter, open_adapter
 from ..cache import cached, json_codec, npz_codec
@@ -37,16 +38,29 @@ class ProbeSettings:
 
     Example: ``probe_run(adapter, records, ProbeSettings(folds=5, random_control=True, precision="fp32"))``"""
 
-    select: Literal["labelled", "response"] = "labelled"
-    batch_size: int = 4
-    max_doc_tokens: int | None = None
-    max_response_tokens: int | None = None
-    precision: Precision = "auto"  # resolved for the run's device by resolved() (topl_core.hardware.precision)
-    folds: int = 5
-    seed: int = 0
-    n_boot: int = 2000
-    random_control: bool = True
-    control_seed: int = 0
+    select: Literal["labelled", "response"] = config_field(
+        "labelled", label="Tokens", help="labelled: the tokens with a good / bad label; response: every response token"
+    )
+    batch_size: int = config_field(4, label="Batch size", help="records per forward pass", min=1, max=256)
+    max_doc_tokens: int | None = config_field(
+        None, label="Max document tokens", help="documents cut to this many tokens (none: the run's own)", min=1
+    )
+    max_response_tokens: int | None = config_field(
+        None, label="Max response tokens", help="responses cut to this many tokens (none: the run's own)", min=1
+    )
+    # resolved for the run's device by resolved() (topl_core.hardware.precision)
+    precision: Precision = config_field("auto", label="Precision", help=PRECISION_HELP)
+    folds: int = config_field(
+        5, label="CV folds", help="folds of each site's cross-validated logistic regression", min=2, max=20
+    )
+    seed: int = config_field(0, label="Seed", help="seed of the folds", min=0)
+    n_boot: int = config_field(
+        2000, label="Bootstrap draws", help="bootstrap draws for the CI of the mean over sites", min=1
+    )
+    random_control: bool = config_field(
+        True, label="Random-A control", help="also score a random-init A (same r) on the same inputs"
+    )
+    control_seed: int = config_field(0, label="Control seed", help="seed of the random-init A", min=0)
 
     def __post_init__(self) -> None:
         if self.folds < 2:

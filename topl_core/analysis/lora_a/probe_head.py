@@ -27,9 +27,10 @@ import torch
 from ...data.encode import collate, encode_record
 from ...data.records import Record, records_fingerprint
 from ...data.split import split_records
+from ...foundations.config_fields import config_field
 from ...foundations.errors import ConfigError, DataError
 from ...foundations.metrics import auroc
-from ...hardware.precision import PRECISIONS, Precision, autocast, resolve_precision, to_numpy
+from ...hardware.precision import PRECISION_HELP, PRECISIONS, Precision, autocast, resolve_precision, to_numpy
 from ...models.forward import head_features
 from ...models.loading import ModelSpec, load_model
 from ...training.adapters import load_adapter, open_adapter
@@ -40,13 +41,27 @@ from .sites import lora_sites
 
 @dataclass(frozen=True)
 class ProbeHeadSettings:
-    layer: int | None = None  # None: the adapter's last LoRA layer (a run with a head: its head layer)
-    max_records: int = 48  # labelled training records: ~50 s for SmolLM2 on a 2-core AVX2 CPU (its forward passes)
-    max_val_records: int = 24
-    C: float = 1.0  # inverse L2 strength, as sklearn's LogisticRegression
-    batch_size: int = 4
-    precision: Precision = "auto"  # resolved for the adapter's device before it keys the cache (fit_probe_head)
-    split_seed: int = 0
+    layer: int | None = config_field(
+        None,
+        label="Layer",
+        help="the layer whose output the head reads (none: the adapter's last LoRA layer; a run with a head: its "
+        "head's)",
+        min=0,
+    )
+    # their forward passes are most of a fit's time (docs/performance.md)
+    max_records: int = config_field(
+        48, label="Training records", help="labelled training records the head is fitted on", min=1
+    )
+    max_val_records: int = config_field(
+        24, label="Validation records", help="labelled validation records it is scored on", min=1
+    )
+    C: float = config_field(
+        1.0, label="C", help="inverse L2 strength, as sklearn's LogisticRegression", min=1e-6, max=1e6
+    )
+    batch_size: int = config_field(4, label="Batch size", help="records per forward pass", min=1, max=256)
+    # resolved for the adapter's device before it keys the cache (fit_probe_head)
+    precision: Precision = config_field("auto", label="Precision", help=PRECISION_HELP)
+    split_seed: int = config_field(0, label="Split seed", help="seed of the split the records come from", min=0)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

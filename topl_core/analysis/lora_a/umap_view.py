@@ -82,8 +82,9 @@ def _fit_umap(X: np.ndarray, n_neighbors: int, min_dist: float, seed: int) -> np
 
 def warm_up() -> None:
     """Fit a UMAP once on random data, as umap_embedding fits one: numba compiles UMAP's and pynndescent's kernels
-    on first use (20–40 s on 2 cores) and keeps those it may cache under the virtualenv, so scripts/setup.sh calls
-    this once and the first UMAP view in the app costs that much less."""
+    on first use (tens of seconds on 2 cores: docs/performance.md, "Figures behind the code's choices") and keeps
+    those it may cache under the virtualenv, so scripts/setup.sh calls this once and the first UMAP view in the app
+    costs that much less."""
     _fit_umap(np.random.default_rng(0).normal(size=(300, 8)), 10, 0.1, 0)
 
 

@@ -28,29 +28,10 @@ A text is degenerate when any criterion below holds; `reason` names each that do
     perplexity > MAX_PERPLEXITY                                 "perplexity 2,400 under the base model"
 
 Why tokens_per_word and upper_case: the per-token perplexity does not see letter soup. A non-word splits into
-sub-word tokens that predict one another, so the upper-case soup SmolLM2 writes when steered at λ ≥ 36
-("MINITEMCHOPPETSCAMP…", "Minneset Republican and former US COPPA-DEMGREASER CHOSEN…") has perplexity 33-300,
-inside the range of real summaries, and upper-casing real summaries even lowers theirs (median 76 -> 47). Letter
-soup is flagged by what a word costs in tokens (and, with no model, by its upper-case letters); perplexity flags
-word salad made of real words.
-
-Measured (CPU-independent figures) on real summaries: the `response` of the 600 faithful records (sequence_label 1,
-no bad span) of cache/data/halueval-perturbed.jsonl, human CNN/DailyMail highlights of 12-78 words (17-105
-tokens); perplexity and tokens per word under SmolLM2-135M-Instruct ("smollm2-135m", float32):
-                        median      p99      max  | degenerate / other texts
-    repeated_3gram       0.000    0.026    0.064  | SmolLM2 greedy loops (steered λ ≤ -16; 2 of 8 at λ = 0) 0.21-0.98
-    compression_ratio    1.311    1.555    1.638  | loops 1.9-13; 600 whole news documents (103-1,755 words): max 2.53
-    upper_case           0.047    0.124    0.154  | upper-case soup (steered λ = 36, 89) 0.52-1.00
-    tokens_per_word      1.34     1.83     2.05   | upper-case soup 3.0-64; the summaries upper-cased: median 2.5;
-                                                  | news documents' first 1,500 characters: max 2.0
-    perplexity           74       549      1,279  | the summaries with their words shuffled (200): median 2,242,
-                                                  | p99 11,190; SmolLM2's own summaries (|λ| ≤ 16): 3.5-67;
-                                                  | news documents' first 256 tokens (200): max 69
-The steered texts are the 72 summaries of 8 news documents by SmolLM2 merged with a TOPL adapter and steered at
-λ in -89 … 89 (docs/evaluation.md §3) that `evaluate` cached under cache/analysis/generations. With the thresholds
-below: none of the 600 faithful summaries nor of the 600 perturbed ones (same source, entity/number edits) is
-flagged; 58% of the shuffled ones are (by perplexity); of the steered texts, 8/8 at λ = -89 (loops), 6/8 at -36,
-2/8 at -16, 0/8 at -4, 2/8 at 0 (greedy loops), 0/8 at 4 and 16, 3/8 at 36 and 8/8 at 89 (letter soup).
+sub-word tokens that predict one another, so the soup of a far-steered model has the perplexity of real summaries;
+letter soup is flagged by what a word costs in tokens (and, with no model, by its upper-case letters), perplexity
+flags word salad made of real words. Each threshold below sits above what real summaries reach and below what
+degenerate texts do: docs/evaluation.md §3, "The degenerate rule's thresholds", has the measurements.
 """
 
 from __future__ import annotations
@@ -65,13 +46,14 @@ import torch
 
 from ...models.loading import LoadedModel
 
-MAX_REPEATED_3GRAM = 0.2  # real summaries max 0.064 (p99 0.026); SmolLM2 greedy loops 0.21-0.98
-MAX_COMPRESSION_RATIO = 3.0  # real summaries max 1.64, whole news documents max 2.53; loops 1.9-13
-MAX_UPPER_CASE = 0.5  # real summaries max 0.154 (p99 0.124), fluent generations max 0.12; soup 0.52-1.00
+# the degenerate rule's thresholds (docs/evaluation.md §3, "The degenerate rule's thresholds")
+MAX_REPEATED_3GRAM = 0.2
+MAX_COMPRESSION_RATIO = 3.0
+MAX_UPPER_CASE = 0.5
 MIN_CASED_LETTERS = 40  # below this (a short "FBI and NSA" line) upper_case is not judged
-MAX_TOKENS_PER_WORD = 2.5  # real summaries max 2.05 (p99 1.83), news text max 2.0; letter soup 3.0-64
+MAX_TOKENS_PER_WORD = 2.5
 MIN_TOKENS = 16  # tokens_per_word is not judged on texts of fewer tokens (a 12-word summary has about 16)
-MAX_PERPLEXITY = 2000.0  # real summaries: max 1,279 (p99 549); their words shuffled: median 2,242 (58% above)
+MAX_PERPLEXITY = 2000.0
 MAX_PERPLEXITY_TOKENS = 256  # each text is cut to its first 256 tokens for perplexity (real summaries: at most 105)
 
 _WORD = re.compile(r"\w+(?:['’]\w+)*")

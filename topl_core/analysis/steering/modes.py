@@ -11,7 +11,7 @@ MODE_TABLE entry, the action it takes one class of actions.py (or of its own mod
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ...foundations.config_fields import config_field
 from ..token_colors import FLAG_THRESHOLD
@@ -123,18 +123,23 @@ def modes_help() -> str:
     return " ".join(f"{m.name}: {m.help}" for m in MODES.values())
 
 
-@dataclass(frozen=True)
-class SteerConfig:
-    """How λ is applied in one generation. mode: a key of MODES; positions: "all" or "generated" (the prompt is left
-    untouched); units (modes whose action adds a direction): "normalised" (module docstring) or "raw"; tau and keep
-    (gated modes, gate.py): the head's threshold and how many tokens steering stays on after a take-back.
+# How λ is applied, described once: SteerConfig's fields, and those of a config that carries them (DeckConfig)
+def mode_field() -> Any:
+    help = "how λ steers: a mode of the steering registry (analysis/steering/modes.py)."
+    return config_field("vector", label="Steering mode", help=help, choices=MODES)
 
-    Example: ``session.generate_steered(document, 1.5, how=SteerConfig("conditional", positions="generated"))``"""
 
-    mode: str = "vector"
-    positions: str = "all"
-    units: str = "normalised"
-    tau: float = config_field(
+def positions_field() -> Any:
+    help = "steer every position, or only the generated ones (the prompt left untouched)"
+    return config_field("all", label="Positions", help=help, choices=POSITIONS)
+
+
+def units_field() -> Any:
+    return config_field("normalised", label="λ units", help=UNITS_DOC, choices=UNITS)
+
+
+def tau_field() -> Any:
+    return config_field(
         FLAG_THRESHOLD,
         label="τ: the gate's threshold",
         help="gated modes: a generated token whose p(good) under the adapter's head is below τ is taken back and "
@@ -143,13 +148,31 @@ class SteerConfig:
         max=1.0,
         step=0.05,
     )
-    keep: int = config_field(
+
+
+def keep_field() -> Any:
+    return config_field(
         0,
         label="k: tokens steered after a take-back",
         help="gated modes: steering stays on for the next k tokens after a token is taken back",
         min=0,
         max=4096,
     )
+
+
+@dataclass(frozen=True)
+class SteerConfig:
+    """How λ is applied in one generation. mode: a key of MODES; positions: "all" or "generated" (the prompt is left
+    untouched); units (modes whose action adds a direction): "normalised" (module docstring) or "raw"; tau and keep
+    (gated modes, gate.py): the head's threshold and how many tokens steering stays on after a take-back.
+
+    Example: ``session.generate_steered(document, 1.5, how=SteerConfig("conditional", positions="generated"))``"""
+
+    mode: str = mode_field()
+    positions: str = positions_field()
+    units: str = units_field()
+    tau: float = tau_field()
+    keep: int = keep_field()
 
     def __post_init__(self) -> None:
         for name, value, choices in (

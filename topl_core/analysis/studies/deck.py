@@ -38,11 +38,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from ...foundations.config_fields import config_field
 from ...foundations.errors import ConfigError, RunError
 from ...foundations.io import write_json
 from ...foundations.paths import runs_dir, shipped_decks_dir
-from ...hardware.precision import PRECISIONS, Precision
-from ..steering.modes import SteerConfig
+from ...hardware.precision import PRECISION_HELP, PRECISIONS, Precision
+from ..steering.modes import SteerConfig, keep_field, mode_field, positions_field, tau_field, units_field
 from ..steering.steered_text import GateCounts, Replacement
 from ..token_colors import FLAG_THRESHOLD
 from .deck_html import DeckView, deck_html
@@ -78,29 +79,42 @@ def is_shipped(folder: Path) -> bool:
 
 @dataclass(frozen=True)
 class DeckConfig:
-    """adapter: a run / PEFT folder / hub id; documents: the texts to summarise; lambdas: the grid, in the mode's
-    units (steering.SteerConfig); head: "auto" (the run's head when it has one, else none), "probe" (a probe head
-    fitted on the adapter's hidden states, ~2 min on SmolLM2) or "none"; data: the labelled records of the steering
-    vectors (val split, the first token_records) and of the probe head (default: the adapter's training data);
-    tau, keep: a gated mode's settings (SteerConfig; a gated deck reads the head it is prepared with, the run's or
-    the probe head).
+    """A deck's settings: the adapter, the documents, the λ grid and how it steers (steering.SteerConfig's fields),
+    the generation's length and the head that gives each token's verdict (a probe head's time: docs/performance.md);
+    a gated mode reads the head the deck is prepared with, the run's or the probe head.
 
     Example: ``DeckConfig(str(adapter.path), documents=(document,), lambdas=(-2.0, 2.0), max_new_tokens=48)``"""
 
-    adapter: str
-    documents: tuple[str, ...]
-    lambdas: tuple[float, ...]
-    mode: str = "vector"
-    positions: str = "all"
-    units: str = "normalised"
-    top_k: int = 4
-    max_new_tokens: int = 64
-    head: HeadChoice = "auto"
-    data: str | None = None
-    token_records: int = 16  # the first N labelled val records give μ+ / μ− (the Steering page's default: shared cache)
-    precision: Precision = "auto"
-    tau: float = FLAG_THRESHOLD
-    keep: int = 0
+    adapter: str = config_field(label="Adapter", help="a run directory, a PEFT adapter folder or a hub id")
+    documents: tuple[str, ...] = config_field(label="Documents", help="the texts to summarise")
+    lambdas: tuple[float, ...] = config_field(
+        label="λ grid", help="the λ positions, in the mode's units (the neutral λ, the merged model, joins them)"
+    )
+    mode: str = mode_field()
+    positions: str = positions_field()
+    units: str = units_field()
+    top_k: int = config_field(
+        4, label="Steered sites", help="how many sites are steered: the best o_proj / down_proj by LoRA-A AUROC", min=1
+    )
+    max_new_tokens: int = config_field(64, label="Max new tokens", help="the longest summary, in tokens", min=1)
+    head: HeadChoice = config_field(
+        "auto",
+        label="Verdict head",
+        help="the head whose p(good) colours each token: auto (the run's head when it has one, else none), probe "
+        "(a probe head fitted on the adapter's hidden states) or none",
+    )
+    data: str | None = config_field(
+        None,
+        label="Labelled data",
+        help="records of the steering vectors (val split) and of a probe head (default: the adapter's training data)",
+    )
+    # the Steering page's default, so that a deck and the page share the vectors' cache entry
+    token_records: int = config_field(
+        16, label="Token records", help="the first N labelled val records give the vectors' μ+ / μ−", min=1
+    )
+    precision: Precision = config_field("auto", label="Precision", help=PRECISION_HELP)
+    tau: float = tau_field()
+    keep: int = keep_field()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "documents", tuple(self.documents))

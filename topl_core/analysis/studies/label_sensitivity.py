@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 
@@ -48,17 +48,13 @@ from ...training.tracking import check_trackers
 from ...training.trainer import train
 from ..evaluation.config import EvalConfig, Variant
 from ..evaluation.evaluate import evaluate
-from ..evaluation.scorers import DEFAULT_SCORER, SCORER_HELP
-from .study import Study
+from .study import Study, StudyConfig
 
 STUDY_FILE = "label_study.json"
 
 
 @dataclass(frozen=True)
-class LabelStudyConfig:
-    train: TrainConfig = field(
-        default_factory=lambda: TrainConfig(steps=20, eval_every=20, checkpoint_every=10, max_val_examples=32)
-    )
+class LabelStudyConfig(StudyConfig):
     settings: tuple[str, ...] = config_field(
         LABEL_SETTINGS, label="Label settings", help="the label settings to train on", choices=LABEL_SETTINGS
     )
@@ -71,27 +67,15 @@ class LabelStudyConfig:
     cliff_csv: str | None = config_field(
         None, label="CLIFF CSV", help="CLIFF CSV (default: the shipped CLIFF_error_types.csv)", flag="--cliff"
     )
-    n_generate: int = config_field(
-        0,
-        label="Also score generations on … test docs",
-        help="also generation factuality on this many test documents",
-        min=0,
-        max=1000,
-    )
-    max_new_tokens: int = config_field(
-        64, label="Max new tokens (generations)", help="the longest generation, in tokens", min=8, max=1024
-    )
-    scorer: str = config_field(DEFAULT_SCORER, label="Scorer (generations)", help=SCORER_HELP)
+
+    what_it_trains: ClassVar[str] = "the label study trains TOPL"
 
     def __post_init__(self) -> None:
-        if isinstance(self.train, dict):
-            object.__setattr__(self, "train", TrainConfig.from_json(self.train))
+        super().__post_init__()
         object.__setattr__(self, "settings", tuple(self.settings))
         bad = [s for s in self.settings if s not in LABEL_SETTINGS]
         if bad or not self.settings:
             raise ConfigError(f"settings={self.settings!r}: choose a non-empty subset of {LABEL_SETTINGS}.")
-        if self.train.method != "topl":
-            raise ConfigError(f"train.method={self.train.method!r}: the label study trains TOPL; use method='topl'.")
 
     def setting_config(self, setting: str) -> TrainConfig:
         return replace(self.train, label_setting=setting)

@@ -40,9 +40,9 @@ from __future__ import annotations
 import copy
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -61,8 +61,8 @@ from ...training.prefix_cache import PrefixStats, PrefixStore, install_prefix_ca
 from ...training.run_dirs import RunDir
 from ...training.tracking import check_trackers
 from ...training.trainer import train
-from ..evaluation.scorers import DEFAULT_SCORER, SCORER_HELP, make_scorer, score_summary
-from .study import Study
+from ..evaluation.scorers import make_scorer, score_summary
+from .study import Study, StudyConfig
 from .sweep_results import RESULTS_FILE, read_sweep
 
 # --- windows and config -----------------------------------------------------------------------------------------
@@ -95,13 +95,10 @@ def plan_windows(num_layers: int, sizes: Sequence[int] = (3, 6, 12), stride: int
 
 
 @dataclass(frozen=True)
-class SweepConfig:
+class SweepConfig(StudyConfig):
     """A sliding-window sweep. `train` is the template for every window (its LoRA layer range is replaced by the
     window; method must be "topl"). `windows` (explicit (start, size) pairs) overrides sizes/stride."""
 
-    train: TrainConfig = field(
-        default_factory=lambda: TrainConfig(steps=20, eval_every=20, checkpoint_every=10, max_val_examples=32)
-    )
     sizes: tuple[int, ...] = config_field((3, 6, 12), label="Window sizes k", help="window sizes k")
     stride: int = config_field(3, label="Start every … layers", help="start layers 0, stride, 2·stride, …", min=1)
     windows: tuple[tuple[int, int], ...] = config_field(
@@ -113,31 +110,13 @@ class SweepConfig:
         help="layers below a window carry no LoRA: their activations are computed once and reused (off: every "
         "window from the embeddings, for timing)",
     )
-    n_generate: int = config_field(
-        0,
-        label="Also score generations on … test docs",
-        help="also generate on this many test documents per window and score their factuality",
-        min=0,
-        max=1000,
-    )
-    max_new_tokens: int = config_field(
-        64, label="Max new tokens (generations)", help="the longest generation, in tokens", min=8, max=1024
-    )
-    scorer: str = config_field(DEFAULT_SCORER, label="Scorer (generations)", help=SCORER_HELP)
+
+    what_it_trains: ClassVar[str] = "the layer sweep trains TOPL windows"
 
     def __post_init__(self) -> None:
-        if isinstance(self.train, dict):
-            object.__setattr__(self, "train", TrainConfig.from_json(self.train))
+        super().__post_init__()
         object.__setattr__(self, "sizes", tuple(int(k) for k in self.sizes))
         object.__setattr__(self, "windows", tuple((int(s), int(k)) for s, k in self.windows))
-        if self.train.method != "topl":
-            raise ConfigError(
-                f"train.method={self.train.method!r}: the layer sweep trains TOPL windows; use method='topl'."
-            )
-        if self.n_generate < 0:
-            raise ConfigError(
-                f"n_generate={self.n_generate!r}: use 0 (no generation) or a positive number of documents."
-            )
         if not self.windows and not self.sizes:
             raise ConfigError("sizes=() and windows=(): give window sizes (e.g. 3 6 12) or explicit windows.")
 
@@ -260,7 +239,7 @@ def sweep_inputs(cfg: SweepConfig, base_loader: Callable[[], LoadedModel] | None
 
 def fresh_copy(base: LoadedModel) -> LoadedModel:
     """A deep copy for one window (training injects LoRA into the model it gets): the base is loaded once per
-    worker; copying SmolLM2 took 0.9 s where loading it from disk took 1–3 s."""
+    worker, as copying it is faster than loading it again (docs/performance.md, "Figures behind the code's choices")."""
     return LoadedModel(copy.deepcopy(base.model), base.tokenizer, base.spec)
 
 

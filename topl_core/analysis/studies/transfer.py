@@ -60,11 +60,12 @@ from ...data.cliff import CsvLoadReport, load_factuality_csv
 from ...data.encode import IGNORE
 from ...data.records import Record, read_jsonl, records_fingerprint
 from ...data.split import split_records
+from ...foundations.config_fields import config_field
 from ...foundations.errors import ConfigError, DataError
 from ...foundations.io import read_log_rows
 from ...foundations.metrics import auroc, weighted_aurocs
 from ...foundations.paths import cliff_csv, project_path
-from ...hardware.precision import PRECISIONS, resolve_precision
+from ...hardware.precision import PRECISION_HELP, PRECISIONS, resolve_precision
 from ...inference.token_scores import TokenScorer
 from ...models.loading import ModelSpec, load_model
 from ...training.adapters import Adapter, open_adapter
@@ -80,14 +81,34 @@ COLUMNS = ["adapter", "stage", "set", "detector", "auroc", "ci_low", "ci_high", 
 
 @dataclass(frozen=True)
 class TransferSettings:
-    stage: Stage = "dev"
-    max_records_per_set: int = 128  # the first N records of each set, in file order
-    probe_records: int = 128  # training records of the frozen probe (and of a probe head for a headless adapter)
-    bootstrap: int = 1000  # record resamples for the 95% CI; 0: no CI
-    seed: int = 0
-    precision: str = "auto"
-    batch_size: int = 8
-    detokenized_cliff: bool = False  # CLIFF text with PTB forms undone (data/textform.py), spans moved with it
+    stage: Stage = config_field(
+        "dev",
+        label="Stage",
+        help="dev: val split + CLIFF cut val, to compare and choose settings; heldout: test split + CLIFF cut test, "
+        "for the figures you report (logged)",
+    )
+    max_records_per_set: int = config_field(
+        128, label="Records per set", help="the first N records of each set, in file order", min=1, flag="--max-records"
+    )
+    probe_records: int = config_field(
+        128,
+        label="Frozen-probe records",
+        help="training records of the frozen probe (and of a probe head for a headless adapter)",
+        min=1,
+    )
+    bootstrap: int = config_field(
+        1000, label="Bootstrap resamples", help="record resamples for the 95% CI (0: no CI)", min=0
+    )
+    seed: int = config_field(0, label="Seed", help="bootstrap seed", min=0)
+    precision: str = config_field("auto", label="Precision", help=PRECISION_HELP)
+    batch_size: int = config_field(8, label="Batch size", help="records per forward pass", min=1, max=256)
+    detokenized_cliff: bool = config_field(
+        False,
+        label="Detokenized CLIFF",
+        help="undo CLIFF's tokenized forms ('30 - year - old', -lrb-, \"did n't\"; data/textform.py) before scoring; "
+        "spans move with it",
+        flag="--detokenize-cliff",
+    )
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:

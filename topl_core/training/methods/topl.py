@@ -17,8 +17,9 @@ from .base import Method
 def token_bce_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean binary cross-entropy of per-token head logits against labels 1 (good) / 0 (bad); -1 ignored (0 when no
     token is labelled). On a CPU, the mean over the labelled tokens indexed by the mask; on a GPU, where indexing by
-    a mask makes the host wait while the device counts them, the same mean as a masked sum (`masked_token_bce_loss`;
-    equal up to rounding, and a CPU run keeps the float bits of earlier versions)."""
+    a mask makes the host wait while the device counts them, the same mean as a masked sum (`masked_token_bce_loss`).
+    Equal up to rounding; a CPU keeps the indexed form because the shipped demo adapters were trained with it and
+    are rebuilt bit for bit (docs/training.md, "Two forms on a CPU and a GPU")."""
     if logits.device.type != "cpu":
         return masked_token_bce_loss(logits, labels)
     mask = labels != IGNORE
