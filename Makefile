@@ -8,7 +8,7 @@ app: setup
 	.venv/bin/streamlit run app.py
 
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -n 2 --dist loadfile  # two workers, a test file each (tests/conftest.py)
 
 # Retrain the shipped demo adapters (examples/adapters) into a temp dir and compare them bit for bit (~1.5 h on 2 cores).
 demo-adapters: setup

@@ -11,6 +11,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on the two cores: one thread each (and in
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the commands they start), since threads that wait on a core
+    # the other worker holds made a 2-thread matmul ~30× slower (docs/models.md, the probe)
 
 REPO = Path(__file__).resolve().parents[1]
 CLIFF_CSV = REPO.parent / "shared" / "data" / "CLIFF_error_types.csv"
