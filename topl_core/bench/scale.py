@@ -50,11 +50,12 @@ from ..training.flops import sft_flops_per_token, topl_flops_per_token
 from ..training.methods import METHODS
 from ..training.steps import StepContext
 from ..training.trainer import train
-from .workbench import benchmark_prefix_reuse, matmul_peak_tflops, sync
+from .timing import matmul_peak_tflops, sync
+from .workbench import benchmark_prefix_reuse
 
 CAPTURE_RECORDS = 48
 PHASES_PER_MODEL = 5  # the log(...) calls of bench_model: TOPL, SFT, capture, steering, sweep
-MATMUL_MAX_N = {"cuda": 8192, "cpu": 1024}  # the largest matmul of the peak measurement (workbench.matmul_peak_tflops)
+MATMUL_MAX_N = {"cuda": 8192, "cpu": 1024}  # the largest matmul of the peak measurement (timing.matmul_peak_tflops)
 
 
 def _peak_gib(device: str) -> float | None:

@@ -67,6 +67,7 @@ from ..training.lora import apply_lora
 from ..training.prefix_cache import PrefixStore, install_prefix_cache
 from ..training.run_dirs import RunDir
 from ..training.trainer import train
+from .timing import best_times, matmul_peak_tflops
 
 GOALS = {
     "train_mfu": (">=", 0.20),
@@ -77,42 +78,6 @@ GOALS = {
     "heatmap_reload_s": ("<=", 0.5),
     "peak_rss_gib": ("<=", 4.0),
 }
-
-
-def best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Best time of each function after one warm-up call, run in turns (a, b, a, b, …) so that a burst of load
-    elsewhere hits every side of a ratio alike."""
-    for fn in fns.values():
-        fn()
-    best = {k: float("inf") for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            best[k] = min(best[k], time.perf_counter() - t)
-    return best
-
-
-def matmul_peak_tflops(
-    dtype: torch.dtype, device: str = "cpu", max_n: int = 2048, repeats: int = 5, budget_s: float = 1.0
-) -> float:
-    """Best TFLOP/s of square matmuls (2·n³ FLOPs each) on `device`, doubling n from 256 up to max_n while one
-    matmul takes under budget_s; each size timed after a warm-up, a GPU's waited for."""
-    n, best = 256, 0.0
-    while True:
-        a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
-        t = best_times({"matmul": lambda: sync(device, a @ b)}, repeats)["matmul"]
-        best = max(best, 2 * n**3 / t / 1e12)
-        if n >= max_n or 8 * t > budget_s:  # the next size costs 8× as much
-            return best
-        n *= 2
-
-
-def sync(device: str, result: object = None) -> object:
-    """Wait until a GPU has done what it was given (a CPU has when the call returns); returns `result`."""
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return result
 
 
 def _train_subprocess(args: list[str], env: dict) -> tuple[Path, float]:
