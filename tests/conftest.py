@@ -57,6 +57,27 @@ def cache_sharing_the_costly_parts(cache: Path) -> Path:
     return cache
 
 
+# The test files that take longest (the durations `make test` prints), run first: the two workers take a file each in
+# collection order, and a long file collected last kept one worker busy while the other had nothing left.
+SLOW_FILES = (
+    "test_browser.py",
+    "test_precision.py",
+    "test_gpu.py",
+    "test_bf16.py",
+    "test_bench.py",
+    "test_gated.py",
+    "test_reproduce.py",
+    "test_app.py",
+    "test_distributed.py",
+    "test_training.py",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+
+
 @pytest.fixture(scope="session", autouse=True)
 def project_folders_untouched(tmp_path_factory):
     """No test writes into the project's runs/ or cache/: unless a test names its own, both point into a temp folder
