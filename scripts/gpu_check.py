@@ -46,43 +46,52 @@ def step(name: str, args: list[str], env: dict, log: list[tuple[str, int, float]
     return out.returncode == 0
 
 
-def check_model(
-    model: str, device: str, work: Path, data: str, env: dict, log: list, modes=tuple(MODES), positions=POSITIONS
-) -> None:
+def model_steps(
+    model: str, device: str, work: Path, data: str, modes=tuple(MODES), positions=POSITIONS
+) -> list[tuple[str, str, list[str]]]:
+    """(kind, name, command-line arguments) of every step of one model, in the order they run."""
     topl = ["-m", "topl_core"]
     run, sft = work / f"{model}-topl", work / f"{model}-sft"
     last = "2" if model.startswith("tiny") else "20"  # the head layer: SmolLM2's default m is 20 of 30
     common = ["--model", model, "--device", device, "--data", data, "--max-val-examples", "8", "--eval-every", "10"]
     lora = ["--lora-layer-start", "0", "--lora-layer-end", last]
     train = [*topl, "train", *common, *lora]
-    step(f"{model}: train TOPL 20 steps", [*train, "--steps", "20", "--out", str(run)], env, log)
-    step(f"{model}: train SFT 2 steps", [*train, "--method", "sft", "--steps", "2", "--out", str(sft)], env, log)
-    step(f"{model}: probe", [*topl, "probe", "--run", str(run), "--compare", str(sft), "--limit", "24"], env, log)
-    for mode in modes:
-        for where in positions:
-            step(
-                f"{model}: steer {mode} ({where})",
-                [*topl, "steer", "--run", str(run), "--document", DOC, "--mode", mode, "--positions", where,
-                 "--lambdas", "-2", "0", "2", "--max-new-tokens", "24", "--limit", "24", "--no-base"],
-                env,
-                log,
-            )  # fmt: skip
-    step(f"{model}: score-tokens", [*topl, "score-tokens", "--run", str(run), "--data", data, "--limit", "8"], env, log)
-    step(
-        f"{model}: evaluate 2 documents",
-        [*topl, "evaluate", "--run", str(run), "--n-id", "2", "--n-ood", "0", "--steer", "2", "--max-new-tokens", "24",
-         "--device", device, "--data", data],
-        env,
-        log,
-    )  # fmt: skip
-    step(
-        f"{model}: layer sweep, 2 windows",
-        [*topl, "sweep", "--out", str(work / f"{model}-sweep"), "--model", model, "--device", device,
-         "--data", data, "--windows", "0:2", "2:2", "--steps", "4"],
-        env,
-        log,
-    )  # fmt: skip
-    step(f"{model}: merge-check", [*topl, "merge-check", "--run", str(run), "--n", "4"], env, log)
+    steps = [
+        ("train", f"{model}: train TOPL 20 steps", [*train, "--steps", "20", "--out", str(run)]),
+        ("train", f"{model}: train SFT 2 steps", [*train, "--method", "sft", "--steps", "2", "--out", str(sft)]),
+        ("probe", f"{model}: probe", [*topl, "probe", "--run", str(run), "--compare", str(sft), "--limit", "24"]),
+    ]
+    steps += [
+        ("steer", f"{model}: steer {mode} ({where})",
+         [*topl, "steer", "--run", str(run), "--document", DOC, "--mode", mode, "--positions", where,
+          "--lambdas", "-2", "0", "2", "--max-new-tokens", "24", "--limit", "24", "--no-base"])
+        for mode in modes
+        for where in positions
+    ]  # fmt: skip
+    steps += [
+        ("score-tokens", f"{model}: score-tokens",
+         [*topl, "score-tokens", "--run", str(run), "--data", data, "--limit", "8"]),
+        ("evaluate", f"{model}: evaluate 2 documents",
+         [*topl, "evaluate", "--run", str(run), "--n-id", "2", "--n-ood", "0", "--steer", "2", "--max-new-tokens", "24",
+          "--device", device, "--data", data]),
+        ("sweep", f"{model}: layer sweep, 2 windows",
+         [*topl, "sweep", "--out", str(work / f"{model}-sweep"), "--model", model, "--device", device,
+          "--data", data, "--windows", "0:2", "2:2", "--steps", "4"]),
+        ("merge-check", f"{model}: merge-check", [*topl, "merge-check", "--run", str(run), "--n", "4"]),
+    ]  # fmt: skip
+    return steps
+
+
+STEP_KINDS = ("train", "probe", "steer", "score-tokens", "evaluate", "sweep", "merge-check")
+
+
+def check_model(
+    model: str, device: str, work: Path, data: str, env: dict, log: list, modes=tuple(MODES), positions=POSITIONS,
+    kinds=STEP_KINDS,
+) -> None:  # fmt: skip
+    for kind, name, args in model_steps(model, device, work, data, modes, positions):
+        if kind in kinds:
+            step(name, args, env, log)
 
 
 def free_port() -> int:
@@ -119,6 +128,7 @@ def main() -> int:
     p.add_argument("--data", default="cache/data/halueval-perturbed.jsonl", help="token-labelled records")
     p.add_argument("--modes", nargs="+", choices=tuple(MODES), default=list(MODES), help="steering modes to run")
     p.add_argument("--positions", nargs="+", choices=POSITIONS, default=list(POSITIONS), help="steered positions")
+    p.add_argument("--steps", nargs="+", choices=STEP_KINDS, default=list(STEP_KINDS), help="the kinds of step to run")
     p.add_argument("--pages", action="store_true", help="also visit every page in headless Chromium (needs chromium)")
     p.add_argument("--work", help="keep runs and screenshots here (default: a temp folder)")
     args = p.parse_args()
@@ -139,7 +149,9 @@ def main() -> int:
             (work / "cache" / shared).symlink_to(REPO / "cache" / shared)
     log: list[tuple[str, int, float]] = []
     for model in args.models:
-        check_model(model, args.device, work, str(Path(args.data).resolve()), env, log, args.modes, args.positions)
+        check_model(
+            model, args.device, work, str(Path(args.data).resolve()), env, log, args.modes, args.positions, args.steps
+        )
         if args.pages:
             check_pages(model, args.device, work, env, log)
     failed = [name for name, rc, _ in log if rc != 0]

@@ -24,16 +24,33 @@ def run_check(tmp_path: Path, records, *args: str) -> subprocess.CompletedProces
     )  # fmt: skip
 
 
+def test_every_step_of_the_check_is_a_command_the_cli_takes(tmp_path):
+    """Every step the check runs on a GPU — each kind, mode and position, both models — parses with the CLI's own
+    parser, so a renamed flag fails here and not on a borrowed GPU."""
+    import importlib.util
+
+    from test_docs import parse_error
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    steps = [s for m in ("tiny-llama", "smollm2-135m") for s in gpu_check.model_steps(m, "cuda", tmp_path, "d.jsonl")]
+    assert {kind for kind, _, _ in steps} == set(gpu_check.STEP_KINDS)
+    for _, name, args in steps:
+        assert args[:2] == ["-m", "topl_core"]
+        assert parse_error(args[2:]) is None, (name, parse_error(args[2:]))
+
+
 def test_the_check_passes_on_the_cpu_with_a_tiny_model(tmp_path, tiny_records):
-    """Every step but six of the eight steering runs (each a process start, ~8 s on a slow CPU; the modes and
-    positions themselves are tested in-process in test_steering.py and test_bf16.py)."""
+    """The check's own machinery (its processes, environment, log and verdict) end to end on the CPU, on the steps
+    the others build on; every other step's command line is checked above, and the commands themselves are tested
+    in-process (test_cli.py, test_steering.py, test_evaluation.py, test_sweeps.py, test_bf16.py)."""
     out = run_check(
-        tmp_path, tiny_records, "--device", "cpu", "--models", "tiny-llama", "--modes", "vector", "conditional",
-        "--positions", "generated",
+        tmp_path, tiny_records, "--device", "cpu", "--models", "tiny-llama", "--modes", "vector",
+        "--positions", "generated", "--steps", "train", "probe", "steer", "merge-check",
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    # train ×2, probe, 2 modes × 1 position, score-tokens, evaluate, sweep, merge-check
-    assert "9 passed, 0 failed" in out.stdout, out.stdout[-4000:]
+    assert "5 passed, 0 failed" in out.stdout, out.stdout[-4000:]  # train ×2, probe, steer, merge-check
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
