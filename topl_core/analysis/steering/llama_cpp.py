@@ -7,6 +7,7 @@ llama.cpp needs both:
     export_for_llama_cpp(vectors, path, mode, units, config) -> LlamaCppExport
         writes the mode's λ = 1 vectors at `path` and the adapter's LoRA at lora_gguf_path(path); .command(λ) is the
         llama.cpp line that runs them (llama.cpp's scale is the workbench's λ in the exported units).
+    write_adapter_lora(vectors, path, config) -> Path     the LoRA alone (one file serves every mode's vector)
     write_lora_gguf(path, lora, model_hint, n_head, n_head_kv) -> Path
         lora: {Site: LoraWeights} (lora_a.sites.read_lora_weights); model_hint: the llama.cpp architecture
         (control_vector.model_hint_for); n_head / n_head_kv: the model's attention and key-value head counts.
@@ -123,19 +124,25 @@ class LlamaCppExport:
         return shlex.join(["llama-completion", *files, "--temp", "0", "-p", "PROMPT"])
 
 
+def text_config(config):
+    """The decoder's own config (a multimodal Gemma3's text_config; the config itself otherwise)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def write_adapter_lora(vectors: SteeringVectors, path: str | os.PathLike, config) -> Path:
+    """The LoRA of the adapter `vectors` came from, as a llama.cpp adapter at `path` (config: the base model's)."""
+    text = text_config(config)
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    return write_lora_gguf(path, vectors.adapter_lora(), model_hint_for(text.model_type), heads, kv_heads)
+
+
 def export_for_llama_cpp(
-    vectors: SteeringVectors, path: str | os.PathLike, mode: str, units: str, config, lora_path: str | None = None
+    vectors: SteeringVectors, path: str | os.PathLike, mode: str, units: str, config
 ) -> LlamaCppExport:
     """The mode's λ = 1 vectors in `units` as a control vector at `path`, and the adapter's LoRA as a llama.cpp
-    adapter at `lora_path` (default: lora_gguf_path(path)). config: the base model's transformers config."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    adapter at lora_gguf_path(path). config: the base model's transformers config."""
+    text = text_config(config)
     left_out = vectors.save_control_vector(path, mode, units, text.model_type, text.num_hidden_layers)
-    heads = int(text.num_attention_heads)
-    lora = write_lora_gguf(
-        lora_path or lora_gguf_path(path),
-        vectors.adapter_lora(),
-        model_hint_for(text.model_type),
-        heads,
-        int(getattr(text, "num_key_value_heads", None) or heads),
-    )
+    lora = write_adapter_lora(vectors, lora_gguf_path(path), config)
     return LlamaCppExport(Path(path), lora, tuple(left_out))

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .llama_cpp import export_for_llama_cpp
+from .llama_cpp import text_config, write_adapter_lora
 from .modes import MODES
 from .vectors import SteeringVectors
 
@@ -60,14 +60,14 @@ def export_bundle(vectors: SteeringVectors, config) -> ExportBundle:
     """The vectors (SteeringVectors.save), per exportable mode `<mode>.gguf`: λ = 1 in normalised units as a
     llama.cpp control vector, and `lora.gguf`: the adapter's LoRA for llama.cpp's --lora (llama_cpp.py), in one
     zip. config: the base model's transformers config."""
-    buf, left_out = io.BytesIO(), ()
+    buf, left_out = io.BytesIO(), []
+    text = text_config(config)
     with tempfile.TemporaryDirectory() as d:
         vectors.save(d)
         for mode in (m.name for m in MODES.values() if m.exportable):
-            exported = export_for_llama_cpp(
-                vectors, Path(d) / f"{mode}.gguf", mode, "normalised", config, Path(d) / "lora.gguf"
-            )
-            left_out = exported.left_out
+            gguf = Path(d) / f"{mode}.gguf"
+            left_out = vectors.save_control_vector(gguf, mode, "normalised", text.model_type, text.num_hidden_layers)
+        write_adapter_lora(vectors, Path(d) / "lora.gguf", config)  # once: every mode's vector belongs to it
         files = sorted(Path(d).iterdir())
         with zipfile.ZipFile(buf, "w") as z:
             for f in files:
