@@ -98,6 +98,16 @@ def announce_precision(requested: str, device: str = "cpu") -> ResolvedPrecision
     return resolve_precision(requested, device)
 
 
+def add_study_folder_args(p: argparse.ArgumentParser, what: str, contents: str, shows: str, stops_after: str) -> None:
+    """The flags of a resumable study kept in one folder: --out (a new one), --resume / --show / --stop DIR and
+    --background. what: "sweep", "study"…; contents: what the folder holds; shows: what --show prints."""
+    p.add_argument("--out", help=f"{what} folder ({contents})")
+    p.add_argument("--resume", metavar="DIR", help=f"continue the {what} in DIR with its saved settings")
+    p.add_argument("--show", metavar="DIR", help=f"print {shows} and exit")
+    p.add_argument("--stop", metavar="DIR", help=f"ask the {what} in DIR to stop after its current {stops_after}")
+    p.add_argument("--background", action="store_true", help="run in a detached process (job.log in the folder)")
+
+
 def add_executor_args(p: argparse.ArgumentParser) -> None:
     """Where a study's independent tasks run (topl_core.foundations.executor)."""
     g = p.add_argument_group("where the tasks run")

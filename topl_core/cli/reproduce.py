@@ -18,7 +18,7 @@ from ..foundations.status import request_stop
 from ..jobs.background import read_job
 from ..jobs.launchers import launch_reproduce, resume_reproduce_job
 from . import CANCELLED, COMMANDS
-from .common import add_executor_args, announce_precision, executor_from_args
+from .common import add_executor_args, add_study_folder_args, announce_precision, executor_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,11 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  python -m topl_core reproduce --resume runs/paper               # continue; finished tasks are kept\n"
         "  python -m topl_core reproduce --show runs/paper                 # its tasks, and the verdicts",
     )
-    p.add_argument("--out", help="study folder (reproduce.json, methods/, tasks/, report.md, report.html)")
-    p.add_argument("--resume", metavar="DIR", help="continue the study in DIR with its saved settings")
-    p.add_argument("--show", metavar="DIR", help="print the study's tasks and, once finished, its verdicts")
-    p.add_argument("--stop", metavar="DIR", help="ask the study in DIR to stop after its current step or task")
-    p.add_argument("--background", action="store_true", help="run in a detached process (job.log in the folder)")
+    add_study_folder_args(
+        p, "study", "reproduce.json, methods/, tasks/, report.md, report.html", "the study's tasks and, once finished, "
+        "its verdicts", "step or task"
+    )  # fmt: skip
     p.add_argument(
         "--quick",
         action="store_true",

@@ -19,6 +19,7 @@ from . import COMMANDS
 from .common import (
     ExamplesFormatter,
     add_executor_args,
+    add_study_folder_args,
     add_study_train_args,
     announce_precision,
     executor_from_args,
@@ -40,11 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  python -m topl_core sweep --resume runs/sweep-smollm2      # continue; finished windows are kept\n"
         "  python -m topl_core sweep --show runs/sweep-smollm2        # print the results table and heatmap",
     )
-    p.add_argument("--out", help="sweep directory (sweep.json, status.json, results.jsonl, windows/<run dirs>)")
-    p.add_argument("--resume", metavar="SWEEP_DIR", help="continue a sweep with its saved config")
-    p.add_argument("--show", metavar="SWEEP_DIR", help="print a sweep's results (heatmap table) and exit")
-    p.add_argument("--background", action="store_true", help="run in a detached process (job.log in the sweep dir)")
-    p.add_argument("--stop", metavar="SWEEP_DIR", help="ask a running sweep to stop after its current step")
+    add_study_folder_args(
+        p, "sweep", "sweep.json, status.json, results.jsonl, windows/<run dirs>", "a sweep's results (heatmap table)",
+        "step"
+    )  # fmt: skip
     p.add_argument(
         "--compare",
         nargs=2,
