@@ -72,7 +72,11 @@ def score(spec: str, run: str, fp: str, precision: str, record: Record, probe_he
 def generate_summary(spec: str, run: str, fp: str, precision: str, document: str, max_new_tokens: int) -> str:
     lm = merged_model(spec, run, fp)
     with resource_lock(f"merged:{spec}:{run}:{fp}"):
-        return generate(lm, [document], GenerationConfig(max_new_tokens=max_new_tokens, precision=precision))[0]
+        return generate(
+            lm,
+            [document],
+            GenerationConfig.chosen(precision, max_new_tokens=max_new_tokens),
+        )[0]
 
 
 source = st.radio(

@@ -57,7 +57,7 @@ def steered_texts(
     """The steered generation at every λ of `grid` (one λ, or the slider's every position), generated as one batch
     where the mode batches rows (SteeringSession.grid_generations; one λ alone is generate_steered's text)."""
     sess = steering_session(spec, run, fp, ts, top_k, precision)
-    gen = GenerationConfig(max_new_tokens=max_new, precision=precision)
+    gen = GenerationConfig.chosen(precision, max_new_tokens=max_new)
     return dict(zip(grid, sess.grid_generations(document, grid, gen, how=how)))
 
 
@@ -110,7 +110,7 @@ def base_stream(spec: str, precision: str, document: str, max_new: int) -> Itera
     """The base model's summary as it is written."""
     lm = base_model(spec)
     with resource_lock(f"base:{spec}"):
-        for text in stream_generate(lm, document, GenerationConfig(max_new_tokens=max_new, precision=precision)):
+        for text in stream_generate(lm, document, GenerationConfig.chosen(precision, max_new_tokens=max_new)):
             yield SteeredText(text)
 
 
@@ -129,7 +129,10 @@ def steered_stream(
     """The steered summary at λ as it is written (SteeringSession.stream_generations)."""
     sess = steering_session(spec, run, fp, ts, top_k, precision)
     yield from sess.stream_generations(
-        document, lam, GenerationConfig(max_new_tokens=max_new, precision=precision), how=how
+        document,
+        lam,
+        GenerationConfig.chosen(precision, max_new_tokens=max_new),
+        how=how,
     )
 
 

@@ -1,12 +1,14 @@
 """`bench --slider`: a new λ position of the Steering page's slider against the naive path, measured in one run.
 
 For a document already shown (its prompt run once), each new λ is generated
-- naive: the merged model under steer(λ) with plain generate() — the full prompt again, nothing shown until the whole
-  summary is done (what the page did before streaming);
-- slider: SteeringSession.stream_steered, steering the generated positions: the prompt's KV cache reused, the text
-  streamed; time to the first token and to the whole summary;
+- naive: the merged model under steer(λ) with plain generate() — the full prompt again, every forward in the one
+  precision `auto` resolves to, nothing shown until the whole summary is done (what the page did before streaming);
+- slider: SteeringSession.stream_steered, steering the generated positions: the prompt's KV cache reused, the decode
+  steps in their own faster precision (GenerationConfig.decode_precision), the text streamed; time to the first
+  token and to the whole summary;
 - slider_all_positions: the same stream steering every position (the prompt is steered, so it runs again per λ).
-The same λ gives the same text on every path (tested token for token), so the paths write the same tokens.
+Where both paths decode in the same precision they write the same text, token for token (checked here, and tested);
+where the decode precisions differ the texts may part after some tokens (bf16 and fp32 round differently).
 
     slider_vs_naive        slider whole summary / naive whole summary
     first_token_vs_naive   slider first token / naive whole summary (when the naive page first shows a word)
@@ -55,7 +57,11 @@ def slider_bench(
     lm = session.lm
     device = lm.model.device.type
     resolved = resolve_precision(precision, device)
-    gen = GenerationConfig(max_new_tokens=new_tokens, precision=resolved)
+    # the naive path runs every forward in one precision (as generation did before the decode steps had their own);
+    # the slider's decode steps take their faster precision unless `precision` is explicit
+    naive_gen = GenerationConfig(max_new_tokens=new_tokens, precision=resolved, decode_precision=resolved)
+    gen = GenerationConfig.chosen(precision, max_new_tokens=new_tokens)
+    decode = gen.decode_on(device)
     generated, everywhere = SteerConfig("vector", "generated"), SteerConfig("vector", "all")
     lambdas = NEW_POSITIONS[:repeats]
     # warm-up: the first generate after loading is slow; this also runs the document's prompt once, as the page has
@@ -68,10 +74,10 @@ def slider_bench(
         log(f"slider bench: λ = {lam:g}")
         t0 = time.perf_counter()
         with torch.no_grad(), steer(lm.model, session.vectors, lam, generated):
-            naive_text = generate(lm, [document], gen)[0]
+            naive_text = generate(lm, [document], naive_gen)[0]
         naive.append(time.perf_counter() - t0)
         first, total, text = _timed_stream(session.stream_steered(document, lam, gen, how=generated))
-        if text != naive_text:
+        if decode == resolved and text != naive_text:  # the same precisions: the same text, token for token
             raise AssertionError(f"λ = {lam}: the streamed text differs from generate()'s: {text!r} / {naive_text!r}")
         slider.append((first, total))
         slider_all.append(_timed_stream(session.stream_steered(document, lam + 0.01, gen, how=everywhere))[:2])
@@ -88,7 +94,7 @@ def slider_bench(
         "model": lm.spec.name,
         "adapter": Path(session.vectors.adapter_path or "").name,
         "device": device,
-        "precision": {"prefill": resolved, "decode": resolved},
+        "precision": {"prefill": resolved, "decode": decode, "naive": resolved},
         "prompt_tokens": prompt_tokens,
         "new_tokens": n_new,
         "repeats": len(lambdas),

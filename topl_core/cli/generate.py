@@ -53,10 +53,8 @@ def run(args: argparse.Namespace) -> None:
         model = args.model if args.model != DEFAULT_MODEL else adapter.base_model
         spec = ModelSpec(model, args.dtype, args.device)
     lm = load_merged(spec, adapter)
-    cfg = GenerationConfig(
-        **config_args(args, GenerationConfig, only=GENERATION_FLAGS),
-        precision=announce_precision(args.precision, args.device),
-    )
+    announce_precision(args.precision, args.device)
+    cfg = GenerationConfig.chosen(args.precision, **config_args(args, GenerationConfig, only=GENERATION_FLAGS))
     texts = generate(lm, [d for _, d in items], cfg)
     rows = [{"id": rid, "document": doc, "generated": t} for (rid, doc), t in zip(items, texts)]
     if args.out:

@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> int | None:
         print(f"  in llama.cpp (steers every position, as --positions all): {exported.command(lambdas[-1])}")
 
     given = config_args(args, GenerationConfig, only=GENERATION_FLAGS)
-    gen = GenerationConfig(**given, mode=args.decoding, precision=precision)
+    gen = GenerationConfig.chosen(args.precision, **given, mode=args.decoding)
     rows = []
     if not args.no_base:
         base_text = generate(load_model(ModelSpec(rd.base_model, device=rd.device)), [args.document], gen)[0]
@@ -214,6 +214,7 @@ def run(args: argparse.Namespace) -> int | None:
                 "vectors": vectors.metadata(),
                 "steering": how.key(),
                 "precision": precision,
+                "decode_precision": gen.decode_on(rd.device),
                 "document": args.document,
                 "generations": rows,
             },

@@ -41,6 +41,10 @@ PRECISION_HELP = (  # the precision setting of every config and command
     "compute precision (bf16 = autocast); auto = TOPL_PRECISION when set, else bf16 only where the device computes it "
     "natively and fast (AMX / AVX-512-BF16 CPUs, CUDA), fp32 otherwise"
 )
+DECODE_PRECISION_HELP = (  # the decode phase's setting, where a config has one apart
+    "compute precision of the one-token decode steps; auto = fp32 where precision is fp32, else the faster of bf16 "
+    "and fp32 for one token on this device (measured), or TOPL_PRECISION when set"
+)
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # the torch names that spec strings used for the weights before one vocabulary served both weights and compute
 _TORCH_NAMES = {"float32": "fp32", "bfloat16": "bf16"}
@@ -48,6 +52,7 @@ _TORCH_NAMES = {"float32": "fp32", "bfloat16": "bf16"}
 PRECISION_ENV = "TOPL_PRECISION"  # "fp32" / "bf16": what "auto" means on this machine, overriding the probe
 PROBE_SIZE = 256  # matmul side: a sub-second probe even where bf16 is emulated (docs/models.md, "The probe")
 PROBE_REPEATS = 5
+DECODE_PROBE_SIZE = 1024  # the decode probe's weight side: one row through a (3·size × size) float32 weight
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,10 @@ class Bf16Probe:
     avx512_bf16: bool
     fp32_s: float
     bf16_s: float
+    # one row through a float32 weight, plain and under bf16 autocast (which casts the whole weight on every call):
+    # what a one-token decode step does; None in a probe cached before it was measured (then measured again)
+    decode_fp32_s: float | None = None
+    decode_bf16_s: float | None = None
 
     @property
     def slowdown(self) -> float:
@@ -74,9 +83,20 @@ class Bf16Probe:
         """bf16 is native on this CPU and measured faster than fp32."""
         return self.flags_native and self.slowdown < 1.0
 
+    @property
+    def decode_native(self) -> bool:
+        """A one-token decode step is faster under bf16 autocast than in fp32 here (measured; the prefill probe's
+        answer when the decode probe is absent)."""
+        if self.decode_fp32_s is None or self.decode_bf16_s is None:
+            return self.native
+        return self.native and self.decode_bf16_s < self.decode_fp32_s
+
     def describe(self) -> str:
         flags = "AMX" if self.amx else "AVX-512-BF16" if self.avx512_bf16 else "no AMX, no AVX-512-BF16"
-        return f"CPU {self.capability} ({flags}); bf16 matmul {self.slowdown:.3g}× the time of fp32"
+        decode = ""
+        if self.decode_fp32_s is not None and self.decode_bf16_s is not None:
+            decode = f", a one-token decode step {self.decode_bf16_s / self.decode_fp32_s:.3g}×"
+        return f"CPU {self.capability} ({flags}); bf16 matmul {self.slowdown:.3g}× the time of fp32{decode}"
 
 
 def _time_matmul(dtype: torch.dtype) -> float:
@@ -99,14 +119,36 @@ def _time_matmul(dtype: torch.dtype) -> float:
     return max(best, 1e-9)
 
 
+def _time_decode_row(under_autocast: bool) -> float:
+    """Best of PROBE_REPEATS single-threaded one-row linears over a float32 weight, plain or under bf16 autocast:
+    the shape of a decode step, where autocast's cast of every weight on every call is not repaid by one row."""
+    weight = torch.randn(3 * DECODE_PROBE_SIZE, DECODE_PROBE_SIZE)
+    row = torch.randn(1, DECODE_PROBE_SIZE)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        best = float("inf")
+        for _ in range(PROBE_REPEATS + 1):  # the first is the warm-up
+            t = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=under_autocast):
+                torch.nn.functional.linear(row, weight)
+            best = min(best, time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(threads)
+    return max(best, 1e-9)
+
+
 def measure_bf16_probe() -> Bf16Probe:
-    """A fresh measurement (no cache): the flags and the best of PROBE_REPEATS matmuls per dtype."""
+    """A fresh measurement (no cache): the flags, the best of PROBE_REPEATS matmuls per dtype, and the decode-shaped
+    one-row probe plain and under autocast."""
     return Bf16Probe(
         capability=torch.backends.cpu.get_cpu_capability(),
         amx=bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()),
         avx512_bf16=bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()),
         fp32_s=_time_matmul(torch.float32),
         bf16_s=_time_matmul(torch.bfloat16),
+        decode_fp32_s=_time_decode_row(False),
+        decode_bf16_s=_time_decode_row(True),
     )
 
 
@@ -148,9 +190,11 @@ def cpu_bf16_probe() -> Bf16Probe:
     """The probe for this machine, measured once and cached on disk (cache/machine/bf16-<key>.json)."""
     path = cache_dir() / "machine" / f"bf16-{_machine_key()}.json"
     try:
-        return Bf16Probe(**json.loads(path.read_text()))
+        cached = Bf16Probe(**json.loads(path.read_text()))
+        if cached.decode_bf16_s is not None:
+            return cached
     except (OSError, ValueError, TypeError):
-        pass  # absent or unreadable: measure (a fraction of a second) and store
+        pass  # absent, unreadable or from before the decode probe: measure (a fraction of a second) and store
     probe = measure_bf16_probe()
     try:
         write_json(path, probe.__dict__)
@@ -175,6 +219,19 @@ def chosen_default() -> ResolvedPrecision | None:
     if value not in PRECISIONS:
         raise ValueError(f"{PRECISION_ENV}={value!r}: choose one of {PRECISIONS}, or unset it (auto).")
     return None if value == "auto" else value  # type: ignore[return-value]
+
+
+def resolve_decode_precision(precision: str, decode: str, device: str = "cpu") -> ResolvedPrecision:
+    """The precision of the one-token decode forwards of a generation whose other forwards (prompt, training, scoring)
+    run in `precision`: `decode` when it names one; for "auto", TOPL_PRECISION when set, fp32 when `precision` resolves
+    to fp32, else bf16 where the decode probe measures a one-row step faster under bf16 autocast (GPUs, where weights
+    are bf16 already) and fp32 where it does not (CPUs: autocast casts every float32 weight on every call)."""
+    if decode != "auto":
+        return resolve_precision(decode, device)
+    resolved = resolve_precision(precision, device)
+    if chosen_default() or resolved == "fp32" or device != "cpu":
+        return resolved
+    return "bf16" if cpu_bf16_probe().decode_native else "fp32"
 
 
 def resolve_precision(precision: str, device: str = "cpu") -> ResolvedPrecision:
@@ -225,14 +282,17 @@ def weights_for(precision: str) -> Precision:
 
 
 def describe_precision(requested: str, device: str = "cpu") -> str:
-    """One line for CLIs and pages: what ran and why, e.g. "fp32 (auto: CPU AVX2 (no AMX, …); bf16 … 68× …)"."""
+    """One line for CLIs and pages: what ran and why, e.g. "fp32 (auto: CPU AVX2 (no AMX, …); bf16 … 68× …)", or
+    "bf16 (decode steps in fp32; auto: …)" where auto picks each phase's faster precision apart."""
     resolved = resolve_precision(requested, device)
+    decode = resolve_decode_precision(requested, "auto", device) if requested == "auto" else resolved
+    decoding = "" if decode == resolved else f"decode steps in {decode}; "
     why = (
         ("GPU bf16 support" if cuda_bf16() else "GPU without bf16") if device == "cuda" else cpu_bf16_probe().describe()
     )
     if requested == "auto" and chosen_default():
-        return f"{resolved} (auto: {PRECISION_ENV}={resolved}; the hardware: {why})"
-    return f"{resolved} ({'auto' if requested == 'auto' else 'chosen'}: {why})"
+        return f"{resolved} ({decoding}auto: {PRECISION_ENV}={resolved}; the hardware: {why})"
+    return f"{resolved} ({decoding}{'auto' if requested == 'auto' else 'chosen'}: {why})"
 
 
 def autocast(precision: str, device: str):
@@ -240,6 +300,46 @@ def autocast(precision: str, device: str):
     return torch.autocast(
         device_type=device, dtype=torch.bfloat16, enabled=resolve_precision(precision, device) == "bf16"
     )
+
+
+class PhaseAutocast:
+    """Autocast per forward by its phase, for a generation whose loop is not ours (transformers' generate): a forward
+    over more than one new position (the prompt) runs in `prefill`, a one-token step in `decode`. A forward pre-hook
+    enters the forward's autocast and a forward hook leaves it; leaving the `with` block leaves any a failed forward
+    left open. Where both phases agree it is one plain autocast around everything."""
+
+    def __init__(self, model: torch.nn.Module, prefill: str, decode: str, device: str):
+        self.model, self.device = model, device
+        self.prefill, self.decode = resolve_precision(prefill, device), resolve_precision(decode, device)
+        self._open: list = []
+        self._handles: list = []
+
+    def _enter(self, _module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        one_token = ids is not None and ids.shape[-1] == 1
+        context = autocast(self.decode if one_token else self.prefill, self.device)
+        context.__enter__()
+        self._open.append(context)
+
+    def _leave(self, _module, _args, _kwargs, _output):
+        self._open.pop().__exit__(None, None, None)
+
+    def __enter__(self) -> "PhaseAutocast":
+        if self.prefill == self.decode:
+            self._open.append(autocast(self.prefill, self.device))
+            self._open[-1].__enter__()
+        else:
+            self._handles = [
+                self.model.register_forward_pre_hook(self._enter, with_kwargs=True),
+                self.model.register_forward_hook(self._leave, with_kwargs=True),
+            ]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        while self._open:
+            self._open.pop().__exit__(None, None, None)
 
 
 def full_precision(device: str):

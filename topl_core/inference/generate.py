@@ -20,7 +20,16 @@ import torch
 
 from ..data.encode import build_prompt, truncate_document
 from ..foundations.config_fields import config_field
-from ..hardware.precision import PRECISION_HELP, PRECISIONS, Precision, autocast
+from ..hardware.precision import (
+    DECODE_PRECISION_HELP,
+    PRECISION_HELP,
+    PRECISIONS,
+    PhaseAutocast,
+    Precision,
+    ResolvedPrecision,
+    autocast,
+    resolve_decode_precision,
+)
 from ..models.loading import LoadedModel, ModelSpec, load_model
 from ..training.adapters import load_adapter
 
@@ -49,16 +58,32 @@ class GenerationConfig:
     # compute precision of the forward passes (bf16 = autocast); "auto" resolves for the model's device when it
     # generates: callers that key a cache by this config resolve it first (EvalConfig does)
     precision: Precision = config_field("auto", label="Precision", help=PRECISION_HELP)
+    # the one-token decode steps apart from the prompt: on a CPU, bf16 autocast casts every weight on every call,
+    # which one token does not repay (hardware.precision.resolve_decode_precision)
+    decode_precision: Precision = config_field("auto", label="Decode precision", help=DECODE_PRECISION_HELP)
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision={self.precision!r}: choose one of {PRECISIONS} ('auto' follows the hardware).")
+        for name in ("precision", "decode_precision"):
+            if getattr(self, name) not in PRECISIONS:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r}: choose one of {PRECISIONS} ('auto' follows the hardware)."
+                )
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens}: must be at least 1.")
         if self.mode not in ("greedy", "sample"):
             raise ValueError(f"mode={self.mode!r}: choose 'greedy' or 'sample'.")
         if self.mode == "sample" and not self.temperature > 0:
             raise ValueError(f"temperature={self.temperature}: sampling needs a positive temperature.")
+
+    @classmethod
+    def chosen(cls, precision: str, **settings) -> GenerationConfig:
+        """The config for a precision a person chose (a command's --precision, a page's picker): an explicit one
+        serves both phases; "auto" lets the decode steps take their own faster precision."""
+        return cls(precision=precision, decode_precision=precision, **settings)
+
+    def decode_on(self, device: str) -> ResolvedPrecision:
+        """The precision the decode steps run in on `device`."""
+        return resolve_decode_precision(self.precision, self.decode_precision, device)
 
 
 def load_merged(spec: ModelSpec | str, adapter) -> LoadedModel:
@@ -97,7 +122,7 @@ def generate(
             enc = {k: v.to(model.device) for k, v in enc.items()}
             if cfg.mode == "sample":
                 torch.manual_seed(cfg.seed + i)
-            with autocast(cfg.precision, model.device.type):
+            with PhaseAutocast(model, cfg.precision, cfg.decode_on(model.device.type), model.device.type):
                 out = model.generate(
                     **enc,
                     max_new_tokens=cfg.max_new_tokens,
@@ -164,7 +189,8 @@ def stream_generate(
     """Greedy generation for one document, yielding the response so far (stripped, special tokens dropped) after each
     new token; the last value is generate(lm, [document], cfg)[0] token for token (tested). `prefix`: the prompt's
     Prefill to decode from instead of running the prompt (it must come from the same model, document, cfg and task).
-    Autocast is entered per forward, never across a yield; closing the iterator stops the generation."""
+    Autocast is entered per forward (the prompt's in cfg.precision, each new token's in cfg.decode_on), never across a
+    yield; closing the iterator stops the generation."""
     if cfg.mode != "greedy":
         raise ValueError("stream_generate decodes greedily: use generate() for sampling.")
     tok, model = lm.tokenizer, lm.model
@@ -173,7 +199,7 @@ def stream_generate(
         cache = prefix.cache
     else:
         cache = copy.deepcopy(prefix.cache)
-    stop = stop_tokens(tok)
+    stop, decode = stop_tokens(tok), cfg.decode_on(model.device.type)
     new: list[int] = []
     logits = prefix.logits
     for _ in range(cfg.max_new_tokens):
@@ -182,6 +208,6 @@ def stream_generate(
         yield tok.decode(new, skip_special_tokens=True).strip()
         if token in stop or len(new) == cfg.max_new_tokens:
             return
-        with autocast(cfg.precision, model.device.type):
+        with autocast(decode, model.device.type):
             out = model(input_ids=torch.tensor([[token]], device=model.device), past_key_values=cache, use_cache=True)
         logits = out.logits[0, -1].float()

@@ -9,7 +9,13 @@ from typing import Callable
 from ...foundations.config_fields import config_field
 from ...foundations.paths import DEFAULT_DATA
 from ...foundations.presets import DEFAULT_MODEL
-from ...hardware.precision import PRECISION_HELP, Precision, resolve_precision
+from ...hardware.precision import (
+    DECODE_PRECISION_HELP,
+    PRECISION_HELP,
+    Precision,
+    resolve_decode_precision,
+    resolve_precision,
+)
 from ...inference.generate import GenerationConfig
 from ...models.loading import Device
 from ..steering.modes import SteerConfig
@@ -99,11 +105,19 @@ class EvalConfig:
     device: Device = config_field("cpu", label="Device", help="where the variants generate")
     # resolved for `device` when built (topl_core.hardware.precision)
     precision: Precision = config_field("auto", label="Precision", help="of the generations: " + PRECISION_HELP)
+    # of their one-token decode steps (GenerationConfig.decode_precision), resolved with precision when built
+    decode_precision: Precision = config_field(
+        "auto",
+        label="Decode precision",
+        help=DECODE_PRECISION_HELP,
+    )
 
     def __post_init__(self) -> None:
         if self.n_id < 0 or self.n_ood < 0 or self.n_id + self.n_ood == 0:
             raise ValueError(f"n_id={self.n_id}, n_ood={self.n_ood}: evaluate at least one document (both >= 0).")
+        decode = resolve_decode_precision(self.precision, self.decode_precision, self.device)
         object.__setattr__(self, "precision", resolve_precision(self.precision, self.device))
+        object.__setattr__(self, "decode_precision", decode)
 
     @property
     def generation(self) -> GenerationConfig:
@@ -112,6 +126,7 @@ class EvalConfig:
             max_doc_tokens=self.max_doc_tokens,
             batch_size=self.batch_size,
             precision=self.precision,
+            decode_precision=self.decode_precision,
         )
 
 

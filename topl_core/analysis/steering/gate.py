@@ -134,6 +134,7 @@ def gated_decode(
     Sampling draws from torch's global generator (seed it first)."""
     tok, model = lm.tokenizer, lm.model
     cache, stop, choose = copy.deepcopy(prefix.cache), stop_tokens(tok), token_chooser(cfg)
+    decode = cfg.decode_on(model.device.type)
     text, counts = _Text(tok), {"taken_back": 0, "steered": 0, "forwards": 0}
     logits, logits_steered, window = prefix.logits, False, 0
 
@@ -142,7 +143,7 @@ def gated_decode(
         def forward(token: int, steered: bool) -> tuple[float, torch.Tensor]:
             """Run one token with the steering on or off: its p(good) and the next position's logits."""
             switch.on = steered
-            with autocast(cfg.precision, model.device.type):
+            with autocast(decode, model.device.type):
                 ids = torch.tensor([[token]], device=model.device)
                 out = model(input_ids=ids, past_key_values=cache, use_cache=True)
                 p = read()
