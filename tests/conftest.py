@@ -289,3 +289,15 @@ def negated_mode():
         direction=lambda v: {k: -x for k, x in v.vectors.items()},
         exportable=False,
     )
+
+
+@pytest.fixture
+def fake_cpu(monkeypatch):
+    """Pretend the CPU probe measured `probe` (no timing: the rule alone is under test)."""
+    from topl_core.hardware import precision as prec
+
+    def use(probe: prec.Bf16Probe) -> None:
+        monkeypatch.delenv(prec.PRECISION_ENV, raising=False)  # the suite's fp32 pin off: the hardware rule decides
+        monkeypatch.setattr(prec, "cpu_bf16_probe", lambda: probe)
+
+    return use

@@ -24,15 +24,6 @@ AMX_FAST_DECODE = prec.Bf16Probe(
 DOC = "The council met on Tuesday and voted to build a new bridge over the river, which will open in 2027."
 
 
-@pytest.fixture
-def fake_cpu(monkeypatch):
-    def use(probe: prec.Bf16Probe) -> None:
-        monkeypatch.delenv(prec.PRECISION_ENV, raising=False)  # the suite's fp32 pin off: the rule decides
-        monkeypatch.setattr(prec, "cpu_bf16_probe", lambda: probe)
-
-    return use
-
-
 def test_auto_decodes_in_fp32_where_a_one_token_step_is_slower_in_bf16(fake_cpu):
     fake_cpu(AMX_SLOW_DECODE)
     assert prec.resolve_precision("auto") == "bf16"

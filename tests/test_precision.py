@@ -121,17 +121,6 @@ AVX2 = prec.Bf16Probe(capability="AVX2", amx=False, avx512_bf16=False, fp32_s=0.
 AMX = prec.Bf16Probe(capability="AMX", amx=True, avx512_bf16=True, fp32_s=0.0007, bf16_s=0.0001)
 
 
-@pytest.fixture
-def fake_cpu(monkeypatch):
-    """Pretend the CPU probe measured `probe` (no timing: the rule alone is under test)."""
-
-    def use(probe: prec.Bf16Probe) -> None:
-        monkeypatch.delenv(prec.PRECISION_ENV, raising=False)  # the suite's fp32 pin off: the hardware rule decides
-        monkeypatch.setattr(prec, "cpu_bf16_probe", lambda: probe)
-
-    return use
-
-
 def test_auto_is_fp32_on_a_cpu_without_native_bf16(fake_cpu):
     from topl_core.analysis.lora_a.probe import ProbeSettings
 

@@ -43,9 +43,10 @@ _MODEL_LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = we
 _MODEL_LOCKS_GUARD = threading.Lock()
 _SAMPLING_LOCK = threading.Lock()  # sampling seeds torch's global RNG: one sampled generation at a time
 # the least number of λ positions generate_grid puts in one generate call: the default grids (17 slider positions)
-# fit in one; 32 rows of a 512-token document and 96 new tokens hold ~3 GB of KV cache on an 8B model in bf16
+# fit in one; the KV cache grows with rows × (prompt + new tokens) (docs/performance.md, "Figures behind the code's
+# choices", has its size on an 8B model)
 GRID_ROWS = 32
-PREFILLS_KEPT = 4  # prompts whose KV cache a session keeps (a 1,536-token SmolLM2 prompt: ~70 MB in fp32)
+PREFILLS_KEPT = 4  # prompts whose KV cache a session keeps (their size: docs/performance.md, as above)
 
 
 def model_lock(model: torch.nn.Module) -> threading.RLock:

@@ -208,7 +208,7 @@ OWN_SUMMARIES = DataSource(
     "The model's own greedy summaries of HaluEval documents (--model, --device, --max-new-tokens), labelled by a "
     "lexical rule: a number or a name the document lacks is bad; a sentence with any other word the document lacks is "
     "left out (docs/evaluation.md §6). Generation is cached: started again with the same settings, a stopped build "
-    "resumes (SmolLM2: ~5 s per document on 2 CPU cores; the Data page runs it in the background).",
+    "resumes (minutes to hours: docs/data.md has the time per document; the Data page runs it in the background).",
     ("input", "model", "limit", "max_new_tokens", "device"),
     build_own_summaries,
     input_required=False,
