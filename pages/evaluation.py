@@ -17,9 +17,9 @@ import streamlit as st
 from pages._ui.datasets import dataset_paths
 from pages._ui.evaluation_panels import lambda_study, per_document_panel, results_panel, translation_panel
 from pages._ui.evaluations import evaluations_dir, read_evaluation
-from pages._ui.forms import mode_settings
+from pages._ui.forms import field_input, mode_settings
 from pages._ui.runs import finished_runs
-from pages._ui.spec import current_model_name, current_precision, current_spec, split_spec
+from pages._ui.spec import current_decode_precision, current_model_name, current_precision, current_spec, split_spec
 from pages._ui.translation_form import translation_form
 from topl_core.analysis.evaluation.config import EvalConfig, EvalJob, LambdaStudy
 from topl_core.analysis.evaluation.scorers import DEFAULT_SCORER, PROTOCOLS
@@ -76,7 +76,7 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
             help="Space-separated, in normalised units (λ = 1 adds a tenth of each steered site's mean output norm). "
             "λ > 0 pushes toward faithful, λ < 0 toward hallucinated.",
         )
-        n_id = b.number_input("ID documents", 0, 10_000, 8, key=K + "n_id", persist_state="session")
+        n_id = field_input(b, EvalConfig, "n_id", K, 8)
         n_ood = c.number_input(
             "OOD documents",
             0,
@@ -87,7 +87,7 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
             help="CLIFF: in all, alternating its two sources. With an OOD benchmark below: per dataset (the paper: "
             "300 per LLM-AggreFact dataset).",
         )
-        max_new = d.number_input("Max new tokens", 8, 1024, 64, key=K + "max_new", persist_state="session")
+        max_new = field_input(d, EvalConfig, "max_new_tokens", K, 64)
         if sweep_mode:
             a, b, c = st.columns([3, 2, 1])
             modes = a.multiselect(
@@ -118,23 +118,15 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
             persist_state="session",
             format_func=lambda p: Path(p).name,
         )
-        scorer = b.text_input(
-            "Scorer",
-            DEFAULT_SCORER,
-            key=K + "scorer",
-            persist_state="session",
-            help="'grounding' = the offline default (its measured AUROC is shown with the results); "
-            "with a hub: hub:nli:<model id> or hub:minicheck-lm:bespokelabs/Bespoke-MiniCheck-7B",
-        )
+        scorer = field_input(b, EvalConfig, "scorer", K, DEFAULT_SCORER)
         name = c.text_input("Name", f"eval-{time.strftime('%m%d-%H%M%S')}", key=K + "name", persist_state="session")
-        ood_data = st.text_input(
-            "OOD benchmark instead of CLIFF (optional)",
+        ood_data = field_input(
+            st,
+            EvalConfig,
+            "ood_data",
+            K,
             "",
-            key=K + "ood_data",
-            persist_state="session",
             placeholder="/path/to/llm-aggrefact.csv  (or .parquet, or a hub dataset id)",
-            help="An AggreFact / LLM-AggreFact file with doc and dataset columns: the results get a column per "
-            "dataset and their mean. Empty: CLIFF, the offline default.",
         )
         go_eval = st.form_submit_button("Start evaluation", type="primary", icon=":material/play_arrow:")
     if go_eval:
@@ -142,14 +134,15 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
             lams = tuple(float(x) for x in lambdas_txt.replace(",", " ").split())
             cfg = EvalConfig(
                 data=str(Path(data).resolve()) if data else EvalConfig.data,
-                n_id=int(n_id),
+                n_id=n_id,
                 n_ood=int(n_ood),
-                max_new_tokens=int(max_new),
+                max_new_tokens=max_new,
                 scorer=scorer.strip() or DEFAULT_SCORER,
                 ood_data=ood_data.strip() or None,
                 model=current_model_name(),
                 device=device,
                 precision=current_precision(),
+                decode_precision=current_decode_precision(),
             )
             study = None
             if sweep_mode:

@@ -24,7 +24,7 @@ from pages._ui.forms import mode_settings
 from pages._ui.models import load_error, merged_model, step_error
 from pages._ui.render import csv_download, plot, steered_html, steered_summary, text_box
 from pages._ui.runs import run_fingerprint, run_picker
-from pages._ui.spec import current_precision, current_spec
+from pages._ui.spec import current_decode_precision, current_precision, current_spec
 
 with core_imports():  # the token sets and the page's cached work are read with the analysis core too
     from pages._ui.steering import (
@@ -52,7 +52,7 @@ st.caption(
     "λ · scaling · B(μ+ − μ−) to the outputs of the adapter's most separating sites — or scale the adapter's own "
     "update, compare with two controls of the same norm, or let the adapter's head decide where the vector acts."
 )
-spec, precision = current_spec(), current_precision()
+spec, precision, decode = current_spec(), current_precision(), current_decode_precision()
 top = st.columns([2, 1, 1])
 run = run_picker("Adapter", key="steer.run", default_method="topl", container=top[0])
 if run is None:
@@ -139,32 +139,37 @@ curve_key = (run, fp, document[:200], top_k, max_new, bound, how)  # the λ grid
 
 
 def steered_key(value: float) -> tuple:
-    return ("steered", spec, run, fp, ts, top_k, precision, document, round(float(value), 6), max_new, how)
+    return ("steered", spec, run, fp, ts, top_k, precision, decode, document, round(float(value), 6), max_new, how)
 
 
 def steered(value: float):
-    return lambda: steered_stream(spec, run, fp, ts, top_k, precision, document, value, max_new, how)
+    return lambda: steered_stream(spec, run, fp, ts, top_k, precision, decode, document, value, max_new, how)
 
 
 # each box draws its text at once when it was generated before, else fills in token by token
 boxes = [
     (
         "Base model",
-        ("base", spec, precision, document, max_new),
-        lambda: base_stream(spec, precision, document, max_new),
+        ("base", spec, precision, decode, document, max_new),
+        lambda: base_stream(spec, precision, decode, document, max_new),
     ),
     (f"Merged adapter (λ = {neutral:g})", steered_key(neutral), steered(neutral)),
     (f"Steered ({spec_mode.label}, λ = {lam:+.2f})", steered_key(lam), steered(round(float(lam), 6))),
 ]
 slots = [col.empty() for col in st.columns(3, gap="medium")]
+texts = []  # drawn box by box: the boxes already generated show while the next one is written
 try:
-    t_base, t_merged, t_steered = (written(slot, *box) for slot, box in zip(slots, boxes))
+    for slot, (title, key, stream) in zip(slots, boxes):
+        g = written(slot, title, key, stream)
+        steered_box = len(texts) == 2  # marked against the merged text
+        body = steered_html(texts[1].text, g) if steered_box else html.escape(g.text).replace("\n", "<br>")
+        caption = quality_caption(spec, document, g)
+        slot.markdown(text_box(title, body or "<i>(empty)</i>", caption), unsafe_allow_html=True)
+        texts.append(g)
 except Exception as e:
     step_error(f"generate the summaries ({precision})", e)
     st.stop()
-for i, (slot, (title, _, _), g) in enumerate(zip(slots, boxes, (t_base, t_merged, t_steered))):
-    body = steered_html(t_merged.text, g) if i == 2 else html.escape(g.text).replace("\n", "<br>")
-    slot.markdown(text_box(title, body or "<i>(empty)</i>", quality_caption(spec, document, g)), unsafe_allow_html=True)
+t_base, t_merged, t_steered = texts
 st.markdown(steered_summary(t_merged.text, t_steered, lam), unsafe_allow_html=True)
 st.caption(
     f"Factuality: {scorer_caption()}. Fluency: perplexity under the base model, distinct-2; a text is marked "
@@ -217,7 +222,9 @@ with right:
         st.session_state["steer.curve_for"] = curve_key
     if st.session_state.get("steer.curve_for") == curve_key:
         with st.spinner(f"Generating the {len(GRID)} λ positions as one batch, then their fluency…"):
-            generations = steered_texts(spec, run, fp, ts, top_k, precision, document, tuple(GRID), max_new, how)
+            generations = steered_texts(
+                spec, run, fp, ts, top_k, precision, decode, document, tuple(GRID), max_new, how
+            )
             for g, text in generations.items():  # the slider reads them from now on (a text already shown stays)
                 text_store().put(steered_key(g), text, replace=False)
             texts = {g: generations[g].text for g in GRID}

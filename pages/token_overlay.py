@@ -14,7 +14,7 @@ from pages._ui.figures import token_bars
 from pages._ui.models import merged_model, probe_heads, resource_lock, step_error, token_scorer
 from pages._ui.render import csv_download, plot
 from pages._ui.runs import run_fingerprint, run_picker
-from pages._ui.spec import current_precision, current_spec
+from pages._ui.spec import current_decode_precision, current_precision, current_spec
 from topl_core.analysis.token_colors import legend_html, token_html
 from topl_core.data.records import Record
 from topl_core.inference.generate import GenerationConfig, generate
@@ -69,13 +69,15 @@ def score(spec: str, run: str, fp: str, precision: str, record: Record, probe_he
 
 
 @st.cache_data(show_spinner="Generating a summary with the merged model…", max_entries=32)
-def generate_summary(spec: str, run: str, fp: str, precision: str, document: str, max_new_tokens: int) -> str:
+def generate_summary(
+    spec: str, run: str, fp: str, precision: str, decode: str, document: str, max_new_tokens: int
+) -> str:
     lm = merged_model(spec, run, fp)
     with resource_lock(f"merged:{spec}:{run}:{fp}"):
         return generate(
             lm,
             [document],
-            GenerationConfig.chosen(precision, max_new_tokens=max_new_tokens),
+            GenerationConfig(max_new_tokens=max_new_tokens, precision=precision, decode_precision=decode),
         )[0]
 
 
@@ -123,7 +125,7 @@ else:
     else:
         n_new = st.slider("Max new tokens", 16, 256, 64, key="overlay.max_new", persist_state="session")
         try:
-            resp = generate_summary(spec, run, fp, precision, doc, n_new)
+            resp = generate_summary(spec, run, fp, precision, current_decode_precision(), doc, n_new)
         except Exception as e:
             step_error(f"generate a summary ({precision})", e)
             st.stop()

@@ -1089,7 +1089,7 @@ def test_evaluation_runs_in_the_background_and_shows_tables(workbench):
     at.text_input(key="eval.lambdas.False").set_value("3")
     at.number_input(key="eval.n_id").set_value(2)
     at.number_input(key="eval.n_ood.False").set_value(1)
-    at.number_input(key="eval.max_new").set_value(12)
+    at.number_input(key="eval.max_new_tokens").set_value(12)
     at.text_input(key="eval.name").set_value("tiny-eval")
     edir = workbench["runs"] / "evaluations" / "tiny-eval"
     start_job_and_wait(at, "Start evaluation", edir)
@@ -1130,7 +1130,7 @@ def test_steering_study_runs_in_the_background_and_shows_its_curves(workbench):
     at.text_input(key="eval.cond_lambdas").set_value("0 1")
     at.number_input(key="eval.n_id").set_value(2)
     at.number_input(key="eval.n_ood.True").set_value(0)
-    at.number_input(key="eval.max_new").set_value(8)
+    at.number_input(key="eval.max_new_tokens").set_value(8)
     at.text_input(key="eval.name").set_value("tiny-study")
     at.button[[b.label for b in at.button].index("Start evaluation")].click().run()
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]

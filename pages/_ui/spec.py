@@ -13,6 +13,7 @@ from topl_core.hardware.precision import (
     ResolvedPrecision,
     describe_precision,
     precision_word,
+    resolve_decode_precision,
     resolve_precision,
     resolve_weights,
 )
@@ -48,6 +49,13 @@ def current_precision() -> ResolvedPrecision:
     computations, so that results of one precision are never served for the other."""
     device = split_spec(current_spec())[2]
     return resolve_precision(st.session_state.get(PRECISION_KEY, "auto"), device)
+
+
+def current_decode_precision() -> ResolvedPrecision:
+    """The precision of a generation's one-token decode steps for the sidebar's choice: the choice itself where it
+    names one; for auto, the faster at one token on this device (hardware.precision.resolve_decode_precision)."""
+    choice = st.session_state.get(PRECISION_KEY, "auto")
+    return resolve_decode_precision(choice, choice, split_spec(current_spec())[2])
 
 
 def current_model_name() -> str:

@@ -49,6 +49,7 @@ def steered_texts(
     ts: tuple,
     top_k: int,
     precision: str,
+    decode: str,
     document: str,
     grid: tuple[float, ...],
     max_new: int,
@@ -57,7 +58,7 @@ def steered_texts(
     """The steered generation at every λ of `grid` (one λ, or the slider's every position), generated as one batch
     where the mode batches rows (SteeringSession.grid_generations; one λ alone is generate_steered's text)."""
     sess = steering_session(spec, run, fp, ts, top_k, precision)
-    gen = GenerationConfig.chosen(precision, max_new_tokens=max_new)
+    gen = GenerationConfig(max_new_tokens=max_new, precision=precision, decode_precision=decode)
     return dict(zip(grid, sess.grid_generations(document, grid, gen, how=how)))
 
 
@@ -106,11 +107,12 @@ def written(placeholder, title: str, key: tuple, stream: Callable[[], Iterator[S
     return g
 
 
-def base_stream(spec: str, precision: str, document: str, max_new: int) -> Iterator[SteeredText]:
+def base_stream(spec: str, precision: str, decode: str, document: str, max_new: int) -> Iterator[SteeredText]:
     """The base model's summary as it is written."""
     lm = base_model(spec)
     with resource_lock(f"base:{spec}"):
-        for text in stream_generate(lm, document, GenerationConfig.chosen(precision, max_new_tokens=max_new)):
+        gen = GenerationConfig(max_new_tokens=max_new, precision=precision, decode_precision=decode)
+        for text in stream_generate(lm, document, gen):
             yield SteeredText(text)
 
 
@@ -121,6 +123,7 @@ def steered_stream(
     ts: tuple,
     top_k: int,
     precision: str,
+    decode: str,
     document: str,
     lam: float,
     max_new: int,
@@ -131,7 +134,7 @@ def steered_stream(
     yield from sess.stream_generations(
         document,
         lam,
-        GenerationConfig.chosen(precision, max_new_tokens=max_new),
+        GenerationConfig(max_new_tokens=max_new, precision=precision, decode_precision=decode),
         how=how,
     )
 

@@ -47,8 +47,7 @@ def gated_bench(
     gated SteerConfig (its τ and keep), `lam` its λ."""
     lm = session.lm
     device = lm.model.device.type
-    resolved = resolve_precision(precision, device)
-    gen = GenerationConfig(max_new_tokens=new_tokens, precision=resolved)
+    gen = GenerationConfig.chosen(precision, max_new_tokens=new_tokens)  # every path decodes alike
     always_on = SteerConfig("vector", "generated", how.units)
 
     def fresh() -> SteeringSession:  # no prompt kept from an earlier generation
@@ -88,7 +87,7 @@ def gated_bench(
         "model": lm.spec.name,
         "adapter": Path(session.vectors.adapter_path or "").name,
         "device": device,
-        "precision": resolved,
+        "precision": {"prefill": resolve_precision(precision, device), "decode": gen.decode_on(device)},
         "steering": {**how.key(), "lambda": lam},
         "tokens": tokens,
         "repeats": repeats,

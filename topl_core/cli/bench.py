@@ -95,7 +95,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> None:
     if args.slider or args.gated:
-        return steering_bench(args, announce_precision(args.precision))
+        announce_precision(args.precision)
+        return steering_bench(args, args.precision)  # as asked: "auto" lets the decode steps take their own
     if args.memory:
         return memory_table(args.budget_gib, tuple(args.seq_lens), args.json)
     if args.scale or args.device == "cuda":
