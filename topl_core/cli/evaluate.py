@@ -80,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--scorer-quality", action="store_true", help="print the scorer's measured AUROC on CLIFF / HaluEval"
     )
     p.add_argument("--model", help=f"base model when no --run is given (default {DEFAULT_MODEL})")
-    add_config_args(p, EvalConfig, EvalConfig(), skip={"model", "precision", "decode_precision"})
+    add_config_args(p, EvalConfig, EvalConfig(), skip={"model", "precision"})
     add_precision_arg(p)
     p.add_argument("--no-cache", action="store_true", help="regenerate instead of reading cached generations")
     p.add_argument("--csv", help="write the per-document rows (with texts) here")
@@ -99,7 +99,8 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         **config_args(args, EvalConfig, skip={"model", "precision", "decode_precision"}),
         model=args.model or DEFAULT_MODEL,
         precision=announce_precision(args.precision, args.device),
-        decode_precision=args.precision,  # an explicit --precision decodes in it too
+        # --decode-precision when named; else an explicit --precision decodes in it too
+        decode_precision=args.precision if args.decode_precision == "auto" else args.decode_precision,
     )
 
 
