@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
-from playwright.sync_api import sync_playwright
-from talk_timing import CHROMIUM, start_app  # scripts/ is this script's folder, first on sys.path
+from browser_app import app_browser  # scripts/ is this script's folder, first on sys.path
 
 CURSOR = "\u258d"  # pages/_ui/steering.CURSOR: the box is still being written
 STEERED = "() => { const b = document.querySelectorAll('.topl-box')[2]; return b ? [b.previousElementSibling.textContent, b.textContent] : null; }"  # noqa: E501
@@ -47,55 +44,47 @@ def main() -> None:
     p.add_argument("--moves", type=int, default=3, help="new λ positions, each followed by a step back")
     p.add_argument("--shot", help="save a screenshot of the page at the end here")
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as runs:
-        proc, url = start_app(Path(runs))
-        try:
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox"])
-                page = browser.new_page(viewport={"width": 1600, "height": 1300})
-                page.set_default_timeout(600_000)
-                t0 = time.perf_counter()
-                page.goto(f"{url}/steering")
-                first = wait(page, lambda b: len(b[1].replace(CURSOR, "").strip()) > 0, t0)
-                page.wait_for_function(IDLE, polling=100)
-                idle = time.perf_counter() - t0
-                print(f"cold visit: first steered words {first:.2f} s, page idle {idle:.2f} s", flush=True)
-                thumb = page.locator('[data-testid="stSlider"]').filter(has_text="hallucinated").get_by_role("slider")
-                new_first, new_done, seen = [], [], []
+    with app_browser() as (browser, url):
+        page = browser.new_page(viewport={"width": 1600, "height": 1300})
+        page.set_default_timeout(600_000)
+        t0 = time.perf_counter()
+        page.goto(f"{url}/steering")
+        first = wait(page, lambda b: len(b[1].replace(CURSOR, "").strip()) > 0, t0)
+        page.wait_for_function(IDLE, polling=100)
+        idle = time.perf_counter() - t0
+        print(f"cold visit: first steered words {first:.2f} s, page idle {idle:.2f} s", flush=True)
+        thumb = page.locator('[data-testid="stSlider"]').filter(has_text="hallucinated").get_by_role("slider")
+        new_first, new_done, seen = [], [], []
 
-                def move(key: str) -> tuple[str, float]:
-                    """Press `key` on the slider: the title the new λ gives the steered box, and when it was pressed."""
-                    thumb.focus()
-                    pressed = time.perf_counter()
-                    page.keyboard.press(key)
-                    return f"λ = {float(thumb.evaluate('e => e.value')):+.2f}", pressed
+        def move(key: str) -> tuple[str, float]:
+            """Press `key` on the slider: the title the new λ gives the steered box, and when it was pressed."""
+            thumb.focus()
+            pressed = time.perf_counter()
+            page.keyboard.press(key)
+            return f"λ = {float(thumb.evaluate('e => e.value')):+.2f}", pressed
 
-                for _ in range(args.moves):
-                    new, pressed = move("ArrowRight")
-                    new_first.append(wait(page, lambda b: new in b[0] and CURSOR in b[1], pressed))
-                    new_done.append(wait(page, lambda b: new in b[0] and CURSOR not in b[1], pressed))
-                    page.wait_for_function(IDLE, polling=100)
-                    back, pressed = move("ArrowLeft")
-                    seen.append(wait(page, lambda b: back in b[0] and CURSOR not in b[1], pressed))
-                    page.wait_for_function(IDLE, polling=100)
-                    print(
-                        f"{new}: first words {new_first[-1]:.2f} s, whole {new_done[-1]:.2f} s; "
-                        f"back to {back}, seen: {seen[-1]:.3f} s",
-                        flush=True,
-                    )
-                    move("ArrowRight")  # on to the λ just generated: the next move is to a new one
-                    page.wait_for_function(IDLE, polling=100)
-                med = statistics.median
-                print(
-                    f"medians of {args.moves}: new λ first words {med(new_first):.2f} s, whole {med(new_done):.2f} s; "
-                    f"a λ seen {med(seen):.3f} s"
-                )
-                if args.shot:
-                    page.screenshot(path=args.shot, full_page=True)
-                browser.close()
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+        for _ in range(args.moves):
+            new, pressed = move("ArrowRight")
+            new_first.append(wait(page, lambda b: new in b[0] and CURSOR in b[1], pressed))
+            new_done.append(wait(page, lambda b: new in b[0] and CURSOR not in b[1], pressed))
+            page.wait_for_function(IDLE, polling=100)
+            back, pressed = move("ArrowLeft")
+            seen.append(wait(page, lambda b: back in b[0] and CURSOR not in b[1], pressed))
+            page.wait_for_function(IDLE, polling=100)
+            print(
+                f"{new}: first words {new_first[-1]:.2f} s, whole {new_done[-1]:.2f} s; "
+                f"back to {back}, seen: {seen[-1]:.3f} s",
+                flush=True,
+            )
+            move("ArrowRight")  # on to the λ just generated: the next move is to a new one
+            page.wait_for_function(IDLE, polling=100)
+        med = statistics.median
+        print(
+            f"medians of {args.moves}: new λ first words {med(new_first):.2f} s, whole {med(new_done):.2f} s; "
+            f"a λ seen {med(seen):.3f} s"
+        )
+        if args.shot:
+            page.screenshot(path=args.shot, full_page=True)
 
 
 if __name__ == "__main__":

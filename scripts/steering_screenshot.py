@@ -9,12 +9,9 @@ left to finish. docs/screenshots/steering-gated.png is
 from __future__ import annotations
 
 import argparse
-import tempfile
-from pathlib import Path
 
-from playwright.sync_api import sync_playwright
+from browser_app import app_browser  # scripts/ is this script's folder, first on sys.path
 from steering_page_timing import IDLE
-from talk_timing import CHROMIUM, start_app  # scripts/ is this script's folder, first on sys.path
 
 
 def settle(page) -> None:
@@ -30,35 +27,27 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=0, help="arrow-key steps of λ from its neutral value (< 0: left)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as runs:
-        proc, url = start_app(Path(runs))
-        try:
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox"])
-                page = browser.new_page(viewport={"width": 1600, "height": 1500})
-                page.set_default_timeout(900_000)
-                page.goto(f"{url}/steering")
-                page.locator(".topl-box").nth(2).wait_for()
-                settle(page)
-                page.get_by_text(args.mode).first.click()
-                settle(page)
-                for setting in args.setting:
-                    label, value = setting.split("=", 1)
-                    box = page.locator('[data-testid="stNumberInput"]').filter(has_text=label).locator("input")
-                    box.fill(value)
-                    box.press("Enter")
-                    settle(page)
-                thumb = page.locator('[data-testid="stSlider"]').filter(has_text="hallucinated").get_by_role("slider")
-                for _ in range(abs(args.steps)):
-                    thumb.focus()
-                    page.keyboard.press("ArrowRight" if args.steps > 0 else "ArrowLeft")
-                    settle(page)
-                page.screenshot(path=args.out, full_page=True)
-                print(f"wrote {args.out}")
-                browser.close()
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    with app_browser() as (browser, url):
+        page = browser.new_page(viewport={"width": 1600, "height": 1500})
+        page.set_default_timeout(900_000)
+        page.goto(f"{url}/steering")
+        page.locator(".topl-box").nth(2).wait_for()
+        settle(page)
+        page.get_by_text(args.mode).first.click()
+        settle(page)
+        for setting in args.setting:
+            label, value = setting.split("=", 1)
+            box = page.locator('[data-testid="stNumberInput"]').filter(has_text=label).locator("input")
+            box.fill(value)
+            box.press("Enter")
+            settle(page)
+        thumb = page.locator('[data-testid="stSlider"]').filter(has_text="hallucinated").get_by_role("slider")
+        for _ in range(abs(args.steps)):
+            thumb.focus()
+            page.keyboard.press("ArrowRight" if args.steps > 0 else "ArrowLeft")
+            settle(page)
+        page.screenshot(path=args.out, full_page=True)
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

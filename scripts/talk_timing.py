@@ -9,45 +9,18 @@ the app window; each move is timed from the key press until the view shows the n
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from playwright.sync_api import sync_playwright
+from browser_app import REPO, app_browser  # scripts/ is this script's folder, first on sys.path
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from topl_core.analysis.studies.deck import read_deck  # noqa: E402
 from topl_core.analysis.studies.deck_html import write_deck_html  # noqa: E402
-
-CHROMIUM = os.environ.get("TOPL_CHROMIUM", "/usr/bin/chromium")
-
-
-def start_app(runs_dir: Path) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "TOPL_RUNS_DIR": str(runs_dir), "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true"]
-    cmd += ["--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                return proc, url
-        except OSError:
-            time.sleep(0.3)
-    proc.terminate()
-    raise SystemExit("streamlit did not start")
 
 
 def main() -> None:
@@ -65,63 +38,54 @@ def main() -> None:
     if deck is None or not deck.complete:
         raise SystemExit(f"{args.runs_dir / 'decks' / args.deck}: no complete deck there")
     lambdas = deck.config.lambdas
-    proc, url = start_app(args.runs_dir)
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
-            page = browser.new_page(viewport={"width": 1600, "height": 1300})
-            page.set_default_timeout(120_000)
-            page.goto(f"{url}/talk")
-            page.locator("iframe").first.wait_for()
-            view = page.frame_locator("iframe").first
-            view.locator("#steered[data-lambda]").wait_for()
-            frame = next(f for f in page.frames if f != page.main_frame and f.url == "about:srcdoc")
+    with app_browser(args.runs_dir) as (browser, url):
+        page = browser.new_page(viewport={"width": 1600, "height": 1300})
+        page.set_default_timeout(120_000)
+        page.goto(f"{url}/talk")
+        page.locator("iframe").first.wait_for()
+        view = page.frame_locator("iframe").first
+        view.locator("#steered[data-lambda]").wait_for()
+        frame = next(f for f in page.frames if f != page.main_frame and f.url == "about:srcdoc")
 
-            def wait_for(lam: float) -> None:
-                frame.wait_for_function(
-                    "w => +document.getElementById('steered').dataset.lambda === w", arg=float(lam), polling="raf"
-                )
-
-            page.locator("h1").first.click()  # nothing focused: the keys of the app window reach the view
-            times, index = [], lambdas.index(deck.config.how.neutral)
-            step = 1
-            for _ in range(args.moves):
-                if not 0 <= index + step < len(lambdas):
-                    step = -step  # sweep to one end, then back
-                index += step
-                t0 = time.perf_counter()
-                page.keyboard.press("ArrowRight" if step > 0 else "ArrowLeft")
-                wait_for(lambdas[index])
-                times.append(time.perf_counter() - t0)
-                text = view.locator("#steered").inner_text()[:60].replace("\n", " ")
-                print(f"λ → {lambdas[index]:+g}: {times[-1] * 1000:.0f} ms  {text!r}")
-            print(
-                f"{len(times)} moves: median {statistics.median(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms"
+        def wait_for(lam: float) -> None:
+            frame.wait_for_function(
+                "w => +document.getElementById('steered').dataset.lambda === w", arg=float(lam), polling="raf"
             )
-            page.keyboard.press("PageDown")
-            view.get_by_text(f"Document 2 / {len(deck.documents)}").wait_for()
-            print("PageDown → document 2")
-            if args.shot:
-                page.reload()
-                page.frame_locator("iframe").first.locator("#steered[data-lambda]").wait_for()
-                page.locator("h1").first.click()
+
+        page.locator("h1").first.click()  # nothing focused: the keys of the app window reach the view
+        times, index = [], lambdas.index(deck.config.how.neutral)
+        step = 1
+        for _ in range(args.moves):
+            if not 0 <= index + step < len(lambdas):
+                step = -step  # sweep to one end, then back
+            index += step
+            t0 = time.perf_counter()
+            page.keyboard.press("ArrowRight" if step > 0 else "ArrowLeft")
+            wait_for(lambdas[index])
+            times.append(time.perf_counter() - t0)
+            text = view.locator("#steered").inner_text()[:60].replace("\n", " ")
+            print(f"λ → {lambdas[index]:+g}: {times[-1] * 1000:.0f} ms  {text!r}")
+        print(f"{len(times)} moves: median {statistics.median(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms")
+        page.keyboard.press("PageDown")
+        view.get_by_text(f"Document 2 / {len(deck.documents)}").wait_for()
+        print("PageDown → document 2")
+        if args.shot:
+            page.reload()
+            page.frame_locator("iframe").first.locator("#steered[data-lambda]").wait_for()
+            page.locator("h1").first.click()
+            for key in args.shot_keys:
+                page.keyboard.press(key)
+            page.wait_for_timeout(500)
+            page.screenshot(path=args.shot, full_page=True)
+        if args.export_shot:
+            with tempfile.TemporaryDirectory() as d:
+                path = write_deck_html(deck, Path(d) / "deck.html")
+                ctx = browser.new_context(offline=True, viewport={"width": 1600, "height": 1000})
+                export = ctx.new_page()
+                export.goto(path.as_uri())
                 for key in args.shot_keys:
-                    page.keyboard.press(key)
-                page.wait_for_timeout(500)
-                page.screenshot(path=args.shot, full_page=True)
-            if args.export_shot:
-                with tempfile.TemporaryDirectory() as d:
-                    path = write_deck_html(deck, Path(d) / "deck.html")
-                    ctx = browser.new_context(offline=True, viewport={"width": 1600, "height": 1000})
-                    export = ctx.new_page()
-                    export.goto(path.as_uri())
-                    for key in args.shot_keys:
-                        export.keyboard.press(key)
-                    export.screenshot(path=args.export_shot, full_page=True)
-            browser.close()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+                    export.keyboard.press(key)
+                export.screenshot(path=args.export_shot, full_page=True)
 
 
 if __name__ == "__main__":
