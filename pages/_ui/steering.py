@@ -30,6 +30,11 @@ from topl_core.analysis.steering.summary import ExportBundle, export_bundle
 from topl_core.inference.generate import GenerationConfig, stream_generate
 
 
+def generation(precision: str, decode: str, max_new: int) -> GenerationConfig:
+    """How the page generates: greedy, `max_new` tokens, the prompt in `precision` and the decode steps in `decode`."""
+    return GenerationConfig(max_new_tokens=max_new, precision=precision, decode_precision=decode)
+
+
 @st.cache_resource(show_spinner="Computing steering vectors (projections cached on disk)…", max_entries=2 * MAX_MODELS)
 def steering_session(spec: str, run: str, fp: str, ts: tuple, top_k: int, precision: str) -> SteeringSession:
     """Merged model (shared, never mutated) + the run's steering vectors. One per (spec, run fingerprint, …)."""
@@ -58,7 +63,7 @@ def steered_texts(
     """The steered generation at every λ of `grid` (one λ, or the slider's every position), generated as one batch
     where the mode batches rows (SteeringSession.grid_generations; one λ alone is generate_steered's text)."""
     sess = steering_session(spec, run, fp, ts, top_k, precision)
-    gen = GenerationConfig(max_new_tokens=max_new, precision=precision, decode_precision=decode)
+    gen = generation(precision, decode, max_new)
     return dict(zip(grid, sess.grid_generations(document, grid, gen, how=how)))
 
 
@@ -111,7 +116,7 @@ def base_stream(spec: str, precision: str, decode: str, document: str, max_new: 
     """The base model's summary as it is written."""
     lm = base_model(spec)
     with resource_lock(f"base:{spec}"):
-        gen = GenerationConfig(max_new_tokens=max_new, precision=precision, decode_precision=decode)
+        gen = generation(precision, decode, max_new)
         for text in stream_generate(lm, document, gen):
             yield SteeredText(text)
 
@@ -134,7 +139,7 @@ def steered_stream(
     yield from sess.stream_generations(
         document,
         lam,
-        GenerationConfig(max_new_tokens=max_new, precision=precision, decode_precision=decode),
+        generation(precision, decode, max_new),
         how=how,
     )
 
