@@ -11,6 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from topl_core.data.encode import IGNORE, collate, encode_record
 from topl_core.data.records import Record, Span
@@ -243,6 +244,38 @@ def test_sft_step_equals_transformers_causal_lm_loss(records):
         hf = peft(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=labels).loss
     assert ours.item() == pytest.approx(hf.item(), rel=1e-5)
     assert info["supervised_tokens"] == int(batch.lm_mask.sum())
+
+
+class _HostWaits(TorchDispatchMode):
+    """Counts the operations that, on a GPU, make the host wait for the device: reading a value back (item, bool)
+    and those whose output shape depends on the data (nonzero, masked_select, indexing by a mask)."""
+
+    WAITING = {torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default,
+               torch.ops.aten._local_scalar_dense.default}  # fmt: skip
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        by_mask = func is torch.ops.aten.index.Tensor and any(i is not None and i.dtype == torch.bool for i in args[1])
+        self.count += func in self.WAITING or by_mask
+        return func(*args, **(kwargs or {}))
+
+
+def test_sft_step_waits_for_the_device_no_more_than_the_model_forward(records):
+    """SFT's loss gathers its targets by the positions the batch was built with (Batch.lm_positions): on a GPU its
+    step makes the host wait only where the model's own forward does (transformers' padding-mask check)."""
+    model, tok = build_tiny_model("tiny-llama")
+    peft = _peft(model)
+    batch = _lm_batch(tok, faithful_records(records)[:4])
+    with _HostWaits() as step:
+        loss, _ = sft_loss_step(StepContext(peft, None, None, 0.1), batch)
+        loss.backward()
+    with _HostWaits() as forward:
+        peft(**batch.forward_inputs()).logits.sum().backward()
+    assert step.count == forward.count
+    assert (batch.lm_positions == batch.lm_mask.nonzero()).all() and batch.to("cpu").lm_positions is not None
 
 
 def test_unlikelihood_step_by_hand(records):

@@ -152,12 +152,18 @@ class Batch:
     # what the losses average over, counted where the batch is built: on a GPU, counting there would wait for it
     n_labelled: int = -1  # tokens with a label 1/0 (-1: count them now)
     n_lm_targets: int = -1  # lm_mask positions
+    # (n_lm_targets, 2) long: the (row, column) of each lm_mask target in row-major order, found where the batch is
+    # built, so that the losses gather the targets by index (indexing by a mask on a GPU waits for the device to
+    # count them)
+    lm_positions: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.n_labelled < 0:
             self.n_labelled = int((self.labels != IGNORE).sum())
         if self.n_lm_targets < 0:
             self.n_lm_targets = 0 if self.lm_mask is None else int(self.lm_mask.sum())
+        if self.lm_positions is None and self.lm_mask is not None:
+            self.lm_positions = self.lm_mask.nonzero()
 
     @property
     def packed(self) -> bool:
@@ -179,12 +185,14 @@ class Batch:
             self.sequence_labels,
             self.lm_mask,
             self.position_ids,
+            self.lm_positions,
         )
         if torch.device(device).type == "cuda":  # from pinned memory: a copy from pageable memory waits for the GPU
             moved = [None if t is None else t.pin_memory().to(device, non_blocking=True) for t in tensors]
         else:
             moved = [None if t is None else t.to(device) for t in tensors]
-        return Batch(*moved, n_labelled=self.n_labelled, n_lm_targets=self.n_lm_targets)
+        *moved, lm_positions = moved
+        return Batch(*moved, n_labelled=self.n_labelled, n_lm_targets=self.n_lm_targets, lm_positions=lm_positions)
 
     @property
     def real_tokens(self) -> int:

@@ -87,22 +87,19 @@ def target_logprobs(model: torch.nn.Module, batch: Batch, vocab: bool = False) -
     if batch.lm_mask is None:
         raise ValueError("this batch has no lm_mask; build it with topl_core.data.encode.collate.")
     lm = base_causal_lm(model)
-    targets = batch.lm_mask
-    predictors = torch.zeros_like(targets)
-    predictors[:, :-1] = targets[:, 1:]
+    rows, columns = batch.lm_positions.unbind(1)  # gathered by index: no wait for the device (Batch.lm_positions)
     hidden = lm.model(**batch.forward_inputs(), use_cache=False).last_hidden_state
-    logits = lm_head_logits(lm, hidden[predictors])
+    logits = lm_head_logits(lm, hidden[rows, columns - 1])  # each target is predicted by the position before it
     logp = torch.log_softmax(logits, dim=-1)
-    target_ids = batch.input_ids[targets]
+    target_ids = batch.input_ids[rows, columns]
     token_logp = logp.gather(-1, target_ids[:, None]).squeeze(-1)
-    rows = targets.nonzero()[:, 0]
     return TargetLogprobs(
         token_logp,
         target_ids,
         rows,
-        batch.labels[targets],
-        batch.response_mask[targets],
-        targets.shape[0],
+        batch.labels[rows, columns],
+        batch.response_mask[rows, columns],
+        batch.lm_mask.shape[0],
         logp if vocab else None,
     )
 

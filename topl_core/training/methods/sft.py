@@ -12,10 +12,8 @@ from ..steps import StepContext, mean_loss_validator, target_logprobs
 from .base import Method
 
 
-def nll_loss(token_logp: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """SFT: mean of −log p(target) over the targets selected by mask (all when mask is None)."""
-    if mask is not None:
-        token_logp = token_logp[mask]
+def nll_loss(token_logp: torch.Tensor) -> torch.Tensor:
+    """SFT: mean of −log p(target) over the targets."""
     if token_logp.numel() == 0:
         return token_logp.sum() * 0.0
     return -token_logp.mean()
