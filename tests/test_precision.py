@@ -3,6 +3,8 @@ tolerances (issue 6: speed never trades correctness). Merged-vs-unmerged agreeme
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ from conftest import needs_smollm2
 
 from topl_core.data.encode import collate, encode_record
 from topl_core.foundations.metrics import auroc
+from topl_core.foundations.paths import PROJECT_ROOT
 from topl_core.hardware.precision import autocast
 from topl_core.models.forward import head_features
 from topl_core.training.config import LoraSettings, TrainConfig
@@ -177,10 +180,24 @@ def test_weights_dtype_auto_and_cuda_rule(monkeypatch):
     # what training and analysis load for their compute: bf16 weights for bf16 on a GPU, fp32 on a CPU either way
     assert [prec.resolve_weights(prec.weights_for(p), "cuda") for p in ("bf16", "fp32")] == ["bf16", "fp32"]
     assert [prec.resolve_weights(prec.weights_for(p), "cpu") for p in ("bf16", "fp32")] == ["fp32", "fp32"]
+    assert [ModelSpec.computing("tiny-llama", p, "cpu").dtype for p in ("bf16", "fp32")] == ["fp32", "fp32"]
     monkeypatch.setattr(prec, "cuda_bf16", lambda: False)
     assert prec.resolve_weights("auto", "cuda") == "fp32" and prec.resolve_precision("auto", "cuda") == "fp32"
     with pytest.raises(ValueError, match="choose one of"):
         prec.resolve_precision("fp16")
+
+
+def test_analyses_load_the_weights_of_their_compute_precision():
+    """Every analysis and command loads its model through ModelSpec.computing (bf16 weights for bf16 compute on a
+    GPU), never pinned to fp32: an 8B model's fp32 weights take 32 GB of a GPU and run slower."""
+    pinned = [
+        f"{path.relative_to(PROJECT_ROOT)}:{n}"
+        for folder in ("analysis", "cli", "bench", "training")
+        for path in sorted((PROJECT_ROOT / "topl_core" / folder).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"ModelSpec\([^)]*[\"'](fp32|float32)[\"']", line)
+    ]
+    assert not pinned, pinned
 
 
 def test_preset_on_cpu_resolves_for_the_cpu(fake_cpu):

@@ -41,7 +41,7 @@ from ..data.records import Record, read_jsonl
 from ..data.split import split_records
 from ..foundations.config_fields import config_field
 from ..foundations.presets import PRESETS
-from ..hardware.precision import autocast, resolve_precision, weights_for
+from ..hardware.precision import autocast, resolve_precision
 from ..inference.generate import GenerationConfig, load_merged
 from ..models.loading import RANDOM_WEIGHTS, LoadedModel, ModelSpec, layer_count, load_model
 from ..training.batching import EncodeSettings
@@ -91,7 +91,7 @@ def bench_training(
 ) -> tuple[dict, LoadedModel]:
     """Train `cfg` from a fresh base; its row and the trained model (the PEFT model is left in base.model)."""
     _reset_peak(cfg.device)
-    base = load_model(ModelSpec(cfg.model, weights_for(cfg.precision), cfg.device))
+    base = load_model(ModelSpec.computing(cfg.model, cfg.precision, cfg.device))
     run = train(cfg, work / cfg.method, records=records, base=base)
     rows = [r for r in run.read_metrics() if "step_s" in r]
     timed = rows[1:] or rows  # the first step warms the kernels up
@@ -282,7 +282,7 @@ def bench_model(
     row["topl_vs_sft_step"] = row["train_sft"]["tokens_per_s"] / row["train_topl"]["tokens_per_s"]
     precision = row["train_topl"]["precision"]
     log(f"{name}: steering, one λ at a time and the grid as one batch")
-    spec = ModelSpec(model, weights_for(precision), device)
+    spec = ModelSpec.computing(model, precision, device)
     row["steering"] = bench_steering(work / name / "topl", spec, test, precision, settings.new_tokens)
     _reset_peak(device)
     log(f"{name}: layer-sweep windows with and without frozen-prefix reuse")

@@ -59,7 +59,10 @@ def run(args: argparse.Namespace) -> None:
             )
         head = _probe_head(args, adapter)
     scorer = TokenScorer(
-        load_model(ModelSpec(adapter.base_model, device=adapter.device)), adapter, precision=args.precision, head=head
+        load_model(ModelSpec.computing(adapter.base_model, args.precision, adapter.device)),
+        adapter,
+        precision=args.precision,
+        head=head,
     )
     if args.document or args.response:
         if not (args.document and args.response):

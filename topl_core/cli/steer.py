@@ -197,7 +197,9 @@ def run(args: argparse.Namespace) -> int | None:
     gen = GenerationConfig.chosen(args.precision, **given, mode=args.decoding)
     rows = []
     if not args.no_base:
-        base_text = generate(load_model(ModelSpec(rd.base_model, device=rd.device)), [args.document], gen)[0]
+        base_text = generate(
+            load_model(ModelSpec.computing(rd.base_model, args.precision, rd.device)), [args.document], gen
+        )[0]
         rows.append({"model": "base", "lambda": None, "text": base_text})
         print(f"\n== base model\n{base_text}")
     print(f"\ngenerating {len(lambdas)} λ positions …", flush=True)

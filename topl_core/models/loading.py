@@ -31,7 +31,7 @@ from ..foundations.io import give_umask_permissions, sha256_file
 from ..foundations.paths import cache_dir
 from ..foundations.presets import DEFAULT_MODEL, PRESETS
 from ..foundations.services import PROBE_TIMEOUT_S, host_port, unreachable
-from ..hardware.precision import PRECISIONS, TORCH_DTYPES, Precision, resolve_weights
+from ..hardware.precision import PRECISIONS, TORCH_DTYPES, Precision, resolve_weights, weights_for
 from .tiny import TINY_FAMILIES, build_tiny_model
 
 Device = Literal["cpu", "cuda"]
@@ -93,6 +93,12 @@ class ModelSpec:
         object.__setattr__(self, "dtype", resolve_weights(self.dtype, self.device))
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ModelError("ModelSpec.device='cuda' but no CUDA device is visible: use device='cpu'.")
+
+    @classmethod
+    def computing(cls, name: str, precision: str, device: Device) -> "ModelSpec":
+        """The spec of `name` for a computation in `precision` on `device`: fp32 weights for fp32 compute, bf16
+        weights for bf16 compute on a GPU (precision.weights_for), fp32 weights under bf16 autocast on a CPU."""
+        return cls(name, weights_for(precision), device)
 
     @property
     def hf_id(self) -> str:

@@ -24,7 +24,7 @@ from ..data.split import split_records
 from ..foundations.errors import DataError, RunError
 from ..foundations.io import give_umask_permissions, save_tensors
 from ..foundations.status import WriterLock, clear_stop, stop_requested
-from ..hardware.precision import autocast, weights_for
+from ..hardware.precision import autocast
 from ..models.architecture import check_layer_range, decoder_layers
 from ..models.loading import LoadedModel, ModelSpec, hub_id, load_model
 from .batching import EncodeSettings, batch_for, length_buckets, make_packed_batches
@@ -207,7 +207,7 @@ def _prepare(
     records = list(records) if records is not None else read_jsonl(cfg.data)
     splits = split_records(records, seed=cfg.split_seed)
     method.check_data(splits["train"])
-    base = base or load_model(ModelSpec(cfg.model, weights_for(cfg.precision), cfg.device))
+    base = base or load_model(ModelSpec.computing(cfg.model, cfg.precision, cfg.device))
     check_layer_range(base.num_layers, cfg.lora.layer_start, cfg.lora.layer_end)
     if method.lora_all_layers and not _lora_on_all_layers(cfg, base):
         warnings.warn(

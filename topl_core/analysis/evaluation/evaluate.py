@@ -27,7 +27,6 @@ import numpy as np
 
 from ...foundations.errors import RunError
 from ...foundations.executor import ExecutorConfig, failure_report, run_tasks, worker_memo
-from ...hardware.precision import weights_for
 from ...inference.generate import generate, load_merged
 from ...models.loading import ModelSpec, load_model
 from ...training.adapters import open_adapter
@@ -67,11 +66,10 @@ def variant_model(v: Variant, default_model: str, device: str, precision: str):
     """The model a base or merged variant generates with, its weights for the compute `precision` (bf16 on a GPU
     that computes in bf16, else fp32: precision.weights_for): the base model (v.model, else default_model), or the
     variant's adapter merged into the base model it was trained on."""
-    weights = weights_for(precision)
     if v.run is None:
-        return load_model(ModelSpec(v.model or default_model, weights, device))
+        return load_model(ModelSpec.computing(v.model or default_model, precision, device))
     adapter = open_adapter(v.run)
-    return load_merged(ModelSpec(adapter.base_model, weights, device), adapter)
+    return load_merged(ModelSpec.computing(adapter.base_model, precision, device), adapter)
 
 
 class VariantModels:

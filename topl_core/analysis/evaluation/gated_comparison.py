@@ -29,7 +29,6 @@ from ...data.records import Record, read_jsonl
 from ...data.split import first_documents, split_records
 from ...foundations.metrics import mean_ci
 from ...foundations.paths import project_path
-from ...hardware.precision import weights_for
 from ...inference.token_scores import TokenScorer
 from ...models.loading import ModelSpec, load_model
 from ...training.adapters import open_adapter
@@ -99,7 +98,7 @@ class Scoring:
         self.study, self.cfg, self.use_cache = study, cfg, use_cache
         self.models, self.scorer = VariantModels(cfg), make_scorer(cfg.scorer)
         self.vectors = steering_vectors_for(adapter, cfg, use_cache)
-        spec = ModelSpec(adapter.base_model, weights_for(cfg.precision), cfg.device)
+        spec = ModelSpec.computing(adapter.base_model, cfg.precision, cfg.device)
         self.head = TokenScorer(load_model(spec), adapter, cfg.precision, max_doc_tokens=cfg.max_doc_tokens)
 
     def rows(self, v: Variant, docs: Sequence[EvalDoc], label: str) -> list[dict]:

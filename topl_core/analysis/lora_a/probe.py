@@ -21,7 +21,7 @@ from ...data.split import split_records
 from ...foundations.config_fields import config_field
 from ...foundations.errors import ConfigError
 from ...foundations.paths import project_path
-from ...hardware.precision import PRECISION_HELP, PRECISIONS, Precision, resolve_precision, weights_for
+from ...hardware.precision import PRECISION_HELP, PRECISIONS, Precision, resolve_precision
 from ...models.loading import ModelSpec, load_model
 from ...training.adapters import Adapter, load_adapter, open_adapter
 from ..cache import cached, json_codec, npz_codec
@@ -156,7 +156,7 @@ def run_projections(
     key = {"analysis": "lora_projections", "settings": settings.capture_key(), "records": records_fingerprint(records)}
 
     def compute() -> dict[str, Projections]:
-        lm = base or load_model(ModelSpec(adapter.base_model, weights_for(settings.precision), adapter.device))
+        lm = base or load_model(ModelSpec.computing(adapter.base_model, settings.precision, adapter.device))
         model = load_adapter(lm, adapter)
         sites = lora_sites(model)
         controls = None

@@ -155,7 +155,7 @@ def fit_probe_head(
 
     def compute() -> ProbeHead:
         cfg = adapter.settings
-        lm = base or load_model(ModelSpec(adapter.base_model, "fp32", adapter.device))
+        lm = base or load_model(ModelSpec.computing(adapter.base_model, settings.precision, adapter.device))
         model = load_adapter(lm, adapter)
         layer = settings.layer if settings.layer is not None else default_probe_layer(adapter, model)
 

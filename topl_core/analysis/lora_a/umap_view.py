@@ -123,7 +123,7 @@ def run_umap(
         if source == "projection":
             proj = run_projections(adapter, records, settings, base, use_cache)["lora"]
         else:
-            lm = base or load_model(ModelSpec(adapter.base_model, "fp32", adapter.device))
+            lm = base or load_model(ModelSpec.computing(adapter.base_model, settings.precision, adapter.device))
             model = load_adapter(lm, adapter)
             target = [s for s in lora_sites(model) if s.key == key_name]
             if not target:

@@ -15,7 +15,7 @@ import torch
 
 from ...data.records import records_fingerprint
 from ...foundations.errors import ModelError
-from ...hardware.precision import to_numpy, weights_for
+from ...hardware.precision import to_numpy
 from ...inference.generate import load_merged
 from ...models.loading import LoadedModel, ModelSpec
 from ...training.adapters import open_adapter
@@ -179,9 +179,7 @@ def build_steering_vectors(
         sep = separability(sub, adapter.name, settings.folds, settings.seed, n_boot=10)
         weights = read_lora_weights(adapter.path)
         chosen = rank_sites([s for s in residual if s in weights], _aurocs(sep), top_k)
-        lm = merged or load_merged(
-            ModelSpec(adapter.base_model, weights_for(settings.precision), adapter.device), adapter
-        )
+        lm = merged or load_merged(ModelSpec.computing(adapter.base_model, settings.precision, adapter.device), adapter)
         outputs = site_outputs(lm, records, chosen, settings) if chosen else None
         return compute_steering_vectors(
             weights,

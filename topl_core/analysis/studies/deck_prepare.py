@@ -134,7 +134,7 @@ def prepare_deck(folder: str | Path, progress: Callable[[int, int], None] | None
             report("finished")
             return stats
         gen = GenerationConfig(max_new_tokens=cfg.max_new_tokens, precision=precision)
-        spec = ModelSpec(adapter.base_model, "float32", adapter.device)
+        spec = ModelSpec.computing(adapter.base_model, precision, adapter.device)
         token_set = _token_set(cfg, adapter)
         if not token_set:
             raise RunError(f"{cfg.data or adapter.settings.data}: no token-labelled record for the steering vectors.")

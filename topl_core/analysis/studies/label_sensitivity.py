@@ -104,7 +104,9 @@ def label_stats_for(cfg: LabelStudyConfig, records=None, tokenizer=None):
     import pandas as pd
 
     records = list(records) if records is not None else read_jsonl(cfg.train.data)
-    tokenizer = tokenizer or load_model(ModelSpec(cfg.train.model, "fp32", cfg.train.device)).tokenizer
+    tokenizer = (
+        tokenizer or load_model(ModelSpec.computing(cfg.train.model, cfg.train.precision, cfg.train.device)).tokenizer
+    )
     labels = _train_labels(cfg.train, records, tokenizer)
     return pd.DataFrame(
         [{"setting": s, **label_stats(apply_label_setting(labels, s, cfg.train.seed))} for s in cfg.settings]
@@ -117,7 +119,9 @@ def _cliff_auroc(cfg: LabelStudyConfig, run: RunDir) -> dict:
         return {}
     recs = list(load_factuality_csv(path).records)[: cfg.n_cliff]
     scorer = TokenScorer(
-        load_model(ModelSpec(cfg.train.model, "fp32", cfg.train.device)), run, precision=cfg.train.precision
+        load_model(ModelSpec.computing(cfg.train.model, cfg.train.precision, cfg.train.device)),
+        run,
+        precision=cfg.train.precision,
     )
     r = detection_auroc(scorer.score(recs))
     return {"cliff_token_auroc": r["head_auroc"], "cliff_tokens": r["tokens"]}
@@ -185,7 +189,7 @@ def train_setting(study: Study[LabelStudyConfig], item: tuple[str, dict]) -> dic
         base = (
             study.base_loader()
             if study.base_loader
-            else load_model(ModelSpec(cfg.train.model, "fp32", cfg.train.device))
+            else load_model(ModelSpec.computing(cfg.train.model, cfg.train.precision, cfg.train.device))
         )
         run = train(
             cfg.setting_config(setting), run.path, records=study.records, base=base, tracking_group=study.folder.name

@@ -89,7 +89,7 @@ def layer_scan(
     }
 
     def compute() -> pd.DataFrame:
-        lm = load_model(ModelSpec(adapter.base_model, "fp32", adapter.device))
+        lm = load_model(ModelSpec.computing(adapter.base_model, settings.precision, adapter.device))
         model = load_adapter(lm, adapter)
         scan = list(layers) if layers is not None else list(range(len(decoder_layers(model))))
         context = contextlib.nullcontext() if adapter_enabled else model.disable_adapter()

@@ -53,7 +53,6 @@ from ...foundations.errors import ConfigError, RunError
 from ...foundations.executor import ExecutorConfig, failure_report, run_tasks, worker_memo
 from ...foundations.io import read_log_rows, write_json
 from ...foundations.status import WriterLock, clear_stop, stop_requested, write_status
-from ...hardware.precision import weights_for
 from ...inference.generate import GenerationConfig, generate, load_merged
 from ...models.loading import LoadedModel, ModelSpec, layer_count, load_model
 from ...training.config import TrainConfig
@@ -208,7 +207,7 @@ def _window_row(w: Window, run: RunDir, train_s: float, store: PrefixStore | Non
 def _generation_factuality(cfg: SweepConfig, run: RunDir, records) -> dict:
     test = split_records(records, seed=cfg.train.split_seed)["test"]
     docs = [r.document for r in first_documents(test, cfg.n_generate)]
-    lm = load_merged(ModelSpec(cfg.train.model, "fp32", cfg.train.device), run)
+    lm = load_merged(ModelSpec.computing(cfg.train.model, cfg.train.precision, cfg.train.device), run)
     texts = generate(
         lm,
         docs,
@@ -232,7 +231,7 @@ def sweep_inputs(cfg: SweepConfig, base_loader: Callable[[], LoadedModel] | None
     base = (
         base_loader()
         if base_loader
-        else load_model(ModelSpec(cfg.train.model, weights_for(cfg.train.precision), cfg.train.device))
+        else load_model(ModelSpec.computing(cfg.train.model, cfg.train.precision, cfg.train.device))
     )
     return base, list(records) if records is not None else read_jsonl(cfg.train.data)
 

@@ -240,7 +240,7 @@ def detection_scorer(adapter: Adapter, labelled: Sequence[Record], settings: Tra
         layer, head = fitted.layer, (fitted.layer, fitted.linear(adapter.device))
     frozen = fit_probe_head(adapter, labelled, replace(probe, layer=layer), adapter_enabled=False)
     return TokenScorer(
-        load_model(ModelSpec(adapter.base_model, device=adapter.device)),
+        load_model(ModelSpec.computing(adapter.base_model, settings.precision, adapter.device)),
         adapter,
         settings.precision,
         cfg.max_doc_tokens,
