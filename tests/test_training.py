@@ -19,6 +19,7 @@ from topl_core.data.encode import collate, encode_record
 from topl_core.data.records import Record, write_jsonl
 from topl_core.foundations.errors import ConfigError, DataError, ModelError, RunError
 from topl_core.foundations.status import request_stop, stop_requested
+from topl_core.models.architecture import decoder_layers
 from topl_core.models.forward import head_features
 from topl_core.models.loading import load_model
 from topl_core.training.adapters import load_adapter
@@ -482,5 +483,9 @@ def test_compiled_layers_train_the_same_run(tmp_path, tiny_records):
     assert [r["loss"] for r in compiled.read_metrics()] == pytest.approx([r["loss"] for r in eager.read_metrics()])
     a, b = _weights(eager), _weights(compiled)
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    base = load_model("tiny-llama")
+    one_step = tiny_config(steps=1, lora=lora, compile_backend="aot_eager")
+    train(one_step, tmp_path / "c1", records=tiny_records, base=base)
+    assert not [layer for layer in decoder_layers(base.model) if "forward" in vars(layer)]  # returned eager
     with pytest.raises(ConfigError, match="compile_backend"):
         tiny_config(compile_backend="no-such-backend")

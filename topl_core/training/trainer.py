@@ -152,6 +152,9 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World,
         if isinstance(e, Cancelled):
             return run
         raise
+    finally:
+        if cfg.compile_backend:  # what the caller does next with the model (capture, steering) runs uncompiled
+            _eager_layers(t.model)
     adapter = lora_state(t, world)  # whole tensors on every rank (all-gathered under FSDP)
     if world.is_main:
         _save_final(run, cfg, t, meta, adapter)
@@ -261,6 +264,12 @@ def _run_meta(cfg: TrainConfig, method: Method, base: LoadedModel, batches: _Bat
         "validation_metric": method.validation_metric,
         "lora_all_layers": _lora_on_all_layers(cfg, base),
     }
+
+
+def _eager_layers(model: torch.nn.Module) -> None:
+    """Undo `compile_backend`: each decoder layer's forward back to its class's eager one."""
+    for layer in decoder_layers(model):
+        layer.__dict__.pop("forward", None)
 
 
 def _trainable(
