@@ -26,6 +26,15 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return layers
 
 
+def compile_layers(model: torch.nn.Module, backend: str) -> None:
+    """Compile each decoder layer's forward with `backend` (dynamic shapes), or with "" give each layer back its
+    class's eager forward. The forward alone: the hooks around it (early exit, probes, capture) stay eager."""
+    for layer in decoder_layers(model):
+        layer.__dict__.pop("forward", None)
+        if backend:
+            layer.forward = torch.compile(layer.forward, backend=backend, dynamic=True)
+
+
 def base_causal_lm(model: torch.nn.Module) -> torch.nn.Module:
     """Unwrap a PeftModel to the underlying *ForCausalLM."""
     from peft import PeftModel

@@ -25,7 +25,7 @@ from ..foundations.errors import DataError, RunError
 from ..foundations.io import give_umask_permissions, save_tensors
 from ..foundations.status import WriterLock, clear_stop, stop_requested
 from ..hardware.precision import autocast
-from ..models.architecture import check_layer_range, decoder_layers
+from ..models.architecture import check_layer_range, compile_layers
 from ..models.loading import LoadedModel, ModelSpec, hub_id, load_model
 from .batching import EncodeSettings, batch_for, length_buckets, make_packed_batches
 from .card import write_card
@@ -154,7 +154,7 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World,
         raise
     finally:
         if cfg.compile_backend:  # what the caller does next with the model (capture, steering) runs uncompiled
-            _eager_layers(t.model)
+            compile_layers(t.model, "")
     adapter = lora_state(t, world)  # whole tensors on every rank (all-gathered under FSDP)
     if world.is_main:
         _save_final(run, cfg, t, meta, adapter)
@@ -266,12 +266,6 @@ def _run_meta(cfg: TrainConfig, method: Method, base: LoadedModel, batches: _Bat
     }
 
 
-def _eager_layers(model: torch.nn.Module) -> None:
-    """Undo `compile_backend`: each decoder layer's forward back to its class's eager one."""
-    for layer in decoder_layers(model):
-        layer.__dict__.pop("forward", None)
-
-
 def _trainable(
     cfg: TrainConfig, method: Method, base: LoadedModel, head_layer: int | None, world: World = World()
 ) -> Trainable:
@@ -280,9 +274,7 @@ def _trainable(
     model = apply_lora(base.model, cfg)
     if cfg.gradient_checkpointing:  # the decoder layers recompute their activations in backward (training mode only)
         model.base_model.model.activation_checkpointing_enable({"use_reentrant": False})
-    if cfg.compile_backend:  # the forward alone: the hooks around it (early exit, probes, capture) stay eager
-        for layer in decoder_layers(model):
-            layer.forward = torch.compile(layer.forward, backend=cfg.compile_backend, dynamic=True)
+    compile_layers(model, cfg.compile_backend)
     world.shard(model)  # before the optimizer: sharding replaces the parameters
     hidden = base.model.config.hidden_size
     head = _zero_linear(hidden, cfg.device) if method.uses_head else None
