@@ -160,10 +160,10 @@ class Batch:
     def __post_init__(self) -> None:
         if self.n_labelled < 0:
             self.n_labelled = int((self.labels != IGNORE).sum())
-        if self.n_lm_targets < 0:
-            self.n_lm_targets = 0 if self.lm_mask is None else int(self.lm_mask.sum())
         if self.lm_positions is None and self.lm_mask is not None:
             self.lm_positions = self.lm_mask.nonzero()
+        if self.n_lm_targets < 0:  # a tensor's shape is known on the host, wherever the tensor is
+            self.n_lm_targets = 0 if self.lm_positions is None else len(self.lm_positions)
 
     @property
     def packed(self) -> bool:
