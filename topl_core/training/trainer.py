@@ -286,11 +286,9 @@ def _trainable(
     groups = [{"params": lora_params}]
     if head_params:
         groups.append({"params": head_params + probe_params, "lr": cfg.lr * cfg.head_lr_multiplier})
-    # fused on a GPU: one kernel updates every parameter instead of several launches per LoRA matrix (tested to step
-    # as the plain one); a CPU keeps the plain one, whose bits the shipped demo adapters have (docs/training.md, "Two
-    # forms on a CPU and a GPU")
-    fused = cfg.device == "cuda" and not world.fsdp
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused)
+    # fused: one kernel updates every parameter instead of a loop over them (on a GPU, one launch instead of several
+    # per LoRA matrix; tested to step as the plain one)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=not world.fsdp)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
     ctx = StepContext(model, head, head_layer, cfg.beta, cfg.tdpo_alpha, probes if cfg.probe_layers else None)
     return Trainable(model, head, lora_params + head_params, optimizer, scheduler, ctx, probe_params)

@@ -16,20 +16,8 @@ from .base import Method
 
 def token_bce_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean binary cross-entropy of per-token head logits against labels 1 (good) / 0 (bad); -1 ignored (0 when no
-    token is labelled). On a CPU, the mean over the labelled tokens indexed by the mask; on a GPU, where indexing by
-    a mask makes the host wait while the device counts them, the same mean as a masked sum (`masked_token_bce_loss`).
-    Equal up to rounding; a CPU keeps the indexed form because the shipped demo adapters were trained with it and
-    are rebuilt bit for bit (docs/training.md, "Two forms on a CPU and a GPU")."""
-    if logits.device.type != "cpu":
-        return masked_token_bce_loss(logits, labels)
-    mask = labels != IGNORE
-    if not mask.any():
-        return logits.sum() * 0.0
-    return F.binary_cross_entropy_with_logits(logits[mask].float(), labels[mask].float())
-
-
-def masked_token_bce_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """token_bce_loss without indexing: every token's BCE, the unlabelled ones weighted 0, over the labelled count."""
+    token is labelled): every token's BCE, the unlabelled ones weighted 0, over the labelled count — a masked sum,
+    not an index of the labelled tokens, which on a GPU makes the host wait while the device counts them."""
     mask = labels != IGNORE
     per_token = F.binary_cross_entropy_with_logits(logits.float(), labels.clamp(min=0).float(), reduction="none")
     return (per_token * mask).sum() / mask.sum().clamp(min=1)
