@@ -64,6 +64,24 @@ def test_configs_a_person_chose_keep_an_explicit_precision_for_both_phases(fake_
         GenerationConfig(decode_precision="fp16")
 
 
+def test_a_reproduction_saves_the_decode_precision_its_generations_use(fake_cpu):
+    """ReproduceConfig resolves the decode steps' precision with the prompt's when built and hands it to every
+    evaluation; a study saved before the field existed reads back as the same config (its resume is not refused)."""
+    from topl_core.analysis.studies.reproduce_config import ReproduceConfig
+    from topl_core.foundations.errors import ConfigError
+
+    fake_cpu(AMX_SLOW_DECODE)
+    cfg = ReproduceConfig()
+    assert (cfg.precision, cfg.decode_precision) == ("bf16", "fp32")
+    assert cfg.to_json()["decode_precision"] == "fp32" and cfg.eval_config().generation.decode_on("cpu") == "fp32"
+    assert ReproduceConfig(decode_precision="bf16").eval_config().decode_precision == "bf16"
+    assert ReproduceConfig(precision="fp32").decode_precision == "fp32"
+    saved_before = {k: v for k, v in cfg.to_json().items() if k != "decode_precision"}
+    assert ReproduceConfig.from_json({**saved_before, "precision": "bf16"}) == cfg
+    with pytest.raises(ConfigError, match="decode_precision='fp16'"):
+        ReproduceConfig(decode_precision="fp16")
+
+
 def test_a_probe_cached_before_the_decode_probe_is_measured_again(tmp_path, monkeypatch):
     monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path))
     prec.cpu_bf16_probe.cache_clear()

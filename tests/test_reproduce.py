@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from topl_core.analysis.studies import reproduce
-from topl_core.analysis.studies.method_runs import MethodSettings, family_preset, scaled_layer
+from topl_core.analysis.studies.method_runs import MethodSettings, family_preset, scaled_layer, training_summary
 from topl_core.analysis.studies.reproduce import plan_tasks, read_tasks, run_reproduce
 from topl_core.analysis.studies.reproduce_claims import CLAIMS, VERDICTS
 from topl_core.analysis.studies.reproduce_config import ReproduceConfig
@@ -67,6 +67,10 @@ def test_a_stopped_study_resumes_without_redoing_finished_tasks(study):
     third = reproduce.RunDir(folder / "methods" / stopped["started"][-1].split("-", 1)[1])
     steps = [r["step"] for r in third.read_metrics() if "loss" in r]
     assert steps == list(range(1, study["cfg"].steps + 1))  # resumed from its checkpoint: each step logged once
+    # its training time counts both segments (elapsed_s restarts at the resume)
+    summary, rows = training_summary(third), [r for r in third.read_metrics() if "loss" in r]
+    assert summary["train_wall_s"] == pytest.approx(sum(r["step_s"] for r in rows))
+    assert summary["train_wall_s"] > rows[-1]["elapsed_s"]
     status = read_status(folder)
     assert status["state"] == "finished" and status["done"] == status["total"] == len(plan_tasks(study["cfg"]))
     assert status["eta_s"] == 0

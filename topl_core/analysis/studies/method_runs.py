@@ -67,9 +67,10 @@ class MethodSettings:
 
 
 def training_summary(run: RunDir) -> dict:
-    """How a finished run trained: steps, examples per step, LoRA layers, head layer, the training loop's wall time
-    (model loading and the final validation excluded), median seconds and tokens/s per step (robust to steps another
-    job slowed down), first and final loss, and the method's validation metric."""
+    """How a finished run trained: steps, examples per step, LoRA layers, head layer, the training loop's time (the
+    sum of its logged steps' seconds, over every start of a resumed run; model loading and validation excluded),
+    median seconds and tokens/s per step (robust to steps another job slowed down), first and final loss, and the
+    method's validation metric."""
     rows = [r for r in run.read_metrics() if "loss" in r]
     cfg, meta = run.read_config()
     metric = meta.get("validation_metric", METHODS[cfg.method].validation_metric)
@@ -83,7 +84,8 @@ def training_summary(run: RunDir) -> dict:
         "lr": cfg.lr,
         "lora_layers": f"{cfg.lora.layer_start}-{cfg.lora.layer_end}",
         "head_layer": meta.get("head_layer"),
-        "train_wall_s": last.get("elapsed_s"),
+        # elapsed_s restarts with each resume: a resumed run's last row holds only its last segment
+        "train_wall_s": sum(s for s, _ in times) if times else None,
         "median_s_per_step": statistics.median(s for s, _ in times) if times else None,
         "median_tokens_per_s": statistics.median(t / s for s, t in times if s > 0) if times else None,
         "first_loss": rows[0]["loss"] if rows else None,

@@ -13,7 +13,14 @@ from ...foundations.config_fields import config_field
 from ...foundations.errors import ConfigError
 from ...foundations.paths import DEFAULT_DATA
 from ...foundations.presets import DEFAULT_MODEL, PRESETS
-from ...hardware.precision import PRECISION_HELP, PRECISIONS, Precision, resolve_precision
+from ...hardware.precision import (
+    DECODE_PRECISION_HELP,
+    PRECISION_HELP,
+    PRECISIONS,
+    Precision,
+    resolve_decode_precision,
+    resolve_precision,
+)
 from ...models.loading import layer_count
 from ...training.config import TrainConfig, study_schedule
 from ...training.methods import METHODS
@@ -68,6 +75,9 @@ class ReproduceConfig:
     seed: int = config_field(0, label="Seed", help="seed of every run's initialisation and batch order", min=0)
     device: Literal["cpu", "cuda"] = config_field("cpu", label="Device", help="where everything runs")
     precision: Precision = config_field("auto", label="Precision", help=PRECISION_HELP)
+    # of the generations' one-token decode steps (GenerationConfig.decode_precision), resolved with precision when
+    # built, so that the saved config says what the generations decoded in
+    decode_precision: Precision = config_field("auto", label="Decode precision", help=DECODE_PRECISION_HELP)
     probe_records: int = config_field(
         64, label="LoRA-A token set (records)", help="labelled test-split records every adapter's LoRA-A is probed on"
     )
@@ -114,9 +124,12 @@ class ReproduceConfig:
             raise ConfigError(f"methods {unknown or '()'}: choose among {tuple(METHODS)}.")
         if self.preset and self.preset not in PRESETS:
             raise ConfigError(f"preset={self.preset!r}: choose one of {tuple(PRESETS)}, or leave it empty.")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision={self.precision!r}: choose one of {PRECISIONS}.")
+        for name in ("precision", "decode_precision"):
+            if getattr(self, name) not in PRECISIONS:
+                raise ConfigError(f"{name}={getattr(self, name)!r}: choose one of {PRECISIONS}.")
+        decode = resolve_decode_precision(self.precision, self.decode_precision, self.device)
         object.__setattr__(self, "precision", resolve_precision(self.precision, self.device))
+        object.__setattr__(self, "decode_precision", decode)
         if not self.lambdas or not set(self.label_settings) <= set(LABEL_SETTINGS):
             raise ConfigError("lambdas must not be empty, and label_settings must come from " + str(LABEL_SETTINGS))
         EvalConfig(n_id=self.n_id, n_ood=self.n_ood)  # says what is wrong with the document counts
@@ -182,6 +195,7 @@ class ReproduceConfig:
             model=self.model,
             device=self.device,
             precision=self.precision,
+            decode_precision=self.decode_precision,
         )
 
     def lambda_grids(self) -> dict[str, tuple[float, ...]]:
