@@ -13,6 +13,7 @@ generate responses for one or many documents.
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
 
@@ -172,8 +173,11 @@ def prefill(
     tok, model = lm.tokenizer, lm.model
     ids = tok(_prompt(lm, document, cfg, task, lang_pair), return_tensors="pt", add_special_tokens=False).input_ids
     cache = DynamicCache()
+    # the last position's logits only, as transformers' generate asks for them (the same rounding as its first
+    # token's): the whole prompt's (T × vocabulary) logits are a large part of a small model's prompt forward
+    last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     with autocast(cfg.precision, model.device.type):
-        out = model(input_ids=ids.to(model.device), past_key_values=cache, use_cache=True)
+        out = model(input_ids=ids.to(model.device), past_key_values=cache, use_cache=True, **last)
     return Prefill(cache, out.logits[0, -1].float(), ids.shape[1])
 
 
