@@ -278,6 +278,25 @@ def test_sft_step_waits_for_the_device_no_more_than_the_model_forward(records):
     assert (batch.lm_positions == batch.lm_mask.nonzero()).all() and batch.to("cpu").lm_positions is not None
 
 
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_step_waits_for_the_device_no_more_than_its_model_forwards(records, name):
+    """No method's step (loss and backward) makes a GPU's host wait beyond its model forwards (two for the preference
+    methods: the policy and the reference): the counts a loss averages over come from where the batch was built or
+    stay on the device with the rest of its info, which the trainer reads back once per optimizer step."""
+    method = METHODS[name]
+    model, tok = build_tiny_model("tiny-llama")
+    peft = _peft(model)
+    batch = method.batches(method.prepare(tok, records, ENC), 4, tok.pad_token_id)[0]
+    head = torch.nn.Linear(model.config.hidden_size, 1) if method.uses_head else None
+    ctx = StepContext(peft, head, 2 if method.uses_head else None, 0.1)
+    with _HostWaits() as step:
+        loss, info = method.loss(ctx, batch)
+        (loss * info[method.units_key]).backward()
+    with _HostWaits() as forward:
+        peft(**batch.forward_inputs()).logits.sum().backward()
+    assert step.count == forward.count * (2 if method.pairs else 1), (step.count, forward.count)
+
+
 def test_unlikelihood_step_by_hand(records):
     model, tok = build_tiny_model("tiny-llama")
     peft = _peft(model)

@@ -156,6 +156,7 @@ class Batch:
     # built, so that the losses gather the targets by index (indexing by a mask on a GPU waits for the device to
     # count them)
     lm_positions: torch.Tensor | None = None
+    n_pairs: int = 0  # a pair batch (collate_pairs): B, its chosen rows [0, B) and rejected rows [B, 2B); else 0
 
     def __post_init__(self) -> None:
         if self.n_labelled < 0:
@@ -192,7 +193,13 @@ class Batch:
         else:
             moved = [None if t is None else t.to(device) for t in tensors]
         *moved, lm_positions = moved
-        return Batch(*moved, n_labelled=self.n_labelled, n_lm_targets=self.n_lm_targets, lm_positions=lm_positions)
+        return Batch(
+            *moved,
+            n_labelled=self.n_labelled,
+            n_lm_targets=self.n_lm_targets,
+            lm_positions=lm_positions,
+            n_pairs=self.n_pairs,
+        )
 
     @property
     def real_tokens(self) -> int:
@@ -256,4 +263,8 @@ class EncodedPair:
 
 def collate_pairs(pairs: list[EncodedPair], pad_id: int, pad_to_multiple: int = 16) -> Batch:
     """One batch of 2B rows, padded together: chosen responses in rows [0, B), rejected in rows [B, 2B)."""
-    return collate([p.chosen for p in pairs] + [p.rejected for p in pairs], pad_id, pad_to_multiple)
+    if not all(p.chosen.sequence_label == 1 and p.rejected.sequence_label == 0 for p in pairs):
+        raise ValueError("a pair's chosen response must be labelled 1 (faithful) and its rejected one 0.")
+    batch = collate([p.chosen for p in pairs] + [p.rejected for p in pairs], pad_id, pad_to_multiple)
+    batch.n_pairs = len(pairs)
+    return batch

@@ -184,7 +184,13 @@ def synthetic_batch(method: str, rows: int, seq_len: int, response_tokens: int) 
     paired = METHODS[method].pairs
     sequence_labels = (torch.arange(rows) < rows // 2).long() if paired else torch.ones(rows, dtype=torch.long)
     return Batch(
-        torch.zeros(rows, seq_len, dtype=torch.long), attention, labels, response_mask, sequence_labels, lm_mask
+        torch.zeros(rows, seq_len, dtype=torch.long),
+        attention,
+        labels,
+        response_mask,
+        sequence_labels,
+        lm_mask,
+        n_pairs=rows // 2 if paired else 0,
     )
 
 

@@ -117,23 +117,22 @@ def reference_policy(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
 
 
 def pair_halves(batch: Batch) -> int:
-    """B, the number of pairs of a pair batch: chosen rows [0, B), rejected rows [B, 2B)."""
-    n = batch.input_ids.shape[0]
-    if n % 2 or not (
-        bool((batch.sequence_labels[: n // 2] == 1).all()) and bool((batch.sequence_labels[n // 2 :] == 0).all())
-    ):
+    """B, the number of pairs of a pair batch: chosen rows [0, B), rejected rows [B, 2B) (counted by collate_pairs,
+    where the batch was built: reading its labels here would make a GPU's host wait)."""
+    if not batch.n_pairs or batch.input_ids.shape[0] != 2 * batch.n_pairs:
         raise ValueError(
-            "a pair batch needs chosen rows [0, B) labelled 1 and rejected rows [B, 2B) labelled 0 (collate_pairs)."
+            "a pair batch holds chosen rows [0, B) and rejected rows [B, 2B): build it with collate_pairs."
         )
-    return n // 2
+    return batch.n_pairs
 
 
 def pair_info(ctx: StepContext, chosen_ratio: torch.Tensor, rejected_ratio: torch.Tensor) -> dict:
-    """Implicit rewards r = β(log π_θ − log π_ref): accuracy = share of pairs with r_chosen > r_rejected."""
+    """Implicit rewards r = β(log π_θ − log π_ref): accuracy = share of pairs with r_chosen > r_rejected. The rates
+    stay on the device (the trainer reads a step's info back once, with its losses)."""
     margin = ctx.beta * (chosen_ratio - rejected_ratio).detach()
     return {
-        "reward_accuracy": float((margin > 0).float().mean()),
-        "reward_margin": float(margin.mean()),
+        "reward_accuracy": (margin > 0).float().mean(),
+        "reward_margin": margin.mean(),
         "pairs": int(margin.numel()),
     }
 
@@ -185,6 +184,20 @@ def mean_loss_validator(step, keys: tuple[str, ...]) -> Validator:
         return {"val_loss": total / max(n, 1), **{f"val_{k}": v / max(n, 1) for k, v in sums.items()}}
 
     return validate
+
+
+def read_back(losses: list[torch.Tensor], infos: list[dict]) -> tuple[list[float], list[dict]]:
+    """The micro-batches' losses and the values their infos left on the device, read in one transfer after the step's
+    last backward (a read of each would make a GPU's host wait each time): integer tensors come back as ints
+    (counts), the others as floats."""
+    slots = [(i, k) for i, info in enumerate(infos) for k, v in info.items() if isinstance(v, torch.Tensor)]
+    tensors = [x.detach().reshape(()).double() for x in losses]
+    tensors += [infos[i][k].detach().reshape(()).double() for i, k in slots]  # float64: exact for any count
+    values = torch.stack(tensors).tolist() if tensors else []
+    read = [dict(info) for info in infos]
+    for (i, k), v in zip(slots, values[len(losses) :]):
+        read[i][k] = v if infos[i][k].is_floating_point() else int(v)
+    return values[: len(losses)], read
 
 
 def combine_micro_batches(

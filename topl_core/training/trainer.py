@@ -36,7 +36,7 @@ from .lora import apply_lora
 from .memory import check_fits, longest_micro_batch
 from .methods import METHODS, Method
 from .run_dirs import RunDir
-from .steps import StepContext, combine_micro_batches
+from .steps import StepContext, combine_micro_batches, read_back
 from .tracking import Trackers, check_trackers, open_trackers
 from .world import World
 
@@ -337,10 +337,10 @@ def _train_step(
             loss, info = method.loss(t.ctx, batch)
         # weight by what the loss averages over; the sum is divided by the step's total below
         (loss * (info[method.units_key] if index >= 0 else 0)).backward()
-        if index >= 0:  # the loss stays on the device: one transfer for the whole step, after the last backward
+        if index >= 0:  # the loss and info stay on the device: one transfer for the whole step, after the last backward
             done.append((index, loss.detach(), info, host.real_tokens, host.input_ids.numel()))
-    step_losses = torch.stack([d[1] for d in done]).tolist() if done else []
-    done = [(d[0], x, *d[2:]) for d, x in zip(done, step_losses)]
+    step_losses, step_infos = read_back([d[1] for d in done], [d[2] for d in done])
+    done = [(d[0], x, info, *d[3:]) for d, x, info in zip(done, step_losses, step_infos)]
     world.sum_grads(t.params + t.probe_params)
     done = sorted(world.gather(done), key=lambda d: d[0])  # the whole step, in one process's order
     losses, infos, tokens = [d[1] for d in done], [d[2] for d in done], sum(d[3] for d in done)

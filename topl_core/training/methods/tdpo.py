@@ -56,8 +56,8 @@ def tdpo_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict]:
     loss = tdpo_loss(margin[:B], margin[B:], kl[:B], kl[B:], ctx.beta, ctx.tdpo_alpha, "tdpo2")
     return loss, {
         **pair_info(ctx, margin[:B], margin[B:]),
-        "seq_kl_chosen": float(kl[:B].detach().mean()),
-        "seq_kl_rejected": float(kl[B:].detach().mean()),
+        "seq_kl_chosen": kl[:B].detach().mean(),
+        "seq_kl_rejected": kl[B:].detach().mean(),
     }
 
 

@@ -29,7 +29,7 @@ def topl_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, dict]:
     info: dict = {"supervised_tokens": batch.n_labelled}
     if probes:
         side = {k: token_bce_loss(p, batch.labels) for k, p in probes.items()}
-        info |= {f"probe_loss_L{k}": float(v.detach()) for k, v in side.items()}
+        info |= {f"probe_loss_L{k}": v.detach() for k, v in side.items()}
         total = sum(side.values())
         loss = loss + (total - total.detach())  # the value stays the head's loss; the gradient trains the probes too
     return loss, info

@@ -35,11 +35,11 @@ def unlikelihood_loss(
     (label 0, bad); label −1 is ignored. `token_logp` is log p(target token), same shape as labels; `log1m_p`,
     when given, is log(1 − p(target)) computed exactly (else it is derived from token_logp)."""
     good, bad = labels == 1, labels == 0
-    n = int(good.sum() + bad.sum())
-    if n == 0:
-        return token_logp.sum() * 0.0
-    not_p = log1m_p[bad] if log1m_p is not None else log1m_exp(token_logp[bad])
-    return (-(token_logp[good]).sum() - not_p.sum()) / n
+    not_p = log1m_p if log1m_p is not None else log1m_exp(token_logp)
+    # masked sums over a count that stays on the device: indexing by the masks, or reading the count, would make a
+    # GPU's host wait
+    total = torch.where(good, token_logp, 0.0).sum() + torch.where(bad, not_p, 0.0).sum()
+    return -total / (good.sum() + bad.sum()).clamp(min=1)
 
 
 def _unlikelihood_labels(lp: TargetLogprobs, batch: Batch) -> torch.Tensor:
@@ -52,7 +52,7 @@ def unlikelihood_loss_step(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor
     lp = target_logprobs(ctx.model, batch, vocab=True)
     labels = _unlikelihood_labels(lp, batch)
     log1m_p = log_one_minus_p(lp.vocab_logp, lp.targets)
-    good, bad = int((labels == 1).sum()), int((labels == 0).sum())
+    good, bad = (labels == 1).sum(), (labels == 0).sum()  # on the device, read back with the step's losses
     return unlikelihood_loss(lp.token_logp, labels, log1m_p), {
         "good_tokens": good,
         "bad_tokens": bad,
