@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from topl_core.data.encode import IGNORE, collate, encode_record
+from topl_core.data.encode import IGNORE, EncodedPair, collate, collate_pairs, encode_record
 from topl_core.data.records import Record, Span
 from topl_core.data.split import split_records
 from topl_core.foundations.errors import ConfigError, DataError
@@ -35,7 +35,7 @@ from topl_core.training.methods.unlikelihood import (
     unlikelihood_loss,
     unlikelihood_loss_step,
 )
-from topl_core.training.steps import StepContext, target_logprobs
+from topl_core.training.steps import StepContext, pair_halves, target_logprobs
 from topl_core.training.trainer import train
 
 HEAD_METHODS = {"topl", "sopl", "tldr"}
@@ -263,21 +263,6 @@ class _HostWaits(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_sft_step_waits_for_the_device_no_more_than_the_model_forward(records):
-    """SFT's loss gathers its targets by the positions the batch was built with (Batch.lm_positions): on a GPU its
-    step makes the host wait only where the model's own forward does (transformers' padding-mask check)."""
-    model, tok = build_tiny_model("tiny-llama")
-    peft = _peft(model)
-    batch = _lm_batch(tok, faithful_records(records)[:4])
-    with _HostWaits() as step:
-        loss, _ = sft_loss_step(StepContext(peft, None, None, 0.1), batch)
-        loss.backward()
-    with _HostWaits() as forward:
-        peft(**batch.forward_inputs()).logits.sum().backward()
-    assert step.count == forward.count
-    assert (batch.lm_positions == batch.lm_mask.nonzero()).all() and batch.to("cpu").lm_positions is not None
-
-
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_every_step_waits_for_the_device_no_more_than_its_model_forwards(records, name):
     """No method's step (loss and backward) makes a GPU's host wait beyond its model forwards (two for the preference
@@ -295,6 +280,8 @@ def test_every_step_waits_for_the_device_no_more_than_its_model_forwards(records
     with _HostWaits() as forward:
         peft(**batch.forward_inputs()).logits.sum().backward()
     assert step.count == forward.count * (2 if method.pairs else 1), (step.count, forward.count)
+    # the LM targets' positions, found where the batch was built, travel with it
+    assert (batch.lm_positions == batch.lm_mask.nonzero()).all() and batch.to("cpu").lm_positions is not None
 
 
 def test_unlikelihood_step_by_hand(records):
@@ -334,7 +321,11 @@ def test_pair_batches_hold_chosen_then_rejected_for_the_same_prompt(records):
     assert (p.chosen.input_ids[: p.chosen.response_start] == p.rejected.input_ids[: p.rejected.response_start]).all()
     assert p.chosen.sequence_label == 1 and p.rejected.sequence_label == 0
     b = _pair_batch(tok, records)
-    assert b.sequence_labels.tolist() == [1, 1, 1, 0, 0, 0]
+    assert b.sequence_labels.tolist() == [1, 1, 1, 0, 0, 0] and pair_halves(b) == b.n_pairs == 3
+    with pytest.raises(ValueError, match="chosen response must be labelled 1"):
+        collate_pairs([EncodedPair(p.rejected, p.chosen)], tok.pad_token_id)
+    with pytest.raises(ValueError, match="build it with collate_pairs"):
+        pair_halves(collate([p.chosen, p.rejected], tok.pad_token_id))  # the right rows, but not built as pairs
 
 
 @pytest.mark.parametrize("step", [dpo_loss_step, tdpo_loss_step], ids=["dpo", "tdpo"])
