@@ -8,6 +8,9 @@ precision; the figures are ms per new token, median of `--repeats`.
     bf16-weights       a bf16 copy of the merged model, eager, no autocast (no cast per call; twice the weights' memory)
     static-fp32        transformers' generate with a StaticCache, eager
     static-compiled    the same with the decode step compiled (torch.compile, CompileConfig; its compile time apart)
+    steered-compiled   a StaticCache loop of ours whose compiled step runs forward hooks adding λ · delta at four
+                       down_proj sites, λ read from a tensor set in place: per λ against the same hooks eager, and
+                       how many graphs dynamo built for all of them (what steering needs to decode compiled)
     python-overhead    the share of a plain fp32 step spent outside torch's operators (torch.profiler, 16 steps)
 
     PYTHONPATH=$PWD .venv/bin/python scripts/decode_loop_options.py [--json docs/bench/decode-loop-<cpu>.json]
@@ -19,6 +22,7 @@ import argparse
 import copy
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
@@ -75,6 +79,90 @@ def _static_generate(lm, document: str, cfg: GenerationConfig, compiled: bool) -
     return tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
 
 
+STEERED_LAYERS = (8, 10, 12, 14)  # steered-compiled: the down_proj sites its hooks edit
+STEERED_LAMBDAS = (0.0, 2.0, 4.0)
+
+
+def _steered_compiled(lm, document: str, cfg: GenerationConfig, repeats: int) -> dict:
+    """The decode step compiled once, with forward hooks that add λ · delta (a seeded random direction per site) at
+    STEERED_LAYERS' down_proj, λ read from a float64 tensor set in place between generations. The hooks check no
+    thread (hooks.steer checks the calling thread: for dynamo a graph break in every hook, measured slower than
+    eager). Per λ: ms per token compiled and eager (the same hooks and loop), whether the texts agree; the graphs
+    dynamo built for all λ; the first call's time (compiling)."""
+    import torch._dynamo
+    from transformers import StaticCache
+
+    from topl_core.models.architecture import decoder_layers
+
+    tok, model = lm.tokenizer, lm.model
+    prompt = build_prompt(tok, truncate_document(tok, document, cfg.max_doc_tokens), "summarization", None)
+    ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+    length = ids.shape[1]
+    prompt_cache = StaticCache(config=model.config, max_cache_len=length + cfg.max_new_tokens)
+    first = model(
+        input_ids=ids, past_key_values=prompt_cache, use_cache=True, cache_position=torch.arange(length),
+        logits_to_keep=1,
+    ).logits[0, -1].float()  # fmt: skip
+    work = copy.deepcopy(prompt_cache)  # one cache the compiled step reads: a new one per λ would recompile
+
+    def decode(step) -> tuple[str, int]:
+        for a, b in zip(work.layers, prompt_cache.layers):  # back to the prompt, its position counter too
+            a.keys.copy_(b.keys)
+            a.values.copy_(b.values)
+            a.cumulative_length.copy_(b.cumulative_length)
+        logits, new = first, []
+        while True:
+            new.append(int(logits.argmax()))
+            if len(new) == cfg.max_new_tokens:
+                return tok.decode(new, skip_special_tokens=True).strip(), len(new)
+            position = torch.tensor([length + len(new) - 1])
+            out = step(
+                input_ids=torch.tensor([new[-1:]]), past_key_values=work, use_cache=True, cache_position=position
+            )
+            logits = out.logits[0, -1].float()
+
+    lam = torch.zeros((), dtype=torch.float64)
+    generator = torch.Generator().manual_seed(0)
+    handles = []
+    for layer in STEERED_LAYERS:
+        delta = 0.5 * torch.randn(model.config.hidden_size, generator=generator)
+
+        def add(_module, _inputs, output, delta=delta):
+            return output + (lam * delta).to(output.dtype)
+
+        handles.append(decoder_layers(model)[layer].mlp.down_proj.register_forward_hook(add))
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    compiled = torch.compile(model.forward, dynamic=False)
+    rows = {}
+    try:
+        t = time.perf_counter()
+        decode(compiled)
+        first_call_s = time.perf_counter() - t
+        for value in STEERED_LAMBDAS:
+            lam.fill_(value)
+            eager_s, (eager_text, n) = _timed(lambda: decode(model.forward), repeats)
+            compiled_s, (text, _) = _timed(lambda: decode(compiled), repeats)
+            rows[f"{value:g}"] = {
+                "eager_ms_per_token": 1000 * eager_s / n,
+                "compiled_ms_per_token": 1000 * compiled_s / n,
+                "same_text": text == eager_text,
+            }
+            row = rows[f"{value:g}"]
+            print(
+                f"steered-compiled λ={value:g}: eager {row['eager_ms_per_token']:.1f}, compiled "
+                f"{row['compiled_ms_per_token']:.1f} ms/token; same text {row['same_text']}",
+                flush=True,
+            )
+    finally:
+        for h in handles:
+            h.remove()
+    return {
+        "first_call_s": first_call_s,
+        "graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs,
+        "lambdas": rows,
+    }
+
+
 def _python_share(lm, document: str, cfg: GenerationConfig, prefix) -> float:
     """1 − (time inside torch's operators) / wall time, over 16 plain fp32 decode steps."""
     from torch.profiler import ProfilerActivity, profile
@@ -121,16 +209,20 @@ def main() -> None:
         prefix_w16 = prefill(weights16, document, fp32)  # fp32 "precision" = no autocast over the bf16 weights
         s, text = _timed(lambda: _stream(weights16, document, fp32, prefix_w16), args.repeats)
         record("bf16-weights", s, text, ref16)
-        # generate() runs the prompt too: its time apart from the decode steps is the prompt's forward, measured here
-        prompt_s, _ = _timed(lambda: prefill(lm, document, fp32), args.repeats)
+        # generate() runs the prompt too: its decode steps are the time of 64 new tokens less that of 1 (the same
+        # prompt forward in both, with the last position's logits only), as 63 steps of the plain loop's 64 tokens
+        one = replace(fp32, max_new_tokens=1)
+        first_s, _ = _timed(lambda: _static_generate(lm, document, one, compiled=False), args.repeats)
         s, text = _timed(lambda: _static_generate(lm, document, fp32, compiled=False), args.repeats)
-        record("static-fp32", s - prompt_s, text, ref32)
+        record("static-fp32", s - first_s, text, ref32)
         if not args.skip_compile:
             t = time.perf_counter()
             _static_generate(lm, document, fp32, compiled=True)
             compile_s = time.perf_counter() - t
+            first_s, _ = _timed(lambda: _static_generate(lm, document, one, compiled=True), args.repeats)
             s, text = _timed(lambda: _static_generate(lm, document, fp32, compiled=True), args.repeats)
-            record("static-compiled", s - prompt_s, text, ref32, first_call_s=compile_s)
+            record("static-compiled", s - first_s, text, ref32, first_call_s=compile_s)
+            rows["steered-compiled"] = _steered_compiled(lm, document, fp32, args.repeats)
         share = _python_share(lm, document, fp32, prefix32)
         rows["python-overhead"] = {"share_of_step": share}
         print(f"python-overhead    {100 * share:.0f}% of a plain fp32 step outside torch's operators")
