@@ -32,6 +32,7 @@ from topl_core.data.split import split_records
 from topl_core.foundations.io import write_json
 from topl_core.hardware.precision import machine_description
 from topl_core.inference.generate import GenerationConfig, load_merged, prefill, stream_generate
+from topl_core.models.architecture import decoder_layers
 from topl_core.training.adapters import open_adapter
 
 ADAPTER = "examples/adapters/topl-smollm2"
@@ -91,8 +92,6 @@ def _steered_compiled(lm, document: str, cfg: GenerationConfig, repeats: int) ->
     dynamo built for all λ; the first call's time (compiling)."""
     import torch._dynamo
     from transformers import StaticCache
-
-    from topl_core.models.architecture import decoder_layers
 
     tok, model = lm.tokenizer, lm.model
     prompt = build_prompt(tok, truncate_document(tok, document, cfg.max_doc_tokens), "summarization", None)
