@@ -55,7 +55,7 @@ if use_probe:
         step_error(f"fit the probe head ({precision})", e)
         st.stop()
     st.caption(
-        f"Probe head at layer {probe.layer}: held-out token AUROC **{probe.val_auroc:.3f}** "
+        f"Probe head at layer {probe.layer}: validation token AUROC **{probe.val_auroc:.3f}** "
         f"({probe.n_val_tokens} tokens); the same probe on the base model (control): {control.val_auroc:.3f}."
     )
 threshold = top[1].slider(

@@ -201,7 +201,7 @@ def test_the_embedded_model_is_known_by_its_hub_id():
 
 
 def test_a_probe_head_for_an_adapter_without_one(tmp_path, tiny_records):
-    """The probe head is fitted at the adapter's last LoRA layer on FinalNorm(hidden), reports held-out AUROC, and
+    """The probe head is fitted at the adapter's last LoRA layer on FinalNorm(hidden), reports its validation AUROC, and
     TokenScorer with it gives σ(w·H + b) exactly; the base-model control is a different probe."""
     folder = make_peft_folder(tmp_path / "pf", **CASES["layers-1-3"])
     with pytest.raises(RunError, match="no head"):

@@ -1233,7 +1233,7 @@ def test_talk_mode_answers_every_deck_state(workbench, tmp_path):
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     view = at.get("iframe")[0].proto.srcdoc
-    assert "not an independent judge" in view and "held-out token AUROC" in view
+    assert "not an independent judge" in view and "validation token AUROC" in view
     # the view is the deck's own page, embedded: every λ of every document inlined, coloured by the head
     data = talk_page_data(at)
     assert data["lambdas"] == [-8.0, 0.0, 8.0] and data["has_head"]

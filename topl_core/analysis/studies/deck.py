@@ -242,15 +242,16 @@ class Deck:
 
     @property
     def head_note(self) -> str:
-        """Whose verdict the colours are, and how good a detector it was on held-out tokens."""
+        """Whose verdict the colours are, and how good a detector it was on the validation split's tokens (held out from
+        its training; the transfer protocol's held-out sets are others: docs/evaluation.md §6)."""
         if not self.has_head:
             return "No head's verdict: " + self.head.get("reason", "the deck is not prepared yet") + "."
         kind = "its TOPL head" if self.head["kind"] == "run" else "a probe head fitted on its hidden states"
         auroc = self.head.get("auroc")
         held_out = (
-            f"held-out token AUROC {auroc:.3f} ({self.head['auroc_source']})"
+            f"validation token AUROC {auroc:.3f} ({self.head['auroc_source']})"
             if auroc is not None
-            else "no held-out AUROC recorded"
+            else "no validation AUROC recorded"
         )
         return (
             f"Colours: p(good) per token from the adapter's own detector ({kind}, layer {self.head.get('layer')}) — "

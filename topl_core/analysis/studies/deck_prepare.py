@@ -48,7 +48,7 @@ class PrepareStats:
 
 
 def _run_auroc(adapter) -> float | None:
-    """The held-out token AUROC a run logged last (val_token_auroc in metrics.jsonl), if any."""
+    """The validation token AUROC a run logged last (val_token_auroc in metrics.jsonl), if any."""
     if adapter.run is None:
         return None
     return next((r["val_token_auroc"] for r in reversed(adapter.run.read_metrics()) if "val_token_auroc" in r), None)
