@@ -12,6 +12,9 @@ precision; the figures are ms per new token, median of `--repeats`.
                        down_proj sites, λ read from a tensor set in place: per λ against the same hooks eager, and
                        how many graphs dynamo built for all of them (what steering needs to decode compiled)
     python-overhead    the share of a plain fp32 step spent outside torch's operators (torch.profiler, 16 steps)
+    plain-fp32-thread  the plain fp32 loop in a thread of its own, after this (main) thread has run torch, as a
+                       Streamlit page's script thread decodes: with more OpenMP threads alive than cores, GNU
+                       OpenMP spins only briefly before sleeping between parallel regions
 
     PYTHONPATH=$PWD .venv/bin/python scripts/decode_loop_options.py [--json docs/bench/decode-loop-<cpu>.json]
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import threading
 import time
 from dataclasses import replace
 
@@ -222,6 +226,13 @@ def main() -> None:
             s, text = _timed(lambda: _static_generate(lm, document, fp32, compiled=True), args.repeats)
             record("static-compiled", s - first_s, text, ref32, first_call_s=compile_s)
             rows["steered-compiled"] = _steered_compiled(lm, document, fp32, args.repeats)
+        times: list[float] = []
+        worker = threading.Thread(
+            target=lambda: times.append(_timed(lambda: _stream(lm, document, fp32, prefix32), args.repeats)[0])
+        )
+        worker.start()
+        worker.join()
+        record("plain-fp32-thread", times[0], _stream(lm, document, fp32, prefix32), ref32)
         share = _python_share(lm, document, fp32, prefix32)
         rows["python-overhead"] = {"share_of_step": share}
         print(f"python-overhead    {100 * share:.0f}% of a plain fp32 step outside torch's operators")
