@@ -1,7 +1,8 @@
 """Time the Steering page's λ slider in a real browser (issue 40): `streamlit run app.py` on a free port with an empty
 TOPL_RUNS_DIR (so the shipped demo TOPL adapter and its default document are what opens), headless Chromium, the
 slider moved with the arrow keys. Measured from the key press, polling the page every animation frame:
-- cold visit: until the steered box shows its first words, and until the page is idle;
+- cold visit: until the page is drawn (its title), until the first summary box (the base model's) shows words, until
+  the steered box shows its first words, and until the page is idle;
 - a new λ (one step right of the last): until its first words show (the box holds the text so far and the cursor),
   and until the whole summary is drawn;
 - a λ already generated (one step back): until the box shows that λ's finished text.
@@ -19,6 +20,7 @@ from browser_app import app_browser  # scripts/ is this script's folder, first o
 
 CURSOR = "\u258d"  # pages/_ui/steering.CURSOR: the box is still being written
 STEERED = "() => { const b = document.querySelectorAll('.topl-box')[2]; return b ? [b.previousElementSibling.textContent, b.textContent] : null; }"  # noqa: E501
+FIRST_BOX_WORDS = "() => { const b = document.querySelector('.topl-box'); return !!b && b.textContent.replace('\u258d', '').trim().length > 0; }"  # noqa: E501
 IDLE = "() => document.querySelector('[data-testid=stApp]')?.getAttribute('data-test-script-state') === 'notRunning'"
 
 
@@ -49,10 +51,18 @@ def main() -> None:
         page.set_default_timeout(600_000)
         t0 = time.perf_counter()
         page.goto(f"{url}/steering")
+        page.get_by_role("heading", name="Steering").first.wait_for()
+        drawn = time.perf_counter() - t0
+        page.wait_for_function(FIRST_BOX_WORDS, polling=10)
+        base_first = time.perf_counter() - t0
         first = wait(page, lambda b: len(b[1].replace(CURSOR, "").strip()) > 0, t0)
         page.wait_for_function(IDLE, polling=100)
         idle = time.perf_counter() - t0
-        print(f"cold visit: first steered words {first:.2f} s, page idle {idle:.2f} s", flush=True)
+        print(
+            f"cold visit: page drawn {drawn:.2f} s, first summary words (base) {base_first:.2f} s, first steered words "
+            f"{first:.2f} s, page idle {idle:.2f} s",
+            flush=True,
+        )
         thumb = page.locator('[data-testid="stSlider"]').filter(has_text="hallucinated").get_by_role("slider")
         new_first, new_done, seen = [], [], []
 
