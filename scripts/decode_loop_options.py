@@ -226,13 +226,13 @@ def main() -> None:
             s, text = _timed(lambda: _static_generate(lm, document, fp32, compiled=True), args.repeats)
             record("static-compiled", s - first_s, text, ref32, first_call_s=compile_s)
             rows["steered-compiled"] = _steered_compiled(lm, document, fp32, args.repeats)
-        times: list[float] = []
+        in_thread: list[tuple[float, str]] = []  # (seconds, text) of the loop run in a thread of its own
         worker = threading.Thread(
-            target=lambda: times.append(_timed(lambda: _stream(lm, document, fp32, prefix32), args.repeats)[0])
+            target=lambda: in_thread.append(_timed(lambda: _stream(lm, document, fp32, prefix32), args.repeats))
         )
         worker.start()
         worker.join()
-        record("plain-fp32-thread", times[0], _stream(lm, document, fp32, prefix32), ref32)
+        record("plain-fp32-thread", *in_thread[0], ref32)
         share = _python_share(lm, document, fp32, prefix32)
         rows["python-overhead"] = {"share_of_step": share}
         print(f"python-overhead    {100 * share:.0f}% of a plain fp32 step outside torch's operators")

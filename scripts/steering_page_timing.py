@@ -20,7 +20,10 @@ from browser_app import app_browser  # scripts/ is this script's folder, first o
 
 CURSOR = "\u258d"  # pages/_ui/steering.CURSOR: the box is still being written
 STEERED = "() => { const b = document.querySelectorAll('.topl-box')[2]; return b ? [b.previousElementSibling.textContent, b.textContent] : null; }"  # noqa: E501
-FIRST_BOX_WORDS = "() => { const b = document.querySelector('.topl-box'); return !!b && b.textContent.replace('\u258d', '').trim().length > 0; }"  # noqa: E501
+FIRST_BOX_WORDS = (  # the first summary box (the base model's) holds words, the cursor aside
+    "() => { const b = document.querySelector('.topl-box'); "
+    f"return !!b && b.textContent.replace('{CURSOR}', '').trim().length > 0; }}"
+)
 IDLE = "() => document.querySelector('[data-testid=stApp]')?.getAttribute('data-test-script-state') === 'notRunning'"
 
 

@@ -7,7 +7,7 @@ token is bad only if a non-space character it covers lies in a bad span.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -266,5 +266,4 @@ def collate_pairs(pairs: list[EncodedPair], pad_id: int, pad_to_multiple: int = 
     if not all(p.chosen.sequence_label == 1 and p.rejected.sequence_label == 0 for p in pairs):
         raise ValueError("a pair's chosen response must be labelled 1 (faithful) and its rejected one 0.")
     batch = collate([p.chosen for p in pairs] + [p.rejected for p in pairs], pad_id, pad_to_multiple)
-    batch.n_pairs = len(pairs)
-    return batch
+    return replace(batch, n_pairs=len(pairs))

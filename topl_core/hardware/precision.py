@@ -234,6 +234,12 @@ def resolve_decode_precision(precision: str, decode: str, device: str = "cpu") -
     return "bf16" if cpu_bf16_probe().decode_native else "fp32"
 
 
+def resolve_phases(precision: str, decode: str, device: str = "cpu") -> tuple[ResolvedPrecision, ResolvedPrecision]:
+    """(the prompt's and training's precision, the decode steps') resolved for `device`: what a config that generates
+    records when it is built, so that its saved values and cache keys say what ran."""
+    return resolve_precision(precision, device), resolve_decode_precision(precision, decode, device)
+
+
 def resolve_precision(precision: str, device: str = "cpu") -> ResolvedPrecision:
     """ "auto" → TOPL_PRECISION when set, else "bf16" where the device computes bf16 natively and fast, else "fp32".
     An explicit "bf16" on a CPU without native bf16 is kept but warned about, with the measured slowdown."""

@@ -13,8 +13,7 @@ from ...hardware.precision import (
     DECODE_PRECISION_HELP,
     PRECISION_HELP,
     Precision,
-    resolve_decode_precision,
-    resolve_precision,
+    resolve_phases,
 )
 from ...inference.generate import GenerationConfig
 from ...models.loading import Device
@@ -115,8 +114,8 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.n_id < 0 or self.n_ood < 0 or self.n_id + self.n_ood == 0:
             raise ValueError(f"n_id={self.n_id}, n_ood={self.n_ood}: evaluate at least one document (both >= 0).")
-        decode = resolve_decode_precision(self.precision, self.decode_precision, self.device)
-        object.__setattr__(self, "precision", resolve_precision(self.precision, self.device))
+        prompt, decode = resolve_phases(self.precision, self.decode_precision, self.device)
+        object.__setattr__(self, "precision", prompt)
         object.__setattr__(self, "decode_precision", decode)
 
     @property

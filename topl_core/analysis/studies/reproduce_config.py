@@ -18,8 +18,7 @@ from ...hardware.precision import (
     PRECISION_HELP,
     PRECISIONS,
     Precision,
-    resolve_decode_precision,
-    resolve_precision,
+    resolve_phases,
 )
 from ...models.loading import layer_count
 from ...training.config import TrainConfig, study_schedule
@@ -127,8 +126,8 @@ class ReproduceConfig:
         for name in ("precision", "decode_precision"):
             if getattr(self, name) not in PRECISIONS:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: choose one of {PRECISIONS}.")
-        decode = resolve_decode_precision(self.precision, self.decode_precision, self.device)
-        object.__setattr__(self, "precision", resolve_precision(self.precision, self.device))
+        prompt, decode = resolve_phases(self.precision, self.decode_precision, self.device)
+        object.__setattr__(self, "precision", prompt)
         object.__setattr__(self, "decode_precision", decode)
         if not self.lambdas or not set(self.label_settings) <= set(LABEL_SETTINGS):
             raise ConfigError("lambdas must not be empty, and label_settings must come from " + str(LABEL_SETTINGS))
