@@ -5,7 +5,7 @@ setup:
 	bash scripts/setup.sh
 
 app: setup
-	.venv/bin/streamlit run app.py
+	.venv/bin/python app.py
 
 test: setup
 	.venv/bin/python -m pytest -q -n 2 --dist loadfile  # two workers, a test file each (tests/conftest.py)

@@ -1,12 +1,28 @@
-"""TOPL Workbench: `streamlit run app.py`.
+"""TOPL Workbench: `python app.py` (what `make app` runs), or `streamlit run app.py`.
 
 The app frame (pages/_ui/frame.py: run_frame): page config, st.navigation over the pages in pages/, and the
 sidebar model picker shared by every page — kept in st.session_state as a spec string "name|dtype|device";
 TOPL_DEFAULT_MODEL sets the default (e.g. `tiny-llama`, or `Qwen/Qwen3-8B|bfloat16|cuda` on a GPU machine). Pages are
 thin: widgets → a config → one topl_core call → render. Why every page starts with ensure_frame(): see
 pages/_ui/frame.py.
+
+`python app.py [streamlit options]` first imports what loading the default model imports (models.loading.warm_up),
+then serves the app as `streamlit run app.py [options]` in the same process: those imports (3.2 s on a 2-core CPU)
+are then done before the server answers, not while the first page waits for its first generated words
+(docs/performance.md). Imported from a page's thread they could not be: transformers' lazy imports are not safe
+from two threads at once.
 """
 
-from pages._ui.frame import run_frame
+import sys
 
-run_frame()
+from streamlit import runtime
+from streamlit.web import cli as streamlit_cli
+
+from pages._ui.frame import run_frame
+from topl_core.models.loading import app_default_spec, warm_up
+
+if runtime.exists():  # a script run of the Streamlit server
+    run_frame()
+else:
+    warm_up(app_default_spec().split("|")[0])
+    sys.exit(streamlit_cli.main(["run", __file__, *sys.argv[1:]]))

@@ -84,18 +84,6 @@ with st.expander("Token set for μ+ / μ− and the site AUROCs", expanded=False
     ts = token_set_picker("steer", run, default_limit=16)
 
 
-try:
-    merged_model(spec, run, fp)
-except Exception as e:
-    load_error(e)
-    st.stop()
-try:
-    session = steering_session(spec, run, fp, ts, top_k, precision)
-except Exception as e:
-    step_error(f"compute the steering vectors ({precision})", e)
-    st.stop()
-vec = session.vectors
-
 # --- the document -----------------------------------------------------------------------------------------
 document = document_picker()
 if not document.strip():
@@ -132,9 +120,7 @@ lam = c_lam.slider(
     + " Every position is cached once generated: press 'Generate every λ' below before a talk and "
     "dragging is instant.",
 )
-unit_note = spec_mode.action.unit_note(vec, spec_mode, how.units, lam)
-if unit_note:
-    st.caption(unit_note)
+unit_slot = st.empty()  # what one unit of λ is, once the steering vectors are computed
 curve_key = (run, fp, document[:200], top_k, max_new, bound, how)  # the λ grid asked for ("Generate every λ")
 
 
@@ -158,17 +144,39 @@ boxes = [
 ]
 slots = [col.empty() for col in st.columns(3, gap="medium")]
 texts = []  # drawn box by box: the boxes already generated show while the next one is written
-try:
-    for slot, (title, key, stream) in zip(slots, boxes):
+
+
+def draw_box(slot, title: str, key: tuple, stream) -> None:
+    try:
         g = written(slot, title, key, stream)
         steered_box = len(texts) == 2  # marked against the merged text
         body = steered_html(texts[1].text, g) if steered_box else html.escape(g.text).replace("\n", "<br>")
-        caption = quality_caption(spec, document, g)
-        slot.markdown(text_box(title, body or "<i>(empty)</i>", caption), unsafe_allow_html=True)
-        texts.append(g)
+        slot.markdown(
+            text_box(title, body or "<i>(empty)</i>", quality_caption(spec, document, g)), unsafe_allow_html=True
+        )
+    except Exception as e:
+        step_error(f"generate the summaries ({precision})", e)
+        st.stop()
+    texts.append(g)
+
+
+draw_box(slots[0], *boxes[0])  # first: the base model's text needs neither the adapter nor the steering vectors
+try:
+    merged_model(spec, run, fp)
 except Exception as e:
-    step_error(f"generate the summaries ({precision})", e)
+    load_error(e)
     st.stop()
+try:
+    session = steering_session(spec, run, fp, ts, top_k, precision)
+except Exception as e:
+    step_error(f"compute the steering vectors ({precision})", e)
+    st.stop()
+vec = session.vectors
+unit_note = spec_mode.action.unit_note(vec, spec_mode, how.units, lam)
+if unit_note:
+    unit_slot.caption(unit_note)
+for slot, box in zip(slots[1:], boxes[1:]):
+    draw_box(slot, *box)
 t_base, t_merged, t_steered = texts
 st.markdown(steered_summary(t_merged.text, t_steered, lam), unsafe_allow_html=True)
 st.caption(

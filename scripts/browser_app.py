@@ -30,7 +30,7 @@ def start_app(runs_dir: Path) -> tuple[subprocess.Popen, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "TOPL_RUNS_DIR": str(runs_dir), "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true"]
+    cmd = [sys.executable, "app.py", "--server.port", str(port), "--server.headless", "true"]
     cmd += ["--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

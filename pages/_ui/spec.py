@@ -3,36 +3,22 @@ sidebar picker, and the analysis pages' compute precision (current_precision), s
 
 from __future__ import annotations
 
-import os
-
 import streamlit as st
 
-from topl_core.foundations.presets import DEFAULT_MODEL
 from topl_core.hardware.precision import (
     PRECISIONS,
     ResolvedPrecision,
     describe_precision,
-    precision_word,
     resolve_decode_precision,
     resolve_precision,
     resolve_weights,
 )
-from topl_core.models.loading import DEVICES, EMBEDDED, ModelSpec
+from topl_core.models.loading import DEVICES, EMBEDDED, ModelSpec, app_default_spec
 from topl_core.models.tiny import TINY_FAMILIES
 
 SPEC_KEY = "model_spec"  # session_state: "name|dtype|device"
 PRECISION_KEY = "sidebar.precision"  # session_state: the analysis pages' compute precision, "auto" / "fp32" / "bf16"
 CUSTOM = "Hugging Face id or local path…"
-
-
-def default_spec() -> str:
-    """TOPL_DEFAULT_MODEL may be a name ("tiny-llama", "Qwen/Qwen3-8B") or a full spec "name|dtype|device"."""
-    raw = os.environ.get("TOPL_DEFAULT_MODEL", DEFAULT_MODEL).strip() or DEFAULT_MODEL
-    parts = raw.split("|")
-    name = parts[0]
-    dtype = precision_word(parts[1] if len(parts) > 1 else os.environ.get("TOPL_DEFAULT_DTYPE", "auto"))
-    device = parts[2] if len(parts) > 2 else os.environ.get("TOPL_DEFAULT_DEVICE", "cpu")
-    return f"{name}|{dtype}|{device}"
 
 
 def split_spec(key: str) -> tuple[str, str, str]:
@@ -41,7 +27,7 @@ def split_spec(key: str) -> tuple[str, str, str]:
 
 
 def current_spec() -> str:
-    return st.session_state.get(SPEC_KEY) or default_spec()
+    return st.session_state.get(SPEC_KEY) or app_default_spec()
 
 
 def current_precision() -> ResolvedPrecision:
@@ -81,7 +67,7 @@ def model_label(choice: str) -> str:
 
 def sidebar_model_picker() -> str:
     """The model picker every page shares (rendered by the frame in the sidebar). Returns the spec string."""
-    name, dtype, device = split_spec(default_spec())
+    name, dtype, device = split_spec(app_default_spec())
     choices = model_choices()
     if "sidebar.model_choice" not in st.session_state:
         st.session_state["sidebar.model_choice"] = name if name in choices else CUSTOM
