@@ -31,6 +31,8 @@ with core_imports():  # the token sets and the page's cached work are read with 
         base_stream,
         document_picker,
         export_zip,
+        generate_ahead,
+        prefetch,
         quality_caption,
         scorer,
         scorer_caption,
@@ -230,6 +232,7 @@ with right:
         st.session_state["steer.curve_for"] = curve_key
     if st.session_state.get("steer.curve_for") == curve_key:
         with st.spinner(f"Generating the {len(GRID)} λ positions as one batch, then their fluency…"):
+            prefetch().cancel()  # the grid holds every position
             generations = steered_texts(
                 spec, run, fp, ts, top_k, precision, decode, document, tuple(GRID), max_new, how
             )
@@ -245,3 +248,8 @@ with right:
             "One summary per slider position of this mode (cached, so the slider is instant afterwards), scored by "
             "the offline factuality scorer and for fluency; degenerate texts are marked, not scored."
         )
+
+# --- the slider's neighbouring positions, generated while the texts are read ------------------------------------
+at = min(range(len(GRID)), key=lambda i: abs(GRID[i] - lam))
+neighbours = [round(float(GRID[i]), 6) for i in (at - 1, at + 1) if 0 <= i < len(GRID)]
+generate_ahead(spec, run, fp, ts, top_k, precision, decode, document, neighbours, max_new, how, steered_key)

@@ -3,11 +3,12 @@ TOPL_RUNS_DIR (so the shipped demo TOPL adapter and its default document are wha
 slider moved with the arrow keys. Measured from the key press, polling the page every animation frame:
 - cold visit: until the page is drawn (its title), until the first summary box (the base model's) shows words, until
   the steered box shows its first words, and until the page is idle;
-- a new λ (one step right of the last): until its first words show (the box holds the text so far and the cursor),
-  and until the whole summary is drawn;
+- a new λ (one step right of the last), pressed --read-s seconds after the page went idle (the time a person reads;
+  the page generates the neighbouring positions ahead meanwhile): until its first words show (the text so far and
+  the cursor, or the text generated ahead), and until the whole summary is drawn;
 - a λ already generated (one step back): until the box shows that λ's finished text.
 
-    python scripts/steering_page_timing.py [--moves 3] [--shot steering.png]
+    python scripts/steering_page_timing.py [--moves 3] [--read-s 0] [--shot steering.png]
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from browser_app import app_browser  # scripts/ is this script's folder, first on sys.path
 
 CURSOR = "\u258d"  # pages/_ui/steering.CURSOR: the box is still being written
+AHEAD = "being written ahead\u2026"  # pages/_ui/steering.AHEAD: the box waits for the text generated ahead
 STEERED = "() => { const b = document.querySelectorAll('.topl-box')[2]; return b ? [b.previousElementSibling.textContent, b.textContent] : null; }"  # noqa: E501
 FIRST_BOX_WORDS = (  # the first summary box (the base model's) holds words, the cursor aside
     "() => { const b = document.querySelector('.topl-box'); "
@@ -31,6 +33,12 @@ def steered(page) -> tuple[str, str] | None:
     """(the steered box's title, its text), or None before it is drawn."""
     found = page.evaluate(STEERED)
     return tuple(found) if found else None
+
+
+def words(text: str) -> bool:
+    """Whether a box holds words of a summary (being written, or done), not the wait for one generated ahead."""
+    shown = text.replace(CURSOR, "").strip()
+    return bool(shown) and shown != AHEAD
 
 
 def wait(page, done, since: float, timeout_s: float = 600) -> float:
@@ -47,6 +55,7 @@ def wait(page, done, since: float, timeout_s: float = 600) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--moves", type=int, default=3, help="new λ positions, each followed by a step back")
+    p.add_argument("--read-s", type=float, default=0.0, help="seconds between the page going idle and a new move")
     p.add_argument("--shot", help="save a screenshot of the page at the end here")
     args = p.parse_args()
     with app_browser() as (browser, url):
@@ -58,7 +67,7 @@ def main() -> None:
         drawn = time.perf_counter() - t0
         page.wait_for_function(FIRST_BOX_WORDS, polling=10)
         base_first = time.perf_counter() - t0
-        first = wait(page, lambda b: len(b[1].replace(CURSOR, "").strip()) > 0, t0)
+        first = wait(page, lambda b: words(b[1]), t0)
         page.wait_for_function(IDLE, polling=100)
         idle = time.perf_counter() - t0
         print(
@@ -77,9 +86,10 @@ def main() -> None:
             return f"λ = {float(thumb.evaluate('e => e.value')):+.2f}", pressed
 
         for _ in range(args.moves):
+            page.wait_for_timeout(args.read_s * 1000)
             new, pressed = move("ArrowRight")
-            new_first.append(wait(page, lambda b: new in b[0] and CURSOR in b[1], pressed))
-            new_done.append(wait(page, lambda b: new in b[0] and CURSOR not in b[1], pressed))
+            new_first.append(wait(page, lambda b: new in b[0] and words(b[1]), pressed))
+            new_done.append(wait(page, lambda b: new in b[0] and words(b[1]) and CURSOR not in b[1], pressed))
             page.wait_for_function(IDLE, polling=100)
             back, pressed = move("ArrowLeft")
             seen.append(wait(page, lambda b: back in b[0] and CURSOR not in b[1], pressed))

@@ -21,6 +21,7 @@ from topl_core.analysis.steering.extract import (
 )
 from topl_core.analysis.steering.hooks import steer
 from topl_core.analysis.steering.modes import MODES, POSITIONS, UNIT_FRACTION, SteerConfig
+from topl_core.analysis.steering.prefetch import Prefetch
 from topl_core.analysis.steering.session import SteeringSession
 from topl_core.analysis.steering.vectors import SteeringVectors
 from topl_core.foundations.errors import ModelError
@@ -564,6 +565,57 @@ def test_streamed_text_is_the_generated_text(merged, vectors, positions):
     assert all_hooks(merged.model) > hooks
     stream.close()
     assert all_hooks(merged.model) == hooks and session._lock.acquire(blocking=False)
+    session._lock.release()
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_a_streamed_grid_ends_on_each_lambdas_own_text(merged, vectors, positions):
+    """Every mode: stream_grid (the λ next to the slider's, written ahead) yields every λ's text so far at each step
+    and ends on the text each λ gives alone; the hooks are gone and the model's lock is free afterwards."""
+    session, hooks = SteeringSession(merged, vectors), all_hooks(merged.model)
+    gen = GenerationConfig(max_new_tokens=12, precision="fp32")
+    for mode, spec in MODES.items():
+        how = SteerConfig(mode, positions, "raw")
+        step = big_lambda(vectors) if spec.action.units_apply else 100.0
+        grid = [spec.neutral - step, spec.neutral + step]
+        parts = list(session.stream_grid(DOC, grid, gen, how=how))
+        assert all(len(p) == len(grid) for p in parts) and len(parts) > 2, how
+        alone = [session.generate_steered(DOC, lam, gen, how=how) for lam in grid]
+        assert [g.text for g in parts[-1]] == alone, how
+        assert alone[0] != alone[1] or not spec.action.batches_rows, how  # a mixed-up batch row would show
+        assert all_hooks(merged.model) == hooks
+    assert session._lock.acquire(blocking=False)
+    session._lock.release()
+
+
+def test_work_ahead_is_kept_when_done_and_dropped_when_cancelled(merged, vectors):
+    """Prefetch: a grid written ahead is kept under its keys, its text so far readable meanwhile; cancelled (by
+    cancel() or by a job for other keys), it stops within a layer and keeps nothing, leaving no hook behind."""
+    session, hooks = SteeringSession(merged, vectors), all_hooks(merged.model)
+    gen, how, step = GenerationConfig(max_new_tokens=12, precision="fp32"), RAW, big_lambda(vectors)
+    ahead, kept = Prefetch(), {}
+
+    def grid(lambdas, n=12):
+        cfg = GenerationConfig(max_new_tokens=n, precision="fp32")
+        return lambda cancel: session.stream_grid(DOC, lambdas, cfg, how=how, cancel=cancel)
+
+    ahead.start(["left", "right"], grid([-step, step]), kept.__setitem__)
+    assert ahead.writing("left") is not None and ahead.writing("elsewhere") is None
+    assert ahead.writing("right").wait(120)
+    assert [kept["left"].text, kept["right"].text] == [
+        session.generate_steered(DOC, lam, gen, how=how) for lam in (-step, step)
+    ]
+    assert ahead.writing("left") is None and all_hooks(merged.model) == hooks
+
+    kept.clear()
+    ahead.start(["long"], grid([step], n=10_000), kept.__setitem__)
+    while ahead.partial("long") is None:  # under way
+        ahead.writing("long").wait(0.01)
+    ahead.start(["other"], grid([0.0], n=10_000), kept.__setitem__)  # a job for other keys: "long" is dropped
+    assert ahead.writing("long") is None and ahead.writing("other") is not None
+    ahead.cancel()
+    assert kept == {} and ahead.writing("other") is None and all_hooks(merged.model) == hooks
+    assert session._lock.acquire(blocking=False)
     session._lock.release()
 
 

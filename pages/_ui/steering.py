@@ -1,7 +1,8 @@
 """The Steering page's cached work: the merged model with its steering vectors (one session per model spec, run
 fingerprint, token set and k, shared read-only), the generations per λ (SteeredText: in a gated mode with what the
-head took back) — streamed into the page as they are written, then kept — the base model's text, each text's
-factuality and fluency, and the export zip."""
+head took back) — streamed into the page as they are written, or generated ahead (the slider's neighbouring
+positions, while the texts are read), then kept — the base model's text, each text's factuality and fluency, and the
+export zip."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import html
 import threading
 from collections import OrderedDict
 from contextlib import closing
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import streamlit as st
 
@@ -24,6 +25,7 @@ from topl_core.analysis.lora_a.probe import ProbeSettings
 from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.fluency import fluency
 from topl_core.analysis.steering.modes import SteerConfig
+from topl_core.analysis.steering.prefetch import Prefetch
 from topl_core.analysis.steering.session import SteeringSession
 from topl_core.analysis.steering.steered_text import SteeredText
 from topl_core.analysis.steering.summary import ExportBundle, export_bundle
@@ -95,21 +97,43 @@ def text_store() -> TextStore:
 
 
 CURSOR = "▍"
+AHEAD = "being written ahead…"  # a box whose text the page is generating ahead, until it is done
+
+
+@st.cache_resource
+def prefetch() -> Prefetch:
+    """The page's work done ahead (one job for all browser sessions: they share the models and the cores)."""
+    return Prefetch()
 
 
 def written(placeholder, title: str, key: tuple, stream: Callable[[], Iterator[SteeredText]]) -> SteeredText:
-    """The generation under `key`: from the store, or streamed into `placeholder` token by token and then stored. A
-    new slider position reruns the page, which stops the stream at its next token (the reader has moved on)."""
+    """The generation under `key`: from the store; or, when it is being generated ahead, once that is done; else
+    streamed into `placeholder` token by token (what is generated ahead for another position is dropped first) and
+    then stored. A new slider position reruns the page, which stops the stream at its next token (the reader has
+    moved on)."""
     done = text_store().get(key)
     if done is not None:
         return done
+    ahead = prefetch().writing(key)
+    if ahead is not None:  # shown as it is written ahead; each draw lets a new slider move stop this run
+        while not ahead.wait(0.1):
+            so_far = prefetch().partial(key)
+            body = _being_written(so_far.text) if so_far and so_far.text else f"<i>{AHEAD}</i>"
+            placeholder.markdown(text_box(title, body, "writing…"), unsafe_allow_html=True)
+        done = text_store().get(key)
+        if done is not None:
+            return done
+    prefetch().cancel()
     g = SteeredText("")
     with closing(stream()) as parts:
         for g in parts:
-            body = html.escape(g.text).replace("\n", "<br>") + CURSOR
-            placeholder.markdown(text_box(title, body, "writing…"), unsafe_allow_html=True)
+            placeholder.markdown(text_box(title, _being_written(g.text), "writing…"), unsafe_allow_html=True)
     text_store().put(key, g)
     return g
+
+
+def _being_written(text: str) -> str:
+    return html.escape(text).replace("\n", "<br>") + CURSOR
 
 
 def base_stream(spec: str, precision: str, decode: str, document: str, max_new: int) -> Iterator[SteeredText]:
@@ -141,6 +165,36 @@ def steered_stream(
         lam,
         generation(precision, decode, max_new),
         how=how,
+    )
+
+
+def generate_ahead(
+    spec: str,
+    run: str,
+    fp: str,
+    ts: tuple,
+    top_k: int,
+    precision: str,
+    decode: str,
+    document: str,
+    lambdas: Sequence[float],
+    max_new: int,
+    how: SteerConfig,
+    key_of: Callable[[float], tuple],
+) -> None:
+    """Generate the λ positions of `lambdas` not generated yet as one batch in the background (Prefetch), into the
+    store under key_of(λ): the slider's next move reads them (or their text so far) instead of generating while the
+    person waits."""
+    store = text_store()
+    todo = [lam for lam in lambdas if store.get(key_of(lam)) is None]
+    if not todo:
+        return
+    sess = steering_session(spec, run, fp, ts, top_k, precision)
+    gen = generation(precision, decode, max_new)
+    prefetch().start(
+        [key_of(lam) for lam in todo],
+        lambda cancel: sess.stream_grid(document, todo, gen, how=how, cancel=cancel),
+        lambda key, text: store.put(key, text, replace=False),
     )
 
 

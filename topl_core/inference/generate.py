@@ -5,15 +5,21 @@ generate responses for one or many documents.
     stream_generate(lm, document, cfg, prefix=None) -> Iterator[str]
         greedy, one document: the text so far after every new token (its last value is generate's text); a page
         shows the words as they come and stops when the reader moves on (closing the iterator)
+    stream_rows(lm, document, rows, cfg, prefix=None) -> Iterator[list[str]]   the same for rows of one prompt as a
+        batch (a λ per row under steering)
     prefill(lm, document, cfg) -> Prefill                     the prompt run once: its KV cache and last logits,
         which stream_generate decodes from (a copy), so the prompt is not run again
     stop_tokens(tokenizer) -> set[int]                        the ids a response ends on
+    with cancel_on(model, event): ...                          any generation from this thread stops (raising
+        GenerationCancelled) at its next decoder layer once `event` is set: work done ahead that nobody waits for
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
 
@@ -31,6 +37,7 @@ from ..hardware.precision import (
     autocast,
     resolve_decode_precision,
 )
+from ..models.architecture import decoder_layers
 from ..models.loading import LoadedModel, ModelSpec, load_model
 from ..training.adapters import load_adapter
 
@@ -168,6 +175,15 @@ def prefill(
 ) -> Prefill:
     """Run the prompt of `document` once (see Prefill); the forward is a plain causal-LM forward with an empty cache,
     so steering hooks restricted to generated positions leave it untouched."""
+    cache, logits, length = _prompt_forward(lm, document, cfg, task, lang_pair, rows=1)
+    return Prefill(cache, logits[0], length)
+
+
+def _prompt_forward(
+    lm: LoadedModel, document: str, cfg: GenerationConfig, task: str, lang_pair: str | None, rows: int
+) -> tuple[object, torch.Tensor, int]:
+    """The prompt of `document` in `rows` identical rows: (its KV cache, the last position's logits per row in
+    float32, the prompt's length)."""
     from transformers import DynamicCache
 
     tok, model = lm.tokenizer, lm.model
@@ -177,11 +193,10 @@ def prefill(
     # token's): the whole prompt's (T × vocabulary) logits are a large part of a small model's prompt forward
     last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     with autocast(cfg.precision, model.device.type):
-        out = model(input_ids=ids.to(model.device), past_key_values=cache, use_cache=True, **last)
-    return Prefill(cache, out.logits[0, -1].float(), ids.shape[1])
+        out = model(input_ids=ids.repeat(rows, 1).to(model.device), past_key_values=cache, use_cache=True, **last)
+    return cache, out.logits[:, -1].float(), ids.shape[1]
 
 
-@torch.no_grad()
 def stream_generate(
     lm: LoadedModel,
     document: str,
@@ -195,23 +210,70 @@ def stream_generate(
     Prefill to decode from instead of running the prompt (it must come from the same model, document, cfg and task).
     Autocast is entered per forward (the prompt's in cfg.precision, each new token's in cfg.decode_on), never across a
     yield; closing the iterator stops the generation."""
+    for texts in stream_rows(lm, document, 1, cfg, task, lang_pair, prefix):
+        yield texts[0]
+
+
+@torch.no_grad()
+def stream_rows(
+    lm: LoadedModel,
+    document: str,
+    rows: int,
+    cfg: GenerationConfig = GenerationConfig(),
+    task: str = "summarization",
+    lang_pair: str | None = None,
+    prefix: Prefill | None = None,
+) -> Iterator[list[str]]:
+    """stream_generate for `rows` rows of the same prompt decoded as one batch (a λ grid steered with a λ per row):
+    every row's response so far after each step, a finished row's text kept as it ended; the stream ends when every
+    row has. Row r is what stream_generate gives row r's steering alone, up to the last float bits a batch's matmul
+    shapes can move (as generate_grid)."""
     if cfg.mode != "greedy":
         raise ValueError("stream_generate decodes greedily: use generate() for sampling.")
     tok, model = lm.tokenizer, lm.model
     if prefix is None:
-        prefix = prefill(lm, document, cfg, task, lang_pair)
-        cache = prefix.cache
+        cache, logits, _ = _prompt_forward(lm, document, cfg, task, lang_pair, rows)
     else:
-        cache = copy.deepcopy(prefix.cache)
+        cache, logits = copy.deepcopy(prefix.cache), prefix.logits.expand(rows, -1)
+        if rows > 1:
+            cache.batch_repeat_interleave(rows)
     stop, decode = stop_tokens(tok), cfg.decode_on(model.device.type)
-    new: list[int] = []
-    logits = prefix.logits
-    for _ in range(cfg.max_new_tokens):
-        token = int(logits.argmax())
-        new.append(token)
-        yield tok.decode(new, skip_special_tokens=True).strip()
-        if token in stop or len(new) == cfg.max_new_tokens:
+    new: list[list[int]] = [[] for _ in range(rows)]
+    texts, live = [""] * rows, [True] * rows
+    for step in range(cfg.max_new_tokens):
+        tokens = logits.argmax(-1).tolist()
+        for r in (r for r in range(rows) if live[r]):
+            new[r].append(tokens[r])
+            texts[r] = tok.decode(new[r], skip_special_tokens=True).strip()
+            live[r] = tokens[r] not in stop
+        yield list(texts)
+        if not any(live) or step == cfg.max_new_tokens - 1:
             return
+        ids = torch.tensor(tokens, device=model.device)[:, None]
         with autocast(decode, model.device.type):
-            out = model(input_ids=torch.tensor([[token]], device=model.device), past_key_values=cache, use_cache=True)
-        logits = out.logits[0, -1].float()
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+        logits = out.logits[:, -1].float()
+
+
+class GenerationCancelled(Exception):
+    """A generation stopped by cancel_on's event."""
+
+
+@contextmanager
+def cancel_on(model: torch.nn.Module, event: threading.Event) -> Iterator[None]:
+    """While active, every decoder layer of `model` called from this thread raises GenerationCancelled once `event`
+    is set, so any generation loop (transformers' generate, stream_generate, a gated decoder) stops within one layer's
+    time (a 2-row prompt forward takes ~0.6 s on a 2-core CPU, a layer of it ~20 ms). Other threads' forwards are
+    untouched. Register it where no other thread runs the model (SteeringSession holds the model's lock)."""
+    owner = threading.get_ident()
+
+    def check(_module, _args) -> None:
+        if event.is_set() and threading.get_ident() == owner:
+            raise GenerationCancelled()
+
+    handles = [layer.register_forward_pre_hook(check) for layer in decoder_layers(model)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()

@@ -8,8 +8,11 @@ SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED mod
     .stream_steered(document, lam, gen_cfg=GenerationConfig(), task=..., how=...) -> Iterator[str]
         greedy: the text so far after every token (its last value is generate_steered's text); where the prompt is
         not steered (generated positions, gated modes), it is run once per document and every λ decodes from its cache
-    .grid_generations(document, lambdas, ...) -> list[SteeredText]; .stream_generations(document, lam, ...)
+    .grid_generations(document, lambdas, ...) -> list[SteeredText]; .stream_generations(document, lam, ..., cancel=None)
         the same as SteeredText: the text and, in a gated mode, the tokens the head took back and their replacements
+    .stream_grid(document, lambdas, ..., cancel=None) -> Iterator[list[SteeredText]]
+        the grid as it is written: every λ's text so far after each step (one batch where the mode batches rows);
+        setting the threading.Event `cancel` stops a stream at its next decoder layer (GenerationCancelled)
     .head() -> gate.Head    the adapter's token-level head (gated modes read it): the run's own, or the one given
     SteeringSession.from_run(run, vectors, spec=None, head=None)
 How a mode generates is its action's (actions.SteeringAction.generate / stream, called inside hooks.steer()).
@@ -23,12 +26,13 @@ import dataclasses
 import threading
 import weakref
 from collections import OrderedDict
+from contextlib import nullcontext
 from typing import Iterator, Sequence
 
 import torch
 
 from ...foundations.errors import ModelError
-from ...inference.generate import GenerationConfig, Prefill, load_merged, prefill
+from ...inference.generate import GenerationConfig, Prefill, cancel_on, load_merged, prefill, stream_rows
 from ...models.loading import LoadedModel
 from ...training.adapters import open_adapter
 from ..lora_a.sites import LoraWeights, Site, site_module
@@ -197,15 +201,50 @@ class SteeringSession:
         gen_cfg: GenerationConfig = GenerationConfig(),
         task: str = "summarization",
         how: SteerConfig = SteerConfig(),
+        cancel: threading.Event | None = None,
     ) -> Iterator[SteeredText]:
-        """stream_steered's texts as SteeredText (in a gated mode, with the replacements so far)."""
+        """stream_steered's texts as SteeredText (in a gated mode, with the replacements so far); once `cancel` is set,
+        the stream stops at its next decoder layer with GenerationCancelled."""
         if gen_cfg.mode == "sample":
-            yield from self._generate([document], lam, gen_cfg, task, how)
+            yield from self._generate([document], lam, gen_cfg, task, how, cancel)
             return
         action = how.spec.action
         lora = self.lora() if action.needs_lora else None
-        with self._lock, steer(self.lm.model, self.vectors, lam, how, lora) as switch:
+        with self._lock, steer(self.lm.model, self.vectors, lam, how, lora) as switch, self._stoppable(cancel):
             yield from action.stream(self.lm, document, gen_cfg, task, how, self._decoding(switch, lam, gen_cfg, task))
+
+    def stream_grid(
+        self,
+        document: str,
+        lambdas: Sequence[float],
+        gen_cfg: GenerationConfig = GenerationConfig(),
+        task: str = "summarization",
+        how: SteerConfig = SteerConfig(),
+        cancel: threading.Event | None = None,
+    ) -> Iterator[list[SteeredText]]:
+        """grid_generations as it is written (greedy; a few λ: one batch holds them all): after every step, every λ's
+        generation so far. A mode that batches rows decodes the λ as one batch, a λ per row (inference.stream_rows;
+        where the prompt is not steered, from its cached KV cache); a mode that does not goes one λ after another
+        (the λ not begun are empty). Once `cancel` is set, it stops at its next decoder layer (GenerationCancelled).
+        The model's lock is held until the iterator ends or is closed."""
+        lambdas = [float(lam) for lam in lambdas]
+        action = how.spec.action
+        if not action.batches_rows:
+            done: list[SteeredText] = []
+            for lam in lambdas:
+                for g in self.stream_generations(document, lam, gen_cfg, task, how, cancel):
+                    yield [*done, g] + [SteeredText("")] * (len(lambdas) - len(done) - 1)
+                done.append(g)
+            return
+        lora = self.lora() if action.needs_lora else None
+        with self._lock, steer(self.lm.model, self.vectors, lambdas, how, lora), self._stoppable(cancel):
+            prefix = None if how.steers_prompt else self._prefill(document, gen_cfg, task)
+            for texts in stream_rows(self.lm, document, len(lambdas), gen_cfg, task, prefix=prefix):
+                yield [SteeredText(t) for t in texts]
+
+    def _stoppable(self, cancel: threading.Event | None):
+        """cancel_on(the model, cancel), or nothing to stop on."""
+        return nullcontext() if cancel is None else cancel_on(self.lm.model, cancel)
 
     def _decoding(self, switch, lam, gen_cfg: GenerationConfig, task: str) -> Decoding:
         return Decoding(switch, lam, lambda document: self._prefill(document, gen_cfg, task), self.head)
@@ -228,11 +267,12 @@ class SteeringSession:
         gen_cfg: GenerationConfig,
         task: str,
         how: SteerConfig,
+        cancel: threading.Event | None = None,
     ) -> list[SteeredText]:
         """The mode's action generates inside steer(); `lam`: one λ, or one per document when they form one batch."""
         action = how.spec.action
         lora = self.lora() if action.needs_lora else None
-        with self._lock, steer(self.lm.model, self.vectors, lam, how, lora) as switch:
+        with self._lock, steer(self.lm.model, self.vectors, lam, how, lora) as switch, self._stoppable(cancel):
             run = self._decoding(switch, lam, gen_cfg, task)
             if gen_cfg.mode == "sample":
                 with _SAMPLING_LOCK:
