@@ -42,6 +42,7 @@ def steering_session(spec: str, run: str, fp: str, ts: tuple, top_k: int, precis
     """Merged model (shared, never mutated) + the run's steering vectors. One per (spec, run fingerprint, …)."""
     _, records = token_set(*ts)
     merged = merged_model(spec, run, fp)
+    prefetch().cancel()  # the vectors are read with a forward on the merged model, which work ahead may be steering
     settings = ProbeSettings(random_control=False, precision=precision)
     with resource_lock(f"merged:{spec}:{run}"):  # the site outputs are read with a forward on the shared model
         vectors = build_steering_vectors(run, records, settings, top_k=top_k, merged=merged)
