@@ -619,6 +619,28 @@ def test_work_ahead_is_kept_when_done_and_dropped_when_cancelled(merged, vectors
     session._lock.release()
 
 
+def test_a_compiled_decode_step_writes_the_eager_text_with_one_graph_for_every_lambda(merged, vectors):
+    """compile_decode: the modes whose action adds constant vectors stream through the compiled step, both positions,
+    and write the eager stream's text token for token (float32); one graph serves every λ and mode of a length; a mode
+    whose edit depends on the output (ablation, the adapter's scale, the gate) still streams eagerly."""
+    import torch._dynamo
+
+    eager_session, session = SteeringSession(merged, vectors), SteeringSession(merged, vectors)
+    session.compile_decode()
+    gen, hooks = GenerationConfig(max_new_tokens=12, precision="fp32"), all_hooks(merged.model)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for mode, spec in MODES.items():
+        step = big_lambda(vectors) if spec.action.units_apply else 100.0
+        for positions in POSITIONS:
+            how = SteerConfig(mode, positions, "raw")
+            for lam in (spec.neutral, spec.neutral + step):
+                eager = list(eager_session.stream_steered(DOC, lam, gen, how=how))
+                assert list(session.stream_steered(DOC, lam, gen, how=how)) == eager, (how, lam)
+    compiled_modes = [m for m, spec in MODES.items() if spec.action.decode_shifts(vectors, spec, "raw", 1.0)]
+    assert compiled_modes and torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 1
+    assert all_hooks(merged.model) == hooks
+
+
 def test_slider_bench_measures_both_paths_on_the_same_text(merged, vectors):
     """bench --slider's figures on the tiny model: both paths write the same text (the bench checks it), every time is
     positive and the ratios are the times' ratios."""
@@ -626,6 +648,9 @@ def test_slider_bench_measures_both_paths_on_the_same_text(merged, vectors):
 
     res = slider_bench(
         SteeringSession(merged, vectors), DOC, new_tokens=6, precision="fp32", repeats=2, log=lambda _: 0
+    )
+    assert res["compiled_same_text"] and res["slider_compiled_vs_naive"] == pytest.approx(
+        res["slider_compiled_s"] / res["naive_s"]
     )
     assert (
         res["repeats"] == 2

@@ -6,11 +6,15 @@ For a document already shown (its prompt run once), each new λ is generated
 - slider: SteeringSession.stream_steered, steering the generated positions: the prompt's KV cache reused, the decode
   steps in their own faster precision (GenerationConfig.decode_precision), the text streamed; time to the first
   token and to the whole summary;
-- slider_all_positions: the same stream steering every position (the prompt is steered, so it runs again per λ).
+- slider_all_positions: the same stream steering every position (the prompt is steered, so it runs again per λ);
+- slider_compiled (where the decode steps are float32, unless compiled=False): the slider's stream after
+  SteeringSession.compile_decode() (a compiled decode step; compile_s: its first stream, which compiles), and whether
+  it wrote the slider's texts token for token (compiled_same_text).
 Where both paths decode in the same precision they write the same text, token for token (checked here, and tested);
 where the decode precisions differ the texts may part after some tokens (bf16 and fp32 round differently).
 
     slider_vs_naive        slider whole summary / naive whole summary
+    slider_compiled_vs_naive   the same with the compiled decode step
     first_token_vs_naive   slider first token / naive whole summary (when the naive page first shows a word)
     prefill_tokens_per_s, decode_ms_per_token   the two phases, from the naive path's prompt and the slider's decode
 """
@@ -51,6 +55,7 @@ def slider_bench(
     precision: str = "auto",
     repeats: int = 3,
     log: Callable[[str], None] = print,
+    compiled: bool = True,
 ) -> dict:
     """The module docstring's figures for `session` (a merged model and its vectors) on `document`; medians over
     `repeats` new λ positions per path."""
@@ -69,7 +74,7 @@ def slider_bench(
     [*session.stream_steered(document, 0.0, gen, how=generated)]
     prompt_tokens = prefill(lm, document, gen).length
 
-    naive, slider, slider_all, tokens = [], [], [], []
+    naive, slider, slider_all, tokens, texts = [], [], [], [], []
     for lam in lambdas:
         log(f"slider bench: λ = {lam:g}")
         t0 = time.perf_counter()
@@ -80,6 +85,7 @@ def slider_bench(
         if decode == resolved and text != naive_text:  # the same precisions: the same text, token for token
             raise AssertionError(f"λ = {lam}: the streamed text differs from generate()'s: {text!r} / {naive_text!r}")
         slider.append((first, total))
+        texts.append(text)
         slider_all.append(_timed_stream(session.stream_steered(document, lam + 0.01, gen, how=everywhere))[:2])
         tokens.append(len(lm.tokenizer(text, add_special_tokens=False).input_ids))
     t0 = time.perf_counter()
@@ -90,6 +96,20 @@ def slider_bench(
     med = statistics.median
     naive_s, first_s, total_s = med(naive), med(s[0] for s in slider), med(s[1] for s in slider)
     n_new = med(tokens)
+    with_compiled = {}
+    if compiled and decode == "fp32":
+        log("slider bench: the compiled decode step (its first stream compiles)")
+        session.compile_decode()
+        compile_s = _timed_stream(session.stream_steered(document, lambdas[0], gen, how=generated))[1]
+        runs = [_timed_stream(session.stream_steered(document, lam, gen, how=generated)) for lam in lambdas]
+        compiled_s = med(r[1] for r in runs)
+        with_compiled = {
+            "compile_s": compile_s,
+            "slider_compiled_s": compiled_s,
+            "slider_compiled_vs_naive": compiled_s / naive_s,
+            "decode_ms_per_token_compiled": 1000 * (compiled_s - med(r[0] for r in runs)) / max(n_new - 1, 1),
+            "compiled_same_text": [r[2] for r in runs] == texts,
+        }
     return {
         "model": lm.spec.name,
         "adapter": Path(session.vectors.adapter_path or "").name,
@@ -108,10 +128,15 @@ def slider_bench(
         "prefill_tokens_per_s": prompt_tokens / prefill_s,
         "decode_ms_per_token": 1000 * (total_s - first_s) / max(n_new - 1, 1),
         "naive_tokens_per_s": n_new / naive_s,
+        **with_compiled,
     }
 
 
-GOALS = {"slider_vs_naive": ("<=", 0.35), "first_token_vs_naive": ("<=", 0.1)}
+GOALS = {
+    "slider_vs_naive": ("<=", 0.35),
+    "slider_compiled_vs_naive": ("<=", 0.35),
+    "first_token_vs_naive": ("<=", 0.1),
+}
 
 
 def format_slider(res: dict) -> str:
@@ -119,6 +144,8 @@ def format_slider(res: dict) -> str:
     lines = [f"slider bench: {res['model']} + {res['adapter']} on {res['device']}, precision {res['precision']}"]
     lines.append(f"prompt {res['prompt_tokens']} tokens, {res['new_tokens']} new tokens, median of {res['repeats']}")
     for k, v in res.items():
+        if isinstance(v, bool):
+            lines.append(f"{k:36s} {'yes' if v else 'NO'}")
         if not isinstance(v, float):
             continue
         goal = GOALS.get(k)

@@ -166,6 +166,13 @@ class SteeringAction:
         """What the action applies at λ = 1, hashed (a cache key part beside the adapter's fingerprint)."""
         return _hash_arrays(mode.directions(vectors))
 
+    def decode_shifts(
+        self, vectors: HasDirections, mode: "SteeringMode", units: str, lam: float
+    ) -> dict[Site, torch.Tensor] | None:
+        """Where the edit at λ adds a constant vector to each site's output: those float32 vectors (what a compiled
+        decoder adds at every decode step: inference/compiled_decode.py); None where the edit depends on the output."""
+        return None
+
     def generate(
         self,
         lm: LoadedModel,
@@ -222,6 +229,11 @@ class AddDirection(SteeringAction):
 
             out[s] = edit
         return out
+
+    def decode_shifts(self, vectors, mode, units, lam):
+        deltas = vectors.deltas(mode.name, units)
+        lam32 = torch.as_tensor(lam, dtype=torch.float64).float()  # as edits() rounds λ
+        return {s: lam32 * torch.from_numpy(deltas[s.key]) for s in vectors.sites}
 
     def caption(self, mode, units):
         if units == "raw":

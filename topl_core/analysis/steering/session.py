@@ -14,6 +14,9 @@ SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED mod
         the grid as it is written: every λ's text so far after each step (one batch where the mode batches rows);
         setting the threading.Event `cancel` stops a stream at its next decoder layer (GenerationCancelled)
     .head() -> gate.Head    the adapter's token-level head (gated modes read it): the run's own, or the one given
+    .compile_decode()       from now on, greedy float32 streams of a mode whose action adds constant vectors
+        (actions.SteeringAction.decode_shifts) decode with a compiled step (inference/compiled_decode.py: the first
+        stream of each length compiles)
     SteeringSession.from_run(run, vectors, spec=None, head=None)
 How a mode generates is its action's (actions.SteeringAction.generate / stream, called inside hooks.steer()).
 Generation holds a per-model lock (sessions sharing one model take turns; sessions on different models run in
@@ -32,7 +35,16 @@ from typing import Iterator, Sequence
 import torch
 
 from ...foundations.errors import ModelError
-from ...inference.generate import GenerationConfig, Prefill, cancel_on, load_merged, prefill, stream_rows
+from ...inference.compiled_decode import CompiledDecoder
+from ...inference.generate import (
+    GenerationCancelled,
+    GenerationConfig,
+    Prefill,
+    cancel_on,
+    load_merged,
+    prefill,
+    stream_rows,
+)
 from ...models.loading import LoadedModel
 from ...training.adapters import open_adapter
 from ..lora_a.sites import LoraWeights, Site, site_module
@@ -82,6 +94,7 @@ class SteeringSession:
         self._lora: dict[Site, LoraWeights] | None = None  # read on the first generation that scales the update
         self._head = None if head is None else Head(head.layer, head.linear.to(lm.model.device))
         self._prefills: OrderedDict[tuple, Prefill] = OrderedDict()  # unsteered prompts, most recent last
+        self._compiled: CompiledDecoder | None = None  # compile_decode()
 
     def lora(self) -> dict[Site, LoraWeights]:
         """The adapter's LoRA pairs (what an action that needs the LoRA reads), read once from vectors.adapter_path."""
@@ -102,6 +115,12 @@ class SteeringSession:
                 )
             self._head = Head(int(adapter.head_layer), adapter.run.load_head(self.lm.model.device))
         return self._head
+
+    def compile_decode(self) -> None:
+        """Stream with a compiled decode step from now on where it applies (the module docstring)."""
+        with self._lock:
+            if self._compiled is None:
+                self._compiled = CompiledDecoder(self.lm, [s.path for s in self.vectors.sites])
 
     @classmethod
     def from_run(cls, adapter, vectors: SteeringVectors, spec=None, head: Head | None = None) -> "SteeringSession":
@@ -209,9 +228,30 @@ class SteeringSession:
             yield from self._generate([document], lam, gen_cfg, task, how, cancel)
             return
         action = how.spec.action
+        compiled = self._compiled is not None and self._compiled.supports(gen_cfg)
+        shifts = action.decode_shifts(self.vectors, how.spec, how.units, lam) if compiled else None
         lora = self.lora() if action.needs_lora else None
-        with self._lock, steer(self.lm.model, self.vectors, lam, how, lora) as switch, self._stoppable(cancel):
-            yield from action.stream(self.lm, document, gen_cfg, task, how, self._decoding(switch, lam, gen_cfg, task))
+        with self._lock, self._stoppable(cancel):
+            if shifts is not None:
+                yield from self._stream_compiled(document, lam, gen_cfg, task, how, shifts, cancel)
+                return
+            with steer(self.lm.model, self.vectors, lam, how, lora) as switch:
+                run = self._decoding(switch, lam, gen_cfg, task)
+                yield from action.stream(self.lm, document, gen_cfg, task, how, run)
+
+    def _stream_compiled(self, document, lam, gen_cfg, task, how, shifts, cancel) -> Iterator[SteeredText]:
+        """stream_generations on the compiled decoder (the session's lock held): the prompt steered eagerly where the
+        mode steers it (else the cached unsteered one), every decode step shifted by the action's vectors."""
+        if how.steers_prompt:
+            with steer(self.lm.model, self.vectors, lam, how):
+                prefix = prefill(self.lm, document, gen_cfg, task)
+        else:
+            prefix = self._prefill(document, gen_cfg, task)
+        paths = {s.path: shift for s, shift in shifts.items()}
+        for text in self._compiled.stream(prefix, gen_cfg, paths):
+            if cancel is not None and cancel.is_set():  # the compiled module tree has no cancel hooks
+                raise GenerationCancelled()
+            yield SteeredText(text)
 
     def stream_grid(
         self,
