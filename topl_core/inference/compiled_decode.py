@@ -24,7 +24,7 @@ from typing import Iterator, Mapping, Sequence
 import torch
 
 from ..models.loading import LoadedModel
-from .generate import GenerationConfig, Prefill, stop_tokens
+from .generate import GenerationConfig, Prefill, decode_greedy
 
 BUCKET = 64  # static caches hold a multiple of this many positions (docs/performance.md, the decode loop's options)
 
@@ -71,7 +71,9 @@ class CompiledDecoder:
         tok, device = self._lm.tokenizer, self._lm.model.device
         capacity = -(-(prefix.length + cfg.max_new_tokens) // BUCKET) * BUCKET
         with self._lock:
-            cache = self._caches.get(capacity) or self._caches.setdefault(capacity, self._new_cache(capacity))
+            if capacity not in self._caches:
+                self._caches[capacity] = self._new_cache(capacity)
+            cache = self._caches[capacity]
             for path, shift in self._shifts.items():
                 if path in shifts:
                     shift.copy_(shifts[path])
@@ -80,14 +82,14 @@ class CompiledDecoder:
             cache.reset()
             for layer, (keys, values, *_) in zip(cache.layers, prefix.cache):
                 layer.update(keys.float(), values.float())  # the prompt's positions, then the decode steps'
-            stop, new, logits = stop_tokens(tok), [], prefix.logits
-            for _ in range(cfg.max_new_tokens):
-                token = int(logits.argmax())
-                new.append(token)
-                yield tok.decode(new, skip_special_tokens=True).strip()
-                if token in stop or len(new) == cfg.max_new_tokens:
-                    return
-                position = torch.tensor([prefix.length + len(new) - 1], device=device)
-                ids = torch.tensor([[token]], device=device)
-                out = self._step(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=position)
-                logits = out.logits[0, -1].float()
+            position = prefix.length - 1
+
+            def step(ids: torch.Tensor) -> torch.Tensor:
+                nonlocal position
+                position += 1
+                at = torch.tensor([position], device=device)
+                out = self._step(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=at)
+                return out.logits[:, -1].float()
+
+            for texts in decode_greedy(tok, prefix.logits[None], cfg.max_new_tokens, step):
+                yield texts[0]

@@ -10,6 +10,8 @@ generate responses for one or many documents.
     prefill(lm, document, cfg) -> Prefill                     the prompt run once: its KV cache and last logits,
         which stream_generate decodes from (a copy), so the prompt is not run again
     stop_tokens(tokenizer) -> set[int]                        the ids a response ends on
+    decode_greedy(tok, logits, max_new_tokens, step)           the greedy loop those streams (and the compiled
+        decoder) run, around a forward `step` of their own
     with cancel_on(model, event): ...                          any generation from this thread stops (raising
         GenerationCancelled) at its next decoder layer once `event` is set: work done ahead that nobody waits for
 """
@@ -21,7 +23,7 @@ import inspect
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Literal, Sequence
+from typing import Callable, Iterator, Literal, Sequence
 
 import torch
 
@@ -237,22 +239,34 @@ def stream_rows(
         cache, logits = copy.deepcopy(prefix.cache), prefix.logits.expand(rows, -1)
         if rows > 1:
             cache.batch_repeat_interleave(rows)
-    stop, decode = stop_tokens(tok), cfg.decode_on(model.device.type)
+    decode = cfg.decode_on(model.device.type)
+
+    def step(ids: torch.Tensor) -> torch.Tensor:
+        with autocast(decode, model.device.type):
+            return model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1].float()
+
+    yield from decode_greedy(tok, logits, cfg.max_new_tokens, step)
+
+
+def decode_greedy(
+    tok, logits: torch.Tensor, max_new_tokens: int, step: Callable[[torch.Tensor], torch.Tensor]
+) -> Iterator[list[str]]:
+    """Greedy decoding from the first new token's `logits` (rows × vocabulary): every row's response so far after
+    each new token, a row that wrote a stop token kept as it ended, until every row has or `max_new_tokens` are
+    written; step(ids) runs the forward of the tokens just chosen (rows × 1) and gives the next logits."""
+    stop, rows = stop_tokens(tok), logits.shape[0]
     new: list[list[int]] = [[] for _ in range(rows)]
     texts, live = [""] * rows, [True] * rows
-    for step in range(cfg.max_new_tokens):
+    for n in range(1, max_new_tokens + 1):
         tokens = logits.argmax(-1).tolist()
         for r in (r for r in range(rows) if live[r]):
             new[r].append(tokens[r])
             texts[r] = tok.decode(new[r], skip_special_tokens=True).strip()
             live[r] = tokens[r] not in stop
         yield list(texts)
-        if not any(live) or step == cfg.max_new_tokens - 1:
+        if not any(live) or n == max_new_tokens:
             return
-        ids = torch.tensor(tokens, device=model.device)[:, None]
-        with autocast(decode, model.device.type):
-            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
-        logits = out.logits[:, -1].float()
+        logits = step(torch.tensor(tokens, device=logits.device)[:, None])
 
 
 class GenerationCancelled(Exception):
