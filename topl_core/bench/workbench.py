@@ -67,6 +67,7 @@ from ..training.lora import apply_lora
 from ..training.prefix_cache import PrefixStore, install_prefix_cache
 from ..training.run_dirs import RunDir
 from ..training.trainer import train
+from .slider import GOALS as SLIDER_GOALS
 from .timing import best_times, matmul_peak_tflops
 
 GOALS = {
@@ -77,7 +78,10 @@ GOALS = {
     "sweep_cached_vs_naive": ("<=", 0.5),
     "heatmap_reload_s": ("<=", 0.5),
     "peak_rss_gib": ("<=", 4.0),
+    **SLIDER_GOALS,
 }
+# what the full benchmark keeps of bench --slider's figures (topl_core/bench/slider.py)
+SLIDER_FIGURES = ("slider_vs_naive", "first_token_vs_naive", "slider_compiled_vs_naive", "decode_ms_per_token")
 
 
 def _train_subprocess(args: list[str], env: dict) -> tuple[Path, float]:
@@ -359,14 +363,25 @@ def format_table(res: dict) -> str:
 
 
 def main(
-    quick: bool, data: str, json_path: str | None, model: str, executors: bool = False, precision: str = "auto"
+    quick: bool,
+    data: str,
+    json_path: str | None,
+    model: str,
+    executors: bool = False,
+    precision: str = "auto",
+    slider: Callable[[], dict] | None = None,
 ) -> dict:
+    """The benchmark (or, with `executors`, the executors' comparison); slider(): bench --slider's figures, of which
+    SLIDER_FIGURES join the table."""
     t = time.perf_counter()
     if executors:
         res = benchmark_executors(model, data)
     else:
         with Bar("bench phases", total=N_PHASES) as bar:  # each phase's log line starts a stage
             res = run_bench(quick, data, model, log=bar.stage, precision=precision)
+        if slider is not None:
+            figures = slider()
+            res.update({k: figures[k] for k in SLIDER_FIGURES if k in figures})
     res["bench_wall_s"] = time.perf_counter() - t
     print(format_table(res))
     if json_path:

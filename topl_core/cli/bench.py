@@ -65,7 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--run",
         default=None,
-        help="--slider, --gated: the adapter to steer (default: the demo TOPL adapter, examples/adapters)",
+        help="--slider, --gated and the full benchmark's slider figures: the adapter to steer (default: the demo TOPL "
+        "adapter, examples/adapters)",
     )
     p.add_argument("--lam", type=float, default=2.0, help="--gated: λ, in normalised units")
     add_config_args(p, SteerConfig, SteerConfig(), only=MODE_SETTINGS)
@@ -108,7 +109,12 @@ def run(args: argparse.Namespace) -> None:
         if args.json:
             write_json(args.json, res)
         return
-    main(args.quick, args.data, args.json, args.model, args.executors, announce_precision(args.precision))
+    precision = announce_precision(args.precision)
+
+    def slider() -> dict:  # the slider's figures join the full table, measured on --run as bench --slider measures them
+        return slider_bench(*slider_inputs(args, args.precision), args.new_tokens, args.precision)
+
+    main(args.quick, args.data, args.json, args.model, args.executors, precision, slider=slider)
 
 
 def memory_table(budget_gib: float, seq_lens: tuple[int, ...], json_path: str | None) -> None:
@@ -127,14 +133,19 @@ def memory_table(budget_gib: float, seq_lens: tuple[int, ...], json_path: str | 
         write_json(json_path, {"budget_gib": budget_gib, "rows": [asdict(r) for r in rows]})
 
 
-def steering_bench(args: argparse.Namespace, precision: str) -> None:
-    """bench --slider or --gated on --run (default: the demo TOPL adapter) with vectors from its data's validation
-    split and the first document of its test split."""
+def slider_inputs(args: argparse.Namespace, precision: str) -> tuple[SteeringSession, str]:
+    """--run (default: the demo TOPL adapter) with vectors from its data's validation split, and the first document
+    of its test split."""
     adapter = open_adapter(args.run or str((examples_dir() or project_path("examples/adapters")) / "topl-smollm2"))
     vectors = steering_vectors_for(adapter, EvalConfig(precision=precision))
     records = read_jsonl(project_path(adapter.settings.data))
     document = split_records(records, seed=adapter.settings.split_seed)["test"][0].document
-    session = SteeringSession.from_run(adapter, vectors)
+    return SteeringSession.from_run(adapter, vectors), document
+
+
+def steering_bench(args: argparse.Namespace, precision: str) -> None:
+    """bench --slider or --gated on slider_inputs."""
+    session, document = slider_inputs(args, precision)
     if args.gated:
         how = SteerConfig("gated", **config_args(args, SteerConfig, only=MODE_SETTINGS))
         with Bar("gated bench") as bar:
