@@ -450,6 +450,38 @@ def test_steered_text_streams_in_while_it_is_written(app, browser, workbench):
     page.context.close()
 
 
+def test_the_next_lambda_is_written_ahead_while_the_page_is_read(app, browser, workbench):
+    """Once a λ is shown, the page generates the slider's neighbouring positions in the background: a step with the
+    arrow key then draws the new λ's whole text at once — the browser never receives that box still being written
+    (the cursor) — where a λ nobody generated ahead streams (test_steered_text_streams_in_while_it_is_written)."""
+    page = new_page(browser)
+    frames: list[str] = []
+    page.on(
+        "websocket",
+        lambda ws: ws.on(
+            "framereceived", lambda f: frames.append(f if isinstance(f, str) else f.decode("utf-8", "ignore"))
+        ),
+    )
+    visit(page, app, "steering", "Steering")
+    page.locator(".topl-box").nth(2).wait_for()
+    max_new = page.locator('[data-testid="stSlider"]').filter(has_text="Max new tokens").get_by_role("slider")
+    max_new.focus()
+    page.keyboard.press("ArrowLeft")  # 56 new tokens: texts no other test generates, so nothing is stored before
+    settle(page, timeout_s=600)
+    time.sleep(8)  # the page is read while the neighbouring positions are generated (the tiny model: < 1 s)
+    frames.clear()
+    thumb = lambda_slider(page).get_by_role("slider")
+    thumb.focus()
+    page.keyboard.press("ArrowRight")
+    settle(page)
+    assert_clean(page, "steering, the next λ")
+    titles = page.locator(".topl-box").nth(2).evaluate("b => b.previousElementSibling.textContent")
+    assert "λ = +0.25" in titles and steered_words(page).strip()
+    assert any("λ = +0.25" in f for f in frames), "the page did not draw the new λ"
+    assert not any("\u258d" in f for f in frames), "the next λ was streamed, not written ahead"
+    page.context.close()
+
+
 def test_talk_mode_keys_move_lambda_and_switch_document_from_the_deck(app, browser, workbench):
     """Talk mode in the browser: keys pressed anywhere in the app window move λ and switch document in the embedded
     view, which shows the prepared summary of each position (read from the deck, nothing generated)."""
