@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             print("error: give --out DIR (or --resume / --show / --stop DIR)", file=sys.stderr)
             return 2
         cfg, folder = config_from_args(args), args.out
-        announce_precision(cfg.precision, cfg.device)
+        announce_precision(config_args(args, ReproduceConfig).get("precision", "auto"), cfg.device)  # as asked
         if args.background:
             print(
                 f"the study started in the background: {launch_reproduce(cfg, folder, executor)}\n"
