@@ -13,7 +13,8 @@ from topl_core.hardware.precision import (
     resolve_precision,
     resolve_weights,
 )
-from topl_core.models.loading import DEVICES, EMBEDDED, ModelSpec, app_default_spec
+from topl_core.models.loading import DEVICES, EMBEDDED, ModelSpec
+from topl_core.models.startup import app_default_spec
 from topl_core.models.tiny import TINY_FAMILIES
 
 SPEC_KEY = "model_spec"  # session_state: "name|dtype|device"

@@ -31,7 +31,7 @@ from ..foundations.io import give_umask_permissions, sha256_file
 from ..foundations.paths import cache_dir
 from ..foundations.presets import DEFAULT_MODEL, PRESETS
 from ..foundations.services import PROBE_TIMEOUT_S, host_port, unreachable
-from ..hardware.precision import PRECISIONS, TORCH_DTYPES, Precision, precision_word, resolve_weights, weights_for
+from ..hardware.precision import PRECISIONS, TORCH_DTYPES, Precision, resolve_weights, weights_for
 from .tiny import TINY_FAMILIES, build_tiny_model
 
 Device = Literal["cpu", "cuda"]
@@ -187,37 +187,6 @@ def layer_count(spec: ModelSpec | str) -> int:
     """The model's decoder layers from its config, without loading its weights (a study's driver plans its grid
     with it while the workers load the model)."""
     return decoder_config(spec).num_hidden_layers
-
-
-def app_default_spec() -> str:
-    """The app's default model as a spec string "name|dtype|device": TOPL_DEFAULT_MODEL may be a name ("tiny-llama",
-    "Qwen/Qwen3-8B") or a full spec; TOPL_DEFAULT_DTYPE and TOPL_DEFAULT_DEVICE fill in what a name leaves out."""
-    raw = os.environ.get("TOPL_DEFAULT_MODEL", DEFAULT_MODEL).strip() or DEFAULT_MODEL
-    parts = raw.split("|")
-    name = parts[0]
-    dtype = precision_word(parts[1] if len(parts) > 1 else os.environ.get("TOPL_DEFAULT_DTYPE", "auto"))
-    device = parts[2] if len(parts) > 2 else os.environ.get("TOPL_DEFAULT_DEVICE", "cpu")
-    return f"{name}|{dtype}|{device}"
-
-
-def warm_up(spec: ModelSpec | str = DEFAULT_MODEL) -> None:
-    """Import what loading `spec` and merging an adapter into it import first (its configuration, tokenizer and model
-    classes, PEFT) without loading its weights: on a 2-core CPU these imports were 3.2 s of the Steering page's first
-    wait for words (docs/performance.md). `python app.py` calls it before serving. A model that cannot be read is left
-    to the load that follows, which says what is wrong in words."""
-    import peft  # noqa: F401  (merging an adapter)
-    from transformers import AutoTokenizer
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    try:
-        config = decoder_config(spec)
-    except ModelError:
-        return
-    MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)  # imports the architecture's modeling module
-    name = spec.name if isinstance(spec, ModelSpec) else spec
-    if name in EMBEDDED:
-        with _LOAD_LOCK:
-            AutoTokenizer.from_pretrained(converted_embedded_dir(name))
 
 
 RANDOM_WEIGHTS = "@random"  # the suffix of a preset name that builds its architecture with random weights
