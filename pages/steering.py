@@ -32,6 +32,7 @@ with core_imports():  # the token sets and the page's cached work are read with 
         document_picker,
         export_zip,
         generate_ahead,
+        generation,
         prefetch,
         quality_caption,
         scorer,
@@ -252,4 +253,4 @@ with right:
 # --- the slider's neighbouring positions, generated while the texts are read ------------------------------------
 at = min(range(len(GRID)), key=lambda i: abs(GRID[i] - lam))
 neighbours = [round(float(GRID[i]), 6) for i in (at - 1, at + 1) if 0 <= i < len(GRID)]
-generate_ahead(spec, run, fp, ts, top_k, precision, decode, document, neighbours, max_new, how, steered_key)
+generate_ahead(session, document, neighbours, generation(precision, decode, max_new), how, steered_key)

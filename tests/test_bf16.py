@@ -21,6 +21,7 @@ from topl_core.analysis.lora_a.probe import ProbeSettings, probe_run, run_projec
 from topl_core.analysis.lora_a.probe_head import ProbeHeadSettings, fit_probe_head
 from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.modes import MODES, POSITIONS, SteerConfig
+from topl_core.analysis.steering.prefetch import Prefetch
 from topl_core.analysis.steering.session import SteeringSession
 from topl_core.hardware import precision as prec
 from topl_core.inference.generate import GenerationConfig, generate, load_merged
@@ -149,6 +150,32 @@ def test_steering_vectors_and_every_mode_in_bf16(run, news_records):
             assert [*session.stream_steered(doc, how.neutral, gen, how=how)][-1] == merged_text, how  # streamed
             assert isinstance(session.generate_steered(doc, how.neutral + 2.0, gen, how=how), str)
             assert_grid_keeps_the_neutral_row(session, doc, how, gen)
+
+
+def test_the_sliders_streamed_grid_and_compiled_decode_in_bf16(run, news_records):
+    """The slider's paths with the prompt in bf16: a λ grid streamed as one batch (what the page writes ahead, through
+    Prefetch) keeps its neutral row the unsteered batch's text with both phases in bf16; the compiled decode step,
+    decoding in fp32 from a bf16 prompt's KV cache (what `auto` does on an AMX CPU), writes the eager stream's text."""
+    vectors = build_steering_vectors(run, news_records, ProbeSettings(precision="bf16", random_control=False), top_k=2)
+    session, doc = SteeringSession(load_merged("tiny-llama", run), vectors), NEWS_PAIRS[0][1]
+    both = GenerationConfig.chosen("bf16", max_new_tokens=8)
+    for positions in POSITIONS:
+        how = SteerConfig("vector", positions)
+        grid = [-2.0, how.neutral, 2.0]
+        kept, ahead = {}, Prefetch()
+        ahead.start(grid, lambda cancel: session.stream_grid(doc, grid, both, how=how, cancel=cancel), kept.__setitem__)
+        assert ahead.writing(how.neutral).wait(120)
+        unsteered = generate(session.lm, [doc] * len(grid), replace(both, batch_size=len(grid)))
+        assert set(kept) == set(grid) and kept[how.neutral].text == unsteered[0], how
+    prompt_bf16 = GenerationConfig(max_new_tokens=8, precision="bf16", decode_precision="fp32")
+    eager = {
+        (p, lam): [*session.stream_steered(doc, lam, prompt_bf16, how=SteerConfig("vector", p))]
+        for p in POSITIONS
+        for lam in (0.0, 2.0)
+    }
+    session.compile_decode()
+    for (positions, lam), texts in eager.items():
+        assert [*session.stream_steered(doc, lam, prompt_bf16, how=SteerConfig("vector", positions))] == texts
 
 
 def test_steering_on_bf16_weights(run, news_records):

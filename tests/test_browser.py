@@ -209,6 +209,18 @@ def steered_words(page) -> str:
     )
 
 
+def received_frames(page) -> list[str]:
+    """What the app sends the page over its websocket from now on, frame by frame, as the browser receives it."""
+    frames: list[str] = []
+    page.on(
+        "websocket",
+        lambda ws: ws.on(
+            "framereceived", lambda f: frames.append(f if isinstance(f, str) else f.decode("utf-8", "ignore"))
+        ),
+    )
+    return frames
+
+
 def lambda_slider(page):
     return page.locator('[data-testid="stSlider"]').filter(has_text="hallucinated")
 
@@ -426,13 +438,7 @@ def test_steered_text_streams_in_while_it_is_written(app, browser, workbench):
     the final text. Read from the app's websocket frames as the browser receives them (how fast it paints them is
     the browser's business)."""
     page = new_page(browser)
-    frames: list[str] = []
-    page.on(
-        "websocket",
-        lambda ws: ws.on(
-            "framereceived", lambda f: frames.append(f if isinstance(f, str) else f.decode("utf-8", "ignore"))
-        ),
-    )
+    frames = received_frames(page)
     visit(page, app, "steering", "Steering")
     page.locator(".topl-box").nth(2).wait_for()
     choose_lambda_range(page, WIDEST_RANGE)
@@ -455,13 +461,7 @@ def test_the_next_lambda_is_written_ahead_while_the_page_is_read(app, browser, w
     arrow key then draws the new λ's whole text at once — the browser never receives that box still being written
     (the cursor) — where a λ nobody generated ahead streams (test_steered_text_streams_in_while_it_is_written)."""
     page = new_page(browser)
-    frames: list[str] = []
-    page.on(
-        "websocket",
-        lambda ws: ws.on(
-            "framereceived", lambda f: frames.append(f if isinstance(f, str) else f.decode("utf-8", "ignore"))
-        ),
-    )
+    frames = received_frames(page)
     visit(page, app, "steering", "Steering")
     page.locator(".topl-box").nth(2).wait_for()
     max_new = page.locator('[data-testid="stSlider"]').filter(has_text="Max new tokens").get_by_role("slider")

@@ -170,16 +170,10 @@ def steered_stream(
 
 
 def generate_ahead(
-    spec: str,
-    run: str,
-    fp: str,
-    ts: tuple,
-    top_k: int,
-    precision: str,
-    decode: str,
+    session: SteeringSession,
     document: str,
     lambdas: Sequence[float],
-    max_new: int,
+    gen: GenerationConfig,
     how: SteerConfig,
     key_of: Callable[[float], tuple],
 ) -> None:
@@ -188,15 +182,12 @@ def generate_ahead(
     person waits."""
     store = text_store()
     todo = [lam for lam in lambdas if store.get(key_of(lam)) is None]
-    if not todo:
-        return
-    sess = steering_session(spec, run, fp, ts, top_k, precision)
-    gen = generation(precision, decode, max_new)
-    prefetch().start(
-        [key_of(lam) for lam in todo],
-        lambda cancel: sess.stream_grid(document, todo, gen, how=how, cancel=cancel),
-        lambda key, text: store.put(key, text, replace=False),
-    )
+    if todo:
+        prefetch().start(
+            [key_of(lam) for lam in todo],
+            lambda cancel: session.stream_grid(document, todo, gen, how=how, cancel=cancel),
+            lambda key, text: store.put(key, text, replace=False),
+        )
 
 
 @st.cache_data(show_spinner="Writing the steering vectors and control vectors…", max_entries=16)
