@@ -629,15 +629,18 @@ def test_a_compiled_decode_step_writes_the_eager_text_with_one_graph_for_every_l
     session.compile_decode()
     gen, hooks = GenerationConfig(max_new_tokens=12, precision="fp32"), all_hooks(merged.model)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    for mode, spec in MODES.items():
+    compiled_modes = [m for m, spec in MODES.items() if spec.action.decode_shifts(vectors, spec, "raw", 1.0)]
+    assert compiled_modes and len(compiled_modes) < len(MODES)
+    eager_mode = next(m for m in MODES if m not in compiled_modes)  # streams eagerly in the compiled session
+    for mode in [*compiled_modes, eager_mode]:
+        spec = MODES[mode]
         step = big_lambda(vectors) if spec.action.units_apply else 100.0
         for positions in POSITIONS:
             how = SteerConfig(mode, positions, "raw")
             for lam in (spec.neutral, spec.neutral + step):
                 eager = list(eager_session.stream_steered(DOC, lam, gen, how=how))
                 assert list(session.stream_steered(DOC, lam, gen, how=how)) == eager, (how, lam)
-    compiled_modes = [m for m, spec in MODES.items() if spec.action.decode_shifts(vectors, spec, "raw", 1.0)]
-    assert compiled_modes and torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 1
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 1
     assert all_hooks(merged.model) == hooks
 
 
