@@ -47,8 +47,13 @@ def test_scale_bench_measures_every_part_on_a_cpu(tmp_path, tiny_records):
     assert row["capture"]["tokens"] > 0
     steering = row["steering"]
     assert steering["lambdas"] == 17 and steering["same_texts"]  # fp32: the batched grid is the serial one
+    # the compiled step (fp32 here) streams every λ's eager text
+    assert steering["compiles"] and steering["compiled_same_texts"] == 17 and steering["compile_s"] > 0
     assert row["sweep"]["reuse_s"] > 0 and row["sweep"]["plain_s"] > 0
     assert "tiny-llama" in format_scale(res)
+    trained_only = {k: v for k, v in row.items() if k not in ("capture", "steering", "sweep")}  # --skip's rows
+    assert "capture" not in format_scale(res | {"rows": [trained_only]})
+    assert ScaleSettings(skip=("fit", "sweep")).phases() == 4  # TOPL, SFT, capture, steering
 
 
 def test_random_weight_presets_have_the_published_size():

@@ -179,7 +179,8 @@ def test_the_sliders_streamed_grid_and_compiled_decode_in_bf16(run, news_records
 
 
 def test_steering_on_bf16_weights(run, news_records):
-    """What a GPU runs: the merged model in bfloat16 weights (ModelSpec dtype), steered in each mode."""
+    """What a GPU runs: the merged model in bfloat16 weights (ModelSpec dtype), steered in each mode; the compiled
+    decode step on those weights (bf16 steps, no autocast) writes the eager stream's text."""
     vectors = build_steering_vectors(run, news_records, ProbeSettings(random_control=False), top_k=2)
     lm = load_merged(ModelSpec("tiny-llama", "bf16"), run)
     assert next(lm.model.parameters()).dtype == torch.bfloat16
@@ -191,6 +192,13 @@ def test_steering_on_bf16_weights(run, news_records):
         )
         assert isinstance(text, str)
         assert_grid_keeps_the_neutral_row(session, NEWS_PAIRS[1][1], how, GenerationConfig(max_new_tokens=6))
+    bf16 = GenerationConfig.chosen("bf16", max_new_tokens=8)
+    eager = {(p, lam): [*session.stream_steered(NEWS_PAIRS[1][1], lam, bf16, how=SteerConfig("vector", p))]
+             for p in POSITIONS for lam in (0.0, 2.0)}  # fmt: skip
+    session.compile_decode()
+    assert session._compiled.supports(bf16) and not session._compiled.supports(replace(bf16, decode_precision="fp32"))
+    for (positions, lam), texts in eager.items():
+        assert [*session.stream_steered(NEWS_PAIRS[1][1], lam, bf16, how=SteerConfig("vector", positions))] == texts
 
 
 def test_deck_in_bf16(run, news_records, tmp_path):

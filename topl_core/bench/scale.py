@@ -11,9 +11,12 @@ model name loads as usual, e.g. tiny-llama for the CPU test):
   (largest_micro_batch). topl_vs_sft_step: TOPL's seconds per token over SFT's.
 - capture: LoRA-A capture of every site of the SFT adapter (LoRA on every layer: layers × 7 sites) on 48 records.
 - steering: one steered generation of `new_tokens` tokens per λ (the vector mode's 17 slider positions, −2..2 by
-  0.25) run one λ at a time, and the same grid as one batched generation (SteeringSession.generate_grid).
+  0.25) run one λ at a time, the same grid as one batched generation (SteeringSession.generate_grid), and one λ at a
+  time streamed through the compiled decode step (SteeringSession.compile_decode; CUDA graphs on a GPU): the compile
+  (its first stream) and the streams after it timed apart, and how many of its texts are the eager ones.
 - sweep: two adjacent 3-layer windows (fewer layers on a small model) trained with and without frozen-prefix
   reuse (bench.benchmark_prefix_reuse).
+ScaleSettings.skip (--skip) leaves out fit (the largest-micro-batch probe), capture, steering or sweep.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from .timing import matmul_peak_tflops, sync
 from .workbench import benchmark_prefix_reuse
 
 CAPTURE_RECORDS = 48
-PHASES_PER_MODEL = 5  # the log(...) calls of bench_model: TOPL, SFT, capture, steering, sweep
+OPTIONAL_PARTS = ("fit", "capture", "steering", "sweep")  # ScaleSettings.skip: all but the training steps
 MATMUL_MAX_N = {"cuda": 8192, "cpu": 1024}  # the largest matmul of the peak measurement (timing.matmul_peak_tflops)
 
 
@@ -181,7 +184,9 @@ def bench_capture(lm: LoadedModel, records: Sequence[Record], cfg: TrainConfig) 
 
 
 def bench_steering(run: Path, spec: ModelSpec, records: Sequence[Record], precision: str, new_tokens: int) -> dict:
-    """Seconds of one steered generation per λ of the vector mode's slider grid, one at a time and as one batch."""
+    """Seconds of one steered generation per λ of the vector mode's slider grid, one at a time and as one batch; then
+    one at a time streamed through the compiled decode step (SteeringSession.compile_decode: CUDA graphs on a GPU),
+    its first stream (the compile) timed apart."""
     grid = MODES["vector"].slider_positions()
     base, merged = load_model(spec), load_merged(spec, run)
     vectors = build_steering_vectors(
@@ -195,18 +200,15 @@ def bench_steering(run: Path, spec: ModelSpec, records: Sequence[Record], precis
     )
     del base
     session = SteeringSession(merged, vectors)
-    gen = GenerationConfig(max_new_tokens=new_tokens, precision=precision)
+    gen = GenerationConfig.chosen(precision, max_new_tokens=new_tokens)
     document = records[0].document
     session.generate_steered(document, grid[0], gen)  # warm-up
-    sync(spec.device)
-    t = time.perf_counter()
-    serial = [session.generate_steered(document, lam, gen) for lam in grid]
-    sync(spec.device)
-    serial_s = time.perf_counter() - t
-    t = time.perf_counter()
-    batched = session.generate_grid(document, grid, gen)
-    sync(spec.device)
-    batched_s = time.perf_counter() - t
+    serial, serial_s = _timed(spec.device, lambda: [session.generate_steered(document, lam, gen) for lam in grid])
+    batched, batched_s = _timed(spec.device, lambda: session.generate_grid(document, grid, gen))
+    session.compile_decode()
+    streamed = lambda lam: [*session.stream_steered(document, lam, gen)][-1]  # noqa: E731
+    _, compile_s = _timed(spec.device, lambda: streamed(grid[0]))
+    compiled, compiled_s = _timed(spec.device, lambda: [streamed(lam) for lam in grid])
     return {
         "lambdas": len(grid),
         "new_tokens": new_tokens,
@@ -215,7 +217,21 @@ def bench_steering(run: Path, spec: ModelSpec, records: Sequence[Record], precis
         "grid_batched_s": batched_s,
         "batched_vs_serial": batched_s / serial_s,
         "same_texts": serial == batched,
+        "compiles": session.compiles_decode(gen),
+        "compile_s": compile_s,
+        "per_lambda_compiled_s": compiled_s / len(grid),
+        "compiled_vs_serial": compiled_s / serial_s,
+        "compiled_same_texts": sum(a == b for a, b in zip(serial, compiled)),  # of `lambdas`: near-ties part in bf16
     }
+
+
+def _timed(device: str, work: Callable):
+    """work()'s result and its seconds, the device's queue drained before and after."""
+    sync(device)
+    t = time.perf_counter()
+    out = work()
+    sync(device)
+    return out, time.perf_counter() - t
 
 
 def bench_sweep(cfg: TrainConfig, records: Sequence[Record], work: Path, layers: int) -> dict:
@@ -249,6 +265,13 @@ class ScaleSettings:
     )
     new_tokens: int = config_field(64, label="New tokens", help="tokens per steered generation", min=1)
     max_records: int = config_field(400, label="Records", help="records of the data read", min=1)
+    skip: tuple[str, ...] = config_field(
+        (), label="Skip", help="parts left out (a shorter run): " + ", ".join(OPTIONAL_PARTS), choices=OPTIONAL_PARTS
+    )
+
+    def phases(self) -> int:
+        """The log lines (progress stages) of one model: TOPL, SFT, and each part not skipped but fit's."""
+        return 2 + len({"capture", "steering", "sweep"} - set(self.skip))
 
 
 def bench_model(
@@ -272,23 +295,26 @@ def bench_model(
         cfg = train_config(name, method, device, packing=settings.packing, **common)
         row[f"train_{method}"], trained = bench_training(cfg, records, work / name, peak_tflops)
         row.setdefault("params_b", sum(p.numel() for p in trained.model.parameters() if not p.requires_grad) / 1e9)
-        fits, waits = largest_micro_batch(cfg, trained, records) or (None, None)
-        row[f"train_{method}"] |= {"largest_micro_batch": fits, "host_waits_per_micro_batch": waits}
-        if method == "sft":
+        if "fit" not in settings.skip:
+            fits, waits = largest_micro_batch(cfg, trained, records) or (None, None)
+            row[f"train_{method}"] |= {"largest_micro_batch": fits, "host_waits_per_micro_batch": waits}
+        if method == "sft" and "capture" not in settings.skip:
             log(f"{name}: LoRA-A capture of every site")
             row["capture"] = bench_capture(trained, test, cfg)
         del trained
         _reset_peak(device)
     row["topl_vs_sft_step"] = row["train_sft"]["tokens_per_s"] / row["train_topl"]["tokens_per_s"]
     precision = row["train_topl"]["precision"]
-    log(f"{name}: steering, one λ at a time and the grid as one batch")
-    spec = ModelSpec.computing(model, precision, device)
-    row["steering"] = bench_steering(work / name / "topl", spec, test, precision, settings.new_tokens)
-    _reset_peak(device)
-    log(f"{name}: layer-sweep windows with and without frozen-prefix reuse")
-    topl = train_config(name, "topl", device, **common)
-    row["sweep"] = bench_sweep(topl, records, work / name / "sweep", layer_count(model))
-    _reset_peak(device)
+    if "steering" not in settings.skip:
+        log(f"{name}: steering, one λ at a time, the grid as one batch, and compiled")
+        spec = ModelSpec.computing(model, precision, device)
+        row["steering"] = bench_steering(work / name / "topl", spec, test, precision, settings.new_tokens)
+        _reset_peak(device)
+    if "sweep" not in settings.skip:
+        log(f"{name}: layer-sweep windows with and without frozen-prefix reuse")
+        topl = train_config(name, "topl", device, **common)
+        row["sweep"] = bench_sweep(topl, records, work / name / "sweep", layer_count(model))
+        _reset_peak(device)
     return row
 
 
@@ -326,11 +352,16 @@ def format_scale(res: dict) -> str:
                 f"{row['model']:14s} {method:6s} {t['tokens_per_s']:9.0f} {t['mfu']:6.1%} {peak:>9s} "
                 f"{t['padding_share']:8.1%}"
             )
-        cap, st, sw = row["capture"], row["steering"], row["sweep"]
-        lines.append(
-            f"  TOPL/SFT step {row['topl_vs_sft_step']:.2f}; capture {cap['sites']} sites × {cap['records']} "
-            f"records {cap['seconds']:.1f} s; steering {st['per_lambda_s']:.2f} s per λ, {st['lambdas']} λ batched "
-            f"{st['grid_batched_s']:.2f} s ({st['batched_vs_serial']:.2f} of one at a time); sweep windows reuse "
-            f"{sw['reuse_s']:.1f} s / plain {sw['plain_s']:.1f} s"
-        )
+        parts = [f"TOPL/SFT step {row['topl_vs_sft_step']:.2f}"]
+        if cap := row.get("capture"):
+            parts.append(f"capture {cap['sites']} sites × {cap['records']} records {cap['seconds']:.1f} s")
+        if st := row.get("steering"):
+            parts.append(
+                f"steering {st['per_lambda_s']:.2f} s per λ, {st['lambdas']} λ batched {st['grid_batched_s']:.2f} s "
+                f"({st['batched_vs_serial']:.2f} of one at a time), compiled {st['per_lambda_compiled_s']:.2f} s per "
+                f"λ after {st['compile_s']:.1f} s ({st['compiled_same_texts']}/{st['lambdas']} texts as eager)"
+            )
+        if sw := row.get("sweep"):
+            parts.append(f"sweep windows reuse {sw['reuse_s']:.1f} s / plain {sw['plain_s']:.1f} s")
+        lines.append("  " + "; ".join(parts))
     return "\n".join(lines)

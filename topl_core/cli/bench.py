@@ -14,7 +14,7 @@ from ..analysis.evaluation.evaluate import steering_vectors_for
 from ..analysis.steering.modes import MODE_SETTINGS, SteerConfig
 from ..analysis.steering.session import SteeringSession
 from ..bench.gated import format_gated, gated_bench
-from ..bench.scale import PHASES_PER_MODEL, ScaleSettings, format_scale, run_scale_bench
+from ..bench.scale import ScaleSettings, format_scale, run_scale_bench
 from ..bench.slider import format_slider, slider_bench
 from ..bench.workbench import main
 from ..data.records import read_jsonl
@@ -101,9 +101,9 @@ def run(args: argparse.Namespace) -> None:
     if args.memory:
         return memory_table(args.budget_gib, tuple(args.seq_lens), args.json)
     if args.scale or args.device == "cuda":
-        with Bar("scale bench", total=PHASES_PER_MODEL * len(args.models)) as bar:  # a phase's log line: a stage
-            given = config_args(args, ScaleSettings, skip=("device", "max_records"))
-            settings = ScaleSettings(device=args.device, **given)
+        given = config_args(args, ScaleSettings, skip=("device", "max_records"))
+        settings = ScaleSettings(device=args.device, **given)
+        with Bar("scale bench", total=settings.phases() * len(args.models)) as bar:  # a phase's log line: a stage
             res = run_scale_bench(args.models, args.data, settings, log=bar.stage)
         print(format_scale(res))
         if args.json:

@@ -14,9 +14,10 @@ SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED mod
         the grid as it is written: every λ's text so far after each step (one batch where the mode batches rows);
         setting the threading.Event `cancel` stops a stream at its next decoder layer (GenerationCancelled)
     .head() -> gate.Head    the adapter's token-level head (gated modes read it): the run's own, or the one given
-    .compile_decode()       from now on, greedy float32 streams of a mode whose action adds constant vectors
-        (actions.SteeringAction.decode_shifts) decode with a compiled step (inference/compiled_decode.py: the first
-        stream of each length compiles)
+    .compile_decode()       from now on, greedy streams decoding in the weights' dtype, of a mode whose action adds
+        constant vectors (actions.SteeringAction.decode_shifts), decode with a compiled step
+        (inference/compiled_decode.py: the first stream of each length compiles; CUDA graphs on a GPU)
+    .compiles_decode(gen_cfg, how)  whether such a stream does
     SteeringSession.from_run(run, vectors, spec=None, head=None)
 How a mode generates is its action's (actions.SteeringAction.generate / stream, called inside hooks.steer()).
 Generation holds a per-model lock (sessions sharing one model take turns; sessions on different models run in
@@ -228,8 +229,7 @@ class SteeringSession:
             yield from self._generate([document], lam, gen_cfg, task, how, cancel)
             return
         action = how.spec.action
-        compiled = self._compiled is not None and self._compiled.supports(gen_cfg)
-        shifts = action.decode_shifts(self.vectors, how.spec, how.units, lam) if compiled else None
+        shifts = self._compiled_shifts(lam, gen_cfg, how)
         lora = self.lora() if action.needs_lora else None
         with self._lock, self._stoppable(cancel):
             if shifts is not None:
@@ -238,6 +238,16 @@ class SteeringSession:
             with steer(self.lm.model, self.vectors, lam, how, lora) as switch:
                 run = self._decoding(switch, lam, gen_cfg, task)
                 yield from action.stream(self.lm, document, gen_cfg, task, how, run)
+
+    def compiles_decode(self, gen_cfg: GenerationConfig, how: SteerConfig = SteerConfig()) -> bool:
+        """Whether a stream under `gen_cfg` in mode `how` decodes with the compiled step (after compile_decode())."""
+        return self._compiled_shifts(how.neutral, gen_cfg, how) is not None
+
+    def _compiled_shifts(self, lam: float, gen_cfg: GenerationConfig, how: SteerConfig) -> dict | None:
+        """What the compiled step adds at each site for this stream; None where it decodes eagerly."""
+        if self._compiled is None or not self._compiled.supports(gen_cfg):
+            return None
+        return how.spec.action.decode_shifts(self.vectors, how.spec, how.units, lam)
 
     def _stream_compiled(self, document, lam, gen_cfg, task, how, shifts, cancel) -> Iterator[SteeredText]:
         """stream_generations on the compiled decoder (the session's lock held): the prompt steered eagerly where the
