@@ -18,6 +18,23 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -
     return (slices >= round(p * 65536) - 32768).view(shape)
 
 
+@torch.library.custom_op(
+    "topl::keep_mask",
+    mutates_args=(),
+    schema="(SymInt[] shape, float p, Device device) -> Tensor",
+    tags=(torch.Tag.nondeterministic_seeded,),  # never merged with another draw, never recomputed in backward
+)
+def _keep_mask_op(shape: list[int], p: float, device: torch.device) -> torch.Tensor:
+    """keep_mask as one opaque operator for torch.compile: its in-place draw (random_) would split a compiled decoder
+    layer into a graph per LoRA module (7 a layer), each compiled and launched apart; the same bits as keep_mask."""
+    return keep_mask(torch.Size(shape), p, device)
+
+
+@_keep_mask_op.register_fake
+def _(shape: list[int], p: float, device: torch.device) -> torch.Tensor:
+    return torch.empty(shape, dtype=torch.bool, device=device)
+
+
 class FastDropout(torch.nn.Module):
     """Inverted dropout, as nn.Dropout, with one random draw per three elements. Every LoRA module draws a mask
     for its input (7 per layer), and nn.Dropout's masks were a large share of a CPU step (docs/performance.md,
@@ -32,7 +49,8 @@ class FastDropout(torch.nn.Module):
             return x
         if self.p >= 1:
             return torch.zeros_like(x)
-        return torch.where(keep_mask(x.shape, self.p, x.device), x * (1 / (1 - self.p)), 0)
+        draw = _keep_mask_op if torch.compiler.is_compiling() else keep_mask
+        return torch.where(draw(x.shape, self.p, x.device), x * (1 / (1 - self.p)), 0)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
@@ -40,7 +58,8 @@ class FastDropout(torch.nn.Module):
 
 def apply_lora(model: torch.nn.Module, cfg: TrainConfig) -> torch.nn.Module:
     """Wrap `model` in a PEFT LoRA model for cfg.lora; its LoRA dropouts are FastDropout (no parameters, so the
-    saved adapter is the same as PEFT's own)."""
+    saved adapter is the same as PEFT's own), and its LoRA modules take their input in the dtype it comes in
+    (cast_lora_inputs(…, False): a training step runs under autocast, which casts for the matmul anyway)."""
     from peft import LoraConfig, get_peft_model
 
     lc = LoraConfig(
@@ -58,4 +77,17 @@ def apply_lora(model: torch.nn.Module, cfg: TrainConfig) -> torch.nn.Module:
             for name, d in dropouts.items():
                 if isinstance(d, torch.nn.Dropout) and d.p > 0:
                     dropouts[name] = FastDropout(d.p)
+    cast_lora_inputs(peft, False)
     return peft
+
+
+def cast_lora_inputs(model: torch.nn.Module, enabled: bool) -> None:
+    """Whether each LoRA module casts its input to its weights' dtype (PEFT's default, which a forward outside autocast
+    with bf16 base and float32 LoRA weights needs). Under autocast the cast is a copy of every LoRA input in float32
+    that the matmul casts straight back: bf16 → float32 → bf16 is exact, so leaving it out changes no value (on a GPU,
+    those copies and casts were a tenth of a TOPL step's kernel time)."""
+    from peft.tuners.lora import LoraLayer
+
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            module.cast_input_dtype_enabled = enabled

@@ -32,7 +32,7 @@ from .card import write_card
 from .checkpoint import Trainable, checkpoint_state, load_checkpoint, lora_state, write_checkpoint
 from .clock import TrainingClock
 from .config import TrainConfig
-from .lora import apply_lora
+from .lora import apply_lora, cast_lora_inputs
 from .memory import check_fits, longest_micro_batch
 from .methods import METHODS, Method
 from .run_dirs import RunDir
@@ -155,6 +155,7 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World,
     finally:
         if cfg.compile_backend:  # what the caller does next with the model (capture, steering) runs uncompiled
             compile_layers(t.model, "")
+        cast_lora_inputs(t.model, True)  # and may run it outside autocast
     adapter = lora_state(t, world)  # whole tensors on every rank (all-gathered under FSDP)
     if world.is_main:
         _save_final(run, cfg, t, meta, adapter)
