@@ -472,10 +472,16 @@ def test_fused_adamw_takes_the_steps_of_the_plain_one():
 
 def test_compiled_layers_train_the_same_run(tmp_path, tiny_records):
     """Each decoder layer's forward compiled (torch.compile; the aot_eager backend runs the captured graph as it is,
-    so the test checks the capture without waiting for code generation): the losses and weights of the eager run."""
-    lora = LoraSettings(layer_start=0, layer_end=2, dropout=0.0)
+    so the test checks the capture without waiting for code generation): the losses and weights of the eager run,
+    the LoRA dropout's masks included (one operator: no graph break, the same draws); the model is given back eager
+    and casting its LoRA inputs as PEFT does."""
+    import torch._dynamo
+
+    lora = LoraSettings(layer_start=0, layer_end=2)  # dropout 0.1, as the paper's
     eager = train(tiny_config(steps=2, lora=lora), tmp_path / "eager", records=tiny_records)
+    breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
     compiled = train(tiny_config(steps=2, lora=lora, compile_backend="aot_eager"), tmp_path / "c", records=tiny_records)
+    assert sum(torch._dynamo.utils.counters["graph_break"].values()) == breaks
     assert [r["loss"] for r in compiled.read_metrics()] == pytest.approx([r["loss"] for r in eager.read_metrics()])
     a, b = _weights(eager), _weights(compiled)
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
@@ -483,5 +489,47 @@ def test_compiled_layers_train_the_same_run(tmp_path, tiny_records):
     one_step = tiny_config(steps=1, lora=lora, compile_backend="aot_eager")
     train(one_step, tmp_path / "c1", records=tiny_records, base=base)
     assert not [layer for layer in decoder_layers(base.model) if "forward" in vars(layer)]  # returned eager
+    lora_layers = [m for m in base.model.modules() if hasattr(m, "cast_input_dtype_enabled")]
+    assert lora_layers and all(m.cast_input_dtype_enabled for m in lora_layers)
+
+
+def test_compiled_lora_dropouts_draw_the_eager_masks():
+    """Three LoRA dropouts on one input (the q, k and v modules) compiled: each draws its own mask, the eager one
+    (the compiler would merge three equal operator calls into one without each module's own tensor)."""
+    dropouts = [FastDropout(0.1).train() for _ in range(3)]
+    x = torch.randn(4, 8, 16, requires_grad=True)
+
+    def loss(x):
+        return sum((i + 1) * d(x).pow(2).sum() for i, d in enumerate(dropouts))
+
+    found = []
+    for run in (loss, torch.compile(loss, backend="aot_eager")):
+        torch.manual_seed(0)
+        (grad,) = torch.autograd.grad(value := run(x), x)
+        found.append((value.detach(), grad))
+    (eager, eager_grad), (compiled, compiled_grad) = found
+    assert torch.equal(eager, compiled) and torch.equal(eager_grad, compiled_grad)
+
+
+def test_lora_inputs_left_uncast_under_autocast_change_no_value(tiny_records):
+    """Training's LoRA modules take their input as it comes (cast_lora_inputs False): under bf16 autocast the loss
+    and every LoRA gradient are those of PEFT's float32 copy of the input, bit for bit."""
+    from topl_core.training.lora import cast_lora_inputs
+
+    lm = load_model("tiny-llama")
+    model = apply_lora(lm.model, tiny_config())
+    model.train()
+    ids = torch.tensor([encode_record(lm.tokenizer, tiny_records[0], 64, 32).input_ids])
+    found = []
+    for cast in (False, True):
+        cast_lora_inputs(model, cast)
+        torch.manual_seed(0)  # the same dropout masks
+        with torch.autocast("cpu", torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        found.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}))
+        model.zero_grad()
+    (uncast, g_uncast), (cast, g_cast) = found
+    assert torch.equal(uncast, cast) and all(torch.equal(g_uncast[n], g_cast[n]) for n in g_cast)
     with pytest.raises(ConfigError, match="compile_backend"):
         tiny_config(compile_backend="no-such-backend")

@@ -21,17 +21,20 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -
 @torch.library.custom_op(
     "topl::keep_mask",
     mutates_args=(),
-    schema="(SymInt[] shape, float p, Device device) -> Tensor",
-    tags=(torch.Tag.nondeterministic_seeded,),  # never merged with another draw, never recomputed in backward
+    schema="(SymInt[] shape, float p, Device device, Tensor owner) -> Tensor",
+    tags=(torch.Tag.nondeterministic_seeded,),
 )
-def _keep_mask_op(shape: list[int], p: float, device: torch.device) -> torch.Tensor:
+def _keep_mask_op(shape: list[int], p: float, device: torch.device, owner: torch.Tensor) -> torch.Tensor:
     """keep_mask as one opaque operator for torch.compile: its in-place draw (random_) would split a compiled decoder
-    layer into a graph per LoRA module (7 a layer), each compiled and launched apart; the same bits as keep_mask."""
+    layer into a graph per LoRA module (7 a layer), each compiled and launched apart; the same bits as keep_mask.
+    `owner` is the calling FastDropout's own empty tensor, unused here: the compiler merges calls with equal
+    arguments (common-subexpression elimination knows torch's random operators, not this one), and the q, k and v
+    modules draw for the same input, so without it they would share one mask."""
     return keep_mask(torch.Size(shape), p, device)
 
 
 @_keep_mask_op.register_fake
-def _(shape: list[int], p: float, device: torch.device) -> torch.Tensor:
+def _(shape: list[int], p: float, device: torch.device, owner: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=torch.bool, device=device)
 
 
@@ -40,17 +43,21 @@ class FastDropout(torch.nn.Module):
     for its input (7 per layer), and nn.Dropout's masks were a large share of a CPU step (docs/performance.md,
     "What changed to get here")."""
 
-    def __init__(self, p: float):
+    def __init__(self, p: float, device: torch.device | str = "cpu"):
         super().__init__()
         self.p = float(p)
+        self.register_buffer("owner", torch.empty(0, device=device), persistent=False)  # see _keep_mask_op
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
         if self.p >= 1:
             return torch.zeros_like(x)
-        draw = _keep_mask_op if torch.compiler.is_compiling() else keep_mask
-        return torch.where(draw(x.shape, self.p, x.device), x * (1 / (1 - self.p)), 0)
+        if torch.compiler.is_compiling():
+            keep = _keep_mask_op(x.shape, self.p, x.device, self.owner)
+        else:
+            keep = keep_mask(x.shape, self.p, x.device)
+        return torch.where(keep, x * (1 / (1 - self.p)), 0)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
@@ -76,7 +83,7 @@ def apply_lora(model: torch.nn.Module, cfg: TrainConfig) -> torch.nn.Module:
         if isinstance(dropouts, torch.nn.ModuleDict):
             for name, d in dropouts.items():
                 if isinstance(d, torch.nn.Dropout) and d.p > 0:
-                    dropouts[name] = FastDropout(d.p)
+                    dropouts[name] = FastDropout(d.p, model.device)
     cast_lora_inputs(peft, False)
     return peft
 
