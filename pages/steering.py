@@ -28,6 +28,7 @@ from pages._ui.spec import current_decode_precision, current_precision, current_
 
 with core_imports():  # the token sets and the page's cached work are read with the analysis core too
     from pages._ui.steering import (
+        SessionKey,
         base_stream,
         document_picker,
         export_zip,
@@ -125,23 +126,20 @@ lam = c_lam.slider(
 )
 unit_slot = st.empty()  # what one unit of λ is, once the steering vectors are computed
 curve_key = (run, fp, document[:200], top_k, max_new, bound, how)  # the λ grid asked for ("Generate every λ")
+session_key, gen = SessionKey(spec, run, fp, ts, top_k, precision), generation(precision, decode, max_new)
 
 
 def steered_key(value: float) -> tuple:
-    return ("steered", spec, run, fp, ts, top_k, precision, decode, document, round(float(value), 6), max_new, how)
+    return ("steered", session_key, gen, document, round(float(value), 6), how)
 
 
 def steered(value: float):
-    return lambda: steered_stream(spec, run, fp, ts, top_k, precision, decode, document, value, max_new, how)
+    return lambda: steered_stream(session_key, gen, document, value, how)
 
 
 # each box draws its text at once when it was generated before, else fills in token by token
 boxes = [
-    (
-        "Base model",
-        ("base", spec, precision, decode, document, max_new),
-        lambda: base_stream(spec, precision, decode, document, max_new),
-    ),
+    ("Base model", ("base", spec, gen, document), lambda: base_stream(spec, gen, document)),
     (f"Merged adapter (λ = {neutral:g})", steered_key(neutral), steered(neutral)),
     (f"Steered ({spec_mode.label}, λ = {lam:+.2f})", steered_key(lam), steered(round(float(lam), 6))),
 ]
@@ -170,7 +168,7 @@ except Exception as e:
     load_error(e)
     st.stop()
 try:
-    session = steering_session(spec, run, fp, ts, top_k, precision)
+    session = steering_session(session_key)
 except Exception as e:
     step_error(f"compute the steering vectors ({precision})", e)
     st.stop()
@@ -203,7 +201,7 @@ with left:
         f"μ+ / μ− and the site outputs from {vec.n_good} good and {vec.n_bad} bad tokens ({token_set(*ts)[0]}). "
         "Modes that scale the adapter's update act on every LoRA site of the adapter, not only these."
     )
-    bundle = export_zip(spec, run, fp, ts, top_k, precision)
+    bundle = export_zip(session_key)
     st.download_button(
         "Export steering vectors (safetensors + JSON, llama.cpp control vectors)",
         bundle.data,
@@ -234,9 +232,7 @@ with right:
     if st.session_state.get("steer.curve_for") == curve_key:
         with st.spinner(f"Generating the {len(GRID)} λ positions as one batch, then their fluency…"):
             prefetch().cancel()  # the grid holds every position
-            generations = steered_texts(
-                spec, run, fp, ts, top_k, precision, decode, document, tuple(GRID), max_new, how
-            )
+            generations = steered_texts(session_key, gen, document, tuple(GRID), how)
             for g, text in generations.items():  # the slider reads them from now on (a text already shown stays)
                 text_store().put(steered_key(g), text, replace=False)
             texts = {g: generations[g].text for g in GRID}
@@ -253,4 +249,4 @@ with right:
 # --- the slider's neighbouring positions, generated while the texts are read ------------------------------------
 at = min(range(len(GRID)), key=lambda i: abs(GRID[i] - lam))
 neighbours = [round(float(GRID[i]), 6) for i in (at - 1, at + 1) if 0 <= i < len(GRID)]
-generate_ahead(session, document, neighbours, generation(precision, decode, max_new), how, steered_key)
+generate_ahead(session, document, neighbours, gen, how, steered_key)

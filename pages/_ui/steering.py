@@ -10,6 +10,7 @@ import html
 import threading
 from collections import OrderedDict
 from contextlib import closing
+from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import streamlit as st
@@ -37,37 +38,39 @@ def generation(precision: str, decode: str, max_new: int) -> GenerationConfig:
     return GenerationConfig(max_new_tokens=max_new, precision=precision, decode_precision=decode)
 
 
+@dataclass(frozen=True)
+class SessionKey:
+    """What the page's steering session is built from: the model spec, the adapter (its run and fingerprint), the
+    token set for μ+ / μ− (token_sets.token_set's arguments), the k sites steered and the precision the vectors are
+    read in. A key of the cached session, its texts and its export."""
+
+    spec: str
+    run: str
+    fp: str
+    ts: tuple
+    top_k: int
+    precision: str
+
+
 @st.cache_resource(show_spinner="Computing steering vectors (projections cached on disk)…", max_entries=2 * MAX_MODELS)
-def steering_session(spec: str, run: str, fp: str, ts: tuple, top_k: int, precision: str) -> SteeringSession:
-    """Merged model (shared, never mutated) + the run's steering vectors. One per (spec, run fingerprint, …)."""
-    _, records = token_set(*ts)
-    merged = merged_model(spec, run, fp)
+def steering_session(key: SessionKey) -> SteeringSession:
+    """Merged model (shared, never mutated) + the run's steering vectors, one per key."""
+    _, records = token_set(*key.ts)
+    merged = merged_model(key.spec, key.run, key.fp)
     prefetch().cancel()  # the vectors are read with a forward on the merged model, which work ahead may be steering
-    settings = ProbeSettings(random_control=False, precision=precision)
-    with resource_lock(f"merged:{spec}:{run}"):  # the site outputs are read with a forward on the shared model
-        vectors = build_steering_vectors(run, records, settings, top_k=top_k, merged=merged)
+    settings = ProbeSettings(random_control=False, precision=key.precision)
+    with resource_lock(f"merged:{key.spec}:{key.run}"):  # the site outputs are read with a forward on the shared model
+        vectors = build_steering_vectors(key.run, records, settings, top_k=key.top_k, merged=merged)
     return SteeringSession(merged, vectors)
 
 
 @st.cache_data(show_spinner=False, max_entries=1024)
 def steered_texts(
-    spec: str,
-    run: str,
-    fp: str,
-    ts: tuple,
-    top_k: int,
-    precision: str,
-    decode: str,
-    document: str,
-    grid: tuple[float, ...],
-    max_new: int,
-    how: SteerConfig,
+    key: SessionKey, gen: GenerationConfig, document: str, grid: tuple[float, ...], how: SteerConfig
 ) -> dict[float, SteeredText]:
     """The steered generation at every λ of `grid` (one λ, or the slider's every position), generated as one batch
     where the mode batches rows (SteeringSession.grid_generations; one λ alone is generate_steered's text)."""
-    sess = steering_session(spec, run, fp, ts, top_k, precision)
-    gen = generation(precision, decode, max_new)
-    return dict(zip(grid, sess.grid_generations(document, grid, gen, how=how)))
+    return dict(zip(grid, steering_session(key).grid_generations(document, grid, gen, how=how)))
 
 
 class TextStore:
@@ -137,36 +140,19 @@ def _being_written(text: str) -> str:
     return html.escape(text).replace("\n", "<br>") + CURSOR
 
 
-def base_stream(spec: str, precision: str, decode: str, document: str, max_new: int) -> Iterator[SteeredText]:
+def base_stream(spec: str, gen: GenerationConfig, document: str) -> Iterator[SteeredText]:
     """The base model's summary as it is written."""
     lm = base_model(spec)
     with resource_lock(f"base:{spec}"):
-        gen = generation(precision, decode, max_new)
         for text in stream_generate(lm, document, gen):
             yield SteeredText(text)
 
 
 def steered_stream(
-    spec: str,
-    run: str,
-    fp: str,
-    ts: tuple,
-    top_k: int,
-    precision: str,
-    decode: str,
-    document: str,
-    lam: float,
-    max_new: int,
-    how: SteerConfig,
+    key: SessionKey, gen: GenerationConfig, document: str, lam: float, how: SteerConfig
 ) -> Iterator[SteeredText]:
     """The steered summary at λ as it is written (SteeringSession.stream_generations)."""
-    sess = steering_session(spec, run, fp, ts, top_k, precision)
-    yield from sess.stream_generations(
-        document,
-        lam,
-        generation(precision, decode, max_new),
-        how=how,
-    )
+    yield from steering_session(key).stream_generations(document, lam, gen, how=how)
 
 
 def generate_ahead(
@@ -191,9 +177,9 @@ def generate_ahead(
 
 
 @st.cache_data(show_spinner="Writing the steering vectors and control vectors…", max_entries=16)
-def export_zip(spec: str, run: str, fp: str, ts: tuple, top_k: int, precision: str) -> ExportBundle:
+def export_zip(key: SessionKey) -> ExportBundle:
     """The Steering page's export (summary.export_bundle), built once per set of vectors."""
-    sess = steering_session(spec, run, fp, ts, top_k, precision)
+    sess = steering_session(key)
     return export_bundle(sess.vectors, sess.lm.model.config)
 
 
