@@ -59,11 +59,12 @@ def _features(model, batches, precision: str) -> list[np.ndarray]:
 def test_bf16_head_features_keep_the_token_detection_auroc(smollm2, tiny_records):
     """A probe fit on fp32 features of half the documents scores the other half's bad tokens with the same AUROC
     (±0.005) from bf16 features; per token the two feature vectors point the same way (median cosine ≥ 0.999).
-    Measured: AUROC 0.95857 vs 0.95861, median cosine 0.99997."""
+    Measured on the first 40 labelled records (592 tokens held out; all 80 took twice the time for the same verdict):
+    AUROC 0.95993 vs 0.95948, median cosine 0.99997."""
     from sklearn.linear_model import LogisticRegression
 
     tok = smollm2.tokenizer
-    recs = [r for r in tiny_records if r.token_labels_known]
+    recs = [r for r in tiny_records if r.token_labels_known][:40]
     enc = [encode_record(tok, r, 320, 128) for r in recs]
     batches = [collate(enc[i : i + 8], tok.pad_token_id) for i in range(0, len(enc), 8)]
     labels = [b.labels[b.labels != -1].numpy() for b in batches]
