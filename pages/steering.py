@@ -30,6 +30,7 @@ with core_imports():  # the token sets and the page's cached work are read with 
     from pages._ui.steering import (
         SessionKey,
         base_stream,
+        decode_warmer,
         document_picker,
         export_zip,
         generate_ahead,
@@ -180,10 +181,15 @@ for slot, box in zip(slots[1:], boxes[1:]):
     draw_box(slot, *box)
 t_base, t_merged, t_steered = texts
 st.markdown(steered_summary(t_merged.text, t_steered, lam), unsafe_allow_html=True)
+decoding = (
+    " New tokens: the compiled decode step (built in the background for this document's length)."
+    if session.decode_ready(document, gen, how)
+    else ""
+)
 st.caption(
     f"Factuality: {scorer_caption()}. Fluency: perplexity under the base model, distinct-2; a text is marked "
     "degenerate when it repeats itself, turns into non-words or is empty (thresholds: "
-    "topl_core/analysis/steering/fluency.py)."
+    f"topl_core/analysis/steering/fluency.py).{decoding}"
 )
 
 # --- sites and vectors ------------------------------------------------------------------------------------
@@ -250,3 +256,4 @@ with right:
 at = min(range(len(GRID)), key=lambda i: abs(GRID[i] - lam))
 neighbours = [round(float(GRID[i]), 6) for i in (at - 1, at + 1) if 0 <= i < len(GRID)]
 generate_ahead(session, document, neighbours, gen, how, steered_key)
+decode_warmer().request(session, document, gen, how)  # then the compiled decode step for this document's length

@@ -3,12 +3,13 @@ TOPL_RUNS_DIR (so the shipped demo TOPL adapter and its default document are wha
 slider moved with the arrow keys. Measured from the key press, polling the page every animation frame:
 - cold visit: until the page is drawn (its title), until the first summary box (the base model's) shows words, until
   the steered box shows its first words, and until the page is idle;
-- a new λ (one step right of the last), pressed --read-s seconds after the page went idle (the time a person reads;
-  the page generates the neighbouring positions ahead meanwhile): until its first words show (the text so far and
-  the cursor, or the text generated ahead), and until the whole summary is drawn;
+- a new λ (--jump steps right of the last), pressed --read-s seconds after the page went idle (the time a person
+  reads; the page generates the neighbouring positions ahead meanwhile, then builds the compiled decode step): until
+  its first words show (the text so far and the cursor, or the text generated ahead), and until the whole summary is
+  drawn (a jump of 2 or more lands where nothing was generated ahead);
 - a λ already generated (one step back): until the box shows that λ's finished text.
 
-    python scripts/steering_page_timing.py [--moves 3] [--read-s 0] [--shot steering.png]
+    python scripts/steering_page_timing.py [--moves 3] [--read-s 0] [--jump 1] [--shot steering.png]
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--moves", type=int, default=3, help="new λ positions, each followed by a step back")
     p.add_argument("--read-s", type=float, default=0.0, help="seconds between the page going idle and a new move")
+    p.add_argument("--jump", type=int, default=1, help="slider steps of a new move (pressed at once)")
     p.add_argument("--shot", help="save a screenshot of the page at the end here")
     args = p.parse_args()
     with app_browser() as (browser, url):
@@ -78,16 +80,17 @@ def main() -> None:
         thumb = page.locator('[data-testid="stSlider"]').filter(has_text="hallucinated").get_by_role("slider")
         new_first, new_done, seen = [], [], []
 
-        def move(key: str) -> tuple[str, float]:
+        def move(key: str, times: int = 1) -> tuple[str, float]:
             """Press `key` on the slider: the title the new λ gives the steered box, and when it was pressed."""
             thumb.focus()
             pressed = time.perf_counter()
-            page.keyboard.press(key)
+            for _ in range(times):
+                page.keyboard.press(key)
             return f"λ = {float(thumb.evaluate('e => e.value')):+.2f}", pressed
 
         for _ in range(args.moves):
             page.wait_for_timeout(args.read_s * 1000)
-            new, pressed = move("ArrowRight")
+            new, pressed = move("ArrowRight", args.jump)
             new_first.append(wait(page, lambda b: new in b[0] and words(b[1]), pressed))
             new_done.append(wait(page, lambda b: new in b[0] and words(b[1]) and CURSOR not in b[1], pressed))
             page.wait_for_function(IDLE, polling=100)

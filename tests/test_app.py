@@ -13,6 +13,7 @@ import base64
 import json
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Literal
@@ -742,6 +743,23 @@ def test_steering_lambda_slider_changes_the_steered_text(workbench):
     assert 1 <= len(sites) <= 4 and all(k.endswith(("o_proj", "down_proj")) for k in sites["site"])
     assert (sites["mean ‖output‖"] > 0).all() and (sites["raw λ per unit"] > 0).all()
     assert "raw λ" in " ".join(c.value for c in at.caption)  # the paper's scale is shown under the slider
+
+
+def test_the_steering_page_builds_the_compiled_decode_step_then_takes_it(workbench, monkeypatch):
+    """The app's default (the suite turns it off elsewhere): once the texts are drawn and the work ahead is done, the
+    page builds the compiled decode step for the document's length in a background thread and says so under the
+    texts after it, and a new λ is written with it (tests/test_steering.py holds its text to the eager one)."""
+    monkeypatch.setenv("TOPL_COMPILED_DECODE", "1")
+    at = open_page("steering")
+    at.selectbox(key="steer.run").set_value(str(workbench["runs"] / "topl-tiny")).run()
+    at.slider(key="steer.top_k").set_value(3).run()  # a session of its own: the others were built without the step
+    assert not at.exception and "compiled decode step" not in " ".join(c.value for c in at.caption)
+    for thread in [t for t in threading.enumerate() if t.name == "topl-decode-warmer"]:
+        thread.join(300)
+    lam = at.slider(key="steer.lambda.constant").max
+    at.slider(key="steer.lambda.constant").set_value(lam).run()
+    assert not at.exception and "compiled decode step" in " ".join(c.value for c in at.caption)
+    assert f"λ = {lam:+.2f}" in html_boxes(at)[2] and box_body(html_boxes(at)[2]).strip()
 
 
 def test_a_registered_steering_mode_reaches_page_cli_and_study(workbench, monkeypatch):

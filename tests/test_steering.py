@@ -644,6 +644,42 @@ def test_a_compiled_decode_step_writes_the_eager_text_with_one_graph_for_every_l
     assert all_hooks(merged.model) == hooks
 
 
+def test_a_compiled_step_built_ahead_is_taken_once_built_and_never_waited_for(merged, vectors):
+    """compile_decode(wait=False), what the Steering page does: before warm_decode builds a length's graph, streams of
+    that length decode eagerly (nothing compiles behind the reader's back); once built, they take the compiled step;
+    while another thread holds the decoder (a graph being built), a stream decodes eagerly instead of waiting. The
+    text is the eager one throughout."""
+    gen, how = GenerationConfig(max_new_tokens=10, precision="fp32"), SteerConfig("vector", "generated", "raw")
+    lam = big_lambda(vectors)
+    eager = list(SteeringSession(merged, vectors).stream_steered(DOC, lam, gen, how=how))
+    session = SteeringSession(merged, vectors)
+    session.compile_decode(wait=False)
+    decoder = session._compiled
+    steps, step_at = [], decoder._step_at
+    decoder._step_at = lambda *a: steps.append(1) or step_at(*a)  # counts the compiled steps taken (the first builds)
+    assert list(session.stream_steered(DOC, lam, gen, how=how)) == eager and not steps and not decoder._built
+    assert session.warm_decode(DOC, gen, how) and len(decoder._built) == 1 and len(steps) == 1
+    steps.clear()
+    assert list(session.stream_steered(DOC, lam, gen, how=how)) == eager and len(steps) == len(eager) - 1
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with session._compiled._lock:
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    steps.clear()
+    try:
+        assert list(session.stream_steered(DOC, lam, gen, how=how)) == eager and not steps
+    finally:
+        release.set()
+        holder.join()
+    assert not session.warm_decode(DOC, GenerationConfig(max_new_tokens=10, mode="sample"), how)  # eager: no graph
+
+
 def test_slider_bench_measures_both_paths_on_the_same_text(merged, vectors):
     """bench --slider's figures on the tiny model: both paths write the same text (the bench checks it), every time is
     positive and the ratios are the times' ratios."""

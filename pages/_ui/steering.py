@@ -7,7 +7,10 @@ export zip."""
 from __future__ import annotations
 
 import html
+import logging
+import os
 import threading
+import time
 from collections import OrderedDict
 from contextlib import closing
 from dataclasses import dataclass
@@ -31,6 +34,8 @@ from topl_core.analysis.steering.session import SteeringSession
 from topl_core.analysis.steering.steered_text import SteeredText
 from topl_core.analysis.steering.summary import ExportBundle, export_bundle
 from topl_core.inference.generate import GenerationConfig, stream_generate
+
+log = logging.getLogger(__name__)
 
 
 def generation(precision: str, decode: str, max_new: int) -> GenerationConfig:
@@ -61,7 +66,16 @@ def steering_session(key: SessionKey) -> SteeringSession:
     settings = ProbeSettings(random_control=False, precision=key.precision)
     with resource_lock(f"merged:{key.spec}:{key.run}"):  # the site outputs are read with a forward on the shared model
         vectors = build_steering_vectors(key.run, records, settings, top_k=key.top_k, merged=merged)
-    return SteeringSession(merged, vectors)
+    session = SteeringSession(merged, vectors)
+    if compiled_decode():
+        session.compile_decode(wait=False)  # a compiled step once decode_warmer() has built it; eager until then
+    return session
+
+
+def compiled_decode() -> bool:
+    """Whether the page builds and takes the compiled decode step (TOPL_COMPILED_DECODE=0: eager decoding only, no
+    compile in the background; docs/app.md, "Steering")."""
+    return os.environ.get("TOPL_COMPILED_DECODE", "1") != "0"
 
 
 @st.cache_data(show_spinner=False, max_entries=1024)
@@ -174,6 +188,52 @@ def generate_ahead(
             lambda cancel: session.stream_grid(document, todo, gen, how=how, cancel=cancel),
             lambda key, text: store.put(key, text, replace=False),
         )
+
+
+class DecodeWarmer:
+    """Builds the compiled decode step's graph for the page's document (SteeringSession.warm_decode) in a background
+    thread once the work ahead is done, one graph at a time. Until it is built the page's streams decode eagerly, and
+    a graph being built is never waited for: it cannot be stopped, so a move during it decodes eagerly beside it."""
+
+    def __init__(self) -> None:
+        self._lock, self._asked = threading.Lock(), set()
+        self._threads: list[threading.Thread] = []
+        self.built = 0  # graphs built (or found built) for a request
+
+    def join(self, timeout: float) -> None:
+        """Wait for the requests made so far (tests, scripts)."""
+        for thread in list(self._threads):
+            thread.join(timeout)
+
+    def request(self, session: SteeringSession, document: str, gen: GenerationConfig, how: SteerConfig) -> None:
+        if not session.compiles_decode(gen, how):
+            return
+        key = (id(session), document, gen, how.mode, how.positions)
+        with self._lock:
+            if key in self._asked:
+                return
+            self._asked.add(key)
+
+        def build() -> None:
+            while prefetch().busy():  # the neighbours first: they are what the next move reads
+                time.sleep(0.2)
+            with self._lock:  # one graph at a time (both would compete for the cores)
+                try:
+                    t = time.perf_counter()
+                    session.warm_decode(document, gen, how)
+                    self.built += 1
+                    log.info("compiled decode step ready for this document after %.1f s", time.perf_counter() - t)
+                except Exception:
+                    log.exception("building the compiled decode step failed: the page decodes eagerly")
+
+        thread = threading.Thread(target=build, name="topl-decode-warmer", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+
+@st.cache_resource
+def decode_warmer() -> DecodeWarmer:
+    return DecodeWarmer()
 
 
 @st.cache_data(show_spinner="Writing the steering vectors and control vectors…", max_entries=16)

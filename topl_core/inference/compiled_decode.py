@@ -2,8 +2,11 @@
 
     decoder = CompiledDecoder(lm, shift_paths=("model.layers.8.mlp.down_proj", ...))
     decoder.supports(cfg) -> bool                  whether a stream under `cfg` decodes here (else decode eagerly)
-    decoder.stream(prefix, cfg, shifts) -> Iterator[str]   stream_generate's texts from `prefix`, every decode step
-        with shifts[path] added to the output of the module at `path` (a steering vector times λ; absent: zero)
+    decoder.stream(prefix, cfg, shifts, wait=True) -> Iterator[str]   stream_generate's texts from `prefix`, every
+        decode step with shifts[path] added to the output of the module at `path` (a steering vector times λ; absent:
+        zero); wait=False: DecoderBusy instead of building the graph or waiting for the decoder
+    decoder.capacity(prompt_length, max_new) -> int   the length bucket a stream decodes in
+    decoder.warm(capacity) / .ready(capacity)          build a bucket's graph ahead (a background thread) / is it built
 
 A private module tree sharing the model's weights (what is registered on it never touches the model), with one
 forward hook per shift path adding a float32 tensor set in place, and a static KV cache per length bucket (the prompt
@@ -55,6 +58,7 @@ class CompiledDecoder:
             module.register_forward_hook(lambda _m, _i, output, shift=shift: output + shift.to(output.dtype))
             self._shifts[path] = shift
         self._caches: dict[int, StaticCache] = {}  # by capacity
+        self._built: set[int] = set()  # the capacities whose graph is compiled
         self._new_cache = lambda capacity: StaticCache(config=model.config, max_cache_len=capacity)
         # sliding-window layers keep a window, not the prompt's every position: not copied into here
         self.compilable = all(type(layer) is StaticLayer for layer in self._new_cache(BUCKET).layers)
@@ -68,38 +72,84 @@ class CompiledDecoder:
         decode = cfg.decode_on(self._lm.model.device.type)
         return self.compilable and TORCH_DTYPES[decode] == self.dtype and cfg.mode == "greedy"
 
+    @staticmethod
+    def capacity(prompt_length: int, max_new_tokens: int) -> int:
+        """The static cache (and graph) a stream of this length decodes in: the positions rounded up to BUCKET."""
+        return -(-(prompt_length + max_new_tokens) // BUCKET) * BUCKET
+
+    def ready(self, capacity: int) -> bool:
+        """Whether the graph of `capacity` is built (a stream of that length starts decoding at once)."""
+        return capacity in self._built
+
     @torch.no_grad()
-    def stream(self, prefix: Prefill, cfg: GenerationConfig, shifts: Mapping[str, torch.Tensor]) -> Iterator[str]:
-        """stream_generate's texts from `prefix` (the same model's prompt), each decode step with `shifts` added."""
+    def warm(self, capacity: int) -> None:
+        """Build the graph of `capacity` now (a one-token prompt, one compiled step): what the first stream of that
+        length would otherwise do. Only this decoder's lock is held: the model's own generation goes on meanwhile."""
+        with self._lock:
+            if capacity in self._built:
+                return
+            ids = torch.tensor([[self._lm.tokenizer.bos_token_id or 0]], device=self._lm.model.device)
+            out = self._model(input_ids=ids, use_cache=True)  # the private tree, eagerly: only self._step compiles
+            self._load(Prefill(out.past_key_values, out.logits[0, -1].float(), 1), capacity, {})
+            self._step_at(self._caches[capacity], 1, ids)
+            self._built.add(capacity)
+
+    @torch.no_grad()
+    def stream(
+        self, prefix: Prefill, cfg: GenerationConfig, shifts: Mapping[str, torch.Tensor], wait: bool = True
+    ) -> Iterator[str]:
+        """stream_generate's texts from `prefix` (the same model's prompt), each decode step with `shifts` added. With
+        `wait` False, DecoderBusy is raised before the first text when the graph of this length is not built yet or
+        another stream or warm() holds the decoder (the caller decodes eagerly instead of waiting)."""
         if not self.supports(cfg):
             raise ValueError(f"{cfg}: not a stream the compiled decoder runs (greedy, decode steps in {self.dtype})")
         unknown = set(shifts) - set(self._shifts)
         if unknown:
             raise ValueError(f"no shift registered at {sorted(unknown)}; known: {sorted(self._shifts)}")
-        tok, device = self._lm.tokenizer, self._lm.model.device
-        capacity = -(-(prefix.length + cfg.max_new_tokens) // BUCKET) * BUCKET
-        with self._lock:
-            if capacity not in self._caches:
-                self._caches[capacity] = self._new_cache(capacity)
-            cache = self._caches[capacity]
-            for path, shift in self._shifts.items():
-                if path in shifts:
-                    shift.copy_(shifts[path])
-                else:
-                    shift.zero_()
-            cache.reset()
-            for layer, (keys, values, *_) in zip(cache.layers, prefix.cache):
-                layer.update(keys.to(self.dtype), values.to(self.dtype))  # the prompt's positions, then the steps'
+        capacity = self.capacity(prefix.length, cfg.max_new_tokens)
+        if not self._lock.acquire(blocking=wait):
+            raise DecoderBusy(capacity)
+        try:
+            if not wait and capacity not in self._built:
+                raise DecoderBusy(capacity)
+            cache = self._load(prefix, capacity, shifts)
             position = prefix.length - 1
 
             def step(ids: torch.Tensor) -> torch.Tensor:
                 nonlocal position
                 position += 1
-                at = torch.tensor([position], device=device)
-                if self._cuda:
-                    torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are read: free to reuse
-                out = self._step(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=at)
-                return out.logits[:, -1].float().clone()  # a graph's output buffer is overwritten by the next replay
+                logits = self._step_at(cache, position, ids)
+                self._built.add(capacity)  # the first step built the graph
+                return logits
 
-            for texts in decode_greedy(tok, prefix.logits[None], cfg.max_new_tokens, step):
+            for texts in decode_greedy(self._lm.tokenizer, prefix.logits[None], cfg.max_new_tokens, step):
                 yield texts[0]
+        finally:
+            self._lock.release()
+
+    def _load(self, prefix: Prefill, capacity: int, shifts: Mapping[str, torch.Tensor]):
+        """The static cache of `capacity` holding the prompt's keys and values, the shifts set (the lock held)."""
+        if capacity not in self._caches:
+            self._caches[capacity] = self._new_cache(capacity)
+        cache = self._caches[capacity]
+        for path, shift in self._shifts.items():
+            if path in shifts:
+                shift.copy_(shifts[path])
+            else:
+                shift.zero_()
+        cache.reset()
+        for layer, (keys, values, *_) in zip(cache.layers, prefix.cache):
+            layer.update(keys.to(self.dtype), values.to(self.dtype))  # the prompt's positions, then the steps'
+        return cache
+
+    def _step_at(self, cache, position: int, ids: torch.Tensor) -> torch.Tensor:
+        """One compiled decode step of `ids` at `position`: the next logits (float32)."""
+        at = torch.tensor([position], device=self._lm.model.device)
+        if self._cuda:
+            torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are read: free to reuse
+        out = self._step(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=at)
+        return out.logits[:, -1].float().clone()  # a graph's output buffer is overwritten by the next replay
+
+
+class DecoderBusy(Exception):
+    """The compiled decoder does not take this stream now (CompiledDecoder.stream with wait=False)."""

@@ -111,6 +111,13 @@ def _prompt(lm: LoadedModel, document: str, cfg: GenerationConfig, task: str, la
     return build_prompt(lm.tokenizer, truncate_document(lm.tokenizer, document, cfg.max_doc_tokens), task, lang_pair)
 
 
+def prompt_length(
+    lm: LoadedModel, document: str, cfg: GenerationConfig, task: str = "summarization", lang_pair: str | None = None
+) -> int:
+    """The number of positions prefill(lm, document, cfg, task) runs (tokenizing only)."""
+    return len(lm.tokenizer(_prompt(lm, document, cfg, task, lang_pair), add_special_tokens=False).input_ids)
+
+
 @torch.no_grad()
 def generate(
     lm: LoadedModel,

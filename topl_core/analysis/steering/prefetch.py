@@ -9,6 +9,7 @@ generated so far and waits for the rest instead of starting again.
                                       cancelled); the job in flight is cancelled first
     ahead.writing(key) -> Event|None  the done-event of the job writing `key` (None: no job is writing it)
     ahead.partial(key)                the value of `key` so far (None before the first step)
+    ahead.busy()                      whether a job is in flight
     ahead.cancel()                    stop the job in flight at its next decoder layer and wait for it
 One job at a time: jobs share the model (and on a CPU, its cores) with what the page generates now.
 """
@@ -73,6 +74,11 @@ class Prefetch:
             job.thread = threading.Thread(target=run, name="topl-prefetch", daemon=True)
             self._job = job
             job.thread.start()
+
+    def busy(self) -> bool:
+        """Whether a job is in flight."""
+        job = self._job
+        return job is not None and not job.done.is_set()
 
     def writing(self, key: Hashable) -> threading.Event | None:
         """The done-event of the job writing `key` (set when its values are kept, or when it stopped), else None."""

@@ -17,7 +17,9 @@ SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED mod
     .compile_decode()       from now on, greedy streams decoding in the weights' dtype, of a mode whose action adds
         constant vectors (actions.SteeringAction.decode_shifts), decode with a compiled step
         (inference/compiled_decode.py: the first stream of each length compiles; CUDA graphs on a GPU)
-    .compiles_decode(gen_cfg, how)  whether such a stream does
+    .compile_decode(wait=False)   the same, but a stream whose length has no graph decodes eagerly instead of
+        building it; .warm_decode(document, gen_cfg, how) builds it (a background thread: no model lock held)
+    .compiles_decode(gen_cfg, how)  whether such a stream does; .decode_ready(document, gen_cfg, how): and now
     SteeringSession.from_run(run, vectors, spec=None, head=None)
 How a mode generates is its action's (actions.SteeringAction.generate / stream, called inside hooks.steer()).
 Generation holds a per-model lock (sessions sharing one model take turns; sessions on different models run in
@@ -36,7 +38,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ...foundations.errors import ModelError
-from ...inference.compiled_decode import CompiledDecoder
+from ...inference.compiled_decode import CompiledDecoder, DecoderBusy
 from ...inference.generate import (
     GenerationCancelled,
     GenerationConfig,
@@ -44,6 +46,7 @@ from ...inference.generate import (
     cancel_on,
     load_merged,
     prefill,
+    prompt_length,
     stream_rows,
 )
 from ...models.loading import LoadedModel
@@ -96,6 +99,7 @@ class SteeringSession:
         self._head = None if head is None else Head(head.layer, head.linear.to(lm.model.device))
         self._prefills: OrderedDict[tuple, Prefill] = OrderedDict()  # unsteered prompts, most recent last
         self._compiled: CompiledDecoder | None = None  # compile_decode()
+        self._compile_wait = True
 
     def lora(self) -> dict[Site, LoraWeights]:
         """The adapter's LoRA pairs (what an action that needs the LoRA reads), read once from vectors.adapter_path."""
@@ -117,11 +121,34 @@ class SteeringSession:
             self._head = Head(int(adapter.head_layer), adapter.run.load_head(self.lm.model.device))
         return self._head
 
-    def compile_decode(self) -> None:
-        """Stream with a compiled decode step from now on where it applies (the module docstring)."""
+    def compile_decode(self, wait: bool = True) -> None:
+        """Stream with a compiled decode step from now on where it applies (the module docstring). `wait`: a stream
+        whose length has no graph yet builds it first; else it decodes eagerly until warm_decode has built it."""
         with self._lock:
             if self._compiled is None:
                 self._compiled = CompiledDecoder(self.lm, [s.path for s in self.vectors.sites])
+            self._compile_wait = wait
+
+    def warm_decode(
+        self, document: str, gen_cfg: GenerationConfig, how: SteerConfig = SteerConfig(), task: str = "summarization"
+    ) -> bool:
+        """Build the compiled step's graph for the streams of `document` now (after compile_decode; seconds on a CPU),
+        without the model's lock: its streams go on eagerly meanwhile. False where such a stream decodes eagerly."""
+        if not self.compiles_decode(gen_cfg, how):
+            return False
+        self._compiled.warm(self._capacity(document, gen_cfg, task))
+        return True
+
+    def decode_ready(
+        self, document: str, gen_cfg: GenerationConfig, how: SteerConfig = SteerConfig(), task: str = "summarization"
+    ) -> bool:
+        """Whether the streams of `document` decode with the compiled step now (its graph is built)."""
+        if not self.compiles_decode(gen_cfg, how):
+            return False
+        return self._compile_wait or self._compiled.ready(self._capacity(document, gen_cfg, task))
+
+    def _capacity(self, document: str, gen_cfg: GenerationConfig, task: str) -> int:
+        return CompiledDecoder.capacity(prompt_length(self.lm, document, gen_cfg, task), gen_cfg.max_new_tokens)
 
     @classmethod
     def from_run(cls, adapter, vectors: SteeringVectors, spec=None, head: Head | None = None) -> "SteeringSession":
@@ -230,11 +257,16 @@ class SteeringSession:
             return
         action = how.spec.action
         shifts = self._compiled_shifts(lam, gen_cfg, how)
+        if shifts is not None and not self.decode_ready(document, gen_cfg, how, task):
+            shifts = None  # its graph is not built yet: decode eagerly rather than wait
         lora = self.lora() if action.needs_lora else None
         with self._lock, self._stoppable(cancel):
             if shifts is not None:
-                yield from self._stream_compiled(document, lam, gen_cfg, task, how, shifts, cancel)
-                return
+                try:
+                    yield from self._stream_compiled(document, lam, gen_cfg, task, how, shifts, cancel)
+                    return
+                except DecoderBusy:  # before its first text: warm_decode is building another length's graph
+                    pass
             with steer(self.lm.model, self.vectors, lam, how, lora) as switch:
                 run = self._decoding(switch, lam, gen_cfg, task)
                 yield from action.stream(self.lm, document, gen_cfg, task, how, run)
@@ -258,7 +290,7 @@ class SteeringSession:
         else:
             prefix = self._prefill(document, gen_cfg, task)
         paths = {s.path: shift for s, shift in shifts.items()}
-        for text in self._compiled.stream(prefix, gen_cfg, paths):
+        for text in self._compiled.stream(prefix, gen_cfg, paths, wait=self._compile_wait):
             if cancel is not None and cancel.is_set():  # the compiled module tree has no cancel hooks
                 raise GenerationCancelled()
             yield SteeredText(text)
