@@ -32,7 +32,8 @@ def start_app(runs_dir: Path) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "TOPL_RUNS_DIR": str(runs_dir), "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "app.py", "--server.port", str(port), "--server.headless", "true"]
     cmd += ["--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    log = open(os.environ["TOPL_APP_LOG"], "ab") if os.environ.get("TOPL_APP_LOG") else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)  # TOPL_APP_LOG: its output
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:

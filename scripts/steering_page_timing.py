@@ -97,9 +97,10 @@ def main() -> None:
             back, pressed = move("ArrowLeft")
             seen.append(wait(page, lambda b: back in b[0] and CURSOR not in b[1], pressed))
             page.wait_for_function(IDLE, polling=100)
+            compiled = page.get_by_text("the compiled decode step", exact=False).count() > 0
             print(
                 f"{new}: first words {new_first[-1]:.2f} s, whole {new_done[-1]:.2f} s; "
-                f"back to {back}, seen: {seen[-1]:.3f} s",
+                f"back to {back}, seen: {seen[-1]:.3f} s; decode {'compiled' if compiled else 'eager'} now",
                 flush=True,
             )
             move("ArrowRight")  # on to the λ just generated: the next move is to a new one

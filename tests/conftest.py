@@ -83,12 +83,10 @@ def project_folders_untouched(tmp_path_factory):
     """No test writes into the project's runs/ or cache/: unless a test names its own, both point into a temp folder
     (cache_sharing_the_costly_parts). And no test's outcome depends on what precision "auto" resolves to on the
     machine that runs it: the suite pins fp32 as the meaning of "auto" (TOPL_PRECISION, topl_core.hardware.precision) —
-    tests/test_bf16.py forces bf16 on every computing path, and test_auto_end_to_end clears the pin. The Steering page
-    builds no compiled decode step in the background (TOPL_COMPILED_DECODE=0) but in the test of it."""
+    tests/test_bf16.py forces bf16 on every computing path, and test_auto_end_to_end clears the pin."""
     root = tmp_path_factory.mktemp("project")
     cache = cache_sharing_the_costly_parts(root / "cache")
     folders = {"TOPL_CACHE_DIR": str(cache), "TOPL_RUNS_DIR": str(root / "runs"), "TOPL_PRECISION": "fp32"}
-    folders["TOPL_COMPILED_DECODE"] = "0"  # no page compiles in the background (test_app.py tests the one that does)
     before = {name: os.environ.get(name) for name in folders}
     os.environ.update(folders)
     yield
