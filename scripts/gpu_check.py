@@ -7,8 +7,10 @@ For each model: train a TOPL run (20 steps) and an SFT run (2 steps), probe, ste
 and on generated tokens only), score-tokens, evaluate 2 documents (base, merged, steered), a 2-window layer sweep
 and merge-check — each command in the precision "auto" gives on that device (bf16 on a GPU with bf16), and printed
 with its exit status and seconds. Then, with --pages, the app is started on the device and every page is visited in
-headless Chromium (../shared/tools/visit_pages.py), which fails on an exception or an error box. Exit status 0 when
-every step passed. tests/test_gpu.py runs it where CUDA is visible and skips with the reason elsewhere.
+headless Chromium (../shared/tools/visit_pages.py), which fails on an exception or an error box; --pages apptest
+runs every page's script in-process with Streamlit's AppTest instead (scripts/apptest_pages.py: no browser, no
+screenshots; the GPU machines lent here have no browser). Exit status 0 when every step passed. tests/test_gpu.py
+runs it where CUDA is visible and skips with the reason elsewhere.
 """
 
 from __future__ import annotations
@@ -100,9 +102,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def check_pages(model: str, device: str, work: Path, env: dict, log: list) -> None:
-    port = free_port()
+def check_pages(model: str, device: str, work: Path, env: dict, log: list, how: str = "chromium") -> None:
     app_env = {**env, "TOPL_DEFAULT_MODEL": f"{model}|auto|{device}", "TOPL_RUNS_DIR": str(work)}
+    if how == "apptest":
+        step(f"{model}: every page's script (AppTest)", ["scripts/apptest_pages.py"], app_env, log)
+        return
+    port = free_port()
     app = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true"],
         cwd=REPO,
@@ -129,7 +134,13 @@ def main() -> int:
     p.add_argument("--modes", nargs="+", choices=tuple(MODES), default=list(MODES), help="steering modes to run")
     p.add_argument("--positions", nargs="+", choices=POSITIONS, default=list(POSITIONS), help="steered positions")
     p.add_argument("--steps", nargs="+", choices=STEP_KINDS, default=list(STEP_KINDS), help="the kinds of step to run")
-    p.add_argument("--pages", action="store_true", help="also visit every page in headless Chromium (needs chromium)")
+    p.add_argument(
+        "--pages",
+        nargs="?",
+        const="chromium",
+        choices=("chromium", "apptest"),
+        help="also visit every page: in headless Chromium (needs chromium), or with Streamlit's AppTest (no browser)",
+    )
     p.add_argument("--work", help="keep runs and screenshots here (default: a temp folder)")
     args = p.parse_args()
     if args.device == "cuda":
@@ -153,7 +164,7 @@ def main() -> int:
             model, args.device, work, str(Path(args.data).resolve()), env, log, args.modes, args.positions, args.steps
         )
         if args.pages:
-            check_pages(model, args.device, work, env, log)
+            check_pages(model, args.device, work, env, log, args.pages)
     failed = [name for name, rc, _ in log if rc != 0]
     print(f"{len(log) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0

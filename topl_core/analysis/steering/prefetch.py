@@ -16,6 +16,7 @@ One job at a time: jobs share the model (and on a CPU, its cores) with what the 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -41,6 +42,9 @@ class Prefetch:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._job: _Job | None = None
+        # a job still generating when the interpreter exits is stopped first: a daemon thread frozen inside torch's
+        # native code at shutdown aborts the process ("terminate called without an active exception")
+        atexit.register(self.cancel)
 
     def start(
         self,
