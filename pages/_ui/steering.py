@@ -6,6 +6,7 @@ export zip."""
 
 from __future__ import annotations
 
+import contextlib
 import html
 import logging
 import os
@@ -219,8 +220,10 @@ class DecodeWarmer:
 
         def build() -> None:
             # the lowest CPU priority, for this thread and the compiler processes it starts: a slider move while the
-            # graph is being built gets the cores first (on Linux a thread has a priority of its own)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            # graph is being built gets the cores first (on Linux a thread has a priority of its own; elsewhere the
+            # call fails or does not exist, and the build runs at the usual priority)
+            with contextlib.suppress(AttributeError, OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
             while prefetch().busy():  # the neighbours first: they are what the next move reads
                 time.sleep(0.2)
             with self._lock:  # one graph at a time (both would compete for the cores)
