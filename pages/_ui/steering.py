@@ -200,44 +200,35 @@ class DecodeWarmer:
     a graph being built is never waited for: it cannot be stopped, so a move during it decodes eagerly beside it."""
 
     def __init__(self) -> None:
-        self._lock, self._asked = threading.Lock(), set()
-        self._threads: list[threading.Thread] = []
-        self.built = 0  # graphs built (or found built) for a request
-
-    def join(self, timeout: float) -> None:
-        """Wait for the requests made so far (tests, scripts)."""
-        for thread in list(self._threads):
-            thread.join(timeout)
+        self._lock = threading.Lock()
+        self._building: threading.Thread | None = None
 
     def request(self, session: SteeringSession, document: str, gen: GenerationConfig, how: SteerConfig) -> None:
-        if not session.compiles_decode(gen, how):
+        """Build the graph of `document`'s length unless it is built or does not apply; while another is being built,
+        nothing (both would compete for the cores): the page's next run asks again."""
+        if not session.compiles_decode(gen, how) or session.decode_ready(document, gen, how):
             return
-        key = (id(session), document, gen, how.mode, how.positions)
         with self._lock:
-            if key in self._asked:
-                return
-            self._asked.add(key)
+            if self._building is None or not self._building.is_alive():
+                args = (session, document, gen, how)
+                self._building = threading.Thread(target=self._build, args=args, name="topl-decode-warmer", daemon=True)
+                self._building.start()
 
-        def build() -> None:
-            # the lowest CPU priority, for this thread and the compiler processes it starts: a slider move while the
-            # graph is being built gets the cores first (on Linux a thread has a priority of its own; elsewhere the
-            # call fails or does not exist, and the build runs at the usual priority)
-            with contextlib.suppress(AttributeError, OSError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-            while prefetch().busy():  # the neighbours first: they are what the next move reads
-                time.sleep(0.2)
-            with self._lock:  # one graph at a time (both would compete for the cores)
-                try:
-                    t = time.perf_counter()
-                    session.warm_decode(document, gen, how)
-                    self.built += 1
-                    log.info("compiled decode step ready for this document after %.1f s", time.perf_counter() - t)
-                except Exception:
-                    log.exception("building the compiled decode step failed: the page decodes eagerly")
-
-        thread = threading.Thread(target=build, name="topl-decode-warmer", daemon=True)
-        self._threads.append(thread)
-        thread.start()
+    @staticmethod
+    def _build(session: SteeringSession, document: str, gen: GenerationConfig, how: SteerConfig) -> None:
+        # the lowest CPU priority, for this thread and the compiler processes it starts: a slider move while the graph
+        # is being built gets the cores first (on Linux a thread has a priority of its own; elsewhere the call fails
+        # or does not exist, and the build runs at the usual priority)
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        while prefetch().busy():  # the neighbours first: they are what the next move reads
+            time.sleep(0.2)
+        try:
+            t = time.perf_counter()
+            session.warm_decode(document, gen, how)
+            log.info("compiled decode step ready for this document after %.1f s", time.perf_counter() - t)
+        except Exception:
+            log.exception("building the compiled decode step failed: the page decodes eagerly")
 
 
 @st.cache_resource

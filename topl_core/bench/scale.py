@@ -24,7 +24,6 @@ from __future__ import annotations
 import gc
 import statistics
 import tempfile
-import time
 import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -53,7 +52,7 @@ from ..training.flops import sft_flops_per_token, topl_flops_per_token
 from ..training.methods import METHODS
 from ..training.steps import StepContext
 from ..training.trainer import train
-from .timing import matmul_peak_tflops, sync
+from .timing import matmul_peak_tflops, timed
 from .workbench import benchmark_prefix_reuse
 
 CAPTURE_RECORDS = 48
@@ -168,18 +167,17 @@ def largest_micro_batch(cfg: TrainConfig, lm: LoadedModel, records: Sequence[Rec
 
 def bench_capture(lm: LoadedModel, records: Sequence[Record], cfg: TrainConfig) -> dict:
     """LoRA-A capture of every site of a trained model on CAPTURE_RECORDS records."""
-    device = cfg.device
-    sync(device)
-    t = time.perf_counter()
-    proj = collect_projections(
-        lm.model, lm.tokenizer, records[:CAPTURE_RECORDS], precision=cfg.precision, batch_size=cfg.micro_batch_size
+    proj, seconds = timed(
+        cfg.device,
+        lambda: collect_projections(
+            lm.model, lm.tokenizer, records[:CAPTURE_RECORDS], precision=cfg.precision, batch_size=cfg.micro_batch_size
+        ),
     )
-    sync(device)
     return {
         "sites": len(proj.sites),
         "records": min(CAPTURE_RECORDS, len(records)),
         "tokens": proj.n_tokens,
-        "seconds": time.perf_counter() - t,
+        "seconds": seconds,
     }
 
 
@@ -203,12 +201,12 @@ def bench_steering(run: Path, spec: ModelSpec, records: Sequence[Record], precis
     gen = GenerationConfig.chosen(precision, max_new_tokens=new_tokens)
     document = records[0].document
     session.generate_steered(document, grid[0], gen)  # warm-up
-    serial, serial_s = _timed(spec.device, lambda: [session.generate_steered(document, lam, gen) for lam in grid])
-    batched, batched_s = _timed(spec.device, lambda: session.generate_grid(document, grid, gen))
+    serial, serial_s = timed(spec.device, lambda: [session.generate_steered(document, lam, gen) for lam in grid])
+    batched, batched_s = timed(spec.device, lambda: session.generate_grid(document, grid, gen))
     session.compile_decode()
     streamed = lambda lam: [*session.stream_steered(document, lam, gen)][-1]  # noqa: E731
-    _, compile_s = _timed(spec.device, lambda: streamed(grid[0]))
-    compiled, compiled_s = _timed(spec.device, lambda: [streamed(lam) for lam in grid])
+    _, compile_s = timed(spec.device, lambda: streamed(grid[0]))
+    compiled, compiled_s = timed(spec.device, lambda: [streamed(lam) for lam in grid])
     return {
         "lambdas": len(grid),
         "new_tokens": new_tokens,
@@ -223,15 +221,6 @@ def bench_steering(run: Path, spec: ModelSpec, records: Sequence[Record], precis
         "compiled_vs_serial": compiled_s / serial_s,
         "compiled_same_texts": sum(a == b for a, b in zip(serial, compiled)),  # of `lambdas`: near-ties part in bf16
     }
-
-
-def _timed(device: str, work: Callable):
-    """work()'s result and its seconds, the device's queue drained before and after."""
-    sync(device)
-    t = time.perf_counter()
-    out = work()
-    sync(device)
-    return out, time.perf_counter() - t
 
 
 def bench_sweep(cfg: TrainConfig, records: Sequence[Record], work: Path, layers: int) -> dict:
@@ -271,7 +260,7 @@ class ScaleSettings:
 
     def phases(self) -> int:
         """The log lines (progress stages) of one model: TOPL, SFT, and each part not skipped but fit's."""
-        return 2 + len({"capture", "steering", "sweep"} - set(self.skip))
+        return 2 + len(set(OPTIONAL_PARTS) - {"fit"} - set(self.skip))
 
 
 def bench_model(

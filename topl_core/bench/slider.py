@@ -7,8 +7,8 @@ For a document already shown (its prompt run once), each new λ is generated
   steps in their own faster precision (GenerationConfig.decode_precision), the text streamed; time to the first
   token and to the whole summary;
 - slider_all_positions: the same stream steering every position (the prompt is steered, so it runs again per λ);
-- slider_compiled (where the decode steps are float32, unless compiled=False): the slider's stream after
-  SteeringSession.compile_decode() (a compiled decode step; compile_s: its first stream, which compiles), and whether
+- slider_compiled (where the compiled step applies: SteeringSession.compiles_decode; unless compiled=False): the
+  slider's stream after SteeringSession.compile_decode() (compile_s: its first stream, which compiles), and whether
   it wrote the slider's texts token for token (compiled_same_text).
 Where both paths decode in the same precision they write the same text, token for token (checked here, and tested);
 where the decode precisions differ the texts may part after some tokens (bf16 and fp32 round differently).
@@ -97,9 +97,10 @@ def slider_bench(
     naive_s, first_s, total_s = med(naive), med(s[0] for s in slider), med(s[1] for s in slider)
     n_new = med(tokens)
     with_compiled = {}
-    if compiled and decode == "fp32":
-        log("slider bench: the compiled decode step (its first stream compiles)")
+    if compiled:
         session.compile_decode()
+    if compiled and session.compiles_decode(gen, generated):
+        log("slider bench: the compiled decode step (its first stream compiles)")
         compile_s = _timed_stream(session.stream_steered(document, lambdas[0], gen, how=generated))[1]
         runs = [_timed_stream(session.stream_steered(document, lam, gen, how=generated)) for lam in lambdas]
         compiled_s = med(r[1] for r in runs)

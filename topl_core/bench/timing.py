@@ -1,5 +1,5 @@
-"""Timing primitives of the benchmarks: the best time of several functions measured in turns, a GPU's wait, and the
-matmul peak that MFU is counted against."""
+"""Timing primitives of the benchmarks: the best time of several functions measured in turns, one call timed with a
+GPU's queue drained, a GPU's wait, and the matmul peak that MFU is counted against."""
 
 from __future__ import annotations
 
@@ -36,6 +36,15 @@ def matmul_peak_tflops(
         if n >= max_n or 8 * t > budget_s:  # the next size costs 8× as much
             return best
         n *= 2
+
+
+def timed(device: str, work: Callable[[], object]) -> tuple[object, float]:
+    """work()'s result and its seconds, the device's queue drained before and after."""
+    sync(device)
+    t = time.perf_counter()
+    out = work()
+    sync(device)
+    return out, time.perf_counter() - t
 
 
 def sync(device: str, result: object = None) -> object:

@@ -143,8 +143,10 @@ class SteeringSession:
         self, document: str, gen_cfg: GenerationConfig, how: SteerConfig = SteerConfig(), task: str = "summarization"
     ) -> bool:
         """Whether the streams of `document` decode with the compiled step now (its graph is built)."""
-        if not self.compiles_decode(gen_cfg, how):
-            return False
+        return self.compiles_decode(gen_cfg, how) and self._graph_built(document, gen_cfg, task)
+
+    def _graph_built(self, document: str, gen_cfg: GenerationConfig, task: str) -> bool:
+        """Whether a compiled stream of `document` starts at once (or, with compile_decode's wait, builds its graph)."""
         return self._compile_wait or self._compiled.ready(self._capacity(document, gen_cfg, task))
 
     def _capacity(self, document: str, gen_cfg: GenerationConfig, task: str) -> int:
@@ -257,7 +259,7 @@ class SteeringSession:
             return
         action = how.spec.action
         shifts = self._compiled_shifts(lam, gen_cfg, how)
-        if shifts is not None and not self.decode_ready(document, gen_cfg, how, task):
+        if shifts is not None and not self._graph_built(document, gen_cfg, task):
             shifts = None  # its graph is not built yet: decode eagerly rather than wait
         lora = self.lora() if action.needs_lora else None
         with self._lock, self._stoppable(cancel):
