@@ -26,9 +26,20 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return layers
 
 
+# The decoder layers share one code object, so torch's recompile limit (8 by default) counts the graphs of every layer
+# together: grad on or off (training, validation), an input that needs grad or not (the first LoRA layer and after), a
+# micro-batch of one row (specialised), a layer with LoRA or without. Past the limit a new variant runs eagerly, with
+# a warning only; Llama-3.1-8B training TOPL then SFT in one process reached it on an H200.
+LAYER_RECOMPILE_LIMIT = 64
+
+
 def compile_layers(model: torch.nn.Module, backend: str) -> None:
     """Compile each decoder layer's forward with `backend` (dynamic shapes), or with "" give each layer back its
     class's eager forward. The forward alone: the hooks around it (early exit, probes, capture) stay eager."""
+    if backend:
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, LAYER_RECOMPILE_LIMIT)
     for layer in decoder_layers(model):
         layer.__dict__.pop("forward", None)
         if backend:
