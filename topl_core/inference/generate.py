@@ -18,7 +18,6 @@ generate responses for one or many documents.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import threading
 from contextlib import contextmanager
@@ -42,6 +41,7 @@ from ..hardware.precision import (
 from ..models.architecture import decoder_layers
 from ..models.loading import LoadedModel, ModelSpec, load_model
 from ..training.adapters import load_adapter
+from .kv_cache import with_room
 
 
 @dataclass(frozen=True)
@@ -165,9 +165,9 @@ def stop_tokens(tok) -> set[int]:
 @dataclass
 class Prefill:
     """A prompt run through the model once: its KV cache (`length` positions) and its last position's logits (float32),
-    from which the first new token is chosen. stream_generate decodes from a copy of the cache (a sliding-window
-    layer's cache drops old positions as it grows, so it cannot be cropped back), so one Prefill serves any number of
-    generations."""
+    from which the first new token is chosen. stream_generate decodes from a copy of the cache (kv_cache.with_room: a
+    sliding-window layer's cache drops old positions as it grows, so it cannot be cropped back), so one Prefill serves
+    any number of generations."""
 
     cache: object  # a transformers Cache
     logits: torch.Tensor
@@ -242,10 +242,9 @@ def stream_rows(
     tok, model = lm.tokenizer, lm.model
     if prefix is None:
         cache, logits, _ = _prompt_forward(lm, document, cfg, task, lang_pair, rows)
+        cache = with_room(cache, cfg.max_new_tokens)
     else:
-        cache, logits = copy.deepcopy(prefix.cache), prefix.logits.expand(rows, -1)
-        if rows > 1:
-            cache.batch_repeat_interleave(rows)
+        cache, logits = with_room(prefix.cache, cfg.max_new_tokens, rows), prefix.logits.expand(rows, -1)
     decode = cfg.decode_on(model.device.type)
 
     def step(ids: torch.Tensor) -> torch.Tensor:

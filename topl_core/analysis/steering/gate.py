@@ -27,7 +27,6 @@ taken back (the preceding token's forward again, steered, and the new token's). 
 
 from __future__ import annotations
 
-import copy
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ import torch
 
 from ...hardware.precision import autocast
 from ...inference.generate import GenerationConfig, Prefill, stop_tokens
+from ...inference.kv_cache import with_room
 from ...models.architecture import decoder_layers, final_norm
 from ...models.forward import head_probability
 from ...models.loading import LoadedModel
@@ -133,7 +133,7 @@ def gated_decode(
     SteeringSwitch of the hooks.steer() context the caller is in; it is turned on exactly for the steered forwards.
     Sampling draws from torch's global generator (seed it first)."""
     tok, model = lm.tokenizer, lm.model
-    cache, stop, choose = copy.deepcopy(prefix.cache), stop_tokens(tok), token_chooser(cfg)
+    cache, stop, choose = with_room(prefix.cache, cfg.max_new_tokens + 1), stop_tokens(tok), token_chooser(cfg)
     decode = cfg.decode_on(model.device.type)
     text, counts = _Text(tok), {"taken_back": 0, "steered": 0, "forwards": 0}
     logits, logits_steered, window = prefix.logits, False, 0

@@ -1,0 +1,54 @@
+"""The decode loops' KV cache with room for the new tokens (inference/kv_cache.py): decoding from it is decoding from a
+copy of transformers' own cache, logits bit for bit — one row or several, past its room, and after taking tokens back
+— and the prompt's cache it was made from is left as it was."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from topl_core.inference.kv_cache import RoomyLayer, with_room
+from topl_core.models.loading import load_model
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    lm = load_model("tiny-llama")
+    torch.manual_seed(0)
+    ids = torch.randint(3, lm.model.config.vocab_size, (1, 12))
+    with torch.no_grad():
+        cache = lm.model(input_ids=ids, use_cache=True).past_key_values
+    return lm.model, cache
+
+
+def _decode(model, cache, tokens: list[list[int]], crop_after: int | None = None) -> list[torch.Tensor]:
+    """The logits of decoding `tokens` (a step's ids per row) one step at a time; crop_after: after that step, take
+    the last two positions back and run that step's tokens again (as the gated decoder does)."""
+    found = []
+    with torch.no_grad():
+        for n, step in enumerate(tokens):
+            ids = torch.tensor(step)[:, None]
+            found.append(model(input_ids=ids, past_key_values=cache, use_cache=True).logits)
+            if n == crop_after:
+                cache.crop(-2)
+                found.append(model(input_ids=torch.tensor(tokens[n - 1])[:, None], past_key_values=cache).logits)
+    return found
+
+
+@pytest.mark.parametrize(("rows", "room", "crop_after"), [(1, 8, None), (3, 8, None), (1, 2, None), (1, 8, 3)])
+def test_decoding_with_room_is_decoding_a_copy(prompt, rows, room, crop_after):
+    model, cache = prompt
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    tokens = [[5 + r + 7 * n for r in range(rows)] for n in range(6)]
+    plain = copy.deepcopy(cache)
+    plain.batch_repeat_interleave(rows)
+    roomy = with_room(cache, room, rows)
+    assert all(isinstance(layer, RoomyLayer) for layer in roomy.layers)
+    expected, found = _decode(model, plain, tokens, crop_after), _decode(model, roomy, tokens, crop_after)
+    assert all(torch.equal(a, b) for a, b in zip(expected, found)) and len(found) == len(expected)
+    assert roomy.get_seq_length() == plain.get_seq_length()
+    assert all(
+        torch.equal(k, layer.keys) and torch.equal(v, layer.values) for (k, v), layer in zip(before, cache.layers)
+    )
