@@ -4,6 +4,7 @@ thread isolation — offline, on a tiny Llama adapter trained for 3 steps."""
 from __future__ import annotations
 
 import copy
+import os
 import threading
 
 import numpy as np
@@ -617,6 +618,28 @@ def test_work_ahead_is_kept_when_done_and_dropped_when_cancelled(merged, vectors
     assert kept == {} and ahead.writing("other") is None and all_hooks(merged.model) == hooks
     assert session._lock.acquire(blocking=False)
     session._lock.release()
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread CPU priority on this platform")
+def test_work_ahead_runs_at_the_lowest_cpu_priority():
+    """A Prefetch job's thread, and the threads it starts (torch's workers), run at nice 19, so a page drawn meanwhile
+    gets the cores first; the calling thread keeps its own priority."""
+    ahead, kept = Prefetch(), {}
+
+    def stream(_cancel):
+        mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        started = []
+        worker = threading.Thread(
+            target=lambda: started.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        )
+        worker.start()
+        worker.join()
+        yield [(mine, started[0])]  # one value per key
+
+    ahead.start(["priorities"], stream, kept.__setitem__)
+    assert ahead.writing("priorities").wait(60)
+    assert kept["priorities"] == (19, 19)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0
 
 
 def test_a_compiled_decode_step_writes_the_eager_text_with_one_graph_for_every_lambda(merged, vectors):

@@ -6,7 +6,6 @@ export zip."""
 
 from __future__ import annotations
 
-import contextlib
 import html
 import logging
 import os
@@ -30,7 +29,7 @@ from topl_core.analysis.lora_a.probe import ProbeSettings
 from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.fluency import fluency
 from topl_core.analysis.steering.modes import SteerConfig
-from topl_core.analysis.steering.prefetch import Prefetch
+from topl_core.analysis.steering.prefetch import Prefetch, background_priority
 from topl_core.analysis.steering.session import SteeringSession
 from topl_core.analysis.steering.steered_text import SteeredText
 from topl_core.analysis.steering.summary import ExportBundle, export_bundle
@@ -216,11 +215,7 @@ class DecodeWarmer:
 
     @staticmethod
     def _build(session: SteeringSession, document: str, gen: GenerationConfig, how: SteerConfig) -> None:
-        # the lowest CPU priority, for this thread and the compiler processes it starts: a slider move while the graph
-        # is being built gets the cores first (on Linux a thread has a priority of its own; elsewhere the call fails
-        # or does not exist, and the build runs at the usual priority)
-        with contextlib.suppress(AttributeError, OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        background_priority()  # and the compiler processes it starts: a slider move during the build gets the cores
         while prefetch().busy():  # the neighbours first: they are what the next move reads
             time.sleep(0.2)
         try:

@@ -11,13 +11,16 @@ generated so far and waits for the rest instead of starting again.
     ahead.partial(key)                the value of `key` so far (None before the first step)
     ahead.busy()                      whether a job is in flight
     ahead.cancel()                    stop the job in flight at its next decoder layer and wait for it
-One job at a time: jobs share the model (and on a CPU, its cores) with what the page generates now.
+One job at a time: jobs share the model (and on a CPU, its cores) with what the page generates now, so a job runs at
+the lowest CPU priority (background_priority): a page drawn meanwhile gets the cores first.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterator, Sequence
@@ -25,6 +28,14 @@ from typing import Callable, Hashable, Iterator, Sequence
 from ...inference.generate import GenerationCancelled
 
 log = logging.getLogger(__name__)
+
+
+def background_priority() -> None:
+    """Give the calling thread, and the threads it starts from now on (torch's OpenMP workers among them), the lowest
+    CPU priority: work done ahead yields the cores to what a person waits for. On Linux a thread has a priority of
+    its own; elsewhere the call fails or does not exist, and the thread keeps the usual priority."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 @dataclass
@@ -63,6 +74,7 @@ class Prefetch:
             job = _Job(keys)
 
             def run() -> None:
+                background_priority()
                 try:
                     for job.values in stream(job.cancel):
                         pass
