@@ -625,6 +625,7 @@ def test_work_ahead_runs_at_the_lowest_cpu_priority():
     """A Prefetch job's thread, and the threads it starts (torch's workers), run at nice 19, so a page drawn meanwhile
     gets the cores first; the calling thread keeps its own priority."""
     ahead, kept = Prefetch(), {}
+    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     def stream(_cancel):
         mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
@@ -639,7 +640,7 @@ def test_work_ahead_runs_at_the_lowest_cpu_priority():
     ahead.start(["priorities"], stream, kept.__setitem__)
     assert ahead.writing("priorities").wait(60)
     assert kept["priorities"] == (19, 19)
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller
 
 
 def test_a_compiled_decode_step_writes_the_eager_text_with_one_graph_for_every_lambda(merged, vectors):
