@@ -1,6 +1,7 @@
 """The decode loops' KV cache with room for the new tokens (inference/kv_cache.py): decoding from it is decoding from a
-copy of transformers' own cache, logits bit for bit — one row or several, past its room, and after taking tokens back
-— and the prompt's cache it was made from is left as it was."""
+copy of transformers' own cache, logits bit for bit — one row or several, past its room, after taking tokens back, and
+beside sliding-window layers (Gemma 3's, copied as they are) — and the prompt's cache it was made from is left as it
+was."""
 
 from __future__ import annotations
 
@@ -8,19 +9,23 @@ import copy
 
 import pytest
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from topl_core.inference.kv_cache import RoomyLayer, with_room
 from topl_core.models.loading import load_model
 
 
 @pytest.fixture(scope="module")
-def prompt():
-    lm = load_model("tiny-llama")
-    torch.manual_seed(0)
-    ids = torch.randint(3, lm.model.config.vocab_size, (1, 12))
-    with torch.no_grad():
-        cache = lm.model(input_ids=ids, use_cache=True).past_key_values
-    return lm.model, cache
+def prompts() -> dict:
+    """A 12-token prompt's model and cache per family (tiny Gemma 3: every layer a sliding window of 16)."""
+    found = {}
+    for family in ("tiny-llama", "tiny-gemma3"):
+        lm = load_model(family)
+        torch.manual_seed(0)
+        ids = torch.randint(3, lm.model.config.vocab_size, (1, 12))
+        with torch.no_grad():
+            found[family] = lm.model, lm.model(input_ids=ids, use_cache=True).past_key_values
+    return found
 
 
 def _decode(model, cache, tokens: list[list[int]], crop_after: int | None = None) -> list[torch.Tensor]:
@@ -37,15 +42,24 @@ def _decode(model, cache, tokens: list[list[int]], crop_after: int | None = None
     return found
 
 
-@pytest.mark.parametrize(("rows", "room", "crop_after"), [(1, 8, None), (3, 8, None), (1, 2, None), (1, 8, 3)])
-def test_decoding_with_room_is_decoding_a_copy(prompt, rows, room, crop_after):
-    model, cache = prompt
+CASES = [(1, 8, None), (3, 8, None), (1, 2, None)]  # rows, room, the step after which two positions are cropped
+
+
+# a sliding-window layer cannot be cropped once past its window (transformers'), so the crop is tried on Llama alone
+@pytest.mark.parametrize(
+    ("family", "rows", "room", "crop_after"),
+    [("tiny-llama", *case) for case in [*CASES, (1, 8, 3)]] + [("tiny-gemma3", *case) for case in CASES],
+)
+def test_decoding_with_room_is_decoding_a_copy(prompts, family, rows, room, crop_after):
+    model, cache = prompts[family]
     before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
     tokens = [[5 + r + 7 * n for r in range(rows)] for n in range(6)]
     plain = copy.deepcopy(cache)
     plain.batch_repeat_interleave(rows)
     roomy = with_room(cache, room, rows)
-    assert all(isinstance(layer, RoomyLayer) for layer in roomy.layers)
+    assert [isinstance(layer, RoomyLayer) for layer in roomy.layers] == [
+        type(layer) is DynamicLayer for layer in cache.layers
+    ]  # the plain layers get room; sliding windows are copied as they are
     expected, found = _decode(model, plain, tokens, crop_after), _decode(model, roomy, tokens, crop_after)
     assert all(torch.equal(a, b) for a, b in zip(expected, found)) and len(found) == len(expected)
     assert roomy.get_seq_length() == plain.get_seq_length()
