@@ -38,14 +38,16 @@ from ..inference.generate import GenerationConfig, generate, prefill
 NEW_POSITIONS = (0.25, 0.5, 0.75, 1.0, 1.25)
 
 
-def _timed_stream(stream) -> tuple[float, float, str]:
-    """(seconds to the first text, seconds to the last, the last text) of a stream of texts."""
+def _timed_stream(stream) -> tuple[float, float, str, int]:
+    """(seconds to the first text, seconds to the last, the last text, how many texts: the new tokens, one text each)
+    of a stream of texts. The tokens are counted as written: a text encoded again need not give them back (a tiny
+    model's tokenizer decodes its random tokens to nothing)."""
     t0 = time.perf_counter()
-    first, text = None, ""
-    for text in stream:
+    first, text, n = None, "", 0
+    for n, text in enumerate(stream, 1):
         if first is None:
             first = time.perf_counter() - t0
-    return first or 0.0, time.perf_counter() - t0, text
+    return first or 0.0, time.perf_counter() - t0, text, n
 
 
 def slider_bench(
@@ -81,13 +83,13 @@ def slider_bench(
         with torch.no_grad(), steer(lm.model, session.vectors, lam, generated):
             naive_text = generate(lm, [document], naive_gen)[0]
         naive.append(time.perf_counter() - t0)
-        first, total, text = _timed_stream(session.stream_steered(document, lam, gen, how=generated))
+        first, total, text, n = _timed_stream(session.stream_steered(document, lam, gen, how=generated))
         if decode == resolved and text != naive_text:  # the same precisions: the same text, token for token
             raise AssertionError(f"λ = {lam}: the streamed text differs from generate()'s: {text!r} / {naive_text!r}")
         slider.append((first, total))
         texts.append(text)
         slider_all.append(_timed_stream(session.stream_steered(document, lam + 0.01, gen, how=everywhere))[:2])
-        tokens.append(len(lm.tokenizer(text, add_special_tokens=False).input_ids))
+        tokens.append(n)
     t0 = time.perf_counter()
     for _ in range(repeats):
         prefill(lm, document, gen)
