@@ -1,7 +1,7 @@
 """The decode loops' KV cache with room for the new tokens (inference/kv_cache.py): decoding from it is decoding from a
-copy of transformers' own cache, logits bit for bit — one row or several, past its room, after taking tokens back, and
-beside sliding-window layers (Gemma 3's, copied as they are) — and the prompt's cache it was made from is left as it
-was."""
+copy of transformers' own cache, logits bit for bit — one row or several, past its room, after taking tokens back,
+beside sliding-window layers (Gemma 3's, copied as they are), in fp32 and under bf16 autocast — and the prompt's
+cache it was made from is left as it was."""
 
 from __future__ import annotations
 
@@ -17,22 +17,28 @@ from topl_core.models.loading import load_model
 
 @pytest.fixture(scope="module")
 def prompts() -> dict:
-    """A 12-token prompt's model and cache per family (tiny Gemma 3: every layer a sliding window of 16)."""
+    """A 12-token prompt's model and cache per family and precision (tiny Gemma 3: every layer a sliding window of
+    16; bf16: autocast, as a GPU or an AMX CPU decodes)."""
     found = {}
     for family in ("tiny-llama", "tiny-gemma3"):
         lm = load_model(family)
         torch.manual_seed(0)
         ids = torch.randint(3, lm.model.config.vocab_size, (1, 12))
-        with torch.no_grad():
-            found[family] = lm.model, lm.model(input_ids=ids, use_cache=True).past_key_values
+        for precision in PRECISIONS:
+            with torch.no_grad(), autocast(precision):
+                found[family, precision] = lm.model, lm.model(input_ids=ids, use_cache=True).past_key_values
     return found
 
 
-def _decode(model, cache, tokens: list[list[int]], crop_after: int | None = None) -> list[torch.Tensor]:
+def autocast(precision: str):
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def _decode(model, cache, tokens: list[list[int]], crop_after: int | None, precision: str) -> list[torch.Tensor]:
     """The logits of decoding `tokens` (a step's ids per row) one step at a time; crop_after: after that step, take
     the last two positions back and run that step's tokens again (as the gated decoder does)."""
     found = []
-    with torch.no_grad():
+    with torch.no_grad(), autocast(precision):
         for n, step in enumerate(tokens):
             ids = torch.tensor(step)[:, None]
             found.append(model(input_ids=ids, past_key_values=cache, use_cache=True).logits)
@@ -43,15 +49,17 @@ def _decode(model, cache, tokens: list[list[int]], crop_after: int | None = None
 
 
 CASES = [(1, 8, None), (3, 8, None), (1, 2, None)]  # rows, room, the step after which two positions are cropped
+PRECISIONS = ("fp32", "bf16")
 
 
 # a sliding-window layer cannot be cropped once past its window (transformers'), so the crop is tried on Llama alone
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize(
     ("family", "rows", "room", "crop_after"),
     [("tiny-llama", *case) for case in [*CASES, (1, 8, 3)]] + [("tiny-gemma3", *case) for case in CASES],
 )
-def test_decoding_with_room_is_decoding_a_copy(prompts, family, rows, room, crop_after):
-    model, cache = prompts[family]
+def test_decoding_with_room_is_decoding_a_copy(prompts, family, rows, room, crop_after, precision):
+    model, cache = prompts[family, precision]
     before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
     tokens = [[5 + r + 7 * n for r in range(rows)] for n in range(6)]
     plain = copy.deepcopy(cache)
@@ -60,7 +68,8 @@ def test_decoding_with_room_is_decoding_a_copy(prompts, family, rows, room, crop
     assert [isinstance(layer, RoomyLayer) for layer in roomy.layers] == [
         type(layer) is DynamicLayer for layer in cache.layers
     ]  # the plain layers get room; sliding windows are copied as they are
-    expected, found = _decode(model, plain, tokens, crop_after), _decode(model, roomy, tokens, crop_after)
+    expected = _decode(model, plain, tokens, crop_after, precision)
+    found = _decode(model, roomy, tokens, crop_after, precision)
     assert all(torch.equal(a, b) for a, b in zip(expected, found)) and len(found) == len(expected)
     assert roomy.get_seq_length() == plain.get_seq_length()
     assert all(

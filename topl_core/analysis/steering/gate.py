@@ -133,7 +133,7 @@ def gated_decode(
     SteeringSwitch of the hooks.steer() context the caller is in; it is turned on exactly for the steered forwards.
     Sampling draws from torch's global generator (seed it first)."""
     tok, model = lm.tokenizer, lm.model
-    cache, stop, choose = with_room(prefix.cache, cfg.max_new_tokens + 1), stop_tokens(tok), token_chooser(cfg)
+    cache, stop, choose = with_room(prefix.cache, cfg.max_new_tokens), stop_tokens(tok), token_chooser(cfg)
     decode = cfg.decode_on(model.device.type)
     text, counts = _Text(tok), {"taken_back": 0, "steered": 0, "forwards": 0}
     logits, logits_steered, window = prefix.logits, False, 0
