@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._pytree import tree_map_only
 
 from ..data.encode import IGNORE, Batch
 from ..foundations.errors import ConfigError
@@ -68,8 +68,31 @@ class MemoryEstimate:
 _INDEXING = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten._index_put_impl_.default}
 
 
-def _tensors(tree) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+def _tensors(tree, found: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """The tensors in an op's arguments or results (tuples, lists and dicts of them), in order. Not pytree's
+    tree_flatten: it ran for every op of a traced step and took a fifth of the trace's time."""
+    found = [] if found is None else found
+    if isinstance(tree, torch.Tensor):
+        found.append(tree)
+    elif isinstance(tree, (tuple, list)):
+        for item in tree:
+            _tensors(item, found)
+    elif isinstance(tree, dict):
+        for item in tree.values():
+            _tensors(item, found)
+    return found
+
+
+_NEW_STORAGE: dict[torch._ops.OpOverload, bool] = {}  # by op: _makes_new_storage
+
+
+def _makes_new_storage(func) -> bool:
+    """Whether an op's results are new storages (not views, not written in place): its schema's returns alias none
+    of its arguments."""
+    made = _NEW_STORAGE.get(func)
+    if made is None:
+        made = _NEW_STORAGE[func] = all(r.alias_info is None for r in func._schema.returns)
+    return made
 
 
 def _batch_to_meta(t: torch.Tensor) -> torch.Tensor:
@@ -93,13 +116,17 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.ops.aten._local_scalar_dense.default and args[0].device == META:
+        if func is torch.ops.aten._local_scalar_dense.default and args[0].is_meta:
             return False if args[0].dtype == torch.bool else 0  # a logged value (float(loss)): meta has no data
-        if func not in _INDEXING and any(t.device == META for t in _tensors((args, kwargs))):
+        tensors = _tensors((args, kwargs))
+        if (
+            func not in _INDEXING
+            and any(t.is_meta for t in tensors)
+            and any(t.is_cpu and t.dim() > 0 for t in tensors)  # what _batch_to_meta moves
+        ):
             args, kwargs = tree_map_only(torch.Tensor, _batch_to_meta, (args, kwargs))
         out = func(*args, **kwargs)
-        new_storage = all(r.alias_info is None for r in func._schema.returns)  # not a view, not in place
-        if new_storage:
+        if _makes_new_storage(func):
             for t in _tensors(out):
                 if t.device == self.device:
                     self._count(t.untyped_storage())

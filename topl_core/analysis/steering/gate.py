@@ -118,7 +118,7 @@ class _Text:
         return SteeredText(text, replacements, GateCounts(tokens=len(self.ids), **counts), tuple(self.ids))
 
 
-@torch.no_grad()
+@torch.inference_mode()  # as stream_rows: no autograd bookkeeping in the decode loop
 def gated_decode(
     lm: LoadedModel,
     prefix: Prefill,
