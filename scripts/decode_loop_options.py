@@ -3,7 +3,9 @@ the demo TOPL adapter merged, the first test document's prompt reused (as the sl
 batch 1. Each option decodes from the same prompt and is checked token for token against the plain loop in its
 precision; the figures are ms per new token, median of `--repeats`.
 
-    plain-fp32         stream_generate: DynamicCache, one eager forward per token, float32 weights (the slider today)
+    plain-fp32         stream_generate: one eager forward per token, float32 weights, the prompt's cache copied once
+                       into storage with room for the new tokens (kv_cache.with_room; before 2026-11-26 afternoon a
+                       DynamicCache concatenating every step: the table in docs/performance.md is from then)
     plain-bf16-cast    the same under bf16 autocast over float32 weights (what `auto` decoded in before)
     bf16-weights       a bf16 copy of the merged model, eager, no autocast (no cast per call; twice the weights' memory)
     static-fp32        transformers' generate with a StaticCache, eager
