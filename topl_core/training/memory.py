@@ -95,9 +95,14 @@ def _makes_new_storage(func) -> bool:
     return made
 
 
+def _is_batch_tensor(t: torch.Tensor) -> bool:
+    """A tensor of the batch (real, on the CPU: masks and counts keep their values), not a scalar."""
+    return t.is_cpu and t.dim() > 0
+
+
 def _batch_to_meta(t: torch.Tensor) -> torch.Tensor:
-    """A batch tensor (real, on the CPU: masks and counts keep their values) meeting the model's meta tensors."""
-    return t.to(META) if t.device.type == "cpu" and t.dim() > 0 else t
+    """A batch tensor meeting the model's meta tensors."""
+    return t.to(META) if _is_batch_tensor(t) else t
 
 
 class LiveBytes(TorchDispatchMode):
@@ -119,11 +124,7 @@ class LiveBytes(TorchDispatchMode):
         if func is torch.ops.aten._local_scalar_dense.default and args[0].is_meta:
             return False if args[0].dtype == torch.bool else 0  # a logged value (float(loss)): meta has no data
         tensors = _tensors((args, kwargs))
-        if (
-            func not in _INDEXING
-            and any(t.is_meta for t in tensors)
-            and any(t.is_cpu and t.dim() > 0 for t in tensors)  # what _batch_to_meta moves
-        ):
+        if func not in _INDEXING and any(t.is_meta for t in tensors) and any(_is_batch_tensor(t) for t in tensors):
             args, kwargs = tree_map_only(torch.Tensor, _batch_to_meta, (args, kwargs))
         out = func(*args, **kwargs)
         if _makes_new_storage(func):
