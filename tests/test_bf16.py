@@ -7,9 +7,8 @@ test_auto_end_to_end, which runs it whatever it is."""
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.modes import MODES, POSITIONS, SteerConfig
 from topl_core.analysis.steering.prefetch import Prefetch
 from topl_core.analysis.steering.session import SteeringSession
+from topl_core.cli import build_parser, main
 from topl_core.hardware import precision as prec
 from topl_core.inference.generate import GenerationConfig, generate, load_merged
 from topl_core.inference.token_scores import TokenScorer
@@ -34,7 +34,6 @@ from topl_core.training.trainer import train
 
 BOTH = ("fp32", "bf16")
 FAMILIES = ("tiny-llama", "tiny-qwen3", "tiny-gemma3")
-REPO_ROOT = str(__import__("pathlib").Path(__file__).resolve().parents[1])
 
 
 def rel_err(x: np.ndarray, ref: np.ndarray) -> float:
@@ -297,44 +296,49 @@ def test_transfer_and_layer_scan_in_bf16(run, tiny_records):
     assert len(scan) > 0 and np.isfinite(scan.select_dtypes("number").to_numpy(float)).any()
 
 
-def cli(*args: str, env_precision: str | None = "fp32") -> subprocess.CompletedProcess:
-    import os
+class CliRun(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
 
-    env = dict(os.environ)
+
+def cli(capsys, monkeypatch, *args: str, env_precision: str | None = "fp32") -> CliRun:
+    """`python -m topl_core *args` run in this process (the CLI's main, as tests/test_cli.py runs it: a subprocess
+    would pay ~7 s of imports), with TOPL_PRECISION set to `env_precision` (None: unset, as a user has it)."""
     if env_precision is None:
-        env.pop(prec.PRECISION_ENV, None)
+        monkeypatch.delenv(prec.PRECISION_ENV, raising=False)
     else:
-        env[prec.PRECISION_ENV] = env_precision
-    return subprocess.run(
-        [sys.executable, "-m", "topl_core", *args], capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=600
-    )
+        monkeypatch.setenv(prec.PRECISION_ENV, env_precision)
+    capsys.readouterr()
+    code = main(list(args))
+    out = capsys.readouterr()
+    return CliRun(code, out.out, out.err)
 
 
-def test_commands_take_precision_and_say_what_they_resolved(run):
+def test_commands_take_precision_and_say_what_they_resolved(run, capsys, monkeypatch):
     """generate, steer and merge-check with --precision bf16 (each prints the precision it resolved)."""
     doc = NEWS_PAIRS[0][1]
-    out = cli("generate", "--run", str(run.path), "--document", doc, "--max-new-tokens", "4", "--precision", "bf16")
+    out = cli(capsys, monkeypatch, "generate", "--run", str(run.path), "--document", doc, "--max-new-tokens", "4",
+              "--precision", "bf16")  # fmt: skip
     assert out.returncode == 0 and "precision: bf16 (chosen" in out.stderr, out.stderr[-2000:]
-    out = cli("steer", "--run", str(run.path), "--document", doc, "--max-new-tokens", "4", "--lambdas", "0", "2",
-              "--mode", "conditional", "--precision", "bf16", "--no-base")  # fmt: skip
+    out = cli(capsys, monkeypatch, "steer", "--run", str(run.path), "--document", doc, "--max-new-tokens", "4",
+              "--lambdas", "0", "2", "--mode", "conditional", "--precision", "bf16", "--no-base")  # fmt: skip
     assert out.returncode == 0 and "precision: bf16" in out.stderr and "λ = 2" in out.stdout, out.stderr[-2000:]
-    out = cli("merge-check", "--run", str(run.path), "--n", "2", "--precision", "bf16")
+    out = cli(capsys, monkeypatch, "merge-check", "--run", str(run.path), "--n", "2", "--precision", "bf16")
     assert out.returncode == 0 and "precision: bf16" in out.stderr, out.stderr[-2000:]
     assert "fp32 weights" in out.stdout and "bf16 weights" in out.stdout
-    from topl_core.cli import build_parser
-
     for command in ("evaluate", "evaluate-mt", "bench", "generate", "steer", "merge-check", "probe", "score-tokens"):
         needs_run = [] if command in ("evaluate", "evaluate-mt", "bench", "generate") else ["--run", str(run.path)]
         args = build_parser([command]).parse_args([command, "--precision", "bf16", *needs_run])
         assert args.precision == "bf16", command
 
 
-def test_auto_end_to_end(run, tmp_path):
+def test_auto_end_to_end(run, tmp_path, capsys, monkeypatch):
     """ "auto" as a user gets it, whatever it resolves to here: the command names the precision it chose and the
     probe records that same one."""
     report = tmp_path / "probe.json"
-    out = cli("probe", "--run", str(run.path), "--precision", "auto", "--n-boot", "20", "--json", str(report),
-              env_precision=None)  # fmt: skip
+    out = cli(capsys, monkeypatch, "probe", "--run", str(run.path), "--precision", "auto", "--n-boot", "20",
+              "--json", str(report), env_precision=None)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     resolved = out.stderr.split("precision: ", 1)[1].split()[0]
     assert resolved == prec.resolve_precision("auto") if prec.chosen_default() is None else resolved in ("fp32", "bf16")
