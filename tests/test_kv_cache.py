@@ -14,6 +14,9 @@ from transformers.cache_utils import DynamicLayer
 from topl_core.inference.kv_cache import RoomyLayer, with_room
 from topl_core.models.loading import load_model
 
+CASES = [(1, 8, None), (3, 8, None), (1, 2, None)]  # rows, room, the step after which two positions are cropped
+PRECISIONS = ("fp32", "bf16")
+
 
 @pytest.fixture(scope="module")
 def prompts() -> dict:
@@ -46,10 +49,6 @@ def _decode(model, cache, tokens: list[list[int]], crop_after: int | None, preci
                 cache.crop(-2)
                 found.append(model(input_ids=torch.tensor(tokens[n - 1])[:, None], past_key_values=cache).logits)
     return found
-
-
-CASES = [(1, 8, None), (3, 8, None), (1, 2, None)]  # rows, room, the step after which two positions are cropped
-PRECISIONS = ("fp32", "bf16")
 
 
 # a sliding-window layer cannot be cropped once past its window (transformers'), so the crop is tried on Llama alone

@@ -18,6 +18,7 @@ Validated against peaks measured on an H100 (tests/test_memory.py).
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import weakref
 from dataclasses import dataclass
@@ -83,16 +84,11 @@ def _tensors(tree, found: list[torch.Tensor] | None = None) -> list[torch.Tensor
     return found
 
 
-_NEW_STORAGE: dict[torch._ops.OpOverload, bool] = {}  # by op: _makes_new_storage
-
-
+@functools.cache  # once per op, not per dispatch: a traced 8B step dispatches ~18,000
 def _makes_new_storage(func) -> bool:
     """Whether an op's results are new storages (not views, not written in place): its schema's returns alias none
     of its arguments."""
-    made = _NEW_STORAGE.get(func)
-    if made is None:
-        made = _NEW_STORAGE[func] = all(r.alias_info is None for r in func._schema.returns)
-    return made
+    return all(r.alias_info is None for r in func._schema.returns)
 
 
 def _is_batch_tensor(t: torch.Tensor) -> bool:
