@@ -83,10 +83,16 @@ def project_folders_untouched(tmp_path_factory):
     """No test writes into the project's runs/ or cache/: unless a test names its own, both point into a temp folder
     (cache_sharing_the_costly_parts). And no test's outcome depends on what precision "auto" resolves to on the
     machine that runs it: the suite pins fp32 as the meaning of "auto" (TOPL_PRECISION, topl_core.hardware.precision) —
-    tests/test_bf16.py forces bf16 on every computing path, and test_auto_end_to_end clears the pin."""
+    tests/test_bf16.py forces bf16 on every computing path, and test_auto_end_to_end clears the pin. Likewise the
+    few-row linears' kernel (TOPL_LINEAR_KERNEL: aten; tests/test_linear_kernel.py takes oneDNN's)."""
     root = tmp_path_factory.mktemp("project")
     cache = cache_sharing_the_costly_parts(root / "cache")
-    folders = {"TOPL_CACHE_DIR": str(cache), "TOPL_RUNS_DIR": str(root / "runs"), "TOPL_PRECISION": "fp32"}
+    folders = {
+        "TOPL_CACHE_DIR": str(cache),
+        "TOPL_RUNS_DIR": str(root / "runs"),
+        "TOPL_PRECISION": "fp32",
+        "TOPL_LINEAR_KERNEL": "aten",
+    }
     before = {name: os.environ.get(name) for name in folders}
     os.environ.update(folders)
     yield

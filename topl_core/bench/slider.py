@@ -17,6 +17,8 @@ where the decode precisions differ the texts may part after some tokens (bf16 an
     slider_compiled_vs_naive   the same with the compiled decode step
     first_token_vs_naive   slider first token / naive whole summary (when the naive page first shows a word)
     prefill_tokens_per_s, decode_ms_per_token   the two phases, from the naive path's prompt and the slider's decode
+    linear_kernel          the kernel of the decode steps' float32 linears (hardware/linear_kernel.py; the naive
+                           path's bf16 autocast ones are aten's)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from ..analysis.steering.hooks import steer
 from ..analysis.steering.modes import SteerConfig
 from ..analysis.steering.session import SteeringSession
+from ..hardware.linear_kernel import model_linear_kernel
 from ..hardware.precision import resolve_precision
 from ..inference.generate import GenerationConfig, generate, prefill
 
@@ -118,6 +121,7 @@ def slider_bench(
         "adapter": Path(session.vectors.adapter_path or "").name,
         "device": device,
         "precision": {"prefill": resolved, "decode": decode, "naive": resolved},
+        "linear_kernel": model_linear_kernel(lm.model),  # the few-row float32 linears' (hardware/linear_kernel.py)
         "prompt_tokens": prompt_tokens,
         "new_tokens": n_new,
         "repeats": len(lambdas),
@@ -144,7 +148,10 @@ GOALS = {
 
 def format_slider(res: dict) -> str:
     """The figures as a table, each goal of issue 40 marked met or missed."""
-    lines = [f"slider bench: {res['model']} + {res['adapter']} on {res['device']}, precision {res['precision']}"]
+    lines = [
+        f"slider bench: {res['model']} + {res['adapter']} on {res['device']}, precision {res['precision']}, "
+        f"few-row linears {res['linear_kernel']}"
+    ]
     lines.append(f"prompt {res['prompt_tokens']} tokens, {res['new_tokens']} new tokens, median of {res['repeats']}")
     for k, v in res.items():
         if isinstance(v, bool):

@@ -152,8 +152,8 @@ def measure_bf16_probe() -> Bf16Probe:
     )
 
 
-def _machine_key() -> str:
-    """The probe's cache key: what decides the answer (CPU, instruction set, torch build, threads)."""
+def machine_key() -> str:
+    """The machine probes' cache key: what decides their answers (CPU, instruction set, torch build, threads)."""
     raw = "|".join(
         [
             platform.processor() or platform.machine(),
@@ -188,7 +188,7 @@ def machine_description(device: str = "cpu") -> str:
 @functools.lru_cache(maxsize=1)
 def cpu_bf16_probe() -> Bf16Probe:
     """The probe for this machine, measured once and cached on disk (cache/machine/bf16-<key>.json)."""
-    path = cache_dir() / "machine" / f"bf16-{_machine_key()}.json"
+    path = cache_dir() / "machine" / f"bf16-{machine_key()}.json"
     try:
         cached = Bf16Probe(**json.loads(path.read_text()))
         if cached.decode_bf16_s is not None:

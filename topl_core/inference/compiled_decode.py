@@ -17,8 +17,9 @@ its mask span the whole cache, and 1,024 positions for a 618-position stream cos
 Decode steps run in the weights' own dtype (float32 on a CPU; bf16 where a GPU loaded bf16 weights), never under
 autocast. On a GPU the step is compiled with CUDA graphs ("reduce-overhead": the cache and the shifts are static
 addresses, so one replay per token launches every kernel of the step). A compiled step can round differently from
-the eager one in the last bits, so its greedy text could part from the eager text at a near-tie: the tests compare
-them (float32 and bf16), bench --slider on SmolLM2 and the scale benchmark on the GPU.
+the eager one in the last bits (inductor's kernels; the eager model's few-row linears may be oneDNN's:
+hardware/linear_kernel.py), so its greedy text could part from the eager text at a near-tie: the tests compare them
+(float32 and bf16), bench --slider on SmolLM2 and the scale benchmark on the GPU.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 
+from ..hardware.linear_kernel import plain_linears
 from ..hardware.precision import TORCH_DTYPES
 from ..models.loading import LoadedModel
 from .generate import GenerationConfig, Prefill, decode_greedy
@@ -49,6 +51,7 @@ class CompiledDecoder:
         for module in self._model.modules():  # without the hooks the model had (none while nobody generates)
             module._forward_hooks.clear()
             module._forward_pre_hooks.clear()
+        plain_linears(self._model)  # inductor's own kernels (the eager model's few-row linears may be oneDNN's)
         self.dtype, self._cuda = model.dtype, model.device.type == "cuda"
         self._shifts: dict[str, torch.Tensor] = {}
         for path in shift_paths:

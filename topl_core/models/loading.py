@@ -31,6 +31,7 @@ from ..foundations.io import give_umask_permissions, sha256_file
 from ..foundations.paths import cache_dir
 from ..foundations.presets import DEFAULT_MODEL, PRESETS
 from ..foundations.services import PROBE_TIMEOUT_S, host_port, unreachable
+from ..hardware.linear_kernel import use_linear_kernel
 from ..hardware.precision import PRECISIONS, TORCH_DTYPES, Precision, resolve_weights, weights_for
 from .tiny import TINY_FAMILIES, build_tiny_model
 
@@ -239,6 +240,8 @@ def load_model(spec: ModelSpec | str = DEFAULT_MODEL) -> LoadedModel:
         else:
             model, tok = _load_hub_or_path(spec.hf_id, dtype)
     model = model.to(device=spec.device, dtype=dtype).eval()
+    if spec.device == "cpu":
+        use_linear_kernel(model)  # a decode step's float32 linears through the kernel this CPU runs faster
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return LoadedModel(model, tok, spec)

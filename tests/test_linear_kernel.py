@@ -1,0 +1,112 @@
+"""The few-row float32 linear's kernel (hardware/linear_kernel.py): a few rows at inference go through oneDNN and
+agree with nn.Linear to float32's last bits; every other forward (many rows, autograd, autocast, bf16 weights) is
+nn.Linear's own, bit for bit, with its gradients; the choice follows TOPL_LINEAR_KERNEL, else the cached probe; a
+model loaded with oneDNN, its adapter merged, streams generate()'s text token for token, and the compiled decoder's
+private tree keeps inductor's own linears. (The rest of the suite pins aten: tests/conftest.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from topl_core.hardware import linear_kernel as lk
+from topl_core.inference.compiled_decode import CompiledDecoder
+from topl_core.inference.generate import GenerationConfig, generate, load_merged, stream_generate
+from topl_core.models.architecture import decoder_layers
+from topl_core.models.loading import load_model
+
+pytestmark = pytest.mark.skipif(not lk.onednn_available(), reason="this torch build has no oneDNN linear")
+DOCUMENT = (
+    "The city council of Millbrook voted 7 to 2 on Tuesday to build a new public library on Elm Street. The project "
+    "will cost 4.2 million dollars and is expected to open in the spring of 2027, the mayor said."
+)
+
+
+@pytest.fixture
+def onednn_calls(monkeypatch) -> list[int]:
+    """How many forwards went through oneDNN's linear (the real one, counted)."""
+    calls: list[int] = []
+    real = lk._onednn_linear
+    monkeypatch.setattr(lk, "_onednn_linear", lambda *args: calls.append(1) or real(*args))
+    return calls
+
+
+def _pair(in_features: int = 64, out_features: int = 96) -> tuple[torch.nn.Linear, lk.FewRowLinear]:
+    torch.manual_seed(0)
+    plain, few = torch.nn.Linear(in_features, out_features), torch.nn.Linear(in_features, out_features)
+    few.load_state_dict(plain.state_dict())
+    few.__class__ = lk.FewRowLinear
+    return plain, few
+
+
+def test_a_few_rows_at_inference_go_through_onednn_to_float32s_last_bits(onednn_calls):
+    plain, few = _pair()
+    inputs = [torch.randn(1, 1, 64), torch.randn(lk.FEW_ROWS, 1, 64), torch.randn(2, 64, 3)[..., 0]]  # last: strided
+    with torch.inference_mode():
+        for x in inputs:
+            torch.testing.assert_close(few(x), plain(x), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        few(inputs[0])
+    assert len(onednn_calls) == len(inputs) + 1
+
+
+def test_every_other_forward_is_nn_linears_own_bit_for_bit(onednn_calls):
+    plain, few = _pair()
+    many = torch.randn(2, lk.FEW_ROWS, 64)  # a prompt's forward: more rows than a decode step has
+    with torch.inference_mode():
+        assert torch.equal(few(many), plain(many))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            one = torch.randn(1, 1, 64)
+            assert torch.equal(few(one), plain(one)) and few(one).dtype == torch.bfloat16
+    x = torch.randn(1, 1, 64)
+    out_few, out_plain = few(x), plain(x)  # autograd records: training and the gradients it needs
+    assert torch.equal(out_few, out_plain)
+    out_few.sum().backward()
+    out_plain.sum().backward()
+    assert torch.equal(few.weight.grad, plain.weight.grad)
+    few_bf16, plain_bf16 = few.to(torch.bfloat16), plain.to(torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(few_bf16(x.bfloat16()), plain_bf16(x.bfloat16()))
+    assert not onednn_calls
+
+
+def test_the_kernel_follows_the_setting_else_the_cached_probe(monkeypatch, tmp_path):
+    for chosen in ("aten", "onednn"):
+        monkeypatch.setenv(lk.KERNEL_ENV, chosen)
+        assert lk.linear_kernel() == chosen
+    monkeypatch.setenv(lk.KERNEL_ENV, "mkl")
+    with pytest.raises(ValueError, match=lk.KERNEL_ENV):
+        lk.linear_kernel()
+    monkeypatch.delenv(lk.KERNEL_ENV)
+    monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path))
+    lk.kernel_probe.cache_clear()
+    try:
+        measured = lk.kernel_probe()
+        (path,) = (tmp_path / "machine").glob("linear-*.json")
+        assert json.loads(path.read_text()) == measured and all(t > 0 for t in measured.values())
+        for aten_s, onednn_s, expected in ((1.0, 1.0, "aten"), (1.0, 0.5, "onednn"), (0.5, 1.0, "aten")):
+            path.write_text(json.dumps({"aten_s": aten_s, "onednn_s": onednn_s}))
+            lk.kernel_probe.cache_clear()
+            assert lk.linear_kernel() == expected, (aten_s, onednn_s)
+    finally:
+        lk.kernel_probe.cache_clear()
+
+
+def test_a_model_loaded_with_onednn_streams_generates_text_token_for_token(monkeypatch, onednn_calls):
+    """SmolLM2 with the demo TOPL adapter merged (the slider's model), fp32: every linear turned and kept through the
+    merge; the stream decodes through oneDNN and writes generate()'s text; the compiled decoder's tree is plain."""
+    monkeypatch.setenv(lk.KERNEL_ENV, "onednn")
+    lm = load_merged("smollm2-135m", "examples/adapters/topl-smollm2")
+    linears = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 7 * len(decoder_layers(lm.model)) + 1  # q k v o gate up down per layer, the LM head
+    assert all(type(m) is lk.FewRowLinear for m in linears) and lk.model_linear_kernel(lm.model) == "onednn"
+    cfg = GenerationConfig(max_new_tokens=24, precision="fp32", decode_precision="fp32")
+    streamed = list(stream_generate(lm, DOCUMENT, cfg))
+    assert len(onednn_calls) >= len(linears) * (len(streamed) - 1)  # every decode step's linears
+    assert streamed[-1] and streamed[-1] == generate(lm, [DOCUMENT], cfg)[0]
+    assert lk.model_linear_kernel(CompiledDecoder(lm)._model) == "aten"
+    assert lk.model_linear_kernel(lm.model) == "onednn"
+    monkeypatch.setenv(lk.KERNEL_ENV, "aten")
+    assert lk.model_linear_kernel(load_model("tiny-llama").model) == "aten"

@@ -1,0 +1,134 @@
+"""The CPU kernel of a float32 linear over a few rows (a decode step's): aten's or oneDNN's, whichever this machine
+runs faster (measured once, cached per machine under cache/machine/).
+
+A decode step reads every weight once for one row per sequence, so its linears run at the memory's bandwidth, or
+should: aten's float32 linear goes to MKL, which on AMD CPUs takes a slow path (10–11 GB/s on a Zen 4 EPYC whose
+memory streams 27 GB/s) where oneDNN's reaches 18–23 GB/s (docs/performance.md, "The decode step's linears").
+
+    linear_kernel() -> "aten" | "onednn"     TOPL_LINEAR_KERNEL when set, else the probe's answer
+    use_linear_kernel(model) -> int          where the answer is oneDNN, the model's nn.Linear modules become
+                                             FewRowLinear (the same weights; the count returned)
+    plain_linears(model)                     FewRowLinear back to nn.Linear: a tree torch.compile traces (inductor
+                                             lowers oneDNN's linear for frozen weights only)
+    model_linear_kernel(model)               the kernel a loaded model's few-row linears run
+
+FewRowLinear computes a forward through oneDNN only where nothing else is asked of it: float32 input and weight on a
+CPU, at most FEW_ROWS rows, no autograd recording, no autocast. Every other forward (a prompt, training, bf16
+autocast) is nn.Linear's own, bit for bit. The two kernels round differently in the last bits, so a model decodes
+every eager path of one process the same way (generate, streams, grids, the gated decoder), but a text can part
+from another machine's at a near-tie, as between any two CPUs, and from a compiled decode step's (inductor's own
+kernels: compiled_decode.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from ..foundations.io import write_json
+from ..foundations.paths import cache_dir
+from .precision import machine_key
+
+LinearKernel = Literal["aten", "onednn"]
+KERNEL_ENV = "TOPL_LINEAR_KERNEL"  # "aten" / "onednn": the kernel on this machine, overriding the probe
+FEW_ROWS = 32  # up to a λ grid's decode step (session.GRID_ROWS rows); a prompt's forward has more
+# the probe's weight: 48 MiB of float32, beyond a CPU's caches as a model's weights are, one row through it
+PROBE_SHAPE = (12288, 1024)
+PROBE_REPEATS = 5
+FASTER_BY = 1.1  # oneDNN is chosen only where it is at least this much faster: a tie is not worth other roundings
+
+
+def onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+
+
+def _time_row(linear) -> float:
+    """Best of PROBE_REPEATS one-row linears on torch's threads, as a decode step runs them (a kernel that leaves a
+    core idle is what the probe is there to find: MKL's one-row path on an AMD CPU uses one of two)."""
+    weight, row = torch.randn(*PROBE_SHAPE), torch.randn(1, PROBE_SHAPE[1])
+    best = float("inf")
+    for _ in range(PROBE_REPEATS + 1):  # the first is the warm-up
+        t = time.perf_counter()
+        linear(row, weight, None)
+        best = min(best, time.perf_counter() - t)
+    return max(best, 1e-9)
+
+
+@functools.lru_cache(maxsize=1)
+def kernel_probe() -> dict[str, float]:
+    """{"aten_s", "onednn_s"}: one row through PROBE_SHAPE in each kernel, measured once per machine and cached."""
+    path = cache_dir() / "machine" / f"linear-{machine_key()}.json"
+    try:
+        times = json.loads(path.read_text())
+        if set(times) == {"aten_s", "onednn_s"}:
+            return times
+    except (OSError, ValueError):
+        pass  # absent or unreadable: measure (~0.2 s) and store
+    times = {"aten_s": _time_row(F.linear), "onednn_s": _time_row(_onednn_linear)}
+    try:
+        write_json(path, times)
+    except OSError:
+        pass  # a read-only cache is fine: the probe is cheap
+    return times
+
+
+def linear_kernel() -> LinearKernel:
+    """The few-row float32 linear kernel on this machine's CPU (module docstring)."""
+    chosen = os.environ.get(KERNEL_ENV)
+    if chosen not in (None, "", "aten", "onednn"):
+        raise ValueError(f"{KERNEL_ENV}={chosen!r}: set 'aten' or 'onednn', or unset it to let the probe choose.")
+    if not onednn_available():
+        return "aten"
+    if chosen:
+        return chosen  # type: ignore[return-value]
+    times = kernel_probe()
+    return "onednn" if times["onednn_s"] * FASTER_BY <= times["aten_s"] else "aten"
+
+
+class FewRowLinear(torch.nn.Linear):
+    """An nn.Linear whose few-row inference forwards on a CPU run through oneDNN (module docstring)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (
+            x.numel() <= FEW_ROWS * self.in_features
+            and x.dtype == torch.float32
+            and self.weight.dtype == torch.float32
+            and x.device.type == "cpu"
+            and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
+            and not torch.is_autocast_enabled("cpu")
+        ):
+            return _onednn_linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+def use_linear_kernel(model: torch.nn.Module) -> int:
+    """Where linear_kernel() is oneDNN, turn the model's nn.Linear modules (exactly that class) into FewRowLinear in
+    place, keeping their weights; the number turned (0 where aten is kept)."""
+    if linear_kernel() != "onednn":
+        return 0
+    turned = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    for module in turned:
+        module.__class__ = FewRowLinear
+    return len(turned)
+
+
+def plain_linears(model: torch.nn.Module) -> None:
+    """Turn the model's FewRowLinear modules back into nn.Linear in place (module docstring)."""
+    for module in model.modules():
+        if type(module) is FewRowLinear:
+            module.__class__ = torch.nn.Linear
+
+
+def model_linear_kernel(model: torch.nn.Module) -> LinearKernel:
+    """The kernel of the model's few-row float32 linears: oneDNN where load_model turned them, else aten."""
+    return "onednn" if any(type(m) is FewRowLinear for m in model.modules()) else "aten"
