@@ -13,11 +13,11 @@ memory streams 27 GB/s) where oneDNN's reaches 18–23 GB/s (docs/performance.md
     model_linear_kernel(model)               the kernel a loaded model's few-row linears run
 
 FewRowLinear computes a forward through oneDNN only where nothing else is asked of it: float32 input and weight on a
-CPU, at most FEW_ROWS rows, no autograd recording, no autocast. Every other forward (a prompt, training, bf16
-autocast) is nn.Linear's own, bit for bit. The two kernels round differently in the last bits, so a model decodes
-every eager path of one process the same way (generate, streams, grids, the gated decoder), but a text can part
-from another machine's at a near-tie, as between any two CPUs, and from a compiled decode step's (inductor's own
-kernels: compiled_decode.py).
+CPU, at most FEW_ROWS rows, no autograd recording, no autocast. Every other forward (a prompt of more positions,
+training, bf16 autocast) is nn.Linear's own, bit for bit. The two kernels round differently in the last bits. A
+loaded model runs every eager path through the same one (generate, streams, grids, the gated decoder), so those
+agree token for token; a text can part from another machine's at a near-tie, as between any two CPUs, and from a
+compiled decode step's (inductor's own kernels: compiled_decode.py).
 """
 
 from __future__ import annotations
