@@ -8,15 +8,14 @@ memory streams 27 GB/s) where oneDNN's reaches 18–23 GB/s (docs/performance.md
     linear_kernel() -> "aten" | "onednn"     TOPL_LINEAR_KERNEL when set, else the probe's answer
     use_linear_kernel(model) -> int          where the answer is oneDNN, the model's nn.Linear modules become
                                              FewRowLinear (the same weights; the count returned)
-    plain_linears(model)                     FewRowLinear back to nn.Linear: a tree torch.compile traces (inductor
-                                             lowers oneDNN's linear for frozen weights only)
     model_linear_kernel(model)               the kernel a loaded model's few-row linears run
 
 FewRowLinear computes a forward through oneDNN only where nothing else is asked of it: float32 input and weight on a
-CPU, at most FEW_ROWS rows, no autograd recording, no autocast. Every other forward (a prompt of more positions,
-training, bf16 autocast) is nn.Linear's own, bit for bit. The two kernels round differently in the last bits. A
-loaded model runs every eager path through the same one (generate, streams, grids, the gated decoder), so those
-agree token for token; a text can part from another machine's at a near-tie, as between any two CPUs, and from a
+CPU, at most FEW_ROWS rows, no autograd recording, no autocast, not traced by torch.compile (inductor lowers oneDNN's
+linear for frozen weights only: a compiled graph takes its own kernels). Every other forward (a prompt of more
+positions, training, bf16 autocast) is nn.Linear's own, bit for bit. The two kernels round differently in the last
+bits. A loaded model runs every eager path through the same one (generate, streams, grids, the gated decoder), so
+those agree token for token; a text can part from another machine's at a near-tie, as between any two CPUs, and from a
 compiled decode step's (inductor's own kernels: compiled_decode.py).
 """
 
@@ -106,6 +105,7 @@ class FewRowLinear(torch.nn.Linear):
             and x.device.type == "cpu"
             and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
             and not torch.is_autocast_enabled("cpu")
+            and not torch.compiler.is_compiling()
         ):
             return _onednn_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
@@ -120,13 +120,6 @@ def use_linear_kernel(model: torch.nn.Module) -> int:
     for module in turned:
         module.__class__ = FewRowLinear
     return len(turned)
-
-
-def plain_linears(model: torch.nn.Module) -> None:
-    """Turn the model's FewRowLinear modules back into nn.Linear in place (module docstring)."""
-    for module in model.modules():
-        if type(module) is FewRowLinear:
-            module.__class__ = torch.nn.Linear
 
 
 def model_linear_kernel(model: torch.nn.Module) -> LinearKernel:

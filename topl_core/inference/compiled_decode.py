@@ -30,7 +30,6 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 
-from ..hardware.linear_kernel import plain_linears
 from ..hardware.precision import TORCH_DTYPES
 from ..models.loading import LoadedModel
 from .generate import GenerationConfig, Prefill, decode_greedy
@@ -51,7 +50,6 @@ class CompiledDecoder:
         for module in self._model.modules():  # without the hooks the model had (none while nobody generates)
             module._forward_hooks.clear()
             module._forward_pre_hooks.clear()
-        plain_linears(self._model)  # inductor's own kernels (the eager model's few-row linears may be oneDNN's)
         self.dtype, self._cuda = model.dtype, model.device.type == "cuda"
         self._shifts: dict[str, torch.Tensor] = {}
         for path in shift_paths:
