@@ -1,8 +1,8 @@
 """The few-row float32 linear's kernel (hardware/linear_kernel.py): a few rows at inference go through oneDNN and
 agree with nn.Linear to float32's last bits; every other forward (many rows, autograd, autocast, bf16 weights) is
 nn.Linear's own, bit for bit, with its gradients; the choice follows TOPL_LINEAR_KERNEL, else the cached probe; a
-model loaded with oneDNN, its adapter merged, streams generate()'s text token for token; a compiled graph takes
-inductor's own linear. (The rest of the suite pins aten: tests/conftest.py.)"""
+model loaded with oneDNN, its adapter merged, streams generate()'s text token for token; a compiled graph calls
+the same kernel. (The rest of the suite pins aten: tests/conftest.py.)"""
 
 from __future__ import annotations
 
@@ -71,14 +71,21 @@ def test_every_other_forward_is_nn_linears_own_bit_for_bit(onednn_calls):
     assert not onednn_calls
 
 
-def test_a_compiled_graph_takes_inductors_own_linear(onednn_calls):
-    """What the compiled decode step traces (inference/compiled_decode.py): no oneDNN call inside the graph, whose
-    lowering of oneDNN's linear wants frozen weights, and the same products to float32's last bits."""
-    plain, few = _pair()
+def test_a_compiled_graph_calls_onednn_as_one_operator():
+    """What the compiled decode step traces (inference/compiled_decode.py): oneDNN's linear as the opaque operator
+    topl::onednn_linear (inductor's own lowering of it wants frozen weights), the eager forward's bits exactly."""
+    _, few = _pair()
     x = torch.randn(1, 1, 64)
+    traced = []
+
+    def record(graph_module, _inputs):
+        traced.extend(n.target for n in graph_module.graph.nodes if n.op == "call_function")
+        return graph_module.forward
+
     with torch.inference_mode():
-        torch.testing.assert_close(torch.compile(few, dynamic=False)(x), plain(x), rtol=1e-5, atol=1e-5)
-    assert not onednn_calls
+        torch.compile(few, backend=record, dynamic=False)(x)
+        assert torch.equal(torch.compile(few, dynamic=False)(x), few(x))
+    assert traced == [torch.ops.topl.onednn_linear.default]
 
 
 def test_the_kernel_follows_the_setting_else_the_cached_probe(monkeypatch, tmp_path):

@@ -11,12 +11,11 @@ memory streams 27 GB/s) where oneDNN's reaches 18–23 GB/s (docs/performance.md
     model_linear_kernel(model)               the kernel a loaded model's few-row linears run
 
 FewRowLinear computes a forward through oneDNN only where nothing else is asked of it: float32 input and weight on a
-CPU, at most FEW_ROWS rows, no autograd recording, no autocast, not traced by torch.compile (inductor lowers oneDNN's
-linear for frozen weights only: a compiled graph takes its own kernels). Every other forward (a prompt of more
-positions, training, bf16 autocast) is nn.Linear's own, bit for bit. The two kernels round differently in the last
-bits. A loaded model runs every eager path through the same one (generate, streams, grids, the gated decoder), so
-those agree token for token; a text can part from another machine's at a near-tie, as between any two CPUs, and from a
-compiled decode step's (inductor's own kernels: compiled_decode.py).
+CPU, at most FEW_ROWS rows, no autograd recording, no autocast (a graph torch.compile traces calls it as one opaque
+operator). Every other forward (a prompt of more positions, training, bf16 autocast) is nn.Linear's own, bit for
+bit. The two kernels round differently in the last bits. A loaded model runs every path through the same one
+(generate, streams, grids, the gated decoder, the compiled decode step), so those agree token for token; a text can
+part from another machine's at a near-tie, as between any two CPUs.
 """
 
 from __future__ import annotations
@@ -49,6 +48,19 @@ def onednn_available() -> bool:
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+
+
+# the same as one operator that torch.compile keeps opaque: inductor lowers mkldnn._linear_pointwise itself, for
+# frozen weights only (an assertion otherwise), so a compiled graph calls oneDNN through this (eager calls skip the
+# custom operator's dispatch)
+_compiled_onednn_linear = torch.library.custom_op(
+    "topl::onednn_linear", mutates_args=(), schema="(Tensor x, Tensor weight, Tensor? bias) -> Tensor"
+)(_onednn_linear)
+
+
+@_compiled_onednn_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def _time_row(linear) -> float:
@@ -105,9 +117,9 @@ class FewRowLinear(torch.nn.Linear):
             and x.device.type == "cpu"
             and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
             and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling()
         ):
-            return _onednn_linear(x, self.weight, self.bias)
+            linear = _compiled_onednn_linear if torch.compiler.is_compiling() else _onednn_linear
+            return linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
