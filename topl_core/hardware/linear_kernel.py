@@ -2,8 +2,8 @@
 runs faster (measured once, cached per machine under cache/machine/).
 
 A decode step reads every weight once for one row per sequence, so its linears run at the memory's bandwidth, or
-should: aten's float32 linear goes to MKL, which on AMD CPUs takes a slow path (10–11 GB/s on a Zen 4 EPYC whose
-memory streams 27 GB/s) where oneDNN's reaches 18–23 GB/s (docs/performance.md, "The decode step's linears").
+should: aten's float32 linear goes to MKL, whose one-row path on an AMD CPU uses one core (10–11 GB/s on a 2-core
+Zen 4 EPYC where oneDNN's reaches 18–23 GB/s and llama.cpp's 35; docs/performance.md, "The decode step's linears").
 
     linear_kernel() -> "aten" | "onednn"     TOPL_LINEAR_KERNEL when set, else the probe's answer
     use_linear_kernel(model) -> int          where the answer is oneDNN, the model's nn.Linear modules become
