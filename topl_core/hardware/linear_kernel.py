@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import time
 from typing import Literal
 
 import torch
@@ -31,14 +30,13 @@ import torch.nn.functional as F
 
 from ..foundations.io import write_json
 from ..foundations.paths import cache_dir
-from .precision import machine_key
+from .precision import best_time, machine_key
 
 LinearKernel = Literal["aten", "onednn"]
 KERNEL_ENV = "TOPL_LINEAR_KERNEL"  # "aten" / "onednn": the kernel on this machine, overriding the probe
 FEW_ROWS = 32  # up to a λ grid's decode step (session.GRID_ROWS rows); a prompt's forward has more
 # the probe's weight: 48 MiB of float32, beyond a CPU's caches as a model's weights are, one row through it
 PROBE_SHAPE = (12288, 1024)
-PROBE_REPEATS = 5
 FASTER_BY = 1.1  # oneDNN is chosen only where it is at least this much faster: a tie is not worth other roundings
 
 
@@ -64,15 +62,10 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 
 def _time_row(linear) -> float:
-    """Best of PROBE_REPEATS one-row linears on torch's threads, as a decode step runs them (a kernel that leaves a
-    core idle is what the probe is there to find: MKL's one-row path on an AMD CPU uses one of two)."""
+    """The best one-row linear on torch's threads (precision.best_time), as a decode step runs them (a kernel that
+    leaves a core idle is what the probe is there to find: MKL's one-row path on an AMD CPU uses one of two)."""
     weight, row = torch.randn(*PROBE_SHAPE), torch.randn(1, PROBE_SHAPE[1])
-    best = float("inf")
-    for _ in range(PROBE_REPEATS + 1):  # the first is the warm-up
-        t = time.perf_counter()
-        linear(row, weight, None)
-        best = min(best, time.perf_counter() - t)
-    return max(best, 1e-9)
+    return best_time(lambda: linear(row, weight, None))
 
 
 @functools.lru_cache(maxsize=1)

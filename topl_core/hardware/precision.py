@@ -108,15 +108,9 @@ def _time_matmul(dtype: torch.dtype) -> float:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        a @ b  # warm-up: kernel selection, allocation
-        best = float("inf")
-        for _ in range(PROBE_REPEATS):
-            t = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - t)
+        return best_time(lambda: a @ b)
     finally:
         torch.set_num_threads(threads)
-    return max(best, 1e-9)
 
 
 def _time_decode_row(under_autocast: bool) -> float:
@@ -126,15 +120,26 @@ def _time_decode_row(under_autocast: bool) -> float:
     row = torch.randn(1, DECODE_PROBE_SIZE)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=under_autocast):
+            torch.nn.functional.linear(row, weight)
+
     try:
-        best = float("inf")
-        for _ in range(PROBE_REPEATS + 1):  # the first is the warm-up
-            t = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=under_autocast):
-                torch.nn.functional.linear(row, weight)
-            best = min(best, time.perf_counter() - t)
+        return best_time(step)
     finally:
         torch.set_num_threads(threads)
+
+
+def best_time(fn: typing.Callable[[], object]) -> float:
+    """The best of PROBE_REPEATS timed calls of `fn` after one untimed warm-up (kernel selection, allocation), in
+    seconds (never 0): what the machine probes measure."""
+    fn()
+    best = float("inf")
+    for _ in range(PROBE_REPEATS):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
     return max(best, 1e-9)
 
 
