@@ -601,8 +601,9 @@ def test_work_ahead_is_kept_when_done_and_dropped_when_cancelled(merged, vectors
         return lambda cancel: session.stream_grid(DOC, lambdas, cfg, how=how, cancel=cancel)
 
     ahead.start(["left", "right"], grid([-step, step]), kept.__setitem__)
-    assert ahead.writing("left") is not None and ahead.writing("elsewhere") is None
-    assert ahead.writing("right").wait(120)
+    done = ahead.writing("left")  # taken at once: the grid takes a prompt and 12 decode steps
+    assert done is ahead.writing("right") is not None and ahead.writing("elsewhere") is None
+    assert done.wait(120)
     assert [kept["left"].text, kept["right"].text] == [
         session.generate_steered(DOC, lam, gen, how=how) for lam in (-step, step)
     ]
@@ -624,10 +625,11 @@ def test_work_ahead_is_kept_when_done_and_dropped_when_cancelled(merged, vectors
 def test_work_ahead_runs_at_the_lowest_cpu_priority():
     """A Prefetch job's thread, and the threads it starts (torch's workers), run at nice 19, so a page drawn meanwhile
     gets the cores first; the calling thread keeps its own priority."""
-    ahead, kept = Prefetch(), {}
+    ahead, kept, go = Prefetch(), {}, threading.Event()
     caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     def stream(_cancel):
+        go.wait(60)  # held until the test has the job's done-event: a job already over is writing nothing
         mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
         started = []
         worker = threading.Thread(
@@ -638,7 +640,9 @@ def test_work_ahead_runs_at_the_lowest_cpu_priority():
         yield [(mine, started[0])]  # one value per key
 
     ahead.start(["priorities"], stream, kept.__setitem__)
-    assert ahead.writing("priorities").wait(60)
+    done = ahead.writing("priorities")
+    go.set()
+    assert done.wait(60)
     assert kept["priorities"] == (19, 19)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller
 
