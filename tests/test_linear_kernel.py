@@ -1,8 +1,9 @@
 """The few-row float32 linear's kernel (hardware/linear_kernel.py): a few rows at inference go through oneDNN and
 agree with nn.Linear to float32's last bits; every other forward (many rows, autograd, autocast, bf16 weights) is
 nn.Linear's own, bit for bit, with its gradients; the choice follows TOPL_LINEAR_KERNEL, else the cached probe; a
-model loaded with oneDNN, its adapter merged, streams generate()'s text token for token; a compiled graph calls
-the same kernel. (The rest of the suite pins aten: tests/conftest.py.)"""
+model loaded with oneDNN, its adapter merged, streams generate()'s text token for token; a compiled graph writes
+one row as a multiply-reduce and calls the same kernel for a few rows. (The rest of the suite pins aten:
+tests/conftest.py.)"""
 
 from __future__ import annotations
 
@@ -32,11 +33,13 @@ def onednn_calls(monkeypatch) -> list[int]:
     return calls
 
 
-def _pair(in_features: int = 64, out_features: int = 96) -> tuple[torch.nn.Linear, lk.FewRowLinear]:
+def _pair(
+    kernel: lk.LinearKernel = "onednn", shape: tuple[int, int] = (64, 96)
+) -> tuple[torch.nn.Linear, lk.FewRowLinear]:
     torch.manual_seed(0)
-    plain, few = torch.nn.Linear(in_features, out_features), torch.nn.Linear(in_features, out_features)
+    plain, few = torch.nn.Linear(*shape), torch.nn.Linear(*shape)
     few.load_state_dict(plain.state_dict())
-    few.__class__ = lk.FewRowLinear
+    few.__class__, few.kernel = lk.FewRowLinear, kernel
     return plain, few
 
 
@@ -65,17 +68,19 @@ def test_every_other_forward_is_nn_linears_own_bit_for_bit(onednn_calls):
     out_few.sum().backward()
     out_plain.sum().backward()
     assert torch.equal(few.weight.grad, plain.weight.grad)
+    _, few_aten = _pair("aten")  # where aten is the kernel, a few rows too
+    with torch.inference_mode():
+        assert torch.equal(few_aten(x), plain(x))
     few_bf16, plain_bf16 = few.to(torch.bfloat16), plain.to(torch.bfloat16)
     with torch.inference_mode():
         assert torch.equal(few_bf16(x.bfloat16()), plain_bf16(x.bfloat16()))
     assert not onednn_calls
 
 
-def test_a_compiled_graph_calls_onednn_as_one_operator():
-    """What the compiled decode step traces (inference/compiled_decode.py): oneDNN's linear as the opaque operator
-    topl::onednn_linear (inductor's own lowering of it wants frozen weights), the eager forward's bits exactly."""
-    _, few = _pair()
-    x = torch.randn(1, 1, 64)
+def _traced(module: torch.nn.Module, x: torch.Tensor) -> tuple[list, torch.Tensor]:
+    """The operators torch.compile traces for module(x), and the output of the graph inductor builds from them."""
+    from torch._dynamo.backends.common import aot_autograd
+
     traced = []
 
     def record(graph_module, _inputs):
@@ -83,9 +88,29 @@ def test_a_compiled_graph_calls_onednn_as_one_operator():
         return graph_module.forward
 
     with torch.inference_mode():
-        torch.compile(few, backend=record, dynamic=False)(x)
-        assert torch.equal(torch.compile(few, dynamic=False)(x), few(x))
-    assert traced == [torch.ops.topl.onednn_linear.default]
+        torch.compile(module, backend=aot_autograd(fw_compiler=record), dynamic=False)(x)
+        return traced, torch.compile(module, dynamic=False)(x)
+
+
+@pytest.mark.parametrize("kernel", ["onednn", "aten"])
+def test_a_compiled_graph_writes_one_row_as_a_multiply_reduce_and_a_few_as_the_kernel(kernel):
+    """What the compiled decode step traces (inference/compiled_decode.py): one row as a multiply and a sum, which
+    inductor fuses into one kernel (float32's last bits of the eager product), whatever the kernel; a few rows as
+    the model's kernel, bit for bit: oneDNN as the opaque operator topl::onednn_linear (inductor's own lowering of
+    it wants frozen weights), aten's linear as itself."""
+    plain, few = _pair(kernel, (576, 1536))  # a SmolLM2 MLP's shape: a reduction of hundreds of products
+    one, rows = torch.randn(1, 1, 576), torch.randn(3, 1, 576)
+    traced, out = _traced(few, one)
+    assert torch.ops.aten.mul.Tensor in traced and torch.ops.aten.sum.dim_IntList in traced
+    products = {torch.ops.topl.onednn_linear.default, torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+    assert not products & set(traced)
+    with torch.inference_mode():
+        torch.testing.assert_close(out, plain(one), rtol=1e-5, atol=1e-5)
+    traced, out = _traced(few, rows)
+    linear = {torch.ops.topl.onednn_linear.default} if kernel == "onednn" else {torch.ops.aten.addmm.default}
+    assert linear & set(traced) and not {torch.ops.aten.sum.dim_IntList} & set(traced)
+    with torch.inference_mode():
+        assert torch.equal(out, few(rows))
 
 
 def test_the_kernel_follows_the_setting_else_the_cached_probe(monkeypatch, tmp_path):
@@ -123,4 +148,6 @@ def test_a_model_loaded_with_onednn_streams_generates_text_token_for_token(monke
     assert len(onednn_calls) >= len(linears) * (len(streamed) - 1)  # every decode step's linears
     assert streamed[-1] and streamed[-1] == generate(lm, [DOCUMENT], cfg)[0]
     monkeypatch.setenv(lk.KERNEL_ENV, "aten")
-    assert lk.model_linear_kernel(load_model("tiny-llama").model) == "aten"
+    tiny = load_model("tiny-llama").model
+    assert lk.model_linear_kernel(tiny) == "aten"
+    assert {m.kernel for m in tiny.modules() if type(m) is lk.FewRowLinear} == {"aten"}  # a compiled row's product

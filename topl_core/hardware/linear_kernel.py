@@ -1,21 +1,28 @@
-"""The CPU kernel of a float32 linear over a few rows (a decode step's): aten's or oneDNN's, whichever this machine
-runs faster (measured once, cached per machine under cache/machine/).
+"""A CPU model's linears, for the decode step: the kernel of a float32 linear over a few rows (aten's or oneDNN's,
+whichever this machine runs faster, measured once and cached per machine under cache/machine/), and inside a compiled
+graph a one-row product that inductor writes itself.
 
 A decode step reads every weight once for one row per sequence, so its linears run at the memory's bandwidth, or
 should: aten's float32 linear goes to MKL, whose one-row path on an AMD CPU uses one core (10–11 GB/s on a 2-core
 Zen 4 EPYC where oneDNN's reaches 18–23 GB/s and llama.cpp's 35; docs/performance.md, "The decode step's linears").
 
     linear_kernel() -> "aten" | "onednn"     TOPL_LINEAR_KERNEL when set, else the probe's answer
-    use_linear_kernel(model) -> int          where the answer is oneDNN, the model's nn.Linear modules become
-                                             FewRowLinear (the same weights; the count returned)
+    use_linear_kernel(model) -> int          the model's nn.Linear modules become FewRowLinear running linear_kernel()
+                                             (the same weights; the count returned)
     model_linear_kernel(model)               the kernel a loaded model's few-row linears run
 
-FewRowLinear computes a forward through oneDNN only where nothing else is asked of it: float32 input and weight on a
-CPU, at most FEW_ROWS rows, no autograd recording, no autocast (a graph torch.compile traces calls it as one opaque
-operator). Every other forward (a prompt of more positions, training, bf16 autocast) is nn.Linear's own, bit for
-bit. The two kernels round differently in the last bits. A loaded model runs every path through the same one
-(generate, streams, grids, the gated decoder, the compiled decode step), so those agree token for token; a text can
-part from another machine's at a near-tie, as between any two CPUs.
+FewRowLinear computes a forward its own way only where nothing else is asked of it: float32 input and weight on a
+CPU, at most FEW_ROWS rows, no autograd recording, no autocast. Eagerly such a forward runs the model's kernel;
+every other forward (a prompt of more positions, training, bf16 autocast) is nn.Linear's own, bit for bit. The two
+kernels round differently in the last bits. A loaded model runs every eager path through the same one (generate,
+streams, grids, the gated decoder), so those agree token for token; a text can part from another machine's at a
+near-tie, as between any two CPUs.
+
+Inside a graph torch.compile traces (the compiled decode step), one row is a multiply-reduce (row_product), which
+inductor fuses into one kernel per linear: it read the weights at 37 GB/s where oneDNN's linear reached 30 on the
+Zen 4 EPYC, and it is no call out of the graph (the opaque oneDNN operator cost ~30 µs a call there). A few rows
+more go through the model's kernel (oneDNN as one opaque operator). The compiled step thus rounds differently from
+the eager one, as its other fused operators do (inference/compiled_decode.py).
 """
 
 from __future__ import annotations
@@ -99,8 +106,18 @@ def linear_kernel() -> LinearKernel:
     return "onednn" if times["onednn_s"] * FASTER_BY <= times["aten_s"] else "aten"
 
 
+def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T for one row as a multiply and a sum over the input features: inductor writes it as one fused
+    reduction that reads the weight once (module docstring); eagerly it would build the product matrix."""
+    y = (x.unsqueeze(-2) * weight).sum(-1)
+    return y if bias is None else y + bias
+
+
 class FewRowLinear(torch.nn.Linear):
-    """An nn.Linear whose few-row inference forwards on a CPU run through oneDNN (module docstring)."""
+    """A CPU model's nn.Linear: its few-row float32 inference forwards run `kernel`, or row_product inside a compiled
+    graph (module docstring)."""
+
+    kernel: LinearKernel = "aten"  # set per module by use_linear_kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (
@@ -111,22 +128,28 @@ class FewRowLinear(torch.nn.Linear):
             and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
             and not torch.is_autocast_enabled("cpu")
         ):
-            linear = _compiled_onednn_linear if torch.compiler.is_compiling() else _onednn_linear
-            return linear(x, self.weight, self.bias)
+            if not torch.compiler.is_compiling():
+                if self.kernel == "onednn":
+                    return _onednn_linear(x, self.weight, self.bias)
+            elif x.numel() == self.in_features:
+                return row_product(x, self.weight, self.bias)
+            elif self.kernel == "onednn":
+                return _compiled_onednn_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
 def use_linear_kernel(model: torch.nn.Module) -> int:
-    """Where linear_kernel() is oneDNN, turn the model's nn.Linear modules (exactly that class) into FewRowLinear in
-    place, keeping their weights; the number turned (0 where aten is kept)."""
-    if linear_kernel() != "onednn":
-        return 0
+    """Turn the model's nn.Linear modules (exactly that class) into FewRowLinear running linear_kernel(), in place,
+    keeping their weights; the number turned."""
+    kernel = linear_kernel()
     turned = [m for m in model.modules() if type(m) is torch.nn.Linear]
     for module in turned:
         module.__class__ = FewRowLinear
+        module.kernel = kernel
     return len(turned)
 
 
 def model_linear_kernel(model: torch.nn.Module) -> LinearKernel:
-    """The kernel of the model's few-row float32 linears: oneDNN where load_model turned them, else aten."""
-    return "onednn" if any(type(m) is FewRowLinear for m in model.modules()) else "aten"
+    """The kernel of the model's few-row float32 linears: oneDNN where load_model turned them to it, else aten."""
+    turned = (m for m in model.modules() if isinstance(m, FewRowLinear))
+    return "onednn" if any(m.kernel == "onednn" for m in turned) else "aten"
