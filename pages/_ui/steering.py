@@ -75,8 +75,9 @@ def steering_session(key: SessionKey) -> SteeringSession:
 def compiled_decode(device: str) -> bool:
     """Whether the page builds and takes the compiled decode step (docs/app.md, "Steering"): TOPL_COMPILED_DECODE=1
     always, 0 never, auto (the default) on a GPU only. On a GPU it writes a steered summary in a fraction of the
-    eager time (Qwen3-8B on an H200: 0.48 s against 1.73 s); on a 2-core CPU it saves a tenth of each decode step,
-    under the noise of a whole slider move, and building it takes both cores for 8–38 s."""
+    eager time (Qwen3-8B on an H200: 0.48 s against 1.73 s). On a 2-core CPU it halves each decode step, but its
+    build (8–50 s) holds the interpreter's lock for seconds at a time, and a slider move meanwhile took 18 s instead
+    of 6.6 s (docs/performance.md, "The compiled step's one-row products")."""
     choice = os.environ.get("TOPL_COMPILED_DECODE", "auto")
     return choice == "1" or (choice == "auto" and device == "cuda")
 
