@@ -128,13 +128,12 @@ class FewRowLinear(torch.nn.Linear):
             and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
             and not torch.is_autocast_enabled("cpu")
         ):
-            if not torch.compiler.is_compiling():
-                if self.kernel == "onednn":
-                    return _onednn_linear(x, self.weight, self.bias)
-            elif x.numel() == self.in_features:
+            compiling = torch.compiler.is_compiling()
+            if compiling and x.numel() == self.in_features:
                 return row_product(x, self.weight, self.bias)
-            elif self.kernel == "onednn":
-                return _compiled_onednn_linear(x, self.weight, self.bias)
+            if self.kernel == "onednn":
+                linear = _compiled_onednn_linear if compiling else _onednn_linear
+                return linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
