@@ -594,15 +594,23 @@ def test_work_ahead_is_kept_when_done_and_dropped_when_cancelled(merged, vectors
     cancel() or by a job for other keys), it stops within a layer and keeps nothing, leaving no hook behind."""
     session, hooks = SteeringSession(merged, vectors), all_hooks(merged.model)
     gen, how, step = GenerationConfig(max_new_tokens=12, precision="fp32"), RAW, big_lambda(vectors)
-    ahead, kept = Prefetch(), {}
+    ahead, kept, go = Prefetch(), {}, threading.Event()
 
     def grid(lambdas, n=12):
         cfg = GenerationConfig(max_new_tokens=n, precision="fp32")
         return lambda cancel: session.stream_grid(DOC, lambdas, cfg, how=how, cancel=cancel)
 
-    ahead.start(["left", "right"], grid([-step, step]), kept.__setitem__)
-    done = ahead.writing("left")  # taken at once: the grid takes a prompt and 12 decode steps
+    def held(stream):  # the job starts once the test has its done-event: a job already over is writing nothing
+        def run(cancel):
+            go.wait(60)
+            yield from stream(cancel)
+
+        return run
+
+    ahead.start(["left", "right"], held(grid([-step, step])), kept.__setitem__)
+    done = ahead.writing("left")
     assert done is ahead.writing("right") is not None and ahead.writing("elsewhere") is None
+    go.set()
     assert done.wait(120)
     assert [kept["left"].text, kept["right"].text] == [
         session.generate_steered(DOC, lam, gen, how=how) for lam in (-step, step)
