@@ -56,8 +56,8 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 # the same as one operator that torch.compile keeps opaque: inductor lowers mkldnn._linear_pointwise itself, for
-# frozen weights only (an assertion otherwise), so a compiled graph calls oneDNN through this (eager calls skip the
-# custom operator's dispatch)
+# frozen weights only (an assertion otherwise), so a compiled graph's few rows (more than one: row_product) call
+# oneDNN through this (eager calls skip the custom operator's dispatch)
 _compiled_onednn_linear = torch.library.custom_op(
     "topl::onednn_linear", mutates_args=(), schema="(Tensor x, Tensor weight, Tensor? bias) -> Tensor"
 )(_onednn_linear)

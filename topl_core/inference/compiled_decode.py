@@ -17,7 +17,7 @@ its mask span the whole cache, and 1,024 positions for a 618-position stream cos
 Decode steps run in the weights' own dtype (float32 on a CPU; bf16 where a GPU loaded bf16 weights), never under
 autocast. On a GPU the step is compiled with CUDA graphs ("reduce-overhead": the cache and the shifts are static
 addresses, so one replay per token launches every kernel of the step). A compiled step can round differently from
-the eager one in the last bits (its fused operators; the few-row linears are the eager model's kernel:
+the eager one in the last bits (its fused operators; its one-row float32 linears on a CPU are multiply-reduces:
 hardware/linear_kernel.py), so its greedy text could part from the eager text at a near-tie: the tests compare them
 (float32 and bf16), bench --slider on SmolLM2 and the scale benchmark on the GPU.
 """
