@@ -44,8 +44,9 @@ def make_pairs(n: int) -> list[tuple[str, str, str]]:
 
 
 # What is costly to make and the same for every test: the converted embedded models (~35 s each; scripts/setup.sh
-# converts the default one), the joined split GGUFs, the built data sets, this machine's bf16 measurement.
-SHARED_CACHE = ("models", "gguf", "data", "machine")
+# converts the default one), the joined split GGUFs, the built data sets, this machine's bf16 measurement, the exported
+# decode steps (~15 s a tiny model's; named by what their code depends on: inference/exported_decode.package_key).
+SHARED_CACHE = ("models", "gguf", "data", "machine", "decode-steps")
 
 
 def cache_sharing_the_costly_parts(cache: Path) -> Path:
@@ -84,7 +85,8 @@ def project_folders_untouched(tmp_path_factory):
     (cache_sharing_the_costly_parts). And no test's outcome depends on what precision "auto" resolves to on the
     machine that runs it: the suite pins fp32 as the meaning of "auto" (TOPL_PRECISION, topl_core.hardware.precision) —
     tests/test_bf16.py forces bf16 on every computing path, and test_auto_end_to_end clears the pin. Likewise the
-    few-row linears' kernel (TOPL_LINEAR_KERNEL: aten; tests/test_linear_kernel.py takes oneDNN's)."""
+    few-row linears' kernel (TOPL_LINEAR_KERNEL: aten; tests/test_linear_kernel.py takes oneDNN's). And the pages build
+    no compiled decode step behind the tests' backs (TOPL_COMPILED_DECODE: 0; the page's test of it turns it on)."""
     root = tmp_path_factory.mktemp("project")
     cache = cache_sharing_the_costly_parts(root / "cache")
     folders = {
@@ -92,6 +94,7 @@ def project_folders_untouched(tmp_path_factory):
         "TOPL_RUNS_DIR": str(root / "runs"),
         "TOPL_PRECISION": "fp32",
         "TOPL_LINEAR_KERNEL": "aten",
+        "TOPL_COMPILED_DECODE": "0",
     }
     before = {name: os.environ.get(name) for name in folders}
     os.environ.update(folders)

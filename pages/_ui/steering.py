@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from contextlib import closing
 from dataclasses import dataclass
@@ -67,19 +68,18 @@ def steering_session(key: SessionKey) -> SteeringSession:
     with resource_lock(f"merged:{key.spec}:{key.run}"):  # the site outputs are read with a forward on the shared model
         vectors = build_steering_vectors(key.run, records, settings, top_k=key.top_k, merged=merged)
     session = SteeringSession(merged, vectors)
-    if compiled_decode(merged.model.device.type):
+    if compiled_decode():
         session.compile_decode(wait=False)  # a compiled step once decode_warmer() has built it; eager until then
     return session
 
 
-def compiled_decode(device: str) -> bool:
-    """Whether the page builds and takes the compiled decode step (docs/app.md, "Steering"): TOPL_COMPILED_DECODE=1
-    always, 0 never, auto (the default) on a GPU only. On a GPU it writes a steered summary in a fraction of the
-    eager time (Qwen3-8B on an H200: 0.48 s against 1.73 s). On a 2-core CPU it halves each decode step, but its
-    build (8–50 s) holds the interpreter's lock for seconds at a time, and a slider move meanwhile took 18 s instead
-    of 6.6 s (docs/performance.md, "The compiled step's one-row products")."""
-    choice = os.environ.get("TOPL_COMPILED_DECODE", "auto")
-    return choice == "1" or (choice == "auto" and device == "cuda")
+def compiled_decode() -> bool:
+    """Whether the page builds and takes the compiled decode step (docs/app.md, "Steering"): TOPL_COMPILED_DECODE=0
+    never, else (auto, the default) once built. On a CPU the step is built by a child process at the lowest priority
+    (inference/exported_decode.py) and halves each decode step (SmolLM2 on a 2-core EPYC: 21.8 against 47.2 ms a
+    token); the page's own streams go on eagerly meanwhile. On a GPU it is compiled here with CUDA graphs (Qwen3-8B
+    on an H200: a steered summary in 0.48 s against 1.73 s)."""
+    return os.environ.get("TOPL_COMPILED_DECODE", "auto") != "0"
 
 
 @st.cache_data(show_spinner=False, max_entries=1024)
@@ -202,11 +202,12 @@ class DecodeWarmer:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._building: threading.Thread | None = None
+        self._failed: weakref.WeakSet[SteeringSession] = weakref.WeakSet()  # logged once, not tried on every run
 
     def request(self, session: SteeringSession, document: str, gen: GenerationConfig, how: SteerConfig) -> None:
         """Build the graph of `document`'s length unless it is built or does not apply; while another is being built,
         nothing (both would compete for the cores): the page's next run asks again."""
-        if not session.compiles_decode(gen, how) or session.decode_ready(document, gen, how):
+        if session in self._failed or not session.compiles_decode(gen, how) or session.decode_ready(document, gen, how):
             return
         with self._lock:
             if self._building is None or not self._building.is_alive():
@@ -214,8 +215,7 @@ class DecodeWarmer:
                 self._building = threading.Thread(target=self._build, args=args, name="topl-decode-warmer", daemon=True)
                 self._building.start()
 
-    @staticmethod
-    def _build(session: SteeringSession, document: str, gen: GenerationConfig, how: SteerConfig) -> None:
+    def _build(self, session: SteeringSession, document: str, gen: GenerationConfig, how: SteerConfig) -> None:
         background_priority()  # and the compiler processes it starts: a slider move during the build gets the cores
         while prefetch().busy():  # the neighbours first: they are what the next move reads
             time.sleep(0.2)
@@ -224,6 +224,7 @@ class DecodeWarmer:
             session.warm_decode(document, gen, how)
             log.info("compiled decode step ready for this document after %.1f s", time.perf_counter() - t)
         except Exception:
+            self._failed.add(session)
             log.exception("building the compiled decode step failed: the page decodes eagerly")
 
 

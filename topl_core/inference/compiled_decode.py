@@ -37,62 +37,49 @@ from .generate import GenerationConfig, Prefill, decode_greedy
 BUCKET = 64  # static caches hold a multiple of this many positions (docs/performance.md, the decode loop's options)
 
 
-class CompiledDecoder:
-    """See the module docstring. One stream at a time (a lock): the static cache is shared by every call."""
+class StepDecoder:
+    """What a decoder of one compiled step per length does (the module docstring): the streams it takes, their
+    lengths, the loop, one stream at a time (a lock: a length's cache is shared by every call). A subclass builds a
+    length's step (_build), loads a stream's prompt and shifts into it (_prepare) and runs it (_step)."""
 
     def __init__(self, lm: LoadedModel, shift_paths: Sequence[str] = ()):
         from transformers import StaticCache
         from transformers.cache_utils import StaticLayer
 
-        model = lm.model
-        shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
-        self._model = copy.deepcopy(model, memo=shared)  # a module tree of its own over the same weights
-        for module in self._model.modules():  # without the hooks the model had (none while nobody generates)
-            module._forward_hooks.clear()
-            module._forward_pre_hooks.clear()
-        self.dtype, self._cuda = model.dtype, model.device.type == "cuda"
-        self._shifts: dict[str, torch.Tensor] = {}
-        for path in shift_paths:
-            module = self._model.get_submodule(path)
-            shift = torch.zeros(module.weight.shape[0], dtype=torch.float32, device=model.device)
-            torch._dynamo.mark_static_address(shift)  # set in place before each stream: no copy into a CUDA graph
-            module.register_forward_hook(lambda _m, _i, output, shift=shift: output + shift.to(output.dtype))
-            self._shifts[path] = shift
-        self._caches: dict[int, StaticCache] = {}  # by capacity
-        self._built: set[int] = set()  # the capacities whose graph is compiled
-        self._new_cache = lambda capacity: StaticCache(config=model.config, max_cache_len=capacity)
-        # sliding-window layers keep a window, not the prompt's every position: not copied into here
-        self.compilable = all(type(layer) is StaticLayer for layer in self._new_cache(BUCKET).layers)
-        mode = "reduce-overhead" if self._cuda else None  # CUDA graphs: no launch per kernel, no Python per module
-        self._step = torch.compile(self._model.forward, dynamic=False, mode=mode)
-        self._lm, self._lock = lm, threading.Lock()
+        self._lm, self._paths = lm, tuple(shift_paths)
+        self.dtype, self._device = lm.model.dtype, lm.model.device
+        # sliding-window layers keep a window, not the prompt's every position: not copied into a static cache
+        cache = StaticCache(config=lm.model.config, max_cache_len=BUCKET)
+        self.compilable = all(type(layer) is StaticLayer for layer in cache.layers)
+        self._built: set[int] = set()  # the capacities whose step is built
+        self._lock = threading.Lock()
 
     def supports(self, cfg: GenerationConfig) -> bool:
         """Whether a stream under `cfg` decodes here: greedy, the decode steps in the weights' dtype (float32 weights
         for fp32 steps, bf16 weights for bf16 steps), no sliding windows."""
-        decode = cfg.decode_on(self._lm.model.device.type)
+        decode = cfg.decode_on(self._device.type)
         return self.compilable and TORCH_DTYPES[decode] == self.dtype and cfg.mode == "greedy"
 
     @staticmethod
     def capacity(prompt_length: int, max_new_tokens: int) -> int:
-        """The static cache (and graph) a stream of this length decodes in: the positions rounded up to BUCKET."""
+        """The static cache (and step) a stream of this length decodes in: the positions rounded up to BUCKET."""
         return -(-(prompt_length + max_new_tokens) // BUCKET) * BUCKET
 
     def ready(self, capacity: int) -> bool:
-        """Whether the graph of `capacity` is built (a stream of that length starts decoding at once)."""
+        """Whether the step of `capacity` is built (a stream of that length starts decoding at once)."""
         return capacity in self._built
 
     @torch.no_grad()
     def warm(self, capacity: int) -> None:
-        """Build the graph of `capacity` now (a one-token prompt, one compiled step): what the first stream of that
-        length would otherwise do. Only this decoder's lock is held: the model's own generation goes on meanwhile."""
+        """Build the step of `capacity` now: what the first stream of that length would otherwise do. Only this
+        decoder's lock is held: the model's own generation goes on meanwhile."""
         with self._lock:
-            if capacity in self._built:
-                return
-            ids = torch.tensor([[self._lm.tokenizer.bos_token_id or 0]], device=self._lm.model.device)
-            out = self._model(input_ids=ids, use_cache=True)  # the private tree, eagerly: only self._step compiles
-            self._load(Prefill(out.past_key_values, out.logits[0, -1].float(), 1), capacity, {})
-            self._step_at(self._caches[capacity], 1, ids)
+            self._ensure(capacity)
+
+    def _ensure(self, capacity: int) -> None:
+        """The step of `capacity` built (the lock held)."""
+        if capacity not in self._built:
+            self._build(capacity)
             self._built.add(capacity)
 
     @torch.no_grad()
@@ -100,36 +87,75 @@ class CompiledDecoder:
         self, prefix: Prefill, cfg: GenerationConfig, shifts: Mapping[str, torch.Tensor], wait: bool = True
     ) -> Iterator[str]:
         """stream_generate's texts from `prefix` (the same model's prompt), each decode step with `shifts` added. With
-        `wait` False, DecoderBusy is raised before the first text when the graph of this length is not built yet or
+        `wait` False, DecoderBusy is raised before the first text when the step of this length is not built yet or
         another stream or warm() holds the decoder (the caller decodes eagerly instead of waiting)."""
         if not self.supports(cfg):
             raise ValueError(f"{cfg}: not a stream the compiled decoder runs (greedy, decode steps in {self.dtype})")
-        unknown = set(shifts) - set(self._shifts)
+        unknown = set(shifts) - set(self._paths)
         if unknown:
-            raise ValueError(f"no shift registered at {sorted(unknown)}; known: {sorted(self._shifts)}")
+            raise ValueError(f"no shift registered at {sorted(unknown)}; known: {sorted(self._paths)}")
         capacity = self.capacity(prefix.length, cfg.max_new_tokens)
         if not self._lock.acquire(blocking=wait):
             raise DecoderBusy(capacity)
         try:
             if not wait and capacity not in self._built:
                 raise DecoderBusy(capacity)
-            cache = self._load(prefix, capacity, shifts)
+            self._ensure(capacity)
+            self._prepare(prefix, capacity, shifts)
             position = prefix.length - 1
 
             def step(ids: torch.Tensor) -> torch.Tensor:
                 nonlocal position
                 position += 1
-                logits = self._step_at(cache, position, ids)
-                self._built.add(capacity)  # the first step built the graph
-                return logits
+                return self._step(capacity, position, ids)
 
             for texts in decode_greedy(self._lm.tokenizer, prefix.logits[None], cfg.max_new_tokens, step):
                 yield texts[0]
         finally:
             self._lock.release()
 
-    def _load(self, prefix: Prefill, capacity: int, shifts: Mapping[str, torch.Tensor]):
+    def _build(self, capacity: int) -> None:
+        raise NotImplementedError
+
+    def _prepare(self, prefix: Prefill, capacity: int, shifts: Mapping[str, torch.Tensor]) -> None:
         """The static cache of `capacity` holding the prompt's keys and values, the shifts set (the lock held)."""
+        raise NotImplementedError
+
+    def _step(self, capacity: int, position: int, ids: torch.Tensor) -> torch.Tensor:
+        """One decode step of `ids` at `position`: the next logits (float32)."""
+        raise NotImplementedError
+
+
+class CompiledDecoder(StepDecoder):
+    """torch.compile's step, built in this process (the module docstring)."""
+
+    def __init__(self, lm: LoadedModel, shift_paths: Sequence[str] = ()):
+        from transformers import StaticCache
+
+        super().__init__(lm, shift_paths)
+        model = lm.model
+        self._model = private_tree(model)
+        self._cuda = model.device.type == "cuda"
+        self._shifts: dict[str, torch.Tensor] = {}
+        for path in self._paths:
+            module = self._model.get_submodule(path)
+            shift = torch.zeros(module.weight.shape[0], dtype=torch.float32, device=model.device)
+            torch._dynamo.mark_static_address(shift)  # set in place before each stream: no copy into a CUDA graph
+            module.register_forward_hook(lambda _m, _i, output, shift=shift: output + shift.to(output.dtype))
+            self._shifts[path] = shift
+        self._caches: dict[int, StaticCache] = {}  # by capacity
+        self._new_cache = lambda capacity: StaticCache(config=model.config, max_cache_len=capacity)
+        mode = "reduce-overhead" if self._cuda else None  # CUDA graphs: no launch per kernel, no Python per module
+        self._compiled = torch.compile(self._model.forward, dynamic=False, mode=mode)
+
+    def _build(self, capacity: int) -> None:
+        """A one-token prompt and one compiled step: torch.compile builds the graph of `capacity` on its first call."""
+        ids = torch.tensor([[self._lm.tokenizer.bos_token_id or 0]], device=self._device)
+        out = self._model(input_ids=ids, use_cache=True)  # the private tree, eagerly: only self._compiled compiles
+        self._prepare(Prefill(out.past_key_values, out.logits[0, -1].float(), 1), capacity, {})
+        self._step(capacity, 1, ids)
+
+    def _prepare(self, prefix: Prefill, capacity: int, shifts: Mapping[str, torch.Tensor]) -> None:
         if capacity not in self._caches:
             self._caches[capacity] = self._new_cache(capacity)
         cache = self._caches[capacity]
@@ -141,15 +167,24 @@ class CompiledDecoder:
         cache.reset()
         for layer, (keys, values, *_) in zip(cache.layers, prefix.cache):
             layer.update(keys.to(self.dtype), values.to(self.dtype))  # the prompt's positions, then the steps'
-        return cache
 
-    def _step_at(self, cache, position: int, ids: torch.Tensor) -> torch.Tensor:
-        """One compiled decode step of `ids` at `position`: the next logits (float32)."""
-        at = torch.tensor([position], device=self._lm.model.device)
+    def _step(self, capacity: int, position: int, ids: torch.Tensor) -> torch.Tensor:
+        at = torch.tensor([position], device=self._device)
         if self._cuda:
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are read: free to reuse
-        out = self._step(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=at)
+        out = self._compiled(input_ids=ids, past_key_values=self._caches[capacity], use_cache=True, cache_position=at)
         return out.logits[:, -1].float().clone()  # a graph's output buffer is overwritten by the next replay
+
+
+def private_tree(model: torch.nn.Module) -> torch.nn.Module:
+    """A module tree of its own over the model's weights (what is registered on it never touches the model), without
+    the hooks the model had (none while nobody generates)."""
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    tree = copy.deepcopy(model, memo=shared)
+    for module in tree.modules():
+        module._forward_hooks.clear()
+        module._forward_pre_hooks.clear()
+    return tree
 
 
 class DecoderBusy(Exception):

@@ -15,8 +15,9 @@ SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED mod
         setting the threading.Event `cancel` stops a stream at its next decoder layer (GenerationCancelled)
     .head() -> gate.Head    the adapter's token-level head (gated modes read it): the run's own, or the one given
     .compile_decode()       from now on, greedy streams decoding in the weights' dtype, of a mode whose action adds
-        constant vectors (actions.SteeringAction.decode_shifts), decode with a compiled step
-        (inference/compiled_decode.py: the first stream of each length compiles; CUDA graphs on a GPU)
+        constant vectors (actions.SteeringAction.decode_shifts), decode with a compiled step, built by the first
+        stream of each length (on a CPU an AOTInductor package built by a child process: inference/exported_decode.py;
+        on a GPU torch.compile with CUDA graphs: inference/compiled_decode.py)
     .compile_decode(wait=False)   the same, but a stream whose length has no graph decodes eagerly instead of
         building it; .warm_decode(document, gen_cfg, how) builds it (a background thread: no model lock held)
     .compiles_decode(gen_cfg, how)  whether such a stream does; .decode_ready(document, gen_cfg, how): and now
@@ -38,7 +39,8 @@ from typing import Iterator, Sequence
 import torch
 
 from ...foundations.errors import ModelError
-from ...inference.compiled_decode import CompiledDecoder, DecoderBusy
+from ...inference.compiled_decode import CompiledDecoder, DecoderBusy, StepDecoder
+from ...inference.exported_decode import ExportedDecoder
 from ...inference.generate import (
     GenerationCancelled,
     GenerationConfig,
@@ -98,7 +100,7 @@ class SteeringSession:
         self._lora: dict[Site, LoraWeights] | None = None  # read on the first generation that scales the update
         self._head = None if head is None else Head(head.layer, head.linear.to(lm.model.device))
         self._prefills: OrderedDict[tuple, Prefill] = OrderedDict()  # unsteered prompts, most recent last
-        self._compiled: CompiledDecoder | None = None  # compile_decode()
+        self._compiled: StepDecoder | None = None  # compile_decode()
         self._compile_wait = True
 
     def lora(self) -> dict[Site, LoraWeights]:
@@ -121,12 +123,17 @@ class SteeringSession:
             self._head = Head(int(adapter.head_layer), adapter.run.load_head(self.lm.model.device))
         return self._head
 
-    def compile_decode(self, wait: bool = True) -> None:
+    def compile_decode(self, wait: bool = True, decoder: type[StepDecoder] | None = None) -> None:
         """Stream with a compiled decode step from now on where it applies (the module docstring). `wait`: a stream
-        whose length has no graph yet builds it first; else it decodes eagerly until warm_decode has built it."""
+        whose length has no step yet builds it first; else it decodes eagerly until warm_decode has built it.
+        `decoder`: how steps are built; by default on a CPU an AOTInductor package built by a child process
+        (inference/exported_decode.py: the interpreter stays free for the eager streams meanwhile), on a GPU
+        torch.compile with CUDA graphs (inference/compiled_decode.py)."""
+        if decoder is None:
+            decoder = ExportedDecoder if self.lm.model.device.type == "cpu" else CompiledDecoder
         with self._lock:
-            if self._compiled is None:
-                self._compiled = CompiledDecoder(self.lm, [s.path for s in self.vectors.sites])
+            if type(self._compiled) is not decoder:
+                self._compiled = decoder(self.lm, [s.path for s in self.vectors.sites])
             self._compile_wait = wait
 
     def warm_decode(
@@ -150,7 +157,7 @@ class SteeringSession:
         return self._compile_wait or self._compiled.ready(self._capacity(document, gen_cfg, task))
 
     def _capacity(self, document: str, gen_cfg: GenerationConfig, task: str) -> int:
-        return CompiledDecoder.capacity(prompt_length(self.lm, document, gen_cfg, task), gen_cfg.max_new_tokens)
+        return StepDecoder.capacity(prompt_length(self.lm, document, gen_cfg, task), gen_cfg.max_new_tokens)
 
     @classmethod
     def from_run(cls, adapter, vectors: SteeringVectors, spec=None, head: Head | None = None) -> "SteeringSession":
