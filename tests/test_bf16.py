@@ -24,6 +24,7 @@ from topl_core.analysis.steering.prefetch import Prefetch
 from topl_core.analysis.steering.session import SteeringSession
 from topl_core.cli import build_parser, main
 from topl_core.hardware import precision as prec
+from topl_core.inference.compiled_decode import CompiledDecoder
 from topl_core.inference.generate import GenerationConfig, generate, load_merged
 from topl_core.inference.token_scores import TokenScorer
 from topl_core.models.loading import LoadedModel, ModelSpec, load_model
@@ -179,8 +180,8 @@ def test_the_sliders_streamed_grid_and_compiled_decode_in_bf16(run, news_records
 
 
 def test_steering_on_bf16_weights(run, news_records):
-    """What a GPU runs: the merged model in bfloat16 weights (ModelSpec dtype), steered in each mode; the compiled
-    decode step on those weights (bf16 steps, no autocast) writes the eager stream's text."""
+    """What a GPU runs: the merged model in bfloat16 weights (ModelSpec dtype), steered in each mode; a GPU's compiled
+    decode step (torch.compile's) on those weights (bf16 steps, no autocast) writes the eager stream's text."""
     vectors = build_steering_vectors(run, news_records, ProbeSettings(random_control=False), top_k=2)
     lm = load_merged(ModelSpec("tiny-llama", "bf16"), run)
     assert next(lm.model.parameters()).dtype == torch.bfloat16
@@ -195,7 +196,7 @@ def test_steering_on_bf16_weights(run, news_records):
     bf16 = GenerationConfig.chosen("bf16", max_new_tokens=8)
     eager = {(p, lam): [*session.stream_steered(NEWS_PAIRS[1][1], lam, bf16, how=SteerConfig("vector", p))]
              for p in POSITIONS for lam in (0.0, 2.0)}  # fmt: skip
-    session.compile_decode()
+    session.compile_decode(decoder=CompiledDecoder)
     assert session._compiled.supports(bf16) and not session._compiled.supports(replace(bf16, decode_precision="fp32"))
     for (positions, lam), texts in eager.items():
         assert [*session.stream_steered(NEWS_PAIRS[1][1], lam, bf16, how=SteerConfig("vector", positions))] == texts

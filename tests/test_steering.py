@@ -746,3 +746,31 @@ def test_slider_bench_measures_both_paths_on_the_same_text(merged, vectors):
     assert res["slider_vs_naive"] == pytest.approx(res["slider_s"] / res["naive_s"])
     assert res["first_token_vs_naive"] == pytest.approx(res["slider_first_token_s"] / res["naive_s"])
     assert "slider_vs_naive" in format_slider(res)
+
+
+def test_an_exported_step_that_cannot_be_built_leaves_the_streams_eager(merged, vectors, monkeypatch, tmp_path):
+    """A corrupt package is not loaded but removed and built again; a build that fails (here: stopped at its time
+    limit) is reported with what failed and how to turn the step off, is not tried again by the session, and the
+    page's streams (compile_decode(wait=False)) decode eagerly, with the eager text."""
+    import subprocess
+
+    from topl_core.inference import exported_decode
+
+    monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path))  # no package built before
+    monkeypatch.setattr(exported_decode, "BUILD_TIMEOUT_S", 0.01)
+    gen, how = GenerationConfig(max_new_tokens=10, precision="fp32"), SteerConfig("vector", "generated", "raw")
+    eager = list(SteeringSession(merged, vectors).stream_steered(DOC, big_lambda(vectors), gen, how=how))
+    session = SteeringSession(merged, vectors)
+    session.compile_decode(wait=False, decoder=ExportedDecoder)
+    package = session.decoder.package_path(session._capacity(DOC, gen, "summarization"))
+    package.parent.mkdir(parents=True)
+    package.write_bytes(b"not a package")
+    with pytest.raises(ModelError, match="stopped after 0.01 s.*TOPL_COMPILED_DECODE=0"):
+        session.warm_decode(DOC, gen, how)
+    assert not package.exists()
+    builds = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: builds.append(a))
+    with pytest.raises(ModelError, match="stopped after"):
+        session.warm_decode(DOC, gen, how)
+    assert not builds and not session.decode_ready(DOC, gen, how)
+    assert list(session.stream_steered(DOC, big_lambda(vectors), gen, how=how)) == eager

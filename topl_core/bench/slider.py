@@ -8,8 +8,10 @@ For a document already shown (its prompt run once), each new λ is generated
   token and to the whole summary;
 - slider_all_positions: the same stream steering every position (the prompt is steered, so it runs again per λ);
 - slider_compiled (where the compiled step applies: SteeringSession.compiles_decode; unless compiled=False): the
-  slider's stream after SteeringSession.compile_decode() (compile_s: its first stream, which compiles), and whether
-  it wrote the slider's texts token for token (compiled_same_text).
+  slider's stream after SteeringSession.compile_decode(), what the Steering page takes once the step is built
+  (compiled_decoder: ExportedDecoder on a CPU, CompiledDecoder on a GPU; compile_s: its first stream, which builds
+  the step, or loads the package an earlier run built), and whether it wrote the slider's texts token for token
+  (compiled_same_text).
 Where both paths decode in the same precision they write the same text, token for token (checked here, and tested);
 where the decode precisions differ the texts may part after some tokens (bf16 and fp32 round differently).
 
@@ -110,6 +112,7 @@ def slider_bench(
         runs = [_timed_stream(session.stream_steered(document, lam, gen, how=generated)) for lam in lambdas]
         compiled_s = med(r[1] for r in runs)
         with_compiled = {
+            "compiled_decoder": type(session.decoder).__name__,  # ExportedDecoder on a CPU, CompiledDecoder on a GPU
             "compile_s": compile_s,
             "slider_compiled_s": compiled_s,
             "slider_compiled_vs_naive": compiled_s / naive_s,
@@ -156,6 +159,8 @@ def format_slider(res: dict) -> str:
     for k, v in res.items():
         if isinstance(v, bool):
             lines.append(f"{k:36s} {'yes' if v else 'NO'}")
+        if k == "compiled_decoder":
+            lines.append(f"{k:36s} {v}")
         if not isinstance(v, float):
             continue
         goal = GOALS.get(k)

@@ -19,6 +19,7 @@ once, and a counter buffer is one (it came back as 1 after every step when tried
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -149,14 +150,26 @@ class ExportedDecoder(StepDecoder):
         self._steps: dict[int, tuple[object, DecodeStep, tuple[torch.Tensor, ...]]] = {}
         self._failed: dict[int, ModelError] = {}  # a build that failed is not tried again by this decoder
 
+    def package_path(self, capacity: int) -> Path:
+        """Where the package of `capacity`'s step is kept (cache/decode-steps/, by package_key)."""
+        return cache_dir() / "decode-steps" / f"{package_key(self._lm, capacity, self._paths)}.pt2"
+
     def package(self, capacity: int) -> Path:
-        """The package of `capacity`'s step, built by a child process first where none is on disk."""
-        out = cache_dir() / "decode-steps" / f"{package_key(self._lm, capacity, self._paths)}.pt2"
+        """The package of `capacity`'s step, built by a child process first where none is on disk (one build of a
+        package at a time across processes: another process's build is waited for, then loaded)."""
+        out = self.package_path(capacity)
         if out.exists():
             return out
         if capacity in self._failed:
             raise self._failed[capacity]
         out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not out.exists():
+                self._build_package(capacity, out)
+        return out
+
+    def _build_package(self, capacity: int, out: Path) -> None:
         spec = self._lm.spec
         command = [sys.executable, "-m", __name__, spec.name, spec.dtype, str(capacity), str(out), *self._paths]
         try:
@@ -172,7 +185,6 @@ class ExportedDecoder(StepDecoder):
                 "streams decode eagerly; TOPL_COMPILED_DECODE=0 stops the app from trying."
             )
             raise self._failed[capacity]
-        return out
 
     def warm(self, capacity: int) -> None:
         """The step of `capacity`: its package built (a child process, no lock held here), then loaded."""

@@ -101,6 +101,14 @@ def _parse_site(path: str) -> Site | None:
     return Site(int(m.group(1)), module, path)
 
 
+def residual_paths(model: torch.nn.Module) -> list[str]:
+    """The path of every steerable module of a plain or merged model (its decoder layers' RESIDUAL_MODULES), in the
+    model's order: the sites any steering vectors of it can name (a compiled decode step shifts them all, so one
+    step serves every choice of sites)."""
+    sites = (_parse_site(name) for name, _ in base_causal_lm(model).named_modules())
+    return [site.path for site in sites if site is not None and site.residual]
+
+
 def lora_sites(model: torch.nn.Module) -> list[Site]:
     """Every LoRA site of a PEFT-wrapped model, ordered by layer then q, k, v, o, gate, up, down.
 

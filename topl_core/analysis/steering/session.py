@@ -20,7 +20,8 @@ SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED mod
         on a GPU torch.compile with CUDA graphs: inference/compiled_decode.py)
     .compile_decode(wait=False)   the same, but a stream whose length has no graph decodes eagerly instead of
         building it; .warm_decode(document, gen_cfg, how) builds it (a background thread: no model lock held)
-    .compiles_decode(gen_cfg, how)  whether such a stream does; .decode_ready(document, gen_cfg, how): and now
+    .compiles_decode(gen_cfg, how)  whether such a stream does; .decode_ready(document, gen_cfg, how): and now;
+    .decoder: the decoder compile_decode chose (inference/compiled_decode.StepDecoder), or None
     SteeringSession.from_run(run, vectors, spec=None, head=None)
 How a mode generates is its action's (actions.SteeringAction.generate / stream, called inside hooks.steer()).
 Generation holds a per-model lock (sessions sharing one model take turns; sessions on different models run in
@@ -53,7 +54,7 @@ from ...inference.generate import (
 )
 from ...models.loading import LoadedModel
 from ...training.adapters import open_adapter
-from ..lora_a.sites import LoraWeights, Site, site_module
+from ..lora_a.sites import LoraWeights, Site, residual_paths, site_module
 from .actions import Decoding
 from .gate import Head
 from .hooks import steer
@@ -132,9 +133,14 @@ class SteeringSession:
         if decoder is None:
             decoder = ExportedDecoder if self.lm.model.device.type == "cpu" else CompiledDecoder
         with self._lock:
-            if type(self._compiled) is not decoder:
-                self._compiled = decoder(self.lm, [s.path for s in self.vectors.sites])
+            if type(self._compiled) is not decoder:  # shifting every site: one step for any session of the model
+                self._compiled = decoder(self.lm, residual_paths(self.lm.model))
             self._compile_wait = wait
+
+    @property
+    def decoder(self) -> StepDecoder | None:
+        """The compiled decode step's decoder (compile_decode), or None."""
+        return self._compiled
 
     def warm_decode(
         self, document: str, gen_cfg: GenerationConfig, how: SteerConfig = SteerConfig(), task: str = "summarization"
