@@ -76,7 +76,7 @@ def steering_session(key: SessionKey) -> SteeringSession:
 def compiled_decode() -> bool:
     """Whether the page builds and takes the compiled decode step (docs/app.md, "Steering"): TOPL_COMPILED_DECODE=0
     never, else (auto, the default) once built. On a CPU the step is built by a child process at the lowest priority
-    (inference/exported_decode.py) and halves each decode step (SmolLM2 on a 2-core EPYC: 21.8 against 47.2 ms a
+    (inference/exported_decode.py) and halves each decode step (SmolLM2 on a 2-core EPYC: 19.6–21.7 against 46–48 ms a
     token); the page's own streams go on eagerly meanwhile. On a GPU it is compiled here with CUDA graphs (Qwen3-8B
     on an H200: a steered summary in 0.48 s against 1.73 s)."""
     return os.environ.get("TOPL_COMPILED_DECODE", "auto") != "0"
