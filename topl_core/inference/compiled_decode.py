@@ -1,5 +1,9 @@
 """Decode steps compiled once (issue 40: the slider's decode loop; docs/performance.md, "The decode loop's options").
 
+StepDecoder is what every such decoder does (the calls below, the greedy loop, one stream at a time); CompiledDecoder,
+here, builds its steps with torch.compile in this process (a GPU's, with CUDA graphs); exported_decode.ExportedDecoder
+has a child process build them ahead of time (a CPU's: a build here would hold the interpreter's lock).
+
     decoder = CompiledDecoder(lm, shift_paths=("model.layers.8.mlp.down_proj", ...))
     decoder.supports(cfg) -> bool                  whether a stream under `cfg` decodes here (else decode eagerly)
     decoder.stream(prefix, cfg, shifts, wait=True) -> Iterator[str]   stream_generate's texts from `prefix`, every
@@ -41,6 +45,10 @@ class StepDecoder:
     """What a decoder of one compiled step per length does (the module docstring): the streams it takes, their
     lengths, the loop, one stream at a time (a lock: a length's cache is shared by every call). A subclass builds a
     length's step (_build), loads a stream's prompt and shifts into it (_prepare) and runs it (_step)."""
+
+    # whether the step should shift every steerable site (a step kept across sessions: one serves any choice of
+    # sites) rather than only those of the session's vectors
+    shifts_every_site = False
 
     def __init__(self, lm: LoadedModel, shift_paths: Sequence[str] = ()):
         from transformers import StaticCache

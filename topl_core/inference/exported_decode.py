@@ -34,6 +34,7 @@ from transformers.cache_utils import StaticLayer
 
 from ..foundations.errors import ModelError
 from ..foundations.paths import cache_dir
+from ..hardware.linear_kernel import KERNEL_ENV, model_linear_kernel
 from ..models.loading import LoadedModel, ModelSpec, load_model
 from .compiled_decode import StepDecoder, private_tree
 from .generate import Prefill
@@ -108,10 +109,10 @@ class DecodeStep(torch.nn.Module):
 
 
 def package_key(lm: LoadedModel, capacity: int, shift_paths: Sequence[str]) -> str:
-    """What a package's code depends on: the architecture (the config), the weights' dtype, each linear's kernel,
+    """What a package's code depends on: the architecture (the config), the weights' dtype, the linears' kernel,
     the shift sites, the length, this module's and the libraries' code, and the CPU's instruction set."""
-    kernels = sorted({getattr(m, "kernel", type(m).__name__) for m in lm.model.modules() if hasattr(m, "weight")})
-    parts = (lm.model.config.to_json_string(), str(lm.model.dtype), *kernels, *shift_paths, str(capacity))
+    kernel = model_linear_kernel(lm.model)
+    parts = (lm.model.config.to_json_string(), str(lm.model.dtype), kernel, *shift_paths, str(capacity))
     code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
     parts += (code, torch.__version__, transformers.__version__, torch.backends.cpu.get_cpu_capability())
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
@@ -143,6 +144,8 @@ def _child_of_this_process() -> None:
 class ExportedDecoder(StepDecoder):
     """A StepDecoder whose steps are AOTInductor packages built by a child process (the module docstring)."""
 
+    shifts_every_site = True  # the package is kept on disk for every later session of the model
+
     def __init__(self, lm: LoadedModel, shift_paths: Sequence[str] = ()):
         if lm.model.device.type != "cpu":
             raise ValueError("ExportedDecoder decodes on a CPU; on a GPU use CompiledDecoder (CUDA graphs)")
@@ -172,9 +175,15 @@ class ExportedDecoder(StepDecoder):
     def _build_package(self, capacity: int, out: Path) -> None:
         spec = self._lm.spec
         command = [sys.executable, "-m", __name__, spec.name, spec.dtype, str(capacity), str(out), *self._paths]
+        env = {**os.environ, KERNEL_ENV: model_linear_kernel(self._lm.model)}  # the model the child loads: this one's
         try:
             done = subprocess.run(
-                command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, preexec_fn=_child_of_this_process
+                command,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=BUILD_TIMEOUT_S,
+                preexec_fn=_child_of_this_process,
             )
             why = f"exit {done.returncode}: {done.stderr.strip()[-1500:]}"
         except subprocess.TimeoutExpired:

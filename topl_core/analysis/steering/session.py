@@ -18,7 +18,7 @@ SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED mod
         constant vectors (actions.SteeringAction.decode_shifts), decode with a compiled step, built by the first
         stream of each length (on a CPU an AOTInductor package built by a child process: inference/exported_decode.py;
         on a GPU torch.compile with CUDA graphs: inference/compiled_decode.py)
-    .compile_decode(wait=False)   the same, but a stream whose length has no graph decodes eagerly instead of
+    .compile_decode(wait=False)   the same, but a stream whose length has no step built decodes eagerly instead of
         building it; .warm_decode(document, gen_cfg, how) builds it (a background thread: no model lock held)
     .compiles_decode(gen_cfg, how)  whether such a stream does; .decode_ready(document, gen_cfg, how): and now;
     .decoder: the decoder compile_decode chose (inference/compiled_decode.StepDecoder), or None
@@ -133,8 +133,10 @@ class SteeringSession:
         if decoder is None:
             decoder = ExportedDecoder if self.lm.model.device.type == "cpu" else CompiledDecoder
         with self._lock:
-            if type(self._compiled) is not decoder:  # shifting every site: one step for any session of the model
-                self._compiled = decoder(self.lm, residual_paths(self.lm.model))
+            if type(self._compiled) is not decoder:
+                every = decoder.shifts_every_site
+                paths = residual_paths(self.lm.model) if every else [s.path for s in self.vectors.sites]
+                self._compiled = decoder(self.lm, paths)
             self._compile_wait = wait
 
     @property
@@ -145,8 +147,9 @@ class SteeringSession:
     def warm_decode(
         self, document: str, gen_cfg: GenerationConfig, how: SteerConfig = SteerConfig(), task: str = "summarization"
     ) -> bool:
-        """Build the compiled step's graph for the streams of `document` now (after compile_decode; seconds on a CPU),
-        without the model's lock: its streams go on eagerly meanwhile. False where such a stream decodes eagerly."""
+        """Build the compiled step for the streams of `document` now (after compile_decode; on a CPU a child process
+        builds it, 35–55 s for SmolLM2 on 2 cores, or an earlier build's package is loaded), without the model's
+        lock: its streams go on eagerly meanwhile. False where such a stream decodes eagerly."""
         if not self.compiles_decode(gen_cfg, how):
             return False
         self._compiled.warm(self._capacity(document, gen_cfg, task))
@@ -155,11 +158,11 @@ class SteeringSession:
     def decode_ready(
         self, document: str, gen_cfg: GenerationConfig, how: SteerConfig = SteerConfig(), task: str = "summarization"
     ) -> bool:
-        """Whether the streams of `document` decode with the compiled step now (its graph is built)."""
-        return self.compiles_decode(gen_cfg, how) and self._graph_built(document, gen_cfg, task)
+        """Whether the streams of `document` decode with the compiled step now (it is built)."""
+        return self.compiles_decode(gen_cfg, how) and self._step_built(document, gen_cfg, task)
 
-    def _graph_built(self, document: str, gen_cfg: GenerationConfig, task: str) -> bool:
-        """Whether a compiled stream of `document` starts at once (or, with compile_decode's wait, builds its graph)."""
+    def _step_built(self, document: str, gen_cfg: GenerationConfig, task: str) -> bool:
+        """Whether a compiled stream of `document` starts at once (or, with compile_decode's wait, builds its step)."""
         return self._compile_wait or self._compiled.ready(self._capacity(document, gen_cfg, task))
 
     def _capacity(self, document: str, gen_cfg: GenerationConfig, task: str) -> int:
@@ -272,15 +275,15 @@ class SteeringSession:
             return
         action = how.spec.action
         shifts = self._compiled_shifts(lam, gen_cfg, how)
-        if shifts is not None and not self._graph_built(document, gen_cfg, task):
-            shifts = None  # its graph is not built yet: decode eagerly rather than wait
+        if shifts is not None and not self._step_built(document, gen_cfg, task):
+            shifts = None  # its step is not built yet: decode eagerly rather than wait
         lora = self.lora() if action.needs_lora else None
         with self._lock, self._stoppable(cancel):
             if shifts is not None:
                 try:
                     yield from self._stream_compiled(document, lam, gen_cfg, task, how, shifts, cancel)
                     return
-                except DecoderBusy:  # before its first text: warm_decode is building another length's graph
+                except DecoderBusy:  # before its first text: warm_decode is loading another length's step
                     pass
             with steer(self.lm.model, self.vectors, lam, how, lora) as switch:
                 run = self._decoding(switch, lam, gen_cfg, task)
