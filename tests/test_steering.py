@@ -662,7 +662,8 @@ def test_a_compiled_decode_step_writes_the_eager_text_with_one_step_for_every_la
     """compile_decode: the modes whose action adds constant vectors stream through the compiled step, both positions,
     and write the eager stream's text token for token (float32); one step serves every λ and mode of a length; a mode
     whose edit depends on the output (ablation, the adapter's scale, the gate) still streams eagerly. Both decoders:
-    torch.compile's (a GPU's, with CUDA graphs there) and the exported package (a CPU's)."""
+    torch.compile's (a GPU's, with CUDA graphs there) and the exported package (a CPU's: built by a child process that
+    loads the base model, it runs on the merged model's weights, handed to it)."""
     import torch._dynamo
 
     # graphs built fresh, as in a process of its own: after test_bf16's compiled decoders in the same process (a
