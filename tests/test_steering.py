@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import os
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -775,3 +777,33 @@ def test_an_exported_step_that_cannot_be_built_leaves_the_streams_eager(merged, 
         session.warm_decode(DOC, gen, how)
     assert not builds and not session.decode_ready(DOC, gen, how)
     assert list(session.stream_steered(DOC, big_lambda(vectors), gen, how=how)) == eager
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads a process's state from /proc")
+def test_builds_stop_while_the_session_generates(merged, vectors):
+    """An exported step's build takes only the time generation leaves: its process group is stopped (SIGSTOP) while
+    the session streams, and goes on (SIGCONT) once the stream is done. A sleeping process stands in for the build."""
+    import subprocess
+
+    from topl_core.inference import exported_decode
+
+    build = subprocess.Popen(["sleep", "120"], start_new_session=True)
+
+    def state() -> str:
+        return Path(f"/proc/{build.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+    with exported_decode._PAUSE:
+        exported_decode._BUILDS.add(build.pid)
+    try:
+        seen = [state() for _ in SteeringSession(merged, vectors).stream_steered(DOC, 1.0, GEN)]
+        assert seen and set(seen) == {"T"}
+        for _ in range(500):  # the signal is delivered asynchronously
+            if state() == "S":
+                break
+            time.sleep(0.01)
+        assert state() == "S"
+    finally:
+        with exported_decode._PAUSE:
+            exported_decode._BUILDS.discard(build.pid)
+        build.kill()
+        build.wait()

@@ -7,6 +7,7 @@ exported step").
         built by a child process at the lowest CPU priority (torch.export, then AOTInductor: 15–60 s for SmolLM2 on
         2 cores). The app's interpreter stays free meanwhile: a build inside it (torch.compile) holds the
         interpreter's lock for seconds at a time, and the page's eager streams stall behind it.
+    with builds_paused(): ...   the builds stopped while a generation runs (SteeringSession's streams and grids)
     python -m topl_core.inference.exported_decode NAME DTYPE CAPACITY OUT [PATH ...]   the child
 
 The package holds code, no weights (aot_inductor.package_constants_in_so off). The parent hands it its own tensors
@@ -22,10 +23,13 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import signal
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import torch
 import transformers
@@ -131,14 +135,46 @@ def build_package(name: str, dtype: str, capacity: int, out: Path, shift_paths: 
 
 
 def _child_of_this_process() -> None:
-    """In the child before it runs: the lowest CPU priority, and ended with its parent (Linux), so a build nobody
-    will load does not take the cores for a minute after the app is stopped."""
+    """In the child before it runs: the lowest CPU priority, and killed with its parent (Linux), so a build nobody
+    will load does not take the cores after the app is stopped (SIGKILL: a stopped build ignores SIGTERM)."""
     os.nice(19)
     if sys.platform == "linux":
         import ctypes
-        import signal
 
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+_PAUSE = threading.Lock()  # guards the two below
+_BUILDS: set[int] = set()  # the process groups of the builds running (their children's pids)
+_GENERATING = 0  # the generations running in this process (builds_paused)
+
+
+@contextmanager
+def builds_paused() -> Iterator[None]:
+    """While any generation of this process runs inside this, the packages' builds are stopped (SIGSTOP to their
+    process groups), and they go on once none does: a build takes only the time the app leaves idle. The lowest CPU
+    priority was not enough: on 2 cores the page's text written ahead took 18 s instead of 0.5 s beside a build
+    (docs/performance.md, "The exported step")."""
+    global _GENERATING
+    with _PAUSE:
+        _GENERATING += 1
+        if _GENERATING == 1:
+            _signal_builds(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with _PAUSE:
+            _GENERATING -= 1
+            if _GENERATING == 0:
+                _signal_builds(signal.SIGCONT)
+
+
+def _signal_builds(sig: signal.Signals) -> None:
+    for group in _BUILDS:
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:  # ended meanwhile
+            pass
 
 
 class ExportedDecoder(StepDecoder):
@@ -176,18 +212,29 @@ class ExportedDecoder(StepDecoder):
         spec = self._lm.spec
         command = [sys.executable, "-m", __name__, spec.name, spec.dtype, str(capacity), str(out), *self._paths]
         env = {**os.environ, KERNEL_ENV: model_linear_kernel(self._lm.model)}  # the model the child loads: this one's
+        child = subprocess.Popen(
+            command,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # a process group of its own, stopped whole by builds_paused
+            preexec_fn=_child_of_this_process,
+        )
+        with _PAUSE:
+            _BUILDS.add(child.pid)
+            if _GENERATING:
+                os.killpg(child.pid, signal.SIGSTOP)
         try:
-            done = subprocess.run(
-                command,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=BUILD_TIMEOUT_S,
-                preexec_fn=_child_of_this_process,
-            )
-            why = f"exit {done.returncode}: {done.stderr.strip()[-1500:]}"
+            _, err = child.communicate(timeout=BUILD_TIMEOUT_S)
+            why = f"exit {child.returncode}: {err.strip()[-1500:]}"
         except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
             why = f"stopped after {BUILD_TIMEOUT_S} s"
+        finally:
+            with _PAUSE:
+                _BUILDS.discard(child.pid)
         if not out.exists():
             self._failed[capacity] = ModelError(
                 f"building the exported decode step of {spec.name} ({capacity} positions) failed ({why}). Its "

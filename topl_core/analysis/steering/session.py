@@ -25,7 +25,8 @@ SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED mod
     SteeringSession.from_run(run, vectors, spec=None, head=None)
 How a mode generates is its action's (actions.SteeringAction.generate / stream, called inside hooks.steer()).
 Generation holds a per-model lock (sessions sharing one model take turns; sessions on different models run in
-parallel); it never mutates the model, the tokenizer or the vectors.
+parallel) and stops the exported steps' builds meanwhile (exported_decode.builds_paused); it never mutates the model,
+the tokenizer or the vectors.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import torch
 
 from ...foundations.errors import ModelError
 from ...inference.compiled_decode import CompiledDecoder, DecoderBusy, StepDecoder
-from ...inference.exported_decode import ExportedDecoder
+from ...inference.exported_decode import ExportedDecoder, builds_paused
 from ...inference.generate import (
     GenerationCancelled,
     GenerationConfig,
@@ -279,13 +280,13 @@ class SteeringSession:
             shifts = None  # its step is not built yet: decode eagerly rather than wait
         lora = self.lora() if action.needs_lora else None
         with self._lock, self._stoppable(cancel):
-            if shifts is not None:
+            if shifts is not None:  # builds not paused: with compile_decode's wait, this stream builds its own step
                 try:
                     yield from self._stream_compiled(document, lam, gen_cfg, task, how, shifts, cancel)
                     return
                 except DecoderBusy:  # before its first text: warm_decode is loading another length's step
                     pass
-            with steer(self.lm.model, self.vectors, lam, how, lora) as switch:
+            with builds_paused(), steer(self.lm.model, self.vectors, lam, how, lora) as switch:
                 run = self._decoding(switch, lam, gen_cfg, task)
                 yield from action.stream(self.lm, document, gen_cfg, task, how, run)
 
@@ -337,7 +338,12 @@ class SteeringSession:
                 done.append(g)
             return
         lora = self.lora() if action.needs_lora else None
-        with self._lock, steer(self.lm.model, self.vectors, lambdas, how, lora), self._stoppable(cancel):
+        with (
+            self._lock,
+            builds_paused(),
+            steer(self.lm.model, self.vectors, lambdas, how, lora),
+            self._stoppable(cancel),
+        ):
             prefix = None if how.steers_prompt else self._prefill(document, gen_cfg, task)
             for texts in stream_rows(self.lm, document, len(lambdas), gen_cfg, task, prefix=prefix):
                 yield [SteeredText(t) for t in texts]
@@ -372,7 +378,12 @@ class SteeringSession:
         """The mode's action generates inside steer(); `lam`: one λ, or one per document when they form one batch."""
         action = how.spec.action
         lora = self.lora() if action.needs_lora else None
-        with self._lock, steer(self.lm.model, self.vectors, lam, how, lora) as switch, self._stoppable(cancel):
+        with (
+            self._lock,
+            builds_paused(),
+            steer(self.lm.model, self.vectors, lam, how, lora) as switch,
+            self._stoppable(cancel),
+        ):
             run = self._decoding(switch, lam, gen_cfg, task)
             if gen_cfg.mode == "sample":
                 with _SAMPLING_LOCK:
