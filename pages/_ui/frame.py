@@ -19,6 +19,7 @@ from typing import Iterator
 import streamlit as st
 
 from pages._ui.spec import sidebar_model_picker
+from topl_core.foundations.idle_children import busy
 
 PAGES = {
     "Start": [("home", "Home", ":material/home:"), ("data", "Data", ":material/dataset:")],
@@ -54,7 +55,8 @@ def run_frame() -> None:
     sidebar_model_picker()
     _FRAME.active = True
     try:
-        page.run()
+        with busy():  # a compiled decode step's build waits while a page runs (topl_core/foundations/idle_children.py)
+            page.run()
     finally:
         _FRAME.active = False
 

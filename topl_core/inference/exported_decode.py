@@ -7,7 +7,7 @@ exported step").
         built by a child process at the lowest CPU priority (torch.export, then AOTInductor: 15–60 s for SmolLM2 on
         2 cores). The app's interpreter stays free meanwhile: a build inside it (torch.compile) holds the
         interpreter's lock for seconds at a time, and the page's eager streams stall behind it.
-    with builds_paused(): ...   the builds stopped while a generation runs (SteeringSession's streams and grids)
+    Each build is an idle child (foundations/idle_children.py): stopped while the app generates or runs a page.
     python -m topl_core.inference.exported_decode NAME DTYPE CAPACITY OUT [PATH ...]   the child
 
 The package holds code, no weights (aot_inductor.package_constants_in_so off). The parent hands it its own tensors
@@ -26,10 +26,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 import transformers
@@ -37,6 +35,7 @@ from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
 from ..foundations.errors import ModelError
+from ..foundations.idle_children import idle_child
 from ..foundations.paths import cache_dir
 from ..hardware.linear_kernel import KERNEL_ENV, model_linear_kernel
 from ..models.loading import LoadedModel, ModelSpec, load_model
@@ -144,39 +143,6 @@ def _child_of_this_process() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-_PAUSE = threading.Lock()  # guards the two below
-_BUILDS: set[int] = set()  # the process groups of the builds running (their children's pids)
-_GENERATING = 0  # the generations running in this process (builds_paused)
-
-
-@contextmanager
-def builds_paused() -> Iterator[None]:
-    """While any generation of this process runs inside this, the packages' builds are stopped (SIGSTOP to their
-    process groups), and they go on once none does: a build takes only the time the app leaves idle. The lowest CPU
-    priority was not enough: on 2 cores the page's text written ahead took 18 s instead of 0.5 s beside a build
-    (docs/performance.md, "The exported step")."""
-    global _GENERATING
-    with _PAUSE:
-        _GENERATING += 1
-        if _GENERATING == 1:
-            _signal_builds(signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        with _PAUSE:
-            _GENERATING -= 1
-            if _GENERATING == 0:
-                _signal_builds(signal.SIGCONT)
-
-
-def _signal_builds(sig: signal.Signals) -> None:
-    for group in _BUILDS:
-        try:
-            os.killpg(group, sig)
-        except ProcessLookupError:  # ended meanwhile
-            pass
-
-
 class ExportedDecoder(StepDecoder):
     """A StepDecoder whose steps are AOTInductor packages built by a child process (the module docstring)."""
 
@@ -218,23 +184,17 @@ class ExportedDecoder(StepDecoder):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            start_new_session=True,  # a process group of its own, stopped whole by builds_paused
+            start_new_session=True,  # a process group of its own: stopped whole (idle_child)
             preexec_fn=_child_of_this_process,
         )
-        with _PAUSE:
-            _BUILDS.add(child.pid)
-            if _GENERATING:
-                os.killpg(child.pid, signal.SIGSTOP)
-        try:
-            _, err = child.communicate(timeout=BUILD_TIMEOUT_S)
-            why = f"exit {child.returncode}: {err.strip()[-1500:]}"
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.communicate()
-            why = f"stopped after {BUILD_TIMEOUT_S} s"
-        finally:
-            with _PAUSE:
-                _BUILDS.discard(child.pid)
+        with idle_child(child):  # stopped while the app is busy (foundations/idle_children.py)
+            try:
+                _, err = child.communicate(timeout=BUILD_TIMEOUT_S)
+                why = f"exit {child.returncode}: {err.strip()[-1500:]}"
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.communicate()
+                why = f"stopped after {BUILD_TIMEOUT_S} s"
         if not out.exists():
             self._failed[capacity] = ModelError(
                 f"building the exported decode step of {spec.name} ({capacity} positions) failed ({why}). Its "

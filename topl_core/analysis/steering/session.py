@@ -25,7 +25,7 @@ SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED mod
     SteeringSession.from_run(run, vectors, spec=None, head=None)
 How a mode generates is its action's (actions.SteeringAction.generate / stream, called inside hooks.steer()).
 Generation holds a per-model lock (sessions sharing one model take turns; sessions on different models run in
-parallel) and stops the exported steps' builds meanwhile (exported_decode.builds_paused); it never mutates the model,
+parallel) and stops the exported steps' builds meanwhile (foundations/idle_children.busy); it never mutates the model,
 the tokenizer or the vectors.
 """
 
@@ -41,8 +41,9 @@ from typing import Iterator, Sequence
 import torch
 
 from ...foundations.errors import ModelError
+from ...foundations.idle_children import busy
 from ...inference.compiled_decode import CompiledDecoder, DecoderBusy, StepDecoder
-from ...inference.exported_decode import ExportedDecoder, builds_paused
+from ...inference.exported_decode import ExportedDecoder
 from ...inference.generate import (
     GenerationCancelled,
     GenerationConfig,
@@ -286,7 +287,7 @@ class SteeringSession:
                     return
                 except DecoderBusy:  # before its first text: warm_decode is loading another length's step
                     pass
-            with builds_paused(), steer(self.lm.model, self.vectors, lam, how, lora) as switch:
+            with busy(), steer(self.lm.model, self.vectors, lam, how, lora) as switch:
                 run = self._decoding(switch, lam, gen_cfg, task)
                 yield from action.stream(self.lm, document, gen_cfg, task, how, run)
 
@@ -340,7 +341,7 @@ class SteeringSession:
         lora = self.lora() if action.needs_lora else None
         with (
             self._lock,
-            builds_paused(),
+            busy(),
             steer(self.lm.model, self.vectors, lambdas, how, lora),
             self._stoppable(cancel),
         ):
@@ -380,7 +381,7 @@ class SteeringSession:
         lora = self.lora() if action.needs_lora else None
         with (
             self._lock,
-            builds_paused(),
+            busy(),
             steer(self.lm.model, self.vectors, lam, how, lora) as switch,
             self._stoppable(cancel),
         ):
