@@ -122,6 +122,14 @@ class StepDecoder:
         finally:
             self._lock.release()
 
+    def _set_shifts(self, inputs: Sequence[torch.Tensor], shifts: Mapping[str, torch.Tensor]) -> None:
+        """The step's shift tensors (one per shift path, in their order) set in place: shifts[path], else zero."""
+        for path, shift in zip(self._paths, inputs, strict=True):
+            if path in shifts:
+                shift.copy_(shifts[path])
+            else:
+                shift.zero_()
+
     def _build(self, capacity: int) -> None:
         raise NotImplementedError
 
@@ -144,13 +152,13 @@ class CompiledDecoder(StepDecoder):
         model = lm.model
         self._model = private_tree(model)
         self._cuda = model.device.type == "cuda"
-        self._shifts: dict[str, torch.Tensor] = {}
+        self._shifts: list[torch.Tensor] = []  # one per shift path, in their order
         for path in self._paths:
             module = self._model.get_submodule(path)
             shift = torch.zeros(module.weight.shape[0], dtype=torch.float32, device=model.device)
             torch._dynamo.mark_static_address(shift)  # set in place before each stream: no copy into a CUDA graph
             module.register_forward_hook(lambda _m, _i, output, shift=shift: output + shift.to(output.dtype))
-            self._shifts[path] = shift
+            self._shifts.append(shift)
         self._caches: dict[int, StaticCache] = {}  # by capacity
         self._new_cache = lambda capacity: StaticCache(config=model.config, max_cache_len=capacity)
         mode = "reduce-overhead" if self._cuda else None  # CUDA graphs: no launch per kernel, no Python per module
@@ -167,11 +175,7 @@ class CompiledDecoder(StepDecoder):
         if capacity not in self._caches:
             self._caches[capacity] = self._new_cache(capacity)
         cache = self._caches[capacity]
-        for path, shift in self._shifts.items():
-            if path in shifts:
-                shift.copy_(shifts[path])
-            else:
-                shift.zero_()
+        self._set_shifts(self._shifts, shifts)
         cache.reset()
         for layer, (keys, values, *_) in zip(cache.layers, prefix.cache):
             layer.update(keys.to(self.dtype), values.to(self.dtype))  # the prompt's positions, then the steps'

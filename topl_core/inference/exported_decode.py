@@ -21,6 +21,7 @@ once, and a counter buffer is one (it came back as 1 after every step when tried
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import signal
@@ -116,9 +117,14 @@ def package_key(lm: LoadedModel, capacity: int, shift_paths: Sequence[str]) -> s
     the shift sites, the length, this module's and the libraries' code, and the CPU's instruction set."""
     kernel = model_linear_kernel(lm.model)
     parts = (lm.model.config.to_json_string(), str(lm.model.dtype), kernel, *shift_paths, str(capacity))
-    code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-    parts += (code, torch.__version__, transformers.__version__, torch.backends.cpu.get_cpu_capability())
+    parts += (_code_hash(), torch.__version__, transformers.__version__, torch.backends.cpu.get_cpu_capability())
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+@functools.cache
+def _code_hash() -> str:
+    """This module's source, hashed once: a package built by other code is not taken for this code's."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
 def build_package(name: str, dtype: str, capacity: int, out: Path, shift_paths: Sequence[str]) -> None:
@@ -219,14 +225,12 @@ class ExportedDecoder(StepDecoder):
         constants = step.constants()
         wanted = {n: constants[n] for n in runner.get_constant_fqns()}
         runner.load_constants(wanted, check_full_update=True, user_managed=True)  # no copy: the model's own tensors
-        shifts = tuple(torch.zeros(n) for n in step.shift_sizes)
-        self._steps[capacity] = (runner, step, shifts)
+        self._steps[capacity] = (runner, step, step.example_inputs()[2:])  # the shift inputs, set per stream
 
     def _prepare(self, prefix: Prefill, capacity: int, shifts: Mapping[str, torch.Tensor]) -> None:
         _, step, inputs = self._steps[capacity]
         step.load(prefix)
-        for path, shift in zip(self._paths, inputs):
-            shift.copy_(shifts[path]) if path in shifts else shift.zero_()
+        self._set_shifts(inputs, shifts)
 
     def _step(self, capacity: int, position: int, ids: torch.Tensor) -> torch.Tensor:
         runner, _, shifts = self._steps[capacity]
