@@ -106,7 +106,7 @@ def test_a_deck_shows_the_exported_page_inline(adapters, tiny_records, tmp_path)
     stats = topl.prepare_deck(topl.create_deck(tmp_path / "deck", cfg))
     deck = topl.read_deck(tmp_path / "deck")
     assert stats.generated == deck.total == 4 and deck.complete
-    frame = deck.show()._repr_html_()
+    frame = topl.show_deck(deck)._repr_html_()
     assert frame.startswith("<iframe srcdoc=") and 'sandbox="allow-scripts"' in frame
     srcdoc = frame.split('srcdoc="', 1)[1].split('" sandbox=', 1)[0]
     assert html.unescape(srcdoc) == deck_html(deck)  # the same page as the offline export

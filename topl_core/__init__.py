@@ -11,7 +11,7 @@ the CLI call (its docstring has an example; examples/quickstart.ipynb uses them 
     steering            build_steering_vectors, SteeringVectors, steer (a context manager), SteerConfig,
                         SteeringSession (λ grids, stream_steered)
     token scores        TokenScorer, TokenScores, TokenOverlay (coloured tokens in Jupyter)
-    decks               DeckConfig, create_deck, prepare_deck, read_deck, Deck (.show(): talk mode inline)
+    decks               DeckConfig, create_deck, prepare_deck, read_deck, Deck, show_deck (talk mode inline)
     evaluation          evaluate, EvalConfig, Variant
 
 Importing the package imports none of them: each is imported from its module the first time it is touched (PEP 562
@@ -60,6 +60,7 @@ _EXPORTS: dict[str, str] = {
     "prepare_deck": "topl_core.analysis.studies.deck_prepare",
     "read_deck": "topl_core.analysis.studies.deck",
     "Deck": "topl_core.analysis.studies.deck",
+    "show_deck": "topl_core.analysis.studies.deck_html",
     "evaluate": "topl_core.analysis.evaluation.evaluate",
     "EvalConfig": "topl_core.analysis.evaluation.config",
     "Variant": "topl_core.analysis.evaluation.config",

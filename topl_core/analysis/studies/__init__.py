@@ -8,7 +8,8 @@
     data_sources.py        SOURCES: the registry of every data source (here because a source a model writes is
                            built by a study)
     deck.py                DeckConfig, create_deck, read_deck, Deck: talk-mode decks; deck_prepare.py: preparing
-                           one; deck_html.py: its offline HTML and PNG frames
+                           one; deck_html.py (above deck.py): its page as one HTML file, show_deck (inline in
+                           Jupyter) and PNG frames
     reproduce.py           run_reproduce, resume_reproduce, read_tasks: the paper's tables in one study;
                            reproduce_config.py: ReproduceConfig; method_runs.py: every method with its paper settings
                            scaled to the model; reproduce_tables.py, reproduce_claims.py, reproduce_report.py,

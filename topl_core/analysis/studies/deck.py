@@ -15,7 +15,9 @@ named — Deck.unreadable, PrepareStats.redone and status.json's "redone" — an
     create_deck(folder, cfg) -> Path        deck.json (a folder holding another deck's config is refused)
     prepare_deck(folder, progress=None) -> PrepareStats            (deck_prepare.py)
     read_deck(folder) -> Deck               what talk mode and the export read; None where no deck.json is
-    Deck.show() -> DeckView                 talk mode inline in Jupyter: the exported page (deck_html.py)
+
+Its page (talk mode in one HTML file, and inline in Jupyter) is deck_html.py's, which reads a Deck: this module knows
+nothing of it.
 
 The folder:
 
@@ -46,7 +48,6 @@ from ...hardware.precision import PRECISION_HELP, PRECISIONS, Precision
 from ..steering.modes import SteerConfig, keep_field, mode_field, positions_field, tau_field, units_field
 from ..steering.steered_text import GateCounts, Replacement
 from ..token_colors import FLAG_THRESHOLD
-from .deck_html import DeckView, deck_html
 
 CONFIG_FILE = "deck.json"
 HEAD_FILE = "head.json"
@@ -212,7 +213,8 @@ class DeckDocument:
 class Deck:
     """A deck as far as it is prepared (read_deck).
 
-    Example: ``read_deck("runs/decks/my-talk").show()`` as a notebook cell's last line shows talk mode inline"""
+    Example: ``deck = read_deck("runs/decks/my-talk"); deck.done, deck.total, deck.head_note``; its page in a notebook:
+    ``show_deck(deck)`` (deck_html.py)"""
 
     folder: Path
     config: DeckConfig
@@ -258,10 +260,6 @@ class Deck:
             f"not an independent judge; {held_out}. Flagged: p(good) < {FLAG_THRESHOLD:g}."
         )
 
-    def show(self, height: int = DeckView.height) -> DeckView:
-        """Talk mode inline in Jupyter, from the same page as the offline export (deck_html.deck_html)."""
-        return DeckView(deck_html(self), height)
-
 
 def doc_path(folder: Path, index: int) -> Path:
     return Path(folder) / f"doc-{index:03d}.json"
@@ -278,7 +276,7 @@ def create_deck(folder: str | Path, cfg: DeckConfig) -> Path:
     """Write the deck's config into `folder` (created). The same config again is fine (prepare resumes); another
     deck's config there is refused.
 
-    Example: ``prepare_deck(create_deck("runs/decks/talk", cfg)); read_deck("runs/decks/talk").show()``"""
+    Example: ``prepare_deck(create_deck("runs/decks/talk", cfg)); show_deck(read_deck("runs/decks/talk"))``"""
     folder = Path(folder)
     old = read_deck(folder)  # an unreadable deck.json is refused, not overwritten: its documents may be another's
     if old is not None and old.config != cfg:
@@ -292,7 +290,7 @@ def read_deck(folder: str | Path) -> Deck | None:
     """The deck in `folder` as far as it is prepared; None where there is no deck.json. A document file that cannot
     be read counts as not prepared, and is named in Deck.unreadable; an unreadable deck.json is a RunError.
 
-    Example: ``deck = read_deck("runs/decks/talk"); deck.done, deck.total, deck.show()``"""
+    Example: ``deck = read_deck("runs/decks/talk"); deck.done, deck.total, show_deck(deck)``"""
     folder = Path(folder)
     path = folder / CONFIG_FILE
     if not path.exists():

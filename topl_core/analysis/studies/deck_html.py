@@ -1,9 +1,10 @@
-"""A prepared deck as one self-contained HTML file — talk mode where the app cannot run — and PNG frames of it.
+"""A prepared deck as one self-contained HTML file — talk mode where the app cannot run —, inline in Jupyter, and PNG
+frames of it. This module sits above deck.py: it reads a Deck, and deck.py does not import it.
 
     deck_html(deck) -> str          texts, token colours and scores of every λ position inlined as JSON, a plain range
                                     slider and a few lines of JavaScript; no network, no external asset
     write_deck_html(deck, path) -> Path
-    DeckView(page, height)          the page inline in Jupyter, in a sandboxed iframe of its own (Deck.show())
+    show_deck(deck) -> DeckView     the page inline in Jupyter, in a sandboxed iframe of its own
     write_frames(html_path, out_dir, lambdas, document=0) -> list[Path]
         PNG screenshots of the file at fixed λ positions (headless Chromium through Playwright; TOPL_CHROMIUM names
         the browser, default /usr/bin/chromium)
@@ -19,14 +20,11 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ...foundations.io import atomic_open
 from ..steering.steered_text import SteeredText
 from ..token_colors import FLAG_THRESHOLD, p_color, scale_legend
-
-if TYPE_CHECKING:  # annotations only: deck.py imports this module (Deck.show)
-    from .deck import Deck, Summary
+from .deck import Deck, Summary
 
 # the page may load nothing: only its own inline style and script run
 NO_NETWORK = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'"
@@ -214,7 +212,7 @@ def deck_html(deck: Deck, keys_from_parent: bool = False) -> str:
 @dataclass(frozen=True)
 class DeckView:
     """A deck's page (deck_html) shown inline in Jupyter: its own document in a sandboxed iframe (scripts run, nothing
-    reaches the notebook), so the slider, the keys and the λ curve work as in the exported file. Deck.show() makes
+    reaches the notebook), so the slider, the keys and the λ curve work as in the exported file. show_deck makes
     one."""
 
     page: str
@@ -225,6 +223,13 @@ class DeckView:
             f'<iframe srcdoc="{html.escape(self.page)}" sandbox="allow-scripts" title="TOPL deck" '
             f'style="width:100%;height:{self.height}px;border:1px solid #ddd;border-radius:6px"></iframe>'
         )
+
+
+def show_deck(deck: Deck, height: int = DeckView.height) -> DeckView:
+    """Talk mode inline in Jupyter, from the same page as the offline export (deck_html).
+
+    Example: ``show_deck(read_deck("runs/decks/my-talk"))`` as a notebook cell's last line shows talk mode inline"""
+    return DeckView(deck_html(deck), height)
 
 
 def write_deck_html(deck: Deck, path: str | Path) -> Path:
