@@ -80,10 +80,10 @@ generated_only = c_pos.toggle(
     False,
     key="steer.generated_only",
     persist_state="session",
-    disabled=not MODES[mode].action.positions_apply,  # the mode decides which positions it steers
+    disabled=not MODES[mode].steers_positions,  # the mode decides which positions it steers
     help="Leave the prompt (the document) untouched and steer only the tokens the model writes.",
 )
-settings = mode_settings(st, MODES[mode].action.settings, "steer.")  # the mode's own: a gated mode's τ and k
+settings = mode_settings(st, MODES[mode].settings, "steer.")  # the mode's own: a gated mode's τ and k
 how = SteerConfig(mode, "generated" if generated_only else "all", **settings)
 with st.expander("Token set for μ+ / μ− and the site AUROCs", expanded=False):
     ts = token_set_picker("steer", run, default_limit=16)

@@ -17,8 +17,7 @@ from conftest import NEWS_PAIRS, all_hooks, tiny_config
 
 from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.gate import Head
-from topl_core.analysis.steering.hooks import steer
-from topl_core.analysis.steering.modes import MODES, SteerConfig
+from topl_core.analysis.steering.modes import MODES, SteerConfig, steer
 from topl_core.analysis.steering.session import SteeringSession
 from topl_core.data.encode import build_prompt, truncate_document
 from topl_core.foundations.errors import ModelError
@@ -222,6 +221,23 @@ def test_neutral_lambda_and_sampling(session):
     assert texts[0] == texts[1] and texts[0].gate.taken_back > 0
 
 
+def test_every_mode_streams_sampled_text(session):
+    """Sampling streams in every mode through the one loop: a sampled stream's last text is the sampled generation
+    (a gated one with what it took back; an always-on one is transformers' generate with the same seed), and the
+    stream grows a token at a time."""
+    gen = GenerationConfig(max_new_tokens=12, precision="fp32", mode="sample", seed=5)
+    how = gated(tau=0.7, keep=1)
+    parts = list(session.stream_generations(DOCS[1], lam(session), gen, how=how))
+    assert parts[-1] == session.grid_generations(DOCS[1], [lam(session)], gen, how=how)[0]
+    assert parts[-1].gate.taken_back > 0 and [len(p.token_ids) for p in parts] == list(range(1, len(parts) + 1))
+    for mode in ("vector", "conditional"):
+        always = SteerConfig(mode, "generated")
+        streamed = list(session.stream_steered(DOCS[1], 1.0, gen, how=always))
+        assert streamed[-1] == session.generate_steered(DOCS[1], 1.0, gen, how=always), mode
+    greedy = dataclasses.replace(gen, mode="greedy")
+    assert streamed[-1] != session.generate_steered(DOCS[1], 1.0, greedy, how=always)  # it did sample
+
+
 def test_head_given_or_missing(session):
     """A session whose vectors name no adapter (or an adapter without a head) says what to do; a head given
     explicitly (a probe head's layer and linear) is the one read."""
@@ -245,7 +261,8 @@ def test_the_mode_and_its_settings():
     """The gated mode is an entry of the registry on the LoRA-B vector's λ axis and units; τ and k are checked."""
     spec = MODES["gated"]
     assert spec.family == MODES["vector"].family and spec.neutral == 0.0 and spec.action.units_apply
-    assert not spec.action.positions_apply and spec.action.settings == ("tau", "keep")
+    assert not spec.steers_positions and not spec.batches_rows and spec.needs_head and spec.settings == ("tau", "keep")
+    assert spec.action is MODES["vector"].action and spec.direction is MODES["vector"].direction  # the vector + a judge
     key = {"mode": "gated", "positions": "all", "units": "normalised", "tau": 0.3, "keep": 2}
     assert SteerConfig("gated", tau=0.3, keep=2).key() == key
     assert "tau" not in SteerConfig("vector").key()  # the other modes' cache keys are what they were

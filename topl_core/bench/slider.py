@@ -32,8 +32,7 @@ from typing import Callable
 
 import torch
 
-from ..analysis.steering.hooks import steer
-from ..analysis.steering.modes import SteerConfig
+from ..analysis.steering.modes import SteerConfig, steer
 from ..analysis.steering.session import SteeringSession
 from ..hardware.linear_kernel import model_linear_kernel
 from ..hardware.precision import resolve_precision
@@ -150,7 +149,7 @@ GOALS = {
 
 
 def format_slider(res: dict) -> str:
-    """The figures as a table, each goal of issue 40 marked met or missed."""
+    """The figures as a table, each goal of GOALS (the slider's targets) marked met or missed."""
     lines = [
         f"slider bench: {res['model']} + {res['adapter']} on {res['device']}, precision {res['precision']}, "
         f"few-row linears {res['linear_kernel']}"

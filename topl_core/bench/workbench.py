@@ -48,7 +48,7 @@ import torch
 from ..analysis.lora_a.capture import capture_lora
 from ..analysis.lora_a.probe import ProbeSettings, probe_run
 from ..analysis.steering.extract import build_steering_vectors
-from ..analysis.steering.hooks import steer
+from ..analysis.steering.modes import steer
 from ..analysis.studies.sweeps import SweepConfig, Window, fresh_copy, plan_windows, run_sweep, sweep_inputs
 from ..data.encode import build_prompt, collate, encode_record
 from ..data.records import read_jsonl

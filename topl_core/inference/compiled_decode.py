@@ -1,8 +1,9 @@
-"""Decode steps compiled once (issue 40: the slider's decode loop; docs/performance.md, "The decode loop's options").
+"""Decode steps compiled once: the Steering slider's decode step (docs/performance.md, "The decode loop's options").
 
-StepDecoder is what every such decoder does (the calls below, the greedy loop, one stream at a time); CompiledDecoder,
-here, builds its steps with torch.compile in this process (a GPU's, with CUDA graphs); exported_decode.ExportedDecoder
-has a child process build them ahead of time (a CPU's: a build here would hold the interpreter's lock).
+StepDecoder is what every such decoder does (the calls below, its step run by the one decode loop of decode.py, one
+stream at a time); CompiledDecoder, here, builds its steps with torch.compile in this process (a GPU's, with CUDA
+graphs); exported_decode.ExportedDecoder has a child process build them ahead of time (a CPU's: a build here would hold
+the interpreter's lock).
 
     decoder = CompiledDecoder(lm, shift_paths=("model.layers.8.mlp.down_proj", ...))
     decoder.supports(cfg) -> bool                  whether a stream under `cfg` decodes here (else decode eagerly)
@@ -36,7 +37,8 @@ import torch
 
 from ..hardware.precision import TORCH_DTYPES
 from ..models.loading import LoadedModel
-from .generate import GenerationConfig, Prefill, decode_greedy
+from .decode import decode, decoded_texts, stop_tokens
+from .generate import GenerationConfig, Prefill
 
 BUCKET = 64  # static caches hold a multiple of this many positions (docs/performance.md, the decode loop's options)
 
@@ -63,10 +65,9 @@ class StepDecoder:
         self._lock = threading.Lock()
 
     def supports(self, cfg: GenerationConfig) -> bool:
-        """Whether a stream under `cfg` decodes here: greedy, the decode steps in the weights' dtype (float32 weights
-        for fp32 steps, bf16 weights for bf16 steps), no sliding windows."""
-        decode = cfg.decode_on(self._device.type)
-        return self.compilable and TORCH_DTYPES[decode] == self.dtype and cfg.mode == "greedy"
+        """Whether a stream under `cfg` decodes here: the decode steps in the weights' dtype (float32 weights for fp32
+        steps, bf16 weights for bf16 steps), no sliding windows; greedy or sampled (the loop chooses, not the step)."""
+        return self.compilable and TORCH_DTYPES[cfg.decode_on(self._device.type)] == self.dtype
 
     @staticmethod
     def capacity(prompt_length: int, max_new_tokens: int) -> int:
@@ -98,7 +99,7 @@ class StepDecoder:
         `wait` False, DecoderBusy is raised before the first text when the step of this length is not built yet or
         another stream or warm() holds the decoder (the caller decodes eagerly instead of waiting)."""
         if not self.supports(cfg):
-            raise ValueError(f"{cfg}: not a stream the compiled decoder runs (greedy, decode steps in {self.dtype})")
+            raise ValueError(f"{cfg}: not a stream the compiled decoder runs (decode steps in {self.dtype})")
         unknown = set(shifts) - set(self._paths)
         if unknown:
             raise ValueError(f"no shift registered at {sorted(unknown)}; known: {sorted(self._paths)}")
@@ -117,7 +118,9 @@ class StepDecoder:
                 position += 1
                 return self._step(capacity, position, ids)
 
-            for texts in decode_greedy(self._lm.tokenizer, prefix.logits[None], cfg.max_new_tokens, step):
+            tok = self._lm.tokenizer
+            steps = decode(prefix.logits[None], cfg.max_new_tokens, stop_tokens(tok), step, cfg.chooser())
+            for texts in decoded_texts(tok, steps):
                 yield texts[0]
         finally:
             self._lock.release()

@@ -3,15 +3,13 @@ generate responses for one or many documents.
 
     generate(lm, documents, cfg) -> list[str]                 batched (HF generate)
     stream_generate(lm, document, cfg, prefix=None) -> Iterator[str]
-        greedy, one document: the text so far after every new token (its last value is generate's text); a page
-        shows the words as they come and stops when the reader moves on (closing the iterator)
-    stream_rows(lm, document, rows, cfg, prefix=None) -> Iterator[list[str]]   the same for rows of one prompt as a
-        batch (a λ per row under steering)
+        one document: the text so far after every new token (greedy: its last value is generate's text; sampled:
+        generate's draws); a page shows the words as they come and stops when the reader moves on (closing it)
+    stream_rows(lm, document, rows, cfg, prefix=None, judge=None) -> Iterator[list[list[int]]]   every row's new
+        tokens so far, rows of one prompt as a batch (a λ per row under steering), through decode.decode (the one
+        loop), with the judge it is given (one row)
     prefill(lm, document, cfg) -> Prefill                     the prompt run once: its KV cache and last logits,
-        which stream_generate decodes from (a copy), so the prompt is not run again
-    stop_tokens(tokenizer) -> set[int]                        the ids a response ends on
-    decode_greedy(tok, logits, max_new_tokens, step)           the greedy loop those streams (and the compiled
-        decoder) run, around a forward `step` of their own
+        which the streams decode from (a copy), so the prompt is not run again
     with cancel_on(model, event): ...                          any generation from this thread stops (raising
         GenerationCancelled) at its next decoder layer once `event` is set: work done ahead that nobody waits for
 """
@@ -22,7 +20,7 @@ import inspect
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Literal, Sequence
+from typing import Iterator, Literal, Sequence
 
 import torch
 
@@ -41,6 +39,7 @@ from ..hardware.precision import (
 from ..models.architecture import decoder_layers
 from ..models.loading import LoadedModel, ModelSpec, load_model
 from ..training.adapters import load_adapter
+from .decode import Choose, Judge, decode, decoded_texts, stop_tokens
 from .kv_cache import with_room
 
 
@@ -94,6 +93,24 @@ class GenerationConfig:
     def decode_on(self, device: str) -> ResolvedPrecision:
         """The precision the decode steps run in on `device`."""
         return resolve_decode_precision(self.precision, self.decode_precision, device)
+
+    def chooser(self) -> Choose:
+        """Every row's next token from float32 logits (rows × vocabulary): the argmax, or a draw from torch's global
+        generator after transformers' own temperature and top-p warpers, as generate() samples (the same draws give
+        the same tokens: seed the generator first)."""
+        if self.mode == "greedy":
+            return lambda logits: logits.argmax(-1).tolist()
+        from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+        warpers = (TemperatureLogitsWarper(self.temperature), TopPLogitsWarper(self.top_p))
+
+        def sample(logits: torch.Tensor) -> list[int]:
+            scores = logits
+            for warp in warpers:
+                scores = warp(None, scores)
+            return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[:, 0].tolist()
+
+        return sample
 
 
 def load_merged(spec: ModelSpec | str, adapter) -> LoadedModel:
@@ -157,11 +174,6 @@ def generate(
     return outputs
 
 
-def stop_tokens(tok) -> set[int]:
-    """The token ids that end a response (the tokenizer's end-of-turn ids), as generate() stops on them."""
-    return set(tok.eos_token_id if isinstance(tok.eos_token_id, list) else [tok.eos_token_id]) - {None}
-
-
 @dataclass
 class Prefill:
     """A prompt run through the model once: its KV cache (`length` positions) and its last position's logits (float32),
@@ -214,12 +226,14 @@ def stream_generate(
     lang_pair: str | None = None,
     prefix: Prefill | None = None,
 ) -> Iterator[str]:
-    """Greedy generation for one document, yielding the response so far (stripped, special tokens dropped) after each
-    new token; the last value is generate(lm, [document], cfg)[0] token for token (tested). `prefix`: the prompt's
-    Prefill to decode from instead of running the prompt (it must come from the same model, document, cfg and task).
-    Autocast is entered per forward (the prompt's in cfg.precision, each new token's in cfg.decode_on), never across a
-    yield; closing the iterator stops the generation."""
-    for texts in stream_rows(lm, document, 1, cfg, task, lang_pair, prefix):
+    """Generation for one document, yielding the response so far (stripped, special tokens dropped) after each new
+    token; greedy, the last value is generate(lm, [document], cfg)[0] token for token (tested); sampled, it draws from
+    torch's global generator as generate() does (seed it first: generate() seeds it with cfg.seed). `prefix`: the
+    prompt's Prefill to decode from instead of running the prompt (it must come from the same model, document, cfg
+    and task). Autocast is entered per forward (the prompt's in cfg.precision, each new token's in cfg.decode_on),
+    never across a yield; closing the iterator stops the generation."""
+    steps = stream_rows(lm, document, 1, cfg, task, lang_pair, prefix)
+    for texts in decoded_texts(lm.tokenizer, steps):
         yield texts[0]
 
 
@@ -232,47 +246,28 @@ def stream_rows(
     task: str = "summarization",
     lang_pair: str | None = None,
     prefix: Prefill | None = None,
-) -> Iterator[list[str]]:
-    """stream_generate for `rows` rows of the same prompt decoded as one batch (a λ grid steered with a λ per row):
-    every row's response so far after each step, a finished row's text kept as it ended; the stream ends when every
-    row has. Row r is what stream_generate gives row r's steering alone, up to the last float bits a batch's matmul
-    shapes can move (as generate_grid)."""
-    if cfg.mode != "greedy":
-        raise ValueError("stream_generate decodes greedily: use generate() for sampling.")
+    judge: Judge | None = None,
+) -> Iterator[list[list[int]]]:
+    """`rows` rows of the same prompt decoded as one batch (a λ grid steered with a λ per row) by the one loop
+    (decode.decode): every row's new tokens so far after each step, a finished row kept as it ended; the stream ends
+    when every row has. Row r is what a stream of row r's steering alone gives, up to the last float bits a batch's
+    matmul shapes can move (as generate_grid). `judge`: the loop's judge (one row), which may take tokens back (the
+    cache is cropped)."""
     tok, model = lm.tokenizer, lm.model
     if prefix is None:
         cache, logits, _ = _prompt_forward(lm, document, cfg, task, lang_pair, rows)
         cache = with_room(cache, cfg.max_new_tokens)
     else:
         cache, logits = with_room(prefix.cache, cfg.max_new_tokens, rows), prefix.logits.expand(rows, -1)
-    decode = cfg.decode_on(model.device.type)
+    precision = cfg.decode_on(model.device.type)
 
-    def step(ids: torch.Tensor) -> torch.Tensor:
-        with autocast(decode, model.device.type):
+    def forward(ids: torch.Tensor) -> torch.Tensor:
+        with autocast(precision, model.device.type):
             return model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1].float()
 
-    yield from decode_greedy(tok, logits, cfg.max_new_tokens, step)
-
-
-def decode_greedy(
-    tok, logits: torch.Tensor, max_new_tokens: int, step: Callable[[torch.Tensor], torch.Tensor]
-) -> Iterator[list[str]]:
-    """Greedy decoding from the first new token's `logits` (rows × vocabulary): every row's response so far after
-    each new token, a row that wrote a stop token kept as it ended, until every row has or `max_new_tokens` are
-    written; step(ids) runs the forward of the tokens just chosen (rows × 1) and gives the next logits."""
-    stop, rows = stop_tokens(tok), logits.shape[0]
-    new: list[list[int]] = [[] for _ in range(rows)]
-    texts, live = [""] * rows, [True] * rows
-    for n in range(1, max_new_tokens + 1):
-        tokens = logits.argmax(-1).tolist()
-        for r in (r for r in range(rows) if live[r]):
-            new[r].append(tokens[r])
-            texts[r] = tok.decode(new[r], skip_special_tokens=True).strip()
-            live[r] = tokens[r] not in stop
-        yield list(texts)
-        if not any(live) or n == max_new_tokens:
-            return
-        logits = step(torch.tensor(tokens, device=logits.device)[:, None])
+    yield from decode(
+        logits, cfg.max_new_tokens, stop_tokens(tok), forward, cfg.chooser(), judge, lambda n: cache.crop(-n)
+    )
 
 
 class GenerationCancelled(Exception):

@@ -1,84 +1,34 @@
-"""Steering actions and the mode type built on them: what λ does to a site's output while generating, and how a
-steered text is generated.
+"""Steering actions and the mode type built on them: what λ does to a site's output while generating.
 
 An action owns its λ axis (neutral value, slider span, study grid, what one unit means), what it prepares from the
-steering vectors and the adapter, the edit its forward hook applies and how the session generates under it
-(`generate`, `stream`: every forward steered, unless the action decides per token, as gate.GateOnHead does). A mode is
-an action with a name, a colour and (for actions that act along one) a direction per site. hooks.steer, the session,
-evaluation, decks, the CLI and the pages call these objects and never branch on which action a mode has, so a new
-action is one class (here, or in its own module as gate.py) and its modes in modes.MODE_TABLE (and its test).
+steering vectors and the adapter, and the edits its hooks apply (hooks.edit_outputs). A mode is an action with a name,
+a colour, a direction per site (for actions that act along one: directions.py) and, for a mode that decides token by
+token when its action acts, a judge (gate.HeadGate). modes.steer, the session, evaluation, decks, the CLI and the pages
+call these objects and never branch on which action or judge a mode has, so a new action is one class here and its
+modes in modes.MODE_TABLE (and its test).
 
     AddDirection       output += λ · delta           delta: the mode's direction, in normalised or raw units
     ScaleUpdate        output += (λ − 1) · s·B(A x)  at every LoRA site of the merged model: λ scales the update
     AblateDirection    output −= λ · (output·d̂) d̂   the component along the mode's direction, λ = 1 removes it
-    Decoding           what the session hands an action's generate / stream from inside steer()
+    SteeringMode       an action, its direction, its judge; how a generation under it goes (batched rows or not,
+                       which positions, which settings) follows from those
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Mapping, Protocol, Sequence
+from typing import ClassVar, Mapping
 
 import numpy as np
 import torch
 
 from ...foundations.errors import ModelError
-from ...inference.generate import GenerationConfig, Prefill, generate, stream_generate
-from ...models.loading import LoadedModel
 from ..lora_a.sites import LoraWeights, Site, site_module, sort_sites
-from .steered_text import SteeredText
-
-if TYPE_CHECKING:
-    from .gate import Head
-    from .hooks import SteeringSwitch
-    from .modes import SteerConfig
-
-# Normalised λ: |λ| = 1 adds, at each steered site, a vector whose norm is UNIT_FRACTION × that site's mean output
-# norm on the token set (the same norm for every adding mode: only the direction differs between them).
-UNIT_FRACTION = 0.1
-RANDOM_SEED = 0  # the random control's directions are seeded per site from this and the site key
-
-
-class HasDirections(Protocol):
-    """What actions and directions read of vectors.SteeringVectors (which imports this module)."""
-
-    sites: tuple
-    vectors: dict[str, np.ndarray]
-    diff_mean: dict[str, np.ndarray]
-
-    def require_outputs(self) -> "HasDirections": ...
-
-    def deltas(self, mode: str, units: str = "normalised") -> dict[str, np.ndarray]: ...
-
-    def unit_factor(self, mode: str) -> dict[str, float]: ...
-
-
-Direction = Callable[[HasDirections], Mapping[str, np.ndarray]]
-# (module input, module output) -> the steered output, or None to leave the output as it is
-SiteEdit = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | None"]
-
-
-def lora_b_direction(vectors: HasDirections) -> Mapping[str, np.ndarray]:
-    """The paper's steering vector per site: scaling · B(μ+ − μ−)."""
-    return vectors.vectors
-
-
-def diff_mean_direction(vectors: HasDirections) -> Mapping[str, np.ndarray]:
-    """The merged model's mean site output of good tokens minus that of bad tokens."""
-    vectors.require_outputs()
-    return vectors.diff_mean
-
-
-def random_direction(vectors: HasDirections) -> Mapping[str, np.ndarray]:
-    """A seeded random direction per site with the LoRA-B vector's norm."""
-    out = {}
-    for s in vectors.sites:
-        v = vectors.vectors[s.key]
-        seed = int.from_bytes(hashlib.sha256(f"{RANDOM_SEED}|{s.key}".encode()).digest()[:4], "little")
-        r = np.random.default_rng(seed).standard_normal(v.shape)
-        out[s.key] = (r * (np.linalg.norm(v) / np.linalg.norm(r))).astype(np.float32)
-    return out
+from .directions import Direction
+from .gate import HeadGate
+from .hooks import SiteEdit
+from .vectors import UNIT_FRACTION, SteeringVectors
 
 
 def _check_width(site: Site, module: torch.nn.Module, width: int) -> None:
@@ -97,30 +47,14 @@ def _hash_arrays(arrays: Mapping[str, np.ndarray]) -> str:
     return h.hexdigest()[:16]
 
 
-@dataclass(frozen=True)
-class Decoding:
-    """What the session hands an action's generate / stream, from inside hooks.steer(): the hooks' switch (on), the λ
-    of the steered forwards (one, or one per batch row), the unsteered prompt of a document as a Prefill (cached by
-    the session; computed with the switch as it is: turn it off first) and, for an action that needs_head, the
-    adapter's token-level head."""
-
-    switch: "SteeringSwitch"
-    lam: float | Sequence[float]
-    prefill: Callable[[str], Prefill]
-    head: "Callable[[], Head] | None" = None
-
-
 class SteeringAction:
     """What λ does at a site. Subclasses set the λ axis (class attributes) and implement `edits`.
 
     neutral: the λ that reproduces the merged model exactly. lambda_range / lambda_step: the slider's default span;
     range_choices: the ± bounds a user may widen it to (empty: fixed). lambda_grid: the λ study's default grid.
     family: modes of one action share a λ axis (one slider state, one plot). needs_direction: its modes give a
-    direction per site; needs_lora: it reads the adapter's A and B; needs_head: its generation reads the adapter's
-    token-level head; units_apply: λ is in the normalised/raw units of SteerConfig.units (otherwise the units setting
-    is ignored); positions_apply: SteerConfig.positions says which positions are steered (otherwise the action
-    decides); settings: the SteerConfig fields of its own that it reads (a form or a command line shows them only
-    for it); batches_rows: a λ grid's positions can share one generate call, a λ per batch row."""
+    direction per site; needs_lora: it reads the adapter's A and B; units_apply: λ is in the normalised/raw units of
+    SteerConfig.units (otherwise the units setting is ignored)."""
 
     family: ClassVar[str]
     neutral: ClassVar[float] = 0.0
@@ -132,16 +66,12 @@ class SteeringAction:
     lambda_help: ClassVar[str]  # what λ means, for the slider's help
     needs_direction: ClassVar[bool] = True
     needs_lora: ClassVar[bool] = False
-    needs_head: ClassVar[bool] = False
     units_apply: ClassVar[bool] = False
-    positions_apply: ClassVar[bool] = True
-    settings: ClassVar[tuple[str, ...]] = ()
-    batches_rows: ClassVar[bool] = True
 
     def edits(
         self,
         model: torch.nn.Module,
-        vectors: HasDirections,
+        vectors: SteeringVectors,
         mode: "SteeringMode",
         units: str,
         lams: torch.Tensor,
@@ -156,44 +86,22 @@ class SteeringAction:
         return self.lambda_help
 
     def unit_note(
-        self, vectors: HasDirections, mode: "SteeringMode", units: str, lam: float | None = None
+        self, vectors: SteeringVectors, mode: "SteeringMode", units: str, lam: float | None = None
     ) -> str | None:
         """One unit of λ in the paper's raw terms for these vectors (the CLI prints it, the page captions it); None
         where the action has no such conversion."""
         return None
 
-    def fingerprint(self, vectors: HasDirections, mode: "SteeringMode", units: str) -> str:
+    def fingerprint(self, vectors: SteeringVectors, mode: "SteeringMode", units: str) -> str:
         """What the action applies at λ = 1, hashed (a cache key part beside the adapter's fingerprint)."""
         return _hash_arrays(mode.directions(vectors))
 
     def decode_shifts(
-        self, vectors: HasDirections, mode: "SteeringMode", units: str, lam: float
+        self, vectors: SteeringVectors, mode: "SteeringMode", units: str, lam: float
     ) -> dict[Site, torch.Tensor] | None:
         """Where the edit at λ adds a constant vector to each site's output: those float32 vectors (what a compiled
         decoder adds at every decode step: inference/compiled_decode.py); None where the edit depends on the output."""
         return None
-
-    def generate(
-        self,
-        lm: LoadedModel,
-        documents: Sequence[str],
-        gen_cfg: GenerationConfig,
-        task: str,
-        how: "SteerConfig",
-        run: Decoding,
-    ) -> list[SteeredText]:
-        """One text per document, generated inside steer() (batched; every forward steered)."""
-        return [SteeredText(t) for t in generate(lm, documents, gen_cfg, task)]
-
-    def stream(
-        self, lm: LoadedModel, document: str, gen_cfg: GenerationConfig, task: str, how: "SteerConfig", run: Decoding
-    ) -> Iterator[SteeredText]:
-        """Greedy, inside steer(): the text so far after every new token. Where the prompt is not steered, it is the
-        session's cached Prefill (computed under steer, whose hooks skip the prompt's forward on generated
-        positions)."""
-        prefix = None if how.steers_prompt else run.prefill(document)
-        for text in stream_generate(lm, document, gen_cfg, task, prefix=prefix):
-            yield SteeredText(text)
 
 
 class AddDirection(SteeringAction):
@@ -215,7 +123,7 @@ class AddDirection(SteeringAction):
     units_apply = True
 
     def edits(self, model, vectors, mode, units, lams, lora):
-        deltas = vectors.deltas(mode.name, units)
+        deltas = mode.deltas(vectors, units)
         out: dict[Site, SiteEdit] = {}
         for s in vectors.sites:
             m = site_module(model, s)
@@ -231,7 +139,7 @@ class AddDirection(SteeringAction):
         return out
 
     def decode_shifts(self, vectors, mode, units, lam):
-        deltas = vectors.deltas(mode.name, units)
+        deltas = mode.deltas(vectors, units)
         lam32 = torch.as_tensor(lam, dtype=torch.float64).float()  # as edits() rounds λ
         return {s: lam32 * torch.from_numpy(deltas[s.key]) for s in vectors.sites}
 
@@ -246,7 +154,7 @@ class AddDirection(SteeringAction):
     def unit_note(self, vectors, mode, units, lam=None):
         if units != "normalised":
             return None
-        factor = vectors.unit_factor(mode.name)
+        factor = vectors.unit_factor(mode.directions(vectors))
         lo, hi = min(factor.values()), max(factor.values())
         note = (
             f"One unit of λ = {UNIT_FRACTION:.0%} of each steered site's mean output norm = raw λ {lo:.3g}–{hi:.3g} "
@@ -255,7 +163,7 @@ class AddDirection(SteeringAction):
         return note + (f"; at λ = {lam:+.2f}: raw {lam * lo:+.3g} … {lam * hi:+.3g}." if lam is not None else ".")
 
     def fingerprint(self, vectors, mode, units):
-        return _hash_arrays(vectors.deltas(mode.name, units))
+        return _hash_arrays(mode.deltas(vectors, units))
 
 
 class ScaleUpdate(SteeringAction):
@@ -346,8 +254,9 @@ class AblateDirection(SteeringAction):
 
 @dataclass(frozen=True)
 class SteeringMode:
-    """One way of steering: an action, with a direction per site where the action acts along one. `exportable`: a
-    fixed direction that a llama.cpp control vector can carry. The λ axis is the action's."""
+    """One way of steering: an action, with a direction per site where the action acts along one, and a judge where
+    the mode decides token by token when the action acts (gate.HeadGate). `exportable`: a fixed direction that a
+    llama.cpp control vector can carry. The λ axis is the action's."""
 
     name: str
     label: str
@@ -355,6 +264,7 @@ class SteeringMode:
     colour: str
     action: SteeringAction
     direction: Direction | None = None
+    judge: HeadGate | None = None
     exportable: bool = False
 
     def __post_init__(self) -> None:
@@ -362,10 +272,40 @@ class SteeringMode:
             need = "needs a direction" if self.action.needs_direction else "takes no direction"
             raise ValueError(f"SteeringMode {self.name!r}: its action {type(self.action).__name__} {need}.")
 
-    def directions(self, vectors: HasDirections) -> Mapping[str, np.ndarray]:
+    def directions(self, vectors: SteeringVectors) -> Mapping[str, np.ndarray]:
         if self.direction is None:
             raise ValueError(f"mode={self.name!r} scales the adapter's update: it acts along no direction.")
         return self.direction(vectors)
+
+    def deltas(self, vectors: SteeringVectors, units: str = "normalised") -> dict[str, np.ndarray]:
+        """Per site, what λ = 1 adds to the site's output along this mode's direction in `units` (float32)."""
+        return vectors.in_units(self.directions(vectors), units)
+
+    # what a judge changes: the gate decides which forwards are steered (never the prompt), reads the adapter's head,
+    # and crops each row's cache at its own positions (one λ at a time)
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The SteerConfig fields of this mode's own (a form or a command line shows them only for it)."""
+        return self.judge.settings if self.judge is not None else ()
+
+    @property
+    def needs_head(self) -> bool:
+        """Whether its generation reads the adapter's token-level head."""
+        return self.judge is not None
+
+    @property
+    def steers_positions(self) -> bool:
+        """Whether SteerConfig.positions says which positions are steered (else the judge decides)."""
+        return self.judge is None
+
+    @property
+    def batches_rows(self) -> bool:
+        """Whether a λ grid's positions can share one batch, a λ per row."""
+        return self.judge is None
+
+    def caption(self, units: str) -> str:
+        """What λ means in this mode and unit (under a deck's slider, in the app and in the export)."""
+        return self.action.caption(self, units) + (self.judge.caption if self.judge is not None else "")
 
     # the λ axis, the action's
     family = property(lambda self: self.action.family)

@@ -1,17 +1,15 @@
-"""Applying steering: forward hooks through which a mode's action (actions.py) edits the steered sites' outputs.
+"""Editing site outputs: the forward hooks through which a steering action's edits (actions.py) act. Generic: a
+site's edit is a function of the module's input and output, whatever the action.
 
-with steer(model, vectors, lam, how=SteerConfig(), lora=None): ...
-    lam: one λ for every batch row, or a sequence of λ, one per batch row (a λ grid generated as one batch:
-    SteeringSession.generate_grid); a row steered with λ gets exactly what a batch steered with λ alone gets.
-    forward hooks on the modules at the vectors' site paths (merged model, or the PEFT model) steer their
-    outputs in every forward made *from the thread that entered the context* (other threads using the same model
-    are untouched). The model is never modified; hooks are registered inside try and removed in finally. The
-    mode's neutral λ reproduces the unsteered output exactly. Works with KV-cache generation (each cached step's
-    new positions are steered just as a full recompute would steer them), and with positions="generated" leaves
-    the prompt untouched. Any generation code runs steered inside the context, e.g.
-    `with steer(lm.model, v, 2.0): generate(lm, documents, cfg)`.
-    The context yields a SteeringSwitch: while its `on` is False the hooks leave every forward alone (a gated
-    decoder, gate.py, turns the steering on for the forwards its head asks for).
+with edit_outputs(model, edits, rows=1, skip_prompt=False) as switch: ...
+    forward hooks on the modules of `edits` ({Site: SiteEdit}) replace their outputs by edit(input, output) in every
+    forward made *from the thread that entered the context* (other threads using the same model are untouched). The
+    model is never modified; hooks are registered inside try and removed in finally. `rows` > 1: every forward's batch
+    must have that many rows (one λ per row); `skip_prompt`: a forward over the prompt (no KV cache yet) is left alone,
+    so only generated positions are edited. The context yields a SteeringSwitch: while its `on` is False the hooks
+    leave every forward alone (the gated mode's judge, gate.py, turns the edits on for the forwards it asks for).
+
+modes.steer builds a mode's edits and enters this context: that is the public form.
 """
 
 from __future__ import annotations
@@ -19,22 +17,23 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping
 
 import torch
 
 from ...foundations.errors import ModelError
 from ...models.architecture import base_causal_lm
-from ..lora_a.sites import LoraWeights, Site, site_module
-from .modes import SteerConfig
-from .vectors import SteeringVectors
+from ..lora_a.sites import Site, site_module
 
 _HOOK_LOCK = threading.Lock()  # registering/removing hooks is serialised (hook dicts are shared by threads)
+
+# (module input, module output) -> the edited output, or None to leave the output as it is
+SiteEdit = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | None"]
 
 
 @dataclass
 class SteeringSwitch:
-    """What steer() yields: `on` says whether the forwards from here on are steered (True on entry)."""
+    """What edit_outputs() yields: `on` says whether the forwards from here on are edited (True on entry)."""
 
     on: bool = True
 
@@ -47,37 +46,17 @@ def _is_prefill(kwargs: dict) -> bool:
 
 
 @contextmanager
-def steer(
-    model: torch.nn.Module,
-    vectors: SteeringVectors,
-    lam: float | Sequence[float],
-    how: SteerConfig = SteerConfig(),
-    lora: Mapping[Site, LoraWeights] | None = None,
+def edit_outputs(
+    model: torch.nn.Module, edits: Mapping[Site, SiteEdit], rows: int = 1, skip_prompt: bool = False
 ) -> Iterator[SteeringSwitch]:
-    """Steer forwards from this thread while active (module docstring): the mode's action (actions.py) edits the
-    outputs of its sites of the MERGED model `model` — adding λ·delta at the vectors' sites, scaling the adapter's
-    update by λ at every site of `lora` (default: read from vectors.adapter_path when the action needs it), ...
-    A sequence `lam` steers batch row r with lam[r] (every forward's batch must then have len(lam) rows).
-
-    Example: ``with steer(merged.model, vectors, 2.0): logits = merged.model(**inputs).logits``"""
-    # one code path: λ per row as shape (rows, 1, 1) against outputs (rows, positions, features); a single λ is a
-    # scalar that broadcasts to every row (and to any output shape)
-    lams = torch.as_tensor(lam, dtype=torch.float64)
-    if lams.ndim > 1 or lams.numel() == 0:
-        raise ValueError(f"lam={lam!r}: give one λ or a non-empty sequence of λ, one per batch row.")
-    rows = lams.numel()
-    lams = lams.reshape(-1, 1, 1) if rows > 1 else lams.reshape(())
+    """Edit the outputs of the sites of `edits` in forwards from this thread while active (the module docstring)."""
     owner = threading.get_ident()
     state = {"prefill": False}
     switch = SteeringSwitch()
-    action = how.spec.action
-    if action.needs_lora and lora is None:
-        lora = vectors.adapter_lora()
-    edits = action.edits(model, vectors, how.spec, how.units, lams, lora)
 
-    def make_hook(key: str, edit):
+    def make_hook(key: str, edit: SiteEdit):
         def hook(_module, inputs, output):
-            if threading.get_ident() != owner or not switch.on or (how.positions == "generated" and state["prefill"]):
+            if threading.get_ident() != owner or not switch.on or (skip_prompt and state["prefill"]):
                 return None
             if rows > 1 and output.shape[0] != rows:
                 raise ModelError(
@@ -96,7 +75,7 @@ def steer(
     handles = []
     try:
         with _HOOK_LOCK:
-            if how.positions == "generated":
+            if skip_prompt:
                 handles.append(base_causal_lm(model).register_forward_pre_hook(prefill_hook, with_kwargs=True))
             for s, edit in edits.items():
                 handles.append(site_module(model, s).register_forward_hook(make_hook(s.key, edit)))

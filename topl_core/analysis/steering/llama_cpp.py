@@ -7,6 +7,8 @@ llama.cpp needs both:
     export_for_llama_cpp(vectors, path, mode, units, config) -> LlamaCppExport
         writes the mode's λ = 1 vectors at `path` and the adapter's LoRA at lora_gguf_path(path); .command(λ) is the
         llama.cpp line that runs them (llama.cpp's scale is the workbench's λ in the exported units).
+    save_control_vector(vectors, path, mode, units, model_type, layer_count) -> list[str]   the control vector alone
+        (the sites it leaves out: layer 0)
     write_adapter_lora(vectors, path, config) -> Path     the LoRA alone (one file serves every mode's vector)
     write_lora_gguf(path, lora, model_hint, n_head, n_head_kv) -> Path
         lora: {Site: LoraWeights} (lora_a.sites.read_lora_weights); model_hint: the llama.cpp architecture
@@ -35,7 +37,8 @@ import torch
 from ...foundations.errors import ModelError
 from ...foundations.io import atomic_path
 from ..lora_a.sites import LoraWeights, Site
-from .control_vector import model_hint_for
+from .control_vector import control_vector_layers, model_hint_for, write_control_vector
+from .modes import MODES, steering_mode
 from .vectors import SteeringVectors
 
 # HF module name -> llama.cpp tensor name inside block N ("blk.N.<name>.weight"), as gguf's TensorNameMap maps them
@@ -137,12 +140,37 @@ def write_adapter_lora(vectors: SteeringVectors, path: str | os.PathLike, config
     return write_lora_gguf(path, vectors.adapter_lora(), model_hint_for(text.model_type), heads, kv_heads)
 
 
+def save_control_vector(
+    vectors: SteeringVectors,
+    path: str | os.PathLike,
+    mode: str = "vector",
+    units: str = "normalised",
+    model_type: str = "llama",
+    layer_count: int | None = None,
+) -> list[str]:
+    """The mode's λ = 1 vectors as a llama.cpp control vector (GGUF; control_vector.py): llama.cpp's
+    `--control-vector-scaled FILE:λ`, with the adapter's LoRA (export_for_llama_cpp writes both), then steers like λ
+    here (approximately for an o_proj vector, which llama.cpp adds at the end of its layer). model_type /
+    layer_count: the base model's config.model_type / num_hidden_layers. Returns the sites left out: those of layer
+    0, which llama.cpp cannot carry (it rejects direction.0)."""
+    if not steering_mode(mode).exportable:
+        exportable = [m.name for m in MODES.values() if m.exportable]
+        raise ValueError(f"mode={mode!r}: a control vector holds a fixed direction — export one of {exportable}.")
+    deltas = steering_mode(mode).deltas(vectors, units)
+    kept = [s for s in vectors.sites if s.layer >= 1]
+    if not kept:
+        raise ModelError("every steered site is in layer 0, which a llama.cpp control vector cannot carry.")
+    layers = control_vector_layers({s: deltas[s.key] for s in kept}, layer_count)
+    write_control_vector(path, layers, model_hint_for(model_type), layer_count)
+    return [s.key for s in vectors.sites if s.layer < 1]
+
+
 def export_for_llama_cpp(
     vectors: SteeringVectors, path: str | os.PathLike, mode: str, units: str, config
 ) -> LlamaCppExport:
     """The mode's λ = 1 vectors in `units` as a control vector at `path`, and the adapter's LoRA as a llama.cpp
     adapter at lora_gguf_path(path). config: the base model's transformers config."""
     text = text_config(config)
-    left_out = vectors.save_control_vector(path, mode, units, text.model_type, text.num_hidden_layers)
+    left_out = save_control_vector(vectors, path, mode, units, text.model_type, text.num_hidden_layers)
     lora = write_adapter_lora(vectors, lora_gguf_path(path), config)
     return LlamaCppExport(Path(path), lora, tuple(left_out))

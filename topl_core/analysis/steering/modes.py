@@ -1,39 +1,32 @@
-"""The steering-mode registry: how λ steers. Pages, the CLI and the λ study read every mode from here; a mode is one
-MODE_TABLE entry, the action it takes one class of actions.py (or of its own module, as gate.py's), and its test.
+"""The steering-mode registry: how λ steers, and steering a model with it. Pages, the CLI and the λ study read every
+mode from here; a mode is one MODE_TABLE entry — an action of actions.py, its direction (directions.py) and its judge
+(gate.py) — and its test.
 
     MODE_TABLE                 every SteeringMode, in the order the UI lists them
     MODES                      {name: SteeringMode}, the same keyed by name
     SteerConfig(mode, positions, units, tau, keep)    how one generation is steered (validated against MODES)
-    MODE_SETTINGS              the SteerConfig fields some action reads as its own (gated: tau, keep)
-    UNIT_FRACTION, UNITS_DOC   normalised λ: |λ| = 1 adds UNIT_FRACTION × the site's mean output norm
+    MODE_SETTINGS              the SteerConfig fields some mode reads as its own (gated: tau, keep)
+    with steer(model, vectors, lam, how=SteerConfig(), lora=None) as switch: ...   the public form (below)
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
 
 from ...foundations.config_fields import config_field
+from ..lora_a.sites import LoraWeights, Site
 from ..token_colors import FLAG_THRESHOLD
-from .actions import (
-    UNIT_FRACTION,
-    AblateDirection,
-    AddDirection,
-    ScaleUpdate,
-    SteeringMode,
-    diff_mean_direction,
-    lora_b_direction,
-    random_direction,
-)
-from .gate import GateOnHead
+from .actions import AblateDirection, AddDirection, ScaleUpdate, SteeringMode
+from .directions import diff_mean_direction, lora_b_direction, random_direction
+from .gate import HeadGate
+from .hooks import SteeringSwitch, edit_outputs
+from .vectors import UNITS, UNITS_DOC, SteeringVectors
 
 POSITIONS: tuple[str, ...] = ("all", "generated")
-UNITS: tuple[str, ...] = ("normalised", "raw")
-UNITS_DOC = (
-    f"normalised: lambda = 1 adds {UNIT_FRACTION:g} x the site's mean output norm (output_norm) along the mode's "
-    "direction; raw: lambda multiplies the stored vector (the paper's formula); modes that do not add a direction "
-    "ignore it"
-)
 _ADD, _SCALE, _ABLATE = AddDirection(), ScaleUpdate(), AblateDirection()
 MODE_TABLE: tuple[SteeringMode, ...] = (
     SteeringMode(
@@ -87,12 +80,13 @@ MODE_TABLE: tuple[SteeringMode, ...] = (
         "p(good) < τ is taken back and written again with the vector on, which then stays on for the next k tokens "
         "(τ = 0: the merged model; τ = 1, large k: the vector on every generated token).",
         colour="#dc2626",
-        action=GateOnHead(_ADD),
+        action=_ADD,
         direction=lora_b_direction,
+        judge=HeadGate(),
     ),
 )
 MODES: dict[str, SteeringMode] = {m.name: m for m in MODE_TABLE}
-MODE_SETTINGS: tuple[str, ...] = tuple(dict.fromkeys(s for m in MODE_TABLE for s in m.action.settings))
+MODE_SETTINGS: tuple[str, ...] = tuple(dict.fromkeys(s for m in MODE_TABLE for s in m.settings))
 # the λ study's and the Evaluation page's default: the paper's vector and the conditional reading of LoRA
 STUDY_MODES: tuple[str, ...] = ("vector", "conditional")
 
@@ -194,7 +188,7 @@ class SteerConfig:
     @property
     def caption(self) -> str:
         """What λ means in this mode and unit."""
-        return self.spec.action.caption(self.spec, self.units)
+        return self.spec.caption(self.units)
 
     @property
     def neutral(self) -> float:
@@ -204,19 +198,52 @@ class SteerConfig:
     @property
     def steers_prompt(self) -> bool:
         """Whether the prompt's forward is steered (else every λ decodes from one unsteered prompt)."""
-        return self.positions == "all" and self.spec.action.positions_apply
+        return self.positions == "all" and self.spec.steers_positions
 
     def settings(self) -> dict[str, float]:
-        """The mode's own settings (its action's `settings`) and their values."""
-        return {name: getattr(self, name) for name in self.spec.action.settings}
+        """The mode's own settings (its judge's) and their values."""
+        return {name: getattr(self, name) for name in self.spec.settings}
 
     def key(self) -> dict:
         """What a cache key holds of this config: every setting the mode reads."""
         return {"mode": self.mode, "positions": self.positions, "units": self.units, **self.settings()}
 
     def label(self) -> str:
-        action = self.spec.action
-        parts = [f"{self.positions} positions"] if action.positions_apply else []
-        parts += [self.units] if action.units_apply else []
+        spec = self.spec
+        parts = [f"{self.positions} positions"] if spec.steers_positions else []
+        parts += [self.units] if spec.action.units_apply else []
         parts += [f"{name} {value:g}" for name, value in self.settings().items()]
         return f"{self.mode} ({', '.join(parts)})"
+
+
+@contextmanager
+def steer(
+    model: torch.nn.Module,
+    vectors: SteeringVectors,
+    lam: float | Sequence[float],
+    how: SteerConfig = SteerConfig(),
+    lora: Mapping[Site, LoraWeights] | None = None,
+) -> Iterator[SteeringSwitch]:
+    """Steer forwards from this thread while active: the mode's action (actions.py) edits the outputs of its sites of
+    the MERGED model `model` through hooks (hooks.edit_outputs) — adding λ·delta at the vectors' sites, scaling the
+    adapter's update by λ at every site of `lora` (default: read from vectors.adapter_path when the action needs it),
+    ... A sequence `lam` steers batch row r with lam[r] (every forward's batch must then have len(lam) rows); a row
+    steered with λ gets exactly what a batch steered with λ alone gets. The mode's neutral λ reproduces the unsteered
+    output exactly; positions="generated" leaves the prompt's forward untouched. Works with KV-cache generation (each
+    cached step's new positions are steered just as a full recompute would steer them). Yields the hooks' switch
+    (hooks.SteeringSwitch: the gated mode's judge turns the steering on for the forwards it asks for).
+
+    Example: ``with steer(merged.model, vectors, 2.0): logits = merged.model(**inputs).logits``"""
+    # one code path: λ per row as shape (rows, 1, 1) against outputs (rows, positions, features); a single λ is a
+    # scalar that broadcasts to every row (and to any output shape)
+    lams = torch.as_tensor(lam, dtype=torch.float64)
+    if lams.ndim > 1 or lams.numel() == 0:
+        raise ValueError(f"lam={lam!r}: give one λ or a non-empty sequence of λ, one per batch row.")
+    rows = lams.numel()
+    lams = lams.reshape(-1, 1, 1) if rows > 1 else lams.reshape(())
+    action = how.spec.action
+    if action.needs_lora and lora is None:
+        lora = vectors.adapter_lora()
+    edits = action.edits(model, vectors, how.spec, how.units, lams, lora)
+    with edit_outputs(model, edits, rows, skip_prompt=how.positions == "generated") as switch:
+        yield switch

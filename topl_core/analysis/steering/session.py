@@ -13,20 +13,23 @@ SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED mod
     .stream_grid(document, lambdas, ..., cancel=None) -> Iterator[list[SteeredText]]
         the grid as it is written: every λ's text so far after each step (one batch where the mode batches rows);
         setting the threading.Event `cancel` stops a stream at its next decoder layer (GenerationCancelled)
-    .head() -> gate.Head    the adapter's token-level head (gated modes read it): the run's own, or the one given
-    .compile_decode()       from now on, greedy streams decoding in the weights' dtype, of a mode whose action adds
-        constant vectors (actions.SteeringAction.decode_shifts), decode with a compiled step, built by the first
-        stream of each length (on a CPU an AOTInductor package built by a child process: inference/exported_decode.py;
-        on a GPU torch.compile with CUDA graphs: inference/compiled_decode.py)
+    .head() -> gate.Head the adapter's token-level head (a gated mode's judge reads it): the run's own, or the one given
+    .compile_decode() from now on, streams decoding in the weights' dtype (greedy or sampled), of a mode without a judge
+        whose action adds constant vectors (actions.SteeringAction.decode_shifts), decode with a compiled step, built by
+        the first stream of each length (on a CPU an AOTInductor package built by a child process:
+        inference/exported_decode.py; on a GPU torch.compile with CUDA graphs: inference/compiled_decode.py)
     .compile_decode(wait=False)   the same, but a stream whose length has no step built decodes eagerly instead of
         building it; .warm_decode(document, gen_cfg, how) builds it (a background thread: no model lock held)
     .compiles_decode(gen_cfg, how)  whether such a stream does; .decode_ready(document, gen_cfg, how): and now;
     .decoder: the decoder compile_decode chose (inference/compiled_decode.StepDecoder), or None
     SteeringSession.from_run(run, vectors, spec=None, head=None)
-How a mode generates is its action's (actions.SteeringAction.generate / stream, called inside hooks.steer()).
-Generation holds a per-model lock (sessions sharing one model take turns; sessions on different models run in
-parallel) and stops the exported steps' builds meanwhile (foundations/idle_children.busy); it never mutates the model,
-the tokenizer or the vectors.
+How one steered token is made: inside modes.steer() (the mode's action's edits hooked on the merged model), the prompt's
+forward (steered, or the session's cached unsteered Prefill), then the one decode loop (inference/decode.py) — eager
+through inference.stream_rows, a λ per batch row, or through the compiled step — with the mode's judge where it has one
+(gate.HeadGate: it takes flagged tokens back). Batches of different documents go through transformers' generate
+(left-padded rows). Generation holds a per-model lock (sessions sharing one model take turns; sessions on different
+models run in parallel) and stops the exported steps' builds meanwhile (foundations/idle_children.busy); it never
+mutates the model, the tokenizer or the vectors.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import dataclasses
 import threading
 import weakref
 from collections import OrderedDict
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Iterator, Sequence
 
 import torch
@@ -43,12 +46,14 @@ import torch
 from ...foundations.errors import ModelError
 from ...foundations.idle_children import busy
 from ...inference.compiled_decode import CompiledDecoder, DecoderBusy, StepDecoder
+from ...inference.decode import decoded_texts
 from ...inference.exported_decode import ExportedDecoder
 from ...inference.generate import (
     GenerationCancelled,
     GenerationConfig,
     Prefill,
     cancel_on,
+    generate,
     load_merged,
     prefill,
     prompt_length,
@@ -57,16 +62,15 @@ from ...inference.generate import (
 from ...models.loading import LoadedModel
 from ...training.adapters import open_adapter
 from ..lora_a.sites import LoraWeights, Site, residual_paths, site_module
-from .actions import Decoding
 from .gate import Head
-from .hooks import steer
-from .modes import SteerConfig
+from .hooks import SteeringSwitch
+from .modes import SteerConfig, steer
 from .steered_text import SteeredText
 from .vectors import SteeringVectors
 
 _MODEL_LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
 _MODEL_LOCKS_GUARD = threading.Lock()
-_SAMPLING_LOCK = threading.Lock()  # sampling seeds torch's global RNG: one sampled generation at a time
+_SAMPLING_LOCK = threading.RLock()  # sampling seeds torch's global RNG: one sampled generation at a time
 # the least number of λ positions generate_grid puts in one generate call: the default grids (17 slider positions)
 # fit in one; the KV cache grows with rows × (prompt + new tokens) (docs/performance.md, "Figures behind the code's
 # choices", has its size on an 8B model)
@@ -234,9 +238,9 @@ class SteeringSession:
         how: SteerConfig = SteerConfig(),
     ) -> list[SteeredText]:
         """generate_grid's generations as SteeredText (in a gated mode: what the head took back and the counts). A
-        mode whose action does not batch rows (gated) goes one λ at a time."""
+        mode that does not batch rows (gated) goes one λ at a time."""
         lambdas = [float(lam) for lam in lambdas]
-        if gen_cfg.mode == "sample" or not how.spec.action.batches_rows:
+        if gen_cfg.mode == "sample" or not how.spec.batches_rows:
             return [g for lam in lambdas for g in self._generate([document], lam, gen_cfg, task, how)]
         rows = max(gen_cfg.batch_size, GRID_ROWS)
         out: list[SteeredText] = []
@@ -254,10 +258,10 @@ class SteeringSession:
         task: str = "summarization",
         how: SteerConfig = SteerConfig(),
     ) -> Iterator[str]:
-        """generate_steered's text as it is written: the response so far after every new token (greedy; sampling
-        yields the whole text once). Where the prompt is not steered (how.steers_prompt False) its forward is the
-        same for every λ, so it runs once per document and each λ decodes from its KV cache. The model's lock is held
-        until the iterator ends or is closed: close it (or let it run out) before generating again."""
+        """generate_steered's text as it is written: the response so far after every new token (sampled: seeded with
+        gen_cfg.seed, as generate_steered draws). Where the prompt is not steered (how.steers_prompt False) its forward
+        is the same for every λ, so it runs once per document and each λ decodes from its KV cache. The model's lock is
+        held until the iterator ends or is closed: close it (or let it run out) before generating again."""
         for g in self.stream_generations(document, lam, gen_cfg, task, how):
             yield g.text
 
@@ -272,15 +276,11 @@ class SteeringSession:
     ) -> Iterator[SteeredText]:
         """stream_steered's texts as SteeredText (in a gated mode, with the replacements so far); once `cancel` is set,
         the stream stops at its next decoder layer with GenerationCancelled."""
-        if gen_cfg.mode == "sample":
-            yield from self._generate([document], lam, gen_cfg, task, how, cancel)
-            return
-        action = how.spec.action
         shifts = self._compiled_shifts(lam, gen_cfg, how)
         if shifts is not None and not self._step_built(document, gen_cfg, task):
             shifts = None  # its step is not built yet: decode eagerly rather than wait
-        lora = self.lora() if action.needs_lora else None
-        with self._lock, self._stoppable(cancel):
+        lora = self.lora() if how.spec.action.needs_lora else None
+        with self._lock, self._seeded(gen_cfg), self._stoppable(cancel):
             if shifts is not None:  # builds not paused: with compile_decode's wait, this stream builds its own step
                 try:
                     yield from self._stream_compiled(document, lam, gen_cfg, task, how, shifts, cancel)
@@ -288,8 +288,24 @@ class SteeringSession:
                 except DecoderBusy:  # before its first text: warm_decode is loading another length's step
                     pass
             with busy(), steer(self.lm.model, self.vectors, lam, how, lora) as switch:
-                run = self._decoding(switch, lam, gen_cfg, task)
-                yield from action.stream(self.lm, document, gen_cfg, task, how, run)
+                yield from self._stream_eager(document, lam, gen_cfg, task, how, switch)
+
+    def _stream_eager(
+        self, document: str, lam: float, gen_cfg: GenerationConfig, task: str, how: SteerConfig, switch: SteeringSwitch
+    ) -> Iterator[SteeredText]:
+        """One stream through the one decode loop, inside steer() (its `switch`), with the mode's judge if any."""
+        judge = how.spec.judge
+        if judge is None:
+            prefix = None if how.steers_prompt else self._prefill(document, gen_cfg, task)
+            steps = stream_rows(self.lm, document, 1, gen_cfg, task, prefix=prefix)
+            for texts in decoded_texts(self.lm.tokenizer, steps):
+                yield SteeredText(texts[0])
+            return
+        neutral = float(lam) == how.neutral
+        with judge.judging(self.lm.model, self.head(), switch, neutral, **how.settings()) as judged:
+            prefix = self._prefill(document, gen_cfg, task)  # the judge turned the steering off: never the prompt
+            for tokens in stream_rows(self.lm, document, 1, gen_cfg, task, prefix=prefix, judge=judged):
+                yield judged.snapshot(self.lm.tokenizer, tokens[0])
 
     def compiles_decode(self, gen_cfg: GenerationConfig, how: SteerConfig = SteerConfig()) -> bool:
         """Whether a stream under `gen_cfg` in mode `how` decodes with the compiled step (after compile_decode())."""
@@ -297,8 +313,8 @@ class SteeringSession:
 
     def _compiled_shifts(self, lam: float, gen_cfg: GenerationConfig, how: SteerConfig) -> dict | None:
         """What the compiled step adds at each site for this stream; None where it decodes eagerly."""
-        if self._compiled is None or not self._compiled.supports(gen_cfg):
-            return None
+        if self._compiled is None or how.spec.judge is not None or not self._compiled.supports(gen_cfg):
+            return None  # a judge reads each token's forward: the eager loop
         return how.spec.action.decode_shifts(self.vectors, how.spec, how.units, lam)
 
     def _stream_compiled(self, document, lam, gen_cfg, task, how, shifts, cancel) -> Iterator[SteeredText]:
@@ -326,19 +342,18 @@ class SteeringSession:
     ) -> Iterator[list[SteeredText]]:
         """grid_generations as it is written (greedy; a few λ: one batch holds them all): after every step, every λ's
         generation so far. A mode that batches rows decodes the λ as one batch, a λ per row (inference.stream_rows;
-        where the prompt is not steered, from its cached KV cache); a mode that does not goes one λ after another
-        (the λ not begun are empty). Once `cancel` is set, it stops at its next decoder layer (GenerationCancelled).
-        The model's lock is held until the iterator ends or is closed."""
+        where the prompt is not steered, from its cached KV cache); a mode that does not, or sampling, goes one λ after
+        another (the λ not begun are empty). Once `cancel` is set, it stops at its next decoder layer
+        (GenerationCancelled). The model's lock is held until the iterator ends or is closed."""
         lambdas = [float(lam) for lam in lambdas]
-        action = how.spec.action
-        if not action.batches_rows:
+        if gen_cfg.mode == "sample" or not how.spec.batches_rows:  # one λ after another (as grid_generations)
             done: list[SteeredText] = []
             for lam in lambdas:
                 for g in self.stream_generations(document, lam, gen_cfg, task, how, cancel):
                     yield [*done, g] + [SteeredText("")] * (len(lambdas) - len(done) - 1)
                 done.append(g)
             return
-        lora = self.lora() if action.needs_lora else None
+        lora = self.lora() if how.spec.action.needs_lora else None
         with (
             self._lock,
             busy(),
@@ -346,15 +361,25 @@ class SteeringSession:
             self._stoppable(cancel),
         ):
             prefix = None if how.steers_prompt else self._prefill(document, gen_cfg, task)
-            for texts in stream_rows(self.lm, document, len(lambdas), gen_cfg, task, prefix=prefix):
+            steps = stream_rows(self.lm, document, len(lambdas), gen_cfg, task, prefix=prefix)
+            for texts in decoded_texts(self.lm.tokenizer, steps):
                 yield [SteeredText(t) for t in texts]
 
     def _stoppable(self, cancel: threading.Event | None):
         """cancel_on(the model, cancel), or nothing to stop on."""
         return nullcontext() if cancel is None else cancel_on(self.lm.model, cancel)
 
-    def _decoding(self, switch, lam, gen_cfg: GenerationConfig, task: str) -> Decoding:
-        return Decoding(switch, lam, lambda document: self._prefill(document, gen_cfg, task), self.head)
+    @staticmethod
+    @contextmanager
+    def _seeded(gen_cfg: GenerationConfig) -> Iterator[None]:
+        """For sampling, torch's global generator held (one sampled generation at a time) and seeded with
+        gen_cfg.seed; greedy: nothing."""
+        if gen_cfg.mode != "sample":
+            yield
+            return
+        with _SAMPLING_LOCK:
+            torch.manual_seed(gen_cfg.seed)
+            yield
 
     def _prefill(self, document: str, gen_cfg: GenerationConfig, task: str) -> Prefill:
         """The unsteered prompt of `document`, kept for the PREFILLS_KEPT most recent documents."""
@@ -376,17 +401,24 @@ class SteeringSession:
         how: SteerConfig,
         cancel: threading.Event | None = None,
     ) -> list[SteeredText]:
-        """The mode's action generates inside steer(); `lam`: one λ, or one per document when they form one batch."""
-        action = how.spec.action
-        lora = self.lora() if action.needs_lora else None
+        """Inside steer(): a mode without a judge generates the documents as left-padded batches (transformers'
+        generate); one with a judge streams each document through the one loop (seeded with gen_cfg.seed + its index,
+        as generate seeds its batches). `lam`: one λ, or one per document when they form one batch."""
+        spec = how.spec
+        lora = self.lora() if spec.action.needs_lora else None
         with (
             self._lock,
             busy(),
             steer(self.lm.model, self.vectors, lam, how, lora) as switch,
             self._stoppable(cancel),
+            _SAMPLING_LOCK if gen_cfg.mode == "sample" else nullcontext(),
         ):
-            run = self._decoding(switch, lam, gen_cfg, task)
-            if gen_cfg.mode == "sample":
-                with _SAMPLING_LOCK:
-                    return action.generate(self.lm, documents, gen_cfg, task, how, run)
-            return action.generate(self.lm, documents, gen_cfg, task, how, run)
+            if spec.judge is None:
+                return [SteeredText(t) for t in generate(self.lm, documents, gen_cfg, task)]
+            out = []
+            for i, document in enumerate(documents):
+                if gen_cfg.mode == "sample":
+                    torch.manual_seed(gen_cfg.seed + i)
+                *_, last = self._stream_eager(document, lam, gen_cfg, task, how, switch)
+                out.append(last)
+            return out

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .llama_cpp import text_config, write_adapter_lora
+from .llama_cpp import save_control_vector, text_config, write_adapter_lora
 from .modes import MODES
 from .vectors import SteeringVectors
 
@@ -27,7 +27,7 @@ def site_table(vectors: SteeringVectors) -> pd.DataFrame:
     """One row per steered site: how it separates (AUROC), its vector's length against the site's outputs, how the
     LoRA-B vector lines up with the diff-mean control, and what one unit of normalised λ is in the paper's raw λ."""
     norms = vectors.norms()
-    per_unit = vectors.unit_factor("vector")
+    per_unit = vectors.unit_factor(MODES["vector"].directions(vectors))
     rows = []
     for s in vectors.sites:
         v, dm = vectors.vectors[s.key], vectors.diff_mean[s.key]
@@ -66,7 +66,7 @@ def export_bundle(vectors: SteeringVectors, config) -> ExportBundle:
         vectors.save(d)
         for mode in (m.name for m in MODES.values() if m.exportable):
             gguf = Path(d) / f"{mode}.gguf"
-            left_out = vectors.save_control_vector(gguf, mode, "normalised", text.model_type, text.num_hidden_layers)
+            left_out = save_control_vector(vectors, gguf, mode, "normalised", text.model_type, text.num_hidden_layers)
         write_adapter_lora(vectors, Path(d) / "lora.gguf", config)  # once: every mode's vector belongs to it
         files = sorted(Path(d).iterdir())
         with zipfile.ZipFile(buf, "w") as z:

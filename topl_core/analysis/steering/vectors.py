@@ -14,9 +14,11 @@ value and its files; extract.py computes them from an adapter:
     SteeringVectors.save(directory) / SteeringVectors.load(directory)
         steering_vectors.safetensors (vector/<key>, mu_good/<key>, mu_bad/<key>) + steering.json (base model, base
         and adapter fingerprints, sites with AUROC and ‖v‖, formula).
-    SteeringVectors.deltas(mode, units)     what λ = 1 adds per site in an adding mode (modes.MODES)
+    SteeringVectors.in_units(raw, units)   per site, what λ = 1 adds along the directions `raw` (directions.py) in
+        normalised or raw units; SteeringVectors.unit_factor(raw): the raw λ that normalised λ = 1 stands for
 
-Applying them: hooks.steer (a context manager) and session.SteeringSession.
+The bottom floor of steering: values (this module, directions.py, steered_text.py) → hooks.py → gate.py → actions.py
+→ modes.py → session.py. Applying them: modes.steer (a context manager) and session.SteeringSession.
 """
 
 from __future__ import annotations
@@ -31,15 +33,17 @@ import torch
 
 from ...foundations.errors import ModelError
 from ...foundations.io import save_tensors, write_json
-from ..lora_a.sites import (
-    LoraWeights,
-    Site,
-    read_lora_weights,
-)
-from .actions import UNIT_FRACTION
-from .control_vector import control_vector_layers, model_hint_for, write_control_vector
-from .modes import MODES, UNITS_DOC, steering_mode
+from ..lora_a.sites import LoraWeights, Site, read_lora_weights
 
+# Normalised λ: |λ| = 1 adds, at each steered site, a vector whose norm is UNIT_FRACTION × that site's mean output
+# norm on the token set (the same norm for every adding mode: only the direction differs between them).
+UNIT_FRACTION = 0.1
+UNITS: tuple[str, ...] = ("normalised", "raw")
+UNITS_DOC = (
+    f"normalised: lambda = 1 adds {UNIT_FRACTION:g} x the site's mean output norm (output_norm) along the mode's "
+    "direction; raw: lambda multiplies the stored vector (the paper's formula); modes that do not add a direction "
+    "ignore it"
+)
 FORMULA = "v = scaling * B @ (mu_good - mu_bad); output += lambda * v"
 VECTORS_FILE = "steering_vectors.safetensors"
 META_FILE = "steering.json"
@@ -72,27 +76,19 @@ class SteeringVectors:
     def norms(self) -> dict[str, float]:
         return {k: float(np.linalg.norm(v)) for k, v in self.vectors.items()}
 
-    def raw(self, mode: str) -> Mapping[str, np.ndarray]:
-        """The per-site vector of an adding mode at raw λ = 1 (its registered direction: LoRA-B's v, the output
-        diff-mean, a seeded random direction with ‖v‖, ...)."""
-        return steering_mode(mode).directions(self)
-
-    def unit_factor(self, mode: str) -> dict[str, float]:
-        """Per site, the raw λ that normalised λ = 1 stands for: UNIT_FRACTION · (mean output norm) / ‖raw vector‖."""
-        return self._unit_factor(self.raw(mode))
-
-    def _unit_factor(self, raw: Mapping[str, np.ndarray]) -> dict[str, float]:
+    def unit_factor(self, raw: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """Per site, the raw λ that normalised λ = 1 stands for along the directions `raw` (a mode's, at raw λ = 1):
+        UNIT_FRACTION · (mean output norm) / ‖raw vector‖."""
         self.require_outputs()
         return {
             k: float(UNIT_FRACTION * self.output_norm[k] / max(float(np.linalg.norm(v)), 1e-30)) for k, v in raw.items()
         }
 
-    def deltas(self, mode: str, units: str = "normalised") -> dict[str, np.ndarray]:
-        """Per site, what λ = 1 adds to the site's output in this mode and unit (float32)."""
-        raw = self.raw(mode)  # computed once (the random control draws its directions here)
+    def in_units(self, raw: Mapping[str, np.ndarray], units: str = "normalised") -> dict[str, np.ndarray]:
+        """Per site, what λ = 1 adds to the site's output along the directions `raw` in `units` (float32)."""
         if units == "raw":
             return {k: np.asarray(v, np.float32) for k, v in raw.items()}
-        factor = self._unit_factor(raw)
+        factor = self.unit_factor(raw)
         return {k: (np.asarray(v, np.float64) * factor[k]).astype(np.float32) for k, v in raw.items()}
 
     def adapter_lora(self) -> dict[Site, LoraWeights]:
@@ -103,30 +99,6 @@ class SteeringVectors:
                 "(pass lora= to steer, or recompute the vectors from the adapter)."
             )
         return read_lora_weights(self.adapter_path)
-
-    def save_control_vector(
-        self,
-        path: str | Path,
-        mode: str = "vector",
-        units: str = "normalised",
-        model_type: str = "llama",
-        layer_count: int | None = None,
-    ) -> list[str]:
-        """The mode's λ = 1 vectors as a llama.cpp control vector (GGUF; topl_core.analysis.steering.control_vector):
-        llama.cpp's `--control-vector-scaled FILE:λ`, with the adapter's LoRA (llama_cpp.export_for_llama_cpp writes
-        both), then steers like λ here (approximately for an o_proj vector, which llama.cpp adds at the end of its
-        layer). model_type / layer_count: the base model's config.model_type / num_hidden_layers.
-        Returns the sites left out: those of layer 0, which llama.cpp cannot carry (it rejects direction.0)."""
-        if not steering_mode(mode).exportable:
-            exportable = [m.name for m in MODES.values() if m.exportable]
-            raise ValueError(f"mode={mode!r}: a control vector holds a fixed direction — export one of {exportable}.")
-        deltas = self.deltas(mode, units)
-        kept = [s for s in self.sites if s.layer >= 1]
-        if not kept:
-            raise ModelError("every steered site is in layer 0, which a llama.cpp control vector cannot carry.")
-        layers = control_vector_layers({s: deltas[s.key] for s in kept}, layer_count)
-        write_control_vector(path, layers, model_hint_for(model_type), layer_count)
-        return [s.key for s in self.sites if s.layer < 1]
 
     def require_outputs(self) -> "SteeringVectors":
         if not self.output_norm or not self.diff_mean:
