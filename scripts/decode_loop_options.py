@@ -1,6 +1,6 @@
-"""Measure ways to run the decode loop (issue 40, "a faster decode loop"), one sitting, one machine: SmolLM2-135M with
-the demo TOPL adapter merged, the first test document's prompt reused (as the slider does), 64 new tokens, greedy,
-batch 1. Each option decodes from the same prompt and is checked token for token against the plain loop in its
+"""Measure ways to run the decode loop (the Steering page's slider waits on it), one sitting, one machine: SmolLM2-135M
+with the demo TOPL adapter merged, the first test document's prompt reused (as the slider does), 64 new tokens,
+greedy, batch 1. Each option decodes from the same prompt and is checked token for token against the plain loop in its
 precision; the figures are ms per new token, median of `--repeats`.
 
     plain-fp32         stream_generate: one eager forward per token, float32 weights, the prompt's cache copied once
@@ -93,7 +93,7 @@ STEERED_LAMBDAS = (0.0, 2.0, 4.0)
 def _steered_compiled(lm, document: str, cfg: GenerationConfig, repeats: int) -> dict:
     """The decode step compiled once, with forward hooks that add λ · delta (a seeded random direction per site) at
     STEERED_LAYERS' down_proj, λ read from a float64 tensor set in place between generations. The hooks check no
-    thread (hooks.steer checks the calling thread: for dynamo a graph break in every hook, measured slower than
+    thread (the steering hooks check the calling thread: for dynamo a graph break in every hook, measured slower than
     eager). Per λ: ms per token compiled and eager (the same hooks and loop), whether the texts agree; the graphs
     dynamo built for all λ; the first call's time (compiling)."""
     import torch._dynamo

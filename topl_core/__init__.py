@@ -49,7 +49,7 @@ _EXPORTS: dict[str, str] = {
     "auroc_heatmap": "topl_core.analysis.figures",
     "build_steering_vectors": "topl_core.analysis.steering.extract",
     "SteeringVectors": "topl_core.analysis.steering.vectors",
-    "steer": "topl_core.analysis.steering.hooks",
+    "steer": "topl_core.analysis.steering.modes",
     "SteerConfig": "topl_core.analysis.steering.modes",
     "SteeringSession": "topl_core.analysis.steering.session",
     "TokenScorer": "topl_core.inference.token_scores",

@@ -183,7 +183,7 @@ class ScaleUpdate(SteeringAction):
     needs_lora = True
 
     def edits(self, model, vectors, mode, units, lams, lora):
-        assert lora is not None, "ScaleUpdate reads the adapter's LoRA (hooks.steer passes it)"
+        assert lora is not None, "ScaleUpdate reads the adapter's LoRA (modes.steer passes it)"
         out: dict[Site, SiteEdit] = {}
         for s in sort_sites(lora):
             m, w = site_module(model, s), lora[s]

@@ -221,7 +221,7 @@ class SteeringSession:
     ) -> list[str]:
         """One response for `document` per λ of `lambdas`, in their order: the λ grid generated as one batch.
         Greedy: the prompt is repeated once per λ (one length: no padding) and each row is steered with its own λ
-        (hooks.steer), so a grid costs about one generation instead of len(lambdas) on a GPU; each text is the one
+        (modes.steer), so a grid costs about one generation instead of len(lambdas) on a GPU; each text is the one
         generate_steered(document, λ) gives (tested token for token in fp32; in bf16 the batch's matmul shapes can
         move the last bits and so flip a near-tie). One generate call holds max(gen_cfg.batch_size, GRID_ROWS) λ
         positions: batch_size is sized for documents of different lengths, a grid's rows share one prompt.
