@@ -16,8 +16,9 @@ the interpreter's lock).
 A private module tree sharing the model's weights (what is registered on it never touches the model), with one
 forward hook per shift path adding a float32 tensor set in place, and a static KV cache per length bucket (the prompt
 and the new tokens rounded up to BUCKET positions), into which each stream copies its prompt's cache. torch.compile
-builds one graph per bucket, on the first stream of that length (13–38 s for SmolLM2 on a 2-core CPU), and every later
-stream of the bucket reuses it, whatever the shifts (no recompile per λ). Buckets, not one large cache: attention and
+builds one graph per bucket, on the first stream of that length (tens of seconds for SmolLM2 on 2 cores:
+docs/performance.md, "Figures behind the code's choices"), and every later stream of the bucket reuses it, whatever the
+shifts (no recompile per λ). Buckets, not one large cache: attention and
 its mask span the whole cache, and 1,024 positions for a 618-position stream cost most of what compiling saves.
 Decode steps run in the weights' own dtype (float32 on a CPU; bf16 where a GPU loaded bf16 weights), never under
 autocast. On a GPU the step is compiled with CUDA graphs ("reduce-overhead": the cache and the shifts are static

@@ -1,12 +1,13 @@
-"""Decode steps compiled ahead of time in a child process (issue 40: the slider on a CPU; docs/performance.md, "The
+"""Decode steps compiled ahead of time in a child process: the Steering slider on a CPU (docs/performance.md, "The
 exported step").
 
     decoder = ExportedDecoder(lm, shift_paths=("model.layers.8.mlp.down_proj", ...))
         the calls of compiled_decode.StepDecoder: supports, capacity, ready, warm, stream
     decoder.warm(capacity)   the step of that length: the package an earlier build left in cache/decode-steps/, else
-        built by a child process at the lowest CPU priority (torch.export, then AOTInductor: 15–60 s for SmolLM2 on
-        2 cores). The app's interpreter stays free meanwhile: a build inside it (torch.compile) holds the
-        interpreter's lock for seconds at a time, and the page's eager streams stall behind it.
+        built by a child process at the lowest CPU priority (torch.export, then AOTInductor: about a minute for
+        SmolLM2 on 2 cores; docs/performance.md, "Figures behind the code's choices"). The app's interpreter stays
+        free meanwhile: a build inside it (torch.compile) holds the interpreter's lock for seconds at a time, and the
+        page's eager streams stall behind it.
     Each build is an idle child (foundations/idle_children.py): stopped while the app generates or runs a page.
     python -m topl_core.inference.exported_decode NAME DTYPE CAPACITY OUT [PATH ...]   the child
 
@@ -43,7 +44,7 @@ from ..models.loading import LoadedModel, ModelSpec, load_model
 from .compiled_decode import StepDecoder, private_tree
 from .generate import Prefill
 
-BUILD_TIMEOUT_S = 1800  # a child building longer than this is stopped (SmolLM2 takes 15–60 s on 2 cores)
+BUILD_TIMEOUT_S = 1800  # a child building longer than this is stopped (SmolLM2's takes about a minute: performance.md)
 
 
 class PositionedLayer(StaticLayer):

@@ -154,8 +154,9 @@ class SteeringSession:
         self, document: str, gen_cfg: GenerationConfig, how: SteerConfig = SteerConfig(), task: str = "summarization"
     ) -> bool:
         """Build the compiled step for the streams of `document` now (after compile_decode; on a CPU a child process
-        builds it, 35–55 s for SmolLM2 on 2 cores, or an earlier build's package is loaded), without the model's
-        lock: its streams go on eagerly meanwhile. False where such a stream decodes eagerly."""
+        builds it in about a minute for SmolLM2 on 2 cores (docs/performance.md), or an earlier build's package is
+        loaded), without the model's lock: its streams go on eagerly meanwhile. False where such a stream decodes
+        eagerly."""
         if not self.compiles_decode(gen_cfg, how):
             return False
         self._compiled.warm(self._capacity(document, gen_cfg, task))
