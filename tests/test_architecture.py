@@ -1,7 +1,8 @@
 """The layering rule of docs/architecture.md, checked on the source: the layer table there is parsed, every import of
 a project module is read with `ast`, and the test fails on an import that runs upward, a cycle inside a layer, a
 project import hidden in a function (outside the CLI's dispatch), a module the table does not place, or streamlit
-imported by the core. Imports under `if TYPE_CHECKING:` never run: they are no edges."""
+imported by the core. Imports under `if TYPE_CHECKING:` count as edges like any other: they never run, but a module
+that names another's types depends on it, so a circle they hold apart is still a circle (both checks see them)."""
 
 from __future__ import annotations
 
@@ -60,17 +61,16 @@ def source_files() -> list[Path]:
     return sorted([p for d in ("topl_core", "pages", "scripts") for p in (REPO / d).rglob("*.py")] + [REPO / "app.py"])
 
 
-def project_imports(path: Path) -> list[tuple[str, int, bool]]:
-    """(imported module, line, inside a function) for every import of a project module in `path`."""
+def project_imports(path: Path, source: str | None = None) -> list[tuple[str, int, bool]]:
+    """(imported module, line, inside a function) for every import of a project module in `path` (or in `source`, read
+    as if it were that file's)."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text())
+    tree = ast.parse(path.read_text() if source is None else source)
     out = []
 
     def visit(node: ast.AST, in_function: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            if _type_checking_only(child):
-                continue  # `if TYPE_CHECKING:` imports never run: annotations, not edges
+        for child in ast.iter_child_nodes(node):  # `if TYPE_CHECKING:` blocks included: their imports are edges too
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
             if isinstance(child, ast.Import):
                 out.extend((a.name, child.lineno, inner) for a in child.names)
@@ -89,16 +89,6 @@ def project_imports(path: Path) -> list[tuple[str, int, bool]]:
 
     visit(tree, False)
     return [(m, line, inner) for m, line, inner in out if layer_of(m) is not None]
-
-
-def _type_checking_only(node: ast.AST) -> bool:
-    """An `if TYPE_CHECKING:` block (or `if typing.TYPE_CHECKING:`) with no else."""
-    if not isinstance(node, ast.If) or node.orelse:
-        return False
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
 
 
 def _is_module(dotted: str) -> bool:
@@ -132,25 +122,88 @@ def test_project_imports_sit_at_module_top(path):
     assert not hidden, f"{here} imports project modules inside functions (move them to the top): {hidden}"
 
 
-def test_no_import_cycle():
+def import_graph() -> dict[str, set[str]]:
+    """module → the project modules it imports at its top (app.py, pages/, scripts/ and topl_core/ alike), those
+    under `if TYPE_CHECKING:` included; the CLI's deferred dispatch imports are not edges."""
     graph = {module_name(p): {m for m, _, inner in project_imports(p) if not inner} for p in source_files()}
-    state: dict[str, int] = {}  # 1 visiting, 2 done
+    return {node: {m for m in targets if m in graph and m != node} for node, targets in graph.items()}
 
-    def visit(node: str, trail: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted(graph.get(node, ())):
-            if nxt == node or nxt not in graph:
-                continue
-            if state.get(nxt) == 1:
-                cycle = trail[trail.index(nxt) :] + [nxt] if nxt in trail else [node, nxt]
-                pytest.fail(f"import cycle: {' → '.join(cycle)}")
-            if nxt not in state:
-                visit(nxt, trail + [nxt])
-        state[node] = 2
+
+def import_cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]:
+    """Every group of modules that import each other round (a strongly connected component of more than one module,
+    Tarjan's algorithm) as (its modules, sorted; one circle through them, a → … → a), sorted: a failure names them
+    all."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = set()
+            while True:
+                member = stack.pop()
+                group.add(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(group)
 
     for node in sorted(graph):
-        if node not in state:
-            visit(node, [node])
+        if node not in index:
+            connect(node)
+    return sorted((sorted(group), _circle_through(graph, group)) for group in groups)
+
+
+def _circle_through(graph: dict[str, set[str]], group: set[str]) -> list[str]:
+    """A shortest circle from the group's first module back to it, inside the group (breadth first)."""
+    start = min(group)
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for nxt in sorted(graph[node] & group):
+                if nxt == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [start, *reversed(path[:-1]), start] if node != start else [start, start]
+                if nxt not in came_from:
+                    came_from[nxt] = node
+                    following.append(nxt)
+        frontier = following
+    raise AssertionError(f"no circle through {start} in {sorted(group)}")
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    assert any(m.startswith("pages") for m in graph) and any(m.startswith("topl_core.") for m in graph)
+    cycles = import_cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(
+        f"{len(group)} modules ({', '.join(group)}), e.g. {' → '.join(circle)}" for group, circle in cycles
+    )
+
+
+def test_type_checking_imports_are_edges_and_circles_are_found():
+    """The checks themselves: an import under `if TYPE_CHECKING:` is read as an edge (at the module's top), and a
+    circle whose one side is such an import is found, with nothing else reported."""
+    source = "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .studies.deck import Deck\n"
+    edges = project_imports(REPO / "topl_core" / "analysis" / "token_colors.py", source)
+    assert edges == [("topl_core.analysis.studies.deck", 4, False)]
+    graph = {"a": {"b"}, "b": {"a"}, "c": {"a", "d"}, "d": {"e"}, "e": {"d"}}  # a ↔ b and d ↔ e, c outside both
+    assert import_cycles(graph) == [(["a", "b"], ["a", "b", "a"]), (["d", "e"], ["d", "e", "d"])]
+    three = {"a": {"b"}, "b": {"c"}, "c": {"a", "b"}}
+    assert import_cycles(three) == [(["a", "b", "c"], ["a", "b", "c", "a"])]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "pages").rglob("*.py")), ids=lambda p: str(p.relative_to(REPO)))
