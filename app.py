@@ -6,11 +6,11 @@ TOPL_DEFAULT_MODEL sets the default (e.g. `tiny-llama`, or `Qwen/Qwen3-8B|bfloat
 thin: widgets → a config → one topl_core call → render. Why every page starts with ensure_frame(): see
 pages/_ui/frame.py.
 
-`python app.py [streamlit options]` first imports what loading the default model imports (models.startup.warm_up),
-then serves the app as `streamlit run app.py [options]` in the same process: those imports (3.2 s on a 2-core CPU)
-are then done before the server answers, not while the first page waits for its first generated words
-(docs/performance.md). Imported from a page's thread they could not be: transformers' lazy imports are not safe
-from two threads at once.
+`python app.py [streamlit options]` first imports what loading the default model imports (models.startup.warm_up), then
+serves the app as `streamlit run app.py [options]` in the same process: those imports (seconds on a 2-core CPU:
+docs/performance.md, "Figures behind the code's choices") are then done before the server answers, not while the first
+page waits for its first generated words. Imported from a page's thread they could not be: transformers' lazy imports
+are not safe from two threads at once.
 """
 
 import sys

@@ -1,5 +1,5 @@
-"""Issue 43's comparison table: gated steering against always-on steering and the merged model, τ, λ and k chosen on
-dev documents only (the adapter's val split and CLIFF's val cut), then every metric on held-out documents (its test
+"""The gated mode's comparison table: gated steering against always-on steering and the merged model, τ, λ and k chosen
+on dev documents only (the adapter's val split and CLIFF's val cut), then every metric on held-out documents (its test
 split and CLIFF's test cut) with paired 95% intervals (topl_core/analysis/evaluation/gated_comparison.py). Prints the
 dev table, the choice and the held-out table (all documents, then per set); --json writes them with every row.
 

@@ -1,6 +1,7 @@
-"""Time the Steering page's λ slider in a real browser (issue 40): `streamlit run app.py` on a free port with an empty
-TOPL_RUNS_DIR (so the shipped demo TOPL adapter and its default document are what opens), headless Chromium, the
-slider moved with the arrow keys. Measured from the key press, polling the page every animation frame:
+"""Time the Steering page's λ slider in a real browser (its goals: docs/performance.md, "The slider: a new λ position"):
+`streamlit run app.py` on a free port with an empty TOPL_RUNS_DIR (so the shipped demo TOPL adapter and its default
+document are what opens), headless Chromium, the slider moved with the arrow keys. Measured from the key press, polling
+the page every animation frame:
 - cold visit: until the page is drawn (its title), until the first summary box (the base model's) shows words, until
   the steered box shows its first words, and until the page is idle;
 - a new λ (--jump steps right of the last), pressed --read-s seconds after the page went idle (the time a person

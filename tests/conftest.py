@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on the two cores: one thread each (and in
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the commands they start), since threads that wait on a core
-    # the other worker holds made a 2-thread matmul ~30× slower (docs/models.md, the probe)
+    # the other worker holds made a 2-thread matmul many times slower (docs/models.md, "The probe")
 
 REPO = Path(__file__).resolve().parents[1]
 CLIFF_CSV = REPO.parent / "shared" / "data" / "CLIFF_error_types.csv"
@@ -43,9 +43,10 @@ def make_pairs(n: int) -> list[tuple[str, str, str]]:
     return out
 
 
-# What is costly to make and the same for every test: the converted embedded models (~35 s each; scripts/setup.sh
-# converts the default one), the joined split GGUFs, the built data sets, this machine's bf16 measurement, the exported
-# decode steps (~15 s a tiny model's; named by what their code depends on: inference/exported_decode.package_key).
+# What is costly to make and the same for every test: the converted embedded models (scripts/setup.sh converts the
+# default one), the joined split GGUFs, the built data sets, this machine's bf16 measurement, the exported decode steps
+# (named by what their code depends on: inference/exported_decode.package_key). What each costs:
+# docs/reliability.md, "Figures behind the tests' choices".
 SHARED_CACHE = ("models", "gguf", "data", "machine", "decode-steps")
 
 
@@ -198,7 +199,7 @@ def tiny_run(tmp_path_factory, tiny_records):
 @pytest.fixture(scope="session")
 def mlflow_uri(tmp_path_factory) -> str:
     """One MLflow SQLite store for the tests that log to MLflow (each in its own experiment): creating a store runs
-    MLflow's schema migrations, 3–8 s on 2 cores, paid once."""
+    MLflow's schema migrations (seconds: docs/reliability.md, "Figures behind the tests' choices"), paid once."""
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
 
 

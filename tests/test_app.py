@@ -142,7 +142,7 @@ def test_every_page_renders_inside_the_app_frame(workbench, name):
     assert not [e.value for e in at.error if "analysis core" in e.value], "the page could not import the analysis core"
 
 
-# --- every page has an answer for every state (issue 12) -------------------------------------------------------
+# --- every page has an answer for every state ------------------------------------------------------------------
 
 ANALYSIS_PAGES = ["lora_a", "steering", "token_overlay", "evaluation"]
 
@@ -420,10 +420,10 @@ def test_a_data_source_a_model_writes_reaches_the_cli_the_data_page_and_the_laun
 
 
 def test_data_page_builds_own_summaries_in_the_background_and_merges(workbench):
-    """The own-summaries source runs `data build --source own-summaries` as a background job from the Data page
-    (SmolLM2 needs ~70 s for one batch of summaries, so the tiny model writes them here: its random text keeps no
-    sentence, and the page says why the build failed and how to resume). Merge joins data sets in order and refuses
-    files that share records."""
+    """The own-summaries source runs `data build --source own-summaries` as a background job from the Data page (SmolLM2
+    needs about a minute for one batch of summaries: docs/reliability.md, "Figures behind the tests' choices"; so the
+    tiny model writes them here: its random text keeps no sentence, and the page says why the build failed and how to
+    resume). Merge joins data sets in order and refuses files that share records."""
     import dataclasses
 
     from topl_core.data.records import read_jsonl, write_jsonl

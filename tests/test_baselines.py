@@ -105,7 +105,8 @@ def _records(n_docs: int = 20) -> list[Record]:
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """Tiny models gain nothing from threads, and on a busy 2-core machine extra threads make steps 10x slower."""
+    """Tiny models gain nothing from threads, and on a busy 2-core machine extra threads make steps many times
+    slower (docs/models.md, "The probe")."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

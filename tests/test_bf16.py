@@ -1,4 +1,4 @@
-"""Every computing path in both precisions, on any CPU (issue 30): the tiny models run each path with bf16 forced
+"""Every computing path in both precisions, on any CPU: the tiny models run each path with bf16 forced
 (autocast; PyTorch emulates it where the CPU has no bf16, slowly but in seconds at this size), and each result is
 compared with its reference under the bounds of conftest.TOLERANCE — the same computation on a float64 copy of the
 model where one can be made, else the fp32 result. Nothing here depends on what "auto" resolves to, except
@@ -305,8 +305,9 @@ class CliRun(NamedTuple):
 
 
 def cli(capsys, monkeypatch, *args: str, env_precision: str | None = "fp32") -> CliRun:
-    """`python -m topl_core *args` run in this process (the CLI's main, as tests/test_cli.py runs it: a subprocess
-    would pay ~7 s of imports), with TOPL_PRECISION set to `env_precision` (None: unset, as a user has it)."""
+    """`python -m topl_core *args` run in this process (the CLI's main, as tests/test_cli.py runs it: a subprocess would
+    pay the core's imports: docs/reliability.md, "Figures behind the tests' choices"), with TOPL_PRECISION set to
+    `env_precision` (None: unset, as a user has it)."""
     if env_precision is None:
         monkeypatch.delenv(prec.PRECISION_ENV, raising=False)
     else:

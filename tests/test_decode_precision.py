@@ -1,4 +1,4 @@
-"""Each generation phase in its faster precision (issue 40): the prompt (and training, scoring) in what `auto` picks
+"""Each generation phase in its faster precision: the prompt (and training, scoring) in what `auto` picks
 from the matmul probe, the one-token decode steps in what a decode-shaped probe picks; an explicit precision serves
 both phases; the phases really run in what they say, and the streamed and batched paths still agree token for token."""
 

@@ -31,7 +31,9 @@ from topl_core.training.methods import METHODS
 
 H100_PEAKS = PROJECT_ROOT / "docs" / "bench" / "gpu-presets-h100.json"
 SMOLLM2_TOKENIZER = cache_dir() / "models" / "smollm2-135m"
-TOLERANCE = 0.05  # every estimate within ±5 % of the measured peak (measured: −1.5 % to +0.1 %)
+# every estimate within ±5 % of the measured peak (how far they were: docs/reliability.md, "Figures behind the
+# tests' choices")
+TOLERANCE = 0.05
 
 
 @pytest.fixture(scope="module")

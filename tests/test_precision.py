@@ -1,5 +1,5 @@
 """bf16 autocast, used for speed in training and analysis, agrees with fp32 on the embedded SmolLM2 within stated
-tolerances (issue 6: speed never trades correctness). Merged-vs-unmerged agreement per dtype is in test_training."""
+tolerances (speed never trades correctness). Merged-vs-unmerged agreement per dtype is in test_training."""
 
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ def _native_bf16() -> bool:
     return cpu_bf16_probe().native
 
 
-# On a CPU that emulates bf16 these two SmolLM2 comparisons took 109 s and 58 s (2-core AVX2 EPYC), a third of the
-# suite, for a precision that "auto" never picks there; they run where bf16 is native (AMX / AVX-512-BF16).
+# On a CPU that emulates bf16 these two SmolLM2 comparisons took a third of the suite (docs/reliability.md, "Figures
+# behind the tests' choices"), for a precision that "auto" never picks there; they run where bf16 is native (AMX /
+# AVX-512-BF16).
 needs_native_bf16 = pytest.mark.skipif(
     not _native_bf16(),
     reason="this CPU emulates bf16 (no AMX / AVX-512-BF16, or measured slower than fp32): "
@@ -87,8 +88,8 @@ def test_bf16_head_features_keep_the_token_detection_auroc(smollm2, tiny_records
 @needs_native_bf16
 def test_bf16_topl_step_matches_fp32_loss_and_gradient(smollm2, tiny_records):
     """One TOPL loss and backward on the same batch: loss within 0.2% and the LoRA gradient's direction (cosine ≥ 0.995)
-    agree between bf16 autocast and fp32 (measured: 7e-5 relative, cosine 0.9996). LoRA B and the head are random so
-    that every LoRA weight gets a gradient."""
+    agree between bf16 autocast and fp32 (what was measured: docs/results.md, "bf16 autocast against fp32 on SmolLM2").
+    LoRA B and the head are random so that every LoRA weight gets a gradient."""
     import copy
 
     tok = smollm2.tokenizer
@@ -117,7 +118,7 @@ def test_bf16_topl_step_matches_fp32_loss_and_gradient(smollm2, tiny_records):
     assert torch.nn.functional.cosine_similarity(g32, g16, dim=0) >= 0.995
 
 
-# --- "auto" precision follows the hardware (issue 12) ---------------------------------------------------------
+# --- "auto" precision follows the hardware --------------------------------------------------------------------
 
 from topl_core.hardware import precision as prec  # noqa: E402
 

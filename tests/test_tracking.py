@@ -184,7 +184,9 @@ def test_an_unreachable_mlflow_server_is_refused_in_seconds_before_training(tmp_
     assert f"{uri}: MLflow's tracking store at 127.0.0.1:" in error and "not reachable" in error
     assert "--mlflow-tracking-uri" in error and "mlflow server" in error and "--report-to" in error
     assert not (tmp_path / "run").exists()
-    assert took < 90, took  # the interpreter and the core's imports (~10 s on 2 cores), not a network wait
+    # the interpreter and the core's imports (docs/reliability.md, "Figures behind the tests' choices"), not a
+    # network wait
+    assert took < 90, took
     t0 = time.perf_counter()
     with pytest.raises(ServiceError, match="not reachable"):  # the probe itself, as the Train page calls it
         check_trackers(tiny_config(report_to=("mlflow",), mlflow_tracking_uri=uri))

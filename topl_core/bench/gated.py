@@ -11,7 +11,7 @@ Per path the median wall time over `repeats` generations, its tokens (counted, u
 gated path its forwards: plain decoding of n tokens runs n − 1 forwards after the prompt's (which gives the first),
 the gate one per token (it reads the last token's too, an end of turn aside) plus two per token taken back.
 
-    gated_vs_merged, gated_vs_always_on      wall-time ratios of whole generations (issue 43's goal: ≤ 1.3 × merged)
+    gated_vs_merged, gated_vs_always_on      wall-time ratios of whole generations (the goal, GOALS: ≤ 1.3 × merged)
     gated_vs_merged_per_token, ...           the same per generated token (the texts may end at other lengths)
     extra_forwards_per_token                 (gated forwards − (tokens − 1)) / tokens: above plain decoding
     taken_back_per_token                     the share of generated tokens the head flagged and generated again
@@ -111,7 +111,7 @@ def gated_bench(
 
 
 def format_gated(res: dict) -> str:
-    """The figures as a table, the goal of issue 43 marked met or missed."""
+    """The figures as a table, each goal of GOALS marked met or missed."""
     s = res["steering"]
     lines = [f"gated bench: {res['model']} + {res['adapter']} on {res['device']}, precision {res['precision']}"]
     lines.append(

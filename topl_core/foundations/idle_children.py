@@ -7,9 +7,10 @@ exported_decode.py).
         and goes on (SIGCONT) once nothing is busy. The Steering page's eager generation and every page's script run
         are busy (analysis/steering/session.py, pages/_ui/frame.py).
 
-The lowest CPU priority alone was not enough: on 2 cores, beside a build at nice 19, the Steering page drew a λ
-written ahead in 4.6 s instead of 0.5 s (docs/performance.md, "The exported step"): the children's threads still
-take the cores between the page's parallel regions and share the memory bandwidth a decode step is bound by.
+The lowest CPU priority alone was not enough: on 2 cores, beside a build at nice 19, the Steering page drew a λ written
+ahead several times slower than without the build (docs/performance.md, "Figures behind the code's choices"): the
+children's threads still take the cores between the page's parallel regions and share the memory bandwidth a decode step
+is bound by.
 """
 
 from __future__ import annotations

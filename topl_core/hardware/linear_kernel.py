@@ -84,7 +84,8 @@ def kernel_probe() -> dict[str, float]:
         if set(times) == {"aten_s", "onednn_s"}:
             return times
     except (OSError, ValueError):
-        pass  # absent or unreadable: measure (~0.2 s) and store
+        pass  # absent or unreadable: measure (a fraction of a second, docs/performance.md, "Figures behind the
+        # code's choices") and store
     times = {"aten_s": _time_row(F.linear), "onednn_s": _time_row(_onednn_linear)}
     try:
         write_json(path, times)

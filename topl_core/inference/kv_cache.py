@@ -1,8 +1,8 @@
 """A KV cache that decodes without copying itself: transformers' DynamicLayer concatenates every new token onto the
-whole cache (torch.cat), so a decode step copies every layer's keys and values once — SmolLM2 after a 1,500-position
-prompt on a 2-core CPU: 52–58 ms a step with the copy, 45–48 without (docs/performance.md). with_room() copies a
-prompt's cache once into storage with room for the new tokens, and each step writes its position in place; attention
-reads the filled positions, as before."""
+whole cache (torch.cat), so a decode step copies every layer's keys and values once (what that costs SmolLM2 after a
+long prompt: docs/performance.md, "Figures behind the code's choices"). with_room() copies a prompt's cache once into
+storage with room for the new tokens, and each step writes its position in place; attention reads the filled positions,
+as before."""
 
 from __future__ import annotations
 

@@ -27,9 +27,9 @@ def app_default_spec() -> str:
 
 def warm_up(spec: ModelSpec | str = DEFAULT_MODEL) -> None:
     """Import what loading `spec` and merging an adapter into it import first (its configuration, tokenizer and model
-    classes, PEFT) without loading its weights: on a 2-core CPU these imports were 3.2 s of the Steering page's first
-    wait for words (docs/performance.md). `python app.py` calls it before serving. A model that cannot be read is left
-    to the load that follows, which says what is wrong in words."""
+    classes, PEFT) without loading its weights: on a 2-core CPU these imports were most of the Steering page's first
+    wait for words (docs/performance.md, "Figures behind the code's choices"). `python app.py` calls it before
+    serving. A model that cannot be read is left to the load that follows, which says what is wrong in words."""
     import peft  # noqa: F401  (merging an adapter)
     from transformers import AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING

@@ -1,5 +1,5 @@
-"""Gated steering against always-on steering and the merged model (issue 43): τ, λ and k chosen on dev documents
-only, then one table on held-out documents with paired 95% intervals.
+"""Gated steering against always-on steering and the merged model: τ, λ and k chosen on dev documents only, then one
+table on held-out documents with paired 95% intervals.
 
 Documents: the adapter's own data split by document as it was trained (its val split for dev, its test split held
 out) and CLIFF's own cut column (val / test), n_split and n_cliff of each. Every generation goes through the

@@ -1,10 +1,10 @@
 """The paper's numbers, as data, each with the table or figure of the paper it comes from. The reproduction report
 (reproduce_report.py) sets this run's figures beside them and reproduce_claims.py judges each claim.
 
-Only the figures this repository holds are numbers here: the LoRA-A indicator table of Qwen3-8B (quoted in issue 42;
-docs/design.md §2 gives the same to three digits). The paper's other results are claims in words: the figures of its
-ID/OOD table for seven methods on three models, its λ figure and its label-sensitivity table are not in this
-repository, so the report shows this run's numbers beside the paper's statement.
+Only the figures this repository holds are numbers here: the LoRA-A indicator table of Qwen3-8B (as the request for
+the reproduction quoted it; docs/design.md §2 gives the same to three digits). The paper's other results are claims
+in words: the figures of its ID/OOD table for seven methods on three models, its λ figure and its label-sensitivity
+table are not in this repository, so the report shows this run's numbers beside the paper's statement.
 """
 
 from __future__ import annotations
