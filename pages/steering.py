@@ -29,27 +29,24 @@ from pages._ui.spec import current_decode_precision, current_precision, current_
 with core_imports():  # the token sets and the page's cached work are read with the analysis core too
     from pages._ui.steering import (
         SessionKey,
-        base_stream,
-        decode_warmer,
+        base_texts,
         document_picker,
         export_zip,
-        generate_ahead,
         generation,
-        prefetch,
         quality_caption,
         scorer,
         scorer_caption,
-        steered_stream,
-        steered_texts,
-        steering_session,
+        slider_view,
         text_fluency,
-        text_store,
         written,
     )
     from pages._ui.token_sets import token_set, token_set_picker
     from topl_core.analysis.evaluation.lambda_study import document_curve
     from topl_core.analysis.steering.modes import MODES, SteerConfig
+    from topl_core.analysis.steering.slider import neighbours
+    from topl_core.analysis.steering.steered_text import SteeredText
     from topl_core.analysis.steering.summary import site_table
+    from topl_core.inference.generate import GenerationCancelled
 
 st.title("Steering")
 st.caption(
@@ -128,68 +125,58 @@ lam = c_lam.slider(
 unit_slot = st.empty()  # what one unit of λ is, once the steering vectors are computed
 curve_key = (run, fp, document[:200], top_k, max_new, bound, how)  # the λ grid asked for ("Generate every λ")
 session_key, gen = SessionKey(spec, run, fp, ts, top_k, precision), generation(precision, decode, max_new)
-
-
-def steered_key(value: float) -> tuple:
-    return ("steered", session_key, gen, document, round(float(value), 6), how)
-
-
-def steered(value: float):
-    return lambda: steered_stream(session_key, gen, document, value, how)
-
-
-# each box draws its text at once when it was generated before, else fills in token by token
-boxes = [
-    ("Base model", ("base", spec, gen, document), lambda: base_stream(spec, gen, document)),
-    (f"Merged adapter (λ = {neutral:g})", steered_key(neutral), steered(neutral)),
-    (f"Steered ({spec_mode.label}, λ = {lam:+.2f})", steered_key(lam), steered(round(float(lam), 6))),
-]
+lam = round(float(lam), 6)
+titles = ["Base model", f"Merged adapter (λ = {neutral:g})", f"Steered ({spec_mode.label}, λ = {lam:+.2f})"]
 slots = [col.empty() for col in st.columns(3, gap="medium")]
-texts = []  # drawn box by box: the boxes already generated show while the next one is written
 
 
-def draw_box(slot, title: str, key: tuple, stream) -> None:
+def draw(i: int, g: SteeredText, caption: str) -> None:
+    """Box i's finished text (the steered box marked against the merged text) with its caption."""
+    body = steered_html(texts[1].text, g) if i == 2 else html.escape(g.text).replace("\n", "<br>")
+    slots[i].markdown(text_box(titles[i], body or "<i>(empty)</i>", caption), unsafe_allow_html=True)
+
+
+def box(i: int, done, parts, ahead=lambda: False) -> None:
+    """Box i: drawn at once when written before, else filled in token by token; scored once all three are shown."""
     try:
-        g = written(slot, title, key, stream)
-        steered_box = len(texts) == 2  # marked against the merged text
-        body = steered_html(texts[1].text, g) if steered_box else html.escape(g.text).replace("\n", "<br>")
-        slot.markdown(
-            text_box(title, body or "<i>(empty)</i>", quality_caption(spec, document, g)), unsafe_allow_html=True
-        )
+        g = written(slots[i], titles[i], done, parts, ahead)
+    except GenerationCancelled:  # this reader asked for another λ meanwhile
+        st.stop()
     except Exception as e:
         step_error(f"generate the summaries ({precision})", e)
         st.stop()
     texts.append(g)
+    draw(i, g, "scoring…")
 
 
-draw_box(slots[0], *boxes[0])  # first: the base model's text needs neither the adapter nor the steering vectors
+texts: list[SteeredText] = []  # drawn box by box: the boxes already written show while the next one is
+box(0, *base_texts(spec, gen, document))  # first: the base model's text needs neither the adapter nor the vectors
 try:
     merged_model(spec, run, fp)
 except Exception as e:
     load_error(e)
     st.stop()
 try:
-    session = steering_session(session_key)
+    view = slider_view(session_key, gen, document, how)  # asks for the compiled decode step at once
 except Exception as e:
     step_error(f"compute the steering vectors ({precision})", e)
     st.stop()
-vec = session.vectors
+vec = view.session.vectors
 unit_note = spec_mode.action.unit_note(vec, spec_mode, how.units, lam)
 if unit_note:
     unit_slot.caption(unit_note)
-for slot, box in zip(slots[1:], boxes[1:]):
-    draw_box(slot, *box)
+box(1, view.text(neutral), view.merged)
+box(2, view.text(lam), lambda: view.stream(lam), lambda: view.writing(lam))
+view.ahead(neighbours(GRID, lam))  # the slider's next move reads them, written while these texts are read
 t_base, t_merged, t_steered = texts
 st.markdown(steered_summary(t_merged.text, t_steered, lam), unsafe_allow_html=True)
-decoding = (
-    " New tokens: the compiled decode step (built in the background for this document's length)."
-    if session.decode_ready(document, gen, how)
-    else ""
-)
+for i, g in enumerate(texts):  # scored after every text is shown (cached per text: a rerun scores nothing again)
+    draw(i, g, quality_caption(spec, document, g))
+decoding = " New tokens: the compiled decode step (built in the background for this document's length)."
 st.caption(
     f"Factuality: {scorer_caption()}. Fluency: perplexity under the base model, distinct-2; a text is marked "
     "degenerate when it repeats itself, turns into non-words or is empty (thresholds: "
-    f"topl_core/analysis/steering/fluency.py).{decoding}"
+    f"topl_core/analysis/steering/fluency.py).{decoding if view.decode_ready() else ''}"
 )
 
 # --- sites and vectors ------------------------------------------------------------------------------------
@@ -237,13 +224,9 @@ with right:
         st.session_state["steer.curve_for"] = curve_key
     if st.session_state.get("steer.curve_for") == curve_key:
         with st.spinner(f"Generating the {len(GRID)} λ positions as one batch, then their fluency…"):
-            prefetch().cancel()  # the grid holds every position
-            generations = steered_texts(session_key, gen, document, tuple(GRID), how)
-            for g, text in generations.items():  # the slider reads them from now on (a text already shown stays)
-                text_store().put(steered_key(g), text, replace=False)
-            texts = {g: generations[g].text for g in GRID}
-            fluencies = [text_fluency(spec, texts[g]) for g in GRID]
-        curve = document_curve(document, texts, fluencies, scorer())
+            grid_texts = {g: text.text for g, text in view.every(GRID).items()}  # the slider reads them from now on
+            fluencies = [text_fluency(spec, grid_texts[g]) for g in GRID]
+        curve = document_curve(document, grid_texts, fluencies, scorer())
         plot(lambda_curve(curve, lam, f"λ ({spec_mode.label})"), key="steer.curve")
         csv_download(curve, "lambda_curve.csv", key="steer.curve_csv")
     else:
@@ -251,9 +234,3 @@ with right:
             "One summary per slider position of this mode (cached, so the slider is instant afterwards), scored by "
             "the offline factuality scorer and for fluency; degenerate texts are marked, not scored."
         )
-
-# --- the slider's neighbouring positions, generated while the texts are read ------------------------------------
-at = min(range(len(GRID)), key=lambda i: abs(GRID[i] - lam))
-neighbours = [round(float(GRID[i]), 6) for i in (at - 1, at + 1) if 0 <= i < len(GRID)]
-generate_ahead(session, document, neighbours, gen, how, steered_key)
-decode_warmer().request(session, document, gen, how)  # then the compiled decode step for this document's length

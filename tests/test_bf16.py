@@ -7,6 +7,7 @@ test_auto_end_to_end, which runs it whatever it is."""
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -20,8 +21,8 @@ from topl_core.analysis.lora_a.probe import ProbeSettings, probe_run, run_projec
 from topl_core.analysis.lora_a.probe_head import ProbeHeadSettings, fit_probe_head
 from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.modes import MODES, POSITIONS, SteerConfig
-from topl_core.analysis.steering.prefetch import Prefetch
 from topl_core.analysis.steering.session import SteeringSession
+from topl_core.analysis.steering.slider import Slider
 from topl_core.cli import build_parser, main
 from topl_core.hardware import precision as prec
 from topl_core.inference.compiled_decode import CompiledDecoder
@@ -153,21 +154,27 @@ def test_steering_vectors_and_every_mode_in_bf16(run, news_records):
 
 
 def test_the_sliders_streamed_grid_and_compiled_decode_in_bf16(run, news_records):
-    """The slider's paths with the prompt in bf16: a λ grid streamed as one batch (what the page writes ahead, through
-    Prefetch) keeps its neutral row the unsteered batch's text with both phases in bf16; the compiled decode step,
-    decoding in fp32 from a bf16 prompt's KV cache (what `auto` does on an AMX CPU), writes the eager stream's text."""
+    """The slider's paths with the prompt in bf16: a λ grid streamed as one batch (what the slider writes ahead,
+    analysis/steering/slider.py) keeps its neutral row the unsteered batch's text with both phases in bf16; the compiled
+    decode step, decoding in fp32 from a bf16 prompt's KV cache (what `auto` does on an AMX CPU), writes the eager
+    stream's text."""
     vectors = build_steering_vectors(run, news_records, ProbeSettings(precision="bf16", random_control=False), top_k=2)
     session, doc = SteeringSession(load_merged("tiny-llama", run), vectors), NEWS_PAIRS[0][1]
     both = GenerationConfig.chosen("bf16", max_new_tokens=8)
-    for positions in POSITIONS:
-        how = SteerConfig("vector", positions)
-        grid = [-2.0, how.neutral, 2.0]
-        kept, ahead = {}, Prefetch()
-        ahead.start(grid, lambda cancel: session.stream_grid(doc, grid, both, how=how, cancel=cancel), kept.__setitem__)
-        done = ahead.writing(how.neutral)
-        assert done is None or done.wait(120)  # None: the job is over already (what it kept is checked next)
-        unsteered = generate(session.lm, [doc] * len(grid), replace(both, batch_size=len(grid)))
-        assert set(kept) == set(grid) and kept[how.neutral].text == unsteered[0], how
+    engine = Slider(compiled=False)
+    try:
+        for positions in POSITIONS:
+            how = SteerConfig("vector", positions)
+            grid = [-2.0, how.neutral, 2.0]
+            view = engine.view(positions, session, doc, both, how, merged=positions)
+            view.ahead(grid)
+            while engine.busy():
+                time.sleep(0.02)
+            unsteered = generate(session.lm, [doc] * len(grid), replace(both, batch_size=len(grid)))
+            assert all(view.text(lam) is not None for lam in grid), how
+            assert view.text(how.neutral).text == unsteered[0], how
+    finally:
+        engine.close()
     prompt_bf16 = GenerationConfig(max_new_tokens=8, precision="bf16", decode_precision="fp32")
     eager = {
         (p, lam): [*session.stream_steered(doc, lam, prompt_bf16, how=SteerConfig("vector", p))]

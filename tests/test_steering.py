@@ -4,7 +4,6 @@ thread isolation — offline, on a tiny Llama adapter trained for 3 steps."""
 from __future__ import annotations
 
 import copy
-import os
 import threading
 import time
 from pathlib import Path
@@ -23,7 +22,6 @@ from topl_core.analysis.steering.extract import (
     steering_vectors_from_model,
 )
 from topl_core.analysis.steering.modes import MODES, POSITIONS, SteerConfig, steer
-from topl_core.analysis.steering.prefetch import Prefetch
 from topl_core.analysis.steering.session import SteeringSession
 from topl_core.analysis.steering.vectors import UNIT_FRACTION, SteeringVectors
 from topl_core.foundations.errors import ModelError
@@ -594,72 +592,6 @@ def test_a_streamed_grid_ends_on_each_lambdas_own_text(merged, vectors, position
         assert all_hooks(merged.model) == hooks
     assert session._lock.acquire(blocking=False)
     session._lock.release()
-
-
-def test_work_ahead_is_kept_when_done_and_dropped_when_cancelled(merged, vectors):
-    """Prefetch: a grid written ahead is kept under its keys, its text so far readable meanwhile; cancelled (by
-    cancel() or by a job for other keys), it stops within a layer and keeps nothing, leaving no hook behind."""
-    session, hooks = SteeringSession(merged, vectors), all_hooks(merged.model)
-    gen, how, step = GenerationConfig(max_new_tokens=12, precision="fp32"), RAW, big_lambda(vectors)
-    ahead, kept, go = Prefetch(), {}, threading.Event()
-
-    def grid(lambdas, n=12):
-        cfg = GenerationConfig(max_new_tokens=n, precision="fp32")
-        return lambda cancel: session.stream_grid(DOC, lambdas, cfg, how=how, cancel=cancel)
-
-    def held(stream):  # the job starts once the test has its done-event: a job already over is writing nothing
-        def run(cancel):
-            go.wait(60)
-            yield from stream(cancel)
-
-        return run
-
-    ahead.start(["left", "right"], held(grid([-step, step])), kept.__setitem__)
-    done = ahead.writing("left")
-    assert done is ahead.writing("right") is not None and ahead.writing("elsewhere") is None
-    go.set()
-    assert done.wait(120)
-    assert [kept["left"].text, kept["right"].text] == [
-        session.generate_steered(DOC, lam, gen, how=how) for lam in (-step, step)
-    ]
-    assert ahead.writing("left") is None and all_hooks(merged.model) == hooks
-
-    kept.clear()
-    ahead.start(["long"], grid([step], n=10_000), kept.__setitem__)
-    while ahead.partial("long") is None:  # under way
-        ahead.writing("long").wait(0.01)
-    ahead.start(["other"], grid([0.0], n=10_000), kept.__setitem__)  # a job for other keys: "long" is dropped
-    assert ahead.writing("long") is None and ahead.writing("other") is not None
-    ahead.cancel()
-    assert kept == {} and ahead.writing("other") is None and all_hooks(merged.model) == hooks
-    assert session._lock.acquire(blocking=False)
-    session._lock.release()
-
-
-@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread CPU priority on this platform")
-def test_work_ahead_runs_at_the_lowest_cpu_priority():
-    """A Prefetch job's thread, and the threads it starts (torch's workers), run at nice 19, so a page drawn meanwhile
-    gets the cores first; the calling thread keeps its own priority."""
-    ahead, kept, go = Prefetch(), {}, threading.Event()
-    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-    def stream(_cancel):
-        go.wait(60)  # held until the test has the job's done-event: a job already over is writing nothing
-        mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        started = []
-        worker = threading.Thread(
-            target=lambda: started.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-        )
-        worker.start()
-        worker.join()
-        yield [(mine, started[0])]  # one value per key
-
-    ahead.start(["priorities"], stream, kept.__setitem__)
-    done = ahead.writing("priorities")
-    go.set()
-    assert done.wait(60)
-    assert kept["priorities"] == (19, 19)
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller
 
 
 @pytest.mark.parametrize("decoder", [CompiledDecoder, ExportedDecoder])

@@ -1,21 +1,16 @@
-"""The Steering page's cached work: the merged model with its steering vectors (one session per model spec, run
-fingerprint, token set and k, shared read-only), the generations per λ (SteeredText: in a gated mode with what the
-head took back) — streamed into the page as they are written, or generated ahead (the slider's neighbouring
-positions, while the texts are read), then kept — the base model's text, each text's factuality and fluency, and the
-export zip."""
+"""The Steering page's cached work and its drawing: the merged model with its steering vectors (one session per model
+spec, run fingerprint, token set and k, shared read-only), the slider of that session on a document — the core's
+engine (topl_core/analysis/steering/slider.py: the texts per λ, the work ahead, the compiled step's warmer, the
+streams), one per process — a text drawn into its box as it comes, each text's factuality and fluency, and the export
+zip."""
 
 from __future__ import annotations
 
 import html
-import logging
-import os
-import threading
-import time
-import weakref
-from collections import OrderedDict
+import uuid
 from contextlib import closing
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable
 
 import streamlit as st
 
@@ -30,13 +25,14 @@ from topl_core.analysis.lora_a.probe import ProbeSettings
 from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.fluency import fluency
 from topl_core.analysis.steering.modes import SteerConfig
-from topl_core.analysis.steering.prefetch import Prefetch, background_priority
 from topl_core.analysis.steering.session import SteeringSession
+from topl_core.analysis.steering.slider import SliderView, shared_slider
 from topl_core.analysis.steering.steered_text import SteeredText
 from topl_core.analysis.steering.summary import ExportBundle, export_bundle
-from topl_core.inference.generate import GenerationConfig, stream_generate
+from topl_core.inference.generate import GenerationConfig
 
-log = logging.getLogger(__name__)
+CURSOR = "▍"  # the box is still being written
+AHEAD = "being written ahead…"  # the box waits for the text the engine is writing ahead
 
 
 def generation(precision: str, decode: str, max_new: int) -> GenerationConfig:
@@ -63,174 +59,44 @@ def steering_session(key: SessionKey) -> SteeringSession:
     """Merged model (shared, never mutated) + the run's steering vectors, one per key."""
     _, records = token_set(*key.ts)
     merged = merged_model(key.spec, key.run, key.fp)
-    prefetch().cancel()  # the vectors are read with a forward on the merged model, which work ahead may be steering
     settings = ProbeSettings(random_control=False, precision=key.precision)
-    with resource_lock(f"merged:{key.spec}:{key.run}"):  # the site outputs are read with a forward on the shared model
+    # the site outputs are read with a forward on the shared model, which the work ahead may be steering: it waits
+    with shared_slider().paused(), resource_lock(f"merged:{key.spec}:{key.run}"):
         vectors = build_steering_vectors(key.run, records, settings, top_k=key.top_k, merged=merged)
-    session = SteeringSession(merged, vectors)
-    if compiled_decode():
-        session.compile_decode(wait=False)  # a compiled step once decode_warmer() has built it; eager until then
-    return session
+    return SteeringSession(merged, vectors)
 
 
-def compiled_decode() -> bool:
-    """Whether the page builds and takes the compiled decode step (docs/app.md, "Steering"): TOPL_COMPILED_DECODE=0
-    never, else (auto, the default) once built. On a CPU the step is built by a child process at the lowest priority
-    (inference/exported_decode.py) and halves each decode step (SmolLM2 on a 2-core EPYC: 19.6–21.7 against 46–48 ms a
-    token); the page's own streams go on eagerly meanwhile. On a GPU it is compiled here with CUDA graphs (Qwen3-8B
-    on an H200: a steered summary in 0.48 s against 1.73 s)."""
-    return os.environ.get("TOPL_COMPILED_DECODE", "auto") != "0"
+def slider_view(key: SessionKey, gen: GenerationConfig, document: str, how: SteerConfig) -> SliderView:
+    """The session's slider on `document` (its texts, the work ahead, the compiled step asked for), read by this
+    browser session: its next stream stops the one it has in flight."""
+    reader = st.session_state.setdefault("steer.reader", uuid.uuid4().hex)
+    session = steering_session(key)
+    return shared_slider().view(key, session, document, gen, how, merged=(key.spec, key.run, key.fp), reader=reader)
 
 
-@st.cache_data(show_spinner=False, max_entries=1024)
-def steered_texts(
-    key: SessionKey, gen: GenerationConfig, document: str, grid: tuple[float, ...], how: SteerConfig
-) -> dict[float, SteeredText]:
-    """The steered generation at every λ of `grid` (one λ, or the slider's every position), generated as one batch
-    where the mode batches rows (SteeringSession.grid_generations; one λ alone is generate_steered's text)."""
-    return dict(zip(grid, steering_session(key).grid_generations(document, grid, gen, how=how)))
+def base_texts(spec: str, gen: GenerationConfig, document: str) -> tuple[SteeredText | None, Callable]:
+    """The base model's text if written, and its stream (as it is written; once written, drawn at once)."""
+    slider = shared_slider()
+    done = slider.base_text(spec, document, gen)
+    return done, lambda: slider.base(spec, base_model(spec), document, gen, lock=resource_lock(f"base:{spec}"))
 
 
-class TextStore:
-    """Every text generated on the page, by what it depends on (shared by the browser sessions; the least recently
-    used dropped past `size`): a λ already seen is drawn at once, and a generation a reader left is not kept half."""
-
-    def __init__(self, size: int = 4096):
-        self._texts: OrderedDict[tuple, SteeredText] = OrderedDict()
-        self._lock, self._size = threading.Lock(), size
-
-    def get(self, key: tuple) -> SteeredText | None:
-        with self._lock:
-            if key in self._texts:
-                self._texts.move_to_end(key)
-            return self._texts.get(key)
-
-    def put(self, key: tuple, text: SteeredText, replace: bool = True) -> None:
-        with self._lock:
-            if replace or key not in self._texts:
-                self._texts[key] = text
-            while len(self._texts) > self._size:
-                self._texts.popitem(last=False)
-
-
-@st.cache_resource
-def text_store() -> TextStore:
-    return TextStore()
-
-
-CURSOR = "▍"
-AHEAD = "being written ahead…"  # a box whose text the page is generating ahead, until it is done
-
-
-@st.cache_resource
-def prefetch() -> Prefetch:
-    """The page's work done ahead (one job for all browser sessions: they share the models and the cores)."""
-    return Prefetch()
-
-
-def written(placeholder, title: str, key: tuple, stream: Callable[[], Iterator[SteeredText]]) -> SteeredText:
-    """The generation under `key`: from the store; or, when it is being generated ahead, once that is done; else
-    streamed into `placeholder` token by token (what is generated ahead for another position is dropped first) and
-    then stored. A new slider position reruns the page, which stops the stream at its next token (the reader has
-    moved on)."""
-    done = text_store().get(key)
+def written(placeholder, title: str, done: SteeredText | None, parts: Callable, ahead: Callable) -> SteeredText:
+    """`done` where it is written; else parts() (the text as it comes) drawn into `placeholder` token by token, the
+    cursor after it (or, while ahead() says it is being written ahead and nothing is yet, so), and its last value.
+    Each draw lets a new slider move stop this run."""
     if done is not None:
         return done
-    ahead = prefetch().writing(key)
-    if ahead is not None:  # shown as it is written ahead; each draw lets a new slider move stop this run
-        while not ahead.wait(0.1):
-            so_far = prefetch().partial(key)
-            body = _being_written(so_far.text) if so_far and so_far.text else f"<i>{AHEAD}</i>"
-            placeholder.markdown(text_box(title, body, "writing…"), unsafe_allow_html=True)
-        done = text_store().get(key)
-        if done is not None:
-            return done
-    prefetch().cancel()
     g = SteeredText("")
-    with closing(stream()) as parts:
-        for g in parts:
-            placeholder.markdown(text_box(title, _being_written(g.text), "writing…"), unsafe_allow_html=True)
-    text_store().put(key, g)
+    with closing(parts()) as stream:
+        for g in stream:
+            body = _being_written(g.text) if g.text or not ahead() else f"<i>{AHEAD}</i>"
+            placeholder.markdown(text_box(title, body, "writing…"), unsafe_allow_html=True)
     return g
 
 
 def _being_written(text: str) -> str:
     return html.escape(text).replace("\n", "<br>") + CURSOR
-
-
-def base_stream(spec: str, gen: GenerationConfig, document: str) -> Iterator[SteeredText]:
-    """The base model's summary as it is written."""
-    lm = base_model(spec)
-    with resource_lock(f"base:{spec}"):
-        for text in stream_generate(lm, document, gen):
-            yield SteeredText(text)
-
-
-def steered_stream(
-    key: SessionKey, gen: GenerationConfig, document: str, lam: float, how: SteerConfig
-) -> Iterator[SteeredText]:
-    """The steered summary at λ as it is written (SteeringSession.stream_generations)."""
-    yield from steering_session(key).stream_generations(document, lam, gen, how=how)
-
-
-def generate_ahead(
-    session: SteeringSession,
-    document: str,
-    lambdas: Sequence[float],
-    gen: GenerationConfig,
-    how: SteerConfig,
-    key_of: Callable[[float], tuple],
-) -> None:
-    """Generate the λ positions of `lambdas` not generated yet as one batch in the background (Prefetch), into the
-    store under key_of(λ): the slider's next move reads them (or their text so far) instead of generating while the
-    person waits."""
-    store = text_store()
-    todo = [lam for lam in lambdas if store.get(key_of(lam)) is None]
-    if todo:
-        prefetch().start(
-            [key_of(lam) for lam in todo],
-            lambda cancel: session.stream_grid(document, todo, gen, how=how, cancel=cancel),
-            lambda key, text: store.put(key, text, replace=False),
-        )
-
-
-class DecodeWarmer:
-    """Builds the compiled decode step's graph for the page's document (SteeringSession.warm_decode) in a background
-    thread once the work ahead is done, one graph at a time. Until it is built the page's streams decode eagerly, and
-    a graph being built is never waited for: it cannot be stopped, so a move during it decodes eagerly beside it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._building: threading.Thread | None = None
-        self._failed: weakref.WeakSet[SteeringSession] = weakref.WeakSet()  # logged once, not tried on every run
-
-    def request(self, session: SteeringSession, document: str, gen: GenerationConfig, how: SteerConfig) -> None:
-        """Build the graph of `document`'s length unless it is built or does not apply; while another is being built,
-        nothing (both would compete for the cores): the page's next run asks again."""
-        if session in self._failed or not session.compiles_decode(gen, how) or session.decode_ready(document, gen, how):
-            return
-        with self._lock:
-            if self._building is None or not self._building.is_alive():
-                args = (session, document, gen, how)
-                self._building = threading.Thread(target=self._build, args=args, name="topl-decode-warmer", daemon=True)
-                self._building.start()
-
-    def _build(self, session: SteeringSession, document: str, gen: GenerationConfig, how: SteerConfig) -> None:
-        background_priority()  # and the compiler processes it starts: a slider move during the build gets the cores
-        while prefetch().busy():  # the neighbours first: they are what the next move reads
-            time.sleep(0.2)
-        try:
-            t = time.perf_counter()
-            session.warm_decode(document, gen, how)
-            log.info("compiled decode step ready for this document after %.1f s", time.perf_counter() - t)
-        except Exception:
-            self._failed.add(session)
-            log.exception("building the compiled decode step failed: the page decodes eagerly")
-
-
-@st.cache_resource
-def decode_warmer() -> DecodeWarmer:
-    return DecodeWarmer()
 
 
 @st.cache_data(show_spinner="Writing the steering vectors and control vectors…", max_entries=16)
