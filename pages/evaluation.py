@@ -7,7 +7,6 @@ from pages._ui.frame import ensure_frame
 
 ensure_frame()  # first: see pages/_ui/frame.py
 
-import json
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from pages._ui.datasets import dataset_paths
 from pages._ui.evaluation_panels import lambda_study, per_document_panel, results_panel, translation_panel
 from pages._ui.evaluations import evaluations_dir, read_evaluation
 from pages._ui.forms import field_input, mode_settings
+from pages._ui.jobs import follow, job_failure, job_log, job_row, pick_job
 from pages._ui.runs import finished_runs
 from pages._ui.spec import current_decode_precision, current_model_name, current_precision, current_spec, split_spec
 from pages._ui.translation_form import translation_form
@@ -163,38 +163,23 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
 
 translation_form(labels, device, show_launched)
 
-evals = (
-    sorted((p for p in EVALS.iterdir() if (p / background.JOB_FILE).exists()), key=lambda p: -p.stat().st_mtime)
-    if EVALS.is_dir()
-    else []
-)
+evals = background.list_jobs(EVALS)  # newest first
 if not evals:
     st.info("No evaluation yet: start one above (a few documents take a minute with SmolLM2 on a CPU).")
     st.stop()
-names = [p.name for p in evals]
-if st.session_state.get(K + "show") not in names:
-    st.session_state[K + "show"] = names[0]
-sel = st.selectbox("Evaluation", names, key=K + "show", persist_state="session")
+sel = pick_job("Evaluation", [j.name for j in evals], K + "show")
 edir = EVALS / sel
 
 
-def panel() -> None:
-    job = background.read_job(edir)
+def panel(job: background.JobStatus | None) -> None:
     state = job.state if job else "unknown"
-    if st.session_state.get(K + "was_running") and state not in ("running", "starting"):
-        st.session_state[K + "was_running"] = False
-        st.rerun(scope="app")
-    st.session_state[K + "was_running"] = state in ("running", "starting")
-    if state in ("running", "starting"):
+    if job is not None and job.active:
         lines = [ln for ln in background.log_tail(edir, 50).splitlines() if "generating" in ln or "λ =" in ln]
-        c1, c2 = st.columns([5, 1], vertical_alignment="center")
-        c1.progress(0.0 if not lines else 0.5, text=f"{state} · {lines[-1] if lines else 'loading models…'}")
-        if c2.button("Cancel", key=K + "cancel", icon=":material/stop:"):
-            background.cancel(edir)
+        said = lines[-1] if lines else "loading models…"
+        job_row(job, K, 0.5 if lines else 0.0, f"{state} · {said}", stop="Cancel")
         return
     if state != "finished":
-        st.error(f"Evaluation {state}: {job.error if job else ''}")
-        st.code(background.log_tail(edir, 20), language=None)
+        job_failure(edir, f"Evaluation {state}: {job.error if job else ''}")
         return
     res = read_evaluation(str(edir), (edir / "eval.json").stat().st_mtime)
     if res.get("task") == "translation":
@@ -227,9 +212,5 @@ def panel() -> None:
     per_document_panel(edir / "per_doc.csv", sel)
 
 
-job = background.read_job(edir)
-st.fragment(panel, run_every=2 if job is not None and job.active else None)()
-with st.expander("Command and log"):
-    info = json.loads((edir / background.JOB_FILE).read_text())
-    st.code("python -m topl_core " + " ".join(info.get("argv", [])), language="bash")
-    st.code(background.log_tail(edir, 30) or "(empty)", language=None)
+follow(edir, K, panel)
+job_log(edir, command=True)

@@ -14,6 +14,7 @@ import streamlit as st
 
 from pages._ui.datasets import dataset_paths
 from pages._ui.forms import SIDEBAR_FIELDS, config_inputs, field_input, precision_select
+from pages._ui.jobs import follow, job_log, job_row, pick_job
 from pages._ui.models import layer_count_or_stop
 from pages._ui.render import csv_download, plot
 from pages._ui.spec import current_spec, split_spec
@@ -124,10 +125,7 @@ if not sweeps:
         "with SmolLM2; the page fills in as windows finish."
     )
     st.stop()
-names = [str(p.relative_to(runs_dir())) for p in sweeps]
-if st.session_state.get(K + "show") not in names:
-    st.session_state[K + "show"] = names[0]
-sel = st.selectbox("Sweep", names, key=K + "show", persist_state="session")
+sel = pick_job("Sweep", [str(p.relative_to(runs_dir())) for p in sweeps], K + "show")
 sweep_dir = runs_dir() / sel
 VALUE_LABEL = {
     "val_token_auroc": "head token AUROC (val)",
@@ -136,37 +134,18 @@ VALUE_LABEL = {
 }
 
 
-def panel() -> None:
-    job = background.read_job(sweep_dir)
-    state = job.state if job else "unknown"
-    active = job is not None and job.active
-    if st.session_state.get(K + "was_running") and not active:
-        st.session_state[K + "was_running"] = False
-        st.rerun(scope="app")  # the sweep ended: stop polling
-    st.session_state[K + "was_running"] = active
+def panel(job: background.JobStatus | None) -> None:
     done, total = (job.step, job.steps) if job else (0, 0)
-    c1, c2 = st.columns([5, 1], vertical_alignment="center")
     cur = f" · training {job.current}" if job and job.current else ""
-    c1.progress(done / total if total else 0.0, text=f"{state} · {done}/{total} windows{cur}")
-    if active:
-        if c2.button(
-            "Stop",
-            key=K + "stop",
-            icon=":material/stop:",
-            help="Stops after the current step; the window keeps a checkpoint and the sweep can resume.",
-        ):
-            background.cancel(sweep_dir)
-            st.toast("Stopping after the current step…")
-    elif state in ("cancelled", "failed", "interrupted") and c2.button(
-        "Resume", key=K + "resume", icon=":material/replay:"
-    ):
-        try:
-            launchers.resume_sweep_job(sweep_dir)
-            st.rerun(scope="app")
-        except background.JobError as e:
-            st.error(str(e))
-    if job and job.error and state != "finished":
-        st.caption(job.error[:300])
+    job_row(
+        job,
+        K,
+        done / total if total else 0.0,
+        f"{job.state if job else 'unknown'} · {done}/{total} windows{cur}",
+        stop_help="Stops after the current step; the window keeps a checkpoint and the sweep can resume.",
+        stopping="Stopping after the current step…",
+        resume=launchers.resume_sweep_job,
+    )
 
     df = read_sweep(sweep_dir)
     if df.empty:
@@ -232,8 +211,5 @@ def panel() -> None:
     csv_download(df, f"{Path(sel).name}.csv", key=K + "csv")
 
 
-job = background.read_job(sweep_dir)
-running = job is not None and job.active
-st.fragment(panel, run_every=2 if running else None)()
-with st.expander("Log"):
-    st.code(background.log_tail(sweep_dir, 30) or "(empty)", language=None)
+follow(sweep_dir, K, panel)
+job_log(sweep_dir)

@@ -13,14 +13,15 @@ import streamlit as st
 
 from pages._ui.datasets import dataset_picker
 from pages._ui.forms import SIDEBAR_FIELDS, config_inputs, field_input
+from pages._ui.jobs import follow, job_log, job_row, pick_job
 from pages._ui.spec import current_model_name, current_spec, split_spec
 from topl_core.foundations.errors import ConfigError, WorkbenchError
 from topl_core.foundations.executor import ExecutorConfig
 from topl_core.foundations.paths import inside, runs_dir
 from topl_core.foundations.presets import PRESETS
 from topl_core.foundations.progress import format_seconds
-from topl_core.jobs import background as jobs
 from topl_core.jobs import launchers
+from topl_core.jobs.background import JobStatus
 
 with core_imports():
     from topl_core.analysis.studies.reproduce import read_tasks
@@ -95,41 +96,25 @@ if not studies:
         "`python -m topl_core reproduce --quick` shows every table in minutes on a tiny model."
     )
     st.stop()
-names = [str(p.relative_to(runs_dir())) for p in studies]
-if st.session_state.get(K + "show") not in names:
-    st.session_state[K + "show"] = names[0]
-sel = st.selectbox("Study", names, key=K + "show", persist_state="session")
+sel = pick_job("Study", [str(p.relative_to(runs_dir())) for p in studies], K + "show")
 folder = runs_dir() / sel
 
 
-def panel() -> None:
-    job = jobs.read_job(folder)
-    state = job.state if job else "not started"
-    active = job is not None and job.active
-    if st.session_state.get(K + "was_running") and not active:
-        st.session_state[K + "was_running"] = False
-        st.rerun(scope="app")  # the study ended: stop polling, show the report
-    st.session_state[K + "was_running"] = active
+def panel(job: JobStatus | None) -> None:
     tasks = read_tasks(folder)
     done = int((tasks["state"] == "done").sum())
     eta = f" · about {format_seconds(job.eta_s)} left" if job and job.eta_s else ""
     now = f" · {job.current}" if job and job.current else ""
-    c1, c2 = st.columns([5, 1], vertical_alignment="center")
-    c1.progress(done / len(tasks), text=f"{state} · {done}/{len(tasks)} tasks{now}{eta}")
-    if active:
-        if c2.button("Stop", key=K + "stop", icon=":material/stop:", help="Stops after the current step or task."):
-            jobs.cancel(folder)
-            st.toast("Stopping after the current step or task…")
-    elif state in ("cancelled", "failed", "interrupted") and c2.button(
-        "Resume", key=K + "resume", icon=":material/replay:"
-    ):
-        try:
-            launchers.resume_reproduce_job(folder)
-            st.rerun(scope="app")
-        except jobs.JobError as e:
-            st.error(str(e))
-    if job and job.error and state != "finished":
-        st.caption(job.error[:300])
+    text = f"{job.state if job else 'not started'} · {done}/{len(tasks)} tasks{now}{eta}"
+    job_row(
+        job,
+        K,
+        done / len(tasks),
+        text,
+        stop_help="Stops after the current step or task.",
+        stopping="Stopping after the current step or task…",
+        resume=launchers.resume_reproduce_job,
+    )
     with st.expander(f"Tasks ({done} of {len(tasks)} done)", expanded=not (folder / "report.html").exists()):
         st.dataframe(
             tasks,
@@ -139,8 +124,7 @@ def panel() -> None:
         )
 
 
-job = jobs.read_job(folder)
-st.fragment(panel, run_every=2 if job is not None and job.active else None)()
+follow(folder, K, panel)
 if (folder / "report.html").exists():
     report = read_report(folder)
     st.subheader("Verdicts")
@@ -160,5 +144,4 @@ if (folder / "report.html").exists():
         icon=":material/download:",
     )
     st.iframe(page, height=900)
-with st.expander("Log"):
-    st.code(jobs.log_tail(folder, 30) or "(empty)", language=None)
+job_log(folder)

@@ -16,24 +16,17 @@ import streamlit as st
 
 from pages._ui.datasets import dataset_picker, records_of
 from pages._ui.forms import mode_settings
+from pages._ui.jobs import follow, job_failure, job_row, pick_job
 from pages._ui.runs import run_picker
 from pages._ui.spec import current_precision
 from topl_core.analysis.steering.modes import MODES
-from topl_core.analysis.studies.deck import (
-    HEAD_CHOICES,
-    DeckConfig,
-    create_deck,
-    deck_folders,
-    decks_dir,
-    is_shipped,
-    read_deck,
-)
+from topl_core.analysis.studies.deck import HEAD_CHOICES, DeckConfig, deck_folders, decks_dir, is_shipped, read_deck
 from topl_core.analysis.studies.deck_html import deck_html
 from topl_core.data.split import split_records
 from topl_core.foundations.errors import RunError
 from topl_core.foundations.paths import inside
 from topl_core.foundations.status import read_status
-from topl_core.jobs import background
+from topl_core.jobs import background, launchers
 
 K = "talk."
 
@@ -43,10 +36,6 @@ st.caption(
     "head), then drag λ on stage — each move is read from the deck, nothing is generated."
 )
 DECKS = decks_dir()
-
-
-def prepare_args(cfg: DeckConfig, folder: Path) -> list[str]:
-    return ["steer", "--run", cfg.adapter, "--deck", str(folder), "--precision", cfg.precision]
 
 
 # --- a new deck ----------------------------------------------------------------------------------------------------
@@ -115,8 +104,7 @@ with st.expander("Prepare a new deck", expanded=not folders):
                     precision=current_precision(),
                     **settings,
                 )
-                folder = create_deck(inside(DECKS, name, "Deck name"), cfg)
-                background.launch(prepare_args(cfg, folder), folder, kind="deck")
+                folder = launchers.launch_deck(cfg, inside(DECKS, name, "Deck name"))
             except Exception as e:
                 st.error(f"Could not start the deck: {e}")
             else:
@@ -127,39 +115,22 @@ folders = deck_folders()
 if not folders:
     st.info("No deck yet: prepare one above (or `python -m topl_core steer --run ADAPTER --deck DIR`).")
     st.stop()
-paths = [str(f) for f in folders]
-if st.session_state.get(K + "deck") not in paths:
-    st.session_state[K + "deck"] = paths[0]
-chosen = Path(
-    st.selectbox(
-        "Deck",
-        paths,
-        key=K + "deck",
-        format_func=lambda p: Path(p).name + (" (shipped with the demo adapters)" if is_shipped(Path(p)) else ""),
-    )
-)
+
+
+def deck_label(path: str) -> str:
+    return Path(path).name + (" (shipped with the demo adapters)" if is_shipped(Path(path)) else "")
+
+
+chosen = Path(pick_job("Deck", [str(f) for f in folders], K + "deck", deck_label))
 
 
 # --- preparing / failed ---------------------------------------------------------------------------------------------
-def progress_panel() -> None:
-    job = background.read_job(chosen)
-    active = job is not None and job.active
-    if st.session_state.get(K + "was_active") and not active:
-        st.session_state[K + "was_active"] = False
-        st.rerun(scope="app")
-    st.session_state[K + "was_active"] = active
-    if not active:
+def progress_panel(job: background.JobStatus | None) -> None:
+    if job is None or not job.active:
         return
-    status = read_status(chosen)
-    eta = status.get("eta_s")
-    left = f" · about {eta:.0f} s left" if eta is not None else ""
-    c1, c2 = st.columns([5, 1], vertical_alignment="center")
-    c1.progress(
-        job.fraction,
-        text=f"Preparing the deck: {job.step} / {job.steps or '?'} summaries{left} · {status.get('current') or ''}",
-    )
-    if c2.button("Stop", key=K + "stop", icon=":material/stop:"):
-        background.cancel(chosen)
+    left = f" · about {job.eta_s:.0f} s left" if job.eta_s is not None else ""
+    text = f"Preparing the deck: {job.step} / {job.steps or '?'} summaries{left} · {job.current or ''}"
+    job_row(job, K, job.fraction, text)
 
 
 job = background.read_job(chosen)
@@ -169,20 +140,19 @@ except RunError as e:  # its deck.json cannot be read: the message says what to 
     st.error(str(e))
     st.stop()
 if job is not None and job.active:
-    st.fragment(progress_panel, run_every=1.5)()
+    follow(chosen, K, progress_panel, every=1.5)
     st.stop()
 if not deck.complete:
     state = job.state if job is not None else "not started"
     message = f"This deck is not complete ({deck.done} / {deck.total} summaries; {state})"
     if job is not None and job.state == "failed":
-        st.error(f"{message}: {job.error or 'see the log'}")
-        st.code(background.log_tail(chosen, 20) or "(empty log)", language=None)
+        job_failure(chosen, f"{message}: {job.error or 'see the log'}")
     else:
         st.warning(message + ". Resuming keeps every summary already made.")
     for note in deck.unreadable_notes("resuming makes its summaries again."):
         st.warning(note, icon=":material/broken_image:")
     if st.button("Resume preparing", key=K + "resume", icon=":material/play_arrow:"):
-        background.launch(prepare_args(deck.config, chosen), chosen, kind="deck")
+        launchers.resume_deck_job(chosen)
         st.rerun()
     st.stop()
 

@@ -261,3 +261,40 @@ def test_the_shipped_deck_is_what_the_demo_adapter_writes():
     first = deck.documents[0]
     text = generate(lm, [first.document], GenerationConfig(max_new_tokens=deck.config.max_new_tokens, precision="fp32"))
     assert text[0] == first.at(deck.config.how.neutral).text
+
+
+def test_the_deck_job_is_launched_from_its_config_and_read_back_by_the_cli(tmp_path, monkeypatch):
+    """launch_deck writes the deck and starts `steer --deck` on it, its command line built in launchers.deck_argv and
+    read back by the CLI's parser; resume_deck_job starts the same command for the deck already there. Another deck in
+    the folder is refused before anything starts."""
+    from dataclasses import replace
+
+    from topl_core.cli import build_parser
+    from topl_core.foundations.errors import JobError, RunError
+    from topl_core.jobs import launchers
+
+    started = []
+
+    def start_claimed(argv, lock, kind, env, info=None) -> Path:
+        started.append((argv, kind))
+        return lock.path.parent
+
+    def launch(argv, job_dir, kind="command", env=None, info=None) -> Path:
+        started.append((argv, kind))
+        return Path(job_dir)
+
+    monkeypatch.setattr(launchers, "start_claimed", start_claimed)
+    monkeypatch.setattr(launchers, "launch", launch)
+    cfg = DeckConfig("runs/an-adapter", ("A document.",), (-2.0, 2.0), max_new_tokens=8, precision="fp32")
+    folder = launchers.launch_deck(cfg, tmp_path / "deck")
+    assert folder == tmp_path / "deck" and read_deck(folder).config == cfg
+    assert launchers.resume_deck_job(folder) == folder
+    (first, kind), (again, again_kind) = started
+    assert first == again and kind == again_kind == "deck"
+    args = build_parser(first).parse_args(first)
+    assert (args.run, args.deck, args.precision) == (cfg.adapter, str(folder), "fp32")
+    with pytest.raises(RunError, match="another deck"):
+        launchers.launch_deck(replace(cfg, max_new_tokens=9), folder)
+    with pytest.raises(JobError, match="no deck"):
+        launchers.resume_deck_job(tmp_path / "empty")
+    assert len(started) == 2

@@ -10,7 +10,9 @@
     token_sets   the labelled token sets of the LoRA-A and Steering pages
     evaluations  evaluation results read back from disk (Evaluation and Runs pages)
     forms        config forms generated from the config dataclasses (Train, Layer sweep), the precision picker
-    train_jobs   the Train page's live runs: progress, Cancel / Resume, curves, log
+    jobs         the one background-job panel of every page that starts long work: picker, progress with Stop /
+                 Cancel or Resume, a failed job's message and log, the fragment that follows a job
+    train_jobs   the Train page's live runs: progress, Cancel / Resume (the job panel's row), curves, log
 
 This is a package, not a set of pages/_*.py files: Streamlit 1.67's legacy router runs every pages/*.py file as a page
 (only dot-files and __init__.py are skipped, whatever the leading underscore), but it does not look into folders.

@@ -11,6 +11,7 @@ import streamlit as st
 
 from pages._ui.datasets import dataset_paths
 from pages._ui.forms import SIDEBAR_FIELDS, field_input
+from pages._ui.jobs import follow, job_failure, job_row
 from pages._ui.spec import current_spec, split_spec
 from topl_core.data.records import merge_jsonl, write_jsonl
 from topl_core.data.sources import DataSource, SourceOptions, build_source
@@ -18,8 +19,10 @@ from topl_core.foundations.config_fields import field_infos
 from topl_core.foundations.errors import ConfigError, DataError
 from topl_core.foundations.paths import cache_dir, inside
 from topl_core.jobs import background, launchers
+from topl_core.jobs.background import JobStatus
 
 BUILD_JOBS = cache_dir() / "data" / "jobs"  # one folder per background build, by output name
+KEY = "data.build_"  # the build job panel's widget keys
 
 
 def data_file(name: str) -> Path:
@@ -53,8 +56,7 @@ def build_form(source: DataSource) -> None:
         except (DataError, ConfigError, OSError, background.JobError) as ex:
             st.error(str(ex))
     if source.background and (found := background.list_jobs(BUILD_JOBS)):
-        job = found[0]  # the newest background build, of any source
-        st.fragment(build_job_panel, run_every=2 if job.active else None)(job.path)
+        follow(found[0].path, KEY, build_job_panel)  # the newest background build, of any source
 
 
 def input_path(source: DataSource, key: str) -> str | None:
@@ -91,30 +93,24 @@ def start_build(source: DataSource, options: SourceOptions, out: Path) -> None:
     launchers.launch_data_build(source, options, out, inside(BUILD_JOBS, out.stem, "Output name"))
 
 
-def build_job_panel(job_dir: Path) -> None:
+def build_job_panel(job: JobStatus | None) -> None:
     """A background build: its progress and Cancel while it runs, then what it wrote or why it stopped."""
-    build = launchers.read_data_build(job_dir)
+    build = launchers.read_data_build(job.path) if job is not None else None
     if build is None:  # a build started by an older version, which stored no info: nothing to show
         return
-    job, name = build.job, f"`{build.out.name}` ({build.source})"
-    was_running = st.session_state.get("data.build_was_running")
-    st.session_state["data.build_was_running"] = job.active
-    if job.active:
-        c1, c2 = st.columns([5, 1], vertical_alignment="center")
-        c1.progress(build.done / max(build.total, 1), text=f"{name} {job.state}: {build.done} of {build.total}")
-        if c2.button("Cancel", key="data.build_cancel", icon=":material/stop:"):
-            background.cancel(job_dir)
-        return
-    if was_running:  # it just ended: every data-set picker should see the new file
-        st.rerun(scope="app")
-    if job.state == "finished":
+    name = f"`{build.out.name}` ({build.source})"
+    if build.job.active:
+        text = f"{name} {build.job.state}: {build.done} of {build.total}"
+        job_row(build.job, KEY, build.done / max(build.total, 1), text, stop="Cancel")
+    elif build.job.state == "finished":
         st.success("\n\n".join([f"{name} built.", *build.said]))
     else:
-        st.warning(
-            f"Building {name} {job.state}{': ' + job.error if job.error else ''}. Start it again with the same "
-            "settings to continue (the source's help above says what a stopped build keeps)."
+        why = f"{build.job.state}: {build.job.error}" if build.job.error else build.job.state
+        again = (
+            "Start it again with the same settings to continue (the source's help above says what a stopped build "
+            "keeps)."
         )
-        st.code(background.log_tail(job_dir, 15) or "(empty log)", language=None)
+        job_failure(job.path, f"Building {name} {why}. {again}", lines=15, warn=True)
 
 
 def merge_form() -> None:

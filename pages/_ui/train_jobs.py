@@ -1,6 +1,6 @@
-"""The Train page's live runs: each recent run's state and progress with Cancel or Resume, then the chosen run's loss
-and validation curves and its log. Everything is read from the run directories (topl_core.jobs.background), so it
-survives reloads and app restarts."""
+"""The Train page's live runs: each recent run's state and progress with Cancel or Resume (the job panel's row,
+pages/_ui/jobs.py), then the chosen run's loss and validation curves and its log. Everything is read from the run
+directories (topl_core.jobs.background), so it survives reloads and app restarts."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from pages._ui.figures import training_curves
+from pages._ui.jobs import job_log, job_row, rerun_when_ended
 from pages._ui.render import csv_download, plot
 from topl_core.foundations.paths import runs_dir
 from topl_core.jobs import background, launchers
@@ -39,10 +40,7 @@ def train_jobs_panel() -> None:
     """The training runs, newest first (reruns the app when the last active one ends, so the run lists refresh)."""
     all_jobs = [j for j in background.list_jobs() if j.kind == "train"]
     active = [j for j in all_jobs if j.active]
-    if st.session_state.get(KEY + "had_active") and not active:
-        st.session_state[KEY + "had_active"] = False
-        st.rerun(scope="app")  # a job just ended: stop polling, refresh the run lists
-    st.session_state[KEY + "had_active"] = bool(active)
+    rerun_when_ended(KEY, bool(active))  # a job just ended: stop polling, refresh the run lists
     st.subheader(f"Runs ({len(active)} active)")
     if not all_jobs:
         st.info(f"No runs yet in `{runs_dir()}`.")
@@ -57,8 +55,7 @@ def train_jobs_panel() -> None:
         st.session_state[KEY + "detail"] = watch if watch in names else (active[0].name if active else names[0])
     chosen = runs_dir() / st.selectbox("Curves of", names, key=KEY + "detail", persist_state="session")
     curves(chosen)
-    with st.expander("Log"):
-        st.code(background.log_tail(chosen, 30) or "(empty)", language=None)
+    job_log(chosen)
 
 
 def job_card(j: background.JobStatus) -> None:
@@ -69,32 +66,19 @@ def job_card(j: background.JobStatus) -> None:
         a, b, c = st.columns([3, 6, 1.3], vertical_alignment="center")
         a.markdown(f"{STATE_ICON.get(j.state, '')} **{j.name}**  \n`{j.state}`")
         if j.active:
-            eta, elapsed = duration(j.eta_s), duration(j.elapsed_s)
-            b.progress(j.fraction, text=f"step {j.step}/{j.steps} · ETA {eta} · elapsed {elapsed} · loss {loss}")
-            if c.button("Cancel", key=f"train.cancel.{j.name}", icon=":material/stop:"):
-                background.cancel(j.path)
-                st.toast(f"Cancelling {j.name}: saving a checkpoint…")
+            text = f"step {j.step}/{j.steps} · ETA {duration(j.eta_s)} · elapsed {duration(j.elapsed_s)} · loss {loss}"
         else:
             auroc = j.val.get("val_token_auroc")
             shown_auroc = f" · val token AUROC {auroc:.3f}" if auroc is not None else ""
-            b.progress(j.fraction, text=f"step {j.step}/{j.steps} · loss {loss}{shown_auroc}")
-            if j.state in ("cancelled", "failed", "interrupted"):
-                resume_button(j, c)
-            if j.error and j.state != "finished":
-                b.caption(f"{j.error[:300]}")
-        for warning in j.warnings:  # a tracker that failed mid-run: the run went on
-            b.caption(f":orange[:material/warning:] {warning}")
+            text = f"step {j.step}/{j.steps} · loss {loss}{shown_auroc}"
+        stopping = f"Cancelling {j.name}: saving a checkpoint…"
+        job_row(j, f"{KEY}{j.name}.", j.fraction, text, stop="Cancel", stopping=stopping, resume=resume, where=(b, c))
 
 
-def resume_button(j: background.JobStatus, container) -> None:
+def resume(path: Path) -> None:
     """Resume a run that stopped before its last step, from its last checkpoint, and follow it."""
-    if container.button("Resume", key=f"train.resume.{j.name}", icon=":material/replay:"):
-        try:
-            launchers.resume_train(j.path)
-            st.session_state[KEY + "watch"] = str(j.path)
-            st.rerun(scope="app")
-        except background.JobError as e:
-            st.error(str(e))
+    launchers.resume_train(path)
+    st.session_state[KEY + "watch"] = str(path)
 
 
 def curves(path: Path) -> None:

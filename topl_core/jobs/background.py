@@ -164,6 +164,11 @@ def job_info(job_dir: str | Path) -> dict:
     return (_read_json(Path(job_dir) / JOB_FILE) or {}).get("info") or {}
 
 
+def job_argv(job_dir: str | Path) -> list[str]:
+    """The command line a job runs, as `python -m topl_core <argv>` (empty for none)."""
+    return (_read_json(Path(job_dir) / JOB_FILE) or {}).get("argv") or []
+
+
 def cancel(job_dir: str | Path) -> bool:
     """Stop the work in job_dir: a STOP request (the trainer and a sweep stop after the current step, with a
     checkpoint), and for a background job also SIGTERM to its process group (work that does not check STOP, such

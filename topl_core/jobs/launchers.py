@@ -6,6 +6,7 @@ line a page writes (the command line is built here, in one place per kind, and r
     launch_evaluation(EvalJob, out_dir) / launch_translation(TranslationJob, out_dir)
     launch_data_build(DataSource, SourceOptions, out, job_dir) / read_data_build(job_dir)
     launch_reproduce(ReproduceConfig, folder, executor) / resume_reproduce_job(folder)
+    launch_deck(DeckConfig, folder) / resume_deck_job(folder)
 
 State, stop and the job list: topl_core.jobs.background (read_job, cancel, list_jobs).
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 from ..analysis.evaluation.config import EvalJob
 from ..analysis.evaluation.translation import TranslationJob
 from ..analysis.steering.modes import MODE_SETTINGS, SteerConfig
+from ..analysis.studies.deck import DeckConfig, create_deck, read_deck
 from ..analysis.studies.reproduce import save_config, study_executor
 from ..analysis.studies.reproduce_config import ReproduceConfig
 from ..analysis.studies.sweeps import SweepConfig, save_sweep_config, saved_executor
@@ -192,6 +194,29 @@ def resume_reproduce_job(folder: str | Path, executor: ExecutorConfig | None = N
     background."""
     flags = executor.cli_args() if executor else []
     return launch(["reproduce", "--resume", str(Path(folder).resolve()), *flags], folder, kind="reproduce")
+
+
+def deck_argv(cfg: DeckConfig, folder: str | Path) -> list[str]:
+    """The `steer --deck` command line that prepares (or resumes) the deck in `folder`: the command reads the deck's
+    settings from its deck.json (create_deck), so only the adapter and the precision are spelled."""
+    return ["steer", "--run", cfg.adapter, "--deck", str(folder), "--precision", cfg.precision]
+
+
+def launch_deck(cfg: DeckConfig, folder: str | Path) -> Path:
+    """Write the deck `cfg` into `folder` (the same config again resumes it; another deck there is refused, a RunError)
+    and prepare it in the background; it stops between summaries when cancelled."""
+    folder = Path(folder).absolute()
+    with claim(folder) as lock:  # written under the lock: a twin launch cannot change the deck being prepared
+        create_deck(folder, cfg)
+        return start_claimed(deck_argv(cfg, folder), lock, "deck", None)
+
+
+def resume_deck_job(folder: str | Path) -> Path:
+    """Continue preparing the deck in `folder` with its own settings, in the background (what is made is kept)."""
+    deck = read_deck(folder)
+    if deck is None:
+        raise JobError(f"{folder} holds no deck (no deck.json); prepare one first.")
+    return launch(deck_argv(deck.config, Path(folder).absolute()), folder, kind="deck")
 
 
 def default_run_name(cfg: TrainConfig) -> str:
