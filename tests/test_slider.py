@@ -131,6 +131,19 @@ def test_work_ahead_fills_the_neighbours_on_one_thread(merged, vectors, slider):
     assert worker is slider._worker and worker.is_alive()
 
 
+def test_a_gated_mode_is_written_ahead_lambda_by_lambda(merged, vectors, slider, monkeypatch):
+    """A mode that does not batch rows (the gated one: the adapter's head judges every token) is written ahead one λ
+    after another, each kept as soon as it is done, with the text and the replacements it gives alone."""
+    session, step = SteeringSession(merged, vectors), step_of(vectors)
+    how = SteerConfig("gated", units="raw")
+    monkeypatch.setattr(session, "stream_grid", None)  # never the grid
+    view = slider.view("s", session, DOC, GEN, how)
+    view.ahead([-step, step])
+    idle(slider)
+    assert [view.text(lam) for lam in (-step, step)] == [alone(session, lam, how=how) for lam in (-step, step)]
+    assert view.text(step).gate is not None
+
+
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread CPU priority on this platform")
 def test_work_ahead_runs_at_the_lowest_cpu_priority(merged, vectors, slider, monkeypatch):
     """The work-ahead thread, and the threads it starts (torch's workers), run at nice 19, so what a reader waits

@@ -195,11 +195,13 @@ class Slider:
         with self._cond:
             if self._closed:
                 return
-            for other in (self._current, self._pending):
-                if other is not None and other.keys == job.keys and not (other.cancel.is_set() and not other.paused):
-                    return  # asked for already
-            if self._current is not None and not self._current.paused:
-                self._current.cancel.set()  # another position's: dropped at its next decoder layer
+            current, pending = self._current, self._pending
+            if current is not None and current.keys == job.keys and not current.cancel.is_set():
+                return  # being written
+            if pending is not None and pending.keys == job.keys:
+                return  # about to be written
+            if current is not None:
+                current.cancel.set()  # other positions: dropped at its next decoder layer (a paused one not resumed)
             self._pending = job
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, name="topl-slider-ahead", daemon=True)
@@ -237,7 +239,8 @@ class Slider:
         if not todo or job.cancel.is_set():
             return
         session, document, gen, how = view.session, view.document, view.gen, view.how
-        if len(todo) == 1 or session.decode_ready(document, gen, how):  # λ by λ, each through the compiled step
+        # λ by λ where a batch buys nothing: one λ, a mode that does not batch rows, or the compiled step (one row)
+        if len(todo) == 1 or not how.spec.batches_rows or session.decode_ready(document, gen, how):
             for lam, key in todo:
                 if job.cancel.is_set():
                     raise GenerationCancelled()
