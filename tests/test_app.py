@@ -746,10 +746,10 @@ def test_steering_lambda_slider_changes_the_steered_text(workbench):
 
 
 def test_the_steering_page_builds_the_compiled_decode_step_then_takes_it(workbench, monkeypatch):
-    """The app's default (TOPL_COMPILED_DECODE=auto; the suite pins 0): once the texts are drawn and the work ahead is
-    done, the page builds the compiled decode step for the document's length in the background (on a CPU the
-    exported package, by a child process) and says so under the texts after it, and a new λ is written with it
-    (tests/test_steering.py holds its text to the eager one)."""
+    """The app's default (TOPL_COMPILED_DECODE=auto; the suite pins 0): as soon as the steering session exists, the
+    slider's engine builds the compiled decode step for the document's length on its warmer thread (on a CPU the
+    exported package, by a child process); the page says so under the texts once it is built, and a new λ is written
+    with it (tests/test_steering.py holds its text to the eager one; tests/test_slider.py the engine's warmer)."""
     monkeypatch.setenv("TOPL_COMPILED_DECODE", "auto")
     at = open_page("steering")
     at.selectbox(key="steer.run").set_value(str(workbench["runs"] / "topl-tiny")).run()
