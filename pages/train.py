@@ -62,20 +62,16 @@ HAND_LAID = {
 }
 
 
-def default_layer_end(n: int) -> int:
-    return max(0, min(n - 1, (2 * n) // 3))  # SmolLM2 (30 layers) → 20, as measured in docs/design.md §3
-
-
 def form_defaults() -> dict:
-    """The form's values for the chosen method + preset (the paper's hyperparameters, layer range clamped to this
-    model) and a fresh run name."""
+    """The form's values for the chosen method + preset (the paper's hyperparameters, its layer range carried to this
+    model's depth; without a preset the range from the model's own depth, TrainConfig.for_depth) and a fresh run
+    name."""
     method, preset = st.session_state[K + "method"], st.session_state[K + "preset"]
     if preset == NO_PRESET:
-        base = TrainConfig(method=method)
-        layers = (0, default_layer_end(n_layers))
+        base = TrainConfig(method=method).for_depth(n_layers)
     else:  # the CLI's --preset mapping, so the form and the CLI cannot disagree
-        base = preset_config(preset, method)
-        layers = (min(base.lora.layer_start, n_layers - 1), min(base.lora.layer_end, n_layers - 1))
+        base = preset_config(preset, method, num_layers=n_layers, model=model_name)
+    layers = (base.lora.layer_start, base.lora.layer_end)
     values = {
         "lr": base.lr,
         "head_lr_multiplier": base.head_lr_multiplier,

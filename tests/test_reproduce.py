@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from topl_core.analysis.studies import reproduce
-from topl_core.analysis.studies.method_runs import MethodSettings, family_preset, scaled_layer, training_summary
+from topl_core.analysis.studies.method_runs import MethodSettings, family_preset, training_summary
 from topl_core.analysis.studies.reproduce import plan_tasks, read_tasks, run_reproduce
 from topl_core.analysis.studies.reproduce_claims import CLAIMS, VERDICTS
 from topl_core.analysis.studies.reproduce_config import ReproduceConfig
 from topl_core.analysis.studies.reproduce_report import read_report
 from topl_core.foundations.errors import RunError
+from topl_core.foundations.presets import scaled_layer
 from topl_core.foundations.status import read_status, request_stop
 from topl_core.training.config import TrainConfig
 from topl_core.training.methods import METHODS

@@ -38,8 +38,9 @@ def field_input(container, cls, name: str, key_prefix: str, default=NO_VALUE, **
         return container.selectbox(label, options, **({"index": options.index(default)} if given else {}), **kw)
     if info.type is bool:
         return bool(container.toggle(label, **({"value": default} if given else {}), **kw))
-    if info.type is int:
-        return int(container.number_input(label, **({"value": default} if given else {}), **{"step": 1, **kw}))
+    if info.item is int:  # an optional int (None: left to the config, e.g. LoRA's last layer) starts empty
+        value = container.number_input(label, **({"value": default} if given else {}), **{"step": 1, **kw})
+        return None if value is None else int(value)
     if info.type is float:
         return float(container.number_input(label, **({"value": default} if given else {}), **{"format": "%g", **kw}))
     return container.text_input(label, **({"value": "" if default is None else str(default)} if given else {}), **kw)

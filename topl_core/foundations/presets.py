@@ -1,9 +1,10 @@
 """Defaults and the paper's training presets, as data (no project imports: every layer may read them).
 
 DEFAULT_MODEL is the embedded model every command and page starts on; LORA_MODULES the linear modules LoRA may adapt;
-PRESETS the paper's per-model-family settings: the layer range TOPL puts LoRA on and the published architecture;
-MethodHyper the type of a method's paper hyperparameters for one family, which each method's module holds
-(training/methods/, docs/design.md §2).
+default_lora_end the last LoRA layer when none is given, from the model's own depth; PRESETS the paper's
+per-model-family settings: the layer range TOPL puts LoRA on (scaled_layer carries it to a model of another depth) and
+the published architecture; MethodHyper the type of a method's paper hyperparameters for one family, which each
+method's module holds (training/methods/, docs/design.md §2).
 """
 
 from __future__ import annotations
@@ -14,6 +15,19 @@ DEFAULT_MODEL = "smollm2-135m"
 # The decoder layer's linear modules LoRA may adapt, in site order (attention q, k, v, o, then the MLP's gate, up,
 # down): the default LoRA target list and the column order of every layer × module heatmap.
 LORA_MODULES: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def default_lora_end(num_layers: int) -> int:
+    """The last decoder layer LoRA goes on (the TOPL head reads its output) when no range is given: two thirds of the
+    model's own depth, ⌊2n/3⌋ — SmolLM2's layer 20 of 30, where the CPU defaults were measured (docs/design.md §3,
+    docs/evaluation.md §6: the head after 16 against 20), Gemma-3-270M's 12 of 18, a 4-layer tiny model's 2. The
+    paper's presets sit deeper (0.82–0.87 of the depth: `--preset`, carried to another depth by scaled_layer)."""
+    return max(0, min(num_layers - 1, (2 * num_layers) // 3))
+
+
+def scaled_layer(layer: int, preset_layers: int, num_layers: int) -> int:
+    """The layer at the same fraction of the depth in a model of num_layers (the last layer stays the last)."""
+    return round(layer / max(1, preset_layers - 1) * (num_layers - 1))
 
 
 @dataclass(frozen=True)
@@ -45,9 +59,13 @@ class Preset:
     def num_layers(self) -> int:
         return int(self.architecture["num_hidden_layers"])
 
-    def lora_layers(self, all_layers: bool) -> tuple[int, int]:
-        """(first, last) decoder layer LoRA goes on: every layer, or the TOPL range (MethodHyper.all_layers)."""
-        return (0, self.num_layers - 1) if all_layers else self.topl_layers
+    def lora_layers(self, all_layers: bool, num_layers: int | None = None) -> tuple[int, int]:
+        """(first, last) decoder layer LoRA goes on: every layer, or the TOPL range (MethodHyper.all_layers) — in a
+        model of `num_layers` (default: the preset's own), the range at the same fraction of its depth."""
+        n = self.num_layers if num_layers is None else num_layers
+        if all_layers:
+            return (0, n - 1)
+        return tuple(scaled_layer(x, self.num_layers, n) for x in self.topl_layers)  # type: ignore[return-value]
 
 
 PRESETS: dict[str, Preset] = {

@@ -13,8 +13,9 @@ from ..data.label_settings import LABEL_SETTINGS
 from ..foundations.config_fields import config_argv, config_field
 from ..foundations.errors import ConfigError
 from ..foundations.paths import DEFAULT_DATA
-from ..foundations.presets import DEFAULT_MODEL, LORA_MODULES, PRESETS
+from ..foundations.presets import DEFAULT_MODEL, LORA_MODULES, PRESETS, default_lora_end
 from ..hardware.precision import PRECISION_HELP, PRECISIONS, Precision, resolve_precision
+from ..models.loading import layer_count
 from .methods import METHODS
 
 # experiment trackers a run can also log to, beside its metrics.jsonl (topl_core.training.tracking)
@@ -34,6 +35,8 @@ def _fail(field_name: str, value, fix: str):
 @dataclass(frozen=True)
 class LoraSettings:
     """LoRA on layers [layer_start, layer_end] (inclusive) and the listed modules. Paper: r=4, α=8, dropout 0.1.
+    layer_end None (the default) is the model's own depth's: presets.default_lora_end (⌊2n/3⌋, every layer for a
+    method defined on all layers), filled in by `for_depth` when the model is known — training records the number.
 
     Example: ``TrainConfig(lora=LoraSettings(r=8, alpha=16, layer_start=4, layer_end=20))``"""
 
@@ -45,8 +48,12 @@ class LoraSettings:
         0.1, label="Dropout", help="dropout on the LoRA's input (paper: 0.1)", min=0.0, max=0.9
     )
     layer_start: int = config_field(0, label="First layer", help="first decoder layer with LoRA", min=0)
-    layer_end: int = config_field(
-        20, label="Last layer", help="last decoder layer with LoRA (inclusive); the TOPL head reads its output", min=0
+    layer_end: int | None = config_field(
+        None,
+        label="Last layer",
+        help="last decoder layer with LoRA (inclusive); the TOPL head reads its output; none: two thirds of the "
+        "model's depth (SmolLM2: 20 of 30, Gemma-3-270M: 12 of 18)",
+        min=0,
     )
     modules: tuple[str, ...] = config_field(
         LORA_MODULES, label="Modules", help="the decoder layer's linear modules LoRA adapts", choices=LORA_MODULES
@@ -58,7 +65,7 @@ class LoraSettings:
             _fail("lora.r", self.r, "use a rank of at least 1 (paper: 4).")
         if not 0 <= self.dropout < 1:
             _fail("lora.dropout", self.dropout, "use a probability in [0, 1) (paper: 0.1).")
-        if self.layer_start < 0 or self.layer_end < self.layer_start:
+        if self.layer_start < 0 or (self.layer_end is not None and self.layer_end < self.layer_start):
             _fail("lora.layer_end", self.layer_end, f"needs 0 <= layer_start ({self.layer_start}) <= layer_end.")
         bad = [m for m in self.modules if m not in LORA_MODULES]
         if bad or not self.modules:
@@ -66,7 +73,16 @@ class LoraSettings:
 
     @property
     def layers(self) -> list[int]:
+        if self.layer_end is None:
+            raise ConfigError("lora.layer_end=None: the range follows the model's depth; call for_depth(num_layers).")
         return list(range(self.layer_start, self.layer_end + 1))
+
+    def for_depth(self, num_layers: int, all_layers: bool = False) -> "LoraSettings":
+        """These settings in a model of `num_layers` decoder layers: a layer_end not given becomes the last layer
+        (`all_layers`: a method defined with LoRA on every layer) or presets.default_lora_end; a given one stays."""
+        if self.layer_end is not None:
+            return self
+        return replace(self, layer_end=num_layers - 1 if all_layers else default_lora_end(num_layers))
 
 
 @dataclass(frozen=True)
@@ -224,6 +240,7 @@ class TrainConfig:
             probed = tuple(k for k, m in METHODS.items() if m.probed)
             _fail("probe_layers", self.probe_layers, f"side probes read a token head's labels: use {probed}.")
         # a head after the last LoRA layer bounds the probes; one on the model's last layer (TLDR) sits above them all
+        # (a range left to the model's depth is checked when for_depth fills it in)
         below = self.lora.layer_end if method.head_position == "lora_end" else None
         if any(k < 0 or (below is not None and k >= below) for k in self.probe_layers):
             _fail("probe_layers", self.probe_layers, f"use layers from 0 up to below the head layer ({below}).")
@@ -235,6 +252,12 @@ class TrainConfig:
                 f"label settings rewrite token labels, which method {self.method!r} does not use; "
                 f"use 'original', or one of the token-level methods {token_methods}.",
             )
+
+    def for_depth(self, num_layers: int) -> "TrainConfig":
+        """This config for a model of `num_layers` decoder layers: a LoRA range left to the model (layer_end None)
+        filled in from its depth (LoraSettings.for_depth); what train() records."""
+        lora = self.lora.for_depth(num_layers, METHODS[self.method].lora_all_layers)
+        return self if lora is self.lora else replace(self, lora=lora)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -273,16 +296,20 @@ def study_schedule(cfg: TrainConfig) -> TrainConfig:
     return replace(cfg, eval_every=cfg.steps, checkpoint_every=max(1, min(10, cfg.steps)))
 
 
-def preset_config(preset: str, method: str = "topl", **overrides) -> TrainConfig:
+def preset_config(preset: str, method: str = "topl", num_layers: int | None = None, **overrides) -> TrainConfig:
     """The paper's hyperparameters for a model family and method (docs/design.md §2: each method's module holds its
-    own, training/methods/), with any field overridden."""
+    own, training/methods/), with any field overridden. On another model (overrides' `model`) the preset's LoRA range
+    is carried to that model's depth at the same fraction (`num_layers`, else read from the model's config)."""
     if preset not in PRESETS:
         _fail("preset", preset, f"choose one of {sorted(PRESETS)}.")
     if method not in METHODS:
         _fail("method", method, f"choose one of {sorted(METHODS)}.")
     p = PRESETS[preset]
     h = METHODS[method].hyper(preset)
-    layer_start, layer_end = p.lora_layers(h.all_layers)
+    model = overrides.get("model", preset)
+    if num_layers is None and model != preset:
+        num_layers = layer_count(model)
+    layer_start, layer_end = p.lora_layers(h.all_layers, num_layers)
     base = TrainConfig(
         method=method,
         model=preset,

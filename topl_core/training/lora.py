@@ -74,7 +74,7 @@ def apply_lora(model: torch.nn.Module, cfg: TrainConfig) -> torch.nn.Module:
         lora_alpha=cfg.lora.alpha,
         lora_dropout=cfg.lora.dropout,
         target_modules=list(cfg.lora.modules),
-        layers_to_transform=cfg.lora.layers,
+        layers_to_transform=cfg.for_depth(model.config.num_hidden_layers).lora.layers,  # a range left to the model
         task_type="CAUSAL_LM",
     )
     peft = get_peft_model(model, lc)

@@ -228,6 +228,7 @@ def traced_step(cfg: TrainConfig, model, batch: Batch) -> tuple[int, int]:
     real one on the CPU to check the meta count against) receives LoRA here."""
     method = METHODS[cfg.method]
     device = next(model.parameters()).device
+    cfg = cfg.for_depth(model.config.num_hidden_layers)
     peft = apply_lora(model, cfg)
     if cfg.gradient_checkpointing:
         peft.base_model.model.activation_checkpointing_enable({"use_reentrant": False})
@@ -308,6 +309,7 @@ def check_fits(cfg: TrainConfig, model_config, batch: Batch, free_bytes: int) ->
     """Refuse a run whose step on micro-batches like `batch` (the longest) would not fit: `free_bytes` is what the
     device has free with the base model's weights already on it (the CUDA caller passes torch.cuda.mem_get_info's
     first value at the start of training). Returns the estimate."""
+    cfg = cfg.for_depth(model_config.num_hidden_layers)
     estimate = estimate_batch_memory(cfg, model_config, batch)
     needed = estimate.trainable + estimate.step
     if needed <= free_bytes:

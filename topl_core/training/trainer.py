@@ -26,7 +26,7 @@ from ..foundations.io import give_umask_permissions, save_tensors
 from ..foundations.status import WriterLock, clear_stop, stop_requested
 from ..hardware.precision import autocast
 from ..models.architecture import check_layer_range, compile_layers
-from ..models.loading import LoadedModel, ModelSpec, hub_id, load_model
+from ..models.loading import LoadedModel, ModelSpec, hub_id, layer_count, load_model
 from .batching import EncodeSettings, batch_for, length_buckets, make_packed_batches
 from .card import write_card
 from .checkpoint import Trainable, checkpoint_state, load_checkpoint, lora_state, write_checkpoint
@@ -95,6 +95,8 @@ def train(
 
     Example: ``run = train(TrainConfig(steps=20), "runs/topl-demo", progress=lambda p: print(p.step, p.loss))``"""
     run, world = RunDir(out_dir), World.current()
+    if cfg.lora.layer_end is None:  # the range left to the model: from its depth, recorded as numbers
+        cfg = cfg.for_depth(base.num_layers if base is not None else layer_count(cfg.model))
     check_trackers(cfg)  # a tracker asked for but not installed fails before any work
     with WriterLock(run.path) if world.is_main else nullcontext():  # rank 0 writes; the other ranks only compute
         return _train(cfg, run, progress, records, base, world, tracking_group)

@@ -32,11 +32,6 @@ def family_preset(model: str) -> str:
     return next((k for k, p in PRESETS.items() if p.architecture["model_type"] == model_type), FALLBACK_PRESET)
 
 
-def scaled_layer(layer: int, preset_layers: int, num_layers: int) -> int:
-    """The layer at the same fraction of the depth in a model of num_layers (the last layer stays the last)."""
-    return round(layer / max(1, preset_layers - 1) * (num_layers - 1))
-
-
 @dataclass(frozen=True)
 class MethodSettings:
     """How the paper's per-method settings of `preset` become a run: lr × lr_scale, examples per step (the paper's
@@ -51,10 +46,7 @@ class MethodSettings:
     def config(self, method: str, template: TrainConfig, num_layers: int) -> TrainConfig:
         """`template` (model, data, split, steps, precision, …) with `method`'s scaled paper settings."""
         hyper, preset = METHODS[method].hyper(self.preset), PRESETS[self.preset]
-        if hyper.all_layers or METHODS[method].lora_all_layers:
-            first, last = 0, num_layers - 1
-        else:
-            first, last = (scaled_layer(x, preset.num_layers, num_layers) for x in preset.topl_layers)
+        first, last = preset.lora_layers(hyper.all_layers or METHODS[method].lora_all_layers, num_layers)
         return replace(
             template,
             method=method,
