@@ -10,12 +10,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from ..analysis.lora_a.probe import ProbeSettings, labelled_records
-from ..analysis.steering.extract import build_steering_vectors
 from ..analysis.steering.llama_cpp import export_for_llama_cpp
 from ..analysis.steering.modes import SteerConfig, modes_help
 from ..analysis.steering.session import SteeringSession
-from ..analysis.steering.vectors import SteeringVectors
 from ..analysis.studies.deck import DeckConfig, create_deck, read_deck
 from ..analysis.studies.deck_html import write_deck_html, write_frames
 from ..analysis.studies.deck_prepare import prepare_deck
@@ -31,12 +28,12 @@ from . import CANCELLED, COMMANDS
 from .common import (
     ADAPTER_HELP,
     add_adapter_args,
-    add_data_args,
     add_precision_arg,
+    add_vectors_args,
     announce_precision,
     data_or_adapter_default,
-    load_split,
     open_adapter_arg,
+    vectors_from_args,
 )
 
 GENERATION_FLAGS = ("max_new_tokens", "seed")  # GenerationConfig's mode is --decoding here
@@ -49,8 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--document-file", help="read the document from this file instead")
     p.add_argument("--lambdas", nargs="+", type=float, help="λ grid (default: the mode's grid)")
     add_config_args(p, SteerConfig, SteerConfig(), notes={"mode": modes_help()})  # and a mode's own: gated τ, k
-    add_config_args(p, DeckConfig, DECLARED, only=("top_k",))
-    p.add_argument("--vectors", help="import steering vectors from this directory instead of computing them")
+    add_vectors_args(p)
     p.add_argument("--export", help="export the steering vectors (safetensors + JSON) to this directory")
     p.add_argument(
         "--export-gguf",
@@ -58,15 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="also write the --mode (vector or diff-mean) vectors at λ = 1 in --units as a llama.cpp control vector, "
         "and the adapter's LoRA beside it as FILE's stem + .lora.gguf (llama.cpp's --lora); prints the llama.cpp line",
     )
-    add_data_args(p)
-    p.set_defaults(split="val")
     add_config_args(p, GenerationConfig, GenerationConfig(), only=GENERATION_FLAGS)
     decoding = field_infos(GenerationConfig)["mode"]  # --mode is the steering mode's
     p.add_argument("--decoding", choices=decoding.choices, default=decoding.default, help=decoding.help)
     p.add_argument("--no-base", action="store_true", help="skip the base model's summary")
-    p.add_argument(
-        "--no-cache", action="store_true", help="recompute the projections instead of reading cache/analysis/"
-    )
     p.add_argument("--json", help="write vectors' metadata and the generations here")
     deck = p.add_argument_group("deck (talk mode; analysis/studies/deck.py)")
     deck.add_argument(
@@ -154,24 +145,7 @@ def run(args: argparse.Namespace) -> int | None:
         raise SystemExit("error: give --document TEXT or --document-file PATH")
     rd = open_adapter_arg(args)
     precision = announce_precision(args.precision, rd.device)
-    if args.vectors:
-        vectors = SteeringVectors.load(args.vectors)
-        print(f"steering vectors from {args.vectors}")
-    else:
-        data_or_adapter_default(args, rd)
-        records = labelled_records(load_split(args))
-        if not records:
-            raise SystemExit(f"error: {args.data} [{args.split}] holds no records with token labels.")
-        print(f"computing steering vectors from {args.data} [{args.split}]: {len(records)} records")
-        with Bar("capturing LoRA-A projections") as bar:
-            vectors = build_steering_vectors(
-                rd,
-                records,
-                ProbeSettings(random_control=False, precision=precision),
-                args.top_k,
-                use_cache=not args.no_cache,
-                progress=bar,
-            )
+    vectors = vectors_from_args(args, rd, precision)
     norms = vectors.norms()
     print(f"steered sites ({vectors.n_good} good / {vectors.n_bad} bad tokens; v = scaling·B(μ+ − μ−)):")
     for s in vectors.sites:

@@ -94,10 +94,10 @@ class GenerationConfig:
         """The precision the decode steps run in on `device`."""
         return resolve_decode_precision(self.precision, self.decode_precision, device)
 
-    def chooser(self) -> Choose:
-        """Every row's next token from float32 logits (rows × vocabulary): the argmax, or a draw from torch's global
-        generator after transformers' own temperature and top-p warpers, as generate() samples (the same draws give
-        the same tokens: seed the generator first)."""
+    def chooser(self, generator: torch.Generator | None = None) -> Choose:
+        """Every row's next token from float32 logits (rows × vocabulary): the argmax, or a draw after transformers'
+        own temperature and top-p warpers, as generate() samples — from `generator`, else torch's global generator
+        (the same draws give generate()'s tokens: seed it first)."""
         if self.mode == "greedy":
             return lambda logits: logits.argmax(-1).tolist()
         from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
@@ -108,7 +108,8 @@ class GenerationConfig:
             scores = logits
             for warp in warpers:
                 scores = warp(None, scores)
-            return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[:, 0].tolist()
+            probs = torch.softmax(scores, dim=-1)
+            return torch.multinomial(probs, num_samples=1, generator=generator)[:, 0].tolist()
 
         return sample
 
@@ -205,17 +206,25 @@ def _prompt_forward(
 ) -> tuple[object, torch.Tensor, int]:
     """The prompt of `document` in `rows` identical rows: (its KV cache, the last position's logits per row in
     float32, the prompt's length)."""
+    tok = lm.tokenizer
+    ids = tok(_prompt(lm, document, cfg, task, lang_pair), return_tensors="pt", add_special_tokens=False).input_ids
+    cache, logits = prompt_forward(lm, ids.repeat(rows, 1), cfg.precision)
+    return cache, logits, ids.shape[1]
+
+
+def prompt_forward(lm: LoadedModel, ids: torch.Tensor, precision: Precision) -> tuple[object, torch.Tensor]:
+    """The prompt `ids` (rows × positions, one length) run once in `precision`: (its KV cache, a DynamicCache; the
+    last position's logits per row in float32)."""
     from transformers import DynamicCache
 
-    tok, model = lm.tokenizer, lm.model
-    ids = tok(_prompt(lm, document, cfg, task, lang_pair), return_tensors="pt", add_special_tokens=False).input_ids
+    model = lm.model
     cache = DynamicCache()
     # the last position's logits only, as transformers' generate asks for them (the same rounding as its first
     # token's): the whole prompt's (T × vocabulary) logits are a large part of a small model's prompt forward
     last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    with autocast(cfg.precision, model.device.type):
-        out = model(input_ids=ids.repeat(rows, 1).to(model.device), past_key_values=cache, use_cache=True, **last)
-    return cache, out.logits[:, -1].float(), ids.shape[1]
+    with autocast(precision, model.device.type):
+        out = model(input_ids=ids.to(model.device), past_key_values=cache, use_cache=True, **last)
+    return cache, out.logits[:, -1].float()
 
 
 def stream_generate(

@@ -317,6 +317,13 @@ class SteeringMode:
     axis_title = property(lambda self: self.action.axis_title)
     lambda_help = property(lambda self: self.action.lambda_help)
 
+    @property
+    def lambda_bounds(self) -> tuple[float, float]:
+        """The λ a request may ask for: the widest span the slider can be widened to (range_choices), else its span."""
+        if self.range_choices:
+            return -max(self.range_choices), max(self.range_choices)
+        return self.lambda_range
+
     def slider(self, bound: float | None = None) -> tuple[float, float, float]:
         """(lo, hi, step) of the λ slider; `bound` widens an adjustable range to ±bound (8 steps a side)."""
         if bound is None or not self.range_choices:

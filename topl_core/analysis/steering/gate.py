@@ -13,7 +13,8 @@ head was trained on the response's tokens).
     Head(layer, linear)       a token-level head: p(good) = σ(linear(FinalNorm(hidden after decoder layer `layer`)))
     HeadGate                  a mode's judge (modes.MODE_TABLE's "gated": the LoRA-B vector plus this judge): its
                               settings (SteerConfig.tau, SteerConfig.keep) and, per generation,
-                              HeadGate.judging(model, head, switch, neutral, tau, keep) -> GateJudge
+                              HeadGate.judging(model, head, switch, neutral, tau, keep) -> GateJudge (the head
+                              read through a hook), or HeadGate.judge(switch, read, …) with the readings given
     GateJudge                 the loop's judge for one generation; .snapshot(tokens) -> SteeredText with what it
                               replaced and its counts
 
@@ -84,9 +85,16 @@ class HeadGate:
     ) -> Iterator["GateJudge"]:
         """The judge of one generation while the head is read. `neutral`: λ is the mode's neutral value, where the
         steering changes nothing, so taking tokens back would only cost (and redraw a sample): nothing is judged."""
-        switch.on = False  # the prompt is never steered
         with _head_reader(model, head) as read:
-            yield GateJudge(switch, read, 0.0 if neutral else tau, keep)
+            yield self.judge(switch, read, neutral, tau, keep)
+
+    def judge(
+        self, switch: SteeringSwitch, read: Callable[[], float], neutral: bool, tau: float, keep: int
+    ) -> "GateJudge":
+        """The judge of one generation whose head readings `read()` gives (the last forward's p(good) of its token):
+        for a decoder that reads the head itself (a server batching several generations' forwards)."""
+        switch.on = False  # the prompt is never steered
+        return GateJudge(switch, read, 0.0 if neutral else tau, keep)
 
 
 class GateJudge(Judge):

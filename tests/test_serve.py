@@ -1,0 +1,311 @@
+"""The OpenAI-compatible service (topl_core/serve/), driven by the official `openai` client against a running server on
+a tiny model: what it generates is what the session's own decode loop generates (merged, steered per mode, gated),
+p(good) is the head's reading of the merged model's states, concurrent requests share batched steps, and bad input
+gets OpenAI's error JSON while the other clients go on."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx2 as httpx
+import pytest
+import torch
+from conftest import NEWS_PAIRS
+
+from topl_core.analysis.steering.extract import build_steering_vectors
+from topl_core.analysis.steering.modes import SteerConfig, steer
+from topl_core.analysis.steering.session import SteeringSession
+from topl_core.data.encode import build_prompt, instruction
+from topl_core.inference.decode import stop_tokens
+from topl_core.inference.generate import GenerationConfig, load_merged, prefill, stream_rows
+from topl_core.models.architecture import decoder_layers, final_norm
+from topl_core.models.forward import head_probability
+from topl_core.serve.app import create_app
+from topl_core.serve.engine import ServeEngine
+from topl_core.training.config import LoraSettings, TrainConfig
+from topl_core.training.trainer import train
+
+openai = pytest.importorskip("openai", reason="the openai client is installed by requirements.txt")
+uvicorn = pytest.importorskip("uvicorn")
+
+DOC = NEWS_PAIRS[0][1]
+NEW = 10
+MESSAGES = [{"role": "user", "content": f"{instruction('summarization')}\n\nDocument:\n{DOC}"}]
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory, news_records):
+    cfg = TrainConfig(
+        model="tiny-llama",
+        lora=LoraSettings(layer_start=0, layer_end=3),
+        steps=3,
+        precision="fp32",
+        batch_size=4,
+        lr=5e-3,
+        max_val_examples=4,
+        eval_every=3,
+        checkpoint_every=3,
+    )
+    run = train(cfg, tmp_path_factory.mktemp("runs") / "topl-serve", records=news_records)
+    vectors = build_steering_vectors(run, news_records, top_k=3)
+    return SteeringSession(load_merged("tiny-llama", run), vectors)
+
+
+class Server:
+    """A uvicorn server on a free loopback port, in a thread."""
+
+    def __init__(self, app):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.server.started and time.time() < deadline:
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def served(session):
+    engine = ServeEngine(session, "fp32", slots=8, waiting=4)
+    server = Server(create_app(engine, "tiny", max_body=20_000))
+    yield engine, server
+    server.stop()
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=served[1].url, api_key="unused", max_retries=0)
+
+
+def big(session) -> float:
+    return 3.0 / min(session.vectors.norms().values())  # moves a 3-step adapter's residual stream visibly
+
+
+def reference_ids(session, lam: float, how: SteerConfig, new: int = NEW) -> list[int]:
+    """The tokens the session's own eager decode loop writes for DOC's prompt under this steering."""
+    lm, gen = session.lm, GenerationConfig(max_new_tokens=new, precision="fp32")
+    lora = session.lora() if how.spec.action.needs_lora else None
+    with steer(lm.model, session.vectors, lam, how, lora):
+        prefix = None if how.steers_prompt else prefill(lm, DOC, gen)
+        *_, last = stream_rows(lm, DOC, 1, gen, prefix=prefix)
+    return [t for t in last[0] if t not in stop_tokens(lm.tokenizer)]
+
+
+def served_ids(choice) -> list[int]:
+    return [t.token_id for t in choice.logprobs.content]
+
+
+def chat(client, model="tiny", steering=None, **kw):
+    extra = {"steering": steering} if steering is not None else None
+    return client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=NEW, temperature=0, extra_body=extra, **kw
+    )
+
+
+def test_the_client_lists_the_models_and_completes_as_the_session_decodes(client, session):
+    assert [m.id for m in client.models.list()] == ["tiny", "tiny:merged", "tiny:base"]
+    assert build_prompt(session.lm.tokenizer, DOC) == session.lm.tokenizer.apply_chat_template(
+        MESSAGES, tokenize=False, add_generation_prompt=True
+    )  # the workbench's own prompt: the same tokens as the session's
+    merged = chat(client)
+    assert served_ids(merged.choices[0]) == reference_ids(session, 0.0, SteerConfig())
+    assert merged.usage.completion_tokens >= len(merged.choices[0].logprobs.content)
+    assert merged.usage.prompt_tokens == prefill(session.lm, DOC, GenerationConfig()).length
+    for mode, units, positions in (
+        ("vector", "raw", "generated"),
+        ("vector", "raw", "all"),
+        ("diff-mean", "raw", "all"),
+    ):
+        how = SteerConfig(mode, positions, units)
+        lam = big(session)
+        steered = chat(client, steering={"mode": mode, "lambda": lam, "units": units, "positions": positions})
+        assert served_ids(steered.choices[0]) == reference_ids(session, lam, how), how
+    base = chat(client, model="tiny:base")
+    assert served_ids(base.choices[0]) == reference_ids(session, 0.0, SteerConfig("conditional"))
+    assert served_ids(chat(client, model="tiny:merged").choices[0]) == served_ids(merged.choices[0])
+
+
+def test_p_good_is_the_heads_reading_of_the_merged_model(client, session):
+    """Every token's p_good is the adapter's head on the merged, unsteered model's states over the prompt and the
+    tokens so far — also for a steered completion (read on an unsteered twin row), as the Token overlay reads it."""
+    lm, head = session.lm, session.head()
+    for steering in (None, {"mode": "vector", "lambda": big(session), "units": "raw"}):
+        reply = chat(client, steering=steering)
+        ids, served = served_ids(reply.choices[0]), [t.p_good for t in reply.choices[0].logprobs.content]
+        prompt = lm.tokenizer(build_prompt(lm.tokenizer, DOC), add_special_tokens=False).input_ids
+        with torch.no_grad():
+            hidden = {}
+            handle = decoder_layers(lm.model)[head.layer].register_forward_hook(
+                lambda _m, _i, out: hidden.__setitem__("h", out[0] if isinstance(out, tuple) else out)
+            )
+            try:
+                lm.model(input_ids=torch.tensor([prompt + ids]))
+            finally:
+                handle.remove()
+            p = head_probability(head.linear, final_norm(lm.model)(hidden["h"]))[0, len(prompt) :]
+        assert served == pytest.approx(p.tolist(), abs=1e-4), steering
+        verdict = reply.choices[0].model_extra["verdict"]
+        assert verdict["flagged"] == sum(x < verdict["threshold"] for x in served) and verdict["tokens"] == len(ids)
+
+
+def test_streams_carry_the_same_tokens_and_verdicts(client, session):
+    lam = big(session)
+    whole = chat(client, steering={"mode": "vector", "lambda": lam, "units": "raw"})
+    stream = chat(client, steering={"mode": "vector", "lambda": lam, "units": "raw"}, stream=True)
+    chunks = list(stream)
+    tokens = [t for c in chunks for t in (c.choices[0].logprobs.content if c.choices[0].logprobs else [])]
+    assert [t.token_id for t in tokens] == served_ids(whole.choices[0])
+    assert [t.p_good for t in tokens] == pytest.approx([t.p_good for t in whole.choices[0].logprobs.content])
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason == "length"
+    completion = client.completions.create(
+        model="tiny", prompt=build_prompt(session.lm.tokenizer, DOC), max_tokens=NEW, temperature=0
+    )
+    assert completion.choices[0].logprobs.model_extra["token_ids"] == reference_ids(session, 0.0, SteerConfig())
+
+
+def test_the_gated_mode_reports_what_it_took_back(client, session):
+    """τ = 1 with a long window takes back the second token and steers every forward after: the always-on text on
+    generated positions (the gate's exact property), with the replacement reported."""
+    lam = big(session)
+    reply = chat(client, steering={"mode": "gated", "lambda": lam, "units": "raw", "tau": 1.0, "keep": 64})
+    always = reference_ids(session, lam, SteerConfig("vector", "generated", "raw"))
+    assert served_ids(reply.choices[0]) == always
+    how = SteerConfig("gated", units="raw", tau=1.0, keep=64)
+    gated = session.grid_generations(DOC, [lam], GenerationConfig(max_new_tokens=NEW), how=how)[0]
+    verdict = reply.choices[0].model_extra["verdict"]
+    assert verdict["threshold"] == 1.0 and len(verdict["replacements"]) == len(gated.replacements)
+    assert [r["position"] for r in verdict["replacements"]] == [r.position for r in gated.replacements]
+
+
+def test_sampling_is_seeded_per_request(client):
+    kw = dict(model="tiny", messages=MESSAGES, max_tokens=NEW, temperature=1.5, seed=7)
+    a, b = client.chat.completions.create(**kw), client.chat.completions.create(**kw)
+    assert served_ids(a.choices[0]) == served_ids(b.choices[0])
+    two = client.chat.completions.create(**{**kw, "n": 2})
+    assert len(two.choices) == 2 and served_ids(two.choices[0]) == served_ids(a.choices[0])
+
+
+def test_a_short_request_is_not_kept_waiting_by_a_long_one(served, client):
+    """Requests share the batch: a short one sent while a long one streams gets its first token (and its end) before
+    the long one ends."""
+    engine, _ = served
+    long_done, short_first = {}, {}
+
+    def long_request():
+        stream = client.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=300,
+            temperature=0,
+            stream=True,
+            extra_body={"steering": {"mode": "vector", "lambda": 1}},
+        )
+        for _ in stream:
+            pass
+        long_done["t"] = time.perf_counter()
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(0.3)
+    for chunk in client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=3, temperature=0, stream=True
+    ):
+        short_first.setdefault("t", time.perf_counter())
+    short_end = time.perf_counter()
+    t.join(120)
+    assert short_first["t"] < short_end < long_done["t"]
+
+
+HOSTILE = [
+    ({"model": "tiny", "messages": "hello"}, 400, "messages"),
+    ({"model": "tiny", "messages": []}, 400, "messages"),
+    ({"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}, 400, "messages"),
+    ({"model": "nope", "messages": MESSAGES}, 404, "model"),
+    ({"model": "tiny", "messages": MESSAGES, "max_tokens": -1}, 400, "max_tokens"),
+    ({"model": "tiny", "messages": MESSAGES, "max_tokens": 10**9}, 400, "max_tokens"),
+    ({"model": "tiny", "messages": MESSAGES, "temperature": "hot"}, 400, "temperature"),
+    ({"model": "tiny", "messages": MESSAGES, "n": 99}, 400, "n"),
+    ({"model": "tiny", "messages": MESSAGES, "frobnicate": 1}, 400, "frobnicate"),
+    ({"model": "tiny", "messages": MESSAGES, "steering": {"mode": "teleport", "lambda": 1}}, 400, "steering.mode"),
+    ({"model": "tiny", "messages": MESSAGES, "steering": {"mode": "vector", "lambda": 1e9}}, 400, "steering.lambda"),
+    ({"model": "tiny", "messages": MESSAGES, "steering": {"mode": "vector"}}, 400, "steering.lambda"),
+    (
+        {"model": "tiny", "messages": MESSAGES, "steering": {"mode": "vector", "lambda": 1, "tau": 0.5}},
+        400,
+        "steering.tau",
+    ),
+    (
+        {"model": "tiny", "messages": MESSAGES, "steering": {"mode": "gated", "lambda": 1, "tau": 7}},
+        400,
+        "steering.tau",
+    ),
+    (
+        {"model": "tiny", "messages": MESSAGES, "steering": {"mode": "vector", "lambda": 1, "units": "km"}},
+        400,
+        "steering.units",
+    ),
+    ({"model": "tiny:merged", "messages": MESSAGES, "steering": {"mode": "vector", "lambda": 1}}, 400, "steering"),
+    ({"model": "tiny", "messages": MESSAGES, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ({"model": "tiny", "messages": MESSAGES, "frequency_penalty": 1.0}, 400, "frequency_penalty"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x" * 30_000}]}, 413, None),
+]
+
+
+def test_hostile_requests_get_openai_errors_and_the_server_goes_on(served, client):
+    url = served[1].url
+    for body, status, param in HOSTILE:
+        r = httpx.post(f"{url}/chat/completions", json=body, timeout=30)
+        assert r.status_code == status, (body, r.text)
+        error = r.json()["error"]
+        named = error["param"] == param or (param and str(error["param"]).startswith(param + "."))
+        assert error["message"] and named, (body, error)  # the field, or the item in it
+    r = httpx.post(f"{url}/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["message"]
+    with httpx.stream(
+        "POST",
+        f"{url}/chat/completions",
+        timeout=30,
+        json={"model": "tiny", "messages": MESSAGES, "max_tokens": 400, "stream": True},
+    ) as dropped:  # a client that drops mid-stream
+        next(dropped.iter_lines())
+    deadline = time.time() + 20
+    while served[0].live and time.time() < deadline:
+        time.sleep(0.05)
+    assert served[0].live == 0  # its generation stopped and left its slot
+    assert served_ids(chat(client).choices[0])  # and the server still serves
+
+
+def test_a_full_queue_answers_429_and_a_wrong_key_401(session):
+    engine = ServeEngine(session, "fp32", slots=1, waiting=0)
+    server = Server(create_app(engine, "tiny", api_key="sesame"))
+    try:
+        good = openai.OpenAI(base_url=server.url, api_key="sesame", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=server.url, api_key="wrong", max_retries=0).models.list()
+        stream = good.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=200, stream=True)
+        next(iter(stream))
+        with pytest.raises(openai.RateLimitError) as busy:
+            good.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
+        assert busy.value.response.headers["retry-after"] == "1"
+        stream.close()
+    finally:
+        server.stop()
+        engine.close()
+
+
+def test_serve_refuses_a_public_address_without_a_key(tmp_path):
+    from topl_core.cli import main
+
+    with pytest.raises(SystemExit, match="api-key"):
+        main(["serve", "--run", str(tmp_path), "--host", "0.0.0.0"])

@@ -1,0 +1,77 @@
+"""`serve`: the steered, self-checking model as an OpenAI-compatible service (topl_core/serve/): /v1/models,
+/v1/completions and /v1/chat/completions, λ per request in the body's `steering`, the adapter's p(good) on every
+token. Loopback only unless --host says otherwise, and then only with --api-key (docs/serve.md)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+
+import uvicorn
+
+from ..analysis.steering.session import SteeringSession
+from ..serve.app import create_app
+from ..serve.engine import ServeEngine
+from . import COMMANDS
+from .common import (
+    ADAPTER_HELP,
+    add_adapter_args,
+    add_precision_arg,
+    add_vectors_args,
+    announce_precision,
+    open_adapter_arg,
+    vectors_from_args,
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help=COMMANDS["serve"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_adapter_args(p, ADAPTER_HELP + " (served merged, steered per request)")
+    add_vectors_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (not loopback: needs --api-key)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("TOPL_API_KEY"),
+        help="the Bearer token every request must carry (default: $TOPL_API_KEY; none on loopback)",
+    )
+    p.add_argument("--slots", type=int, default=16, help="rows decoded as one batch (a steered request takes two)")
+    p.add_argument("--queue", type=int, default=32, help="requests that may wait for a slot; more get 429")
+    p.add_argument("--max-body", type=int, default=1_000_000, help="the largest request body, in bytes")
+    p.add_argument("--max-prompt-tokens", type=int, default=4096, help="the longest prompt, in tokens")
+    add_precision_arg(p)
+    p.set_defaults(func=run)
+
+
+def loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    if not loopback(args.host) and not args.api_key:
+        raise SystemExit(
+            f"error: --host {args.host} serves beyond this machine: give --api-key KEY (or set TOPL_API_KEY), which "
+            "every request must then carry as `Authorization: Bearer KEY`."
+        )
+    adapter = open_adapter_arg(args)
+    precision = announce_precision(args.precision, adapter.device)
+    vectors = vectors_from_args(args, adapter, precision)
+    session = SteeringSession.from_run(adapter, vectors, adapter.base_model)
+    engine = ServeEngine(session, args.precision, slots=args.slots, waiting=args.queue)
+    app = create_app(engine, adapter.name, args.api_key, args.max_body, args.max_prompt_tokens)
+    print(
+        f"serving {adapter.name} (models {adapter.name}, {adapter.name}:merged, {adapter.name}:base) on "
+        f"http://{args.host}:{args.port}/v1",
+        flush=True,
+    )
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        engine.close()
+    return 0

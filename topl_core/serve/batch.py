@@ -1,0 +1,351 @@
+"""Step-level batching: the decode steps of many generations on one model run as one batched forward.
+
+Each generation runs the one decode loop (inference/decode.decode) in a thread of its own; its `forward` hands its
+token to the Batcher and waits. The Batcher's thread gathers the tokens of every generation that is waiting, runs one
+forward over all of them — each row steered with its own mode and λ, the adapter's head read on every row — and hands
+each generation its row's logits. A generation joins with its prompt (run once, alone, between two steps: a new
+request's first token does not wait for the others to finish) and leaves when it ends.
+
+    batcher = Batcher(lm, vectors, lora, head, precision, slots=16)
+    slot, twin, logits = batcher.join(ids, steering, twin=False)   the prompt run into a free slot (and its twin)
+    logits, p = batcher.submit(slot, token, steering).result()     one decode step of `slot`, batched with others
+    batcher.crop(slot, n)                         the slot's last n positions dropped (a judge took a token back)
+    batcher.leave(slot)
+
+The KV cache holds every slot's keys and values in one storage (slots × heads × capacity × head size); a slot writes
+each position at its own index (its length: slots of different lengths share a step), and the attention mask hides
+the positions a slot does not hold (a crop, or a step it sat out). Rotary positions are each slot's own.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from concurrent.futures import Future
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from ..analysis.lora_a.sites import LoraWeights, Site
+from ..analysis.steering.gate import Head
+from ..analysis.steering.hooks import SiteEdit, edit_outputs
+from ..analysis.steering.modes import SteerConfig, steer
+from ..analysis.steering.vectors import SteeringVectors
+from ..foundations.errors import ModelError
+from ..hardware.precision import Precision, autocast
+from ..inference.generate import prompt_forward
+from ..models.architecture import decoder_layers, final_norm
+from ..models.forward import head_probability
+from ..models.loading import LoadedModel
+
+ROOM = 256  # the cache grows by this many positions at a time
+GATHER_S = 0.002  # how long a step waits for the generations still choosing their token
+
+
+@dataclass(frozen=True)
+class Steering:
+    """How one slot's forwards are steered: the mode (SteerConfig) and λ (its neutral: the merged model)."""
+
+    how: SteerConfig
+    lam: float
+
+    @property
+    def neutral(self) -> bool:
+        return float(self.lam) == self.how.neutral
+
+
+MERGED = Steering(SteerConfig(), 0.0)
+
+
+class SlotLayer(DynamicLayer):
+    """One decoder layer's keys and values of every slot (the module docstring): update() writes each row's new
+    position at its slot's own index and gives back the first `length` positions of every row."""
+
+    def __init__(self, batcher: "Batcher"):
+        super().__init__()
+        self._batcher = weakref.proxy(batcher)
+        self.keys = self.values = None
+        self.is_initialized = True
+
+    def allocate(self, like: torch.Tensor, slots: int, capacity: int) -> None:
+        """Storage for `slots` rows of `capacity` positions shaped as `like` (1 × heads × positions × head size),
+        keeping what the old storage held."""
+        _, heads, _, size = like.shape
+        old = (self.keys, self.values)
+        self.keys = like.new_zeros(slots, heads, capacity, size)
+        self.values = like.new_zeros(slots, heads, capacity, size)
+        if old[0] is not None:
+            held = old[0].shape[2]
+            self.keys[:, :, :held], self.values[:, :, :held] = old
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        b = self._batcher
+        rows = torch.arange(key_states.shape[0], device=key_states.device)
+        self.keys[rows, :, b.write_at_step] = key_states[:, :, 0].to(self.keys.dtype)
+        self.values[rows, :, b.write_at_step] = value_states[:, :, 0].to(self.values.dtype)
+        rows = key_states.shape[0]
+        return self.keys[:rows, :, : b.length], self.values[:rows, :, : b.length]
+
+    def get_seq_length(self) -> int:
+        return self._batcher.length - 1  # the query sits at the last position: every position before it is seen
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self._batcher.length, 0
+
+
+@dataclass
+class _Step:
+    slot: int
+    token: int
+    steering: Steering
+    done: Future
+
+
+class Batcher:
+    """The batched forwards of many generations (the module docstring). Thread-safe; one thread runs the model."""
+
+    def __init__(
+        self,
+        lm: LoadedModel,
+        vectors: SteeringVectors,
+        lora: Callable[[], Mapping[Site, LoraWeights]],
+        head: Head | None,
+        precision: Precision,
+        slots: int = 16,
+    ):
+        from transformers import StaticCache
+
+        if not all(
+            type(layer).__name__ == "StaticLayer"
+            for layer in StaticCache(config=lm.model.config, max_cache_len=8).layers
+        ):
+            raise ModelError(
+                f"{lm.spec.name}: the service batches models whose every layer attends to all positions; this one has "
+                "sliding-window layers. Serve a Llama- or Qwen-style model."
+            )
+        self.lm, self.vectors, self._lora, self.head, self.precision = lm, vectors, lora, head, precision
+        self.slots = slots
+        self.write_at = torch.zeros(slots, dtype=torch.long)  # each slot's next position (= its length)
+        self.write_at_step = self.write_at
+        self.length = 1
+        self._mask = torch.zeros(slots, ROOM, dtype=torch.long)
+        self._free = list(range(slots))
+        self._cache = Cache(layers=[SlotLayer(self) for _ in decoder_layers(lm.model)])
+        self._cond = threading.Condition()
+        self._steps: dict[int, _Step] = {}
+        self._joins: list[tuple[torch.Tensor, Steering, bool, Future]] = []
+        self._joined: set[int] = set()  # slots holding a generation
+        self._edits_key: tuple | None = None
+        self._edits: dict[Site, SiteEdit] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="topl-serve-batcher", daemon=True)
+        self._thread.start()
+
+    # the generations' side
+    def join(self, ids: torch.Tensor, steering: Steering, twin: bool = False) -> tuple[int, int | None, torch.Tensor]:
+        """Run the prompt `ids` (1 × positions) into a free slot (waiting for one): (the slot, its twin, its first
+        logits). `twin`: a second slot holding the same prompt unsteered (the merged model's reading of the same
+        tokens: where the head's p(good) is read for a steered generation)."""
+        done: Future = Future()
+        with self._cond:
+            self._joins.append((ids, steering, twin, done))
+            self._cond.notify_all()
+        return done.result()
+
+    def submit(self, slot: int, token: int, steering: Steering) -> Future:
+        """One decode step of `slot` with `token`, batched with the other slots' waiting steps; the future gives (the
+        next logits (vocabulary,), float32; the head's p(good) of `token`, NaN without a head)."""
+        done: Future = Future()
+        with self._cond:
+            self._steps[slot] = _Step(slot, token, steering, done)
+            self._cond.notify_all()
+        return done
+
+    def crop(self, slot: int, n: int) -> None:
+        """Drop the slot's last `n` positions (between its forwards)."""
+        with self._cond:
+            end = int(self.write_at[slot])
+            self._mask[slot, end - n : end] = 0
+            self.write_at[slot] = end - n
+
+    def leave(self, slot: int) -> None:
+        with self._cond:
+            self._mask[slot] = 0
+            self.write_at[slot] = 0
+            self._joined.discard(slot)
+            self._free.append(slot)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(10)
+
+    # the model's thread
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping or self._steps or self._can_join())
+                if self._stopping:
+                    return
+                # a step waits a moment for the generations still choosing their token, not for one that is joining
+                self._cond.wait_for(lambda: len(self._steps) >= len(self._joined), GATHER_S)
+                steps, self._steps = self._steps, {}
+                join = self._joins.pop(0) if self._can_join() else None
+                slots = [self._free.pop(0) for _ in range(1 + join[2])] if join is not None else []
+            if steps:
+                self._step(list(steps.values()))
+            if join is not None:
+                ids, steering, twin, done = join
+                self._settle(done, lambda: self._prefill(slots, ids, steering))
+
+    def _can_join(self) -> bool:
+        return bool(self._joins) and len(self._free) >= 1 + self._joins[0][2]
+
+    @staticmethod
+    def _settle(done: Future, work: Callable[[], object]) -> None:
+        if not done.set_running_or_notify_cancel():
+            return
+        try:
+            done.set_result(work())
+        except BaseException as e:  # the waiting generation raises it
+            done.set_exception(e)
+
+    def _prefill(self, slots: list[int], ids: torch.Tensor, steering: Steering) -> tuple[int, int | None, torch.Tensor]:
+        """The prompt run alone (steered where the mode steers the prompt) into the first slot, unsteered into the
+        second (the twin) if any: (slot, twin, the first slot's last logits)."""
+        steered = steering.how.steers_prompt and not steering.neutral
+        lora = self._lora() if steering.how.spec.action.needs_lora else None
+        with steer(self.lm.model, self.vectors, steering.lam, steering.how, lora) if steered else nullcontext():
+            cache, logits = prompt_forward(self.lm, ids, self.precision)
+        plain = prompt_forward(self.lm, ids, self.precision)[0] if steered and len(slots) > 1 else cache
+        n = ids.shape[1]
+        self._ensure_room(n + 1, cache.layers[0].keys)
+        for slot, held in zip(slots, (cache, plain)):
+            for layer, kept in zip(self._cache.layers, held.layers):
+                layer.keys[slot, :, :n] = kept.keys[0]
+                layer.values[slot, :, :n] = kept.values[0]
+        with self._cond:
+            for slot in slots:
+                self._mask[slot] = 0
+                self._mask[slot, :n] = 1
+                self.write_at[slot] = n
+                self._joined.add(slot)
+        return slots[0], (slots[1] if len(slots) > 1 else None), logits[0]
+
+    def _ensure_room(self, positions: int, like: torch.Tensor) -> None:
+        held = self._mask.shape[1]
+        if self._cache.layers[0].keys is not None and positions <= held:
+            return
+        capacity = max(held, -(-positions // ROOM) * ROOM)
+        for layer in self._cache.layers:
+            layer.allocate(like, self.slots, capacity)
+        mask = torch.zeros(self.slots, capacity, dtype=torch.long)
+        mask[:, :held] = self._mask
+        self._mask = mask
+
+    def _step(self, steps: list[_Step]) -> None:
+        """One batched forward of the waiting steps; the other joined slots sit it out (a masked write)."""
+        try:
+            with self._cond:
+                rows = max(max(s.slot for s in steps), *self._joined, 0) + 1
+                write_at = self.write_at[:rows].clone()
+                self._ensure_room(int(write_at.max()) + 1, self._cache.layers[0].keys)
+                mask = self._mask[:rows].clone()
+            ids = torch.zeros(rows, 1, dtype=torch.long)
+            for s in steps:
+                ids[s.slot, 0] = s.token
+            mask[torch.arange(rows), write_at] = 1  # a slot sitting out attends to its own (discarded) write
+            self.write_at_step, self.length = write_at, int(write_at.max()) + 1
+            edits = self._edits_for(rows, {s.slot: s.steering for s in steps})
+            model, device = self.lm.model, self.lm.model.device
+            reader = _HeadReader(model, self.head, rows)
+            with edit_outputs(model, edits, rows=rows), autocast(self.precision, device.type), reader as read:
+                out = model(
+                    input_ids=ids.to(device),
+                    past_key_values=self._cache,
+                    attention_mask=mask[:, : self.length].to(device),
+                    position_ids=write_at[:, None].to(device),
+                    use_cache=True,
+                )
+                p = read()
+            logits = out.logits[:, -1].float()
+            with self._cond:
+                for s in steps:
+                    self._mask[s.slot, write_at[s.slot]] = 1
+                    self.write_at[s.slot] = write_at[s.slot] + 1
+            for s in steps:
+                s.done.set_result((logits[s.slot], float(p[s.slot])))
+        except BaseException as e:
+            for s in steps:
+                if not s.done.done():
+                    s.done.set_exception(e)
+
+    def _edits_for(self, rows: int, steering: dict[int, Steering]) -> dict[Site, SiteEdit]:
+        """Each slot's steering as one set of site edits: per mode and units present, the action's edits with each
+        slot's λ (the neutral λ for the slots in another mode: exactly the merged model), chained per site."""
+        key = (rows, tuple(sorted((slot, s.how, float(s.lam)) for slot, s in steering.items() if not s.neutral)))
+        if key == self._edits_key:
+            return self._edits
+        groups: dict[tuple, dict[int, float]] = {}
+        for slot, s in steering.items():
+            if not s.neutral:
+                groups.setdefault((s.how.mode, s.how.units), {})[slot] = float(s.lam)
+        chained: dict[Site, list[SiteEdit]] = {}
+        for (mode, units), lams in groups.items():
+            how = SteerConfig(mode, units=units)
+            per_row = torch.full((rows, 1, 1), how.neutral, dtype=torch.float64)
+            for slot, lam in lams.items():
+                per_row[slot] = lam
+            lora = self._lora() if how.spec.action.needs_lora else None
+            for site, edit in how.spec.action.edits(
+                self.lm.model, self.vectors, how.spec, units, per_row, lora
+            ).items():
+                chained.setdefault(site, []).append(edit)
+        self._edits_key, self._edits = key, {site: _chain(edits) for site, edits in chained.items()}
+        return self._edits
+
+
+def _chain(edits: list[SiteEdit]) -> SiteEdit:
+    if len(edits) == 1:
+        return edits[0]
+
+    def edit(x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        for e in edits:
+            edited = e(x, output)
+            output = output if edited is None else edited
+        return output
+
+    return edit
+
+
+class _HeadReader:
+    """While active, reads the head's p(good) of each row's last position in this thread's forward (after the head's
+    layer, in the forward's autocast); without a head, NaN."""
+
+    def __init__(self, model: torch.nn.Module, head: Head | None, rows: int):
+        self._model, self._head, self._rows = model, head, rows
+        self._seen: dict[str, torch.Tensor] = {}
+        self._handle = None
+
+    def __enter__(self) -> Callable[[], torch.Tensor]:
+        if self._head is not None:
+            norm, head, owner = final_norm(self._model), self._head, threading.get_ident()
+
+            def read_head(_module, _inputs, output):
+                if threading.get_ident() == owner:
+                    hidden = (output[0] if isinstance(output, tuple) else output)[:, -1:]
+                    self._seen["p"] = head_probability(head.linear, norm(hidden))[:, -1]
+
+            self._handle = decoder_layers(self._model)[head.layer].register_forward_hook(read_head)
+        return lambda: self._seen.get("p", torch.full((self._rows,), float("nan")))
+
+    def __exit__(self, *exc) -> bool:
+        if self._handle is not None:
+            self._handle.remove()
+        return False
