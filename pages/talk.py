@@ -52,7 +52,7 @@ with st.expander("Prepare a new deck", expanded=not folders):
             key=K + "mode",
             persist_state="session",
         )
-        settings = mode_settings(st, MODES[mode].action.settings, K)  # the mode's own: a gated mode's τ and k
+        settings = mode_settings(st, MODES[mode].settings, K)  # the mode's own: a gated mode's τ and k
         centre = MODES[mode].neutral  # the merged model: the grid is centred on it
         bound = b.number_input(
             "λ from −x to +x" if centre == 0 else f"λ from {centre:g} − x to {centre:g} + x",
