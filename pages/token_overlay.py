@@ -1,7 +1,7 @@
 """Token overlay: tokens colored by the head's p(good) — a TOPL run's own head, or, for an adapter without one, a
 linear probe head fitted on its hidden states (with the same probe on the base model as the control) — gold labels
-beside them when known, a threshold control, per-token values on hover, and the base model's surprisal as a
-baseline detector."""
+beside them when known, a threshold control, per-token values on hover, and the base model's surprisal and the
+model-free controls (the lexical control: the token's word absent from the document) as baselines."""
 
 from pages._ui.frame import ensure_frame
 
@@ -15,8 +15,10 @@ from pages._ui.models import merged_model, probe_heads, resource_lock, step_erro
 from pages._ui.render import csv_download, plot
 from pages._ui.runs import run_fingerprint, run_picker
 from pages._ui.spec import current_decode_precision, current_precision, current_spec
+from topl_core.analysis.lexical import LEXICAL, control_scores
 from topl_core.analysis.token_colors import legend_html, token_html
 from topl_core.data.records import Record
+from topl_core.foundations.metrics import auroc
 from topl_core.inference.generate import GenerationConfig, generate
 from topl_core.inference.token_scores import TokenScores
 from topl_core.training.adapters import open_adapter
@@ -142,6 +144,7 @@ except Exception as e:
     st.stop()
 
 flags = s.flags(threshold)
+controls = control_scores(record.document, s.response, s.offsets)  # the model-free controls (analysis/lexical.py)
 has_gold = flags.gold_bad is not None
 m = st.columns(5)
 m[0].metric("Tokens", flags.tokens)
@@ -157,7 +160,7 @@ st.markdown(
         p_good=s.p_good,
         gold=s.gold if has_gold else None,
         threshold=threshold,
-        extra={"surprisal": s.surprisal},
+        extra={"surprisal": s.surprisal, LEXICAL: controls[LEXICAL]},
     ),
     unsafe_allow_html=True,
 )
@@ -165,11 +168,14 @@ st.markdown(legend_html(), unsafe_allow_html=True)
 if has_gold:
     st.markdown("**Gold labels**")
     st.markdown(token_html(s.tokens, gold=s.gold), unsafe_allow_html=True)
+    known = s.gold >= 0
+    against = " · ".join(f"{name} {auroc(s.gold[known] == 0, v[known]):.3f}" for name, v in controls.items())
     st.caption(
         f"On this example, flagging bad tokens: head AUROC {flags.head_auroc:.3f} · base-model surprisal AUROC "
-        f"{flags.surprisal_auroc:.3f}."
+        f"{flags.surprisal_auroc:.3f} · without a model: {against} (one example, so no interval: "
+        "`python -m topl_core transfer` gives them with record-bootstrap intervals)."
     )
 
-table = s.table(threshold)
+table = s.table(threshold).assign(**{LEXICAL: controls[LEXICAL]})
 plot(token_bars(table, threshold), key="overlay.bar")
 csv_download(table, "token_scores.csv", key="overlay.csv")

@@ -819,6 +819,9 @@ def test_token_overlay_threshold_flags_tokens(workbench):
     at.slider(key="overlay.threshold").set_value(0.0).run()
     assert flagged() == 0 and n_all == int({m.label: m.value for m in at.metric}["Tokens"])
     assert "Gold bad tokens" in {m.label for m in at.metric}
+    # the summary sets the head against the model-free controls too, and each token says whether its word is new
+    assert any("lexical control" in c.value and "surprisal AUROC" in c.value for c in at.caption)
+    assert any("lexical control=" in m.value for m in at.markdown if "p(good)=" in m.value)
 
 
 def test_the_server_listens_on_this_machine_only_with_usage_statistics_off():

@@ -101,12 +101,17 @@ def test_end_to_end_on_tiny_model(tmp_path, tiny_records, capsys):
         )
         == 0
     )
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
     assert "precision: fp32 (auto" in err or "precision: bf16 (auto" in err  # the resolved precision is said
     assert "scoring" in err and "6/6 100%" in err  # long commands show progress (a log line when not a terminal)
     report = json.loads((tmp_path / "s.json").read_text())
     (row,) = report.values()
     assert row["records"] == 6 and 0 <= row["head_auroc"] <= 1
+    # the model-free controls beside surprisal, on the same tokens, each with its interval (analysis/lexical.py)
+    assert {"head", "surprisal", "lexical control", "new number or name", "position"} <= set(row["aurocs"])
+    assert all(0 <= a["auroc"] <= 1 and {"ci_low", "ci_high"} <= set(a) for a in row["aurocs"].values())
+    assert "lexical control" in captured.out
     assert (
         main(["score-tokens", "--run", str(run), "--document", "Leeds council met.", "--response", "Leeds met."]) == 0
     )

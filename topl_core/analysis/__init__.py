@@ -8,6 +8,8 @@
     studies/     studies of many trainings or scorings: layer sweeps, label sensitivity, detection transfer, the
                  model's own summaries as training data
     cache.py     cached(kind, key, compute, codec): local, then the shipped cache of the demo adapters
+    lexical.py   the model-free controls of every detection table (the lexical control: a token's word absent from
+                 the document)
 
 No streamlit anywhere; each module documents its public API in its docstring.
 """

@@ -1,5 +1,7 @@
 """`score-tokens`: per-token p(good) from a run's head (or a probe head fitted on any adapter's hidden states), or
-the detection AUROC report over a labelled set (head vs base-model surprisal, on the same tokens)."""
+the detection AUROC report over a labelled set: the head against base-model surprisal and the model-free controls
+(analysis/lexical.py: the lexical control, a new number or name, position), on the same tokens, each with its
+record-bootstrap 95% CI."""
 
 from __future__ import annotations
 
@@ -7,11 +9,12 @@ import argparse
 import sys
 
 from ..analysis.lora_a.probe_head import ProbeHeadSettings, fit_probe_head
+from ..analysis.studies.transfer import detection_summary
 from ..data.cliff import load_factuality_csv
 from ..data.records import read_jsonl
 from ..foundations.io import write_json
 from ..foundations.progress import Bar
-from ..inference.token_scores import TokenScorer, detection_auroc
+from ..inference.token_scores import TokenScorer
 from ..models.loading import ModelSpec, load_model
 from . import COMMANDS
 from .common import (
@@ -44,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--cliff", help="also report on a CLIFF/AggreFact span CSV (e.g. ../shared/data/CLIFF_error_types.csv)"
     )
     add_precision_arg(p)
+    p.add_argument("--bootstrap", type=int, default=1000, help="record resamples of each AUROC's 95%% CI (0: none)")
     p.add_argument("--json", help="write the report / token values here")
     p.set_defaults(func=run)
 
@@ -87,15 +91,34 @@ def run(args: argparse.Namespace) -> None:
         result = {}
         for name, recs in sets.items():
             with Bar(f"scoring {name}") as bar:
-                result[name] = detection_auroc(scorer.score(recs, progress=bar)) | {"records": len(recs)}
-        print(f"{'set':44s} {'records':>8s} {'tokens':>8s} {'%bad':>6s} {'head AUROC':>11s} {'surprisal AUROC':>16s}")
-        for name, r in result.items():
-            print(
-                f"{name:44s} {r['records']:8d} {r['tokens']:8d} {r['pct_bad']:6.1f} {r['head_auroc']:11.3f} "
-                f"{r['surprisal_auroc']:16.3f}"
-            )
+                summary = detection_summary(recs, scorer.score(recs, progress=bar), args.bootstrap)
+            aurocs = summary.pop("aurocs")
+            result[name] = summary | {  # the head's and surprisal's AUROC as before, then every detector's with its CI
+                "head_auroc": aurocs["head"].auroc,
+                "surprisal_auroc": aurocs["surprisal"].auroc,
+                "aurocs": {d: ci._asdict() for d, ci in aurocs.items()},
+            }
+        _print_table(result)
     if args.json:
         write_json(args.json, result)
+
+
+def _print_table(result: dict) -> None:
+    """One row per set: records, tokens, % bad, then per detector its AUROC [95% CI] (the head first, then surprisal
+    and the controls: analysis/lexical.py)."""
+    detectors = list(next(iter(result.values()))["aurocs"])
+    width = 22
+    print(f"{'set':44s} {'records':>8s} {'tokens':>8s} {'%bad':>6s} " + " ".join(f"{d:>{width}s}" for d in detectors))
+    for name, r in result.items():
+        cells = []
+        for d in detectors:
+            a = r["aurocs"][d]
+            ci = f" [{a['ci_low']:.3f}, {a['ci_high']:.3f}]" if a["ci_low"] == a["ci_low"] else ""  # NaN: none
+            cells.append(f"{a['auroc']:.3f}{ci}")
+        print(
+            f"{name:44s} {r['records']:8d} {r['tokens']:8d} {r['pct_bad']:6.1f} "
+            + " ".join(f"{c:>{width}s}" for c in cells)
+        )
 
 
 def _probe_head(args: argparse.Namespace, adapter) -> tuple:

@@ -141,18 +141,17 @@ def _show_labels(t: ReportTables) -> list[dict]:
 
 
 def _show_detection(t: ReportTables) -> list[dict]:
-    return [
-        {
-            "method": r.adapter,
-            "token set": r.set,
-            "detector": r.detector,
-            "AUROC [95% CI]": _ci(r.auroc, r.ci_low, r.ci_high),
-            "tokens": r.tokens,
-            "records": r.records,
-            "% bad": _f(r.pct_bad, 1),
-        }
-        for r in t.detection.itertuples()
-    ]
+    """One row per method × token set, a column per detector (the head, the frozen probe, surprisal, then the
+    model-free controls of analysis/lexical.py: the lexical control first), each AUROC [95% CI] on the same tokens."""
+    if not len(t.detection):
+        return []
+    rows = []
+    for (method, token_set), part in t.detection.groupby(["adapter", "set"], sort=False):
+        first = part.iloc[0]
+        row = {"method": method, "token set": token_set}
+        row |= {r.detector: _ci(r.auroc, r.ci_low, r.ci_high) for r in part.itertuples()}
+        rows.append(row | {"tokens": first.tokens, "records": first.records, "% bad": _f(first.pct_bad, 1)})
+    return rows
 
 
 @dataclass(frozen=True)
@@ -224,9 +223,11 @@ def _sections(cfg: ReproduceConfig, t: ReportTables, verdicts) -> list[Section]:
         Section(
             "detection",
             "Token-level detection, held out",
-            "Each head method's head against base-model surprisal and the frozen probe (the base model's states at "
-            "the head's layer, fitted on the same training records), on the test split and CLIFF's test cut; 95% CI "
-            "over records.",
+            "Each head method's head against base-model surprisal, the frozen probe (the base model's states at "
+            "the head's layer, fitted on the same training records) and three controls that use no model: the "
+            "lexical control (the token's word does not occur in the document), a new number or name (a number or "
+            "capitalised word absent from the document) and the token's position in the summary — on the same "
+            "tokens of the test split and CLIFF's test cut; AUROC [95% CI over records].",
             _show_detection(t),
         ),
     ]

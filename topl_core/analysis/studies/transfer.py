@@ -14,6 +14,9 @@ Detectors, scored on exactly the same tokens (score = how bad a token looks):
                   fitted on the same training records: the data-matched control, what a probe of the model the
                   adapter started from already finds
     surprisal     the base model's −log p(token | prefix)
+    controls      no model at all (analysis/lexical.py): the lexical control (the token's word does not occur in
+                  the document), a new number or name (a number or capitalised word absent from it), the token's
+                  position in the response — what a detector must beat to be more than a word-matcher
 
 Each row gives the AUROC of flagging bad tokens (gold label 0; unlabelled tokens ignored) with a 95% percentile
 bootstrap CI that resamples records (tokens of one record are correlated), the same resamples for every detector.
@@ -27,6 +30,8 @@ fingerprint) were logged before it.
     transfer_table(adapters, settings, cliff_path=None, records=None, progress=None) -> DataFrame (COLUMNS;
         attrs["heldout_before"]: {adapter: count}, attrs["notes"]: [what was skipped, and why])
     bootstrap_auroc(bad, scores, groups, n, seed) -> {detector: AurocCI}
+    token_arrays(records, scores) -> {record, bad, detector: scores}   the labelled tokens of scored records
+    detection_summary(records, scores, bootstrap, seed) -> dict        one set's AUROCs with CIs (score-tokens)
     evaluation_sets(adapter, stage, labelled, cliff, max_records) -> {set name: records}
     detection_scorer(adapter, labelled, settings) -> TokenScorer   head + frozen probe (probe_on_base) + surprisal
     training_records(adapter, records=None) -> [Record]   the token-labelled training data (DataError if none)
@@ -66,16 +71,17 @@ from ...foundations.io import read_log_rows
 from ...foundations.metrics import auroc, weighted_aurocs
 from ...foundations.paths import cliff_csv, project_path
 from ...hardware.precision import PRECISION_HELP, PRECISIONS, resolve_precision
-from ...inference.token_scores import TokenScorer
+from ...inference.token_scores import TokenScorer, TokenScores
 from ...models.loading import ModelSpec, load_model
 from ...training.adapters import Adapter, open_adapter
 from ..cache import NPZ, analysis_cache_dir, cached
+from ..lexical import CONTROLS, labelled_controls
 from ..lora_a.probe_head import ProbeHeadSettings, fit_probe_head
 
 Stage = Literal["dev", "heldout"]
 STAGES: tuple[str, ...] = ("dev", "heldout")
 SPLIT_OF_STAGE = {"dev": "val", "heldout": "test"}  # the data split and the CLIFF cut each stage reads
-DETECTORS = ("head", "frozen probe", "surprisal")
+DETECTORS = ("head", "frozen probe", "surprisal", *CONTROLS)
 COLUMNS = ["adapter", "stage", "set", "detector", "auroc", "ci_low", "ci_high", "tokens", "records", "pct_bad"]
 
 
@@ -252,16 +258,44 @@ def detection_scorer(adapter: Adapter, labelled: Sequence[Record], settings: Tra
 
 def _token_arrays(scorer: TokenScorer, records: Sequence[Record], batch_size: int) -> dict[str, np.ndarray]:
     """Labelled tokens of `records`: record index, bad (1) / good (0), and each detector's score."""
-    scores = scorer.score(records, batch_size=batch_size)
+    return token_arrays(records, scorer.score(records, batch_size=batch_size))
+
+
+def token_arrays(records: Sequence[Record], scores: Sequence[TokenScores]) -> dict[str, np.ndarray]:
+    """The labelled tokens of `records` scored (`scores`, one per record): record index, bad (1) / good (0), and
+    each detector's score — the head, the frozen probe where it was scored, surprisal and every control."""
     record = np.concatenate([np.full(len(s.gold), i) for i, s in enumerate(scores)])
     gold = np.concatenate([s.gold for s in scores])
     keep = gold != IGNORE
+    base = [s.p_good_base for s in scores]
     return {
         "record": record[keep],
         "bad": (gold[keep] == 0).astype(np.int64),
         "head": np.concatenate([1 - s.p_good for s in scores])[keep],
-        "frozen probe": np.concatenate([1 - s.p_good_base for s in scores])[keep],
+        **({"frozen probe": np.concatenate([1 - b for b in base])[keep]} if all(b is not None for b in base) else {}),
         "surprisal": np.concatenate([s.surprisal for s in scores])[keep],
+        **labelled_controls(
+            [r.document for r in records],
+            [s.response for s in scores],
+            [s.offsets for s in scores],
+            [s.gold for s in scores],
+        ),
+    }
+
+
+def detection_summary(
+    records: Sequence[Record], scores: Sequence[TokenScores], bootstrap: int = 1000, seed: int = 0
+) -> dict:
+    """One token set's detection figures (score-tokens' table): tokens, % bad and, per detector present (head,
+    frozen probe, surprisal, every control), its AUROC with the record-bootstrap 95% CI, as {detector: AurocCI}."""
+    t = token_arrays(records, scores)
+    detectors = [d for d in DETECTORS if d in t]
+    n = len(t["bad"])
+    return {
+        "tokens": n,
+        "records": len(records),
+        "pct_bad": float(100 * t["bad"].mean()) if n else float("nan"),
+        "aurocs": bootstrap_auroc(t["bad"], {d: t[d] for d in detectors}, t["record"], bootstrap, seed),
     }
 
 
@@ -312,6 +346,7 @@ def transfer_table(
                 "train": records_fingerprint(labelled),
                 "probe_records": settings.probe_records,
                 "precision": resolve_precision(settings.precision, adapter.device),
+                "controls": list(CONTROLS),  # the arrays hold each control's scores too
             }
             arrays = cached(
                 "transfer",
