@@ -7,7 +7,14 @@ from pathlib import Path
 import streamlit as st
 
 from pages._ui.datasets import dataset_picker
-from topl_core.analysis.lora_a.probe import ProbeResult, ProbeSettings, labelled_records, labelled_split, probe_run
+from topl_core.analysis.lora_a.probe import (
+    TOKEN_SET_RECORDS,
+    ProbeResult,
+    ProbeSettings,
+    labelled_records,
+    labelled_split,
+    probe_run,
+)
 from topl_core.data.cliff import load_factuality_csv
 from topl_core.data.records import read_jsonl
 from topl_core.data.split import split_records
@@ -16,7 +23,7 @@ from topl_core.foundations.paths import cliff_csv, project_path
 from topl_core.training.adapters import open_adapter
 
 TOKEN_SETS = ("run's data · val split", "run's data · test split", "CLIFF spans (OOD)", "another data set")
-DEFAULT_LIMIT = 48  # records of the default token set (LoRA-A page and the Runs page's indicator table)
+DEFAULT_LIMIT = TOKEN_SET_RECORDS
 
 
 def default_token_set(run_path: str) -> tuple:

@@ -15,6 +15,7 @@ from ..analysis.steering.modes import MODE_SETTINGS, SteerConfig
 from ..analysis.steering.session import SteeringSession
 from ..bench.gated import format_gated, gated_bench
 from ..bench.scale import ScaleSettings, format_scale, run_scale_bench
+from ..bench.serve import format_serve, serve_bench, served
 from ..bench.slider import format_slider, slider_bench
 from ..bench.workbench import main
 from ..data.records import read_jsonl
@@ -24,8 +25,9 @@ from ..foundations.io import write_json
 from ..foundations.paths import DEFAULT_DATA, examples_dir, project_path
 from ..foundations.presets import DEFAULT_MODEL, PRESETS
 from ..foundations.progress import Bar
+from ..hardware.precision import machine_description
 from ..models.loading import DEVICES
-from ..training.adapters import open_adapter
+from ..training.adapters import Adapter, open_adapter
 from ..training.memory import GIB, what_fits
 from . import COMMANDS
 from .common import add_precision_arg, announce_precision
@@ -69,6 +71,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "adapter, examples/adapters)",
     )
     p.add_argument("--lam", type=float, default=2.0, help="--gated: λ, in normalised units")
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="only time the OpenAI-compatible service (serve --run): --clients streaming steered summaries at once "
+        "against the same requests one after another, through the openai client (topl_core.bench.serve)",
+    )
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8], help="--serve: the concurrencies to time")
     add_config_args(p, SteerConfig, SteerConfig(), only=MODE_SETTINGS)
     notes = {"new_tokens": "(--slider, --gated, the scale benchmark)"}
     add_config_args(p, ScaleSettings, SCALE, only=("new_tokens",), notes=notes)
@@ -95,6 +104,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.serve:
+        announce_precision(args.precision)
+        adapter, document = bench_inputs(args)
+        with served(str(adapter.path), args.precision) as url:
+            res = serve_bench(url, adapter.name, document, args.clients, args.new_tokens)
+        res["machine"] = machine_description()
+        print(format_serve(res))
+        if args.json:
+            write_json(args.json, res)
+        return
     if args.slider or args.gated:
         announce_precision(args.precision)
         return steering_bench(args, args.precision)  # as asked: "auto" lets the decode steps take their own
@@ -133,13 +152,17 @@ def memory_table(budget_gib: float, seq_lens: tuple[int, ...], json_path: str | 
         write_json(json_path, {"budget_gib": budget_gib, "rows": [asdict(r) for r in rows]})
 
 
-def slider_inputs(args: argparse.Namespace, precision: str) -> tuple[SteeringSession, str]:
-    """--run (default: the demo TOPL adapter) with vectors from its data's validation split, and the first document
-    of its test split."""
+def bench_inputs(args: argparse.Namespace) -> tuple[Adapter, str]:
+    """--run (default: the demo TOPL adapter) and the first document of its data's test split."""
     adapter = open_adapter(args.run or str((examples_dir() or project_path("examples/adapters")) / "topl-smollm2"))
-    vectors = steering_vectors_for(adapter, EvalConfig(precision=precision))
     records = read_jsonl(project_path(adapter.settings.data))
-    document = split_records(records, seed=adapter.settings.split_seed)["test"][0].document
+    return adapter, split_records(records, seed=adapter.settings.split_seed)["test"][0].document
+
+
+def slider_inputs(args: argparse.Namespace, precision: str) -> tuple[SteeringSession, str]:
+    """bench_inputs, with a session on the adapter's vectors from its data's validation split."""
+    adapter, document = bench_inputs(args)
+    vectors = steering_vectors_for(adapter, EvalConfig(precision=precision))
     return SteeringSession.from_run(adapter, vectors), document
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..analysis.lora_a.probe import ProbeSettings, labelled_records
+from ..analysis.lora_a.probe import ProbeSettings, labelled_records, labelled_split
 from ..analysis.steering.extract import build_steering_vectors
 from ..analysis.steering.vectors import SteeringVectors
 from ..analysis.studies.deck import DeckConfig
@@ -171,11 +171,14 @@ def vectors_from_args(args: argparse.Namespace, adapter: Adapter, precision: Res
     if args.vectors:
         print(f"steering vectors from {args.vectors}")
         return SteeringVectors.load(args.vectors)
-    data_or_adapter_default(args, adapter)
-    records = labelled_records(load_split(args))
+    if args.data:
+        records = labelled_records(load_split(args))
+    else:  # the adapter's own data split as it was trained: the evaluation's token set (its cached vectors)
+        records = labelled_split(adapter, args.split, args.limit)
+        data_or_adapter_default(args, adapter)
     if not records:
         raise SystemExit(f"error: {args.data} [{args.split}] holds no records with token labels.")
-    print(f"computing steering vectors from {args.data} [{args.split}]: {len(records)} records")
+    print(f"steering vectors from {args.data} [{args.split}]: {len(records)} labelled records")
     with Bar("capturing LoRA-A projections") as bar:
         return build_steering_vectors(
             adapter,

@@ -236,6 +236,10 @@ def labelled_records(records: Sequence) -> list:
     return [r for r in records if r.token_labels_known]
 
 
+# records of the default token set: the LoRA-A and Steering pages', the Runs page's indicator table, the service's
+TOKEN_SET_RECORDS = 48
+
+
 def labelled_split(adapter, split: str = "val", limit: int | None = None) -> list[Record]:
     """The token-labelled records of `split` ("train", "val", "test") of the adapter's own data, split as it was
     trained (a run's data and split seed; the default data set for an adapter from elsewhere); the first `limit`.

@@ -1,0 +1,163 @@
+"""bench --serve: the service as its clients see it. For each concurrency c, c clients of the official `openai`
+client stream a steered summary each (the vector mode, a different λ per client) from one running server at once,
+against the same c requests sent one after another to the same server; figures are taken where the client waits:
+
+    aggregate_tokens_per_s     generated tokens of all c streams / the wall time from the first request to the last
+                               token (concurrent), and the same one after another (sequential)
+    concurrent_vs_sequential   the two rates' ratio (the batching's gain)
+    ttft_s p50 / p95           time from a request to its first token; last_s: to its last token
+
+    serve_bench(url, model, document, concurrency=(1, 4, 8), new_tokens=64, api_key="unused") -> dict
+    with served(adapter, precision) as url: ...    a `python -m topl_core serve` process on a free loopback port
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Iterator, Sequence
+
+import openai
+
+from ..data.encode import instruction
+from ..foundations.errors import WorkbenchError
+
+LAMBDAS = (0.5, 1.0, 1.5, 2.0, -0.5, -1.0, 0.25, 0.75)  # one per client (normalised units: the slider's span)
+READY_S = 900  # a first start computes the adapter's steering vectors (cached after)
+
+
+def messages(document: str) -> list[dict]:
+    """The chat messages whose prompt is the workbench's own summarization prompt of `document`."""
+    return [{"role": "user", "content": f"{instruction('summarization')}\n\nDocument:\n{document}"}]
+
+
+def _stream(client: openai.OpenAI, model: str, document: str, lam: float, new_tokens: int) -> tuple[float, float, int]:
+    """(seconds to the first token, to the last, tokens) of one streamed steered summary."""
+    t0 = time.perf_counter()
+    first, tokens = None, 0
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages(document),
+        max_tokens=new_tokens,
+        temperature=0,
+        stream=True,
+        extra_body={"steering": {"mode": "vector", "lambda": lam}},
+    )
+    for chunk in stream:
+        for choice in chunk.choices:
+            n = len(choice.logprobs.content) if choice.logprobs and choice.logprobs.content else 0
+            if n and first is None:
+                first = time.perf_counter() - t0
+            tokens += n
+    return first or 0.0, time.perf_counter() - t0, tokens
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def serve_bench(
+    url: str,
+    model: str,
+    document: str,
+    concurrency: Sequence[int] = (1, 4, 8),
+    new_tokens: int = 64,
+    api_key: str = "unused",
+    log: Callable[[str], None] = print,
+) -> dict:
+    """The module docstring's figures against the server at `url` (its /v1 base)."""
+    client = openai.OpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=600)
+    _stream(client, model, document, 0.0, 8)  # warm-up: the first forward after loading is slow
+    rows = []
+    for c in concurrency:
+        lams = [LAMBDAS[i % len(LAMBDAS)] for i in range(c)]
+        log(f"serve bench: {c} client(s) one after another")
+        t0 = time.perf_counter()
+        sequential = [_stream(client, model, document, lam, new_tokens) for lam in lams]
+        sequential_s = time.perf_counter() - t0
+        log(f"serve bench: {c} client(s) at once")
+        results: list[tuple[float, float, int]] = [(0.0, 0.0, 0)] * c
+        threads = [
+            threading.Thread(
+                target=lambda i=i, lam=lam: results.__setitem__(i, _stream(client, model, document, lam, new_tokens))
+            )
+            for i, lam in enumerate(lams)
+        ]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        concurrent_s = time.perf_counter() - t0
+        tokens, sequential_tokens = sum(r[2] for r in results), sum(r[2] for r in sequential)
+        rows.append(
+            {
+                "clients": c,
+                "tokens": tokens,
+                "aggregate_tokens_per_s": tokens / concurrent_s,
+                "sequential_tokens_per_s": sequential_tokens / sequential_s,
+                "concurrent_vs_sequential": (tokens / concurrent_s) / (sequential_tokens / sequential_s),
+                "ttft_s_p50": statistics.median(r[0] for r in results),
+                "ttft_s_p95": _quantile([r[0] for r in results], 0.95),
+                "last_s_p50": statistics.median(r[1] for r in results),
+                "last_s_p95": _quantile([r[1] for r in results], 0.95),
+                "sequential_ttft_s_p50": statistics.median(r[0] for r in sequential),
+                "sequential_last_s_p50": statistics.median(r[1] for r in sequential),
+            }
+        )
+    return {"url": url, "model": model, "new_tokens": new_tokens, "steering": "vector, normalised λ", "rows": rows}
+
+
+def format_serve(res: dict) -> str:
+    lines = [
+        f"serve bench: {res['model']}, {res['new_tokens']} new tokens a client ({res['steering']}, a λ per client)",
+        "| clients | tok/s at once | tok/s one after another | ratio | TTFT p50 / p95 s | last p50 / p95 s |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in res["rows"]:
+        lines.append(
+            f"| {r['clients']} | {r['aggregate_tokens_per_s']:.1f} | {r['sequential_tokens_per_s']:.1f} | "
+            f"{r['concurrent_vs_sequential']:.2f} | {r['ttft_s_p50']:.2f} / {r['ttft_s_p95']:.2f} | "
+            f"{r['last_s_p50']:.2f} / {r['last_s_p95']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def served(adapter: str, precision: str = "auto", slots: int = 16, log: Callable[[str], None] = print) -> Iterator[str]:
+    """A `python -m topl_core serve` process for `adapter` on a free loopback port, ready; yields its /v1 URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "topl_core", "serve", "--run", adapter, "--port", str(port)]
+    command += ["--precision", precision, "--slots", str(slots)]
+    process = subprocess.Popen(command, env=os.environ.copy())
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=5)
+        deadline = time.time() + READY_S
+        while True:
+            if process.poll() is not None:
+                raise WorkbenchError(f"the server stopped before it served (exit {process.returncode}); see above.")
+            try:
+                client.models.list()
+                break
+            except openai.APIConnectionError:
+                if time.time() > deadline:
+                    raise WorkbenchError(f"the server did not answer within {READY_S} s.") from None
+                time.sleep(1)
+        log(f"serving {adapter} at {url}")
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
