@@ -5,6 +5,7 @@ gets OpenAI's error JSON while the other clients go on."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -309,3 +310,22 @@ def test_serve_refuses_a_public_address_without_a_key(tmp_path):
 
     with pytest.raises(SystemExit, match="api-key"):
         main(["serve", "--run", str(tmp_path), "--host", "0.0.0.0"])
+
+
+def test_the_pages_request_runs_as_pasted(served, session, capsys):
+    """The request the Steering page shows for its settings (Python with the openai client, and curl's body) is
+    answered by the service with the steering it names."""
+    import shlex
+
+    from topl_core.serve.protocol import client_code
+
+    lam = 1.5
+    code = client_code("tiny", SteerConfig("gated", tau=0.9, keep=2), lam, MESSAGES[0]["content"], served[1].url)
+    exec(compile(code["python"], "<pasted>", "exec"), {})
+    printed = capsys.readouterr().out.strip().splitlines()[-1]  # its last line: (token, p(good)) per token
+    assert printed.startswith("[(") and ", 0." in printed  # each token with its p(good), a probability
+    words = shlex.split(code["curl"])
+    body = json.loads(words[words.index("-d") + 1])
+    assert body["steering"] == {"mode": "gated", "lambda": lam, "tau": 0.9, "keep": 2}
+    r = httpx.post(words[1], json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["verdict"]["threshold"] == 0.9

@@ -18,6 +18,7 @@ Errors: OpenAI's {"error": {"message", "type", "param", "code"}}, with status 40
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Literal
 
@@ -131,3 +132,35 @@ class CompletionRequest(CommonFields):
     prompt: str | list[str]
     logprobs: int | None = Field(None, ge=0, le=0)
     echo: bool = False
+
+
+def steering_body(how: SteerConfig, lam: float) -> dict:
+    """The `steering` body field that asks for `how` at λ (only what differs from SteerConfig's defaults)."""
+    defaults = SteerConfig(how.mode)
+    body = {"mode": how.mode, "lambda": float(lam)}
+    body.update({k: v for k, v in how.key().items() if k != "mode" and v != getattr(defaults, k)})
+    return body
+
+
+def client_code(model: str, how: SteerConfig, lam: float, prompt: str, url: str = "http://127.0.0.1:8000/v1") -> dict:
+    """The request for these settings, ready to paste: {"python": the official openai client's call, "curl": …}
+    (what the Steering page shows under its texts)."""
+    steering = steering_body(how, lam)
+    messages = [{"role": "user", "content": prompt}]
+    python = f"""import openai
+
+client = openai.OpenAI(base_url={url!r}, api_key="unused")
+reply = client.chat.completions.create(
+    model={model!r},
+    messages={messages!r},
+    max_tokens=64,
+    temperature=0,
+    extra_body={{"steering": {steering!r}}},
+)
+print(reply.choices[0].message.content)
+print([(t.token, t.p_good) for t in reply.choices[0].logprobs.content])  # the adapter's p(good) per token
+"""
+    body = {"model": model, "messages": messages, "max_tokens": 64, "temperature": 0, "steering": steering}
+    quoted = json.dumps(body, ensure_ascii=False).replace("'", "'\\''")
+    curl = f"curl {url}/chat/completions -H 'Content-Type: application/json' -d '{quoted}'"
+    return {"python": python, "curl": curl}
