@@ -4,13 +4,16 @@
     .venv/bin/python scripts/gpu_check.py --device cpu --models tiny-llama   # the same steps on the CPU (the test)
 
 For each model: train a TOPL run (20 steps) and an SFT run (2 steps), probe, steer in each mode (on every position
-and on generated tokens only), score-tokens, evaluate 2 documents (base, merged, steered), a 2-window layer sweep
-and merge-check — each command in the precision "auto" gives on that device (bf16 on a GPU with bf16), and printed
-with its exit status and seconds. Then, with --pages, the app is started on the device and every page is visited in
-headless Chromium (../shared/tools/visit_pages.py), which fails on an exception or an error box; --pages apptest
-runs every page's script in-process with Streamlit's AppTest instead (scripts/apptest_pages.py: no browser, no
-screenshots; the GPU machines lent here have no browser). Exit status 0 when every step passed. tests/test_gpu.py
-runs it where CUDA is visible and skips with the reason elsewhere.
+and on generated tokens only), score-tokens, evaluate 2 documents (base, merged, steered), a 2-window layer sweep,
+merge-check, and a kill and resume (a TOPL run with LoRA dropout killed by SIGKILL after a checkpoint and resumed:
+its adapter and head tensors must equal, bit for bit, those of the same run never killed; dropout masks are drawn on
+the device, so this holds only when the checkpoint carries the device's random state) — each command in the
+precision "auto" gives on that device (bf16 on a GPU with bf16), and printed with its exit status and seconds.
+Then, with --pages, the app is started on the device and every page is visited in headless Chromium
+(../shared/tools/visit_pages.py), which fails on an exception or an error box; --pages apptest runs every page's
+script in-process with Streamlit's AppTest instead (scripts/apptest_pages.py: no browser, no screenshots; the GPU
+machines lent here have no browser). Exit status 0 when every step passed. tests/test_gpu.py runs it where CUDA is
+visible and skips with the reason elsewhere; `--steps resume` alone is the kill-and-resume measurement.
 """
 
 from __future__ import annotations
@@ -80,11 +83,70 @@ def model_steps(
          [*topl, "sweep", "--out", str(work / f"{model}-sweep"), "--model", model, "--device", device,
           "--data", data, "--windows", "0:2", "2:2", "--steps", "4"]),
         ("merge-check", f"{model}: merge-check", [*topl, "merge-check", "--run", str(run), "--n", "4"]),
+        ("resume", f"{model}: killed and resumed = straight",
+         [*train, "--steps", str(RESUME_STEPS), "--checkpoint-every", "4", "--out", str(work / f"{model}-resumed")]),
     ]  # fmt: skip
     return steps
 
 
-STEP_KINDS = ("train", "probe", "steer", "score-tokens", "evaluate", "sweep", "merge-check")
+STEP_KINDS = ("train", "probe", "steer", "score-tokens", "evaluate", "sweep", "merge-check", "resume")
+RESUME_STEPS, KILL_AFTER = 24, 6  # killed once 6 steps are logged: after the step-4 checkpoint, before the end
+
+
+def kill_and_resume(name: str, args: list[str], env: dict, log: list[tuple[str, int, float]]) -> bool:
+    """`args` trains a run into its --out (the last two arguments): trained once straight (into <out>-straight), once
+    killed by SIGKILL after KILL_AFTER logged steps and resumed with --resume; passes when the two runs' adapter and
+    head tensors are the same bits (else it prints how far each tensor is off)."""
+    t = time.perf_counter()
+    out = Path(args[-1])
+    straight = out.with_name(out.name + "-straight")
+    problem = _run_quietly([*args[:-1], str(straight)], env)
+    if problem is None:
+        killed = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True)  # fmt: skip
+        metrics = out / "metrics.jsonl"
+        while killed.poll() is None and (not metrics.exists() or len(metrics.read_text().splitlines()) < KILL_AFTER):
+            time.sleep(0.002)
+        if killed.poll() is not None:
+            problem = f"the run ended (exit {killed.returncode}) before it could be killed; raise RESUME_STEPS"
+        else:
+            killed.kill()
+            killed.wait()
+            steps = len(metrics.read_text().splitlines())
+            print(f"     killed after {steps} logged steps; resuming from the last checkpoint")
+            problem = _run_quietly([*args[:2], "train", "--resume", str(out)], env)
+    if problem is None:
+        problem = _same_weights(out, straight)
+    seconds = time.perf_counter() - t
+    log.append((name, 0 if problem is None else 1, seconds))
+    print(f"{'ok  ' if problem is None else 'FAIL'} {name:38s} {seconds:6.1f} s")
+    if problem is not None:
+        print("     " + "\n     ".join(problem.strip().splitlines()[-15:]))
+    return problem is None
+
+
+def _run_quietly(args: list[str], env: dict) -> str | None:
+    out = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True)
+    return None if out.returncode == 0 else f"exit {out.returncode}: {out.stdout}{out.stderr}"
+
+
+def _same_weights(a: Path, b: Path) -> str | None:
+    """None when both runs' adapter and head tensors are the same bits (the files' metadata is compared as a dict: the
+    order safetensors writes its keys in changes from one process to the next); else how far each tensor is off."""
+    import torch
+    from safetensors import safe_open
+
+    lines = []
+    for f in ("adapter_model.safetensors", "head.safetensors"):
+        with safe_open(a / f, "pt") as x, safe_open(b / f, "pt") as y:
+            if x.metadata() != y.metadata() or set(x.keys()) != set(y.keys()):
+                lines.append(f"{f}: metadata or tensor names differ")
+                continue
+            for k in x.keys():
+                u, v = x.get_tensor(k), y.get_tensor(k)
+                if not u.view(-1).view(torch.uint8).equal(v.view(-1).view(torch.uint8)):
+                    lines.append(f"{f} {k}: max |Δ| {(u.float() - v.float()).abs().max().item():.3g}")
+    return "the resumed run's weights differ from the straight run's:\n" + "\n".join(lines) if lines else None
 
 
 def check_model(
@@ -92,7 +154,9 @@ def check_model(
     kinds=STEP_KINDS,
 ) -> None:  # fmt: skip
     for kind, name, args in model_steps(model, device, work, data, modes, positions):
-        if kind in kinds:
+        if kind == "resume" and kind in kinds:
+            kill_and_resume(name, args, env, log)
+        elif kind in kinds:
             step(name, args, env, log)
 
 

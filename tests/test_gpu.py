@@ -43,16 +43,18 @@ def test_every_step_of_the_check_is_a_command_the_cli_takes(tmp_path):
 
 def test_the_check_passes_on_the_cpu_with_a_tiny_model(tmp_path, tiny_records):
     """The check's own machinery (its processes, environment, log and verdict) end to end on the CPU, on the steps
-    the others build on (the two trainings, one steering), and every page's script on the runs it trained (--pages
+    the others build on (the two trainings, one steering), the kill and resume (SIGKILL after a checkpoint, resumed:
+    the tensors of the run never killed, bit for bit), and every page's script on the runs it trained (--pages
     apptest, what a GPU machine without a browser runs; its process must also exit cleanly with the Steering page's
     work ahead in flight); every other step's command line is checked above, and the commands themselves are tested
     in-process (test_cli.py, test_steering.py, test_evaluation.py, test_sweeps.py, test_bf16.py)."""
     out = run_check(
         tmp_path, tiny_records, "--device", "cpu", "--models", "tiny-llama", "--modes", "vector",
-        "--positions", "generated", "--steps", "train", "steer", "--pages", "apptest",
+        "--positions", "generated", "--steps", "train", "steer", "resume", "--pages", "apptest",
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert "4 passed, 0 failed" in out.stdout, out.stdout[-4000:]  # train ×2, steer, pages
+    assert "5 passed, 0 failed" in out.stdout, out.stdout[-4000:]  # train ×2, steer, resume, pages
+    assert "killed after" in out.stdout and "killed and resumed = straight" in out.stdout
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)

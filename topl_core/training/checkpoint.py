@@ -1,12 +1,17 @@
 """A training run's checkpoint: what is trained (Trainable), its state written whole (so a run resumes on any world
 size, with or without FSDP) into run/checkpoint/ atomically with per-file checksums, and read back — a checkpoint
-whose files changed since it was written is refused, never resumed from."""
+whose files changed since it was written is refused, never resumed from.
+
+The random state is every rank's, of every device it draws on (the CPU's generator and each CUDA device's: LoRA
+dropout draws its masks on the device the activations are on), in rng.safetensors as `rank<r>.cpu`,
+`rank<r>.cuda<i>`; each rank resumes with its own, so a resumed run draws the masks the uninterrupted one drew."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +35,9 @@ class Trainable:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     ctx: StepContext
     probe_params: list[torch.nn.Parameter] = field(default_factory=list)  # the side probes'
+    # this rank's random state after its last completed step (device_rng_state), what a checkpoint records: one taken
+    # after a step was cut short (SIGTERM mid-step) must not hold the draws of the step it did not finish
+    rng: dict[str, torch.Tensor] | None = None
 
 
 ADAPTER = "default"  # the PEFT adapter name of a training run
@@ -40,9 +48,57 @@ def lora_state(t: Trainable, world: World) -> dict[str, torch.Tensor]:
     return {n: world.full(p.detach()) for n, p in t.model.named_parameters() if "lora_" in n}
 
 
-def checkpoint_state(t: Trainable, world: World) -> dict | None:
+def device_rng_state() -> dict[str, torch.Tensor]:
+    """This process's random state on every device: the CPU generator's, and each CUDA device's once CUDA is in use
+    (before that, nothing has been drawn there)."""
+    states = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states |= {f"cuda{i}": torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())}
+    return states
+
+
+def restore_device_rng_state(states: dict[str, torch.Tensor]) -> None:
+    """Set the generators device_rng_state read (a CUDA device this machine lacks is skipped: a run resumed on
+    another machine cannot draw on it anyway)."""
+    torch.set_rng_state(states["cpu"])
+    for name, state in states.items():
+        if name.startswith("cuda") and torch.cuda.is_available() and int(name[4:]) < torch.cuda.device_count():
+            torch.cuda.set_rng_state(state, int(name[4:]))
+
+
+def rng_entries(t: Trainable, world: World, all_ranks: bool = True) -> dict[str, torch.Tensor]:
+    """Every rank's random state as rng.safetensors holds it (`rank<r>.<device>`). A collective when `all_ranks`
+    (every rank must call it); without (a rank that stops on its own error: its peers are not here to gather),
+    only this rank's."""
+    mine = t.rng if t.rng is not None else device_rng_state()
+    ranks = enumerate(world.gather([mine])) if all_ranks else [(world.rank, mine)]
+    return {f"rank{r}.{device}": state for r, states in ranks for device, state in states.items()}
+
+
+def restore_rng(saved: dict[str, torch.Tensor], rank: int) -> None:
+    """This rank's random state from rng.safetensors (one written before ranks were recorded holds the CPU state
+    alone, under "torch")."""
+    if "torch" in saved:
+        torch.set_rng_state(saved["torch"])
+        return
+    prefix = f"rank{rank}."
+    mine = {name.removeprefix(prefix): state for name, state in saved.items() if name.startswith(prefix)}
+    if not mine:  # written by rank 0 alone (an error on one rank), or by a smaller world
+        warnings.warn(
+            f"the checkpoint holds no random state of rank {rank} (written by ranks "
+            f"{sorted({n.split('.')[0] for n in saved})}): its dropout masks from here differ from the uninterrupted "
+            "run's.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
+    restore_device_rng_state(mine)
+
+
+def checkpoint_state(t: Trainable, world: World, all_ranks: bool = True) -> dict | None:
     """What a checkpoint holds, whole (so it resumes on any world size, with or without FSDP); None on ranks other
-    than 0, after taking part in the all-gathers."""
+    than 0, after taking part in the all-gathers. `all_ranks`: every rank takes the checkpoint together (the
+    random states are gathered); False for a rank leaving on an error of its own (rank 0's state alone)."""
     from peft import get_peft_model_state_dict
 
     # PEFT's default ("auto") asks the hub whether the base model's embeddings were resized; LoRA here never
@@ -53,9 +109,11 @@ def checkpoint_state(t: Trainable, world: World) -> dict | None:
         index: {k: world.full(v) if isinstance(v, torch.Tensor) else v for k, v in param_state.items()}
         for index, param_state in optimizer["state"].items()
     }
+    rng = rng_entries(t, world, all_ranks)
     if not world.is_main:
         return None
     return {
+        "rng": rng,
         "adapter": adapter,
         "head": t.head.state_dict() if t.head is not None else None,
         "probes": t.ctx.probes.state_dict() if t.ctx.probes else None,
@@ -71,7 +129,7 @@ def write_checkpoint(run: RunDir, ckpt: dict, step: int) -> None:
     for name, file in (("head", HEAD_FILE), ("probes", PROBES_FILE)):
         if ckpt[name] is not None:
             save_tensors(tmp / file, ckpt[name])
-    save_tensors(tmp / "rng.safetensors", {"torch": torch.get_rng_state()})
+    save_tensors(tmp / "rng.safetensors", ckpt["rng"])
     torch.save(ckpt["optimizer"], tmp / "optimizer.pt")
     checksums = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
     write_json(tmp / "state.json", {"step": step, "checksums": checksums})
@@ -108,7 +166,7 @@ def load_checkpoint(run: RunDir, t: Trainable, world: World) -> int:
                     param_state[k] = world.place(v, params[index])
         t.optimizer.load_state_dict(opt["optimizer"])
         t.scheduler.load_state_dict(opt["scheduler"])
-        torch.set_rng_state(load_file(ck / "rng.safetensors")["torch"])
+        restore_rng(load_file(ck / "rng.safetensors"), world.rank)
     except RunError:
         raise
     except Exception as e:

@@ -29,7 +29,14 @@ from ..models.architecture import check_layer_range, compile_layers
 from ..models.loading import LoadedModel, ModelSpec, hub_id, layer_count, load_model
 from .batching import EncodeSettings, batch_for, length_buckets, make_packed_batches
 from .card import write_card
-from .checkpoint import Trainable, checkpoint_state, load_checkpoint, lora_state, write_checkpoint
+from .checkpoint import (
+    Trainable,
+    checkpoint_state,
+    device_rng_state,
+    load_checkpoint,
+    lora_state,
+    write_checkpoint,
+)
 from .clock import TrainingClock
 from .config import TrainConfig
 from .lora import apply_lora, cast_lora_inputs
@@ -129,7 +136,7 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World,
                 trackers = open_trackers(cfg, run, start, tracking_group)
         for step in range(start + 1, cfg.steps + 1):
             loss, info, tokens = _train_step(cfg, method, t, batches.train, step, world)
-            completed = step
+            completed, t.rng = step, device_rng_state()  # what a checkpoint of this step holds (validation draws none)
             row = {"step": step, "loss": loss, "lr": t.scheduler.get_last_lr()[0], **clock.step(tokens), **info}
             with clock.overhead():  # validation and checkpoints are not training time
                 val = _validate(cfg, method, t, batches, step, world)
@@ -144,7 +151,7 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World,
         # keep every completed step: checkpoint before leaving, so `train` here resumes (under FSDP only when all
         # ranks stop together: gathering the shards needs every rank)
         if completed > last_ckpt and (not world.fsdp or isinstance(e, Cancelled)):
-            ckpt = checkpoint_state(t, world)
+            ckpt = checkpoint_state(t, world, all_ranks=isinstance(e, Cancelled))  # else its peers may not be here
             if world.is_main:
                 write_checkpoint(run, ckpt, completed)
                 last_ckpt = completed
