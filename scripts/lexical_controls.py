@@ -11,31 +11,21 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
-
-from topl_core.analysis.lexical import labelled_controls
-from topl_core.analysis.studies.transfer import bootstrap_auroc, load_cliff
-from topl_core.data.encode import encode_record
+from topl_core.analysis.lexical import CONTROLS
+from topl_core.analysis.studies.transfer import bootstrap_auroc, control_arrays, load_cliff, stage_sets
 from topl_core.data.records import read_jsonl
-from topl_core.data.split import split_records
 from topl_core.foundations.presets import DEFAULT_MODEL
 from topl_core.models.loading import ModelSpec, load_model
 from topl_core.training.config import TrainConfig
 
 
 def controls_of(tokenizer, records, max_doc_tokens: int, max_response_tokens: int, bootstrap: int, seed: int) -> dict:
-    encoded = [encode_record(tokenizer, r, max_doc_tokens, max_response_tokens) for r in records]
-    gold = [e.response_labels for e in encoded]
-    scores = labelled_controls(
-        [r.document for r in records], [r.response for r in records], [e.response_offsets for e in encoded], gold
-    )
-    bad = np.concatenate([(g[g >= 0] == 0) for g in gold]).astype(int)
-    groups = np.concatenate([np.full(int((g >= 0).sum()), i) for i, g in enumerate(gold)])
-    cis = bootstrap_auroc(bad, scores, groups, bootstrap, seed)
+    t = control_arrays(tokenizer, records, max_doc_tokens, max_response_tokens)
+    cis = bootstrap_auroc(t["bad"], {c: t[c] for c in CONTROLS}, t["record"], bootstrap, seed)
     return {
         "records": len(records),
-        "tokens": int(len(bad)),
-        "pct_bad": float(100 * bad.mean()),
+        "tokens": int(len(t["bad"])),
+        "pct_bad": float(100 * t["bad"].mean()),
         **{k: v._asdict() for k, v in cis.items()},
     }
 
@@ -52,14 +42,11 @@ def main() -> None:
     args = p.parse_args()
     tokenizer = load_model(ModelSpec(args.model)).tokenizer
     cfg = TrainConfig()
-    sets = {"perturbations/test": split_records(read_jsonl(args.data), seed=cfg.split_seed)["test"]}
+    labelled = [r for r in read_jsonl(args.data) if r.token_labels_known]
     cliff, notes = load_cliff(args.cliff)
-    for source in sorted(cliff.sources) if cliff is not None else ():
-        sets[f"{source}/test"] = [r for r in cliff.records if r.source == source and r.meta.get("cut") == "test"]
+    sets = stage_sets(cfg.split_seed, "heldout", labelled, cliff, args.records)  # transfer --stage heldout's sets
     rows = {
-        name: controls_of(
-            tokenizer, recs[: args.records], cfg.max_doc_tokens, cfg.max_response_tokens, args.bootstrap, args.seed
-        )
+        name: controls_of(tokenizer, recs, cfg.max_doc_tokens, cfg.max_response_tokens, args.bootstrap, args.seed)
         for name, recs in sets.items()
         if recs
     }

@@ -1123,7 +1123,8 @@ def test_evaluation_runs_in_the_background_and_shows_tables(workbench):
     table = next(f for f in frames if {"variant", "ID", "OOD"} <= set(f.columns))
     assert list(table["variant"]) == ["base", "merged (topl-tiny)", "steered λ=3 (topl-tiny)"]
     assert table["n_ID"].tolist() == [2, 2, 2]
-    assert any({"variant", "sentences", "words"} == set(f.columns) for f in frames), "no summary-length table"
+    # the lengths beside factuality, with the supported sentences per summary (a count that does not reward saying less)
+    assert any({"variant", "sentences", "words", "supported"} == set(f.columns) for f in frames), "no length table"
     assert any("measured AUROC" in i.value for i in at.info), "the offline scorer's measured quality is not shown"
     scatter = next(f for f in figures(at) if "full summary vs sentence" in f["layout"]["title"]["text"])
     summaries = int((table["n_ID"] + table["n_OOD"]).sum())  # 3 variants × (2 ID + 1 OOD when CLIFF is beside)

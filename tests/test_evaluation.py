@@ -262,6 +262,8 @@ def test_results_table_arithmetic():
     assert list(t.index) == ["base", "topl"]
     assert t.loc["base", "ID"] == pytest.approx(0.3) and t.loc["base", "OOD"] == pytest.approx(0.9)
     assert t.loc["base", "average"] == pytest.approx(0.6) and t.loc["base", "sentences"] == pytest.approx(3.0)
+    # supported sentences: each summary's sentence scores summed (score × count), averaged: (0.4 + 1.6 + 2.7) / 3
+    assert t.loc["base", "supported"] == pytest.approx(4.7 / 3) and t.loc["topl", "supported"] == pytest.approx(1.0)
     assert t.loc["base", "cliff-xsum"] == pytest.approx(0.9)
     assert np.isnan(t.loc["topl", "OOD"]) and t.loc["topl", "average"] == 1.0 and t.loc["topl", "n_OOD"] == 0
     assert results_table(per_doc, "full").loc["base", "ID"] == pytest.approx(0.2)

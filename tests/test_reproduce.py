@@ -17,6 +17,7 @@ from topl_core.analysis.studies.reproduce import plan_tasks, read_tasks, run_rep
 from topl_core.analysis.studies.reproduce_claims import CLAIMS, VERDICTS
 from topl_core.analysis.studies.reproduce_config import ReproduceConfig
 from topl_core.analysis.studies.reproduce_report import read_report
+from topl_core.cli import main
 from topl_core.foundations.errors import RunError
 from topl_core.foundations.presets import scaled_layer
 from topl_core.foundations.status import read_status, request_stop
@@ -232,9 +233,18 @@ def test_how_far_rho_moves_under_the_intervals():
 
 
 def test_claims_read_directions_and_intervals_by_hand():
+    """Three outcomes: reproduced only when the interval excludes the opposite direction, unsettled when only the
+    point estimate agrees (with how often the resamples agree and the documents that would settle it), not reproduced
+    when the estimate points the other way."""
     import pandas as pd
 
-    from topl_core.analysis.studies.reproduce_claims import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, judge
+    from topl_core.analysis.studies.reproduce_claims import (
+        NOT_MEASURABLE,
+        NOT_REPRODUCED,
+        REPRODUCED,
+        UNSETTLED,
+        judge,
+    )
     from topl_core.analysis.studies.reproduce_tables import ReportTables
 
     def sep(topl, sft, low_high=0.01):
@@ -245,24 +255,125 @@ def test_claims_read_directions_and_intervals_by_hand():
         ]
         return pd.DataFrame(rows)
 
-    def curve(method, values):
+    def curve(method, values, change_half=0.03):
         return [
             {"run": method, "mode": "vector", "lambda": lam, "factuality": f, "factuality_lo": f - 0.05}
-            | {"factuality_hi": f + 0.05, "change_lo": 0.01}
+            | {"factuality_hi": f + 0.05, "factuality_n": 48, "change": f - values[1]}
+            | {"change_lo": f - values[1] - change_half, "change_hi": f - values[1] + change_half}
             for lam, f in zip((-2.0, 0.0, 2.0, 4.0), values)
         ]
 
     t = ReportTables(separability=sep(0.75, 0.63))
     t.lambda_curve = pd.DataFrame(curve("topl", (0.5, 0.6, 0.7, 0.4)) + curve("sft", (0.6, 0.6, 0.61, 0.6)))
+    t.rho = {"rho": 0.07, "lo": -0.71, "hi": 0.29, "positive": 0.2, "methods": 7}
+    t.labels = pd.DataFrame(
+        [{"setting": "original", "val_token_auroc": 0.74}, {"setting": "random", "val_token_auroc": 0.53}]
+    )
     v = {x.claim: x for x in judge(t)}
-    first, control, rises, flatter = (v[c.statement] for c in CLAIMS[0:2] + CLAIMS[4:6])
-    assert first.verdict == REPRODUCED and "settle it" in first.why and "overlap" not in first.why
+    first, control, rho, rises, flatter = (v[c.statement] for c in (*CLAIMS[0:3], *CLAIMS[5:7]))
+    assert first.verdict == REPRODUCED and "excludes the opposite direction" in first.why
     assert control.verdict == REPRODUCED and rises.verdict == REPRODUCED and flatter.verdict == REPRODUCED
     assert "λ = 2" in rises.this_run
-    assert v[CLAIMS[3].statement].verdict == NOT_MEASURABLE  # no factuality measured
+    # the committed SmolLM2 report's ρ: positive at the point, positive in a fifth of the draws — unsettled, not a
+    # reproduction, and the why says so
+    assert rho.verdict == UNSETTLED and "20% of the bootstrap draws" in rho.why and "does not settle" in rho.why
+    labels = v[CLAIMS[7].statement]
+    assert labels.verdict == UNSETTLED and "no interval" in labels.why
+    assert v[CLAIMS[3].statement].verdict == v[CLAIMS[4].statement].verdict == NOT_MEASURABLE  # no factuality
     t = ReportTables(separability=sep(0.62, 0.63, low_high=0.05))
     t.lambda_curve = pd.DataFrame(curve("topl", (0.4, 0.5, 0.6, 0.7)))
     v = {x.claim: x for x in judge(t)}
-    assert v[CLAIMS[0].statement].verdict == NOT_REPRODUCED and "overlap" in v[CLAIMS[0].statement].why
-    assert v[CLAIMS[4].statement].verdict == NOT_REPRODUCED  # rises all the way: peaks at the end of the grid
-    assert v[CLAIMS[5].statement].verdict == NOT_MEASURABLE  # no SFT curve
+    first = v[CLAIMS[0].statement]
+    assert first.verdict == NOT_REPRODUCED and "does not settle it either" in first.why
+    assert v[CLAIMS[5].statement].verdict == NOT_REPRODUCED  # rises all the way: peaks at the end of the grid
+    assert v[CLAIMS[6].statement].verdict == NOT_MEASURABLE  # no SFT curve
+    # a small rise inside the grid whose interval straddles 0: unsettled, with the power estimate in documents
+    t.lambda_curve = pd.DataFrame(curve("topl", (0.3, 0.68, 0.69, 0.31), change_half=0.08))
+    rises = {x.claim: x for x in judge(t)}[CLAIMS[5].statement]
+    assert rises.verdict == UNSETTLED and "documents (now 48) would settle" in rises.why
+
+
+def test_the_power_estimate_and_the_paired_comparisons():
+    """documents_to_settle: n · ((1.96 + 0.84) · s.e. / |d|)², so a difference whose interval just touches 0 needs
+    (2.80 / 1.96)² ≈ 2× the documents; topl_pairs pairs TOPL with each method on the same OOD documents, and the
+    OOD claims read it (factuality, and the supported sentences that do not reward shorter summaries)."""
+    import numpy as np
+    import pandas as pd
+
+    from topl_core.analysis.studies.reproduce_claims import (
+        NOT_REPRODUCED,
+        REPRODUCED,
+        UNSETTLED,
+        Comparison,
+        documents_to_settle,
+        judge,
+    )
+    from topl_core.analysis.studies.reproduce_tables import ReportTables, _factuality, topl_pairs
+
+    assert documents_to_settle(Comparison(0.1, 0.0, 0.2, n=24)) == 50  # 24 · (2.8016 / 1.96)² = 49.04 → 50
+    assert documents_to_settle(Comparison(0.1, 0.0, 0.2)) is None and documents_to_settle(Comparison(0.1)) is None
+    assert documents_to_settle(Comparison(0.05, -0.05, 0.15, n=24)) == 197  # half the effect: four times (196.2)
+    rng = np.random.default_rng(0)
+    rows = []
+    for doc, kind in [(d, "OOD") for d in range(24)] + [(d, "ID") for d in range(4)]:
+        for variant, (score, n) in {"base": (0.6, 2), "topl": (0.66, 3), "sft": (0.7, 1)}.items():
+            rows.append(
+                {"variant": variant, "set": kind, "source": "x", "doc_id": f"d{doc}", "n_sentences": n}
+                | {"score_sentence": score + rng.normal(0, 0.1), "score_full": score, "n_words": 10 * n}
+            )
+    per_doc = pd.DataFrame(rows)
+    pairs = topl_pairs(per_doc).set_index(["other", "measure"])
+    assert set(pairs.index) == {("sft", "factuality"), ("sft", "supported")}
+    fact, supp = pairs.loc[("sft", "factuality")], pairs.loc[("sft", "supported")]
+    assert fact.n == supp.n == 24 and fact.d < 0 < supp.d  # SFT: more factual per sentence, says far less
+    assert 0 <= fact.agree < 0.5 < supp.agree <= 1
+    t = ReportTables(factuality=_factuality(per_doc), pairs=topl_pairs(per_doc))
+    v = {x.claim: x for x in judge(t)}
+    most, supported = v[CLAIMS[3].statement], v[CLAIMS[4].statement]
+    assert most.verdict in (NOT_REPRODUCED, UNSETTLED)
+    assert "sentences per OOD summary: TOPL 3.00, sft 1.00" in most.this_run
+    assert supported.verdict == REPRODUCED and "supported sentences per OOD summary" in supported.this_run
+
+
+def test_a_saved_report_is_judged_again_from_its_tables_alone(study, tmp_path):
+    """reproduce --rejudge on a copy of the quick study's report, its detection rows put back in the old layout (one
+    row per detector, no controls) and its study folder out of reach: every kept table as it was, the same column
+    order, the detection controls recomputed from the data alone equal to the ones the study's own scoring gave, and
+    a verdict per claim; what needs the per-document scores says so."""
+    import shutil
+
+    from topl_core.analysis.lexical import CONTROLS
+
+    fresh = read_report(study["folder"])
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    for name in ("report.md", "report.json", "figures"):
+        src = study["folder"] / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, folder / name)
+    saved = json.loads((folder / "report.json").read_text())
+    detectors = ("head", "frozen probe", "surprisal")
+    saved["sections"]["detection"] = [
+        {k: r[k] for k in ("method", "token set", "tokens", "records", "% bad")}
+        | {"detector": d, "AUROC [95% CI]": r[d]}
+        for r in fresh["sections"]["detection"]
+        for d in detectors
+    ]
+    (folder / "report.json").write_text(json.dumps(saved))
+    assert main(["reproduce", "--rejudge", str(folder)]) == 0
+    again = read_report(folder)
+    for key in ("training", "separability", "factuality", "indicator", "lambda_curve", "labels"):
+        kept = [{k: v for k, v in r.items() if k != "supported sentences (OOD)"} for r in again["sections"][key]]
+        assert kept == [
+            {k: v for k, v in r.items() if k != "supported sentences (OOD)"} for r in fresh["sections"][key]
+        ]
+    assert again["sections"]["detection"] == fresh["sections"]["detection"]  # the controls, recomputed: the same
+    assert all(set(CONTROLS) <= set(r) for r in again["sections"]["detection"])
+    assert [v["claim"] for v in again["verdicts"]] == [c.statement for c in CLAIMS]
+    assert all(v["verdict"] in VERDICTS for v in again["verdicts"])
+    supported = next(v for v in again["verdicts"] if "supported sentences" in v["claim"])
+    assert supported["verdict"] == "not measurable here"
+    md = (folder / "report.md").read_text(encoding="utf-8")
+    header = lambda text, title: text.split(f"## {title}\n", 1)[1].split("\n| ", 1)[1].split("\n", 1)[0]  # noqa: E731
+    fresh_md = (study["folder"] / "report.md").read_text(encoding="utf-8")
+    assert header(md, "Training") == header(fresh_md, "Training")
+    assert "Re-judged on" in md and "upper estimate" in md  # the note, and the comparisons from the intervals

@@ -154,7 +154,8 @@ def results_panel(res: dict, protocol: str, name: str, per_doc_csv: Path) -> Non
     the CSV, and the protocols' agreement."""
     table = pd.DataFrame(res[f"table_{protocol}"])
     # ID, OOD, average, then one column per OOD source (CLIFF's two, or a benchmark's datasets and their mean)
-    score_cols = [c for c in table.columns if c not in ("variant", "sentences", "words", "n_ID", "n_OOD")]
+    lengths = [c for c in ("sentences", "words", "supported") if c in table]  # "supported": results from before it
+    score_cols = [c for c in table.columns if c not in ("variant", *lengths, "n_ID", "n_OOD")]
     st.subheader("Factuality")
     score_table(table, score_cols, KEY + "table")
     long = table.melt(
@@ -176,13 +177,18 @@ def results_panel(res: dict, protocol: str, name: str, per_doc_csv: Path) -> Non
         key=KEY + "bars",
     )
     st.subheader("Summary length")
+    st.caption(
+        "Factuality per sentence rewards saying less: read it beside the length and the supported sentences per "
+        "summary (the sum of its sentences' scores), a count that does not reward shorter summaries."
+    )
     st.dataframe(
-        table[["variant", "sentences", "words"]],
+        table[["variant", *lengths]],
         hide_index=True,
         key=KEY + "lengths",
         column_config={
             "sentences": st.column_config.NumberColumn("avg sentences", format="%.2f"),
             "words": st.column_config.NumberColumn("avg words", format="%.1f"),
+            "supported": st.column_config.NumberColumn("supported sentences", format="%.2f"),
         },
     )
     csv_download(table, f"{name}-{protocol}.csv", key=KEY + "table_csv")

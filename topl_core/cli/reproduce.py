@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 from ..analysis.studies.reproduce import read_tasks, resume_reproduce, run_reproduce
 from ..analysis.studies.reproduce_config import ReproduceConfig
+from ..analysis.studies.reproduce_rejudge import rejudge_report
 from ..analysis.studies.reproduce_report import read_report
 from ..foundations.config_fields import add_config_args, config_args
 from ..foundations.progress import Bar, format_seconds
@@ -31,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "  python -m topl_core reproduce --out runs/paper-quick --quick    # the structure end to end, minutes\n"
         "  python -m topl_core reproduce --out runs/paper-qwen --preset qwen3-8b --device cuda\n"
         "  python -m topl_core reproduce --resume runs/paper               # continue; finished tasks are kept\n"
-        "  python -m topl_core reproduce --show runs/paper                 # its tasks, and the verdicts",
+        "  python -m topl_core reproduce --show runs/paper                 # its tasks, and the verdicts\n"
+        "  python -m topl_core reproduce --rejudge docs/results/reproduce-smollm2   # a saved report, judged again",
     )
     add_study_folder_args(
         p, "study", "reproduce.json, methods/, tasks/, report.md, report.html", "the study's tasks and, once finished, "
@@ -46,6 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("what the study trains and measures (--preset alone: the preset's own model)")
     add_config_args(g, ReproduceConfig)  # no defaults here: what is not given comes from the config (or --quick)
     add_executor_args(p)
+    p.add_argument(
+        "--rejudge",
+        metavar="FOLDER",
+        help="rewrite the report in FOLDER with the current claims' verdicts and the detection table's model-free "
+        "controls, from its saved tables alone (no study folder, no training: reproduce_rejudge.py)",
+    )
     p.set_defaults(func=run)
 
 
@@ -71,6 +80,18 @@ def _show(folder: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.rejudge:
+        today = datetime.now(timezone.utc).date().isoformat()
+        note = (
+            f"Re-judged on {today} from this report's saved tables (`python -m topl_core reproduce --rejudge "
+            f"{args.rejudge}`): the verdicts by the current claims (reproduced / unsettled / not reproduced, with "
+            "the power estimates), the detection table's model-free controls recomputed on the same tokens; "
+            "every other table as the study wrote it."
+        )
+        print(rejudge_report(args.rejudge, note))
+        for v in read_report(args.rejudge)["verdicts"]:
+            print(f"- {v['verdict']}: {v['claim']}")
+        return 0
     if args.show:
         _show(args.show)
         return 0

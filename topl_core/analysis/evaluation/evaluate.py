@@ -8,6 +8,7 @@ config.py (Variant, EvalConfig); on which documents: documents.py; the λ study:
     EvalResult.per_doc (DataFrame: variant, lambda, set, source, doc_id, text, score_sentence, score_full,
                n_sentences, n_words), .table(protocol="sentence", by_source=False), .quality (ScorerQuality or None)
     results_table(per_doc, protocol="sentence", by_source=False) -> DataFrame
+    supported_sentences(per_doc) -> Series         each summary's sum of sentence scores (length-aware)
     protocol_agreement(per_doc) -> dict            Spearman ρ of sentence-level vs full-summary scores
     steering_vectors_for(run, cfg) -> SteeringVectors    from the run's validation split (cached projections)
     generate_for(variant, docs, cfg, models, vectors) -> list[str]   a variant's generations (cached)
@@ -165,11 +166,19 @@ class EvalResult:
         return results_table(self.per_doc, protocol, by_source)
 
 
+def supported_sentences(per_doc):
+    """Each summary's supported sentences: the sum of its sentences' scores (the sentence protocol's mean × its
+    sentence count) — how much the summary says that its document supports. The mean per sentence rewards saying
+    less (one safe sentence scores above three of which one is shaky); this count does not: read the two together."""
+    return per_doc["score_sentence"] * per_doc["n_sentences"]
+
+
 def results_table(per_doc, protocol: str = "sentence", by_source: bool = False):
     """Rows = variant (in first-seen order); columns ID, OOD (means over documents of the protocol's score),
     average (mean of the ID and OOD means, as in the paper), sentences (mean sentence count over all documents),
-    words, n_ID, n_OOD; with by_source, one extra column per OOD source and, with several sources, their unweighted
-    mean (OOD_MEAN)."""
+    words, supported (mean supported sentences per summary, a length-aware measure: supported_sentences), n_ID,
+    n_OOD; with by_source, one extra column per OOD source and, with several sources, their unweighted mean
+    (OOD_MEAN)."""
     import pandas as pd
 
     if protocol not in PROTOCOLS:
@@ -189,13 +198,14 @@ def results_table(per_doc, protocol: str = "sentence", by_source: bool = False):
         row["average"] = float(np.mean(means)) if means else float("nan")
         row["sentences"] = float(sub["n_sentences"].mean())
         row["words"] = float(sub["n_words"].mean())
+        row["supported"] = float(supported_sentences(sub).mean())
         if by_source:
             by = {src: float(part[col].mean()) for src, part in sub[sub["set"] == "OOD"].groupby("source")}
             if len(by) > 1:  # the paper's average over datasets: each dataset weighs the same, whatever its size
                 row[OOD_MEAN] = float(np.mean(list(by.values())))
             row.update(by)
         out.append(row)
-    cols = ["variant", "ID", "OOD", "average", "sentences", "words", "n_ID", "n_OOD"]
+    cols = ["variant", "ID", "OOD", "average", "sentences", "words", "supported", "n_ID", "n_OOD"]
     df = pd.DataFrame(out)
     return df[cols + [c for c in df.columns if c not in cols]].set_index("variant")
 

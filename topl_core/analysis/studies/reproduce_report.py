@@ -12,14 +12,14 @@ from __future__ import annotations
 import html
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from ...foundations.io import atomic_open, write_json
 from ..lora_a.separability import METHOD
 from .paper_numbers import INDICATOR_MODEL
 from .report_figures import Series, chart, standalone
-from .reproduce_claims import VERDICTS, judge
+from .reproduce_claims import VERDICTS, Comparison, documents_to_settle, judge
 from .reproduce_config import CONTROL_MODES, VECTOR_MODE, ReproduceConfig
 from .reproduce_tables import ReportTables, report_tables
 
@@ -88,11 +88,34 @@ def _show_factuality(t: ReportTables) -> list[dict]:
             "Δ ID vs base": _ci(r.d_ID, r.d_ID_lo, r.d_ID_hi, sign=True),
             "Δ OOD vs base": _ci(r.d_OOD, r.d_OOD_lo, r.d_OOD_hi, sign=True),
             "sentences, all (OOD)": f"{_f(r.sentences, 2)} ({_f(r.ood_sentences, 2)})",
+            "supported sentences (OOD)": _f(getattr(r, "ood_supported", math.nan), 2),
             "documents ID + OOD": f"{int(r.n_ID)} + {int(r.n_OOD)}",
             f"{PAPER} OOD": _f(r.paper_ood, 4),
         }
         for r in t.factuality.itertuples()
     ]
+
+
+MEASURE_LABELS = {"factuality": "factuality (sentence protocol)", "supported": "supported sentences per summary"}
+
+
+def _show_pairs(t: ReportTables) -> list[dict]:
+    rows = []
+    for r in t.pairs.itertuples():
+        c = Comparison(r.d, r.d_lo, r.d_hi, r.agree, n=int(r.n))
+        settle = documents_to_settle(c)
+        rows.append(
+            {
+                "TOPL against": r.other,
+                "measure": MEASURE_LABELS.get(r.measure, r.measure),
+                "TOPL − other [95%]": _ci(r.d, r.d_lo, r.d_hi, sign=True),
+                "draws with TOPL above": f"{100 * r.agree:.0f}%" if math.isfinite(r.agree) else "–",
+                "documents": int(r.n),
+                "settled?": "yes" if r.d_lo > 0 or r.d_hi < 0 else "no",
+                "documents to settle (80% power)": "–" if settle is None or r.d_lo > 0 or r.d_hi < 0 else f"{settle:,}",
+            }
+        )
+    return rows
 
 
 def _show_indicator(t: ReportTables) -> list[dict]:
@@ -150,7 +173,7 @@ def _show_detection(t: ReportTables) -> list[dict]:
         first = part.iloc[0]
         row = {"method": method, "token set": token_set}
         row |= {r.detector: _ci(r.auroc, r.ci_low, r.ci_high) for r in part.itertuples()}
-        rows.append(row | {"tokens": first.tokens, "records": first.records, "% bad": _f(first.pct_bad, 1)})
+        rows.append(row | {"tokens": int(first.tokens), "records": int(first.records), "% bad": _f(first.pct_bad, 1)})
     return rows
 
 
@@ -168,8 +191,10 @@ def _sections(cfg: ReproduceConfig, t: ReportTables, verdicts) -> list[Section]:
         Section(
             "verdicts",
             "Verdicts",
-            "Each claim against this run's figures: the direction from the point estimates, and whether the 95% "
-            "intervals settle it.",
+            "Each claim against this run's figures: reproduced when the claim's direction holds and its 95% "
+            "interval excludes the opposite; unsettled when only the point estimate points the claim's way (the why "
+            "says how often the bootstrap agrees and how many documents would settle a difference of that size); "
+            "not reproduced when the estimate points the other way.",
             [
                 {
                     "claim": v.claim,
@@ -194,8 +219,20 @@ def _sections(cfg: ReproduceConfig, t: ReportTables, verdicts) -> list[Section]:
             "Factuality, ID and OOD",
             f"Summaries of the same {cfg.n_id} ID documents (test split) and {cfg.n_ood} OOD documents by the base "
             f"model and every merged model, scored by {cfg.scorer}; Δ: the paired change against the base model on "
-            "the same documents, with its 95% interval.",
+            "the same documents, with its 95% interval. Beside the factuality, the summaries' length (sentences) and "
+            "the supported sentences per OOD summary (the sum of its sentences' scores): the sentence protocol's mean "
+            "rewards saying less, the count does not.",
             _show_factuality(t),
+        ),
+        Section(
+            "comparisons",
+            "TOPL against each method, OOD, paired per document",
+            "The OOD factuality of TOPL's merged model minus each other merged model's on the same documents "
+            "(sentence protocol), and the same for the supported sentences per summary (the sum of its sentences' "
+            "scores: a count that does not reward shorter summaries, where the mean per sentence does); 95% "
+            "interval, the share of 2,000 document resamples with TOPL above, and for an unsettled difference the "
+            "documents that would settle one of that size with 80% power.",
+            _show_pairs(t),
         ),
         Section(
             "indicator",
@@ -277,7 +314,7 @@ p {line-height: 1.5;} code {background: #f3f3f3; padding: 0 .25em; border-radius
 table {border-collapse: collapse; font-size: .9rem; margin: .6rem 0;}
 th, td {border: 1px solid #ccc; padding: .25rem .5rem; text-align: left; vertical-align: top;}
 th {background: #f5f5f5;}
-td.v-reproduced-in-direction {background: #dcfce7;} td.v-not-reproduced {background: #fee2e2;}
+td.v-reproduced {background: #dcfce7;} td.v-unsettled {background: #fef9c3;} td.v-not-reproduced {background: #fee2e2;}
 td.v-not-measurable-here {background: #f3f4f6;}
 """
 
@@ -328,14 +365,27 @@ def write_report(folder: str | Path, cfg: ReproduceConfig, results: dict[str, di
     folder = Path(folder)
     tables = report_tables(cfg, results)
     verdicts = judge(tables)
-    sections = _sections(cfg, tables, verdicts)
     figures = _figures(tables)
     (folder / "figures").mkdir(parents=True, exist_ok=True)
     for name, svg in figures.items():
         with atomic_open(folder / "figures" / f"{name}.svg") as f:
             f.write(standalone(svg))
+    payload = {"config": cfg.to_json(), "machine": machine, "rho": tables.rho}
+    return render_report(folder, cfg, _setup(cfg, results, machine), _sections(cfg, tables, verdicts), figures, payload)
+
+
+def render_report(
+    folder: Path,
+    cfg: ReproduceConfig,
+    setup: list[str],
+    sections: list[Section],
+    figures: dict[str, str],
+    payload: dict,
+) -> Path:
+    """report.md, report.html and report.json from the report's parts: the setup paragraphs, the sections (their
+    rows as display strings; the verdicts' rows the verdicts), the figures' SVG (inline in the HTML, linked from the
+    Markdown) and what report.json holds beside them (config, machine, rho)."""
     title = f"Reproducing the paper's tables: {cfg.model}"
-    setup = _setup(cfg, results, machine)
     md = [f"# {title}", "", *(p + "\n" for p in setup)]
     page = [f"<h1>{html.escape(title)}</h1>", *(f"<p>{html.escape(p)}</p>" for p in setup)]
     for s in sections:
@@ -352,18 +402,25 @@ def write_report(folder: str | Path, cfg: ReproduceConfig, results: dict[str, di
         )
     with atomic_open(folder / "report.md") as f:
         f.write("\n".join(md))
+    verdicts = next((s.rows for s in sections if s.key == "verdicts"), [])
     write_json(
         folder / "report.json",
-        {
-            "config": cfg.to_json(),
-            "machine": machine,
-            "verdicts": [asdict(v) for v in verdicts],
-            "rho": tables.rho,
+        payload
+        | {
+            "verdicts": [_verdict_json(v) for v in verdicts],
             "sections": {s.key: s.rows for s in sections},
             "figures": sorted(figures),
         },
     )
     return folder / "report.md"
+
+
+def _verdict_json(row: dict) -> dict:
+    """A verdict row as report.json keeps it (Verdict's fields)."""
+    return {"claim": row["claim"], "source": row["source"], "paper": row["paper"], "this_run": row["this run"]} | {
+        "verdict": row["verdict"],
+        "why": row["why"],
+    }
 
 
 def read_report(folder: str | Path) -> dict:

@@ -3,8 +3,11 @@ random-init-A control and its per-layer profile, factuality ID / OOD with paired
 indicator table with Spearman ρ and how far ρ moves under the intervals, the λ curves, label sensitivity and
 detection — each with the paper's figures beside this run's where the paper gives them (paper_numbers.py).
 
-    ReportTables      every table (an empty DataFrame where no task measured it) and the rank correlation
+    ReportTables      every table (an empty DataFrame where no task measured it), the rank correlation and TOPL's
+                      paired OOD comparisons
     report_tables(cfg, results) -> ReportTables
+    topl_pairs(per_doc) -> DataFrame   TOPL − every other merged model, per OOD document: factuality, supported
+                      sentences
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from ...foundations.metrics import mean_ci
-from ..evaluation.evaluate import results_table
+from ..evaluation.evaluate import results_table, supported_sentences
 from ..evaluation.indicator import factuality_columns, indicator_table, rho_interval
 from ..evaluation.lambda_study import lambda_curve
 from ..evaluation.scorers import PROTOCOLS
@@ -37,6 +41,8 @@ class ReportTables:
     labels: pd.DataFrame = field(default_factory=pd.DataFrame)
     detection: pd.DataFrame = field(default_factory=pd.DataFrame)
     rho: dict = field(default_factory=dict)
+    # TOPL against every other merged model on the OOD documents, paired per document (PAIRS_COLUMNS)
+    pairs: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def _rows(results: dict, kind: str, methods) -> list[dict]:
@@ -57,6 +63,7 @@ def report_tables(cfg: ReproduceConfig, results: dict[str, dict]) -> ReportTable
     if len(per_doc):
         t.factuality = _factuality(per_doc)
         t.indicator, t.rho = _indicator(probes, per_doc)
+        t.pairs = topl_pairs(per_doc)
     steered = pd.DataFrame(_rows(results, "lambda", cfg.methods))
     if len(steered):  # lambda_curve sorts by run, mode, λ: the runs (methods) again, in the study's order
         order = {m: i for i, m in enumerate(cfg.methods)}
@@ -97,15 +104,19 @@ def _per_layer(probes: dict[str, ProbeResult]) -> pd.DataFrame:
 
 
 def _factuality(per_doc: pd.DataFrame) -> pd.DataFrame:
-    """Per variant and protocol: ID, OOD, average, sentences (all and OOD), and the paired change against the base
-    model on the same documents with its 95% interval."""
+    """Per variant and protocol: ID, OOD, average, sentences (all and OOD), supported sentences per OOD summary (a
+    length-aware measure: evaluate.supported_sentences), and the paired change against the base model on the same
+    documents with its 95% interval."""
     out = []
-    ood = per_doc[per_doc["set"] == "OOD"].groupby("variant")["n_sentences"].mean()
+    ood_docs = per_doc[per_doc["set"] == "OOD"]
+    ood = ood_docs.groupby("variant")["n_sentences"].mean()
+    supported = supported_sentences(ood_docs).groupby(ood_docs["variant"]).mean()
     for protocol in PROTOCOLS:
         col, table = f"score_{protocol}", results_table(per_doc, protocol)
         base = per_doc[per_doc["variant"] == "base"].set_index(["set", "doc_id"])[col]
         for variant, r in table.iterrows():
             row = {"variant": variant, "protocol": protocol, **r.to_dict(), "ood_sentences": ood.get(variant, math.nan)}
+            row["ood_supported"] = supported.get(variant, math.nan)
             mine = per_doc[per_doc["variant"] == variant].set_index(["set", "doc_id"])[col]
             for s in ("ID", "OOD"):
                 diff = (mine - base.reindex(mine.index)).xs(s, level="set", drop_level=False).dropna()
@@ -115,6 +126,31 @@ def _factuality(per_doc: pd.DataFrame) -> pd.DataFrame:
             row["paper_ood"] = paper.ood_factuality if paper else math.nan
             out.append(row)
     return pd.DataFrame(out)
+
+
+PAIRS_COLUMNS = ["other", "measure", "d", "d_lo", "d_hi", "agree", "n"]
+PAIR_MEASURES = {"factuality": "score_sentence", "supported": "supported"}  # the claims' two OOD comparisons
+
+
+def topl_pairs(per_doc: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """TOPL against every other merged model on the OOD documents both summarised, paired per document: the mean
+    difference (TOPL − other) of the sentence protocol's factuality and of the supported sentences per summary, its
+    95% interval (mean ± 1.96 s.e.), the share of `n_boot` document resamples in which TOPL is above, and the
+    documents."""
+    ood = per_doc[per_doc["set"] == "OOD"].assign(supported=supported_sentences)
+    by = {v: part.set_index(["source", "doc_id"]) for v, part in ood.groupby("variant")}
+    if "topl" not in by:
+        return pd.DataFrame(columns=PAIRS_COLUMNS)
+    rng, rows = np.random.default_rng(seed), []
+    for other in (v for v in dict.fromkeys(ood["variant"]) if v not in ("topl", "base")):
+        for measure, col in PAIR_MEASURES.items():
+            diff = (by["topl"][col] - by[other][col].reindex(by["topl"].index)).dropna().to_numpy(dtype=np.float64)
+            ci = mean_ci(diff, "d")
+            draws = diff[rng.integers(0, len(diff), size=(n_boot, len(diff)))].mean(axis=1) if len(diff) else diff
+            agree = float((draws > 0).mean()) if len(draws) else math.nan
+            rows.append({"other": other, "measure": measure, "d": ci["d"], "d_lo": ci["d_lo"], "d_hi": ci["d_hi"]}
+                        | {"agree": agree, "n": len(diff)})  # fmt: skip
+    return pd.DataFrame(rows, columns=PAIRS_COLUMNS)
 
 
 def _indicator(probes: dict[str, ProbeResult], per_doc: pd.DataFrame) -> tuple[pd.DataFrame, dict]:

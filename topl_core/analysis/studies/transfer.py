@@ -32,7 +32,8 @@ fingerprint) were logged before it.
     bootstrap_auroc(bad, scores, groups, n, seed) -> {detector: AurocCI}
     token_arrays(records, scores) -> {record, bad, detector: scores}   the labelled tokens of scored records
     detection_summary(records, scores, bootstrap, seed) -> dict        one set's AUROCs with CIs (score-tokens)
-    evaluation_sets(adapter, stage, labelled, cliff, max_records) -> {set name: records}
+    evaluation_sets(adapter, stage, labelled, cliff, max_records) -> {set name: records}   (stage_sets: by split seed)
+    control_arrays(tokenizer, records, max_doc_tokens, max_response_tokens) -> the controls alone, no model
     detection_scorer(adapter, labelled, settings) -> TokenScorer   head + frozen probe (probe_on_base) + surprisal
     training_records(adapter, records=None) -> [Record]   the token-labelled training data (DataError if none)
     load_cliff(path=None, detokenized=False) -> (CsvLoadReport | None, notes)   a missing default is skipped, noted
@@ -62,7 +63,7 @@ import numpy as np
 import pandas as pd
 
 from ...data.cliff import CsvLoadReport, load_factuality_csv
-from ...data.encode import IGNORE
+from ...data.encode import IGNORE, encode_record
 from ...data.records import Record, read_jsonl, records_fingerprint
 from ...data.split import split_records
 from ...foundations.config_fields import config_field
@@ -192,9 +193,16 @@ def evaluation_sets(
     """The sets of a stage, each capped at its first `max_records` records (possibly empty): the adapter's data
     split (by document, its split seed), one set per source in order of first appearance (a merged file of
     perturbations and own summaries gives two), then each CLIFF source's rows of the stage's cut."""
+    return stage_sets(adapter.settings.split_seed, stage, labelled, cliff, max_records)
+
+
+def stage_sets(
+    split_seed: int, stage: str, labelled: Sequence[Record], cliff: CsvLoadReport | None, max_records: int
+) -> dict[str, list[Record]]:
+    """evaluation_sets for a split seed (what an adapter's settings give it)."""
     split = SPLIT_OF_STAGE[stage]
     sets: dict[str, list[Record]] = {}
-    for r in split_records(labelled, seed=adapter.settings.split_seed)[split]:
+    for r in split_records(labelled, seed=split_seed)[split]:
         sets.setdefault(f"{r.source}/{split}", []).append(r)
     for source in sorted(cliff.sources) if cliff is not None else ():
         recs = [r for r in cliff.records if r.source == source and r.meta.get("cut") == split]
@@ -280,6 +288,23 @@ def token_arrays(records: Sequence[Record], scores: Sequence[TokenScores]) -> di
             [s.offsets for s in scores],
             [s.gold for s in scores],
         ),
+    }
+
+
+def control_arrays(
+    tokenizer, records: Sequence[Record], max_doc_tokens: int | None, max_response_tokens: int | None
+) -> dict[str, np.ndarray]:
+    """The model-free controls on the labelled tokens of `records` as the scorer encodes them (the base model's
+    tokenizer, the adapter's document and response caps), without any model: record index, bad, each control."""
+    encoded = [encode_record(tokenizer, r, max_doc_tokens, max_response_tokens) for r in records]
+    gold = [e.response_labels for e in encoded]
+    controls = labelled_controls(
+        [r.document for r in records], [r.response for r in records], [e.response_offsets for e in encoded], gold
+    )
+    return {
+        "record": np.concatenate([np.full(int((g != IGNORE).sum()), i) for i, g in enumerate(gold)]),
+        "bad": np.concatenate([(g[g != IGNORE] == 0) for g in gold]).astype(np.int64),
+        **controls,
     }
 
 
