@@ -36,13 +36,13 @@ merged = summary()
 merged.choices[0].message.content
 steered = summary(2.0)
 steered.choices[0].message.content
-flagged = [(t.token, round(t.p_good, 3)) for t in merged.choices[0].logprobs.content if t.p_good < 0.5]
-flagged
-steered.choices[0].model_extra["verdict"]["flagged"], merged.choices[0].model_extra["verdict"]["flagged"]
-gated = summary(2.0, mode="gated", tau=0.9, keep=2)
+[(t.token, round(t.p_good, 3)) for t in merged.choices[0].logprobs.content if t.p_good < 0.95]
+[(t.token, round(t.p_good, 3)) for t in steered.choices[0].logprobs.content if t.p_good < 0.95]
+merged.choices[0].model_extra["verdict"]["flagged"], steered.choices[0].model_extra["verdict"]["flagged"]
+gated = summary(4.0, mode="gated", tau=0.95, keep=2)
 gated.choices[0].message.content
-replaced = gated.choices[0].model_extra["verdict"]["replacements"]
-[(r["original"], r["replacement"], round(r["p_good"], 3)) for r in replaced]
+takes = gated.choices[0].model_extra["verdict"]["taken_back"]
+[(t["position"], t["original"], t["replacement"], round(t["p_good"], 3)) for t in takes]
 """
 
 

@@ -185,7 +185,8 @@ def test_the_gated_mode_reports_what_it_took_back(client, session):
     how = SteerConfig("gated", units="raw", tau=1.0, keep=64)
     gated = session.grid_generations(DOC, [lam], GenerationConfig(max_new_tokens=NEW), how=how)[0]
     verdict = reply.choices[0].model_extra["verdict"]
-    assert verdict["threshold"] == 1.0 and len(verdict["replacements"]) == len(gated.replacements)
+    assert verdict["threshold"] == 1.0 and len(verdict["taken_back"]) == gated.gate.taken_back == 1
+    assert len(verdict["replacements"]) == len(gated.replacements)
     assert [r["position"] for r in verdict["replacements"]] == [r.position for r in gated.replacements]
 
 

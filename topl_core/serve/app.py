@@ -12,6 +12,7 @@ request must carry it as a Bearer token (compared in constant time).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import time
@@ -24,10 +25,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..analysis.steering.modes import SteerConfig
-from ..analysis.steering.steered_text import Replacement
 from ..analysis.token_colors import FLAG_THRESHOLD
 from .batch import Steering
-from .engine import Busy, Chunk, Sampling, ServeEngine, TokenVerdict
+from .engine import Busy, Chunk, Sampling, ServeEngine, TakenBack, TokenVerdict
 from .protocol import ChatRequest, CommonFields, CompletionRequest, ServeError
 
 DEFAULT_NEW_TOKENS = 64
@@ -42,7 +42,7 @@ class _Choice:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     text: str = ""
     tokens: list[TokenVerdict] = field(default_factory=list)
-    replacements: list[Replacement] = field(default_factory=list)
+    taken_back: list[TakenBack] = field(default_factory=list)
     finish_reason: str | None = None
     completion_tokens: int = 0
 
@@ -167,22 +167,15 @@ class _Reply:
         judge = steering.how.spec.judge
         self.threshold = float(steering.how.tau) if judge is not None else FLAG_THRESHOLD
 
-    def verdict(self, tokens: list[TokenVerdict], replacements: list[Replacement], threshold: float) -> dict:
+    def verdict(self, tokens: list[TokenVerdict], taken_back: list[TakenBack], threshold: float) -> dict:
         known = [t.p_good for t in tokens if t.p_good is not None]
+        takes = [dataclasses.asdict(t) for t in taken_back]
         return {
             "threshold": threshold,
             "tokens": len(tokens),
             "flagged": sum(p < threshold for p in known) if known else None,
-            "replacements": [
-                {
-                    "position": r.position,
-                    "original": r.original,
-                    "replacement": r.replacement,
-                    "p_good": r.p_good,
-                    "p_good_after": r.p_good_after,
-                }
-                for r in replacements
-            ],
+            "taken_back": takes,
+            "replacements": [t for t in takes if t["replaced"]],
         }
 
     def logprobs(self, tokens: list[TokenVerdict], offset: int) -> dict:
@@ -212,7 +205,7 @@ class _Reply:
             "token_ids": [t.token_id for t in tokens],
         }
 
-    def choice(self, index, text, tokens, replacements, finish, threshold, delta=False, first=False) -> dict:
+    def choice(self, index, text, tokens, taken_back, finish, threshold, delta=False, first=False) -> dict:
         out: dict = {"index": index}
         if self.chat:
             if delta:
@@ -226,7 +219,7 @@ class _Reply:
             out["text"] = text
         out["logprobs"] = self.logprobs(tokens, 0)
         out["finish_reason"] = finish
-        out["verdict"] = self.verdict(tokens, replacements, threshold)
+        out["verdict"] = self.verdict(tokens, taken_back, threshold)
         return out
 
     def whole(self, choices: list[_Choice], prompt_tokens: int) -> dict:
@@ -238,7 +231,7 @@ class _Reply:
             "created": self.created,
             "model": self.model,
             "choices": [
-                self.choice(c.index, c.text, c.tokens, c.replacements, c.finish_reason, threshold) for c in choices
+                self.choice(c.index, c.text, c.tokens, c.taken_back, c.finish_reason, threshold) for c in choices
             ],
             "usage": {
                 "prompt_tokens": prompt_tokens,
@@ -253,7 +246,7 @@ class _Reply:
             choice.index,
             piece.text,
             list(piece.tokens),
-            list(piece.replacements),
+            list(piece.taken_back),
             piece.finish_reason,
             threshold,
             delta=True,
@@ -278,7 +271,7 @@ def _threadsafe(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> Callab
 def _absorb(choice: _Choice, piece: Chunk) -> None:
     choice.text += piece.text
     choice.tokens.extend(piece.tokens)
-    choice.replacements.extend(piece.replacements)
+    choice.taken_back.extend(piece.taken_back)
     if piece.finish_reason is not None:
         choice.finish_reason, choice.completion_tokens = piece.finish_reason, piece.completion_tokens
 

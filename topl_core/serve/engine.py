@@ -23,7 +23,6 @@ import torch
 
 from ..analysis.steering.hooks import SteeringSwitch
 from ..analysis.steering.session import SteeringSession
-from ..analysis.steering.steered_text import Replacement
 from ..analysis.token_colors import FLAG_THRESHOLD
 from ..hardware.precision import Precision
 from ..inference.decode import decode, stop_tokens
@@ -66,13 +65,26 @@ class TokenVerdict:
 
 
 @dataclass(frozen=True)
+class TakenBack:
+    """A token a gated mode's judge took back: its position, the token and what the steered forward chose there
+    (`replaced`: another token), with both p(good) as the judge read them."""
+
+    position: int
+    original: str
+    replacement: str
+    replaced: bool
+    p_good: float
+    p_good_after: float | None
+
+
+@dataclass(frozen=True)
 class Chunk:
-    """What a generation adds at once: text, its tokens, the judge's replacements among them, and, in the last
-    chunk, why it ended ("stop": a stop token or string; "length": max_tokens) with the token counts."""
+    """What a generation adds at once: text, its tokens, the judge's take-backs among them, and, in the last chunk,
+    why it ended ("stop": a stop token or string; "length": max_tokens) with the token counts."""
 
     text: str = ""
     tokens: tuple[TokenVerdict, ...] = ()
-    replacements: tuple[Replacement, ...] = ()
+    taken_back: tuple[TakenBack, ...] = ()
     finish_reason: str | None = None
     completion_tokens: int = 0
     error: str | None = None
@@ -89,7 +101,7 @@ class _Progress:
     p_own: float = float("nan")  # the head's reading of the last forward's own (steered) row: what a judge reads
     emitted: int = 0  # tokens handed to the client
     text: str = ""  # the text handed to the client
-    replaced: int = 0  # replacements handed to the client
+    taken_back: int = 0  # take-backs handed to the client
 
 
 class Generation:
@@ -200,14 +212,17 @@ class Generation:
         verdicts = tuple(
             TokenVerdict(tok.decode([known[i]]), known[i], progress.logprob[i], _p(progress.p_good[i])) for i in new
         )
-        replacements = ()
-        if judge is not None and judge.counts["taken_back"]:
-            marks = judge.snapshot(tok, list(tokens)).replacements
-            replacements, progress.replaced = tuple(marks[progress.replaced :]), len(marks)
+        takes = [t for t in judge.taken_back[progress.taken_back :] if t.position < n] if judge is not None else []
+        taken_back = tuple(
+            TakenBack(
+                t.position, tok.decode([t.original]), tok.decode([t.new]), t.new != t.original, t.p_good, t.p_good_after
+            )
+            for t in takes
+        )
         delta = text[len(progress.text) :]
-        progress.emitted, progress.text = n, text
-        if delta or verdicts or replacements or final:
-            self._on_chunk(Chunk(delta, verdicts, replacements, reason if final else None, len(known) if final else 0))
+        progress.emitted, progress.text, progress.taken_back = n, text, progress.taken_back + len(takes)
+        if delta or verdicts or taken_back or final:
+            self._on_chunk(Chunk(delta, verdicts, taken_back, reason if final else None, len(known) if final else 0))
         return final and cut >= 0
 
 

@@ -10,8 +10,9 @@ Responses: OpenAI's, where every generated token carries the adapter's p(good) a
     chat         choices[i].logprobs.content[k] = {"token", "logprob", "bytes", "top_logprobs": [], "p_good",
                  "token_id"}; completions: choices[i].logprobs = {"tokens", "token_logprobs", "top_logprobs",
                  "text_offset", "p_good", "token_ids"}
-    verdict      choices[i].verdict = {"threshold", "flagged", "tokens", "replacements": [{"position", "original",
-                 "replacement", "p_good", "p_good_after"}]} (streams: in each chunk, for its tokens)
+    verdict      choices[i].verdict = {"threshold", "flagged", "tokens", "taken_back": [{"position", "original",
+                 "replacement", "replaced", "p_good", "p_good_after"}], "replacements": those of taken_back whose
+                 token changed} (streams: in each chunk, for its tokens)
 Errors: OpenAI's {"error": {"message", "type", "param", "code"}}, with status 400 (the field and what is allowed), 401,
 404 (an unknown model), 413 (a body over the limit), 429 (every slot busy: Retry-After).
 """

@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import torch
 
@@ -97,6 +97,17 @@ class HeadGate:
         return GateJudge(switch, read, 0.0 if neutral else tau, keep)
 
 
+class TakeBack(NamedTuple):
+    """A token the gate took back: its position among the generated tokens, the token and its p(good), and what the
+    steered forward chose there (the same token, or a replacement) with its p(good) (None: an end of turn)."""
+
+    position: int
+    original: int
+    new: int
+    p_good: float
+    p_good_after: float | None
+
+
 class GateJudge(Judge):
     """The head gate's judge of one generation (inference/decode.Judge): steering on for the forwards it asks for."""
 
@@ -106,8 +117,7 @@ class GateJudge(Judge):
         self._last_steered = False  # whether the last forward (whose logits choose the next token) was steered
         self._chosen_steered = False  # whether the token being judged was chosen from steered logits
         self._taken: tuple[int, float] | None = None  # (position, p(good)) of the token just taken back
-        # (position, original token, its p(good), the replacement's p(good) or None), the new token differing
-        self._marks: list[tuple[int, int, float, float | None]] = []
+        self.taken_back: list[TakeBack] = []  # every take-back, the new token the same or not
         self.counts = {"taken_back": 0, "steered": 0, "forwards": 0}
 
     def before_forward(self, redo: bool) -> None:
@@ -132,9 +142,7 @@ class GateJudge(Judge):
 
     def replaced(self, original: int, new: int, forwarded: bool) -> None:
         position, p = self._taken
-        p_new = self._read() if forwarded else None
-        if new != original:
-            self._marks.append((position, original, p, p_new))
+        self.taken_back.append(TakeBack(position, original, new, p, self._read() if forwarded else None))
 
     def snapshot(self, tok, tokens: Sequence[int]) -> SteeredText:
         """The generation so far (`tokens`, the loop's), with what the gate replaced and its counts."""
@@ -142,7 +150,7 @@ class GateJudge(Judge):
         raw = decode(tokens)
         text, shift = raw.strip(), len(raw) - len(raw.lstrip())
         replacements = []
-        for position, original, p, p_new in self._marks:
+        for position, original, new, p, p_new in (t for t in self.taken_back if t.new != t.original):
             before = decode(tokens[:position])
             start, end = len(before), len(decode(tokens[: position + 1]))
             original_text = decode([*tokens[:position], original])[start:]
