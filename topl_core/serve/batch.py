@@ -261,6 +261,7 @@ class Batcher:
             for s in steps:
                 ids[s.slot, 0] = s.token
             mask[torch.arange(rows), write_at] = 1  # a slot sitting out attends to its own (discarded) write
+            # every row holding every position (one generation, or rows of one length): no mask, attention's fast path
             self.write_at_step, self.length = write_at, int(write_at.max()) + 1
             edits = self._edits_for(rows, {s.slot: s.steering for s in steps})
             model, device = self.lm.model, self.lm.model.device
@@ -269,7 +270,7 @@ class Batcher:
                 out = model(
                     input_ids=ids.to(device),
                     past_key_values=self._cache,
-                    attention_mask=mask[:, : self.length].to(device),
+                    attention_mask=None if bool(mask[:, : self.length].all()) else mask[:, : self.length].to(device),
                     position_ids=write_at[:, None].to(device),
                     use_cache=True,
                 )
