@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,25 +61,44 @@ def cache_sharing_the_costly_parts(cache: Path) -> Path:
     return cache
 
 
-# The test files that take longest (the durations `make test` prints), run first: the two workers take a file each in
-# collection order, and a long file collected last kept one worker busy while the other had nothing left.
+# The test files that take longest, longest first (their tests' durations in a full `make test`: docs/reliability.md,
+# "Where the suite's time goes"): the two workers take a file each in collection order (`make test` passes
+# --no-loadscope-reorder, without which pytest-xdist hands out the files with the most tests first), and a long file
+# left for last keeps one worker busy while the other has nothing left. The second file needs no steerable TOPL run, so
+# that worker does not wait while the first trains it (steerable_topl_run).
 SLOW_FILES = (
     "test_browser.py",
-    "test_precision.py",
+    "test_cli.py",
+    "test_app.py",
+    "test_deck.py",
     "test_gpu.py",
     "test_bf16.py",
-    "test_bench.py",
-    "test_gated.py",
     "test_reproduce.py",
-    "test_app.py",
     "test_distributed.py",
+    "test_bench.py",
+    "test_steering.py",
+    "test_files.py",
     "test_training.py",
+    "test_ablation.py",
+    "test_gated_reach.py",
+    "test_analysis_probe.py",
+    "test_tracking.py",
+    "test_precision.py",
+    "test_status.py",
+    "test_sweeps.py",
+    "test_linear_kernel.py",
+    "test_memory.py",
 )
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     rank = {name: i for i, name in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+
+
+# where this test session's workers share what each would otherwise build alike (set by project_folders_untouched:
+# a folder of this session's temp folder, so nothing built in an earlier session is ever read)
+SESSION_SHARED: dict[str, Path] = {}
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -90,6 +111,8 @@ def project_folders_untouched(tmp_path_factory):
     no compiled decode step behind the tests' backs (TOPL_COMPILED_DECODE: 0; the page's test of it turns it on)."""
     root = tmp_path_factory.mktemp("project")
     cache = cache_sharing_the_costly_parts(root / "cache")
+    base = tmp_path_factory.getbasetemp()  # a worker's sits in the session's own folder, which the workers share
+    SESSION_SHARED["dir"] = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
     folders = {
         "TOPL_CACHE_DIR": str(cache),
         "TOPL_RUNS_DIR": str(root / "runs"),
@@ -186,6 +209,34 @@ def steerable_topl_config(data, **kw):
     measured: docs/reliability.md, "The tiny TOPL fixture"."""
     base = dict(method="topl", lr=3e-3, head_lr_multiplier=5.0, steps=80, eval_every=40, max_doc_tokens=64)
     return tiny_config(**{**base, "data": str(data), **kw})
+
+
+def steerable_topl_run(data: Path, out: Path, records):
+    """The run train(steerable_topl_config(data), out, records=records) leaves, trained once per test session: the
+    first test to ask trains it into SESSION_SHARED (under a file lock, so the other worker waits for it rather than
+    training it too), and every caller gets a copy at `out` whose config and model card name its own `data` (which
+    holds `records`). The app, browser, ablation and deck tests each trained it before (80 steps: 40–55 s of the suite
+    each); training is deterministic here (fp32, one thread, seeded), so the copy holds the weights each would have
+    trained."""
+    from filelock import FileLock
+
+    from topl_core.data.records import records_fingerprint, write_jsonl
+    from topl_core.training.card import write_card
+    from topl_core.training.run_dirs import RunDir
+    from topl_core.training.trainer import train
+
+    shared = SESSION_SHARED["dir"] / f"steerable-topl-{records_fingerprint(records)}"
+    shared.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{shared}.lock"):
+        if not RunDir(shared / "run").is_complete:
+            shutil.rmtree(shared, ignore_errors=True)  # a training stopped part-way: start over
+            train(steerable_topl_config(write_jsonl(records, shared / "data.jsonl")), shared / "run", records=records)
+    shutil.copytree(shared / "run", out)
+    run = RunDir(out)
+    cfg, meta = run.read_config()
+    run.write_config(dataclasses.replace(cfg, data=str(data)), meta)
+    write_card(run)
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from typing import Literal
 
 import numpy as np
 import pytest
-from conftest import steerable_topl_config, tiny_config, write_mlqe
+from conftest import steerable_topl_run, tiny_config, write_mlqe
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -44,15 +44,16 @@ TIMEOUT = 300  # generous: the machine running the tests may be shared
 
 
 def build_workbench(root: Path, records) -> dict:
-    """A cache (one data set) and runs dir under root: a TOPL run strong enough to steer, and an SFT run.
-    Returns paths and the environment that points the app at them (shared with tests/test_browser.py)."""
+    """A cache (one data set) and runs dir under root: a TOPL run strong enough to steer (conftest.steerable_topl_run:
+    trained once per session), and an SFT run. Returns paths and the environment that points the app at them (shared
+    with tests/test_browser.py)."""
     from topl_core.data.records import write_jsonl
     from topl_core.training.trainer import train
 
     data = root / "cache" / "data" / "tiny-perturbed.jsonl"
     write_jsonl(records, data)
     runs = root / "runs"
-    train(steerable_topl_config(data), runs / "topl-tiny", records=records)
+    steerable_topl_run(data, runs / "topl-tiny", records)
     sft = tiny_config(method="sft", lr=0.01, steps=2, data=str(data), max_doc_tokens=64)
     train(sft, runs / "sft-tiny", records=records)
     env = {

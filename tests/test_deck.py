@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import steerable_topl_config
+from conftest import steerable_topl_run
 
 from topl_core.analysis.studies.deck import DeckConfig, create_deck, doc_path, read_deck
 from topl_core.analysis.studies.deck_html import deck_html, write_deck_html
@@ -21,12 +21,10 @@ from topl_core.foundations.status import read_status, request_stop
 
 @pytest.fixture(scope="module")
 def deck_config(tiny_records, tmp_path_factory) -> DeckConfig:
-    from topl_core.training.trainer import train
-
     root = tmp_path_factory.mktemp("deck")
     data = root / "tiny.jsonl"
     write_jsonl(tiny_records, data)
-    run = train(steerable_topl_config(data), root / "topl-tiny", records=tiny_records)
+    run = steerable_topl_run(data, root / "topl-tiny", tiny_records)
     documents = tuple(dict.fromkeys(r.document for r in tiny_records))[:2]
     return DeckConfig(str(run.path), documents, (-64.0, 64.0), top_k=2, max_new_tokens=8, data=str(data))
 
