@@ -46,7 +46,9 @@ with core_imports():  # the token sets and the page's cached work are read with 
     from topl_core.analysis.steering.slider import neighbours
     from topl_core.analysis.steering.steered_text import SteeredText
     from topl_core.analysis.steering.summary import site_table
+    from topl_core.data.encode import truncate_document, user_message
     from topl_core.inference.generate import GenerationCancelled
+    from topl_core.serve.protocol import client_code
 
 st.title("Steering")
 st.caption(
@@ -178,6 +180,13 @@ st.caption(
     "degenerate when it repeats itself, turns into non-words or is empty (thresholds: "
     f"topl_core/analysis/steering/fluency.py).{decoding if view.decode_ready() else ''}"
 )
+
+with st.expander("This steering from your own code (the OpenAI-compatible service)"):
+    prompt = user_message(truncate_document(view.session.lm.tokenizer, document, gen.max_doc_tokens))
+    request = client_code(Path(run).name, how, lam, prompt)
+    st.code(request["python"], language="python")
+    st.code(request["curl"], language="bash")
+    st.caption("`python -m topl_core serve --run RUN` serves it (docs/serve.md), each token with its p(good).")
 
 # --- sites and vectors ------------------------------------------------------------------------------------
 left, right = st.columns([1, 1], gap="large")

@@ -745,6 +745,9 @@ def test_steering_lambda_slider_changes_the_steered_text(workbench):
     assert 1 <= len(sites) <= 4 and all(k.endswith(("o_proj", "down_proj")) for k in sites["site"])
     assert (sites["mean ‖output‖"] > 0).all() and (sites["raw λ per unit"] > 0).all()
     assert "raw λ" in " ".join(c.value for c in at.caption)  # the paper's scale is shown under the slider
+    python, curl = (c.value for c in at.code[-2:])  # the request for these settings, ready to paste
+    assert f'"steering": {{\'mode\': \'vector\', \'lambda\': {changed_at[0]}}}' in python and '"steering"' in curl
+    compile(python, "<pasted>", "exec")
 
 
 def test_the_steering_page_builds_the_compiled_decode_step_then_takes_it(workbench, monkeypatch):

@@ -18,7 +18,7 @@ from conftest import NEWS_PAIRS
 from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.modes import SteerConfig, steer
 from topl_core.analysis.steering.session import SteeringSession
-from topl_core.data.encode import build_prompt, instruction
+from topl_core.data.encode import build_prompt, user_message
 from topl_core.inference.decode import stop_tokens
 from topl_core.inference.generate import GenerationConfig, load_merged, prefill, stream_rows
 from topl_core.models.architecture import decoder_layers, final_norm
@@ -33,7 +33,7 @@ uvicorn = pytest.importorskip("uvicorn")
 
 DOC = NEWS_PAIRS[0][1]
 NEW = 10
-MESSAGES = [{"role": "user", "content": f"{instruction('summarization')}\n\nDocument:\n{DOC}"}]
+MESSAGES = [{"role": "user", "content": user_message(DOC)}]
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Sequence
 
 import openai
 
-from ..data.encode import instruction
+from ..data.encode import user_message
 from ..foundations.errors import WorkbenchError
 
 LAMBDAS = (0.5, 1.0, 1.5, 2.0, -0.5, -1.0, 0.25, 0.75)  # one per client (normalised units: the slider's span)
@@ -34,7 +34,7 @@ READY_S = 900  # a first start computes the adapter's steering vectors (cached a
 
 def messages(document: str) -> list[dict]:
     """The chat messages whose prompt is the workbench's own summarization prompt of `document`."""
-    return [{"role": "user", "content": f"{instruction('summarization')}\n\nDocument:\n{document}"}]
+    return [{"role": "user", "content": user_message(document)}]
 
 
 def _stream(client: openai.OpenAI, model: str, document: str, lam: float, new_tokens: int) -> tuple[float, float, int]:

@@ -54,9 +54,14 @@ def instruction(task: str, lang_pair: str | None = None) -> str:
     return INSTRUCTIONS[task]
 
 
+def user_message(document: str, task: str = "summarization", lang_pair: str | None = None) -> str:
+    """What the user says in the prompt: the task's instruction and the document (a chat's user message)."""
+    return f"{instruction(task, lang_pair)}\n\n{'Document' if task == 'summarization' else 'Sentence'}:\n{document}"
+
+
 def build_prompt(tokenizer, document: str, task: str = "summarization", lang_pair: str | None = None) -> str:
     """The text before the response: chat template with a generation prompt, or a plain prompt."""
-    user = f"{instruction(task, lang_pair)}\n\n{'Document' if task == 'summarization' else 'Sentence'}:\n{document}"
+    user = user_message(document, task, lang_pair)
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(
             [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
