@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -177,6 +178,101 @@ def test_the_writer_lock_nests_in_its_thread_and_is_handed_to_a_started_process(
     assert stranger.returncode != 0 and "being written by pid" in stranger.stderr
     heir = subprocess.run([sys.executable, "-c", take], capture_output=True, text=True, env={**os.environ, **env})
     assert heir.returncode == 0 and "took it" in heir.stdout, heir.stderr
+
+
+def _sleeper(*argv: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *argv])
+
+
+def test_a_lock_whose_pid_now_belongs_to_another_process_is_taken_over_with_a_line(tmp_path, tiny_records):
+    """A LOCK names its writer by pid and start time. After a reboot, or in a container, its pid can come back as
+    some live, unrelated process: that lock no longer blocks the folder — it is taken over, with a warning naming the
+    process that has the pid now — while a lock whose pid and start time are its live writer's still refuses."""
+    import json
+    import socket
+
+    import psutil
+    from conftest import tiny_config
+
+    from topl_core.foundations.errors import RunError
+    from topl_core.foundations.status import LOCK_FILE, WriterLock
+    from topl_core.training.trainer import train
+
+    stranger = _sleeper()
+    try:
+        started = psutil.Process(stranger.pid).create_time()
+        (tmp_path / "run").mkdir()
+        lock = {"pid": stranger.pid, "host": socket.gethostname(), "pid_started": started}
+        (tmp_path / "run" / LOCK_FILE).write_text(json.dumps(lock))  # its true writer, alive: refused
+        with pytest.raises(RunError, match=f"being written by pid {stranger.pid}"):
+            WriterLock(tmp_path / "run").__enter__()
+        # the writer that wrote this lock started an hour before the process that has its pid now
+        (tmp_path / "run" / LOCK_FILE).write_text(json.dumps({**lock, "pid_started": started - 3600}))
+        with pytest.warns(RuntimeWarning, match=f"lock of pid {stranger.pid}, .*now belongs to another process"):
+            run = train(tiny_config(steps=2), tmp_path / "run", records=tiny_records)
+        assert run.read_status()["state"] == "finished" and not (run.path / LOCK_FILE).exists()
+        assert stranger.poll() is None  # the unrelated process is left alone
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_run_started_from_a_script_shows_running_while_it_runs_and_its_end_after(tmp_path):
+    """Work started from a notebook or a script (`topl.train(...)`: no job, a command line that need not name
+    topl_core) writes its status with its pid and start time: read as running while that process runs it, and as
+    what it said once it ended, though the notebook's process lives on."""
+    folder, go = tmp_path / "run", tmp_path / "go"
+    script = tmp_path / "notebook.py"  # its command line: python notebook.py
+    script.write_text(
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from topl_core.foundations.status import write_status\n"
+        f"write_status({str(folder)!r}, 'running', step=1, steps=3)\n"
+        f"while not Path({str(go)!r}).exists(): time.sleep(0.01)\n"
+        f"write_status({str(folder)!r}, 'finished', step=3, steps=3)\n"
+        "time.sleep(120)\n"
+    )
+    kernel = subprocess.Popen([sys.executable, str(script)], cwd=str(tmp_path))
+    try:
+        deadline = time.monotonic() + 60
+        while read_status(folder).get("state") != "running":
+            assert kernel.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        job = background.read_job(folder)
+        assert (job.state, job.step, job.steps, job.pid) == ("running", 1, 3, kernel.pid)
+        go.touch()
+        while read_status(folder).get("state") != "finished":
+            assert kernel.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        assert background.read_job(folder).state == "finished" and kernel.poll() is None  # it lives on
+    finally:
+        kernel.kill()
+        kernel.wait()
+
+
+def test_a_job_whose_pid_now_belongs_to_another_process_reads_interrupted_and_says_so(tmp_path):
+    """A job's process is known by the pid and start time job.json records: a live process that got the pid later is
+    not the job (even one whose command line names topl_core); the job reads "interrupted", its error names the other
+    process, and Cancel sends it no signal."""
+    import json
+
+    import psutil
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    other = _sleeper("topl_core")
+    try:
+        started = psutil.Process(other.pid).create_time() - 3600  # the job's process started an hour before
+        job = {"kind": "train", "argv": [], "pid": other.pid, "pid_started": started, "started": time.time() - 3600}
+        (folder / background.JOB_FILE).write_text(json.dumps(job))
+        write_status(folder, "running", step=2, steps=10, pid=other.pid, pid_started=started)
+        st = background.read_job(folder)
+        assert st.state == "interrupted", st
+        assert f"pid {other.pid}" in st.error and "now belongs to another process" in st.error
+        assert not background.cancel(folder) and other.poll() is None  # nothing running there: no SIGTERM
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_run(tmp_path, tiny_records):

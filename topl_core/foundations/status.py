@@ -3,16 +3,20 @@ whether it runs in the foreground (a CLI command) or as a background job (topl_c
 
 The work's folder holds:
 
-    status.json   {"state", "updated", "pid", "error"?, "warnings"?, ...progress}: written atomically by the work as
-                  it goes (training: step / steps; a sweep: done / total windows and the current window), and by the
-                  job runner when the work ended without saying so (a crash before the first write, a signal);
+    status.json   {"state", "updated", "pid", "pid_started", "error"?, "warnings"?, ...progress}: written atomically
+                  by the work as it goes (training: step / steps; a sweep: done / total windows and the current
+                  window), and by the job runner when the work ended without saying so (a crash before the first
+                  write, a signal); pid_started: the writer's start time (with its pid, which process it is);
                   warnings: what went wrong without stopping the work (add_warning).
     STOP          a stop request: the work stops at its next check (training: after the current step, with a
                   checkpoint), sets state "cancelled", and the file is removed when the work is started again.
-    LOCK          the single writer's pid and host while it works (WriterLock): a second writer is refused.
+    LOCK          the single writer's pid, start time and host while it works (WriterLock): a second writer is
+                  refused.
 
-The state shown to people is read from these files and from whether the writing process still lives, by
-STATE_TABLE below — the same function for the UI and the CLI (topl_core.jobs.background.read_job).
+A process is known by its pid and its start time (psutil's create_time, on every OS): after a reboot, or in a
+container, small pids come back, and a pid alone would name whatever process got it (`running`). The state shown to
+people is read from these files and from whether the writing process still lives, by STATE_TABLE below — the same
+function for the UI and the CLI (topl_core.jobs.background.read_job).
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ import signal
 import socket
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
+
+import psutil
 
 from .errors import RunError
 from .io import write_json
@@ -40,18 +47,21 @@ ENDED_STATES: tuple[State, ...] = ("finished", "failed", "cancelled", "interrupt
 
 
 def write_status(folder: str | Path, state: State, **fields) -> None:
-    """Replace the folder's status (atomically) with `state`, this process's pid, the time and `fields`; the
-    warnings recorded so far (add_warning) are kept."""
+    """Replace the folder's status (atomically) with `state`, this process's pid and start time (or the start time of
+    the pid `fields` names), the time and `fields`; the warnings recorded so far (add_warning) are kept."""
     kept = {k: v for k, v in read_status(folder).items() if k == "warnings"}
-    write_json(
-        Path(folder) / STATUS_FILE, {"state": state, "updated": time.time(), "pid": os.getpid(), **kept, **fields}
-    )
+    pid = int(fields.get("pid", os.getpid()))  # this process, or the one `fields` names (the job's)
+    me = {"pid": pid, "pid_started": process_started(pid)}
+    write_json(Path(folder) / STATUS_FILE, {"state": state, "updated": time.time(), **me, **kept, **fields})
 
 
 def update_status(folder: str | Path, state: State, **fields) -> None:
-    """Like write_status, keeping the fields already there (the progress of the work, and the pid of the process
-    that wrote them unless `fields` names another) — for the job runner and for the reader that finds a job dead."""
+    """Like write_status, keeping the fields already there (the progress of the work, and the pid and start time of
+    the process that wrote them unless `fields` names another) — for the job runner and for the reader that finds a
+    job dead."""
     kept = {k: v for k, v in read_status(folder).items() if k not in ("state", "updated")}
+    if "pid" in fields and "pid_started" not in fields:  # another process named: its own start time goes with it
+        fields["pid_started"] = process_started(int(fields["pid"]))
     write_status(folder, state, **{**kept, **fields})
 
 
@@ -89,7 +99,7 @@ def clear_stop(folder: str | Path) -> None:
 class Facts:
     """What the files and the process table say about one piece of work."""
 
-    alive: bool  # the process that runs it (the job's, or the pid in status.json) still lives
+    alive: bool  # the process that runs it (the job's, or the one status.json names) still lives
     written: str | None  # the state in status.json
     stop_requested: bool
     launched: bool  # started as a background job (job.json exists)
@@ -97,6 +107,11 @@ class Facts:
 
 # How the shown state follows from the facts: the first row that matches wins.
 STATE_TABLE: tuple[tuple[str, Callable[[Facts], bool], Callable[[Facts], State]], ...] = (
+    (
+        "said it ended, in a process that is not a job's and lives on (a notebook, a script, the app)",
+        lambda f: not f.launched and f.written in ENDED_STATES,
+        lambda f: f.written,
+    ),
     ("alive, and it has reported", lambda f: f.alive and f.written is not None, lambda f: "running"),
     ("alive, nothing reported yet", lambda f: f.alive, lambda f: "starting"),
     ("ended and said how", lambda f: f.written in ENDED_STATES, lambda f: f.written),
@@ -152,7 +167,7 @@ class WriterLock:
 
     def __init__(self, folder: str | Path):
         self.path = Path(folder).resolve() / LOCK_FILE
-        self.me = {"pid": os.getpid(), "host": socket.gethostname()}
+        self.me = {"pid": os.getpid(), "pid_started": process_started(os.getpid()), "host": socket.gethostname()}
 
     def __enter__(self) -> "WriterLock":
         with _HELD_GUARD:
@@ -186,6 +201,13 @@ class WriterLock:
                         "wait for it to finish or stop it (Cancel, or python -m topl_core sweep --stop), or use "
                         "another output folder."
                     ) from None
+                if holder is not None and holder.get("pid") != self.me["pid"]:  # not a lock this process left
+                    warnings.warn(
+                        f"{self.path.parent}: taking over the writer lock of pid {holder.get('pid')}, "
+                        f"{gone_reason(holder.get('pid'))}.",
+                        RuntimeWarning,
+                        stacklevel=4,
+                    )
                 self.path.unlink(missing_ok=True)  # a dead writer's lock (or an unreadable one): take it over
         raise RunError(f"{self.path}: could not take the writer lock; another process keeps taking it.")
 
@@ -227,34 +249,55 @@ class WriterLock:
         if holder.get("host") != self.me["host"]:
             return True  # another machine's process: cannot tell, so it holds the lock
         if holder.get("pid") == self.me["pid"]:  # no thread of this process holds it: handed to a child, or left
-            return self._running(_HANDED.get(self.path))  # behind by a crash or by a child that died before taking it
+            child = _HANDED.get(self.path)  # behind by a crash or by a child that died before taking it
+            return child is not None and running(child)
         try:
-            return self._running(int(holder["pid"]))
+            return running(int(holder["pid"]), holder.get("pid_started"))
         except (KeyError, TypeError, ValueError):
             return True  # a lock we cannot read the holder of: keep out
 
-    @staticmethod
-    def _running(pid: int | None) -> bool:
-        return pid is not None and pid_exists(pid) and not zombie(pid)
+
+# --- which process ------------------------------------------------------------------------------------------------
+
+# psutil's start time adds the boot time, which the kernel gives to the second and a clock step moves
+SAME_START_S = 1.0
 
 
-def pid_exists(pid: int) -> bool:
-    """A process with this pid exists (possibly another user's); a zombie still counts."""
+def process_started(pid: int) -> float | None:
+    """When the process `pid` started (seconds since the epoch, psutil); None when there is none or it cannot be
+    read."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, ValueError):
+        return None
 
 
-def zombie(pid: int) -> bool:
-    """The process has exited and waits for its parent to reap it (a killed job the app has not polled yet)."""
+def running(pid: int, started: float | None = None) -> bool:
+    """The process `pid` lives (not a zombie waiting to be reaped) and, given its start time, is the very process
+    that started then — not another that got its pid since (after a reboot, in a container). Without a start time
+    (files written before it was recorded) any live process with the pid counts."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
+        process = psutil.Process(int(pid))
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or abs(process.create_time() - float(started)) <= SAME_START_S
+    except (psutil.NoSuchProcess, ValueError, TypeError):
         return False
+    except psutil.AccessDenied:  # another user's process with this pid: it exists, its start cannot be compared
+        return started is None
+
+
+def gone_reason(pid) -> str:
+    """Why the process a lock or a job names, found not running, does not count: it has ended, or its pid now belongs
+    to another process (named, with its start)."""
+    try:
+        now = psutil.Process(int(pid))
+        if now.status() == psutil.STATUS_ZOMBIE:
+            return "which has ended"
+        other = f"{now.name()}, started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now.create_time()))}"
+    except (psutil.Error, ValueError, TypeError):
+        return "which has ended"
+    return f"which has ended: pid {pid} now belongs to another process ({other})"
 
 
 # --- SIGTERM as a clean stop --------------------------------------------------------------------------------------

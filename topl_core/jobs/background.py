@@ -4,7 +4,8 @@ command) in detached processes, all read and stopped one way (topl_core.foundati
 A job is a directory. For training it is the run directory itself; for a sweep, the sweep directory:
 
     runs/<name>/
-      job.json        what was launched: {kind, argv, pid, started}
+      job.json        what was launched: {kind, argv, pid, pid_started (the process's start: with the pid, which
+                      process it is), started}
       job.log         the process's stdout + stderr
       status.json     the protocol's status (foundations/status.py): written by the work as it goes (the trainer: step
                       / steps; a sweep: done / total), and by the job process when the work ended without saying so
@@ -35,6 +36,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import psutil
+
 from ..foundations.errors import JobError, RunError, WorkbenchError
 from ..foundations.io import write_json
 from ..foundations.paths import PROJECT_ROOT, runs_dir
@@ -44,14 +47,15 @@ from ..foundations.status import (
     State,
     WriterLock,
     clear_stop,
-    pid_exists,
+    gone_reason,
+    process_started,
     progress_of,
     read_status,
     request_stop,
     resolve_state,
+    running,
     stop_requested,
     update_status,
-    zombie,
 )
 from ..training.run_dirs import RunDir
 
@@ -154,7 +158,14 @@ def start_claimed(
     argv_str = list(map(str, cli_args))
     write_json(
         job_dir / JOB_FILE,
-        {"kind": kind, "argv": argv_str, "pid": proc.pid, "started": time.time(), "info": info or {}},
+        {
+            "kind": kind,
+            "argv": argv_str,
+            "pid": proc.pid,
+            "pid_started": process_started(proc.pid),
+            "started": time.time(),
+            "info": info or {},
+        },
     )
     return job_dir
 
@@ -180,7 +191,7 @@ def cancel(job_dir: str | Path) -> bool:
     already = stop_requested(job_dir)
     request_stop(job_dir)
     info = _read_json(Path(job_dir) / JOB_FILE)
-    if info and not already and process_alive(info.get("pid")):
+    if info and not already and process_alive(info.get("pid"), info.get("pid_started")):
         try:
             os.killpg(int(info["pid"]), signal.SIGTERM)
         except ProcessLookupError:
@@ -213,9 +224,12 @@ def read_job(job_dir: str | Path) -> JobStatus | None:
     status = read_status(job_dir)
     if info is None and not is_run and not status:
         return None
-    pid = (info or {}).get("pid") or status.get("pid")
+    # a job's process is the one job.json names; work started elsewhere (a command line, a notebook, a script) is
+    # known by the process its status names
+    named = info if info is not None else status
+    pid, pid_started = named.get("pid"), named.get("pid_started")
     facts = Facts(
-        alive=process_alive(pid),
+        alive=process_alive(pid, pid_started),
         written=status.get("state"),
         stop_requested=stop_requested(job_dir),
         launched=info is not None,
@@ -223,7 +237,7 @@ def read_job(job_dir: str | Path) -> JobStatus | None:
     state = resolve_state(facts)
     error = status.get("error")
     if state == "interrupted" and not error:
-        error = _silent_death(job_dir, pid)
+        error = _silent_death(job_dir, pid, pid_started)
     step, steps = progress_of(status)
     if is_run and state == "interrupted":  # died mid-way: what survives is its last checkpoint
         step = RunDir(job_dir).checkpoint_step()
@@ -302,12 +316,14 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def _silent_death(job_dir: Path, pid) -> str:
+def _silent_death(job_dir: Path, pid, pid_started: float | None = None) -> str:
     """Why a job that said nothing about its end is gone, as far as this process can tell. When the job was our
     child its exit code is known: that is written to status.json, so every app session sees the same cause."""
     resume = "resume continues from the last checkpoint"
     rc = _EXIT_CODES.get(int(pid)) if pid else None
     if rc is None:
+        if pid and pid_started is not None and "another process" in (why := gone_reason(pid)):
+            return f"the job process (pid {pid}) ended without reporting, {why}; {resume}"
         return f"the job process ended without reporting (killed, or the machine restarted?); {resume}"
     if rc < 0:
         name = signal.Signals(-rc).name
@@ -335,9 +351,11 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def process_alive(pid) -> bool:
-    """True while the process exists and is not a zombie (and, on Linux, is still a topl_core process: a pid
-    reused by something else after a restart does not count)."""
+def process_alive(pid, started: float | None = None) -> bool:
+    """True while the process exists and is not a zombie, and is the process that started at `started` (its
+    psutil start time, recorded beside the pid): a pid that now belongs to another process, after a restart or in a
+    container, does not count, whatever that process is. Where no start time was recorded (files of older versions)
+    a live process counts when its command line names topl_core."""
     if not pid:
         return False
     pid = int(pid)
@@ -347,17 +365,12 @@ def process_alive(pid) -> bool:
         _EXIT_CODES[pid] = rc
         del _CHILDREN[pid]
         return False
-    if not pid_exists(pid):
+    if started is not None or not running(pid):
+        return running(pid, started)
+    try:
+        cmdline = " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return False
-    proc = Path(f"/proc/{pid}")
-    if proc.exists():
-        if zombie(pid):
-            return False
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
-            return False
-        # Guards against pid reuse after a restart. Empty while the kernel is still setting up a fresh exec (seen in
-        # about 1 of 4 reads right after Popen returns): that process is alive and not yet identifiable.
-        return not cmdline or b"topl_core" in cmdline
-    return True
+    # Empty while the kernel is still setting up a fresh exec (seen in about 1 of 4 reads right after Popen returns):
+    # that process is alive and not yet identifiable.
+    return not cmdline or "topl_core" in cmdline
