@@ -48,17 +48,21 @@ class _Choice:
 
 
 def create_app(
-    engine: ServeEngine,
+    engine: ServeEngine | None,
     name: str,
     api_key: str | None = None,
     max_body: int = 1_000_000,
     max_prompt_tokens: int = 4096,
 ) -> FastAPI:
-    """The service (the module docstring) over `engine`, its models named after `name` (the adapter)."""
+    """The service (the module docstring) over `engine`, its models named after `name` (the adapter). `engine` None:
+    the process that serves the app gives it later, serve_engine(app.state.engine_key, engine) (a Ray Serve replica
+    builds its own: ray_serve.py)."""
     app = FastAPI(title="TOPL Workbench", docs_url=None, redoc_url=None)
     models = {name: "steered", f"{name}:merged": "merged", f"{name}:base": "base"}
     created = int(time.time())
-    tok = engine.tokenizer
+    key = app.state.engine_key = uuid.uuid4().hex
+    if engine is not None:
+        serve_engine(key, engine)
 
     app.add_middleware(_Guard, api_key=api_key, max_body=max_body)
 
@@ -84,6 +88,7 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         messages = [m.model_dump() for m in body.messages]
+        tok = _engine(key).tokenizer
         prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return await _complete(request, body, [prompt], chat=True)
 
@@ -109,7 +114,7 @@ def create_app(
         if kind == "merged":
             raise ServeError(400, f"steering: {body.model!r} is the merged adapter; steer model {name!r}.", "steering")
         how, lam = body.steering.config()
-        if how.spec.needs_head and not engine.has_head:
+        if how.spec.needs_head and not _engine(key).has_head:
             raise ServeError(
                 400, f"steering.mode={how.mode!r} reads the adapter's head, which it has none of.", "steering.mode"
             )
@@ -119,7 +124,8 @@ def create_app(
         body.check_penalties()
         steering = steering_of(body)
         sampling = Sampling(body.new_tokens(DEFAULT_NEW_TOKENS), body.temperature, body.top_p, body.seed, body.stops())
-        encoded = [tok(p, return_tensors="pt", add_special_tokens=False).input_ids for p in prompts]
+        engine = _engine(key)
+        encoded = [engine.tokenizer(p, return_tensors="pt", add_special_tokens=False).input_ids for p in prompts]
         for ids in encoded:
             if ids.shape[1] > max_prompt_tokens:
                 raise ServeError(
@@ -156,6 +162,21 @@ def create_app(
         return reply.whole(choices, prompt_tokens)
 
     return app
+
+
+_ENGINES: dict[str, ServeEngine] = {}  # the engine each app of this process serves, by its engine_key
+
+
+def serve_engine(key: str, engine: ServeEngine) -> None:
+    """The engine the app whose state.engine_key is `key` serves, in this process."""
+    _ENGINES[key] = engine
+
+
+def _engine(key: str) -> ServeEngine:
+    engine = _ENGINES.get(key)
+    if engine is None:
+        raise ServeError(503, "the model is still loading; retry shortly.", None, "server_error")
+    return engine
 
 
 class _Reply:

@@ -21,12 +21,15 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..analysis.evaluation.config import EvalConfig
+from ..analysis.evaluation.evaluate import steering_vectors_for
 from ..analysis.steering.hooks import SteeringSwitch
 from ..analysis.steering.session import SteeringSession
 from ..analysis.token_colors import FLAG_THRESHOLD
-from ..hardware.precision import Precision
+from ..hardware.precision import Precision, resolve_precision
 from ..inference.decode import decode, stop_tokens
 from ..inference.generate import GenerationCancelled, GenerationConfig
+from ..training.adapters import open_adapter
 from .batch import Batcher, Steering
 
 
@@ -245,6 +248,14 @@ class ServeEngine:
         self.waiting_limit = waiting
         self._lock = threading.Lock()
         self._live: set[Generation] = set()
+
+    @classmethod
+    def for_adapter(cls, adapter, precision: Precision = "auto", slots: int = 16, waiting: int = 32) -> "ServeEngine":
+        """The engine of an adapter (a run, a PEFT folder, a hub id) merged, with the steering vectors of its data's
+        validation split (the evaluation's: cached in cache/analysis/)."""
+        adapter = open_adapter(adapter)
+        vectors = steering_vectors_for(adapter, EvalConfig(precision=resolve_precision(precision, adapter.device)))
+        return cls(SteeringSession.from_run(adapter, vectors), precision, slots, waiting)
 
     def start(
         self, ids: torch.Tensor, steering: Steering, sampling: Sampling, on_chunk: Callable[[Chunk], None]
