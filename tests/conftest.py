@@ -215,9 +215,9 @@ def steerable_topl_run(data: Path, out: Path, records):
     """The run train(steerable_topl_config(data), out, records=records) leaves, trained once per test session: the
     first test to ask trains it into SESSION_SHARED (under a file lock, so the other worker waits for it rather than
     training it too), and every caller gets a copy at `out` whose config and model card name its own `data` (which
-    holds `records`). The app, browser, ablation and deck tests each trained it before (80 steps: 40–55 s of the suite
-    each); training is deterministic here (fp32, one thread, seeded), so the copy holds the weights each would have
-    trained."""
+    holds `records`). The app, browser, ablation and deck tests each trained it before (what that cost:
+    docs/reliability.md, "Where the suite's time goes"); training is deterministic here (fp32, one thread, seeded), so
+    the copy holds the weights each would have trained."""
     from filelock import FileLock
 
     from topl_core.data.records import records_fingerprint, write_jsonl
