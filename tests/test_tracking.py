@@ -155,6 +155,83 @@ def test_push_to_hub_offline_fails_at_once_with_the_upload_command(tiny_run, tmp
     assert time.perf_counter() - t0 < 30  # HF_HUB_OFFLINE (conftest): no network wait
 
 
+HOSTILE_FOLDER = "my models: v2 #3 | final"  # YAML reads ": " as a mapping and " #" as a comment; "|" ends a cell
+
+
+@pytest.fixture(scope="module")
+def hostile_run(tmp_path_factory, tiny_records):
+    """A tiny run whose base model is a local folder named with ": ", "#" and "|"."""
+    from topl_core.models.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("hostile")
+    base = root / HOSTILE_FOLDER / "tiny"
+    model, tokenizer = build_tiny_model("tiny-llama")
+    model.save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    return train(tiny_config(model=str(base), steps=2), root / "run", records=tiny_records), base
+
+
+def test_a_hostile_base_model_path_gives_a_card_whose_metadata_reads_back(hostile_run):
+    """The card's header is written by huggingface_hub's ModelCardData: it parses back to exactly the metadata meant
+    (a local base path is named in the text, not as the hub's base_model, which must be a hub id), the path stays
+    whole in the text and the Python it shows, and the card passes the check made before any push."""
+    import yaml
+    from huggingface_hub import ModelCard
+
+    run, base = hostile_run
+    text = run.card_path.read_text()
+    header = yaml.safe_load(text.split("---\n")[1])
+    assert header == {"library_name": "peft", "tags": ["lora", "topl-workbench", "topl"]}
+    assert ModelCard.load(run.card_path).data.to_dict() == header
+    assert f"from_pretrained({json.dumps(str(base))})" in text
+    assert str(base).replace("|", "\\|") in text  # in the table, its "|" escaped
+    from topl_core.training.card import check_card
+
+    check_card(run.card_path)
+
+
+def test_push_to_hub_refuses_a_card_the_hub_would_misread_before_sending_anything(hostile_run, tmp_path, monkeypatch):
+    """A card whose header is an f-string of the hostile path (as cards were written before) is refused before any
+    request, even with the hub reachable; `export` writes a new card in its place; a valid card is validated by the
+    hub before the repository is made and the folder uploaded."""
+    import huggingface_hub
+    from huggingface_hub import ModelCard
+
+    from topl_core.training import sharing
+    from topl_core.training.card import write_card
+
+    run, base = hostile_run
+    calls = []
+
+    class Hub:
+        def create_repo(self, repo_id, **kw):
+            calls.append(("create_repo", repo_id))
+
+        def upload_folder(self, repo_id, folder_path):
+            calls.append(("upload_folder", repo_id))
+            return f"https://hub/{repo_id}"
+
+    monkeypatch.setattr(sharing, "hub_reachable", lambda: True)
+    monkeypatch.setattr(huggingface_hub, "HfApi", Hub)
+    monkeypatch.setattr(ModelCard, "validate", lambda card, repo_type=None: calls.append(("validate", card.data)))
+    old = f"---\nbase_model: {base}\nlibrary_name: peft\ntags:\n- lora\n- topl-workbench\n- topl\n---\n\n# old card\n"
+    export_run(run, tmp_path / "fresh")
+    (tmp_path / "fresh" / "README.md").write_text(old)
+    with pytest.raises(RunError, match="metadata does not parse"):
+        sharing.push_to_hub(tmp_path / "fresh", "someone/hostile")
+    assert calls == []  # nothing reached the hub
+
+    run.card_path.write_text(old)  # the run's own card as it was written before
+    try:
+        with pytest.warns(RuntimeWarning, match="does not parse.*Wrote a new one in the export"):
+            export = export_run(run, tmp_path / "again")
+    finally:
+        write_card(run)
+    assert "# old card" not in export.card_path.read_text()
+    assert sharing.push_to_hub(export.path, "someone/hostile") == "https://hub/someone/hostile"
+    assert [c[0] for c in calls] == ["validate", "create_repo", "upload_folder"]
+
+
 def test_missing_tracker_package_fails_before_training(monkeypatch, tmp_path, tiny_records):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed: find_spec and import both fail
     with pytest.raises(ConfigError, match=re.escape(INSTALL)) as e:
