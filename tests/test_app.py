@@ -746,7 +746,7 @@ def test_steering_lambda_slider_changes_the_steered_text(workbench):
     assert (sites["mean ‖output‖"] > 0).all() and (sites["raw λ per unit"] > 0).all()
     assert "raw λ" in " ".join(c.value for c in at.caption)  # the paper's scale is shown under the slider
     python, curl = (c.value for c in at.code[-2:])  # the request for these settings, ready to paste
-    assert f'"steering": {{\'mode\': \'vector\', \'lambda\': {changed_at[0]}}}' in python and '"steering"' in curl
+    assert f"\"steering\": {{'mode': 'vector', 'lambda': {changed_at[0]}}}" in python and '"steering"' in curl
     compile(python, "<pasted>", "exec")
 
 
