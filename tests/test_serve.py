@@ -13,7 +13,7 @@ import time
 import httpx2 as httpx
 import pytest
 import torch
-from conftest import NEWS_PAIRS
+from conftest import NEWS_PAIRS, needs_smollm2
 
 from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.modes import SteerConfig, steer
@@ -330,3 +330,39 @@ def test_the_pages_request_runs_as_pasted(served, session, capsys):
     assert body["steering"] == {"mode": "gated", "lambda": lam, "tau": 0.9, "keep": 2}
     r = httpx.post(words[1], json=body, timeout=60)
     assert r.status_code == 200 and r.json()["choices"][0]["verdict"]["threshold"] == 0.9
+
+
+@needs_smollm2
+def test_the_demo_adapter_served_steers_and_its_neutral_lambda_is_the_merged_text():
+    """On the demo TOPL adapter (SmolLM2), through the official client: λ = 0 gives the merged model's text token for
+    token (the session's own decode loop), and λ = 2 (normalised) changes the text."""
+    from topl_core.analysis.lora_a.probe import labelled_split
+    from topl_core.foundations.paths import PROJECT_ROOT
+
+    adapter = PROJECT_ROOT / "examples" / "adapters" / "topl-smollm2"
+    records = labelled_split(adapter, limit=4)
+    demo = SteeringSession.from_run(adapter, build_steering_vectors(adapter, records, top_k=4))
+    document = records[0].document
+    engine = ServeEngine(demo, "fp32", slots=4)
+    server = Server(create_app(engine, "topl-smollm2"))
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        messages = [{"role": "user", "content": user_message(document)}]
+
+        def served(lam: float) -> list[int]:
+            reply = client.chat.completions.create(
+                model="topl-smollm2",
+                messages=messages,
+                max_tokens=24,
+                temperature=0,
+                extra_body={"steering": {"mode": "vector", "lambda": lam}},
+            )
+            return served_ids(reply.choices[0])
+
+        gen = GenerationConfig(max_new_tokens=24, precision="fp32")
+        *_, merged = stream_rows(demo.lm, document, 1, gen)
+        assert served(0.0) == [t for t in merged[0] if t not in stop_tokens(demo.lm.tokenizer)]
+        assert served(2.0) != served(0.0)
+    finally:
+        server.stop()
+        engine.close()
