@@ -9,6 +9,7 @@ import streamlit as st
 from pages._ui.models import base_model, load_error
 from pages._ui.runs import all_runs
 from pages._ui.spec import current_spec, split_spec
+from topl_core.foundations.cache_usage import summary_line
 from topl_core.foundations.paths import runs_dir
 
 st.title("TOPL Workbench")
@@ -90,3 +91,5 @@ for col, (path, label, icon, text) in zip(cols, starts):
     with col.container(border=True):
         st.page_link(path, label=label, icon=icon)
         st.caption(text)
+
+st.caption(f"Caches: {summary_line()} · `python -m topl_core cache` shows what each holds and clears it by kind or age")

@@ -1,6 +1,7 @@
 """Disk cache for analysis results: keyed by a config dict + the adapter's fingerprint + the base model's
 fingerprint, stored atomically as json / npz / parquet under cache_dir()/analysis/<kind>/<key>.<suffix>
-(never pickle), reloaded instantly.
+(never pickle), reloaded instantly. The local cache is bounded (foundations/cache_usage.py: TOPL_CACHE_ANALYSIS_MB,
+least recently used entries evicted after each write; a hit marks its entry used); the shipped one is never touched.
 
     cached(kind, key, compute, codec=JSON, *, adapter=None, base_fingerprint=None, refresh=False, enabled=True)
         -> the value: loaded from disk when present (the local cache, then the read-only shipped cache of the
@@ -34,8 +35,9 @@ from typing import IO, Any, Callable, Mapping
 
 import numpy as np
 
+from ..foundations.cache_usage import enforce_cap, touch
 from ..foundations.io import atomic_open, sha256_file, write_json
-from ..foundations.paths import cache_dir, examples_dir
+from ..foundations.paths import cache_dir, shipped_analysis_cache_dir
 from ..training.adapters import open_adapter
 
 
@@ -122,8 +124,7 @@ def shipped_cache_dir() -> Path | None:
     """Read-only analysis results shipped beside the demo adapters (examples/analysis-cache), so that the first
     visit of a page on a demo adapter needs no computation. Same layout and keys as the local cache; absent
     when the demo adapters are hidden (TOPL_EXAMPLES_DIR empty)."""
-    ex = examples_dir()
-    return ex.parent / "analysis-cache" if ex is not None else None
+    return shipped_analysis_cache_dir()
 
 
 def shipped_cache_path(local: Path) -> Path | None:
@@ -160,7 +161,10 @@ def cached(
             if candidate is None or not candidate.exists():
                 continue
             try:
-                return codec.load(_intact_bytes(candidate, kind, kd))
+                value = codec.load(_intact_bytes(candidate, kind, kd))
+                if candidate == path:  # used now: the size cap evicts it after the entries unused longer
+                    touch(candidate)
+                return value
             except Exception as e:  # unreadable, changed or foreign: said, then recomputed (a local one overwritten)
                 warnings.warn(
                     f"{candidate}: unusable ({type(e).__name__}: {e}); the result is computed again.",
@@ -171,6 +175,7 @@ def cached(
     with atomic_open(path, "wb") as f:
         codec.dump(value, f)
     write_json(key_file(path), {"kind": kind, **kd, "sha256": sha256_file(path)})
+    enforce_cap("analysis")  # within cache_usage's cap (TOPL_CACHE_ANALYSIS_MB): least recently used out first
     return value
 
 

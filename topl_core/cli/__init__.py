@@ -41,6 +41,7 @@ COMMANDS: dict[str, Command] = {  # in --help order
     "bench": Command("bench", "benchmark: MFU, TOPL/SFT step, steering, capture, sweep reuse, cache, memory"),
     "export": Command("export", "copy a finished run for sharing (adapter, head, card, config); --push-to-hub ID"),
     "merge-check": Command("merge_check", "compare merged and unmerged logits of an adapter (fp32 and bf16)"),
+    "cache": Command("cache", "the cache's size by folder and what it holds; clear by kind or age; size caps"),
 }
 
 

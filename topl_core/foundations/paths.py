@@ -34,6 +34,13 @@ def examples_dir() -> Path | None:
     return Path(raw) if raw.strip() else None
 
 
+def shipped_analysis_cache_dir() -> Path | None:
+    """Read-only analysis results shipped beside the demo adapters (examples/analysis-cache), read after the local
+    cache and never written nor evicted; hidden with the demo adapters (an empty TOPL_EXAMPLES_DIR)."""
+    adapters = examples_dir()
+    return None if adapters is None else adapters.parent / "analysis-cache"
+
+
 def shipped_decks_dir() -> Path | None:
     """The talk decks that ship with the demo adapters (examples/decks: prepared on them, so Talk mode opens on a
     working deck in a fresh clone); hidden with the demo adapters (an empty TOPL_EXAMPLES_DIR)."""
