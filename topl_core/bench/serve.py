@@ -37,8 +37,11 @@ def messages(document: str) -> list[dict]:
     return [{"role": "user", "content": user_message(document)}]
 
 
-def _stream(client: openai.OpenAI, model: str, document: str, lam: float, new_tokens: int) -> tuple[float, float, int]:
-    """(seconds to the first token, to the last, tokens) of one streamed steered summary."""
+def _stream(
+    client: openai.OpenAI, model: str, document: str, lam: float | None, new_tokens: int
+) -> tuple[float, float, int]:
+    """(seconds to the first token, to the last, tokens) of one streamed summary, steered at `lam` (None: the server
+    steers as it was started, as llama-server does with its control vector; its chunks are counted one token each)."""
     t0 = time.perf_counter()
     first, tokens = None, 0
     stream = client.chat.completions.create(
@@ -47,11 +50,14 @@ def _stream(client: openai.OpenAI, model: str, document: str, lam: float, new_to
         max_tokens=new_tokens,
         temperature=0,
         stream=True,
-        extra_body={"steering": {"mode": "vector", "lambda": lam}},
+        extra_body={"steering": {"mode": "vector", "lambda": lam}} if lam is not None else None,
     )
     for chunk in stream:
         for choice in chunk.choices:
-            n = len(choice.logprobs.content) if choice.logprobs and choice.logprobs.content else 0
+            if choice.logprobs is not None and choice.logprobs.content is not None:
+                n = len(choice.logprobs.content)
+            else:
+                n = int(bool(choice.delta.content))
             if n and first is None:
                 first = time.perf_counter() - t0
             tokens += n
@@ -71,13 +77,15 @@ def serve_bench(
     new_tokens: int = 64,
     api_key: str = "unused",
     log: Callable[[str], None] = print,
+    steered: bool = True,
 ) -> dict:
-    """The module docstring's figures against the server at `url` (its /v1 base)."""
+    """The module docstring's figures against the server at `url` (its /v1 base); `steered` False: the requests carry
+    no steering (a server steering as it was started: llama-server with a control vector)."""
     client = openai.OpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=600)
-    _stream(client, model, document, 0.0, 8)  # warm-up: the first forward after loading is slow
+    _stream(client, model, document, 0.0 if steered else None, 8)  # warm-up: the first forward after loading is slow
     rows = []
     for c in concurrency:
-        lams = [LAMBDAS[i % len(LAMBDAS)] for i in range(c)]
+        lams = [LAMBDAS[i % len(LAMBDAS)] if steered else None for i in range(c)]
         log(f"serve bench: {c} client(s) one after another")
         t0 = time.perf_counter()
         sequential = [_stream(client, model, document, lam, new_tokens) for lam in lams]
@@ -112,12 +120,13 @@ def serve_bench(
                 "sequential_last_s_p50": statistics.median(r[1] for r in sequential),
             }
         )
-    return {"url": url, "model": model, "new_tokens": new_tokens, "steering": "vector, normalised λ", "rows": rows}
+    steering = "vector, normalised λ, a λ per client" if steered else "the server's own (fixed at its start)"
+    return {"url": url, "model": model, "new_tokens": new_tokens, "steering": steering, "rows": rows}
 
 
 def format_serve(res: dict) -> str:
     lines = [
-        f"serve bench: {res['model']}, {res['new_tokens']} new tokens a client ({res['steering']}, a λ per client)",
+        f"serve bench: {res['model']}, {res['new_tokens']} new tokens a client (steering: {res['steering']})",
         "| clients | tok/s at once | tok/s one after another | ratio | TTFT p50 / p95 s | last p50 / p95 s |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
