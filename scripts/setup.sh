@@ -9,12 +9,14 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-stamp=.venv/.installed-$(cat requirements.txt requirements-embedded.txt pyproject.toml | sha256sum | cut -c1-16)
+stamp=.venv/.installed-$(cat requirements.txt requirements-ray.txt requirements-embedded.txt pyproject.toml | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q --upgrade pip
   # torch first and pinned: the CPU build (an unpinned torch pulls a multi-GB CUDA build)
   .venv/bin/pip install -q "$(grep '^torch==' requirements.txt)"
   .venv/bin/pip install -q -r requirements.txt
+  # Ray: optional (`--executor ray` only), installed here for the tests that run studies as Ray tasks
+  .venv/bin/pip install -q -r requirements-ray.txt
   .venv/bin/pip install -q --no-deps -r requirements-embedded.txt
   # the workbench itself, editable: `topl <command>` = `python -m topl_core <command>`
   .venv/bin/pip install -q --no-deps --no-build-isolation -e .

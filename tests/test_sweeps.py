@@ -318,6 +318,34 @@ def test_executor_settings_are_checked_before_any_work(capsys):
     assert "λ study" in capsys.readouterr().err
 
 
+def test_ray_is_optional_and_executor_ray_without_it_names_the_install_command(capsys, tmp_path, monkeypatch):
+    """Ray is an optional extra (requirements-ray.txt, pyproject's `ray`; set-up installs it for these tests), not a
+    requirement of the app or the CLI; `--executor ray` where it is missing is refused before anything is written,
+    by the CLI and by run_tasks, naming the command that installs it."""
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    from topl_core.cli import main
+    from topl_core.foundations.errors import ConfigError
+    from topl_core.foundations.executor import ExecutorConfig, run_tasks
+
+    repo = Path(__file__).resolve().parents[1]
+    required = (repo / "requirements.txt").read_text().splitlines()
+    assert not [line for line in required if line.split("=")[0].split("[")[0].strip() == "ray"]
+    assert "ray==" in (repo / "requirements-ray.txt").read_text()
+    assert "ray" in tomllib.loads((repo / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "requirements-ray.txt" in (repo / "scripts" / "setup.sh").read_text()
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed: find_spec and import both fail
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--out", str(out), "--model", "tiny-llama", "--executor", "ray"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install -r requirements-ray.txt" in err and "--executor local" in err and not out.exists()
+    with pytest.raises(ConfigError, match="pip install -r requirements-ray.txt"):
+        run_tasks(lambda shared, item: {}, None, [1], ExecutorConfig(kind="ray"), lambda item, row: None)
+
+
 def test_an_unreachable_ray_cluster_is_refused_in_seconds(capsys, tmp_path):
     """A cluster address where nothing listens: refused by the probe before anything is loaded or written, naming
     the flag and the fix (Ray's own connect retried for minutes); a study run directly is refused by run_tasks."""

@@ -14,6 +14,10 @@ Public API
     worker_memo(kind, key, make)     a value this process keeps between tasks (a base model, a prefix store): one
         per kind, replaced when the key changes; the local executor drops what its tasks kept when they are done.
 
+Ray is an optional package (requirements-ray.txt, or the `ray` extra of pyproject.toml; scripts/setup.sh installs it
+for the tests): nothing else needs it, and `--executor ray` without it is refused before any work, naming the install
+command (RAY_INSTALL).
+
 Contract for a task: it writes only its own folder (a run directory), takes that folder's WriterLock, and is
 idempotent — a task that finds its work done returns its row without redoing it, and one that finds a checkpoint
 resumes from it — so a retried or repeated task never redoes finished work. Ray retries a task whose worker died
@@ -24,6 +28,7 @@ have topl_core installed.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import threading
@@ -43,6 +48,20 @@ RAY_FIX = (
     "this machine."
 )
 EXECUTORS: tuple[str, ...] = ("local", "ray")
+RAY_INSTALL = "pip install -r requirements-ray.txt (or: pip install 'topl-workbench[ray]')"
+
+
+def check_ray_installed() -> None:
+    """Refuse --executor ray where Ray is not installed (an optional package), with the command that installs it."""
+    try:
+        found = importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):  # a module entry of None (uninstalled in a test), or one without a spec
+        found = False
+    if not found:
+        raise ConfigError(
+            f"--executor ray needs Ray, an optional package that is not installed here: {RAY_INSTALL}. Or leave "
+            "--executor local (the default): the same tasks one after another in this process."
+        )
 
 
 @dataclass(frozen=True)
@@ -111,8 +130,11 @@ class ExecutorConfig:
         return config_argv(self, always=("kind",))
 
     def check_reachable(self) -> None:
-        """Refuse, before any task, a cluster address where nothing answers (Ray's own connect retries for minutes).
-        "auto" (a cluster this machine runs, found by Ray) and no address (Ray started here) are not probed."""
+        """Refuse, before any task, Ray where it is not installed, and a cluster address where nothing answers (Ray's
+        own connect retries for minutes). "auto" (a cluster this machine runs, found by Ray) and no address (Ray
+        started here) are not probed."""
+        if self.kind == "ray":
+            check_ray_installed()
         if self.kind == "ray" and self.address not in (None, "auto", "local"):
             client = self.address.startswith("ray://")
             check_reachable(
@@ -211,11 +233,9 @@ def _ray_task(fn, shared, item, threads: int):
 
 
 def _run_ray(fn, shared, items, cfg: ExecutorConfig, on_done) -> list[TaskFailure]:
-    try:
-        import ray
-    except ImportError as e:
-        raise ConfigError("--executor ray needs the ray package: pip install -r requirements.txt") from e
-    cfg.check_reachable()
+    cfg.check_reachable()  # Ray installed, the cluster answering
+    import ray
+
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report from this machine
     started_here = not ray.is_initialized()
     if started_here:
