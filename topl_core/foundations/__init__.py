@@ -10,6 +10,8 @@
     presets.py        the defaults and the paper's model-family presets as data (PRESETS, MethodHyper)
     config_fields.py  each config setting described once (config_field) and the flags read from it
     executor.py       where a study's independent tasks run: run_tasks, ExecutorConfig, worker_memo
+    cache_usage.py    each cache folder's size and contents, clearing by kind or age, size caps (LRU eviction)
+    trusted_files.py  compiled code only from a folder the user alone can write, checksummed at build and load
 
 Import the module you need (`from topl_core.foundations.paths import runs_dir`): this package imports none of them.
 """
