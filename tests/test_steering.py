@@ -700,7 +700,7 @@ def test_an_exported_step_that_cannot_be_built_leaves_the_streams_eager(merged, 
     session = SteeringSession(merged, vectors)
     session.compile_decode(wait=False, decoder=ExportedDecoder)
     package = session.decoder.package_path(session._capacity(DOC, gen, "summarization"))
-    package.parent.mkdir(parents=True)
+    package.parent.mkdir(parents=True, exist_ok=True)
     package.write_bytes(b"not a package")
     with pytest.raises(ModelError, match="stopped after 0.01 s.*TOPL_COMPILED_DECODE=0"):
         session.warm_decode(DOC, gen, how)
@@ -711,6 +711,42 @@ def test_an_exported_step_that_cannot_be_built_leaves_the_streams_eager(merged, 
         session.warm_decode(DOC, gen, how)
     assert not builds and not session.decode_ready(DOC, gen, how)
     assert list(session.stream_steered(DOC, big_lambda(vectors), gen, how=how)) == eager
+
+
+def test_compiled_code_is_loaded_only_from_a_private_folder_and_as_built(merged, vectors, monkeypatch, tmp_path):
+    """The exported step's package is loaded only from a folder no one else can write, and only with the checksum
+    its build recorded: a group-writable cache folder sends it to this user's own private folder (said once), and a
+    package changed after its build is built again (said), its streams then the eager text."""
+    import shutil
+
+    from topl_core.foundations.trusted_files import record_checksum
+
+    shared = tmp_path / "cache" / "decode-steps"
+    shared.mkdir(parents=True)
+    shared.chmod(0o775)  # a folder the group can write: anyone in it could put code there
+    monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "own"))
+    gen, how = GenerationConfig(max_new_tokens=10, precision="fp32"), SteerConfig("vector", "generated", "raw")
+    eager = list(SteeringSession(merged, vectors).stream_steered(DOC, big_lambda(vectors), gen, how=how))
+    session = SteeringSession(merged, vectors)
+    session.compile_decode(decoder=ExportedDecoder)
+    capacity = session._capacity(DOC, gen, "summarization")
+    with pytest.warns(RuntimeWarning, match="writ"):
+        package = session.decoder.package_path(capacity)
+    assert package.parent.is_relative_to(tmp_path / "own") and not list(shared.iterdir())
+    built = Path(__file__).resolve().parents[1] / "cache" / "decode-steps" / package.name  # the suite's, if built
+    if built.exists():
+        shutil.copyfile(built, package)
+        record_checksum(package)
+    else:
+        session.warm_decode(DOC, gen, how)
+    with package.open("ab") as f:
+        f.write(b"\0")  # changed after its build: not the code its build left
+    again = SteeringSession(merged, vectors)
+    again.compile_decode(decoder=ExportedDecoder)
+    with pytest.warns(RuntimeWarning, match="building it again"):
+        again.warm_decode(DOC, gen, how)
+    assert list(again.stream_steered(DOC, big_lambda(vectors), gen, how=how)) == eager
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads a process's state from /proc")

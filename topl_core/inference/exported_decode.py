@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -36,9 +37,11 @@ import transformers
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
+from ..foundations.cache_usage import enforce_cap, touch
 from ..foundations.errors import ModelError
 from ..foundations.idle_children import idle_child
 from ..foundations.paths import cache_dir
+from ..foundations.trusted_files import checksum_path, private_folder, record_checksum, trusted
 from ..hardware.linear_kernel import KERNEL_ENV, model_linear_kernel
 from ..models.loading import LoadedModel, ModelSpec, load_model
 from .compiled_decode import StepDecoder, private_tree
@@ -161,10 +164,22 @@ class ExportedDecoder(StepDecoder):
         super().__init__(lm, shift_paths)
         self._steps: dict[int, tuple[object, DecodeStep, tuple[torch.Tensor, ...]]] = {}
         self._failed: dict[int, ModelError] = {}  # a build that failed is not tried again by this decoder
+        self._said: set[str] = set()  # why a folder or a package was not trusted: said once
 
     def package_path(self, capacity: int) -> Path:
-        """Where the package of `capacity`'s step is kept (cache/decode-steps/, by package_key)."""
-        return cache_dir() / "decode-steps" / f"{package_key(self._lm, capacity, self._paths)}.pt2"
+        """Where the package of `capacity`'s step is kept (by package_key): cache/decode-steps/ where no one but this
+        user can write it (compiled code is loaded from there), else this user's own private folder, saying why."""
+        folder, why = private_folder(cache_dir() / "decode-steps", "decode-steps")
+        if why is not None:
+            self._say(why)
+        if folder is None:
+            raise ModelError(f"no private folder for the compiled decode step ({why}); its streams decode eagerly.")
+        return folder / f"{package_key(self._lm, capacity, self._paths)}.pt2"
+
+    def _say(self, why: str) -> None:
+        if why not in self._said:
+            self._said.add(why)
+            warnings.warn(why, RuntimeWarning, stacklevel=3)
 
     def package(self, capacity: int) -> Path:
         """The package of `capacity`'s step, built by a child process first where none is on disk (one build of a
@@ -179,6 +194,8 @@ class ExportedDecoder(StepDecoder):
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not out.exists():
                 self._build_package(capacity, out)
+                record_checksum(out)  # checked at every load (trusted_files.trusted)
+                enforce_cap("decode-steps")  # the least recently used out first; this one's lock is held: kept
         return out
 
     def _build_package(self, capacity: int, out: Path) -> None:
@@ -217,6 +234,14 @@ class ExportedDecoder(StepDecoder):
 
     def _build(self, capacity: int) -> None:
         path = self.package(capacity)
+        if why := trusted(path):  # not private, or not the bytes its build left: built again, once
+            self._say(f"{why}; building it again")
+            path.unlink(missing_ok=True)
+            checksum_path(path).unlink(missing_ok=True)
+            path = self.package(capacity)
+            if why := trusted(path):
+                raise ModelError(f"the compiled decode step is not loaded: {why}; its streams decode eagerly.")
+        touch(path)  # used now: the cache's cap evicts it after the packages unused longer
         try:
             runner = torch._inductor.aoti_load_package(str(path))
         except Exception:  # a corrupt or foreign file under the package's name: built again, once
