@@ -159,7 +159,7 @@ if not deck.complete:
 
 # --- talk mode -------------------------------------------------------------------------------------------------------
 # The view itself is the deck's self-contained HTML (analysis/studies/deck_html.py), embedded: a slider move is answered
-# by the browser from the inlined deck in milliseconds, where a Streamlit rerun takes 0.3-0.5 s on a 2-core CPU.
+# by the browser from the inlined deck in milliseconds, where a Streamlit rerun takes tenths of a second.
 @st.cache_data(show_spinner=False, max_entries=8)
 def talk_html(folder: str, stamp: float) -> str:
     """The deck's page with the keys taken from the whole app window, built once per change of its files."""

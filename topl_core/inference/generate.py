@@ -246,7 +246,7 @@ def stream_generate(
         yield texts[0]
 
 
-@torch.inference_mode()  # no autograd bookkeeping on any tensor: ~5 % of an fp32 decode step (docs/performance.md)
+@torch.inference_mode()  # no autograd bookkeeping on any tensor (its cost: docs/performance.md, inference_mode)
 def stream_rows(
     lm: LoadedModel,
     document: str,
@@ -287,7 +287,7 @@ class GenerationCancelled(Exception):
 def cancel_on(model: torch.nn.Module, event: threading.Event) -> Iterator[None]:
     """While active, every decoder layer of `model` called from this thread raises GenerationCancelled once `event`
     is set, so any generation loop (transformers' generate, stream_generate, a gated decoder) stops within one layer's
-    time (a 2-row prompt forward takes ~0.6 s on a 2-core CPU, a layer of it ~20 ms). Other threads' forwards are
+    time (a prompt forward's tenths of a second on a 2-core CPU, one layer of it). Other threads' forwards are
     untouched. Register it where no other thread runs the model (SteeringSession holds the model's lock)."""
     owner = threading.get_ident()
 

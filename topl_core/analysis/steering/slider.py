@@ -58,7 +58,7 @@ from .steered_text import SteeredText
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1  # how often a stream waiting on work ahead yields the text so far (a page redraws, a move can stop it)
-STORE_SIZE = 4096  # texts kept (SmolLM2's 64-token summaries: ~1 MB)
+STORE_SIZE = 4096  # texts kept (short summaries: a few hundred bytes each)
 YIELD_WAIT_S = 10.0  # the longest a stream waits for the work ahead to stop (it stops within a decoder layer)
 
 
