@@ -42,6 +42,7 @@ with core_imports():  # the token sets and the page's cached work are read with 
     )
     from pages._ui.token_sets import token_set, token_set_picker
     from topl_core.analysis.evaluation.lambda_study import document_curve
+    from topl_core.analysis.lora_a.probe import STEERING_TOKEN_RECORDS
     from topl_core.analysis.steering.modes import MODES, SteerConfig
     from topl_core.analysis.steering.slider import neighbours
     from topl_core.analysis.steering.steered_text import SteeredText
@@ -85,7 +86,7 @@ generated_only = c_pos.toggle(
 settings = mode_settings(st, MODES[mode].settings, "steer.")  # the mode's own: a gated mode's τ and k
 how = SteerConfig(mode, "generated" if generated_only else "all", **settings)
 with st.expander("Token set for μ+ / μ− and the site AUROCs", expanded=False):
-    ts = token_set_picker("steer", run, default_limit=16)
+    ts = token_set_picker("steer", run, default_limit=STEERING_TOKEN_RECORDS)
 
 
 # --- the document -----------------------------------------------------------------------------------------

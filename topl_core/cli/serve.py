@@ -10,6 +10,7 @@ import os
 
 import uvicorn
 
+from ..analysis.lora_a.probe import STEERING_TOKEN_RECORDS
 from ..analysis.steering.session import SteeringSession
 from ..serve.app import create_app
 from ..serve.engine import ServeEngine
@@ -29,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help=COMMANDS["serve"].help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_adapter_args(p, ADAPTER_HELP + " (served merged, steered per request)")
     add_vectors_args(p)
+    p.set_defaults(limit=STEERING_TOKEN_RECORDS)  # the Steering page's token set: its vectors, shipped for the demos
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (not loopback: needs --api-key)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(

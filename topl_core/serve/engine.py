@@ -21,8 +21,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..analysis.evaluation.config import EvalConfig
-from ..analysis.evaluation.evaluate import steering_vectors_for
+from ..analysis.lora_a.probe import STEERING_TOKEN_RECORDS, ProbeSettings, labelled_split
+from ..analysis.steering.extract import build_steering_vectors
 from ..analysis.steering.hooks import SteeringSwitch
 from ..analysis.steering.session import SteeringSession
 from ..analysis.token_colors import FLAG_THRESHOLD
@@ -251,10 +251,12 @@ class ServeEngine:
 
     @classmethod
     def for_adapter(cls, adapter, precision: Precision = "auto", slots: int = 16, waiting: int = 32) -> "ServeEngine":
-        """The engine of an adapter (a run, a PEFT folder, a hub id) merged, with the steering vectors of its data's
-        validation split (the evaluation's: cached in cache/analysis/)."""
+        """The engine of an adapter (a run, a PEFT folder, a hub id) merged, with the steering vectors the Steering page
+        opens on (the first records of its data's validation split; cached in cache/analysis/, shipped for demos)."""
         adapter = open_adapter(adapter)
-        vectors = steering_vectors_for(adapter, EvalConfig(precision=resolve_precision(precision, adapter.device)))
+        settings = ProbeSettings(random_control=False, precision=resolve_precision(precision, adapter.device))
+        records = labelled_split(adapter, "val", STEERING_TOKEN_RECORDS)
+        vectors = build_steering_vectors(adapter, records, settings)
         return cls(SteeringSession.from_run(adapter, vectors), precision, slots, waiting)
 
     def start(

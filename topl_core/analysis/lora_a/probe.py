@@ -236,8 +236,10 @@ def labelled_records(records: Sequence) -> list:
     return [r for r in records if r.token_labels_known]
 
 
-# records of the default token set: the LoRA-A and Steering pages', the Runs page's indicator table, the service's
+# records of the default token sets: the LoRA-A page's and the Runs page's indicator table; the Steering page's and the
+# service's steering vectors (the demo adapters' are shipped for it: examples/analysis-cache)
 TOKEN_SET_RECORDS = 48
+STEERING_TOKEN_RECORDS = 16
 
 
 def labelled_split(adapter, split: str = "val", limit: int | None = None) -> list[Record]:
