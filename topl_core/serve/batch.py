@@ -19,6 +19,7 @@ the positions a slot does not hold (a crop, or a step it sat out). Rotary positi
 
 from __future__ import annotations
 
+import heapq
 import threading
 import weakref
 from concurrent.futures import Future
@@ -132,7 +133,7 @@ class Batcher:
         self.write_at_step = self.write_at
         self.length = 1
         self._mask = torch.zeros(slots, ROOM, dtype=torch.long)
-        self._free = list(range(slots))
+        self._free = list(range(slots))  # a heap: the lowest free slot first, so the batch's rows stay few
         self._cache = Cache(layers=[SlotLayer(self) for _ in decoder_layers(lm.model)])
         self._cond = threading.Condition()
         self._steps: dict[int, _Step] = {}
@@ -176,7 +177,7 @@ class Batcher:
             self._mask[slot] = 0
             self.write_at[slot] = 0
             self._joined.discard(slot)
-            self._free.append(slot)
+            heapq.heappush(self._free, slot)
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -197,7 +198,7 @@ class Batcher:
                 self._cond.wait_for(lambda: len(self._steps) >= len(self._joined), GATHER_S)
                 steps, self._steps = self._steps, {}
                 join = self._joins.pop(0) if self._can_join() else None
-                slots = [self._free.pop(0) for _ in range(1 + join[2])] if join is not None else []
+                slots = [heapq.heappop(self._free) for _ in range(1 + join[2])] if join is not None else []
             if steps:
                 self._step(list(steps.values()))
             if join is not None:
