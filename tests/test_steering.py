@@ -755,7 +755,7 @@ def test_builds_stop_while_the_session_generates(merged, vectors):
     the session streams, and goes on (SIGCONT) once the stream is done. A sleeping process stands in for the build."""
     import subprocess
 
-    from topl_core.foundations.idle_children import idle_child
+    from topl_core.foundations.idle_children import background_thread, idle_child
 
     def state() -> str:
         return Path(f"/proc/{build.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -772,4 +772,15 @@ def test_builds_stop_while_the_session_generates(merged, vectors):
         assert sleeping()
         seen = [state() for _ in SteeringSession(merged, vectors).stream_steered(DOC, 1.0, GEN)]
         assert seen and set(seen) == {"T"} and sleeping()
+        # work no one waits for (the slider's work ahead, a background_thread) leaves the build running beside it
+        ahead: list[str] = []
+
+        def work_ahead() -> None:
+            background_thread()
+            ahead.extend(state() for _ in SteeringSession(merged, vectors).stream_steered(DOC, 2.0, GEN))
+
+        thread = threading.Thread(target=work_ahead)
+        thread.start()
+        thread.join(60)
+        assert ahead and "T" not in ahead
         build.kill()

@@ -5,7 +5,8 @@ exported_decode.py).
         runs, it is stopped whenever this process is busy
     with busy(): ...              this process is busy: every idle child is stopped (SIGSTOP to its process group),
         and goes on (SIGCONT) once nothing is busy. The Steering page's eager generation and every page's script run
-        are busy (analysis/steering/session.py, pages/_ui/frame.py).
+        are busy (analysis/steering/session.py, pages/_ui/frame.py); the slider's work ahead is not
+        (background_thread(): it runs at the lowest priority beside the build, which it would otherwise starve).
 
 The lowest CPU priority alone was not enough: on 2 cores, beside a build at nice 19, the Steering page drew a λ written
 ahead several times slower than without the build (docs/performance.md, "Figures behind the code's choices"): the
@@ -22,15 +23,27 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
+_LOCAL = threading.local()  # .background: the thread's busy() is no busy (background_thread)
 _LOCK = threading.Lock()  # guards the two below
 _CHILDREN: set[int] = set()  # the process groups of the idle children running
 _BUSY = 0  # how many busy() are open in this process
 
 
+def background_thread() -> None:
+    """The calling thread's work is background work too (the slider's work ahead, at the lowest priority): its busy()
+    stops no idle child, so that work no one waits for does not starve a build that someone will (the build and it
+    share the cores, both at the lowest priority)."""
+    _LOCAL.background = True
+
+
 @contextmanager
 def busy() -> Iterator[None]:
-    """This process is busy while inside: the idle children are stopped (see the module docstring)."""
+    """This process is busy while inside: the idle children are stopped (see the module docstring); from a
+    background_thread(), nothing."""
     global _BUSY
+    if getattr(_LOCAL, "background", False):
+        yield
+        return
     with _LOCK:
         _BUSY += 1
         if _BUSY == 1:

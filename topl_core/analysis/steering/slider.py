@@ -48,6 +48,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import ContextManager, Hashable, Iterator, Sequence
 
+from ...foundations.idle_children import background_thread
 from ...inference.exported_decode import ExportedDecoder
 from ...inference.generate import GenerationCancelled, GenerationConfig, stream_generate
 from ...models.loading import LoadedModel
@@ -211,6 +212,7 @@ class Slider:
     def _work(self) -> None:
         """The work-ahead thread: the pending job whenever no stream is asked for, one at a time."""
         background_priority()
+        background_thread()  # its generation does not stop the compiled step's build: both yield to a person
         while True:
             with self._cond:
                 while not self._closed and (self._pending is None or self._asked):
