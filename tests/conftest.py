@@ -179,6 +179,27 @@ def news_records():
     return build_perturbation_records(NEWS_PAIRS, seed=0)
 
 
+@pytest.fixture(scope="session")
+def steering_run(tmp_path_factory, news_records):
+    """A 3-step tiny TOPL run on the news records (LoRA on layers 0–3): what the steering, slider and service tests
+    steer, trained once per test process. Read only."""
+    from topl_core.training.config import LoraSettings, TrainConfig
+    from topl_core.training.trainer import train
+
+    cfg = TrainConfig(
+        model="tiny-llama",
+        lora=LoraSettings(layer_start=0, layer_end=3),
+        steps=3,
+        precision="fp32",
+        batch_size=4,
+        lr=5e-3,
+        max_val_examples=4,
+        eval_every=3,
+        checkpoint_every=3,
+    )
+    return train(cfg, tmp_path_factory.mktemp("runs") / "topl-steer", records=news_records)
+
+
 def all_hooks(model) -> int:
     """Forward and pre-forward hooks on every module (transformers adds its own output recorders the first time
     output_hidden_states is asked for, so tests compare against a count taken before)."""

@@ -25,8 +25,6 @@ from topl_core.models.architecture import decoder_layers, final_norm
 from topl_core.models.forward import head_probability
 from topl_core.serve.app import create_app
 from topl_core.serve.engine import ServeEngine
-from topl_core.training.config import LoraSettings, TrainConfig
-from topl_core.training.trainer import train
 
 openai = pytest.importorskip("openai", reason="the openai client is installed by requirements.txt")
 uvicorn = pytest.importorskip("uvicorn")
@@ -37,21 +35,9 @@ MESSAGES = [{"role": "user", "content": user_message(DOC)}]
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory, news_records):
-    cfg = TrainConfig(
-        model="tiny-llama",
-        lora=LoraSettings(layer_start=0, layer_end=3),
-        steps=3,
-        precision="fp32",
-        batch_size=4,
-        lr=5e-3,
-        max_val_examples=4,
-        eval_every=3,
-        checkpoint_every=3,
-    )
-    run = train(cfg, tmp_path_factory.mktemp("runs") / "topl-serve", records=news_records)
-    vectors = build_steering_vectors(run, news_records, top_k=3)
-    return SteeringSession(load_merged("tiny-llama", run), vectors)
+def session(steering_run, news_records):
+    vectors = build_steering_vectors(steering_run, news_records, top_k=3)
+    return SteeringSession(load_merged("tiny-llama", steering_run), vectors)
 
 
 class Server:

@@ -19,8 +19,6 @@ from topl_core.analysis.steering.session import SteeringSession
 from topl_core.analysis.steering.slider import Slider, TextStore, neighbours
 from topl_core.analysis.steering.steered_text import SteeredText
 from topl_core.inference.generate import GenerationCancelled, GenerationConfig, load_merged
-from topl_core.training.config import LoraSettings, TrainConfig
-from topl_core.training.trainer import train
 
 DOC = NEWS_PAIRS[0][1]
 GEN = GenerationConfig(max_new_tokens=12, precision="fp32")
@@ -29,19 +27,8 @@ HOW = SteerConfig(units="raw")  # λ multiplies v itself
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, news_records):
-    cfg = TrainConfig(
-        model="tiny-llama",
-        lora=LoraSettings(layer_start=0, layer_end=3),
-        steps=3,
-        precision="fp32",
-        batch_size=4,
-        lr=5e-3,
-        max_val_examples=4,
-        eval_every=3,
-        checkpoint_every=3,
-    )
-    return train(cfg, tmp_path_factory.mktemp("runs") / "topl-slider", records=news_records)
+def run(steering_run):
+    return steering_run
 
 
 @pytest.fixture(scope="module")

@@ -30,8 +30,6 @@ from topl_core.inference.exported_decode import ExportedDecoder
 from topl_core.inference.generate import GenerationConfig, generate, load_merged, prefill
 from topl_core.models.loading import load_model
 from topl_core.training.adapters import load_adapter
-from topl_core.training.config import LoraSettings, TrainConfig
-from topl_core.training.trainer import train
 
 DOC = NEWS_PAIRS[0][1]
 GEN = GenerationConfig(max_new_tokens=12)
@@ -39,19 +37,8 @@ RAW = SteerConfig(units="raw")  # λ multiplies v itself (the paper's formula)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, news_records):
-    cfg = TrainConfig(
-        model="tiny-llama",
-        lora=LoraSettings(layer_start=0, layer_end=3),
-        steps=3,
-        precision="fp32",
-        batch_size=4,
-        lr=5e-3,
-        max_val_examples=4,
-        eval_every=3,
-        checkpoint_every=3,
-    )
-    return train(cfg, tmp_path_factory.mktemp("runs") / "topl-steer", records=news_records)
+def run(steering_run):
+    return steering_run
 
 
 @pytest.fixture(scope="module")
@@ -755,7 +742,8 @@ def test_builds_stop_while_the_session_generates(merged, vectors):
     the session streams, and goes on (SIGCONT) once the stream is done. A sleeping process stands in for the build."""
     import subprocess
 
-    from topl_core.foundations.idle_children import background_thread, idle_child
+    from topl_core.foundations import idle_children
+    from topl_core.foundations.idle_children import background_thread, busy, idle_child
 
     def state() -> str:
         return Path(f"/proc/{build.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -772,15 +760,19 @@ def test_builds_stop_while_the_session_generates(merged, vectors):
         assert sleeping()
         seen = [state() for _ in SteeringSession(merged, vectors).stream_steered(DOC, 1.0, GEN)]
         assert seen and set(seen) == {"T"} and sleeping()
-        # work no one waits for (the slider's work ahead, a background_thread) leaves the build running beside it
-        ahead: list[str] = []
+        # work no one waits for (the slider's work ahead, a background_thread) does not count as busy: its stream
+        # leaves the build running beside it
+        counted: list[int] = []
 
         def work_ahead() -> None:
             background_thread()
-            ahead.extend(state() for _ in SteeringSession(merged, vectors).stream_steered(DOC, 2.0, GEN))
+            with busy():
+                counted.append(idle_children._BUSY)
+            list(SteeringSession(merged, vectors).stream_steered(DOC, 2.0, GEN))
 
+        before = idle_children._BUSY
         thread = threading.Thread(target=work_ahead)
         thread.start()
         thread.join(60)
-        assert ahead and "T" not in ahead
+        assert counted == [before]
         build.kill()
