@@ -139,10 +139,11 @@ def draw(i: int, g: SteeredText, caption: str) -> None:
     slots[i].markdown(text_box(titles[i], body or "<i>(empty)</i>", caption), unsafe_allow_html=True)
 
 
-def box(i: int, done, parts, ahead=lambda: False) -> None:
-    """Box i: drawn at once when written before, else filled in token by token; scored once all three are shown."""
+def box(i: int, done, parts, ahead=lambda: False, also: tuple[int, ...] = ()) -> None:
+    """Box i (and the boxes `also`, showing the same text as it comes): drawn at once when written before, else
+    filled in token by token; scored once all three are shown."""
     try:
-        g = written(slots[i], titles[i], done, parts, ahead)
+        g = written([(slots[j], titles[j]) for j in (i, *also)], done, parts, ahead)
     except GenerationCancelled:  # this reader asked for another λ meanwhile
         st.stop()
     except Exception as e:
@@ -168,7 +169,7 @@ vec = view.session.vectors
 unit_note = spec_mode.action.unit_note(vec, spec_mode, how.units, lam)
 if unit_note:
     unit_slot.caption(unit_note)
-box(1, view.text(neutral), view.merged)
+box(1, view.text(neutral), view.merged, also=(2,) if lam == neutral else ())  # at the neutral λ: one text
 box(2, view.text(lam), lambda: view.stream(lam), lambda: view.writing(lam))
 view.ahead(neighbours(GRID, lam))  # the slider's next move reads them, written while these texts are read
 t_base, t_merged, t_steered = texts

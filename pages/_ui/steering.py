@@ -81,17 +81,19 @@ def base_texts(spec: str, gen: GenerationConfig, document: str) -> tuple[Steered
     return done, lambda: slider.base(spec, base_model(spec), document, gen, lock=resource_lock(f"base:{spec}"))
 
 
-def written(placeholder, title: str, done: SteeredText | None, parts: Callable, ahead: Callable) -> SteeredText:
-    """`done` where it is written; else parts() (the text as it comes) drawn into `placeholder` token by token, the
-    cursor after it (or, while ahead() says it is being written ahead and nothing is yet, so), and its last value.
-    Each draw lets a new slider move stop this run."""
+def written(boxes: list[tuple], done: SteeredText | None, parts: Callable, ahead: Callable) -> SteeredText:
+    """`done` where it is written; else parts() (the text as it comes) drawn token by token into every (placeholder,
+    title) of `boxes` (two boxes show one text: the steered box at the neutral λ is the merged text), the cursor
+    after it (or, while ahead() says it is being written ahead and nothing is yet, so), and its last value. Each
+    draw lets a new slider move stop this run."""
     if done is not None:
         return done
     g = SteeredText("")
     with closing(parts()) as stream:
         for g in stream:
             body = _being_written(g.text) if g.text or not ahead() else f"<i>{AHEAD}</i>"
-            placeholder.markdown(text_box(title, body, "writing…"), unsafe_allow_html=True)
+            for placeholder, title in boxes:
+                placeholder.markdown(text_box(title, body, "writing…"), unsafe_allow_html=True)
     return g
 
 
