@@ -69,8 +69,17 @@ def test_every_rank_and_device_random_state_round_trips_through_the_checkpoint_f
         restore_rng(saved, rank=2)
 
 
-def _weights(run: RunDir) -> dict[str, bytes]:
-    return {"adapter": run.adapter_path.read_bytes(), "head": run.head_path.read_bytes()}
+def _weights(run: RunDir) -> dict[str, object]:
+    """Every tensor of the adapter and the head, as bytes, and the files' metadata: a safetensors header's metadata
+    comes in another key order from each process, so the files' own bytes may differ where nothing else does."""
+    from safetensors import safe_open
+
+    out: dict[str, object] = {}
+    for name, path in (("adapter", run.adapter_path), ("head", run.head_path)):
+        with safe_open(str(path), "pt") as f:
+            out[name] = {k: f.get_tensor(k).numpy().tobytes() for k in f.keys()}
+            out[f"{name} metadata"] = f.metadata()
+    return out
 
 
 def test_two_ranks_stopped_and_resumed_equal_the_uninterrupted_two_ranks_bit_for_bit(tmp_path, tiny_records):
