@@ -352,3 +352,21 @@ def test_the_demo_adapter_served_steers_and_its_neutral_lambda_is_the_merged_tex
     finally:
         server.stop()
         engine.close()
+
+
+def test_the_service_decodes_in_bf16_as_the_session_does(session):
+    """bf16 forced on the tiny model (every CPU emulates or runs it): a merged completion is the session's own bf16
+    decode loop token for token, and a steered one decodes with finite p(good) on its unsteered twin row."""
+    engine = ServeEngine(session, "bf16", slots=4)
+    server = Server(create_app(engine, "tiny"))
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        merged = chat(client)
+        gen = GenerationConfig.chosen("bf16", max_new_tokens=NEW)
+        *_, ref = stream_rows(session.lm, DOC, 1, gen, prefix=prefill(session.lm, DOC, gen))
+        assert served_ids(merged.choices[0]) == [t for t in ref[0] if t not in stop_tokens(session.lm.tokenizer)]
+        steered = chat(client, steering={"mode": "vector", "lambda": big(session), "units": "raw"})
+        assert all(0.0 <= t.p_good <= 1.0 for t in steered.choices[0].logprobs.content)
+    finally:
+        server.stop()
+        engine.close()
