@@ -12,12 +12,9 @@ request must carry it as a Bearer token (compared in constant time).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hmac
-import json
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
@@ -25,26 +22,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..analysis.steering.modes import SteerConfig
-from ..analysis.token_colors import FLAG_THRESHOLD
 from .batch import Steering
-from .engine import Busy, Chunk, Sampling, ServeEngine, TakenBack, TokenVerdict
+from .engine import Busy, Chunk, Sampling, ServeEngine
 from .protocol import ChatRequest, CommonFields, CompletionRequest, ServeError
+from .replies import Choice, Reply, absorb, sse
 
 DEFAULT_NEW_TOKENS = 64
 RETRY_AFTER_S = 1
-
-
-@dataclass
-class _Choice:
-    """One choice's chunks as they come (filled from the generation's thread through the event loop)."""
-
-    index: int
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    text: str = ""
-    tokens: list[TokenVerdict] = field(default_factory=list)
-    taken_back: list[TakenBack] = field(default_factory=list)
-    finish_reason: str | None = None
-    completion_tokens: int = 0
 
 
 def create_app(
@@ -134,12 +118,12 @@ def create_app(
                     "messages" if chat else "prompt",
                 )
         loop = asyncio.get_running_loop()
-        choices: list[_Choice] = []
+        choices: list[Choice] = []
         generations = []
         try:
             for p, ids in enumerate(encoded):
                 for i in range(body.n):
-                    choice = _Choice(len(choices))
+                    choice = Choice(len(choices))
                     seeded = Sampling(**{**sampling.__dict__, "seed": (body.seed or 0) + i}) if body.n > 1 else sampling
                     put = _threadsafe(loop, choice.queue)
                     generations.append(engine.start(ids, steering, seeded, put))
@@ -149,7 +133,7 @@ def create_app(
                 g.cancel()
             return _error(ServeError(429, "every slot is busy; retry shortly.", None, "rate_limit"), RETRY_AFTER_S)
         prompt_tokens = sum(ids.shape[1] for ids in encoded) * body.n
-        reply = _Reply(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", body.model, chat, steering)
+        reply = Reply(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", body.model, chat, steering)
         if body.stream:
             return StreamingResponse(
                 _stream(request, reply, choices, generations, prompt_tokens, body), media_type="text/event-stream"
@@ -179,109 +163,6 @@ def _engine(key: str) -> ServeEngine:
     return engine
 
 
-class _Reply:
-    """How a completion's choices are written: whole, or as stream chunks."""
-
-    def __init__(self, id: str, model: str, chat: bool, steering: Steering):
-        self.id, self.model, self.chat, self.created = id, model, chat, int(time.time())
-        self.object = "chat.completion" if chat else "text_completion"
-        judge = steering.how.spec.judge
-        self.threshold = float(steering.how.tau) if judge is not None else FLAG_THRESHOLD
-
-    def verdict(self, tokens: list[TokenVerdict], taken_back: list[TakenBack], threshold: float) -> dict:
-        known = [t.p_good for t in tokens if t.p_good is not None]
-        takes = [dataclasses.asdict(t) for t in taken_back]
-        return {
-            "threshold": threshold,
-            "tokens": len(tokens),
-            "flagged": sum(p < threshold for p in known) if known else None,
-            "taken_back": takes,
-            "replacements": [t for t in takes if t["replaced"]],
-        }
-
-    def logprobs(self, tokens: list[TokenVerdict], offset: int) -> dict:
-        if self.chat:
-            content = [
-                {
-                    "token": t.token,
-                    "logprob": t.logprob,
-                    "bytes": list(t.token.encode()),
-                    "top_logprobs": [],
-                    "p_good": t.p_good,
-                    "token_id": t.token_id,
-                }
-                for t in tokens
-            ]
-            return {"content": content, "refusal": None}
-        offsets, at = [], offset
-        for t in tokens:
-            offsets.append(at)
-            at += len(t.token)
-        return {
-            "tokens": [t.token for t in tokens],
-            "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": None,
-            "text_offset": offsets,
-            "p_good": [t.p_good for t in tokens],
-            "token_ids": [t.token_id for t in tokens],
-        }
-
-    def choice(self, index, text, tokens, taken_back, finish, threshold, delta=False, first=False) -> dict:
-        out: dict = {"index": index}
-        if self.chat:
-            if delta:
-                out["delta"] = {
-                    **({"role": "assistant"} if first else {}),
-                    **({"content": text} if text or first else {}),
-                }
-            else:
-                out["message"] = {"role": "assistant", "content": text, "refusal": None}
-        else:
-            out["text"] = text
-        out["logprobs"] = self.logprobs(tokens, 0)
-        out["finish_reason"] = finish
-        out["verdict"] = self.verdict(tokens, taken_back, threshold)
-        return out
-
-    def whole(self, choices: list[_Choice], prompt_tokens: int) -> dict:
-        threshold = self.threshold
-        completion = sum(c.completion_tokens for c in choices)
-        return {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "choices": [
-                self.choice(c.index, c.text, c.tokens, c.taken_back, c.finish_reason, threshold) for c in choices
-            ],
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion,
-                "total_tokens": prompt_tokens + completion,
-            },
-        }
-
-    def chunk(self, choice: _Choice, piece: Chunk, first: bool) -> dict:
-        threshold = self.threshold
-        body = self.choice(
-            choice.index,
-            piece.text,
-            list(piece.tokens),
-            list(piece.taken_back),
-            piece.finish_reason,
-            threshold,
-            delta=True,
-            first=first,
-        )
-        return {
-            "id": self.id,
-            "object": "chat.completion.chunk" if self.chat else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [body],
-        }
-
-
 def _threadsafe(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> Callable[[Chunk], None]:
     def put(chunk: Chunk) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, chunk)
@@ -289,15 +170,7 @@ def _threadsafe(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> Callab
     return put
 
 
-def _absorb(choice: _Choice, piece: Chunk) -> None:
-    choice.text += piece.text
-    choice.tokens.extend(piece.tokens)
-    choice.taken_back.extend(piece.taken_back)
-    if piece.finish_reason is not None:
-        choice.finish_reason, choice.completion_tokens = piece.finish_reason, piece.completion_tokens
-
-
-async def _collect(request: Request, choices: list[_Choice]) -> None:
+async def _collect(request: Request, choices: list[Choice]) -> None:
     """Every choice to its end; a client gone meanwhile ends the wait (its generations are cancelled)."""
     for choice in choices:
         while choice.finish_reason is None:
@@ -307,13 +180,13 @@ async def _collect(request: Request, choices: list[_Choice]) -> None:
                 if await request.is_disconnected():
                     return
                 continue
-            _absorb(choice, piece)
+            absorb(choice, piece)
             if piece.error:
                 raise ServeError(500, f"the generation failed: {piece.error}", None, "server_error")
 
 
 async def _stream(
-    request, reply: _Reply, choices, generations, prompt_tokens: int, body: CommonFields
+    request, reply: Reply, choices, generations, prompt_tokens: int, body: CommonFields
 ) -> AsyncIterator[str]:
     """The choices' chunks as server-sent events, as they come, then the usage (if asked) and [DONE]."""
     pending = {asyncio.ensure_future(c.queue.get()): c for c in choices}
@@ -326,11 +199,11 @@ async def _stream(
             for task in done:
                 choice = pending.pop(task)
                 piece = task.result()
-                _absorb(choice, piece)
+                absorb(choice, piece)
                 if piece.error:
-                    yield _sse(ServeError(500, f"the generation failed: {piece.error}", None, "server_error").body())
+                    yield sse(ServeError(500, f"the generation failed: {piece.error}", None, "server_error").body())
                     continue
-                yield _sse(reply.chunk(choice, piece, first[choice.index]))
+                yield sse(reply.chunk(choice, piece, first[choice.index]))
                 first[choice.index] = False
                 if piece.finish_reason is None:
                     pending[asyncio.ensure_future(choice.queue.get())] = choice
@@ -341,7 +214,7 @@ async def _stream(
                 "completion_tokens": completion,
                 "total_tokens": prompt_tokens + completion,
             }
-            yield _sse(
+            yield sse(
                 {
                     "id": reply.id,
                     "object": reply.object + (".chunk" if reply.chat else ""),
@@ -357,10 +230,6 @@ async def _stream(
             task.cancel()
         for g in generations:
             g.cancel()
-
-
-def _sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
 
 
 def _error(error: ServeError, retry_after: int | None = None) -> JSONResponse:
