@@ -10,6 +10,7 @@ generate responses for one or many documents.
         loop), with the judge it is given (one row)
     prefill(lm, document, cfg) -> Prefill                     the prompt run once: its KV cache and last logits,
         which the streams decode from (a copy), so the prompt is not run again
+    model_lock(model) -> RLock                                 the lock generation on one model object takes
     with cancel_on(model, event): ...                          any generation from this thread stops (raising
         GenerationCancelled) at its next decoder layer once `event` is set: work done ahead that nobody waits for
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
@@ -41,6 +43,9 @@ from ..models.loading import LoadedModel, ModelSpec, load_model
 from ..training.adapters import load_adapter
 from .decode import Choose, Judge, decode, decoded_texts, stop_tokens
 from .kv_cache import with_room
+
+_MODEL_LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_MODEL_LOCKS_GUARD = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -277,6 +282,15 @@ def stream_rows(
     yield from decode(
         logits, cfg.max_new_tokens, stop_tokens(tok), forward, cfg.chooser(), judge, lambda n: cache.crop(-n)
     )
+
+
+def model_lock(model: torch.nn.Module) -> threading.RLock:
+    """The lock that guards generation on one model object (every steering session on it, the cancel hooks' owner)."""
+    with _MODEL_LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = threading.RLock()
+        return lock
 
 
 class GenerationCancelled(Exception):

@@ -1,28 +1,12 @@
-"""A merged model kept for steering by a UI or a study.
+"""A merged model kept for steering by a UI, a study or the service (each method's docstring says what it does).
 
-SteeringSession(lm, vectors)            lm: a LoadedModel holding the MERGED model (load_merged(spec, run))
-    .generate_steered(document, lam, gen_cfg=GenerationConfig(), task="summarization", how=SteerConfig()) -> str
-    .generate_many(documents, lam, gen_cfg=GenerationConfig(), task=..., how=...) -> list[str]   batched
-    .generate_grid(document, lambdas, gen_cfg=GenerationConfig(), task=..., how=...) -> list[str]
-        one text per λ, the λ grid generated as one batch (each row steered with its own λ)
-    .stream_steered(document, lam, gen_cfg=GenerationConfig(), task=..., how=...) -> Iterator[str]
-        greedy: the text so far after every token (its last value is generate_steered's text); where the prompt is
-        not steered (generated positions, gated modes), it is run once per document and every λ decodes from its cache
-    .grid_generations(document, lambdas, ...) -> list[SteeredText]; .stream_generations(document, lam, ..., cancel=None)
-        the same as SteeredText: the text and, in a gated mode, the tokens the head took back and their replacements
-    .stream_grid(document, lambdas, ..., cancel=None) -> Iterator[list[SteeredText]]
-        the grid as it is written: every λ's text so far after each step (one batch where the mode batches rows);
-        setting the threading.Event `cancel` stops a stream at its next decoder layer (GenerationCancelled)
-    .head() -> gate.Head the adapter's token-level head (a gated mode's judge reads it): the run's own, or the one given
-    .compile_decode() from now on, streams decoding in the weights' dtype (greedy or sampled), of a mode without a judge
-        whose action adds constant vectors (actions.SteeringAction.decode_shifts), decode with a compiled step, built by
-        the first stream of each length (on a CPU an AOTInductor package built by a child process:
-        inference/exported_decode.py; on a GPU torch.compile with CUDA graphs: inference/compiled_decode.py)
-    .compile_decode(wait=False)   the same, but a stream whose length has no step built decodes eagerly instead of
-        building it; .warm_decode(document, gen_cfg, how) builds it (a background thread: no model lock held)
-    .compiles_decode(gen_cfg, how)  whether such a stream does; .decode_ready(document, gen_cfg, how): and now;
-    .decoder: the decoder compile_decode chose (inference/compiled_decode.StepDecoder), or None
-    SteeringSession.from_run(run, vectors, spec=None, head=None)
+SteeringSession(lm, vectors, head=None)     lm: a LoadedModel holding the MERGED model (load_merged(spec, run))
+    texts:    generate_steered, generate_many (batched documents), generate_grid / grid_generations (a λ grid as one
+              batch); streamed: stream_steered, stream_generations, stream_grid (cancellable: `cancel`)
+    compiled: compile_decode(wait=True), warm_decode, decode_ready, compiles_decode, decoder — a compiled decode step
+              (inference/exported_decode.py on a CPU, compiled_decode.py on a GPU) for modes that add constant vectors
+    from_run(run, vectors, spec=None, head=None); head(): the adapter's token-level head (the gated mode's judge)
+
 How one steered token is made: inside modes.steer() (the mode's action's edits hooked on the merged model), the prompt's
 forward (steered, or the session's cached unsteered Prefill), then the one decode loop (inference/decode.py) — eager
 through inference.stream_rows, a λ per batch row, or through the compiled step — with the mode's judge where it has one
@@ -36,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import weakref
 from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
 from typing import Iterator, Sequence
@@ -55,6 +38,7 @@ from ...inference.generate import (
     cancel_on,
     generate,
     load_merged,
+    model_lock,
     prefill,
     prompt_length,
     stream_rows,
@@ -68,23 +52,12 @@ from .modes import SteerConfig, steer
 from .steered_text import SteeredText
 from .vectors import SteeringVectors
 
-_MODEL_LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
-_MODEL_LOCKS_GUARD = threading.Lock()
 _SAMPLING_LOCK = threading.RLock()  # sampling seeds torch's global RNG: one sampled generation at a time
 # the least number of λ positions generate_grid puts in one generate call: the default grids (17 slider positions)
 # fit in one; the KV cache grows with rows × (prompt + new tokens) (docs/performance.md, "Figures behind the code's
 # choices", has its size on an 8B model)
 GRID_ROWS = 32
 PREFILLS_KEPT = 4  # prompts whose KV cache a session keeps (their size: docs/performance.md, as above)
-
-
-def model_lock(model: torch.nn.Module) -> threading.RLock:
-    """The lock that guards generation on one model object (shared by every session on it)."""
-    with _MODEL_LOCKS_GUARD:
-        lock = _MODEL_LOCKS.get(model)
-        if lock is None:
-            lock = _MODEL_LOCKS[model] = threading.RLock()
-        return lock
 
 
 class SteeringSession:
@@ -101,8 +74,7 @@ class SteeringSession:
             )
         for s in vectors.sites:
             site_module(lm.model, s)  # fail now, not mid-generation, when a site is missing
-        self.lm = lm
-        self.vectors = vectors
+        self.lm, self.vectors = lm, vectors
         self._lock = model_lock(lm.model)
         self._lora: dict[Site, LoraWeights] | None = None  # read on the first generation that scales the update
         self._head = None if head is None else Head(head.layer, head.linear.to(lm.model.device))
@@ -187,7 +159,6 @@ class SteeringSession:
             )
         return cls(load_merged(spec or adapter.base_model, adapter), vectors, head=head)
 
-    @torch.no_grad()
     def generate_steered(
         self,
         document: str,
@@ -280,7 +251,6 @@ class SteeringSession:
         shifts = self._compiled_shifts(lam, gen_cfg, how)
         if shifts is not None and not self._step_built(document, gen_cfg, task):
             shifts = None  # its step is not built yet: decode eagerly rather than wait
-        lora = self.lora() if how.spec.action.needs_lora else None
         with self._lock, self._seeded(gen_cfg), self._stoppable(cancel):
             if shifts is not None:  # builds not paused: with compile_decode's wait, this stream builds its own step
                 try:
@@ -288,7 +258,7 @@ class SteeringSession:
                     return
                 except DecoderBusy:  # before its first text: warm_decode is loading another length's step
                     pass
-            with busy(), steer(self.lm.model, self.vectors, lam, how, lora) as switch:
+            with self._steering(lam, how) as switch:
                 yield from self._stream_eager(document, lam, gen_cfg, task, how, switch)
 
     def _stream_eager(
@@ -354,17 +324,21 @@ class SteeringSession:
                     yield [*done, g] + [SteeredText("")] * (len(lambdas) - len(done) - 1)
                 done.append(g)
             return
-        lora = self.lora() if how.spec.action.needs_lora else None
-        with (
-            self._lock,
-            busy(),
-            steer(self.lm.model, self.vectors, lambdas, how, lora),
-            self._stoppable(cancel),
-        ):
+        with self._steering(lambdas, how, cancel):
             prefix = None if how.steers_prompt else self._prefill(document, gen_cfg, task)
             steps = stream_rows(self.lm, document, len(lambdas), gen_cfg, task, prefix=prefix)
             for texts in decoded_texts(self.lm.tokenizer, steps):
                 yield [SteeredText(t) for t in texts]
+
+    @contextmanager
+    def _steering(
+        self, lam: float | Sequence[float], how: SteerConfig, cancel: threading.Event | None = None
+    ) -> Iterator[SteeringSwitch]:
+        """The model's lock, the builds stopped (busy), the mode's hooks at λ (with the adapter's LoRA where its action
+        reads it) and `cancel` heard: what every eager generation runs inside."""
+        lora = self.lora() if how.spec.action.needs_lora else None
+        with self._lock, busy(), steer(self.lm.model, self.vectors, lam, how, lora) as switch, self._stoppable(cancel):
+            yield switch
 
     def _stoppable(self, cancel: threading.Event | None):
         """cancel_on(the model, cancel), or nothing to stop on."""
@@ -405,16 +379,8 @@ class SteeringSession:
         """Inside steer(): a mode without a judge generates the documents as left-padded batches (transformers'
         generate); one with a judge streams each document through the one loop (seeded with gen_cfg.seed + its index,
         as generate seeds its batches). `lam`: one λ, or one per document when they form one batch."""
-        spec = how.spec
-        lora = self.lora() if spec.action.needs_lora else None
-        with (
-            self._lock,
-            busy(),
-            steer(self.lm.model, self.vectors, lam, how, lora) as switch,
-            self._stoppable(cancel),
-            _SAMPLING_LOCK if gen_cfg.mode == "sample" else nullcontext(),
-        ):
-            if spec.judge is None:
+        with self._steering(lam, how, cancel) as switch, self._seeded(gen_cfg):
+            if how.spec.judge is None:
                 return [SteeredText(t) for t in generate(self.lm, documents, gen_cfg, task)]
             out = []
             for i, document in enumerate(documents):
