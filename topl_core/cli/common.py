@@ -5,18 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..analysis.lora_a.probe import ProbeSettings, labelled_records, labelled_split
-from ..analysis.steering.extract import build_steering_vectors
-from ..analysis.steering.vectors import SteeringVectors
-from ..analysis.studies.deck import DeckConfig
 from ..data.records import Record, read_jsonl
 from ..data.split import SPLITS, split_records
-from ..foundations.config_fields import DECLARED, add_config_args, config_args
+from ..foundations.config_fields import add_config_args, config_args
 from ..foundations.errors import ConfigError
 from ..foundations.executor import ExecutorConfig
 from ..foundations.paths import project_path
 from ..foundations.presets import DEFAULT_MODEL
-from ..foundations.progress import Bar
 from ..hardware.precision import PRECISION_HELP, PRECISIONS, ResolvedPrecision, describe_precision, resolve_precision
 from ..models.loading import DEVICES
 from ..training.adapters import Adapter, open_adapter
@@ -152,39 +147,3 @@ def study_train_from_args(args: argparse.Namespace, template: TrainConfig, more:
     """The template of every run of a study, with the flags add_study_train_args added."""
     given = config_args(args, TrainConfig, only=(*STUDY_TRAIN_FLAGS, *more, *TRACKER_FLAGS))
     return study_schedule(template.with_overrides(**given, precision=args.precision))
-
-
-def add_vectors_args(p: argparse.ArgumentParser) -> None:
-    """Where a command's steering vectors come from: --vectors DIR, or a labelled token set (--data, its val split by
-    default) and the top --top-k sites (vectors_from_args)."""
-    p.add_argument("--vectors", help="import steering vectors from this directory instead of computing them")
-    add_config_args(p, DeckConfig, DECLARED, only=("top_k",))
-    add_data_args(p)
-    p.set_defaults(split="val")
-    p.add_argument(
-        "--no-cache", action="store_true", help="recompute the projections instead of reading cache/analysis/"
-    )
-
-
-def vectors_from_args(args: argparse.Namespace, adapter: Adapter, precision: ResolvedPrecision) -> SteeringVectors:
-    """The steering vectors add_vectors_args asks for: loaded, or computed (cached) from the token set."""
-    if args.vectors:
-        print(f"steering vectors from {args.vectors}")
-        return SteeringVectors.load(args.vectors)
-    if args.data:
-        records = labelled_records(load_split(args))
-    else:  # the adapter's own data split as it was trained: the evaluation's token set (its cached vectors)
-        records = labelled_split(adapter, args.split, args.limit)
-        data_or_adapter_default(args, adapter)
-    if not records:
-        raise SystemExit(f"error: {args.data} [{args.split}] holds no records with token labels.")
-    print(f"steering vectors from {args.data} [{args.split}]: {len(records)} labelled records")
-    with Bar("capturing LoRA-A projections") as bar:
-        return build_steering_vectors(
-            adapter,
-            records,
-            ProbeSettings(random_control=False, precision=precision),
-            args.top_k,
-            use_cache=not args.no_cache,
-            progress=bar,
-        )

@@ -19,11 +19,10 @@ from .common import (
     ADAPTER_HELP,
     add_adapter_args,
     add_precision_arg,
-    add_vectors_args,
     announce_precision,
     open_adapter_arg,
-    vectors_from_args,
 )
+from .vectors_args import add_vectors_args, vectors_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:

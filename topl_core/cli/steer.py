@@ -29,12 +29,11 @@ from .common import (
     ADAPTER_HELP,
     add_adapter_args,
     add_precision_arg,
-    add_vectors_args,
     announce_precision,
     data_or_adapter_default,
     open_adapter_arg,
-    vectors_from_args,
 )
+from .vectors_args import add_vectors_args, vectors_from_args
 
 GENERATION_FLAGS = ("max_new_tokens", "seed")  # GenerationConfig's mode is --decoding here
 
