@@ -309,11 +309,12 @@ def test_gradient_checkpointing_trains_the_same_weights(tmp_path, tiny_records):
     # backward needs, before the MLP's forward hook would fire)
     from topl_core.models.architecture import decoder_layers
     from topl_core.training.methods import METHODS
-    from topl_core.training.trainer import _prepare, _train_step, _trainable
+    from topl_core.training.run_inputs import prepare_inputs
+    from topl_core.training.trainer import _train_step, _trainable
 
     for checkpointing, runs_per_micro_batch in ((False, 1), (True, 2)):
         cfg = tiny_config(steps=1, gradient_checkpointing=checkpointing)
-        base, batches = _prepare(cfg, METHODS["topl"], tiny_records, None)
+        base, batches = prepare_inputs(cfg, METHODS["topl"], tiny_records, None)
         t = _trainable(cfg, METHODS["topl"], base, 2)
         calls = []
         decoder_layers(t.model)[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
@@ -432,14 +433,14 @@ def test_packing_trains_the_same_run(tmp_path, tiny_records):
     from dataclasses import replace
 
     from topl_core.training.methods import METHODS
-    from topl_core.training.trainer import _prepare
+    from topl_core.training.run_inputs import prepare_inputs
 
     # a third of the documents cut to 10 characters: the shortest batch mixes short and long examples, and its short
     # ones share rows
     records = [replace(r, document=r.document[:10]) if i % 3 == 0 else r for i, r in enumerate(tiny_records)]
     lora = LoraSettings(layer_start=0, layer_end=2, dropout=0.0)
     cfg = tiny_config(steps=3, lora=lora, batch_size=32, micro_batch_size=4)
-    _, batches = _prepare(replace(cfg, packing=True), METHODS["topl"], records, None)
+    _, batches = prepare_inputs(replace(cfg, packing=True), METHODS["topl"], records, None)
     rows = sum(b.input_ids.shape[0] for step in batches.train for b in step)
     assert rows < batches.n_train  # packing happened
     plain = train(cfg, tmp_path / "plain", records=records)

@@ -1,5 +1,6 @@
 """The one training loop. Every method is a Method of the registry (training/methods/); this loop owns data order, the
-optimizer, precision, validation, checkpoints/resume, progress reporting and the run directory.
+optimizer, precision, validation, checkpoints/resume, progress reporting and the run directory; its inputs (the
+checked data, the base model, the batches) are made by run_inputs.py.
 
 Resume is exact: data order is a pure function of (seed, step), and the checkpoint holds the adapter, head,
 optimizer, scheduler and RNG state of the last completed step.
@@ -9,25 +10,21 @@ from __future__ import annotations
 
 import math
 import shutil
-import warnings
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
-from ..data.encode import Encoded
-from ..data.label_settings import apply_label_setting
-from ..data.records import Record, read_jsonl, records_fingerprint
-from ..data.split import split_records
-from ..foundations.errors import DataError, RunError
+from ..data.records import Record
+from ..foundations.errors import RunError
 from ..foundations.io import give_umask_permissions, save_tensors
 from ..foundations.status import WriterLock, clear_stop, stop_requested
 from ..hardware.precision import autocast
-from ..models.architecture import check_layer_range, compile_layers
-from ..models.loading import LoadedModel, ModelSpec, hub_id, layer_count, load_model
-from .batching import EncodeSettings, batch_for, length_buckets, make_packed_batches
+from ..models.architecture import compile_layers
+from ..models.loading import LoadedModel, hub_id, layer_count
+from .batching import batch_for
 from .card import write_card
 from .checkpoint import (
     Trainable,
@@ -43,6 +40,7 @@ from .lora import apply_lora, cast_lora_inputs
 from .memory import check_fits, longest_micro_batch
 from .methods import METHODS, Method
 from .run_dirs import RunDir
+from .run_inputs import RunBatches, prepare_inputs, run_meta
 from .steps import StepContext, combine_micro_batches, read_back
 from .tracking import Trackers, check_trackers, open_trackers
 from .world import World
@@ -64,27 +62,6 @@ ProgressCallback = Callable[[Progress], "bool | None"]  # return False to cancel
 
 class Cancelled(Exception):
     pass
-
-
-def _apply_label_setting(examples: list[Encoded], setting: str, seed: int) -> list[Encoded]:
-    if setting == "original":
-        return examples
-    new = apply_label_setting([e.response_labels for e in examples], setting, seed)
-    out = []
-    for e, lab in zip(examples, new):
-        labels = e.labels.copy()
-        labels[e.response_start : e.response_end] = lab
-        out.append(replace(e, labels=labels))
-    return out
-
-
-@dataclass
-class _Batches:
-    train: list  # one entry per batch of cfg.batch_size examples (length-bucketed), each as its micro-batches
-    val: list
-    n_train: int
-    n_val: int
-    data_fingerprint: str  # of every record read (topl_core.data.records.records_fingerprint), before the split
 
 
 def train(
@@ -117,10 +94,10 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World,
         return run
     if world.is_main:
         clear_stop(run.path)  # a stop request belongs to the start it was made for
-    base, batches = _prepare(cfg, method, records, base)
+    base, batches = prepare_inputs(cfg, method, records, base)
     if cfg.device == "cuda" and not world.fsdp:
         _check_gpu_memory(cfg, base, batches)
-    meta = _run_meta(cfg, method, base, batches)
+    meta = run_meta(cfg, method, base, batches)
     if world.size > 1:
         meta |= {"world_size": world.size, **({"fsdp": True} if world.fsdp else {})}
     torch.manual_seed(cfg.seed)  # after loading: LoRA/head init depends on cfg.seed alone, however the base was built
@@ -176,7 +153,7 @@ def _train(cfg: TrainConfig, run: RunDir, progress, records, base, world: World,
 
 
 def _validate(
-    cfg: TrainConfig, method: Method, t: Trainable, batches: _Batches, step: int, world: World
+    cfg: TrainConfig, method: Method, t: Trainable, batches: RunBatches, step: int, world: World
 ) -> dict | None:
     """The validation metrics when due (rank 0; every rank under FSDP, whose layers all-gather together)."""
     due = bool(batches.val) and (step % cfg.eval_every == 0 or step == cfg.steps)
@@ -212,68 +189,12 @@ def _record_step(
     return (progress is not None and progress(report) is False) or stop_requested(run.path)
 
 
-def _prepare(
-    cfg: TrainConfig, method: Method, records: Sequence[Record] | None, base: LoadedModel | None
-) -> tuple[LoadedModel, _Batches]:
-    """The data, checked before the model loads (a method given data it cannot use fails at once), the base model
-    and the encoded, batched train / validation examples."""
-    records = list(records) if records is not None else read_jsonl(cfg.data)
-    splits = split_records(records, seed=cfg.split_seed)
-    method.check_data(splits["train"])
-    base = base or load_model(ModelSpec.computing(cfg.model, cfg.precision, cfg.device))
-    check_layer_range(base.num_layers, cfg.lora.layer_start, cfg.lora.layer_end)
-    if method.lora_all_layers and not _lora_on_all_layers(cfg, base):
-        warnings.warn(
-            f"{cfg.method} is defined with LoRA on all layers, but lora layers are "
-            f"{cfg.lora.layer_start}-{cfg.lora.layer_end} "
-            f"of 0-{base.num_layers - 1}; set lora.layer_start=0, lora.layer_end={base.num_layers - 1} to match the "
-            "paper.",
-            stacklevel=3,
-        )
-    enc = EncodeSettings(cfg.max_doc_tokens, cfg.max_response_tokens)
-    train_ex = _apply_label_setting(method.prepare(base.tokenizer, splits["train"], enc), cfg.label_setting, cfg.seed)
-    val_ex = method.prepare(base.tokenizer, splits["val"][: cfg.max_val_examples], enc) if splits["val"] else []
-    if not train_ex:
-        raise DataError(
-            f"{cfg.method}: no training example could be built from {len(splits['train'])} training records."
-        )
-    pad = base.tokenizer.pad_token_id
-    micro_batches = make_packed_batches if cfg.packing else method.batches
-    train_batches = [
-        micro_batches(group, cfg.micro_batch_size, pad) for group in length_buckets(train_ex, cfg.batch_size)
-    ]
-    val_batches = method.batches(val_ex, cfg.batch_size, pad) if val_ex else []
-    return base, _Batches(train_batches, val_batches, len(train_ex), len(val_ex), records_fingerprint(records))
-
-
-def _check_gpu_memory(cfg: TrainConfig, base: LoadedModel, batches: _Batches) -> None:
+def _check_gpu_memory(cfg: TrainConfig, base: LoadedModel, batches: RunBatches) -> None:
     """Before LoRA goes in: a clear error, instead of an out-of-memory crash mid-run, when the step on the longest
     micro-batch needs more than the GPU has free beside the loaded weights (training.memory; its accounting is that
     of bf16 weights, the validated case, so other weights are not checked)."""
     if base.model.dtype == torch.bfloat16:
         check_fits(cfg, base.model.config, longest_micro_batch(batches.train), torch.cuda.mem_get_info()[0])
-
-
-def _lora_on_all_layers(cfg: TrainConfig, base: LoadedModel) -> bool:
-    return cfg.lora.layer_start == 0 and cfg.lora.layer_end == base.num_layers - 1
-
-
-def _run_meta(cfg: TrainConfig, method: Method, base: LoadedModel, batches: _Batches) -> dict:
-    """What topl_config.json records beside the config: the base model and what the run trained on."""
-    return {
-        "base_model": cfg.model,
-        "base_fingerprint": base.fingerprint,
-        "model_type": base.model.config.model_type,
-        "num_layers": base.num_layers,
-        "hidden_size": base.model.config.hidden_size,
-        "head_layer": method.head_layer(cfg.lora.layer_end, base.num_layers),
-        "n_train_examples": batches.n_train,
-        "n_val_examples": batches.n_val,
-        "data_fingerprint": batches.data_fingerprint,
-        "objective": method.description,
-        "validation_metric": method.validation_metric,
-        "lora_all_layers": _lora_on_all_layers(cfg, base),
-    }
 
 
 def _trainable(
