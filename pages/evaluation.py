@@ -16,9 +16,9 @@ import streamlit as st
 from pages._ui.datasets import dataset_paths
 from pages._ui.evaluation_panels import lambda_study, per_document_panel, results_panel, translation_panel
 from pages._ui.evaluations import evaluations_dir, read_evaluation
-from pages._ui.forms import field_input, mode_settings
+from pages._ui.forms import field_input, mode_settings, opening_values
 from pages._ui.jobs import follow, job_failure, job_log, job_row, pick_job
-from pages._ui.runs import finished_runs
+from pages._ui.runs import finished_runs, run_fingerprint
 from pages._ui.spec import current_decode_precision, current_model_name, current_precision, current_spec, split_spec
 from pages._ui.translation_form import translation_form
 from topl_core.analysis.evaluation.config import EvalConfig, EvalJob, LambdaStudy
@@ -66,16 +66,20 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
             persist_state="session",
             format_func=lambda p: labels.get(p, Path(p).name),
         )
+        # the first adapter's recommendation (`recommend`): the steered rows' λ and the gate's τ open at it
+        first = chosen[0] if chosen else None
+        vector, gated = (opening_values(first, run_fingerprint(first) if first else "", m) for m in ("vector", "gated"))
         include_base = b.toggle("Base model row", True, key=K + "base", persist_state="session", disabled=sweep_mode)
         a, b, c, d = st.columns(4)
         lambdas_txt = a.text_input(
             "λ values" if sweep_mode else "Also steered with λ",
-            "-4 -2 0 1 2 3 4" if sweep_mode else "",
-            key=K + f"lambdas.{sweep_mode}",
+            "-4 -2 0 1 2 3 4" if sweep_mode else "" if vector.lam is None else f"{vector.lam:g}",
+            key=K + f"lambdas.{sweep_mode}.{chosen[:1]}",
             persist_state="session",
             help="Space-separated, in normalised units (λ = 1 adds a tenth of each steered site's mean output norm). "
             "λ > 0 pushes toward faithful, λ < 0 toward hallucinated.",
         )
+        a.caption(f"Opened at {vector.source} (vector); gated: {gated.source}.")
         n_id = field_input(b, EvalConfig, "n_id", K, 8)
         n_ood = c.number_input(
             "OOD documents",
@@ -108,7 +112,8 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
                 persist_state="session",
             )
             gen_only = c.toggle("Generated tokens only", False, key=K + "gen_only", persist_state="session")
-            settings = mode_settings(st, MODE_SETTINGS, K)  # the modes' own settings (a gated mode's τ and k)
+            tau = {"tau": gated.tau} if gated.tau is not None else {}
+            settings = mode_settings(st, MODE_SETTINGS, f"{K}{chosen[:1]}.", tau)  # the modes' own: gated τ and k
         a, b, c = st.columns([2, 2, 1])
         data_opts = dataset_paths()
         data = a.selectbox(

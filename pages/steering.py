@@ -20,7 +20,7 @@ from pathlib import Path
 import streamlit as st
 
 from pages._ui.figures import lambda_curve
-from pages._ui.forms import mode_settings
+from pages._ui.forms import mode_settings, opening_values
 from pages._ui.models import load_error, merged_model, step_error
 from pages._ui.render import csv_download, plot, steered_html, steered_summary, text_box
 from pages._ui.runs import run_fingerprint, run_picker
@@ -83,7 +83,9 @@ generated_only = c_pos.toggle(
     disabled=not MODES[mode].steers_positions,  # the mode decides which positions it steers
     help="Leave the prompt (the document) untouched and steer only the tokens the model writes.",
 )
-settings = mode_settings(st, MODES[mode].settings, "steer.")  # the mode's own: a gated mode's τ and k
+opens = opening_values(run, fp, mode)  # the adapter's recommended τ and λ (`recommend`), where it has them
+tau = {"tau": opens.tau} if opens.tau is not None else {}
+settings = mode_settings(st, MODES[mode].settings, f"steer.{fp}.", tau)  # the mode's own: a gated mode's τ and k
 how = SteerConfig(mode, "generated" if generated_only else "all", **settings)
 with st.expander("Token set for μ+ / μ− and the site AUROCs", expanded=False):
     ts = token_set_picker("steer", run, default_limit=STEERING_TOKEN_RECORDS)
@@ -117,15 +119,16 @@ lam = c_lam.slider(
     "λ  (← hallucinated · faithful →)",
     lo,
     hi,
-    neutral,
+    opens.position(GRID, neutral),  # the recommended λ, else the neutral one
     step=STEP,
-    key=f"steer.lambda.{spec_mode.family}",
+    key=f"steer.lambda.{spec_mode.family}.{fp}",
     persist_state="session",
     help=spec_mode.lambda_help
     + " Every position is cached once generated: press 'Generate every λ' below before a talk and "
     "dragging is instant.",
 )
 unit_slot = st.empty()  # what one unit of λ is, once the steering vectors are computed
+st.caption(f"Opened at {opens.source}.")
 curve_key = (run, fp, document[:200], top_k, max_new, bound, how)  # the λ grid asked for ("Generate every λ")
 session_key, gen = SessionKey(spec, run, fp, ts, top_k, precision), generation(precision, decode, max_new)
 lam = round(float(lam), 6)

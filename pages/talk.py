@@ -15,9 +15,9 @@ from pathlib import Path
 import streamlit as st
 
 from pages._ui.datasets import dataset_picker, records_of
-from pages._ui.forms import mode_settings
+from pages._ui.forms import mode_settings, opening_values
 from pages._ui.jobs import follow, job_failure, job_row, pick_job
-from pages._ui.runs import run_picker
+from pages._ui.runs import run_fingerprint, run_picker
 from pages._ui.spec import current_precision
 from topl_core.analysis.steering.modes import MODES
 from topl_core.analysis.studies.deck import HEAD_CHOICES, DeckConfig, deck_folders, decks_dir, is_shipped, read_deck
@@ -52,19 +52,23 @@ with st.expander("Prepare a new deck", expanded=not folders):
             key=K + "mode",
             persist_state="session",
         )
-        settings = mode_settings(st, MODES[mode].settings, K)  # the mode's own: a gated mode's τ and k
-        centre = MODES[mode].neutral  # the merged model: the grid is centred on it
+        fp = run_fingerprint(run)
+        opens = opening_values(run, fp, mode)  # the adapter's recommended τ and λ (`recommend`), where it has them
+        tau = {"tau": opens.tau} if opens.tau is not None else {}
+        settings = mode_settings(st, MODES[mode].settings, f"{K}{fp}.", tau)  # the mode's own: gated τ and k
+        centre = MODES[mode].neutral  # the merged model: the grid is centred on it, reaching the recommended λ
         bound = b.number_input(
             "λ from −x to +x" if centre == 0 else f"λ from {centre:g} − x to {centre:g} + x",
             0.25,
             64.0,
-            2.0,
+            2.0 if opens.lam is None else max(2.0, round(abs(opens.lam - centre) * 4) / 4),
             0.25,
-            key=K + "bound",
+            key=f"{K}bound.{fp}",
             persist_state="session",
         )
         steps = c.number_input("Positions each side", 1, 8, 2, key=K + "steps", persist_state="session")
         lambdas = tuple(round(centre + bound * i / steps, 6) for i in range(-steps, steps + 1))
+        st.caption(f"Opened at {opens.source}.")
         a, b, c = st.columns([2, 1, 1])
         source = a.radio("Documents", ["From a data set", "Paste"], horizontal=True, key=K + "source")
         head = b.selectbox(

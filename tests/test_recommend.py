@@ -12,7 +12,14 @@ from conftest import tiny_config
 
 from topl_core.analysis.evaluation import recommend as rec_module
 from topl_core.analysis.evaluation.config import EvalConfig
-from topl_core.analysis.evaluation.recommend import RecommendSettings, recommend, tau_for_share
+from topl_core.analysis.evaluation.recommend import (
+    ModeDefaults,
+    RecommendSettings,
+    opening,
+    recommend,
+    recommended,
+    tau_for_share,
+)
 from topl_core.cli import main
 from topl_core.data.records import write_jsonl
 from topl_core.foundations.errors import ConfigError
@@ -46,6 +53,7 @@ def test_recommend_on_a_tiny_adapter_is_cached_and_logs_its_heldout_figure(run, 
     monkeypatch.setattr(rec_module, "generate_for", lambda v, docs, *a: [d.document.split(". ")[0] + "." for d in docs])
     settings = RecommendSettings(n_split=2, n_cliff=0, flag_share=0.25, lambdas=(1.0,), heldout=True)
     cfg = EvalConfig(max_new_tokens=6, precision="fp32")
+    assert recommended(run.path) is None and "no recommendation" in opening(run.path, "gated").source
     rec = recommend(run.path, settings, cfg)
     v = rec.values
     tau = next(s for s in rec.settings if s.name == "tau")
@@ -72,6 +80,43 @@ def test_recommend_on_a_tiny_adapter_is_cached_and_logs_its_heldout_figure(run, 
     assert main(argv) == 0
     assert rec.line() in capsys.readouterr().out
     assert json.loads(out.read_text())["settings"][0]["value"] == v["tau"]
+    last = recommended(run.path).to_json()  # the one computed last (NaN intervals of one document: as text)
+    assert json.dumps(last, sort_keys=True) == json.dumps(rec.to_json(), sort_keys=True)
+
+
+def test_steer_and_the_forms_open_at_the_recommendation_and_an_explicit_value_wins(run, tmp_path, monkeypatch, capsys):
+    """What `recommended` reads (the recommendation computed last, whatever its settings) is what `steer` runs at
+    when neither τ nor λ is given — the merged model's λ beside the recommended one, the source on one line — and
+    what a mode the recommendation does not cover opens at (the defaults, said)."""
+    monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(rec_module, "generate_for", lambda v, docs, *a: [d.document.split(". ")[0] + "." for d in docs])
+    rec = recommend(
+        run.path,
+        RecommendSettings(n_split=1, n_cliff=0, flag_share=0.5, lambdas=(3.0,)),
+        EvalConfig(max_new_tokens=6, precision="fp32"),
+    )
+    tau = rec.values["tau"]
+    gated = opening(run.path, "gated")
+    assert (gated.tau, gated.lam) == (
+        tau,
+        3.0,
+    ) and gated.source == f"τ = {tau:.2f}, λ = 3: recommended from 1 dev documents"
+    assert opening(run.path, "vector") == ModeDefaults(None, 3.0, "λ = 3: recommended from 1 dev documents")
+    assert opening(run.path, "conditional").lam is None and "defaults" in opening(run.path, "conditional").source
+    assert gated.position([-4, -2, 0, 2, 4], 0) == 2 and gated.position([-2, 0, 2], 0) == 0  # nearest, in range
+
+    doc = "The council approved the new budget on Monday after a long debate, the mayor said."
+    steer = ["steer", "--run", str(run.path), "--mode", "gated", "--document", doc, "--no-base"]
+    steer += ["--max-new-tokens", "4", "--precision", "fp32", "--limit", "4"]
+    assert main([*steer, "--json", str(tmp_path / "opened.json")]) == 0
+    out = capsys.readouterr().out
+    assert f"{gated.source} (τ and λ not given; gated (" in out
+    opened = json.loads((tmp_path / "opened.json").read_text())
+    assert opened["steering"]["tau"] == tau and [g["lambda"] for g in opened["generations"]] == [0.0, 3.0]
+    assert main([*steer, "--tau", "0.3", "--lambdas", "2", "--json", str(tmp_path / "given.json")]) == 0
+    assert "recommended" not in capsys.readouterr().out
+    given = json.loads((tmp_path / "given.json").read_text())
+    assert given["steering"]["tau"] == 0.3 and [g["lambda"] for g in given["generations"]] == [2.0]
 
 
 def test_an_adapter_without_a_head_has_no_gate_to_set(tmp_path, news_records, monkeypatch):

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Sequence
+from typing import Mapping, Sequence
 
+import streamlit as st
+
+from topl_core.analysis.evaluation.recommend import ModeDefaults, opening
 from topl_core.analysis.steering.modes import SteerConfig
 from topl_core.foundations.config_fields import field_infos
 from topl_core.hardware.precision import PRECISIONS, describe_precision, resolve_precision
@@ -67,13 +70,24 @@ def _inputs(cls, columns, key_prefix: str, defaults, skip: frozenset) -> dict:
     return values
 
 
-def mode_settings(container, names: Sequence[str], key_prefix: str) -> dict:
+def mode_settings(container, names: Sequence[str], key_prefix: str, opens: Mapping[str, float] | None = None) -> dict:
     """An input per steering-mode setting in `names` (the SteerConfig fields a mode's action reads as its own: a
-    gated mode's τ and k), side by side in `container`, starting at SteerConfig's defaults; {} for none."""
+    gated mode's τ and k), side by side in `container`, starting at `opens` (e.g. the adapter's recommended τ), else
+    at SteerConfig's defaults; {} for none."""
     if not names:
         return {}
-    defaults, columns = SteerConfig(), container.columns(len(names))
-    return {n: field_input(c, SteerConfig, n, key_prefix, getattr(defaults, n)) for n, c in zip(names, columns)}
+    defaults, columns, opens = SteerConfig(), container.columns(len(names)), opens or {}
+    return {
+        n: field_input(c, SteerConfig, n, key_prefix, opens.get(n, getattr(defaults, n)))
+        for n, c in zip(names, columns)
+    }
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def opening_values(run: str | None, fingerprint: str, mode: str) -> ModeDefaults:
+    """What the steering forms open at for adapter `run` (its fingerprint keys the cache) in `mode`: the recommended
+    τ and λ (`python -m topl_core recommend`), or None with the reason — read from the caches, never computed."""
+    return opening(run, mode) if run is not None else ModeDefaults(None, None, "defaults: no adapter chosen")
 
 
 def precision_select(container, key: str, device: str) -> str:

@@ -11,6 +11,7 @@ least recently used entries evicted after each write; a hit marks its entry used
         from elsewhere, the base model's name) join the key, so a changed adapter or config gives a different
         key. `base_fingerprint` adds a base model fingerprint explicitly (for analyses of a base model without an
         adapter).
+    stored(kind, key, codec=JSON, *, adapter=None, base_fingerprint=None) -> the cached value, or None (never computes)
     full_key(key, adapter=None, base_fingerprint=None) -> dict the dict that is hashed
     cache_key(key_dict) -> str                                 sha256 of the canonical JSON (24 hex)
     cache_path(kind, key_dict, codec) -> Path
@@ -157,26 +158,44 @@ def cached(
     kd = full_key(key, adapter, base_fingerprint)
     path = cache_path(kind, kd, codec)
     if not refresh:
-        for candidate in (path, shipped_cache_path(path)):
-            if candidate is None or not candidate.exists():
-                continue
-            try:
-                value = codec.load(_intact_bytes(candidate, kind, kd))
-                if candidate == path:  # used now: the size cap evicts it after the entries unused longer
-                    touch(candidate)
-                return value
-            except Exception as e:  # unreadable, changed or foreign: said, then recomputed (a local one overwritten)
-                warnings.warn(
-                    f"{candidate}: unusable ({type(e).__name__}: {e}); the result is computed again.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+        found = _load(kind, kd, codec, path)
+        if found is not _ABSENT:
+            return found
     value = compute()
     with atomic_open(path, "wb") as f:
         codec.dump(value, f)
     write_json(key_file(path), {"kind": kind, **kd, "sha256": sha256_file(path)})
     enforce_cap("analysis")  # within cache_usage's cap (TOPL_CACHE_ANALYSIS_MB): least recently used out first
     return value
+
+
+def stored(kind: str, key: Mapping, codec: Codec = JSON, *, adapter=None, base_fingerprint: str | None = None):
+    """The value `cached` would return for this key without computing it: None when neither cache holds it."""
+    kd = full_key(key, adapter, base_fingerprint)
+    found = _load(kind, kd, codec, cache_path(kind, kd, codec))
+    return None if found is _ABSENT else found
+
+
+_ABSENT = object()
+
+
+def _load(kind: str, kd: Mapping, codec: Codec, path: Path):
+    """The entry at `path` (the local cache), else its twin in the shipped cache; _ABSENT when neither is usable."""
+    for candidate in (path, shipped_cache_path(path)):
+        if candidate is None or not candidate.exists():
+            continue
+        try:
+            value = codec.load(_intact_bytes(candidate, kind, kd))
+            if candidate == path:  # used now: the size cap evicts it after the entries unused longer
+                touch(candidate)
+            return value
+        except Exception as e:  # unreadable, changed or foreign: said, then recomputed (a local one overwritten)
+            warnings.warn(
+                f"{candidate}: unusable ({type(e).__name__}: {e}); the result is computed again.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return _ABSENT
 
 
 def key_file(entry: Path) -> Path:

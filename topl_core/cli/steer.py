@@ -1,15 +1,17 @@
 """`steer`: LoRA-B steering vectors v = scaling·B(μ+ − μ−) at the top-k residual-writing sites (o_proj, down_proj)
 by LoRA-A AUROC, and the merged model's summary of a document for each λ (λ·v added at those sites), next to the
 base model's. Vectors come from a labelled token set (default: the run's data, val split) or from --vectors DIR
-(an earlier --export)."""
+(an earlier --export). Without --tau / --lambdas, a mode the adapter's recommendation covers (`recommend`: gated τ and
+λ, the vector mode's λ) runs at the recommended values — the merged model's λ beside them — and says so."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
+from ..analysis.evaluation.recommend import opening
 from ..analysis.steering.llama_cpp import export_for_llama_cpp
 from ..analysis.steering.modes import SteerConfig, modes_help
 from ..analysis.steering.session import SteeringSession
@@ -45,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--document-file", help="read the document from this file instead")
     p.add_argument("--lambdas", nargs="+", type=float, help="λ grid (default: the mode's grid)")
     add_config_args(p, SteerConfig, SteerConfig(), notes={"mode": modes_help()})  # and a mode's own: gated τ, k
+    p.set_defaults(tau=None)  # not given: the adapter's recommended τ (steer_config)
     add_vectors_args(p)
     p.add_argument("--export", help="export the steering vectors (safetensors + JSON) to this directory")
     p.add_argument(
@@ -95,7 +98,7 @@ def run_deck(args: argparse.Namespace) -> int:
             data_or_adapter_default(args, rd)
             test = split_records(read_jsonl(args.data), seed=args.split_seed)["test"]
             documents = tuple(dict.fromkeys(r.document for r in test))[: args.deck_documents]
-        how = steer_config(args)
+        how, _ = steer_config(args, rd, grid=True)  # a deck's λ positions are a grid: its slider moves along them
         cfg = DeckConfig(
             str(rd.path),
             documents,
@@ -130,9 +133,23 @@ def run_deck(args: argparse.Namespace) -> int:
     return 0
 
 
-def steer_config(args: argparse.Namespace) -> SteerConfig:
-    """The steering the command line asks for: the mode, its positions and units, and its own settings."""
-    return SteerConfig(**config_args(args, SteerConfig))
+def steer_config(args: argparse.Namespace, adapter, grid: bool = False) -> tuple[SteerConfig, list[float]]:
+    """The steering the command line asks for (the mode, its positions and units, its own settings) and its λ
+    positions; τ and λ not given come from the adapter's recommendation where it covers the mode (λ in normalised
+    units only; with `grid`, the positions stay the mode's grid), with the line saying where they came from."""
+    how = SteerConfig(**config_args(args, SteerConfig))
+    lambdas = list(args.lambdas or how.spec.lambda_grid)
+    open_lambda = not (args.lambdas or grid)
+    asked = (["τ"] if "tau" in how.spec.settings and args.tau is None else []) + (["λ"] if open_lambda else [])
+    if not asked:
+        return how, lambdas
+    opens = opening(adapter, how.mode)
+    if args.tau is None and opens.tau is not None:
+        how = replace(how, tau=opens.tau)
+    if open_lambda and opens.lam is not None and how.units == "normalised":
+        lambdas = [how.neutral, opens.lam]
+    print(f"{opens.source} ({' and '.join(asked)} not given; {how.label()})")
+    return how, lambdas
 
 
 def run(args: argparse.Namespace) -> int | None:
@@ -149,8 +166,7 @@ def run(args: argparse.Namespace) -> int | None:
     print(f"steered sites ({vectors.n_good} good / {vectors.n_bad} bad tokens; v = scaling·B(μ+ − μ−)):")
     for s in vectors.sites:
         print(f"  {s.key:14s} AUROC {vectors.auroc[s.key]:.3f}  ‖v‖ {norms[s.key]:.4g}")
-    how = steer_config(args)
-    lambdas = args.lambdas or list(how.spec.lambda_grid)
+    how, lambdas = steer_config(args, rd)
     unit_note = how.spec.action.unit_note(vectors, how.spec, how.units)
     if unit_note:
         print(unit_note)

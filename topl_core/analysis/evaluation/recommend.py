@@ -14,7 +14,13 @@ without a head has no gate to set: its τ and λ are said not applicable / untes
 
     RecommendSettings(n_split=8, n_cliff=8, flag_share=0.1, lambdas=(1.0, 2.0), keep=0, heldout=False)
     recommend(run, settings, cfg=EvalConfig(), progress=None, use_cache=True) -> Recommendation
-    Recommendation.values (name → value), .line() ("τ = 0.91, λ = 1 … recommended from 16 dev documents"), .rows()
+    opening(run, mode) -> ModeDefaults            what steering in `mode` opens at: recommended(run).for_mode, or
+        None for τ and λ with the reason
+    recommended(run) -> Recommendation | None    the one computed last for this adapter (any settings or precision;
+        the local cache, then the one shipped with the demo adapters), never computed here: what `steer` and the
+        Steering, Talk and Evaluation pages open at
+    Recommendation.values (name → value), .line() ("τ = 0.91, λ = 1 … recommended from 16 dev documents"), .rows(),
+        .for_mode(mode) → ModeDefaults (the τ and λ a steering mode opens at, and where they came from)
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
+from typing import Sequence
 
 import numpy as np
 
@@ -30,12 +37,14 @@ from ...data.records import Record
 from ...foundations.config_fields import config_field
 from ...foundations.errors import ConfigError
 from ...training.adapters import open_adapter
-from ..cache import JSON, analysis_cache_dir, cached
+from ..cache import JSON, analysis_cache_dir, cached, stored
 from .config import EvalConfig, ProgressFn, Variant
 from .evaluate import generate_for
 from .gated_comparison import GatedStudy, Scoring, choose, compare, paired_table
 
 UNTESTED = "untested"
+LATEST = {"analysis": "recommended"}  # the key of the recommendation computed last for an adapter
+RECOMMEND_COMMAND = "python -m topl_core recommend --run"
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,22 @@ class Recommended:
 
 
 @dataclass(frozen=True)
+class ModeDefaults:
+    """What a steering mode opens at for one adapter: τ (gated) and λ (normalised units) when recommended — None
+    where nothing is — and the one line saying where they came from."""
+
+    tau: float | None
+    lam: float | None
+    source: str
+
+    def position(self, grid: Sequence[float], neutral: float) -> float:
+        """The slider position (of `grid`) nearest the recommended λ when the grid's range holds it, else `neutral`."""
+        if self.lam is None or not min(grid) <= self.lam <= max(grid):
+            return neutral
+        return min(grid, key=lambda x: abs(x - self.lam))
+
+
+@dataclass(frozen=True)
 class Recommendation:
     run: str
     documents: int  # dev documents
@@ -97,6 +122,18 @@ class Recommendation:
             f"τ = {v['tau']:.2f}, λ = {v['gated_lambda']:g} (gated; always-on λ = {v['always_on_lambda']:g}), "
             f"recommended from {self.documents} dev documents"
         )
+
+    def for_mode(self, mode: str) -> ModeDefaults:
+        """The gated mode's τ and λ, the always-on λ for the paper's vector mode (the one the dev search steered);
+        no other mode's λ was searched."""
+        v = self.values
+        lam = {"gated": v.get("gated_lambda"), "vector": v.get("always_on_lambda")}.get(mode)
+        tau = v.get("tau") if mode == "gated" else None
+        said = [f"τ = {tau:.2f}"] if tau is not None else []
+        said += [f"λ = {lam:g}"] if lam is not None else []
+        if not said:
+            return ModeDefaults(None, None, "")
+        return ModeDefaults(tau, lam, f"{', '.join(said)}: recommended from {self.documents} dev documents")
 
     def rows(self) -> list[dict]:
         return [{"setting": s.name, "value": s.value, "source": s.source, **s.evidence} for s in self.settings]
@@ -150,9 +187,32 @@ def recommend(
         enabled=use_cache,
     )
     rec = Recommendation.from_json(data)
+    cached("recommend", LATEST, lambda: data, JSON, adapter=adapter, refresh=True)  # what recommended() reads
     if settings.heldout and rec.heldout is not None:
         _log_heldout(adapter, rec, settings)
     return rec
+
+
+def recommended(run) -> Recommendation | None:
+    """The recommendation computed last for adapter `run` (local cache, then the shipped one); None when `recommend`
+    has not run for it. Never computes: a page or a command opens at it, or at the defaults with a hint."""
+    data = stored("recommend", LATEST, JSON, adapter=run)
+    return None if data is None else Recommendation.from_json(data)
+
+
+def opening(run, mode: str) -> ModeDefaults:
+    """What steering adapter `run` in `mode` opens at: the recommended τ and λ where its recommendation covers the
+    mode, else None for both with the line saying why (and how to compute one)."""
+    rec = recommended(run)
+    if rec is None:
+        path = open_adapter(run).path
+        return ModeDefaults(
+            None, None, f"defaults: no recommendation for this adapter yet (`{RECOMMEND_COMMAND} {path}`)"
+        )
+    opens = rec.for_mode(mode)
+    return (
+        opens if opens.source else ModeDefaults(None, None, f"defaults: the recommendation sets nothing in {mode} mode")
+    )
 
 
 def _compute(run: str, s: RecommendSettings, cfg: EvalConfig, progress, use_cache: bool) -> Recommendation:
