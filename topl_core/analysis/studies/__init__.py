@@ -13,8 +13,8 @@
     reproduce.py           run_reproduce, resume_reproduce, read_tasks: the paper's tables in one study;
                            reproduce_config.py: ReproduceConfig; method_runs.py: every method with its paper settings
                            scaled to the model; reproduce_tables.py, reproduce_claims.py, reproduce_report.py,
-                           report_figures.py: its tables, verdicts, report and figures; paper_numbers.py: the paper's
-                           figures as data
+                           report_files.py, report_figures.py: its tables, verdicts, report, the report's files and
+                           figures; paper_numbers.py: the paper's figures as data
     study.py               Study: what a study's tasks share
 
 Import the module you need: this package imports none of them.

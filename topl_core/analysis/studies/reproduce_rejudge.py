@@ -24,9 +24,10 @@ from ...data.records import read_jsonl
 from ...foundations.paths import project_path
 from ...models.loading import ModelSpec, load_model
 from ..lexical import CONTROLS
+from .report_files import render_report
 from .reproduce_claims import documents_to_settle, from_intervals, judge, se_of
 from .reproduce_config import ReproduceConfig
-from .reproduce_report import _sections, read_report, render_report
+from .reproduce_report import _sections, read_report
 from .reproduce_tables import ReportTables
 from .transfer import DETECTORS, bootstrap_auroc, control_arrays, load_cliff, stage_sets
 
