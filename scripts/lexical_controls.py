@@ -12,7 +12,8 @@ import argparse
 import json
 
 from topl_core.analysis.lexical import CONTROLS
-from topl_core.analysis.studies.transfer import bootstrap_auroc, control_arrays, load_cliff, stage_sets
+from topl_core.analysis.studies.detection_stats import bootstrap_auroc, control_arrays
+from topl_core.analysis.studies.transfer import load_cliff, stage_sets
 from topl_core.data.records import read_jsonl
 from topl_core.foundations.presets import DEFAULT_MODEL
 from topl_core.models.loading import ModelSpec, load_model

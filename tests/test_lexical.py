@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from topl_core.analysis.lexical import CONTROLS, LEXICAL, control_scores, labelled_controls, words
-from topl_core.analysis.studies.transfer import DETECTORS, detection_summary, token_arrays
+from topl_core.analysis.studies.detection_stats import DETECTORS, detection_summary, token_arrays
 from topl_core.data.records import Record
 from topl_core.foundations.metrics import auroc
 from topl_core.inference.token_scores import TokenScores

@@ -15,12 +15,11 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from topl_core.analysis.studies import transfer
+from topl_core.analysis.studies.detection_stats import DETECTORS, bootstrap_auroc
 from topl_core.analysis.studies.layer_scan import _features_by_layer, layer_scan
 from topl_core.analysis.studies.transfer import (
     COLUMNS,
-    DETECTORS,
     TransferSettings,
-    bootstrap_auroc,
     detection_scorer,
     evaluation_sets,
     format_markdown,

@@ -2,7 +2,7 @@
 flag words the source document does not contain (benchmarks whose answer sits in the prompt reward exactly that)?
 Each control scores a response's tokens from the document's text and the tokens' character offsets in the response
 alone — no model — higher meaning "looks bad", so its AUROC stands in the same table as the head's and surprisal's,
-on the same tokens, with the same record-bootstrap interval (studies/transfer.bootstrap_auroc).
+on the same tokens, with the same record-bootstrap interval (studies/detection_stats.bootstrap_auroc).
 
     CONTROLS                                       name → Control(help, score): the controls, in table order
     LEXICAL                                        "lexical control", the first

@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from ..analysis.lora_a.probe_head import ProbeHeadSettings, fit_probe_head
-from ..analysis.studies.transfer import detection_summary
+from ..analysis.studies.detection_stats import detection_summary
 from ..data.cliff import load_factuality_csv
 from ..data.records import read_jsonl
 from ..foundations.io import write_json

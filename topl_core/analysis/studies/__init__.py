@@ -2,8 +2,9 @@
 
     sweeps.py              SweepConfig, run_sweep, resume_sweep: layer sweeps; sweep_results.py: their results
     label_sensitivity.py   LabelStudyConfig, run_label_study: TOPL trained per label setting
-    transfer.py            transfer_table: detection transfer (dev / held-out AUROC with CIs); layer_scan.py:
-                           the frozen probe at every layer
+    transfer.py            transfer_table: detection transfer (dev / held-out AUROC with CIs); detection_stats.py:
+                           the labelled tokens' arrays and their AUROCs with CIs; layer_scan.py: the frozen probe at
+                           every layer
     own_summaries.py       OWN_SUMMARIES: the model's own summaries as labelled training records
     data_sources.py        SOURCES: the registry of every data source (here because a source a model writes is
                            built by a study)

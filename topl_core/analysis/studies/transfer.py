@@ -19,7 +19,8 @@ Detectors, scored on exactly the same tokens (score = how bad a token looks):
                   position in the response — what a detector must beat to be more than a word-matcher
 
 Each row gives the AUROC of flagging bad tokens (gold label 0; unlabelled tokens ignored) with a 95% percentile
-bootstrap CI that resamples records (tokens of one record are correlated), the same resamples for every detector.
+bootstrap CI that resamples records (tokens of one record are correlated), the same resamples for every detector
+(detection_stats.py: the tokens' arrays per detector and their AUROCs).
 
 Held-out accounting: every held-out evaluation, a cache hit included, appends a line to
 cache/analysis/transfer/heldout_log.jsonl; the table says how many held-out evaluations of the adapter (by
@@ -29,11 +30,7 @@ fingerprint) were logged before it.
                      detokenized_cliff=False, ...)
     transfer_table(adapters, settings, cliff_path=None, records=None, progress=None) -> DataFrame (COLUMNS;
         attrs["heldout_before"]: {adapter: count}, attrs["notes"]: [what was skipped, and why])
-    bootstrap_auroc(bad, scores, groups, n, seed) -> {detector: AurocCI}
-    token_arrays(records, scores) -> {record, bad, detector: scores}   the labelled tokens of scored records
-    detection_summary(records, scores, bootstrap, seed) -> dict        one set's AUROCs with CIs (score-tokens)
     evaluation_sets(adapter, stage, labelled, cliff, max_records) -> {set name: records}   (stage_sets: by split seed)
-    control_arrays(tokenizer, records, max_doc_tokens, max_response_tokens) -> the controls alone, no model
     detection_scorer(adapter, labelled, settings) -> TokenScorer   head + frozen probe (probe_on_base) + surprisal
     training_records(adapter, records=None) -> [Record]   the token-labelled training data (DataError if none)
     load_cliff(path=None, detokenized=False) -> (CsvLoadReport | None, notes)   a missing default is skipped, noted
@@ -57,32 +54,30 @@ import json
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Literal, Mapping, NamedTuple, Sequence
+from typing import Callable, Literal, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from ...data.cliff import CsvLoadReport, load_factuality_csv
-from ...data.encode import IGNORE, encode_record
 from ...data.records import Record, read_jsonl, records_fingerprint
 from ...data.split import split_records
 from ...foundations.config_fields import config_field
 from ...foundations.errors import ConfigError, DataError
 from ...foundations.io import read_log_rows
-from ...foundations.metrics import auroc, weighted_aurocs
 from ...foundations.paths import cliff_csv, project_path
 from ...hardware.precision import PRECISION_HELP, PRECISIONS, resolve_precision
-from ...inference.token_scores import TokenScorer, TokenScores
+from ...inference.token_scores import TokenScorer
 from ...models.loading import ModelSpec, load_model
 from ...training.adapters import Adapter, open_adapter
 from ..cache import NPZ, analysis_cache_dir, cached
-from ..lexical import CONTROLS, labelled_controls
+from ..lexical import CONTROLS
 from ..lora_a.probe_head import ProbeHeadSettings, fit_probe_head
+from .detection_stats import DETECTORS, bootstrap_auroc, token_arrays
 
 Stage = Literal["dev", "heldout"]
 STAGES: tuple[str, ...] = ("dev", "heldout")
 SPLIT_OF_STAGE = {"dev": "val", "heldout": "test"}  # the data split and the CLIFF cut each stage reads
-DETECTORS = ("head", "frozen probe", "surprisal", *CONTROLS)
 COLUMNS = ["adapter", "stage", "set", "detector", "auroc", "ci_low", "ci_high", "tokens", "records", "pct_bad"]
 
 
@@ -130,34 +125,6 @@ class TransferSettings:
             raise ConfigError(f"bootstrap={self.bootstrap!r} must be ≥ 0 (0: no confidence interval).")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision={self.precision!r} must be one of {PRECISIONS}.")
-
-
-class AurocCI(NamedTuple):
-    auroc: float
-    ci_low: float
-    ci_high: float
-
-
-def bootstrap_auroc(
-    bad: np.ndarray, scores: Mapping[str, np.ndarray], groups: np.ndarray, n: int = 1000, seed: int = 0
-) -> dict[str, AurocCI]:
-    """AUROC of each score for the positives `bad`, with a 95% percentile CI from `n` cluster-bootstrap resamples:
-    whole groups (records) drawn with replacement, the same draws for every score. Resamples holding one class
-    only are dropped; the CI is NaN when n = 0 or no resample holds both classes."""
-    bad, groups = np.asarray(bad).astype(int), np.asarray(groups)
-    ids, inverse = np.unique(groups, return_inverse=True)
-    picks = np.random.default_rng(seed).integers(0, len(ids), size=(n, len(ids))) if len(ids) else np.zeros((n, 0))
-    # A resample is a count per record; each token is weighted by its record's count.
-    counts = np.stack([np.bincount(p.astype(int), minlength=len(ids)) for p in picks]) if n else np.zeros((0, 0))
-    weights = counts[:, inverse] if n else np.zeros((0, len(bad)))
-    out = {}
-    for name, s in scores.items():
-        s = np.asarray(s, dtype=np.float64)
-        boot = weighted_aurocs(bad, s, weights) if n and len(bad) else np.zeros(0)
-        boot = boot[~np.isnan(boot)]
-        lo, hi = np.percentile(boot, [2.5, 97.5]) if len(boot) else (np.nan, np.nan)
-        out[name] = AurocCI(auroc(bad, s), float(lo), float(hi))
-    return out
 
 
 def training_records(adapter: Adapter, records: Sequence[Record] | None = None) -> list[Record]:
@@ -267,61 +234,6 @@ def detection_scorer(adapter: Adapter, labelled: Sequence[Record], settings: Tra
 def _token_arrays(scorer: TokenScorer, records: Sequence[Record], batch_size: int) -> dict[str, np.ndarray]:
     """Labelled tokens of `records`: record index, bad (1) / good (0), and each detector's score."""
     return token_arrays(records, scorer.score(records, batch_size=batch_size))
-
-
-def token_arrays(records: Sequence[Record], scores: Sequence[TokenScores]) -> dict[str, np.ndarray]:
-    """The labelled tokens of `records` scored (`scores`, one per record): record index, bad (1) / good (0), and
-    each detector's score — the head, the frozen probe where it was scored, surprisal and every control."""
-    record = np.concatenate([np.full(len(s.gold), i) for i, s in enumerate(scores)])
-    gold = np.concatenate([s.gold for s in scores])
-    keep = gold != IGNORE
-    base = [s.p_good_base for s in scores]
-    return {
-        "record": record[keep],
-        "bad": (gold[keep] == 0).astype(np.int64),
-        "head": np.concatenate([1 - s.p_good for s in scores])[keep],
-        **({"frozen probe": np.concatenate([1 - b for b in base])[keep]} if all(b is not None for b in base) else {}),
-        "surprisal": np.concatenate([s.surprisal for s in scores])[keep],
-        **labelled_controls(
-            [r.document for r in records],
-            [s.response for s in scores],
-            [s.offsets for s in scores],
-            [s.gold for s in scores],
-        ),
-    }
-
-
-def control_arrays(
-    tokenizer, records: Sequence[Record], max_doc_tokens: int | None, max_response_tokens: int | None
-) -> dict[str, np.ndarray]:
-    """The model-free controls on the labelled tokens of `records` as the scorer encodes them (the base model's
-    tokenizer, the adapter's document and response caps), without any model: record index, bad, each control."""
-    encoded = [encode_record(tokenizer, r, max_doc_tokens, max_response_tokens) for r in records]
-    gold = [e.response_labels for e in encoded]
-    controls = labelled_controls(
-        [r.document for r in records], [r.response for r in records], [e.response_offsets for e in encoded], gold
-    )
-    return {
-        "record": np.concatenate([np.full(int((g != IGNORE).sum()), i) for i, g in enumerate(gold)]),
-        "bad": np.concatenate([(g[g != IGNORE] == 0) for g in gold]).astype(np.int64),
-        **controls,
-    }
-
-
-def detection_summary(
-    records: Sequence[Record], scores: Sequence[TokenScores], bootstrap: int = 1000, seed: int = 0
-) -> dict:
-    """One token set's detection figures (score-tokens' table): tokens, % bad and, per detector present (head,
-    frozen probe, surprisal, every control), its AUROC with the record-bootstrap 95% CI, as {detector: AurocCI}."""
-    t = token_arrays(records, scores)
-    detectors = [d for d in DETECTORS if d in t]
-    n = len(t["bad"])
-    return {
-        "tokens": n,
-        "records": len(records),
-        "pct_bad": float(100 * t["bad"].mean()) if n else float("nan"),
-        "aurocs": bootstrap_auroc(t["bad"], {d: t[d] for d in detectors}, t["record"], bootstrap, seed),
-    }
 
 
 def _rows(adapter: Adapter, stage: str, name: str, t: Mapping[str, np.ndarray], settings: TransferSettings) -> list:
