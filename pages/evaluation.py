@@ -74,12 +74,12 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
         lambdas_txt = a.text_input(
             "λ values" if sweep_mode else "Also steered with λ",
             "-4 -2 0 1 2 3 4" if sweep_mode else "" if vector.lam is None else f"{vector.lam:g}",
-            key=K + f"lambdas.{sweep_mode}.{chosen[:1]}",
+            key=K + f"lambdas.{sweep_mode}",
             persist_state="session",
             help="Space-separated, in normalised units (λ = 1 adds a tenth of each steered site's mean output norm). "
             "λ > 0 pushes toward faithful, λ < 0 toward hallucinated.",
         )
-        a.caption(f"Opened at {vector.source} (vector); gated: {gated.source}.")
+        a.caption(f"Opens at {vector.source} (vector); gated: {gated.source}.")
         n_id = field_input(b, EvalConfig, "n_id", K, 8)
         n_ood = c.number_input(
             "OOD documents",
@@ -113,7 +113,7 @@ with st.expander("Start an evaluation", expanded=not EVALS.is_dir() or not any(E
             )
             gen_only = c.toggle("Generated tokens only", False, key=K + "gen_only", persist_state="session")
             tau = {"tau": gated.tau} if gated.tau is not None else {}
-            settings = mode_settings(st, MODE_SETTINGS, f"{K}{chosen[:1]}.", tau)  # the modes' own: gated τ and k
+            settings = mode_settings(st, MODE_SETTINGS, K, tau)  # the modes' own: gated τ and k
         a, b, c = st.columns([2, 2, 1])
         data_opts = dataset_paths()
         data = a.selectbox(

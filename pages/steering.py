@@ -21,7 +21,7 @@ import streamlit as st
 
 from pages._ui.figures import lambda_curve
 from pages._ui.forms import mode_settings, opening_values
-from pages._ui.models import load_error, merged_model, step_error
+from pages._ui.models import step_error
 from pages._ui.render import csv_download, plot, steered_html, steered_summary, text_box
 from pages._ui.runs import run_fingerprint, run_picker
 from pages._ui.spec import current_decode_precision, current_precision, current_spec
@@ -33,10 +33,10 @@ with core_imports():  # the token sets and the page's cached work are read with 
         document_picker,
         export_zip,
         generation,
+        opened_view,
         quality_caption,
         scorer,
         scorer_caption,
-        slider_view,
         text_fluency,
         written,
     )
@@ -85,7 +85,7 @@ generated_only = c_pos.toggle(
 )
 opens = opening_values(run, fp, mode)  # the adapter's recommended τ and λ (`recommend`), where it has them
 tau = {"tau": opens.tau} if opens.tau is not None else {}
-settings = mode_settings(st, MODES[mode].settings, f"steer.{fp}.", tau)  # the mode's own: a gated mode's τ and k
+settings = mode_settings(st, MODES[mode].settings, "steer.", tau)  # the mode's own: a gated mode's τ and k
 how = SteerConfig(mode, "generated" if generated_only else "all", **settings)
 with st.expander("Token set for μ+ / μ− and the site AUROCs", expanded=False):
     ts = token_set_picker("steer", run, default_limit=STEERING_TOKEN_RECORDS)
@@ -121,14 +121,14 @@ lam = c_lam.slider(
     hi,
     opens.position(GRID, neutral),  # the recommended λ, else the neutral one
     step=STEP,
-    key=f"steer.lambda.{spec_mode.family}.{fp}",
+    key=f"steer.lambda.{spec_mode.family}",
     persist_state="session",
     help=spec_mode.lambda_help
     + " Every position is cached once generated: press 'Generate every λ' below before a talk and "
     "dragging is instant.",
 )
 unit_slot = st.empty()  # what one unit of λ is, once the steering vectors are computed
-st.caption(f"Opened at {opens.source}.")
+st.caption(f"Opens at {opens.source}.")
 curve_key = (run, fp, document[:200], top_k, max_new, bound, how)  # the λ grid asked for ("Generate every λ")
 session_key, gen = SessionKey(spec, run, fp, ts, top_k, precision), generation(precision, decode, max_new)
 lam = round(float(lam), 6)
@@ -137,8 +137,9 @@ slots = [col.empty() for col in st.columns(3, gap="medium")]
 
 
 def draw(i: int, g: SteeredText, caption: str) -> None:
-    """Box i's finished text (the steered box marked against the merged text) with its caption."""
-    body = steered_html(texts[1].text, g) if i == 2 else html.escape(g.text).replace("\n", "<br>")
+    """Box i's finished text (the steered box marked against the merged text, once that is written) with its caption."""
+    merged = texts.get(1)
+    body = steered_html(merged.text, g) if i == 2 and merged else html.escape(g.text).replace("\n", "<br>")
     slots[i].markdown(text_box(titles[i], body or "<i>(empty)</i>", caption), unsafe_allow_html=True)
 
 
@@ -152,32 +153,28 @@ def box(i: int, done, parts, ahead=lambda: False, also: tuple[int, ...] = ()) ->
     except Exception as e:
         step_error(f"generate the summaries ({precision})", e)
         st.stop()
-    texts.append(g)
-    draw(i, g, "scoring…")
+    texts.update(dict.fromkeys((i, *also), g))
+    for j in (i, *also):
+        draw(j, g, "scoring…")
 
 
-texts: list[SteeredText] = []  # drawn box by box: the boxes already written show while the next one is
-box(0, *base_texts(spec, gen, document))  # first: the base model's text needs neither the adapter nor the vectors
-try:
-    merged_model(spec, run, fp)
-except Exception as e:
-    load_error(e)
-    st.stop()
-try:
-    view = slider_view(session_key, gen, document, how)  # asks for the compiled decode step at once
-except Exception as e:
-    step_error(f"compute the steering vectors ({precision})", e)
-    st.stop()
+# The text a person waits for first: the steered one, then the merged one it is marked against, then the base model's
+texts: dict[int, SteeredText] = {}
+view = opened_view(session_key, gen, document, how)  # asks for the compiled decode step at once
 vec = view.session.vectors
 unit_note = spec_mode.action.unit_note(vec, spec_mode, how.units, lam)
 if unit_note:
     unit_slot.caption(unit_note)
+if lam != neutral:
+    box(2, view.text(lam), lambda: view.stream(lam), lambda: view.writing(lam))
 box(1, view.text(neutral), view.merged, also=(2,) if lam == neutral else ())  # at the neutral λ: one text
-box(2, view.text(lam), lambda: view.stream(lam), lambda: view.writing(lam))
+if lam != neutral:
+    draw(2, texts[2], "scoring…")  # now marked against the merged text
+box(0, *base_texts(spec, gen, document))
 view.ahead(neighbours(GRID, lam))  # the slider's next move reads them, written while these texts are read
-t_base, t_merged, t_steered = texts
+t_base, t_merged, t_steered = texts[0], texts[1], texts[2]
 st.markdown(steered_summary(t_merged.text, t_steered, lam), unsafe_allow_html=True)
-for i, g in enumerate(texts):  # scored after every text is shown (cached per text: a rerun scores nothing again)
+for i, g in sorted(texts.items()):  # scored after every text is shown (cached per text: a rerun scores nothing again)
     draw(i, g, quality_caption(spec, document, g))
 decoding = " New tokens: the compiled decode step (built in the background for this document's length)."
 st.caption(

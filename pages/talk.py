@@ -55,7 +55,7 @@ with st.expander("Prepare a new deck", expanded=not folders):
         fp = run_fingerprint(run)
         opens = opening_values(run, fp, mode)  # the adapter's recommended τ and λ (`recommend`), where it has them
         tau = {"tau": opens.tau} if opens.tau is not None else {}
-        settings = mode_settings(st, MODES[mode].settings, f"{K}{fp}.", tau)  # the mode's own: gated τ and k
+        settings = mode_settings(st, MODES[mode].settings, K, tau)  # the mode's own: gated τ and k
         centre = MODES[mode].neutral  # the merged model: the grid is centred on it, reaching the recommended λ
         bound = b.number_input(
             "λ from −x to +x" if centre == 0 else f"λ from {centre:g} − x to {centre:g} + x",
@@ -63,12 +63,12 @@ with st.expander("Prepare a new deck", expanded=not folders):
             64.0,
             2.0 if opens.lam is None else max(2.0, round(abs(opens.lam - centre) * 4) / 4),
             0.25,
-            key=f"{K}bound.{fp}",
+            key=K + "bound",
             persist_state="session",
         )
         steps = c.number_input("Positions each side", 1, 8, 2, key=K + "steps", persist_state="session")
         lambdas = tuple(round(centre + bound * i / steps, 6) for i in range(-steps, steps + 1))
-        st.caption(f"Opened at {opens.source}.")
+        st.caption(f"Opens at {opens.source}.")
         a, b, c = st.columns([2, 1, 1])
         source = a.radio("Documents", ["From a data set", "Paste"], horizontal=True, key=K + "source")
         head = b.selectbox(

@@ -15,7 +15,7 @@ from typing import Callable
 import streamlit as st
 
 from pages._ui.datasets import dataset_picker, records_of
-from pages._ui.models import MAX_MODELS, base_model, merged_model, resource_lock
+from pages._ui.models import MAX_MODELS, base_model, load_error, merged_model, resource_lock, step_error
 from pages._ui.render import text_box
 from pages._ui.token_sets import token_set
 from topl_core.analysis.evaluation.quality import scorer_quality
@@ -72,6 +72,21 @@ def slider_view(key: SessionKey, gen: GenerationConfig, document: str, how: Stee
     reader = st.session_state.setdefault("steer.reader", uuid.uuid4().hex)
     session = steering_session(key)
     return shared_slider().view(key, session, document, gen, how, merged=(key.spec, key.run, key.fp), reader=reader)
+
+
+def opened_view(key: SessionKey, gen: GenerationConfig, document: str, how: SteerConfig) -> SliderView:
+    """slider_view, after the merged model is loaded; a model that fails to load or vectors that cannot be computed
+    are said in words, and the page stops."""
+    try:
+        merged_model(key.spec, key.run, key.fp)
+    except Exception as e:
+        load_error(e)
+        st.stop()
+    try:
+        return slider_view(key, gen, document, how)
+    except Exception as e:
+        step_error(f"compute the steering vectors ({key.precision})", e)
+        st.stop()
 
 
 def base_texts(spec: str, gen: GenerationConfig, document: str) -> tuple[SteeredText | None, Callable]:
