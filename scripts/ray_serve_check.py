@@ -22,7 +22,7 @@ from topl_core.data.perturb import build_perturbation_records
 from topl_core.serve.app import create_app
 from topl_core.serve.engine import ServeEngine
 from topl_core.serve.ray_serve import ray_application
-from topl_core.training.config import LoraSettings, TrainConfig
+from topl_core.training.config import tiny_topl_config
 from topl_core.training.trainer import train
 
 DOCUMENT = "The council of Leeds approved the new budget on Monday after a long debate. Police arrested two men."
@@ -40,18 +40,8 @@ PAIRS = [
 
 def tiny_run(folder: Path) -> str:
     """A tiny TOPL run, trained here in seconds."""
-    cfg = TrainConfig(
-        model="tiny-llama",
-        lora=LoraSettings(layer_start=0, layer_end=3),
-        steps=3,
-        precision="fp32",
-        batch_size=4,
-        lr=5e-3,
-        max_val_examples=4,
-        eval_every=3,
-        checkpoint_every=3,
-    )
-    return str(train(cfg, folder / "topl-tiny", records=build_perturbation_records(PAIRS, seed=0)).path)
+    records = build_perturbation_records(PAIRS, seed=0)
+    return str(train(tiny_topl_config(), folder / "topl-tiny", records=records).path)
 
 
 def complete(url: str, model: str) -> list[int]:

@@ -183,21 +183,10 @@ def news_records():
 def steering_run(tmp_path_factory, news_records):
     """A 3-step tiny TOPL run on the news records (LoRA on layers 0–3): what the steering, slider and service tests
     steer, trained once per test process. Read only."""
-    from topl_core.training.config import LoraSettings, TrainConfig
+    from topl_core.training.config import tiny_topl_config
     from topl_core.training.trainer import train
 
-    cfg = TrainConfig(
-        model="tiny-llama",
-        lora=LoraSettings(layer_start=0, layer_end=3),
-        steps=3,
-        precision="fp32",
-        batch_size=4,
-        lr=5e-3,
-        max_val_examples=4,
-        eval_every=3,
-        checkpoint_every=3,
-    )
-    return train(cfg, tmp_path_factory.mktemp("runs") / "topl-steer", records=news_records)
+    return train(tiny_topl_config(), tmp_path_factory.mktemp("runs") / "topl-steer", records=news_records)
 
 
 def all_hooks(model) -> int:

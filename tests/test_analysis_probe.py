@@ -19,7 +19,7 @@ from topl_core.foundations.errors import ModelError
 from topl_core.foundations.presets import LORA_MODULES
 from topl_core.models.architecture import decoder_layers
 from topl_core.models.tiny import build_tiny_model
-from topl_core.training.config import LoraSettings, TrainConfig
+from topl_core.training.config import LoraSettings, TrainConfig, tiny_topl_config
 from topl_core.training.lora import apply_lora
 from topl_core.training.trainer import train
 
@@ -41,18 +41,7 @@ def peft_model(family: str, layer_start: int = 1, layer_end: int = 2, random_b: 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, news_records):
-    cfg = TrainConfig(
-        model="tiny-llama",
-        lora=LoraSettings(layer_start=0, layer_end=3),
-        steps=3,
-        precision="fp32",
-        batch_size=4,
-        lr=5e-3,
-        max_val_examples=4,
-        eval_every=3,
-        checkpoint_every=3,
-    )
-    return train(cfg, tmp_path_factory.mktemp("runs") / "topl-probe", records=news_records)
+    return train(tiny_topl_config(), tmp_path_factory.mktemp("runs") / "topl-probe", records=news_records)
 
 
 @pytest.fixture()

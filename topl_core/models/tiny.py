@@ -1,5 +1,6 @@
 """Tiny randomly initialised models (Llama, Qwen3, Gemma3 families) with a tokenizer built in code: the models
-tests and offline demos load as "tiny-llama", "tiny-qwen3", "tiny-gemma3"."""
+tests and offline demos load as "tiny-llama", "tiny-qwen3", "tiny-gemma3". The config of a TOPL run on tiny-llama that
+trains in seconds is training/config.py's tiny_topl_config (the training layer sits above this one)."""
 
 from __future__ import annotations
 

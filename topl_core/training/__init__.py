@@ -1,6 +1,6 @@
 """Training: the config, the methods, the one training loop, and what a run leaves behind.
 
-    config.py       TrainConfig, LoraSettings, preset_config (validated against the method registry)
+    config.py       TrainConfig, LoraSettings, preset_config (validated against the method registry), tiny_topl_config
     methods/        one module per training method, registered in METHODS
     trainer.py      train: the one training loop (run_inputs.py, steps.py, batching.py, lora.py, checkpoint.py,
                     clock.py, flops.py, memory.py, prefix_cache.py, tracking.py, world.py are its parts)

@@ -323,3 +323,22 @@ def preset_config(preset: str, method: str = "topl", num_layers: int | None = No
         precision=overrides.pop("precision", "auto"),
     )
     return base.with_overrides(**overrides)
+
+
+def tiny_topl_config(**overrides) -> TrainConfig:
+    """A TOPL run on tiny-llama (models/tiny.py) that trains in seconds on a CPU: LoRA on layers 0–3, 3 steps of 4
+    examples at lr 5e-3 in fp32, validated on 4 examples and checkpointed at its last step; `overrides` replace any
+    field. What the steering, slider and service tests steer (tests/conftest.py), the probe tests analyse and
+    scripts/ray_serve_check.py serves."""
+    base = dict(
+        model="tiny-llama",
+        lora=LoraSettings(layer_start=0, layer_end=3),
+        steps=3,
+        precision="fp32",
+        batch_size=4,
+        lr=5e-3,
+        max_val_examples=4,
+        eval_every=3,
+        checkpoint_every=3,
+    )
+    return TrainConfig(**{**base, **overrides})
