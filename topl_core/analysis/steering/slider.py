@@ -21,18 +21,18 @@ reader and session (they share the models and, on a CPU, the cores).
     slider.base(name, lm, document, gen, lock=None) -> Iterator[SteeredText]   the base model's text, once per document
     slider.base_text(name, document, gen) -> SteeredText | None                   that text, if written
     slider.warm(session, document, gen, how)   build the compiled decode step for `document`'s streams on the warmer
-        thread (compile_decode(wait=False), then warm_decode), once; TOPL_COMPILED_DECODE=0: never
+        thread (compile_decode(wait=False), then warm_decode), once; TOPL_COMPILED_DECODE=0: never (decode_warmer.py)
     with slider.paused(): ...                  the work ahead yields while inside (then resumes)
-    neighbours(positions, lam) -> [λ]          the slider positions either side of the one nearest `lam`
+    neighbours(positions, lam) -> [λ]          the positions either side of the one nearest `lam` (slider_texts.py)
 
 Threads: the work ahead runs on ONE background thread per engine (started on the first view.ahead, kept), at the
 lowest CPU priority (background_priority): one job at a time, the last asked for; a job for other positions replaces
 the one in flight (cancelled at its next decoder layer, nothing kept); a stream a reader asks for pauses it (cancelled,
 then run again once no stream is asked for). It writes a grid as one batch (SteeringSession.stream_grid) until the
 compiled step is built for the document, then λ by λ through that step (faster than the eager batch). The compiled step
-is built on a second thread, the warmer (it never generates): on a CPU its build is a child process stopped while the
-app generates (inference/exported_decode.py); a step compiled in this process (a GPU's) waits until the engine is idle.
-Finished texts are kept in an LRU store shared by every view and reader (TextStore).
+is built on a second thread, the warmer (decode_warmer.py; it never generates): on a CPU its build is a child process
+stopped while the app generates (inference/exported_decode.py); a step compiled in this process (a GPU's) waits until
+the engine is idle. Finished texts are kept in an LRU store shared by every view and reader (slider_texts.TextStore).
 """
 
 from __future__ import annotations
@@ -40,76 +40,23 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import threading
-import time
-import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import ContextManager, Hashable, Iterator, Sequence
 
 from ...foundations.idle_children import background_thread
-from ...inference.exported_decode import ExportedDecoder
 from ...inference.generate import GenerationCancelled, GenerationConfig, stream_generate
 from ...models.loading import LoadedModel
+from .decode_warmer import DecodeWarmer, background_priority
 from .modes import SteerConfig
 from .session import SteeringSession
+from .slider_texts import STORE_SIZE, TextStore, neighbours  # noqa: F401 (neighbours: the Steering page's, from here)
 from .steered_text import SteeredText
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1  # how often a stream waiting on work ahead yields the text so far (a page redraws, a move can stop it)
-STORE_SIZE = 4096  # texts kept (short summaries: a few hundred bytes each)
 YIELD_WAIT_S = 10.0  # the longest a stream waits for the work ahead to stop (it stops within a decoder layer)
-
-
-def background_priority() -> None:
-    """Give the calling thread, and the threads it starts from now on (torch's OpenMP workers among them), the lowest
-    CPU priority: work done ahead yields the cores to what a person waits for. On Linux a thread has a priority of
-    its own; elsewhere the call fails or does not exist, and the thread keeps the usual priority."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-
-
-def compiled_decode_wanted() -> bool:
-    """Whether the slider builds and takes the compiled decode step (docs/app.md, "Steering"): TOPL_COMPILED_DECODE=0
-    never, else (auto, the default) once built. Read at each request: a test may turn it on in a running process."""
-    return os.environ.get("TOPL_COMPILED_DECODE", "auto") != "0"
-
-
-def neighbours(positions: Sequence[float], lam: float) -> list[float]:
-    """The slider positions either side of the one nearest `lam` (what its next move reads), rounded as keys are."""
-    if not positions:
-        return []
-    at = min(range(len(positions)), key=lambda i: abs(positions[i] - lam))
-    return [round(float(positions[i]), 6) for i in (at - 1, at + 1) if 0 <= i < len(positions)]
-
-
-class TextStore:
-    """Finished texts by what they depend on, shared by every reader (the least recently used dropped past `size`):
-    a λ already written is drawn at once, and a generation a reader left is not kept half."""
-
-    def __init__(self, size: int = STORE_SIZE):
-        self._texts: OrderedDict[Hashable, SteeredText] = OrderedDict()
-        self._lock, self._size = threading.Lock(), size
-
-    def get(self, key: Hashable) -> SteeredText | None:
-        with self._lock:
-            if key in self._texts:
-                self._texts.move_to_end(key)
-            return self._texts.get(key)
-
-    def put(self, key: Hashable, text: SteeredText, replace: bool = True) -> None:
-        """Keep `text` under `key`; replace=False: a text already kept stays (a text a reader has seen)."""
-        with self._lock:
-            if replace or key not in self._texts:
-                self._texts[key] = text
-            self._texts.move_to_end(key)
-            while len(self._texts) > self._size:
-                self._texts.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._texts)
 
 
 @dataclass
@@ -134,7 +81,6 @@ class Slider:
 
     def __init__(self, size: int = STORE_SIZE, compiled: bool | None = None):
         self.store = TextStore(size)
-        self._compiled = compiled
         self._cond = threading.Condition()  # guards everything below
         self._pending: _Job | None = None  # the next job (the last asked for, or one paused)
         self._current: _Job | None = None  # the job in flight
@@ -142,9 +88,7 @@ class Slider:
         self._worker: threading.Thread | None = None  # the one thread that writes ahead
         self._closed = False
         self._reading: dict[Hashable, threading.Event] = {}  # reader -> the cancel event of its stream in flight
-        self._warm_wants: OrderedDict[tuple, tuple] = OrderedDict()  # steps to build, the last asked for last
-        self._warmer: threading.Thread | None = None
-        self._failed: weakref.WeakSet[SteeringSession] = weakref.WeakSet()  # a failed build: logged once, not retried
+        self.warmer = DecodeWarmer(compiled, self._wait_idle)  # builds the compiled decode step on its own thread
         # work in flight when the interpreter exits is stopped first: a daemon thread frozen inside torch's native
         # code at shutdown aborts the process ("terminate called without an active exception")
         atexit.register(self.close)
@@ -328,50 +272,8 @@ class Slider:
 
     # --- the compiled decode step -----------------------------------------------------------------------------
     def warm(self, session: SteeringSession, document: str, gen: GenerationConfig, how: SteerConfig) -> None:
-        """Have the warmer thread build the compiled decode step of `document`'s streams (the module docstring),
-        unless it is built, does not apply, failed before or TOPL_COMPILED_DECODE=0. Nothing here waits for it:
-        until it is built, streams decode eagerly."""
-        wanted = compiled_decode_wanted() if self._compiled is None else self._compiled
-        if not wanted or session in self._failed:
-            return
-        if session.decoder is not None and (
-            not session.compiles_decode(gen, how) or session.decode_ready(document, gen, how)
-        ):
-            return
-        with self._cond:
-            if self._closed:
-                return
-            key = (id(session), document, gen, how)
-            self._warm_wants.pop(key, None)
-            self._warm_wants[key] = (session, document, gen, how)
-            if self._warmer is None or not self._warmer.is_alive():
-                self._warmer = threading.Thread(target=self._warm_all, name="topl-decode-warmer", daemon=True)
-                self._warmer.start()
-
-    def _warm_all(self) -> None:
-        """The warmer thread: the steps asked for, the last asked for first, one at a time; ends when none is left."""
-        background_priority()  # and the compiler processes it starts: a slider move during the build gets the cores
-        while True:
-            with self._cond:
-                if self._closed or not self._warm_wants:
-                    self._warmer = None
-                    return
-                _, (session, document, gen, how) = self._warm_wants.popitem(last=True)
-            try:
-                if session.decoder is None:
-                    session.compile_decode(wait=False)  # a compiled step once built; eager until then
-                if session in self._failed or not session.compiles_decode(gen, how):
-                    continue
-                if session.decode_ready(document, gen, how):
-                    continue
-                if not isinstance(session.decoder, ExportedDecoder):  # built in this process: not beside the streams
-                    self._wait_idle()
-                t = time.perf_counter()
-                session.warm_decode(document, gen, how)
-                log.info("compiled decode step ready for this document after %.1f s", time.perf_counter() - t)
-            except Exception:
-                self._failed.add(session)
-                log.exception("building the compiled decode step failed: the slider decodes eagerly")
+        """Have the warmer thread build the compiled decode step of `document`'s streams (DecodeWarmer.warm)."""
+        self.warmer.warm(session, document, gen, how)
 
     def _wait_idle(self) -> None:
         with self._cond:
@@ -380,15 +282,14 @@ class Slider:
 
     def warming(self) -> bool:
         """Whether the warmer thread is building (or about to build) a step."""
-        with self._cond:
-            return self._warmer is not None and self._warmer.is_alive()
+        return self.warmer.warming()
 
     def close(self) -> None:
         """Stop the work ahead and its thread (the warmer finishes the build in flight and ends)."""
         with self._cond:
             self._closed = True
             self._pending, job, worker = None, self._current, self._worker
-            self._warm_wants.clear()
+            self.warmer.close()
             if job is not None:
                 job.paused = False
                 job.cancel.set()
