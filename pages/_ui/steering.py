@@ -7,6 +7,7 @@ zip."""
 from __future__ import annotations
 
 import html
+import time
 import uuid
 from contextlib import closing
 from dataclasses import dataclass
@@ -33,6 +34,9 @@ from topl_core.inference.generate import GenerationConfig
 
 CURSOR = "▍"  # the box is still being written
 AHEAD = "being written ahead…"  # the box waits for the text the engine is writing ahead
+# the most often a box being written is redrawn: each draw is a message the browser renders, on the cores that decode
+# (docs/performance.md, "The slider on the page"); the first words are drawn at once, the finished text by the caller
+REDRAW_S = 0.1
 
 
 def generation(precision: str, decode: str, max_new: int) -> GenerationConfig:
@@ -97,15 +101,18 @@ def base_texts(spec: str, gen: GenerationConfig, document: str) -> tuple[Steered
 
 
 def written(boxes: list[tuple], done: SteeredText | None, parts: Callable, ahead: Callable) -> SteeredText:
-    """`done` where it is written; else parts() (the text as it comes) drawn token by token into every (placeholder,
-    title) of `boxes` (two boxes show one text: the steered box at the neutral λ is the merged text), the cursor
-    after it (or, while ahead() says it is being written ahead and nothing is yet, so), and its last value. Each
-    draw lets a new slider move stop this run."""
+    """`done` where it is written; else parts() (the text as it comes) drawn into every (placeholder, title) of `boxes`
+    (two boxes show one text: the steered box at the neutral λ is the merged text) — its first words at once, then at
+    most every REDRAW_S — the cursor after it (or, while ahead() says it is being written ahead and nothing is yet,
+    so), and its last value. Each draw lets a new slider move stop this run."""
     if done is not None:
         return done
-    g = SteeredText("")
+    g, drawn, shown = SteeredText(""), 0.0, ""
     with closing(parts()) as stream:
         for g in stream:
+            if shown and time.monotonic() - drawn < REDRAW_S:  # words shown: the next draw waits a little
+                continue
+            drawn, shown = time.monotonic(), g.text
             body = _being_written(g.text) if g.text or not ahead() else f"<i>{AHEAD}</i>"
             for placeholder, title in boxes:
                 placeholder.markdown(text_box(title, body, "writing…"), unsafe_allow_html=True)

@@ -178,14 +178,11 @@ def recommend(
         "top_k": cfg.top_k,
         "cliff_csv": cfg.cliff_csv,
     }
-    data = cached(
-        "recommend",
-        key,
-        lambda: _compute(str(adapter.path), settings, cfg, progress, use_cache).to_json(),
-        JSON,
-        adapter=adapter,
-        enabled=use_cache,
-    )
+    # the same settings measured held out too answer a call that does not ask for the held-out figure
+    data = stored("recommend", {**key, "heldout": True}, JSON, adapter=adapter) if use_cache else None
+    if data is None or settings.heldout:
+        compute = lambda: _compute(str(adapter.path), settings, cfg, progress, use_cache).to_json()  # noqa: E731
+        data = cached("recommend", key, compute, JSON, adapter=adapter, enabled=use_cache)
     rec = Recommendation.from_json(data)
     cached("recommend", LATEST, lambda: data, JSON, adapter=adapter, refresh=True)  # what recommended() reads
     if settings.heldout and rec.heldout is not None:
