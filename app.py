@@ -21,6 +21,10 @@ from streamlit.web import cli as streamlit_cli
 from pages._ui.frame import run_frame
 from topl_core.models.startup import app_default_spec, warm_up
 
+# A thread waiting for the GIL gets it after at most this long (Python's default: 5 ms). A decode step takes the GIL
+# back a few times a token; beside the server's threads each take-back waited up to 5 ms (docs/performance.md, "The
+# slider on the page")
+sys.setswitchinterval(0.001)
 if runtime.exists():  # a script run of the Streamlit server
     run_frame()
 else:

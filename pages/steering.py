@@ -104,7 +104,7 @@ if spec_mode.range_choices:
     bound = c_range.selectbox(
         "λ range ±",
         spec_mode.range_choices,
-        index=spec_mode.range_choices.index(default_bound),
+        index=spec_mode.range_choices.index(opens.bound(spec_mode.range_choices, default_bound)),
         key=f"steer.range.{spec_mode.family}",
         persist_state="session",
         format_func=lambda x: f"{x:g}",

@@ -2,15 +2,15 @@
 `streamlit run app.py` on a free port with an empty TOPL_RUNS_DIR (so the shipped demo TOPL adapter and its default
 document are what opens), headless Chromium, the slider moved with the arrow keys. Measured from the key press, polling
 the page every animation frame:
-- cold visit: until the page is drawn (its title), until the first summary box (the base model's) shows words, until
-  the steered box shows its first words, and until the page is idle;
+- cold visit: until the page is drawn (its title), until the steered box shows its first words (written first), until
+  the base model's box does (written last), and until the page is idle;
 - a new λ (--jump steps right of the last), pressed --read-s seconds after the page went idle (the time a person
   reads; the page generates the neighbouring positions ahead meanwhile, then builds the compiled decode step): until
   its first words show (the text so far and the cursor, or the text generated ahead), and until the whole summary is
   drawn (a jump of 2 or more lands where nothing was generated ahead);
-- a λ already generated (one step back): until the box shows that λ's finished text.
+- a λ already seen (back to the one read before the jump): until the box shows that λ's finished text.
 
-    python scripts/steering_page_timing.py [--moves 3] [--read-s 0] [--jump 1] [--shot steering.png]
+    python scripts/steering_page_timing.py [--moves 3] [--read-s 0] [--jump 1] [--generated-only] [--shot PNG]
 """
 
 from __future__ import annotations
@@ -23,35 +23,23 @@ from browser_app import app_browser  # scripts/ is this script's folder, first o
 
 CURSOR = "\u258d"  # pages/_ui/steering.CURSOR: the box is still being written
 AHEAD = "being written ahead\u2026"  # pages/_ui/steering.AHEAD: the box waits for the text generated ahead
-STEERED = "() => { const b = document.querySelectorAll('.topl-box')[2]; return b ? [b.previousElementSibling.textContent, b.textContent] : null; }"  # noqa: E501
-FIRST_BOX_WORDS = (  # the first summary box (the base model's) holds words, the cursor aside
-    "() => { const b = document.querySelector('.topl-box'); "
-    f"return !!b && b.textContent.replace('{CURSOR}', '').trim().length > 0; }}"
-)
+# whether the summary box titled `box…` (the page writes the steered box first, the base model's last) has a title
+# holding `title` and shows words (not only the wait for a text written ahead), with whole: all of them (no cursor).
+# Checked in the page at every animation frame: polling from here would take the cores the page decodes on.
+SHOWS = f"""([box, title, whole]) => {{
+    const b = [...document.querySelectorAll('.topl-box')]
+        .find(x => x.previousElementSibling.textContent.startsWith(box));
+    if (!b || !b.previousElementSibling.textContent.includes(title)) return false;
+    const text = b.textContent, shown = text.replace('{CURSOR}', '').trim();
+    return shown.length > 0 && shown !== '{AHEAD}' && !(whole && text.includes('{CURSOR}'));
+}}"""
 IDLE = "() => document.querySelector('[data-testid=stApp]')?.getAttribute('data-test-script-state') === 'notRunning'"
 
 
-def steered(page) -> tuple[str, str] | None:
-    """(the steered box's title, its text), or None before it is drawn."""
-    found = page.evaluate(STEERED)
-    return tuple(found) if found else None
-
-
-def words(text: str) -> bool:
-    """Whether a box holds words of a summary (being written, or done), not the wait for one generated ahead."""
-    shown = text.replace(CURSOR, "").strip()
-    return bool(shown) and shown != AHEAD
-
-
-def wait(page, done, since: float, timeout_s: float = 600) -> float:
-    """Seconds from `since` (a time.perf_counter()) until done(steered(page)) holds, polled every 10 ms."""
-    t0, deadline = since, time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        box = steered(page)
-        if box is not None and done(box):
-            return time.perf_counter() - t0
-        page.wait_for_timeout(10)
-    raise SystemExit("the steered box never got there")
+def wait(page, since: float, title: str = "", whole: bool = False, box: str = "Steered") -> float:
+    """Seconds from `since` (a time.perf_counter()) until the box `box` titled with `title` shows words (whole: all)."""
+    page.wait_for_function(SHOWS, arg=[box, title, whole], polling="raf")
+    return time.perf_counter() - since
 
 
 def main() -> None:
@@ -60,6 +48,12 @@ def main() -> None:
     p.add_argument("--read-s", type=float, default=0.0, help="seconds between the page going idle and a new move")
     p.add_argument("--jump", type=int, default=1, help="slider steps of a new move (pressed at once)")
     p.add_argument("--shot", help="save a screenshot of the page at the end here")
+    p.add_argument(
+        "--generated-only",
+        action="store_true",
+        help="turn 'Only generated tokens' on after the cold visit (the prompt's cache reused: bench --slider's "
+        "slider_compiled; by default every position is steered, as the page opens: slider_compiled_all_positions)",
+    )
     args = p.parse_args()
     with app_browser() as (browser, url):
         page = browser.new_page(viewport={"width": 1600, "height": 1300})
@@ -68,18 +62,24 @@ def main() -> None:
         page.goto(f"{url}/steering")
         page.get_by_role("heading", name="Steering").first.wait_for()
         drawn = time.perf_counter() - t0
-        page.wait_for_function(FIRST_BOX_WORDS, polling=10)
-        base_first = time.perf_counter() - t0
-        first = wait(page, lambda b: words(b[1]), t0)
+        first = wait(page, t0)
+        base_first = wait(page, t0, box="Base model")
         page.wait_for_function(IDLE, polling=100)
         idle = time.perf_counter() - t0
         print(
-            f"cold visit: page drawn {drawn:.2f} s, first summary words (base) {base_first:.2f} s, first steered words "
-            f"{first:.2f} s, page idle {idle:.2f} s",
+            f"cold visit: page drawn {drawn:.2f} s, first steered words {first:.2f} s, the base model's first words "
+            f"{base_first:.2f} s, page idle {idle:.2f} s",
             flush=True,
         )
+        if args.generated_only:
+            page.get_by_text("Only generated tokens").click()
+            page.wait_for_function(IDLE, polling=100)
         thumb = page.locator('[data-testid="stSlider"]').filter(has_text="hallucinated").get_by_role("slider")
-        new_first, new_done, seen = [], [], []
+        new_first, new_done, seen, pressing = [], [], [], []  # pressing: the key presses of a move themselves
+
+        # toward the end of the slider with more room: the page may open at a recommended λ, off its centre
+        low, now, top = (float(x) for x in thumb.evaluate("e => [e.min, e.value, e.max]"))
+        forth, back_key = ("ArrowRight", "ArrowLeft") if top - now >= now - low else ("ArrowLeft", "ArrowRight")
 
         def move(key: str, times: int = 1) -> tuple[str, float]:
             """Press `key` on the slider: the title the new λ gives the steered box, and when it was pressed."""
@@ -87,16 +87,17 @@ def main() -> None:
             pressed = time.perf_counter()
             for _ in range(times):
                 page.keyboard.press(key)
+            pressing.append(time.perf_counter() - pressed)
             return f"λ = {float(thumb.evaluate('e => e.value')):+.2f}", pressed
 
         for _ in range(args.moves):
             page.wait_for_timeout(args.read_s * 1000)
-            new, pressed = move("ArrowRight", args.jump)
-            new_first.append(wait(page, lambda b: new in b[0] and words(b[1]), pressed))
-            new_done.append(wait(page, lambda b: new in b[0] and words(b[1]) and CURSOR not in b[1], pressed))
+            new, pressed = move(forth, args.jump)
+            new_first.append(wait(page, pressed, new))
+            new_done.append(wait(page, pressed, new, whole=True))
             page.wait_for_function(IDLE, polling=100)
-            back, pressed = move("ArrowLeft")
-            seen.append(wait(page, lambda b: back in b[0] and CURSOR not in b[1], pressed))
+            back, pressed = move(back_key, args.jump)  # the λ read before the jump: seen
+            seen.append(wait(page, pressed, back, whole=True))
             page.wait_for_function(IDLE, polling=100)
             compiled = page.get_by_text("the compiled decode step", exact=False).count() > 0
             print(
@@ -104,12 +105,12 @@ def main() -> None:
                 f"back to {back}, seen: {seen[-1]:.3f} s; decode {'compiled' if compiled else 'eager'} now",
                 flush=True,
             )
-            move("ArrowRight")  # on to the λ just generated: the next move is to a new one
+            move(forth, args.jump)  # on to the λ just generated: the next move is to a new one
             page.wait_for_function(IDLE, polling=100)
         med = statistics.median
         print(
             f"medians of {args.moves}: new λ first words {med(new_first):.2f} s, whole {med(new_done):.2f} s; "
-            f"a λ seen {med(seen):.3f} s"
+            f"a λ seen {med(seen):.3f} s (pressing the keys of a move: {med(pressing):.3f} s)"
         )
         if args.shot:
             page.screenshot(path=args.shot, full_page=True)

@@ -104,6 +104,7 @@ def test_steer_and_the_forms_open_at_the_recommendation_and_an_explicit_value_wi
     assert opening(run.path, "vector") == ModeDefaults(None, 3.0, "λ = 3: recommended from 1 dev documents")
     assert opening(run.path, "conditional").lam is None and "defaults" in opening(run.path, "conditional").source
     assert gated.position([-4, -2, 0, 2, 4], 0) == 2 and gated.position([-2, 0, 2], 0) == 0  # nearest, in range
+    assert gated.bound((1, 2, 4, 8), 2) == 4 and gated.bound((1, 2, 4, 8), 4) == 4  # room beyond λ = 3
 
     doc = "The council approved the new budget on Monday after a long debate, the mayor said."
     steer = ["steer", "--run", str(run.path), "--mode", "gated", "--document", doc, "--no-base"]

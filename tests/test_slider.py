@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+import torch
 from conftest import NEWS_PAIRS, all_hooks
 
 from topl_core.analysis.steering.extract import build_steering_vectors
@@ -157,6 +158,26 @@ def test_work_ahead_runs_at_the_lowest_cpu_priority(merged, vectors, slider, mon
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller
 
 
+def test_work_ahead_runs_its_torch_work_on_one_core_and_leaves_the_callers(merged, vectors, slider, monkeypatch):
+    """The work-ahead thread's parallel torch work runs on that thread alone (hardware/threads.py: a second thread's
+    OpenMP team made every later stream of a reader slower), and the reader's threads keep every core."""
+    session, caller = SteeringSession(merged, vectors), torch.get_num_threads()
+    seen = []
+
+    def stream_grid(document, lambdas, gen, how, cancel):
+        seen.append(torch.get_num_threads())
+        yield [SteeredText("a"), SteeredText("b")]
+
+    monkeypatch.setattr(session, "stream_grid", stream_grid)
+    slider.view("s", session, DOC, GEN, HOW).ahead([1.0, 2.0])
+    idle(slider)
+    later = []
+    fresh = threading.Thread(target=lambda: later.append(torch.get_num_threads()))  # a thread started afterwards
+    fresh.start()
+    fresh.join()
+    assert seen == [1] and torch.get_num_threads() == caller and later == [caller]
+
+
 def test_a_lambda_written_ahead_shows_its_text_so_far_then_the_whole(merged, vectors, slider, monkeypatch):
     """A move onto a λ the work ahead is writing waits for it, showing its text so far, instead of generating it
     again; the text it ends on is the one the λ gives alone."""
@@ -253,6 +274,25 @@ def test_a_readers_new_stream_cancels_the_one_in_flight(merged, vectors, slider)
     assert list(other.stream(-step)) == [g]
     assert all_hooks(merged.model) == hooks and session._lock.acquire(blocking=False)
     session._lock.release()
+
+
+def test_a_reader_that_moved_on_stops_its_stream_inside_the_prompt(merged, vectors, slider):
+    """`moved_on` (a page's next run asked for) is read at every decoder layer: the stream stops inside its prompt's
+    forward, before its first token, with nothing kept, and the model's lock is free for the next one."""
+    session, step = SteeringSession(merged, vectors), step_of(vectors)
+    layers = []
+
+    def moved_on() -> bool:
+        layers.append(1)
+        return len(layers) > 2  # asked while the prompt's forward is on its first layers
+
+    view = slider.view("s", session, DOC, GEN, HOW, reader="reader", moved_on=moved_on)
+    with pytest.raises(GenerationCancelled):
+        list(view.stream(step))
+    assert view.text(step) is None and 2 < len(layers) < merged.model.config.num_hidden_layers + 3
+    assert session._lock.acquire(blocking=False)
+    session._lock.release()
+    assert list(slider.view("s", session, DOC, GEN, HOW, reader="reader").stream(step))[-1] == alone(session, step)
 
 
 def test_every_position_as_one_batch_keeps_the_texts_already_shown(merged, vectors, slider):

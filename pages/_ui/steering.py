@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
+from streamlit.runtime.scriptrunner_utils.script_requests import ScriptRequestType
 
 from pages._ui.datasets import dataset_picker, records_of
 from pages._ui.models import MAX_MODELS, base_model, load_error, merged_model, resource_lock, step_error
@@ -75,7 +77,24 @@ def slider_view(key: SessionKey, gen: GenerationConfig, document: str, how: Stee
     browser session: its next stream stops the one it has in flight."""
     reader = st.session_state.setdefault("steer.reader", uuid.uuid4().hex)
     session = steering_session(key)
-    return shared_slider().view(key, session, document, gen, how, merged=(key.spec, key.run, key.fp), reader=reader)
+    merged = (key.spec, key.run, key.fp)
+    return shared_slider().view(key, session, document, gen, how, merged=merged, reader=reader, moved_on=run_asked())
+
+
+def run_asked() -> Callable[[], bool]:
+    """Whether a new run of this page (a slider move) or its stop is asked for while this run writes a text — read by
+    the engine at every decoder layer, so a text a person moved past stops at once instead of at this run's next
+    drawing (a prompt forward draws nothing for tenths of a second). Streamlit offers no public way to ask: this reads
+    its script requests, and a rerun of a fragment only does not count."""
+    requests = getattr(get_script_run_ctx(), "script_requests", None)
+
+    def asked() -> bool:
+        state = getattr(requests, "_state", ScriptRequestType.CONTINUE)
+        if state == ScriptRequestType.RERUN:
+            return not getattr(requests, "_rerun_data", None) or not requests._rerun_data.fragment_id_queue
+        return state == ScriptRequestType.STOP
+
+    return asked
 
 
 def opened_view(key: SessionKey, gen: GenerationConfig, document: str, how: SteerConfig) -> SliderView:

@@ -11,7 +11,8 @@ For a document already shown (its prompt run once), each new λ is generated
   slider's stream after SteeringSession.compile_decode(), what the Steering page takes once the step is built
   (compiled_decoder: ExportedDecoder on a CPU, CompiledDecoder on a GPU; compile_s: its first stream, which builds
   the step, or loads the package an earlier run built), and whether it wrote the slider's texts token for token
-  (compiled_same_text).
+  (compiled_same_text); slider_compiled_all_positions: the same steering every position (the page's default: the
+  prompt runs again, steered, before the step takes over).
 Where both paths decode in the same precision they write the same text, token for token (checked here, and tested);
 where the decode precisions differ the texts may part after some tokens (bf16 and fp32 round differently).
 
@@ -110,12 +111,16 @@ def slider_bench(
         compile_s = _timed_stream(session.stream_steered(document, lambdas[0], gen, how=generated))[1]
         runs = [_timed_stream(session.stream_steered(document, lam, gen, how=generated)) for lam in lambdas]
         compiled_s = med(r[1] for r in runs)
+        # every position steered (the Steering page's default): the prompt runs again, steered, before the step
+        runs_all = [_timed_stream(session.stream_steered(document, lam + 0.01, gen, how=everywhere)) for lam in lambdas]
         with_compiled = {
             "compiled_decoder": type(session.decoder).__name__,  # ExportedDecoder on a CPU, CompiledDecoder on a GPU
             "compile_s": compile_s,
             "slider_compiled_s": compiled_s,
             "slider_compiled_vs_naive": compiled_s / naive_s,
             "decode_ms_per_token_compiled": 1000 * (compiled_s - med(r[0] for r in runs)) / max(n_new - 1, 1),
+            "slider_compiled_all_positions_first_token_s": med(r[0] for r in runs_all),
+            "slider_compiled_all_positions_s": med(r[1] for r in runs_all),
             "compiled_same_text": [r[2] for r in runs] == texts,
         }
     return {

@@ -95,6 +95,13 @@ class ModeDefaults:
     lam: float | None
     source: str
 
+    def bound(self, choices: Sequence[float], default: float) -> float:
+        """The slider's ± bound: `default`, widened to the smallest of `choices` beyond the recommended λ (room to
+        move past it both ways)."""
+        if self.lam is None or abs(self.lam) < default:
+            return default
+        return min((c for c in choices if c > abs(self.lam)), default=max(choices))
+
     def position(self, grid: Sequence[float], neutral: float) -> float:
         """The slider position (of `grid`) nearest the recommended λ when the grid's range holds it, else `neutral`."""
         if self.lam is None or not min(grid) <= self.lam <= max(grid):

@@ -23,6 +23,7 @@ import weakref
 from collections import OrderedDict
 from typing import Callable
 
+from ...hardware.threads import one_core_for_this_thread
 from ...inference.exported_decode import ExportedDecoder
 from ...inference.generate import GenerationConfig
 from .modes import SteerConfig
@@ -32,9 +33,11 @@ log = logging.getLogger(__name__)
 
 
 def background_priority() -> None:
-    """Give the calling thread, and the threads it starts from now on (torch's OpenMP workers among them), the lowest
-    CPU priority: work done ahead yields the cores to what a person waits for. On Linux a thread has a priority of
-    its own; elsewhere the call fails or does not exist, and the thread keeps the usual priority."""
+    """Give the calling thread, and the threads it starts from now on, the lowest CPU priority, and its torch work one
+    core (hardware/threads.py: a second thread's OpenMP team slows every later stream): work done ahead yields the
+    cores to what a person waits for. On Linux a thread has a priority of its own; elsewhere the call fails or does
+    not exist, and the thread keeps the usual priority."""
+    one_core_for_this_thread()
     with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 

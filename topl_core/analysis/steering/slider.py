@@ -4,12 +4,13 @@ document, and the streams of the λ a person asks for — without Streamlit, one
 reader and session (they share the models and, on a CPU, the cores).
 
     slider = shared_slider()                   the process's engine (or Slider(): one of its own, e.g. in a test)
-    view = slider.view(name, session, document, gen, how, merged=None, reader=None)
+    view = slider.view(name, session, document, gen, how, merged=None, reader=None, moved_on=None)
         the slider of one steering session (`name`: what it is built from, a key of its texts) on one document under
         one GenerationConfig and SteerConfig; asks the engine to build the compiled decode step for it now
         (Slider.warm). `merged`: what the merged text depends on (default `name`): the text at the neutral λ is the
         merged model's, written once per document and shared by every mode. `reader`: who reads (a browser session):
-        a reader's new stream cancels its stream in flight
+        a reader's new stream cancels its stream in flight; `moved_on()`: whether the reader has asked for something
+        else already (read at every decoder layer and token: its stream stops at once, not when the next one starts)
     view.stream(lam) -> Iterator[SteeredText]  the text at λ: at once where it is written; where it is being written
         ahead, its text so far (every 0.1 s) until it is done; else streamed token by token (the work ahead yields
         meanwhile: cancelled, then resumed after) and kept. Raises GenerationCancelled when the reader's next stream
@@ -42,7 +43,7 @@ import contextlib
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import ContextManager, Hashable, Iterator, Sequence
+from typing import Callable, ContextManager, Hashable, Iterator, Sequence
 
 from ...foundations.idle_children import background_thread
 from ...inference.generate import GenerationCancelled, GenerationConfig, stream_generate
@@ -103,9 +104,10 @@ class Slider:
         how: SteerConfig = SteerConfig(),
         merged: Hashable | None = None,
         reader: Hashable | None = None,
+        moved_on: Callable[[], bool] | None = None,
     ) -> SliderView:
         """The slider of `session` on `document` (the module docstring); the compiled step's build is asked for now."""
-        view = SliderView(self, name, session, document, gen, how, name if merged is None else merged, reader)
+        view = SliderView(self, name, session, document, gen, how, name if merged is None else merged, reader, moved_on)
         self.warm(session, document, gen, how)
         return view
 
@@ -254,8 +256,8 @@ class Slider:
             job.done.wait(YIELD_WAIT_S)
 
     # --- the streams a reader asks for -------------------------------------------------------------------------
-    def _reading_start(self, reader: Hashable | None) -> threading.Event:
-        cancel = threading.Event()
+    def _reading_start(self, reader: Hashable | None, moved_on: Callable[[], bool] | None = None) -> threading.Event:
+        cancel = _Reading(moved_on)
         if reader is not None:
             with self._cond:
                 previous = self._reading.get(reader)
@@ -298,6 +300,18 @@ class Slider:
             worker.join(YIELD_WAIT_S)
 
 
+class _Reading(threading.Event):
+    """A reader's stream in flight: set when the reader's next stream starts, and read as set as soon as `moved_on()`
+    says the reader has asked for something else (a page's new run waiting for this one to stop)."""
+
+    def __init__(self, moved_on: Callable[[], bool] | None = None):
+        super().__init__()
+        self._moved_on = moved_on
+
+    def is_set(self) -> bool:
+        return super().is_set() or (self._moved_on is not None and self._moved_on())
+
+
 class SliderView:
     """One session's slider on one document (Slider.view; the module docstring)."""
 
@@ -311,10 +325,11 @@ class SliderView:
         how: SteerConfig,
         merged: Hashable,
         reader: Hashable | None,
+        moved_on: Callable[[], bool] | None = None,
     ):
         self.engine, self.name, self.session = engine, name, session
         self.document, self.gen, self.how = document, gen, how
-        self._merged, self._reader = merged, reader
+        self._merged, self._reader, self._moved_on = merged, reader, moved_on
         self._neutral = round(float(how.neutral), 6)
 
     def key(self, lam: float) -> tuple:
@@ -344,7 +359,7 @@ class SliderView:
         if done is not None:
             yield done
             return
-        cancel = engine._reading_start(self._reader)
+        cancel = engine._reading_start(self._reader, self._moved_on)
         try:
             while (job := engine._writer(key)) is not None:  # written ahead: its text so far, until it is done
                 if cancel.is_set():
