@@ -314,8 +314,8 @@ def choose_adapter(page, name: str) -> None:
 )
 def test_shipped_adapters_open_on_every_analysis_page_and_steer(browser, tmp_path):
     """A fresh clone has something to explore (the embedded SmolLM2, no run of the user's, one app for both parts):
-    - LoRA-A, Steering and Token overlay open on the demo TOPL adapter, and dragging λ to the end of its widest range
-      changes the summary;
+    - LoRA-A, Steering and Token overlay open on the demo TOPL adapter; Steering opens at its recommended λ and says
+      where it came from, λ = 0 gives the merged text, and dragging λ to the end of its widest range changes it;
     - an SFT adapter trained outside the workbench (a PEFT folder: adapter_config.json naming
       HuggingFaceTB/SmolLM2-135M-Instruct, adapter_model.safetensors, no file of ours) is listed with method unknown,
       LoRA-A draws its heatmap, the Token overlay colours tokens with a probe head fitted on a click, and the
@@ -337,6 +337,16 @@ def test_shipped_adapters_open_on_every_analysis_page_and_steer(browser, tmp_pat
         shot(page, "demo-token_overlay")
         visit(page, demo, "steering", "Steering", timeout_s=600)  # SmolLM2 merged and three summaries, cold
         page.locator(".topl-box").nth(2).wait_for(timeout=300_000)
+        settle(page, timeout_s=600)
+        # it opens at the demo adapter's recommended λ (the shipped `recommend`: the vector mode's λ = 1) and says so
+        assert shows(page, "Opens at λ = 1: recommended from 16 dev documents")
+        assert page.get_by_text("Steered (LoRA-B vector (paper), λ = +1.00)").count() == 1
+        shot(page, "demo-steering-opened")
+        thumb = lambda_slider(page).locator('input[type="range"]').first
+        thumb.focus()
+        for _ in range(4):  # 1 → 0 in steps of 0.25
+            page.keyboard.press("ArrowLeft")
+        page.get_by_text("Steered (LoRA-B vector (paper), λ = +0.00)").wait_for(timeout=300_000)
         settle(page, timeout_s=600)
         _, merged, steered = box_texts(page)
         assert steered == merged and merged, "λ = 0 must reproduce the merged output"
