@@ -8,7 +8,8 @@ the page every animation frame:
   reads; the page generates the neighbouring positions ahead meanwhile, then builds the compiled decode step): until
   its first words show (the text so far and the cursor, or the text generated ahead), and until the whole summary is
   drawn (a jump of 2 or more lands where nothing was generated ahead);
-- a λ already seen (back to the one read before the jump): until the box shows that λ's finished text.
+- one step back (a neighbour of the new λ, written ahead while it was read), then forward again onto the new λ (a λ
+  seen): each until the box shows that λ's finished text.
 
     python scripts/steering_page_timing.py [--moves 3] [--read-s 0] [--jump 1] [--generated-only] [--shot PNG]
 """
@@ -75,7 +76,7 @@ def main() -> None:
             page.get_by_text("Only generated tokens").click()
             page.wait_for_function(IDLE, polling=100)
         thumb = page.locator('[data-testid="stSlider"]').filter(has_text="hallucinated").get_by_role("slider")
-        new_first, new_done, seen, pressing = [], [], [], []  # pressing: the key presses of a move themselves
+        new_first, new_done, ahead, seen, pressing = [], [], [], [], []  # pressing: a move's key presses themselves
 
         # toward the end of the slider with more room: the page may open at a recommended λ, off its centre
         low, now, top = (float(x) for x in thumb.evaluate("e => [e.min, e.value, e.max]"))
@@ -96,21 +97,24 @@ def main() -> None:
             new_first.append(wait(page, pressed, new))
             new_done.append(wait(page, pressed, new, whole=True))
             page.wait_for_function(IDLE, polling=100)
-            back, pressed = move(back_key, args.jump)  # the λ read before the jump: seen
-            seen.append(wait(page, pressed, back, whole=True))
+            back, pressed = move(back_key)  # one step back: a neighbour written ahead while the new λ was read
+            ahead.append(wait(page, pressed, back, whole=True))
+            page.wait_for_function(IDLE, polling=100)
+            again, pressed = move(forth)  # on to the new λ again: seen (one key, as a person steps back and forth)
+            seen.append(wait(page, pressed, again, whole=True))
             page.wait_for_function(IDLE, polling=100)
             compiled = page.get_by_text("the compiled decode step", exact=False).count() > 0
             print(
-                f"{new}: first words {new_first[-1]:.2f} s, whole {new_done[-1]:.2f} s; "
-                f"back to {back}, seen: {seen[-1]:.3f} s; decode {'compiled' if compiled else 'eager'} now",
+                f"{new}: first words {new_first[-1]:.2f} s, whole {new_done[-1]:.2f} s; one step back to {back} "
+                f"(written ahead): {ahead[-1]:.3f} s; back on {again} (seen): {seen[-1]:.3f} s; decode "
+                f"{'compiled' if compiled else 'eager'} now",
                 flush=True,
             )
-            move(forth, args.jump)  # on to the λ just generated: the next move is to a new one
-            page.wait_for_function(IDLE, polling=100)
         med = statistics.median
         print(
             f"medians of {args.moves}: new λ first words {med(new_first):.2f} s, whole {med(new_done):.2f} s; "
-            f"a λ seen {med(seen):.3f} s (pressing the keys of a move: {med(pressing):.3f} s)"
+            f"a neighbour written ahead {med(ahead):.3f} s; a λ seen {med(seen):.3f} s (pressing the keys of a move: "
+            f"{med(pressing):.3f} s)"
         )
         if args.shot:
             page.screenshot(path=args.shot, full_page=True)
