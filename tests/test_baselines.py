@@ -20,7 +20,7 @@ from topl_core.foundations.errors import ConfigError, DataError
 from topl_core.models.forward import head_features, next_token_logprobs
 from topl_core.models.loading import load_model
 from topl_core.models.tiny import build_tiny_model
-from topl_core.training import trainer as trainer_module
+from topl_core.training import run_inputs
 from topl_core.training.batching import EncodeSettings, encode_pairs, faithful_records, make_pair_batches
 from topl_core.training.config import LoraSettings, TrainConfig, preset_config
 from topl_core.training.lora import apply_lora
@@ -529,7 +529,7 @@ def test_data_lacking_what_a_method_needs_fails_before_the_model_loads(
     def no_model(*a, **k):
         raise AssertionError("the model was loaded before the data check")
 
-    monkeypatch.setattr(trainer_module, "load_model", no_model)
+    monkeypatch.setattr(run_inputs, "load_model", no_model)  # where a run loads its base model
     with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)")):
         train(_cfg(method), tmp_path / "run", records=make(records))
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -443,10 +443,11 @@ def test_dragging_lambda_changes_the_steered_summary(app, browser, workbench):
 
 
 def test_steered_text_streams_in_while_it_is_written(app, browser, workbench):
-    """A new λ position fills the steered box token by token: the browser receives the text written so far (with a
-    cursor) several times before the whole summary, each partial text a beginning of the final one; then the box holds
-    the final text. Read from the app's websocket frames as the browser receives them (how fast it paints them is
-    the browser's business)."""
+    """A new λ position fills the steered box as it is written: the browser receives the text written so far (with a
+    cursor) before the whole summary — its first words at once, then at most every 0.1 s (pages/_ui/steering.py,
+    REDRAW_S; the tiny model writes its summary faster than that) — each partial text a beginning of the final one;
+    then the box holds the final text. Read from the app's websocket frames as the browser receives them (how fast it
+    paints them is the browser's business)."""
     page = new_page(browser)
     frames = received_frames(page)
     visit(page, app, "steering", "Steering")
@@ -461,7 +462,7 @@ def test_steered_text_streams_in_while_it_is_written(app, browser, workbench):
     bare = lambda text: re.sub(r"\s+|<[^>]+>", "", html.unescape(text))  # noqa: E731
     partials = [bare(m) for f in frames for m in re.findall(r'class="topl-box">(.*?)\u258d', f, re.S)]
     final = re.sub(r"\s+", "", steered_words(page))
-    assert len(partials) >= 2, "the steered text was not sent while it was written"
+    assert len(partials) >= 1, "the steered text was not sent while it was written"
     assert all(final.startswith(p) for p in partials) and any(len(p) < len(final) for p in partials)
     page.context.close()
 

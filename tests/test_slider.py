@@ -164,6 +164,15 @@ def test_work_ahead_runs_its_torch_work_on_one_core_and_leaves_the_callers(merge
     session, caller = SteeringSession(merged, vectors), torch.get_num_threads()
     seen = []
 
+    def in_a_new_thread() -> int:
+        got = []
+        fresh = threading.Thread(target=lambda: got.append(torch.get_num_threads()))
+        fresh.start()
+        fresh.join()
+        return got[0]
+
+    before = in_a_new_thread()
+
     def stream_grid(document, lambdas, gen, how, cancel):
         seen.append(torch.get_num_threads())
         yield [SteeredText("a"), SteeredText("b")]
@@ -171,11 +180,7 @@ def test_work_ahead_runs_its_torch_work_on_one_core_and_leaves_the_callers(merge
     monkeypatch.setattr(session, "stream_grid", stream_grid)
     slider.view("s", session, DOC, GEN, HOW).ahead([1.0, 2.0])
     idle(slider)
-    later = []
-    fresh = threading.Thread(target=lambda: later.append(torch.get_num_threads()))  # a thread started afterwards
-    fresh.start()
-    fresh.join()
-    assert seen == [1] and torch.get_num_threads() == caller and later == [caller]
+    assert seen == [1] and torch.get_num_threads() == caller and in_a_new_thread() == before
 
 
 def test_a_lambda_written_ahead_shows_its_text_so_far_then_the_whole(merged, vectors, slider, monkeypatch):
