@@ -183,29 +183,60 @@ def test_work_ahead_runs_its_torch_work_on_one_core_and_leaves_the_callers(merge
     assert seen == [1] and torch.get_num_threads() == caller and in_a_new_thread() == before
 
 
-def test_a_lambda_written_ahead_shows_its_text_so_far_then_the_whole(merged, vectors, slider, monkeypatch):
-    """A move onto a λ the work ahead is writing waits for it, showing its text so far, instead of generating it
-    again; the text it ends on is the one the λ gives alone."""
+def test_a_lambda_half_written_ahead_shows_its_text_so_far_then_the_whole(merged, vectors, slider, monkeypatch):
+    """A move onto a λ the work ahead has written half of waits for the rest, showing its text so far, instead of
+    generating it again; the text it ends on is the one the λ gives alone."""
     session, step = SteeringSession(merged, vectors), step_of(vectors)
-    go, real, own = threading.Event(), session.stream_grid, []
+    half, go, real, own = threading.Event(), threading.Event(), session.stream_grid, []
 
-    def held(*args, **kw):  # the job starts writing once the reader is waiting on it
-        go.wait(60)
-        yield from real(*args, **kw)
+    def held(*args, **kw):  # the job stops half-way until the reader is waiting on it
+        for n, texts in enumerate(real(*args, **kw), 1):
+            yield texts
+            if n == GEN.max_new_tokens // 2:
+                half.set()
+                go.wait(60)
 
     monkeypatch.setattr(session, "stream_grid", held)
     real_stream = session.stream_generations
     monkeypatch.setattr(session, "stream_generations", lambda *a, **k: own.append(1) or real_stream(*a, **k))
     view = slider.view("s", session, DOC, GEN, HOW)
     view.ahead([-step, step])
-    assert view.writing(step) and view.writing(-step) and not view.writing(2 * step)
+    assert half.wait(60) and view.writing(step) and view.writing(-step) and not view.writing(2 * step)
     parts = view.stream(step)
-    assert next(parts) == SteeredText("")  # nothing written yet
+    so_far = next(parts)
+    assert so_far.text and alone(session, step).text.startswith(so_far.text)  # the half written
+    own.clear()  # alone() streamed itself
     go.set()
     rest = list(parts)
     assert rest[-1] == alone(session, step) and not own[:-1]  # only alone() generated a stream itself
     idle(slider)
     assert view.text(-step) == alone(session, -step)
+
+
+def test_a_lambda_barely_begun_ahead_is_written_by_the_reader_at_full_speed(merged, vectors, slider, monkeypatch):
+    """A move onto a λ the work ahead (one core, lowest priority) has barely begun: the reader writes it itself, the
+    job yields (nothing of it kept) and resumes after, writing the other position."""
+    session, step = SteeringSession(merged, vectors), step_of(vectors)
+    go, real, own = threading.Event(), session.stream_grid, []
+
+    def held(*args, cancel=None, **kw):  # the job has written nothing until `go`, and stops when cancelled
+        while not go.is_set():
+            if cancel is not None and cancel.is_set():
+                raise GenerationCancelled()
+            time.sleep(0.01)
+        yield from real(*args, cancel=cancel, **kw)
+
+    monkeypatch.setattr(session, "stream_grid", held)
+    real_stream = session.stream_generations
+    monkeypatch.setattr(session, "stream_generations", lambda *a, **k: own.append(a[1]) or real_stream(*a, **k))
+    view = slider.view("s", session, DOC, GEN, HOW)
+    view.ahead([-step, step])
+    assert view.writing(step)
+    g = list(view.stream(step))[-1]
+    assert own == [step] and view.text(step) == g  # written here, kept
+    go.set()
+    idle(slider)
+    assert g == alone(session, step) and view.text(-step) == alone(session, -step)
 
 
 def test_an_asked_lambda_pauses_the_work_ahead_which_resumes_after(merged, vectors, slider):

@@ -11,10 +11,11 @@ reader and session (they share the models and, on a CPU, the cores).
         merged model's, written once per document and shared by every mode. `reader`: who reads (a browser session):
         a reader's new stream cancels its stream in flight; `moved_on()`: whether the reader has asked for something
         else already (read at every decoder layer and token: its stream stops at once, not when the next one starts)
-    view.stream(lam) -> Iterator[SteeredText]  the text at λ: at once where it is written; where it is being written
-        ahead, its text so far (every 0.1 s) until it is done; else streamed token by token (the work ahead yields
-        meanwhile: cancelled, then resumed after) and kept. Raises GenerationCancelled when the reader's next stream
-        cancelled it. Close it (or let it run out) before the reader generates again: it holds the model's lock
+    view.stream(lam) -> Iterator[SteeredText]  the text at λ: at once where it is written; where the work ahead has
+        written half of it or more, its text so far (every 0.1 s) until it is done; else streamed token by token at
+        full speed (the work ahead, on one core, yields meanwhile: cancelled, then resumed after) and kept. Raises
+        GenerationCancelled when the reader's next stream cancelled it. Close it (or let it run out) before the reader
+        generates again: it holds the model's lock
     view.text(lam) -> SteeredText | None       the finished text, if written;  view.writing(lam): being written ahead
     view.ahead(lams)                           write the positions of `lams` not written yet in the background
     view.every(lams) -> {λ: SteeredText}       every position, those not written as one batch, now (the λ curve)
@@ -71,6 +72,12 @@ class _Job:
     done: threading.Event = field(default_factory=threading.Event)
     paused: bool = False  # cancelled to yield to a stream: run again after it
     values: dict = field(default_factory=dict)  # key -> the text so far
+    tokens: dict = field(default_factory=dict)  # key -> how many tokens of it are written
+
+    def half_written(self, key: Hashable, max_new_tokens: int) -> bool:
+        """Whether at least half of `key`'s text is written: waiting for the rest on the work ahead's one core beats
+        writing it again at full speed; before that, a reader writes it itself."""
+        return 2 * self.tokens.get(key, 0) >= max_new_tokens
 
     def again(self) -> _Job:
         return _Job(self.view, self.lams, self.keys)
@@ -192,14 +199,14 @@ class Slider:
             for lam, key in todo:
                 if job.cancel.is_set():
                     raise GenerationCancelled()
-                for g in session.stream_generations(document, lam, gen, how=how, cancel=job.cancel):
-                    job.values[key] = g
+                for n, g in enumerate(session.stream_generations(document, lam, gen, how=how, cancel=job.cancel), 1):
+                    job.values[key], job.tokens[key] = g, n
                 view._keep(lam, g, replace=False)
             return
         lams = [lam for lam, _ in todo]
-        for texts in session.stream_grid(document, lams, gen, how=how, cancel=job.cancel):
+        for n, texts in enumerate(session.stream_grid(document, lams, gen, how=how, cancel=job.cancel), 1):
             for (_, key), g in zip(todo, texts, strict=True):
-                job.values[key] = g
+                job.values[key], job.tokens[key] = g, n
         for lam, key in todo:
             view._keep(lam, job.values[key], replace=False)
 
@@ -361,7 +368,8 @@ class SliderView:
             return
         cancel = engine._reading_start(self._reader, self._moved_on)
         try:
-            while (job := engine._writer(key)) is not None:  # written ahead: its text so far, until it is done
+            # written ahead, half or more: its text so far, until it is done; less: written here (the job yields)
+            while (job := engine._writer(key)) is not None and job.half_written(key, self.gen.max_new_tokens):
                 if cancel.is_set():
                     raise GenerationCancelled()
                 yield engine._partial(key) or SteeredText("")
