@@ -45,9 +45,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_adapter_args(p, ADAPTER_HELP + " (its LoRA is merged; its B gives the vectors)")
     p.add_argument("--document", help="document text to summarise")
     p.add_argument("--document-file", help="read the document from this file instead")
-    p.add_argument("--lambdas", nargs="+", type=float, help="λ grid (default: the mode's grid)")
-    add_config_args(p, SteerConfig, SteerConfig(), notes={"mode": modes_help()})  # and a mode's own: gated τ, k
-    p.set_defaults(tau=None)  # not given: the adapter's recommended τ (steer_config)
+    p.add_argument(
+        "--lambdas",
+        nargs="+",
+        type=float,
+        help="λ grid — not given: the merged model's λ and the adapter's recommended one where `recommend` set one "
+        "for the mode, else the mode's grid",
+    )
+    recommended_tau = "— not given: the adapter's recommended τ (python -m topl_core recommend), else 0.5"
+    # and a mode's own settings: gated τ, k; τ not given: the recommended one (steer_config)
+    add_config_args(p, SteerConfig, SteerConfig(), notes={"mode": modes_help(), "tau": recommended_tau})
+    p.set_defaults(tau=None)
     add_vectors_args(p)
     p.add_argument("--export", help="export the steering vectors (safetensors + JSON) to this directory")
     p.add_argument(
