@@ -12,7 +12,8 @@ Imports run one way, floor by floor (each module imports only from the floors ab
     modes       modes.py          MODE_TABLE, MODES, steering_mode, SteerConfig, lambda_grids; steer (the public form)
     sessions    session.py        SteeringSession: a merged model kept for steering (λ grids, streams, compiled steps)
                 slider.py         the Steering slider's engine (texts per λ, work ahead, the decode warmer);
-                                  slider_texts.py: its text store and neighbours; decode_warmer.py: its warmer
+                                  slider_texts.py: its text store and neighbours; decode_warmer.py: its warmer;
+                                  slider_ahead.py: a job of its work ahead; slider_readers.py: its readers
     around      extract.py        build_steering_vectors: computing the vectors from an adapter
                 summary.py        site_table, export_bundle: what the Steering page shows of the vectors
                 llama_cpp.py      the mode's control vector and the adapter's LoRA for llama.cpp

@@ -43,7 +43,6 @@ import atexit
 import contextlib
 import logging
 import threading
-from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Hashable, Iterator, Sequence
 
 from ...foundations.idle_children import background_thread
@@ -52,6 +51,8 @@ from ...models.loading import LoadedModel
 from .decode_warmer import DecodeWarmer, background_priority
 from .modes import SteerConfig
 from .session import SteeringSession
+from .slider_ahead import AheadJob
+from .slider_readers import Readers
 from .slider_texts import STORE_SIZE, TextStore, neighbours  # noqa: F401 (neighbours: the Steering page's, from here)
 from .steered_text import SteeredText
 
@@ -61,28 +62,6 @@ POLL_S = 0.1  # how often a stream waiting on work ahead yields the text so far 
 YIELD_WAIT_S = 10.0  # the longest a stream waits for the work ahead to stop (it stops within a decoder layer)
 
 
-@dataclass
-class _Job:
-    """Positions of one view written ahead: their keys, the values so far, and how it is stopped."""
-
-    view: SliderView
-    lams: tuple[float, ...]
-    keys: tuple
-    cancel: threading.Event = field(default_factory=threading.Event)
-    done: threading.Event = field(default_factory=threading.Event)
-    paused: bool = False  # cancelled to yield to a stream: run again after it
-    values: dict = field(default_factory=dict)  # key -> the text so far
-    tokens: dict = field(default_factory=dict)  # key -> how many tokens of it are written
-
-    def half_written(self, key: Hashable, max_new_tokens: int) -> bool:
-        """Whether at least half of `key`'s text is written: waiting for the rest on the work ahead's one core beats
-        writing it again at full speed; before that, a reader writes it itself."""
-        return 2 * self.tokens.get(key, 0) >= max_new_tokens
-
-    def again(self) -> _Job:
-        return _Job(self.view, self.lams, self.keys)
-
-
 class Slider:
     """See the module docstring. `compiled`: whether views build and take the compiled decode step (None: as
     TOPL_COMPILED_DECODE says, read at each request)."""
@@ -90,12 +69,12 @@ class Slider:
     def __init__(self, size: int = STORE_SIZE, compiled: bool | None = None):
         self.store = TextStore(size)
         self._cond = threading.Condition()  # guards everything below
-        self._pending: _Job | None = None  # the next job (the last asked for, or one paused)
-        self._current: _Job | None = None  # the job in flight
+        self._pending: AheadJob | None = None  # the next job (the last asked for, or one paused)
+        self._current: AheadJob | None = None  # the job in flight
         self._asked = 0  # streams a reader asked for, in flight: the work ahead waits while any is
         self._worker: threading.Thread | None = None  # the one thread that writes ahead
         self._closed = False
-        self._reading: dict[Hashable, threading.Event] = {}  # reader -> the cancel event of its stream in flight
+        self.readers = Readers()  # who reads, and the stream each has in flight
         self.warmer = DecodeWarmer(compiled, self._wait_idle)  # builds the compiled decode step on its own thread
         # work in flight when the interpreter exits is stopped first: a daemon thread frozen inside torch's native
         # code at shutdown aborts the process ("terminate called without an active exception")
@@ -145,7 +124,9 @@ class Slider:
         todo = tuple(dict.fromkeys(round(float(lam), 6) for lam in lams if self.store.get(view.key(lam)) is None))
         if not todo:
             return
-        job = _Job(view, todo, tuple(view.key(lam) for lam in todo))
+        job = AheadJob(
+            view.session, view.document, view.gen, view.how, todo, tuple(view.key(lam) for lam in todo), view._keep
+        )
         with self._cond:
             if self._closed:
                 return
@@ -175,7 +156,7 @@ class Slider:
                 job, self._pending = self._pending, None
                 self._current = job
             try:
-                self._write(job)
+                job.write(self.store)
             except GenerationCancelled:
                 pass
             except Exception:  # the page generates what it shows itself, and reports its errors there
@@ -188,29 +169,7 @@ class Slider:
                     job.done.set()
                     self._cond.notify_all()
 
-    def _write(self, job: _Job) -> None:
-        view, store = job.view, self.store
-        todo = [(lam, key) for lam, key in zip(job.lams, job.keys) if store.get(key) is None]
-        if not todo or job.cancel.is_set():
-            return
-        session, document, gen, how = view.session, view.document, view.gen, view.how
-        # λ by λ where a batch buys nothing: one λ, a mode that does not batch rows, or the compiled step (one row)
-        if len(todo) == 1 or not how.spec.batches_rows or session.decode_ready(document, gen, how):
-            for lam, key in todo:
-                if job.cancel.is_set():
-                    raise GenerationCancelled()
-                for n, g in enumerate(session.stream_generations(document, lam, gen, how=how, cancel=job.cancel), 1):
-                    job.values[key], job.tokens[key] = g, n
-                view._keep(lam, g, replace=False)
-            return
-        lams = [lam for lam, _ in todo]
-        for n, texts in enumerate(session.stream_grid(document, lams, gen, how=how, cancel=job.cancel), 1):
-            for (_, key), g in zip(todo, texts, strict=True):
-                job.values[key], job.tokens[key] = g, n
-        for lam, key in todo:
-            view._keep(lam, job.values[key], replace=False)
-
-    def _writer(self, key: Hashable) -> _Job | None:
+    def _writer(self, key: Hashable) -> AheadJob | None:
         """The job that writes `key` and will go on: the one in flight, or the next one when nothing pauses it."""
         with self._cond:
             job = self._current
@@ -262,23 +221,6 @@ class Slider:
         if job is not None:
             job.done.wait(YIELD_WAIT_S)
 
-    # --- the streams a reader asks for -------------------------------------------------------------------------
-    def _reading_start(self, reader: Hashable | None, moved_on: Callable[[], bool] | None = None) -> threading.Event:
-        cancel = _Reading(moved_on)
-        if reader is not None:
-            with self._cond:
-                previous = self._reading.get(reader)
-                if previous is not None:
-                    previous.set()  # the reader moved on: its stream in flight stops at its next decoder layer
-                self._reading[reader] = cancel
-        return cancel
-
-    def _reading_end(self, reader: Hashable | None, cancel: threading.Event) -> None:
-        if reader is not None:
-            with self._cond:
-                if self._reading.get(reader) is cancel:
-                    del self._reading[reader]
-
     # --- the compiled decode step -----------------------------------------------------------------------------
     def warm(self, session: SteeringSession, document: str, gen: GenerationConfig, how: SteerConfig) -> None:
         """Have the warmer thread build the compiled decode step of `document`'s streams (DecodeWarmer.warm)."""
@@ -305,18 +247,6 @@ class Slider:
             self._cond.notify_all()
         if worker is not None and worker is not threading.current_thread():
             worker.join(YIELD_WAIT_S)
-
-
-class _Reading(threading.Event):
-    """A reader's stream in flight: set when the reader's next stream starts, and read as set as soon as `moved_on()`
-    says the reader has asked for something else (a page's new run waiting for this one to stop)."""
-
-    def __init__(self, moved_on: Callable[[], bool] | None = None):
-        super().__init__()
-        self._moved_on = moved_on
-
-    def is_set(self) -> bool:
-        return super().is_set() or (self._moved_on is not None and self._moved_on())
 
 
 class SliderView:
@@ -366,7 +296,7 @@ class SliderView:
         if done is not None:
             yield done
             return
-        cancel = engine._reading_start(self._reader, self._moved_on)
+        cancel = engine.readers.start(self._reader, self._moved_on)
         try:
             # written ahead, half or more: its text so far, until it is done; less: written here (the job yields)
             while (job := engine._writer(key)) is not None and job.half_written(key, self.gen.max_new_tokens):
@@ -390,7 +320,7 @@ class SliderView:
                         yield g
                 self._keep(lam, g)
         finally:
-            engine._reading_end(self._reader, cancel)
+            engine.readers.end(self._reader, cancel)
 
     def merged(self) -> Iterator[SteeredText]:
         """The merged model's text (the neutral λ's) as it comes."""
