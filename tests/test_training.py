@@ -520,22 +520,52 @@ def test_every_variant_of_a_compiled_layer_is_compiled():
     compile_layers(model, "")
 
 
-def test_compiled_lora_dropouts_draw_the_eager_masks():
-    """Three LoRA dropouts on one input (the q, k and v modules) compiled: each draws its own mask, the eager one
-    (the compiler would merge three equal operator calls into one without each module's own tensor)."""
-    dropouts = [FastDropout(0.1).train() for _ in range(3)]
-    x = torch.randn(4, 8, 16, requires_grad=True)
+def test_a_layer_draws_its_lora_masks_at_once_each_its_own_and_compiled_as_eager():
+    """A decoder layer draws the masks of its 7 LoRA dropouts in one go (one random draw a layer, not one a module:
+    on a GPU each draw was a launch the GPU waited for), every module gets its own mask (q, k and v drop out the same
+    input differently) at the rate p, and a compiled layer, which draws them as one operator in its graph, gets the
+    eager layer's masks: the same gradients, with no graph break and no recompile per call."""
+    import torch._dynamo
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def loss(x):
-        return sum((i + 1) * d(x).pow(2).sum() for i, d in enumerate(dropouts))
+    class RandomDraws(TorchDispatchMode):
+        count = 0
 
-    found = []
-    for run in (loss, torch.compile(loss, backend="aot_eager")):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func is torch.ops.aten.random_.default
+            return func(*args, **(kwargs or {}))
+
+    model = apply_lora(load_model("tiny-llama").model, tiny_config()).train()
+    lora_layers = [layer for layer in decoder_layers(model) if any(isinstance(m, FastDropout) for m in layer.modules())]
+    attention = lora_layers[0].self_attn
+    seen = {}
+    for name in ("q_proj", "k_proj", "v_proj"):
+        dropout = getattr(attention, name).lora_dropout["default"]
+        dropout.register_forward_pre_hook(lambda d, args, name=name: seen.setdefault(name, d.drawn.clone()))
+    ids = torch.randint(0, 100, (2, 24))
+    with RandomDraws() as draws:
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert draws.count == len(lora_layers) >= 2
+    q, k, v = seen["q_proj"], seen["k_proj"], seen["v_proj"]
+    assert q.shape == (2, 24, model.config.hidden_size) and not (torch.equal(q, k) or torch.equal(q, v))
+    p = tiny_config().lora.dropout
+    assert abs((1 - torch.cat([q, k, v]).float().mean().item()) - p) < 5 * (p * (1 - p) / (3 * q.numel())) ** 0.5
+    assert all(d.drawn is None for d in model.modules() if isinstance(d, FastDropout))  # used, then let go
+
+    grads = []
+    for backend in ("", "aot_eager"):
+        compile_layers(model, backend)
+        breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+        frames = torch._dynamo.utils.counters["frames"]["total"]
         torch.manual_seed(0)
-        (grad,) = torch.autograd.grad(value := run(x), x)
-        found.append((value.detach(), grad))
-    (eager, eager_grad), (compiled, compiled_grad) = found
-    assert torch.equal(eager, compiled) and torch.equal(eager_grad, compiled_grad)
+        model.zero_grad()
+        for _ in range(2):  # the second call finds the first call's graphs
+            model(input_ids=ids, labels=ids).loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.requires_grad])
+        assert sum(torch._dynamo.utils.counters["graph_break"].values()) == breaks
+    assert torch._dynamo.utils.counters["frames"]["total"] - frames <= 4  # one call's variants, not one per call
+    compile_layers(model, "")
+    assert all(torch.equal(a, b) for a, b in zip(*grads)) and any(g.abs().sum() > 0 for g in grads[0])
 
 
 def test_lora_inputs_left_uncast_under_autocast_change_no_value(tiny_records):

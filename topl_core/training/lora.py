@@ -1,4 +1,5 @@
-"""LoRA on a model for training: PEFT's LoRA with a faster dropout of the same distribution (FastDropout)."""
+"""LoRA on a model for training: PEFT's LoRA with a faster dropout of the same distribution (FastDropout), whose
+masks a decoder layer draws for all its LoRA modules at once (LayerMasks)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 
 import torch
 
+from ..models.architecture import decoder_layers
 from .config import TrainConfig
 
 
@@ -14,48 +16,46 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -
     slices of 64-bit random words, three per word (the top slice holds only 15 random bits and is dropped)."""
     n = math.prod(shape)
     words = torch.empty((n + 2) // 3, dtype=torch.int64, device=device).random_()
-    slices = words.view(torch.int16).view(-1, 4)[:, :3].reshape(-1)[:n]  # uniform on [−32768, 32767]
-    return (slices >= round(p * 65536) - 32768).view(shape)
+    slices = words.view(torch.int16).view(-1, 4)  # each uniform on [−32768, 32767]
+    keep = slices >= round(p * 65536) - 32768  # compared before the top slices go: no copy of the random bits
+    return keep[:, :3].reshape(-1)[:n].view(shape)
 
 
 @torch.library.custom_op(
     "topl::keep_mask",
     mutates_args=(),
-    schema="(SymInt[] shape, float p, Device device, Tensor owner) -> Tensor",
+    schema="(SymInt[] shape, float p, Device device) -> Tensor",
     tags=(torch.Tag.nondeterministic_seeded,),
 )
-def _keep_mask_op(shape: list[int], p: float, device: torch.device, owner: torch.Tensor) -> torch.Tensor:
-    """keep_mask as one opaque operator for torch.compile: its in-place draw (random_) would split a compiled decoder
-    layer into a graph per LoRA module (7 a layer), each compiled and launched apart; the same bits as keep_mask.
-    `owner` is the calling FastDropout's own empty tensor, unused here: the compiler merges calls with equal
-    arguments (common-subexpression elimination knows torch's random operators, not this one), and the q, k and v
-    modules draw for the same input, so without it they would share one mask."""
+def _keep_mask_op(shape: list[int], p: float, device: torch.device) -> torch.Tensor:
+    """keep_mask as one opaque operator for torch.compile (the same bits): its in-place draw (random_) would split
+    a compiled decoder layer's graph in two."""
     return keep_mask(torch.Size(shape), p, device)
 
 
 @_keep_mask_op.register_fake
-def _(shape: list[int], p: float, device: torch.device, owner: torch.Tensor) -> torch.Tensor:
+def _(shape: list[int], p: float, device: torch.device) -> torch.Tensor:
     return torch.empty(shape, dtype=torch.bool, device=device)
 
 
 class FastDropout(torch.nn.Module):
-    """Inverted dropout, as nn.Dropout, with one random draw per three elements. Every LoRA module draws a mask
-    for its input (7 per layer), and nn.Dropout's masks were a large share of a CPU step (docs/performance.md,
-    "What changed to get here")."""
+    """Inverted dropout, as nn.Dropout, with one random draw per three elements. Every LoRA module drops out its
+    input (7 per layer), and nn.Dropout's masks were a large share of a CPU step (docs/performance.md, "What changed
+    to get here"). In a decoder layer its mask is `drawn` for it by the layer's LayerMasks and used once; a
+    FastDropout called alone, or on an input of another shape, draws its own."""
 
-    def __init__(self, p: float, device: torch.device | str = "cpu"):
+    def __init__(self, p: float):
         super().__init__()
         self.p = float(p)
-        self.register_buffer("owner", torch.empty(0, device=device), persistent=False)  # see _keep_mask_op
+        self.drawn: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
         if self.p >= 1:
             return torch.zeros_like(x)
-        if torch.compiler.is_compiling():
-            keep = _keep_mask_op(x.shape, self.p, x.device, self.owner)
-        else:
+        keep, self.drawn = self.drawn, None  # autograd keeps what backward needs
+        if keep is None or keep.shape != x.shape:
             keep = keep_mask(x.shape, self.p, x.device)
         return torch.where(keep, x * (1 / (1 - self.p)), 0)
 
@@ -63,10 +63,61 @@ class FastDropout(torch.nn.Module):
         return f"p={self.p}"
 
 
+class LayerMasks:
+    """The masks of one decoder layer's LoRA dropouts (7 modules), drawn together as the layer starts and handed to
+    each FastDropout: one random draw and one comparison a layer instead of one a module. On a GPU each of those was
+    a kernel the host launched while the GPU waited (docs/scale.md, "The third H200 session"). Every module still gets
+    its own independent mask.
+
+    The draw is a forward pre-hook on the layer's first operation, its input norm: inside the layer's forward, so a
+    layer that recomputes its activations in backward (gradient checkpointing: transformers checkpoints the forward,
+    not the layer's own hooks) draws the same masks again from the random state the checkpoint restores, and a
+    compiled layer draws them in its graph as one operator (topl::keep_mask), the eager bits."""
+
+    def __init__(self, dropouts: list[tuple[FastDropout, int]]):
+        self.dropouts = dropouts  # each with its input's width (the LoRA module's in_features)
+        self.p = dropouts[0][0].p
+        if any(d.p != self.p for d, _ in dropouts):
+            raise ValueError("a layer's LoRA dropouts draw their masks together: they need the same p")
+
+    def draw(self, norm: torch.nn.Module, args: tuple) -> None:
+        """Every dropout's mask for this call's rows (the layer's input without its width)."""
+        if not (norm.training and 0 < self.p < 1):
+            return
+        hidden = args[0]
+        rows = hidden.shape[:-1]
+        sizes = [math.prod(rows) * width for _, width in self.dropouts]
+        if torch.compiler.is_compiling():
+            keep = _keep_mask_op([sum(sizes)], self.p, hidden.device)
+        else:
+            keep = keep_mask(torch.Size([sum(sizes)]), self.p, hidden.device)
+        for (dropout, width), mask in zip(self.dropouts, keep.split(sizes)):
+            dropout.drawn = mask.view(*rows, width)
+
+    @classmethod
+    def attach(cls, layer: torch.nn.Module) -> LayerMasks | None:
+        """The hook drawing the masks of `layer`'s FastDropouts, when it has any."""
+        from peft.tuners.lora import LoraLayer
+
+        dropouts = [
+            (dropout, module.in_features)
+            for module in layer.modules()
+            if isinstance(module, LoraLayer)
+            for dropout in module.lora_dropout.values()
+            if isinstance(dropout, FastDropout)
+        ]
+        if not dropouts:
+            return None
+        masks = cls(dropouts)
+        layer.input_layernorm.register_forward_pre_hook(masks.draw)
+        return masks
+
+
 def apply_lora(model: torch.nn.Module, cfg: TrainConfig) -> torch.nn.Module:
     """Wrap `model` in a PEFT LoRA model for cfg.lora; its LoRA dropouts are FastDropout (no parameters, so the
-    saved adapter is the same as PEFT's own), and its LoRA modules take their input in the dtype it comes in
-    (cast_lora_inputs(…, False): a training step runs under autocast, which casts for the matmul anyway)."""
+    saved adapter is the same as PEFT's own) with each decoder layer's masks drawn together (LayerMasks), and its
+    LoRA modules take their input in the dtype it comes in (cast_lora_inputs(…, False): a training step runs under
+    autocast, which casts for the matmul anyway)."""
     from peft import LoraConfig, get_peft_model
 
     lc = LoraConfig(
@@ -83,7 +134,9 @@ def apply_lora(model: torch.nn.Module, cfg: TrainConfig) -> torch.nn.Module:
         if isinstance(dropouts, torch.nn.ModuleDict):
             for name, d in dropouts.items():
                 if isinstance(d, torch.nn.Dropout) and d.p > 0:
-                    dropouts[name] = FastDropout(d.p, model.device)
+                    dropouts[name] = FastDropout(d.p)
+    for layer in decoder_layers(peft):
+        LayerMasks.attach(layer)
     cast_lora_inputs(peft, False)
     return peft
 
