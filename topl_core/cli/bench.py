@@ -78,6 +78,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "against the same requests one after another, through the openai client (topl_core.bench.serve)",
     )
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8], help="--serve: the concurrencies to time")
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=16,
+        help="--serve: the server's --slots, rows decoded as one batch (a steered request takes two, so 2 × the most "
+        "clients decode every client at once; what the slots cannot hold waits in its queue of 32, more is refused)",
+    )
     add_config_args(p, SteerConfig, SteerConfig(), only=MODE_SETTINGS)
     notes = {"new_tokens": "(--slider, --gated, the scale benchmark)"}
     add_config_args(p, ScaleSettings, SCALE, only=("new_tokens",), notes=notes)
@@ -107,7 +114,7 @@ def run(args: argparse.Namespace) -> None:
     if args.serve:
         announce_precision(args.precision)
         adapter, document = bench_inputs(args)
-        with served(str(adapter.path), args.precision) as url:
+        with served(str(adapter.path), args.precision, args.slots) as url:
             res = serve_bench(url, adapter.name, document, args.clients, args.new_tokens)
         res["machine"] = machine_description()
         print(format_serve(res))

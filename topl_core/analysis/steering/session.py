@@ -43,7 +43,7 @@ from ...inference.generate import (
     prompt_length,
     stream_rows,
 )
-from ...models.loading import LoadedModel
+from ...models.loading import LoadedModel, ModelSpec
 from ...training.adapters import open_adapter
 from ..lora_a.sites import LoraWeights, Site, residual_paths, site_module
 from .gate import Head
@@ -149,7 +149,10 @@ class SteeringSession:
 
     @classmethod
     def from_run(cls, adapter, vectors: SteeringVectors, spec=None, head: Head | None = None) -> "SteeringSession":
-        """Load a fresh base model with the adapter's LoRA merged in (load_merged) and wrap it."""
+        """Load a fresh base model with the adapter's LoRA merged in (load_merged) and wrap it. `spec`: a ModelSpec,
+        or a model name (default: the adapter's base model) loaded on the device the adapter was trained on, as its
+        steering vectors are (a bare name used to load on the CPU: on a GPU machine, bench --slider / --gated /
+        --serve, serve and steer decoded a GPU run on the CPU)."""
         adapter = open_adapter(adapter)
         if vectors.adapter_fingerprint and vectors.adapter_fingerprint != adapter.fingerprint():
             raise ModelError(
@@ -157,7 +160,9 @@ class SteeringSession:
                 f"{adapter.path} ({adapter.fingerprint()}); recompute them for this adapter (python -m topl_core "
                 f"steer --run {adapter.path})."
             )
-        return cls(load_merged(spec or adapter.base_model, adapter), vectors, head=head)
+        if not isinstance(spec, ModelSpec):
+            spec = ModelSpec(spec or adapter.base_model, device=adapter.device)
+        return cls(load_merged(spec, adapter), vectors, head=head)
 
     def generate_steered(
         self,
