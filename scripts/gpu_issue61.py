@@ -34,26 +34,31 @@ The parts (GPU: random weights at the published shape, bf16; DEVICE=cpu: tiny-ll
   and that run as the runs folder, `bench --slider`, `--gated` and `--serve --clients 1 4 16 64` on the tiny run, then
   `bench --serve --clients 64 --slots 128` on the 8B run.
 
-The run calls (device tool `run`; leave `kind` out: any one-GPU kind fits, ~60 GiB at most; every JSON and the tar's
-name carry the GPU's name; MFU is against the matmul peak measured in the same run, so it compares across cards):
+The device calls (the `run` tool; first `status`, at no cost; then, here, `prepare` if .whl/, .whl-pages/ or .gpu61/
+is missing: 7 s). Leave `kind` out: any one-GPU kind fits (the scale run's TOPL step peaked at 58-64 GiB on the
+H200), every JSON and the tar.gz name their GPU, and MFU is against the matmul peak measured in the same run, so it
+compares with the H200 rows of docs/scale.md (tokens/s and seconds do not, on an H100):
 
-    run(command="python3 scripts/gpu_issue61.py train", carry=[".whl", ".gpu61"], timeout_s=560)
-    run(command="BUDGET_S=<left> python3 scripts/gpu_issue61.py serve", carry=[".whl", ".gpu61"], timeout_s=<left + 60>)
-    run(command="python3 scripts/gpu_issue61.py extra", carry=[".whl", ".whl-pages", ".gpu61"], timeout_s=560)
+    1. run(command="python3 scripts/gpu_issue61.py train", carry=[".whl", ".gpu61"], timeout_s=560)
+    2. at once (the machine stays warm 30 s after a call; a later call pays a fresh start), with L = reply 1's
+       lease.budget_left_s: run(command="BUDGET_S=<L - 70> python3 scripts/gpu_issue61.py serve",
+       carry=[".whl", ".gpu61"], timeout_s=<L - 30, at most 600>)
+    3. the next GPU session: run(command="python3 scripts/gpu_issue61.py extra", carry=[".whl", ".whl-pages",
+       ".gpu61"], timeout_s=560); then, with what is left, what was skipped: `extra --only serve-tiny
+       serve-8b-many`, `train --only profile-qwen3-8b`, `serve --only ...` (a chosen step's needs run too).
 
-Estimated device time, from the H200 sessions (docs/scale.md; 710 s for three calls with their starts: an 8B scale
-run with fit, capture, steering and sweep skipped ~2-2.5 min, most of it compiling; a CLI process on the GPU 13-17 s
-before its work, gpu_check's tiny-llama steps; the pages' scripts 33 s on tiny-llama; a steered 64-token summary
-1.7 s eager, 0.48 s compiled after a 32 s compile): a start 1-2 min;
-- train ~7-8 min: wheels and versions 0.5, Qwen3-8B 2.5, Llama-3.1-8B 2.5, Gemma-3-4B 2, the profile 1.5 (skipped
-  when the three run long: then `train --only profile-qwen3-8b`, ~2 min with the start of the part);
-- serve ~5-6 min: wheels 0.5, the 8B run 1, slider 2 (the compiled step's build included), serve 1.5, gated 1;
-- extra ~7-9 min: wheels 0.5, tiny run 0.5, resume 1, 8B run 1, pages 3, tiny slider/gated/serve 2, serve with 64
-  clients 3 (the last, skipped when time is short).
-A session's 15 device minutes hold one start, train and serve, only if serve follows at once (the machine stays warm
-30 s after a call; a later call starts a fresh one): give serve the time left, BUDGET_S = the first reply's
-lease.budget_left_s - 60 and timeout_s = BUDGET_S + 40, and what it skips waits for the next session with extra.
-Nothing here changes the card's settings.
+Estimated device time, from the H200 sessions (docs/scale.md; the third took 710 s for three calls with their
+starts: an 8B scale run with fit, capture, steering and sweep skipped ~2-2.5 min, most of it compiling; a CLI process
+13-17 s before its work, gpu_check's tiny-llama steps; the pages' scripts 33 s on tiny-llama; a steered 64-token
+summary 1.7 s eager, 0.48 s compiled after a 32 s compile; a machine's start 1-2 min):
+- train ~7.5 min: wheels and versions 0.5, Qwen3-8B 2.5, Llama-3.1-8B 2.5, Gemma-3-4B 2; the profile (1.5) runs only
+  if the three leave it 90 s of the 480;
+- serve ~5.5 min: wheels 0.5, the qwen3-8b@random run 1, slider 2 (the compiled step's 32 s build included), serve
+  with 1, 4, 16 clients 1.5 (21 summaries one after another, then at once), gated 1;
+- extra ~9 min of work, so its 480 s skip the tail: wheels 0.5, tiny run 0.5, resume 1, the 8B run 1, pages on it 3,
+  tiny slider and gated 1.5, then (likely skipped) tiny serve with 1-64 clients 1 and 64 clients on the 8B run 3.
+So one session (15 device minutes) holds a start, train and most or all of serve; extra needs the next. Nothing here
+changes the card's settings.
 
 What comes back: $OUT/gpu61-<part>-<gpu>.tar.gz (gpu61-<part>/: summary.txt, <step>.log, the JSONs, named for
 docs/bench/ with the GPU: scale-<gpu>-qwen3-8b-mb16-inductor-8steps.json, slider-<gpu>-qwen3-8b-random.json, ...) and
