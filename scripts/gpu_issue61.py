@@ -271,7 +271,7 @@ def steps_of(part: str, mode: Mode, p: Paths) -> list[Step]:
             Step("resume-tiny", resume, 180, min_s=60, fresh=p.work / "resume"),
             train_big,
             Step(
-                "pages-8b", ["scripts/apptest_pages.py", "--timeout", "240"], 300, env=pages_env, min_s=90, **needs_big
+                "pages-8b", ["scripts/apptest_pages.py", "--timeout", "240"], 360, env=pages_env, min_s=90, **needs_big
             ),
             _bench("slider-tiny", "slider", run_tiny, f"slider-{p.tag}-tiny-llama.json", p, 150, **needs_tiny),
             _bench("gated-tiny", "gated", run_tiny, f"gated-{p.tag}-tiny-llama.json", p, 120, **needs_tiny),
