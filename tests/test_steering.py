@@ -776,3 +776,26 @@ def test_builds_stop_while_the_session_generates(merged, vectors):
         thread.join(60)
         assert counted == [before]
         build.kill()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the case of a machine without a GPU")
+def test_a_run_trained_on_a_gpu_is_steered_on_the_cpu_of_a_machine_without_one(run, merged, vectors, tmp_path):
+    """A run trained on a GPU and opened on a laptop: it is analysed and steered on the CPU (its device where that
+    GPU is missing), as the same run trained on the CPU is, not refused for want of a CUDA device."""
+    import dataclasses
+    import json
+    import shutil
+
+    from topl_core.training.adapters import open_adapter
+
+    moved = tmp_path / "trained-on-a-gpu"
+    shutil.copytree(open_adapter(run).path, moved)
+    saved = json.loads((moved / "topl_config.json").read_text())
+    saved["config"]["device"] = "cuda"
+    (moved / "topl_config.json").write_text(json.dumps(saved))
+    adapter = open_adapter(moved)
+    assert (adapter.settings.device, adapter.device) == ("cuda", "cpu")
+    session = SteeringSession.from_run(adapter, dataclasses.replace(vectors, adapter_fingerprint=adapter.fingerprint()))
+    assert session.lm.model.device.type == "cpu"
+    lam = big_lambda(vectors)
+    assert session.generate_steered(DOC, lam, GEN) == SteeringSession(merged, vectors).generate_steered(DOC, lam, GEN)

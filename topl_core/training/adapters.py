@@ -155,7 +155,10 @@ class Adapter:
 
     @property
     def device(self) -> str:
-        return self.settings.device
+        """Where to analyse and steer it: the device it was trained on, or the CPU where that was a GPU this machine
+        lacks (a run trained on a cluster, opened on a laptop)."""
+        trained = self.settings.device
+        return trained if trained == "cpu" or torch.cuda.is_available() else "cpu"
 
     def fingerprint(self) -> str:
         """Changes whenever the adapter's weights or config (or a run's head) change: cache keys, identity."""
