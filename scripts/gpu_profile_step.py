@@ -37,6 +37,8 @@ KINDS = (  # a kernel's kind: the first fragment its name holds
     (("reduce",), "reductions"),
 )
 
+LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaGraphLaunch")  # the host's launch calls
+
 
 def kind(kernel: str) -> str:
     name = kernel.lower()
@@ -82,6 +84,13 @@ def main() -> None:
             by_kind[kind(e.name)] += e.time_range.elapsed_us()
             total += e.time_range.elapsed_us()
     step_ms = metrics[-1]["step_s"] * 1e3
+    host = collections.Counter(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU)
+    launches = sum(n for name, n in host.items() if name in LAUNCHES)
+    operators = sum(n for name, n in host.items() if name.startswith("aten::"))
+    print(
+        f"host per profiled step: {launches / ACTIVE:.0f} kernel launches, {operators / ACTIVE:.0f} aten operator "
+        f"calls (nested ones counted), {host['aten::random_'] / ACTIVE:.0f} random draws"
+    )
     print(f"kernel time per profiled step: {total / ACTIVE / 1e3:.1f} ms; the last step's wall {step_ms:.0f} ms")
     for label, us in by_kind.most_common():
         print(f"  {label:22s} {us / ACTIVE / 1e3:8.1f} ms a step  {us / max(total, 1):6.1%}")
