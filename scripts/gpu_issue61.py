@@ -83,6 +83,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from topl_core.foundations.paths import cache_dir  # noqa: E402  (torch and the standard library: on every machine)
+from topl_core.models.loading import converted_embedded_dir  # noqa: E402
+
 STAGE = REPO / ".gpu61"  # the staged cache, packed: carried
 WHEEL_DIRS = {"core": ".whl", "pages": ".whl-pages"}  # carried; installed into SITE on the GPU machine
 EXCLUDED = ("/.whl/", "/.whl-pages/", "/.gpu61/")  # .git/info/exclude: none of it is committed
@@ -572,10 +577,6 @@ def download_wheels(folder: Path, packages: dict[str, str | None]) -> None:
 
 def stage_cache() -> None:
     """.gpu61/cache.tar.gz: the default data and SmolLM2's tokenizer with an unreadable weights stub."""
-    sys.path.insert(0, str(REPO))
-    from topl_core.foundations.paths import cache_dir
-    from topl_core.models.loading import converted_embedded_dir
-
     data = cache_dir() / DATA.removeprefix("cache/")
     if not data.exists():
         raise SystemExit(f"{data}: missing; build it first (make setup)")

@@ -195,12 +195,12 @@ def test_no_hooks_remain_after_exception_in_capture():
         with capture_lora(peft):
             assert all_hooks(peft) == before + len(lora_sites(peft))
             raise RuntimeError("boom")
-    assert all_hooks(peft) == before == 0
+    assert all_hooks(peft) == before == 2  # the two LoRA layers' dropout-mask draws (training.lora.LayerMasks) alone
     peft.train()
     with pytest.raises(RuntimeError):
         with capture_lora(peft):
             raise RuntimeError("boom")
-    assert peft.training and all_hooks(peft) == 0  # mode restored too
+    assert peft.training and all_hooks(peft) == before  # mode restored too
 
 
 # --- separability --------------------------------------------------------------------------------------------
