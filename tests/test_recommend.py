@@ -120,8 +120,25 @@ def test_steer_and_the_forms_open_at_the_recommendation_and_an_explicit_value_wi
     assert given["steering"]["tau"] == 0.3 and [g["lambda"] for g in given["generations"]] == [2.0]
 
 
-def test_an_adapter_without_a_head_has_no_gate_to_set(tmp_path, news_records, monkeypatch):
+def test_an_adapter_without_a_head_gets_its_always_on_lambda_and_no_gate(tmp_path, news_records, monkeypatch):
+    """SFT has no head, so no gate: its τ and gated λ are None with the reason, its always-on λ is the dev search's
+    (evidence: a dev score per λ searched), held out against the merged model alone, and the vector mode opens at it."""
     monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path / "cache"))
-    sft = train(tiny_config(method="sft", steps=1, precision="fp32"), tmp_path / "sft", records=news_records)
-    rec = recommend(sft.path, RecommendSettings(n_split=1, n_cliff=0), EvalConfig(max_new_tokens=4, precision="fp32"))
-    assert rec.values["tau"] is None and "no head" in rec.line()
+    data = write_jsonl(news_records, tmp_path / "news.jsonl")
+    cfg = tiny_config(method="sft", steps=1, precision="fp32", data=str(data))
+    sft = train(cfg, tmp_path / "sft", records=news_records)
+    settings = RecommendSettings(n_split=2, n_cliff=0, lambdas=(1.0, 3.0), heldout=True)
+    rec = recommend(sft.path, settings, EvalConfig(max_new_tokens=4, precision="fp32"))
+    v = rec.values
+    assert v["tau"] is None and v["gated_lambda"] is None and v["always_on_lambda"] in (1.0, 3.0)
+    searched = {r["setting"]: r for r in rec.rows()}["always_on_lambda"]["dev"]
+    assert [r["lambda"] for r in searched] == [1.0, 3.0] and all(r["n"] == rec.documents >= 1 for r in searched)
+    assert v["always_on_lambda"] == max(searched, key=lambda r: r["score"])["lambda"]
+    line = rec.line()
+    assert line.startswith(f"λ = {v['always_on_lambda']:g} (always-on; no gate to set") and "no head" in line
+    compared = {r["comparison"] for r in rec.heldout["table"]}
+    assert compared == {"merged", "always-on", "always-on − merged"}
+    assert opening(sft.path, "vector").lam == v["always_on_lambda"]
+    assert opening(sft.path, "gated") == ModeDefaults(
+        None, None, "defaults: the recommendation sets nothing in gated mode"
+    )

@@ -30,6 +30,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+# the held-out rows printed: each steered variant's factuality and its difference from the merged model's, and what the
+# gate changed in the share of flagged tokens (an adapter without a head has no gated rows)
+HELDOUT_SHOWN = {
+    ("factuality", "gated"),
+    ("factuality", "gated − merged"),
+    ("factuality", "always-on"),
+    ("factuality", "always-on − merged"),
+    ("flagged_share", "gated − merged"),
+}
+
+
 def run(args: argparse.Namespace) -> int:
     adapter = open_adapter_arg(args)
     announce_precision(args.precision, adapter.device)
@@ -50,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if rec.heldout:
         print(f"held out ({rec.heldout['documents']} documents, logged):", file=sys.stderr)
         for row in rec.heldout["table"]:
-            if row["metric"] in ("factuality", "flagged_share") and row["comparison"] in ("gated", "gated − merged"):
+            if (row["metric"], row["comparison"]) in HELDOUT_SHOWN:
                 print(f"  {row['metric']} {row['comparison']}: {row['mean']:+.3f} [{row['lo']:+.3f}, {row['hi']:+.3f}]")
     if args.json:
         write_json(args.json, json.loads(json.dumps(rec.to_json(), default=float)))

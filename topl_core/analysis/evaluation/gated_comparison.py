@@ -5,7 +5,8 @@ Documents: the adapter's own data split by document as it was trained (its val s
 out) and CLIFF's own cut column (val / test), n_split and n_cliff of each. Every generation goes through the
 evaluation's cache (evaluate.generate_for), so a run that stops resumes; the texts are scored as the evaluation scores
 them (sentence protocol), for fluency (perplexity under the base model, the degenerate rule) and by the adapter's own
-head (the share of a text's tokens with p(good) < FLAG_THRESHOLD).
+head (the share of a text's tokens with p(good) < FLAG_THRESHOLD). A study without τ values (an adapter without a head,
+which has no gate) compares always-on steering with the merged model alone.
 
     GatedStudy(run, lambdas, taus, keeps, n_split, n_cliff, positions)
     Scoring(study, cfg)                   the models both steps share (pass it to both: loaded once)
@@ -58,11 +59,16 @@ class GatedStudy:
     positions: str = "all"
 
     def __post_init__(self) -> None:
-        if not (self.lambdas and self.taus and self.keeps) or self.n_split + self.n_cliff < 1:
-            raise ValueError("GatedStudy: give λ, τ and k values to search and at least one document.")
+        if not self.lambdas or (self.taus and not self.keeps) or self.n_split + self.n_cliff < 1:
+            raise ValueError("GatedStudy: give λ values (τ and k values for a gate) and at least one document.")
         for tau, keep in itertools.product(self.taus, self.keeps):
             SteerConfig("gated", tau=tau, keep=keep)  # names a τ or k out of range
         SteerConfig("vector", self.positions)
+
+    @property
+    def gates(self) -> bool:
+        """Whether the gated variant is compared (τ values given)."""
+        return bool(self.taus)
 
     def always_on(self, lam: float) -> Variant:
         return Variant.steered(self.run, lam, name=f"always-on λ={lam:g}", how=SteerConfig("vector", self.positions))
@@ -81,12 +87,13 @@ class GatedStudy:
 
 @dataclass(frozen=True)
 class Choice:
-    """The settings chosen on dev documents, and every candidate's dev score (the table they were chosen from)."""
+    """The settings chosen on dev documents, and every candidate's dev score (the table they were chosen from); the
+    gate's are None where the study has none."""
 
     always_on_lambda: float
-    gated_lambda: float
-    tau: float
-    keep: int
+    gated_lambda: float | None
+    tau: float | None
+    keep: int | None
     dev: object  # DataFrame: variant, lambda, tau, keep, score, factuality, degenerate, n
 
 
@@ -99,14 +106,23 @@ class Scoring:
         self.models, self.scorer = VariantModels(cfg), make_scorer(cfg.scorer)
         self.vectors = steering_vectors_for(adapter, cfg, use_cache)
         spec = ModelSpec.computing(adapter.base_model, cfg.precision, cfg.device)
-        self.head = TokenScorer(load_model(spec), adapter, cfg.precision, max_doc_tokens=cfg.max_doc_tokens)
+        self.head = (
+            TokenScorer(load_model(spec), adapter, cfg.precision, max_doc_tokens=cfg.max_doc_tokens)
+            if adapter.has_head
+            else None
+        )
 
     def rows(self, v: Variant, docs: Sequence[EvalDoc], label: str) -> list[dict]:
         texts = generate_for(v, docs, self.cfg, self.models, self.vectors, self.use_cache)
         fluent = fluency_of(texts, self.models.base_of(self.study.run), self.use_cache)
-        # the head's verdict on every text that has tokens (an empty text has no share of flagged tokens)
-        said = [(d, t) for d, t in zip(docs, texts) if t.strip()]
-        scores = self.head.score([Record(d.doc_id, d.document, t, token_labels_known=False) for d, t in said])
+        # the head's verdict on every text that has tokens (an empty text has no share of flagged tokens; without a
+        # head, no text has one)
+        said = [(d, t) for d, t in zip(docs, texts) if t.strip()] if self.head is not None else []
+        scores = (
+            self.head.score([Record(d.doc_id, d.document, t, token_labels_known=False) for d, t in said])
+            if said
+            else []
+        )
         flagged = {d.doc_id: float((s.p_good < FLAG_THRESHOLD).mean()) for (d, _), s in zip(said, scores)}
         out = []
         for row, f in zip(scored_rows(v, docs, texts, self.scorer), fluent):
@@ -161,9 +177,12 @@ def choose(
         rows = scoring.rows(study.gated(lam, tau, keep), docs, "")
         table.append({"variant": "gated", "lambda": lam, "tau": tau, "keep": keep, **_dev_score(rows)})
     dev = pd.DataFrame(table)
-    best = {v: dev.loc[dev[dev["variant"] == v]["score"].idxmax()] for v in ("always-on", "gated")}
+    best = {v: dev.loc[dev[dev["variant"] == v]["score"].idxmax()] for v in ("always-on", "gated")[: 1 + study.gates]}
+    on = float(best["always-on"]["lambda"])
+    if not study.gates:
+        return Choice(on, None, None, None, dev)
     g = best["gated"]
-    return Choice(float(best["always-on"]["lambda"]), float(g["lambda"]), float(g["tau"]), int(g["keep"]), dev)
+    return Choice(on, float(g["lambda"]), float(g["tau"]), int(g["keep"]), dev)
 
 
 def compare(
@@ -181,8 +200,9 @@ def compare(
     variants = {
         "merged": Variant.merged(study.run),
         "always-on": study.always_on(choice.always_on_lambda),
-        "gated": study.gated(choice.gated_lambda, choice.tau, choice.keep),
     }
+    if study.gates:
+        variants["gated"] = study.gated(choice.gated_lambda, choice.tau, choice.keep)
     rows = []
     for label, v in variants.items():
         if progress:
@@ -198,14 +218,15 @@ def paired_table(rows, by_set: bool = False):
     import pandas as pd
 
     out = []
+    variants = [v for v in ("merged", "always-on", "gated") if v in set(rows["variant"])]
     groups = rows.groupby("set", sort=True) if by_set else [("all", rows)]
     for set_name, part in groups:
         by_doc = part.set_index(["set", "doc_id", "variant"])
         for metric in METRICS:
-            table = by_doc[metric].unstack("variant").reindex(columns=["merged", "always-on", "gated"])
-            for variant in ("merged", "always-on", "gated"):
+            table = by_doc[metric].unstack("variant").reindex(columns=variants)
+            for variant in variants:
                 out.append({"set": set_name, "metric": metric, "comparison": variant, **_ci(table[variant])})
-            for a, b in PAIRS:
+            for a, b in [(a, b) for a, b in PAIRS if a in variants and b in variants]:
                 out.append({"set": set_name, "metric": metric, "comparison": f"{a} − {b}", **_ci(table[a] - table[b])})
     return pd.DataFrame(out)
 

@@ -10,7 +10,8 @@ with the adapter's analysis (`python -m topl_core recommend --run RUN`):
              asks for it appends a line to cache/analysis/recommend/heldout_log.jsonl, also from the cache
 
 The dev documents are gated_comparison's: the adapter's val split (as it was trained) and CLIFF's val cut. An adapter
-without a head has no gate to set: its τ and λ are said not applicable / untested.
+without a head has no gate to set: its τ and gated λ are said not applicable, and its always-on λ is searched as any
+adapter's (held out: against the merged model alone).
 
     RecommendSettings(n_split=8, n_cliff=8, flag_share=0.1, lambdas=(1.0, 2.0), keep=0, heldout=False)
     recommend(run, settings, cfg=EvalConfig(), progress=None, use_cache=True) -> Recommendation
@@ -123,8 +124,13 @@ class Recommendation:
     def line(self) -> str:
         """The one line a command prints: the values and where they come from."""
         v = self.values
+        if v.get("always_on_lambda") is None:
+            return f"nothing to set: {self.settings[0].source}"
         if v.get("tau") is None:
-            return f"no gate to set: {self.settings[0].source}"
+            return (
+                f"λ = {v['always_on_lambda']:g} (always-on; no gate to set: {self.settings[0].source}), "
+                f"recommended from {self.documents} dev documents"
+            )
         return (
             f"τ = {v['tau']:.2f}, λ = {v['gated_lambda']:g} (gated; always-on λ = {v['always_on_lambda']:g}), "
             f"recommended from {self.documents} dev documents"
@@ -185,6 +191,8 @@ def recommend(
         "top_k": cfg.top_k,
         "cliff_csv": cfg.cliff_csv,
     }
+    if not adapter.has_head:  # its always-on λ is searched now: what was cached before, without one, is not read
+        key["always_on_without_head"] = True
     # the same settings measured held out too answer a call that does not ask for the held-out figure
     data = stored("recommend", {**key, "heldout": True}, JSON, adapter=adapter) if use_cache else None
     if data is None or settings.heldout:
@@ -221,12 +229,48 @@ def opening(run, mode: str) -> ModeDefaults:
 
 def _compute(run: str, s: RecommendSettings, cfg: EvalConfig, progress, use_cache: bool) -> Recommendation:
     adapter = open_adapter(run)
-    if not adapter.has_head:
-        why = f"{adapter.name} has no head (method {adapter.method or 'unknown'}): the gated mode needs one"
-        return Recommendation(run, 0, _untested(adapter, cfg, why))
     study = GatedStudy(run, s.lambdas, (0.5,), (s.keep,), s.n_split, s.n_cliff)
+    if not adapter.has_head:
+        study = replace(study, taus=())  # no gate: the always-on λ alone
     scoring = Scoring(study, cfg, use_cache)
     docs = study.documents(cfg, "val")
+    no_gate = f"{adapter.name} has no head (method {adapter.method or 'unknown'}): the gated mode needs one"
+    tau = (
+        _tau(run, s, cfg, progress, use_cache, scoring, docs) if adapter.has_head else Recommended("tau", None, no_gate)
+    )
+    if adapter.has_head and tau.value is None:
+        return Recommendation(run, len(docs), _untested(adapter, cfg, tau.source))
+    if tau.value is not None:
+        study = replace(study, taus=(tau.value,))
+    choice = choose(study, cfg, progress, scoring)
+    dev = choice.dev
+    cols = ["lambda", "score", "factuality", "degenerate", "n"]
+    grid = ", ".join(f"{x:g}" for x in s.lambdas)
+    source = f"the best dev score (mean factuality, a degenerate text 0) of λ ∈ {{{grid}}} on {len(docs)} dev documents"
+    if study.gates:
+        gated = dev[dev["variant"] == "gated"][cols].to_dict("records")
+        gate = (
+            Recommended(
+                "gated_lambda", choice.gated_lambda, source + f" at τ = {tau.value:.2f}, k = {s.keep}", {"dev": gated}
+            ),
+            Recommended("keep", s.keep, f"{UNTESTED}: the value given (no k searched)"),
+        )
+    else:
+        gate = (Recommended("gated_lambda", None, no_gate), Recommended("keep", None, no_gate))
+    on = dev[dev["variant"] == "always-on"][cols].to_dict("records")
+    recs = (tau, gate[0], Recommended("always_on_lambda", choice.always_on_lambda, source, {"dev": on}), gate[1])
+    recs += _untested(adapter, cfg, "")[2:]
+    heldout = None
+    if s.heldout:
+        rows = compare(study, cfg, choice, progress, scoring)
+        table = paired_table(rows)
+        heldout = {"documents": int(rows["doc_id"].nunique()), "table": table.to_dict("records")}
+    return Recommendation(run, len(docs), recs, heldout)
+
+
+def _tau(run: str, s: RecommendSettings, cfg: EvalConfig, progress, use_cache: bool, scoring, docs) -> Recommended:
+    """The gate's τ: the p(good) quantile that flags `s.flag_share` of the merged model's own tokens on the dev
+    documents (None, with the reason, when it wrote nothing)."""
     if progress:
         progress(f"the merged model's own summaries of {len(docs)} dev documents")
     texts = generate_for(Variant.merged(run), docs, cfg, scoring.models, scoring.vectors, use_cache)
@@ -234,11 +278,9 @@ def _compute(run: str, s: RecommendSettings, cfg: EvalConfig, progress, use_cach
     scores = scoring.head.score([Record(d.doc_id, d.document, t, token_labels_known=False) for d, t in said])
     p = np.concatenate([x.p_good for x in scores]) if scores else np.zeros(0)
     if not len(p):
-        return Recommendation(
-            run, len(docs), _untested(adapter, cfg, "the merged model wrote nothing on the dev documents")
-        )
+        return Recommended("tau", None, "the merged model wrote nothing on the dev documents")
     tau = tau_for_share(p, s.flag_share)
-    tau_evidence = {
+    evidence = {
         "documents": len(docs),
         "summaries": len(said),
         "tokens": int(len(p)),
@@ -247,32 +289,12 @@ def _compute(run: str, s: RecommendSettings, cfg: EvalConfig, progress, use_cach
         "flagged_at_0.5": float((p < 0.5).mean()),
         "p_good_quantiles": {f"{q:g}": float(np.quantile(p, q)) for q in (0.01, 0.05, 0.1, 0.25, 0.5)},
     }
-    study = replace(study, taus=(tau,))
-    choice = choose(study, cfg, progress, scoring)
-    dev = choice.dev
-    cols = ["lambda", "score", "factuality", "degenerate", "n"]
-    on = dev[dev["variant"] == "always-on"][cols].to_dict("records")
-    gated = dev[dev["variant"] == "gated"][cols].to_dict("records")
-    grid = ", ".join(f"{x:g}" for x in s.lambdas)
-    source = f"the best dev score (mean factuality, a degenerate text 0) of λ ∈ {{{grid}}} on {len(docs)} dev documents"
-    recs = (
-        Recommended(
-            "tau",
-            tau,
-            f"flags {100 * s.flag_share:g}% of the merged model's own tokens on {len(docs)} dev documents",
-            tau_evidence,
-        ),
-        Recommended("gated_lambda", choice.gated_lambda, source + f" at τ = {tau:.2f}, k = {s.keep}", {"dev": gated}),
-        Recommended("always_on_lambda", choice.always_on_lambda, source, {"dev": on}),
-        Recommended("keep", s.keep, f"{UNTESTED}: the value given (no k searched)"),
-        *_untested(adapter, cfg, "")[2:],
+    return Recommended(
+        "tau",
+        tau,
+        f"flags {100 * s.flag_share:g}% of the merged model's own tokens on {len(docs)} dev documents",
+        evidence,
     )
-    heldout = None
-    if s.heldout:
-        rows = compare(study, cfg, choice, progress, scoring)
-        table = paired_table(rows)
-        heldout = {"documents": int(rows["doc_id"].nunique()), "table": table.to_dict("records")}
-    return Recommendation(run, len(docs), recs, heldout)
 
 
 def _untested(adapter, cfg: EvalConfig, why: str) -> tuple[Recommended, ...]:
