@@ -91,6 +91,23 @@ def test_fast_dropout_is_inverted_dropout(p):
     assert torch.equal(FastDropout(0.0).train()(x), x)
 
 
+def test_masks_drawn_together_are_those_drawn_one_by_one():
+    """keep_masks cuts each mask from its own whole random words, in order: on the CPU's generator the masks of a
+    layer drawn in one go are those its modules drew one after another (the shipped demo adapters retrain bit for
+    bit), each at the rate 1 − p."""
+    from topl_core.training.lora import keep_mask, keep_masks
+
+    shapes = [torch.Size([2, 5, 64])] * 3 + [torch.Size([2, 5, 7]), torch.Size([1]), torch.Size([3, 172])]
+    torch.manual_seed(0)
+    alone = [keep_mask(s, 0.1) for s in shapes]
+    torch.manual_seed(0)
+    together = keep_masks(shapes, 0.1)
+    assert all(a.shape == s and torch.equal(a, b) for a, b, s in zip(alone, together, shapes))
+    assert not torch.equal(together[0], together[1])
+    kept = torch.cat([m.reshape(-1) for m in together]).float().mean().item()
+    assert abs(kept - 0.9) < 0.05
+
+
 def test_lora_dropouts_are_fast_and_parameter_free():
     from peft import get_peft_model_state_dict
 

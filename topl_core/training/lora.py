@@ -11,31 +11,47 @@ from ..models.architecture import decoder_layers
 from .config import TrainConfig
 
 
-def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -> torch.Tensor:
-    """A boolean mask, each entry True with probability 1 − p (exact to 1/65536), independent. Cut from 16-bit
-    slices of 64-bit random words, three per word (the top slice holds only 15 random bits and is dropped)."""
-    n = math.prod(shape)
-    words = torch.empty((n + 2) // 3, dtype=torch.int64, device=device).random_()
-    slices = words.view(torch.int16).view(-1, 4)  # each uniform on [−32768, 32767]
-    keep = slices >= round(p * 65536) - 32768  # compared before the top slices go: no copy of the random bits
-    return keep[:, :3].reshape(-1)[:n].view(shape)
+def _kept_slices(words: int, p: float, device: torch.device | str) -> torch.Tensor:
+    """[words, 4] booleans: the four 16-bit slices of `words` random 64-bit words, each uniform on [−32768, 32767],
+    compared with p's threshold (True with probability 1 − p, exact to 1/65536). The top slice holds only 15 random
+    bits: keep_masks drops it."""
+    drawn = torch.empty(words, dtype=torch.int64, device=device).random_()
+    return drawn.view(torch.int16).view(-1, 4) >= round(p * 65536) - 32768
 
 
 @torch.library.custom_op(
-    "topl::keep_mask",
+    "topl::kept_slices",
     mutates_args=(),
-    schema="(SymInt[] shape, float p, Device device) -> Tensor",
+    schema="(SymInt words, float p, Device device) -> Tensor",
     tags=(torch.Tag.nondeterministic_seeded,),
 )
-def _keep_mask_op(shape: list[int], p: float, device: torch.device) -> torch.Tensor:
-    """keep_mask as one opaque operator for torch.compile (the same bits): its in-place draw (random_) would split
+def _kept_slices_op(words: int, p: float, device: torch.device) -> torch.Tensor:
+    """_kept_slices as one opaque operator for torch.compile (the same bits): its in-place draw (random_) would split
     a compiled decoder layer's graph in two."""
-    return keep_mask(torch.Size(shape), p, device)
+    return _kept_slices(words, p, device)
 
 
-@_keep_mask_op.register_fake
-def _(shape: list[int], p: float, device: torch.device) -> torch.Tensor:
-    return torch.empty(shape, dtype=torch.bool, device=device)
+@_kept_slices_op.register_fake
+def _(words: int, p: float, device: torch.device) -> torch.Tensor:
+    return torch.empty((words, 4), dtype=torch.bool, device=device)
+
+
+def keep_masks(shapes: list[torch.Size], p: float, device: torch.device | str = "cpu") -> list[torch.Tensor]:
+    """A boolean mask of each shape, each entry True with probability 1 − p (exact to 1/65536), independent: cut from
+    the three low 16-bit slices of 64-bit random words, from one draw of random words for them all. Each mask takes
+    its own whole words, in order, so on the CPU's generator (which draws words one after another) the masks are
+    those each would draw alone in turn: the demo adapters, trained when each LoRA module drew its own, retrain bit
+    for bit."""
+    sizes = [math.prod(shape) for shape in shapes]
+    words = [(n + 2) // 3 for n in sizes]
+    draw = _kept_slices_op if torch.compiler.is_compiling() else _kept_slices
+    kept = draw(sum(words), p, device)
+    return [part[:, :3].reshape(-1)[:n].view(shape) for part, n, shape in zip(kept.split(words), sizes, shapes)]
+
+
+def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -> torch.Tensor:
+    """keep_masks of one shape."""
+    return keep_masks([shape], p, device)[0]
 
 
 class FastDropout(torch.nn.Module):
@@ -72,10 +88,12 @@ class LayerMasks:
     The draw is a forward pre-hook on the layer's first operation, its input norm: inside the layer's forward, so a
     layer that recomputes its activations in backward (gradient checkpointing: transformers checkpoints the forward,
     not the layer's own hooks) draws the same masks again from the random state the checkpoint restores, and a
-    compiled layer draws them in its graph as one operator (topl::keep_mask), the eager bits."""
+    compiled layer draws them in its graph as one operator (topl::kept_slices), the eager bits. The masks are cut in
+    the order of the layer's modules, which is the order it calls them (q, k, v, o, gate, up, down): on the CPU, the
+    masks the modules drew one by one before (keep_masks)."""
 
     def __init__(self, dropouts: list[tuple[FastDropout, int]]):
-        self.dropouts = dropouts  # each with its input's width (the LoRA module's in_features)
+        self.dropouts = dropouts  # each with its input's width (the LoRA module's in_features), in call order
         self.p = dropouts[0][0].p
         if any(d.p != self.p for d, _ in dropouts):
             raise ValueError("a layer's LoRA dropouts draw their masks together: they need the same p")
@@ -84,15 +102,10 @@ class LayerMasks:
         """Every dropout's mask for this call's rows (the layer's input without its width)."""
         if not (norm.training and 0 < self.p < 1):
             return
-        hidden = args[0]
-        rows = hidden.shape[:-1]
-        sizes = [math.prod(rows) * width for _, width in self.dropouts]
-        if torch.compiler.is_compiling():
-            keep = _keep_mask_op([sum(sizes)], self.p, hidden.device)
-        else:
-            keep = keep_mask(torch.Size([sum(sizes)]), self.p, hidden.device)
-        for (dropout, width), mask in zip(self.dropouts, keep.split(sizes)):
-            dropout.drawn = mask.view(*rows, width)
+        rows = args[0].shape[:-1]
+        shapes = [torch.Size([*rows, width]) for _, width in self.dropouts]
+        for (dropout, _), mask in zip(self.dropouts, keep_masks(shapes, self.p, args[0].device)):
+            dropout.drawn = mask
 
     @classmethod
     def attach(cls, layer: torch.nn.Module) -> LayerMasks | None:
