@@ -585,6 +585,24 @@ def test_a_layer_draws_its_lora_masks_at_once_each_its_own_and_compiled_as_eager
     assert all(torch.equal(a, b) for a, b in zip(*grads)) and any(g.abs().sum() > 0 for g in grads[0])
 
 
+def test_compiled_dropouts_drawing_their_own_masks_draw_the_eager_ones():
+    """Three FastDropouts outside a layer (no LayerMasks) on one input, compiled: each draws its own mask, the eager
+    one (drawn eagerly: the compiler would merge three equal draws into one)."""
+    dropouts = [FastDropout(0.1).train() for _ in range(3)]
+    x = torch.randn(4, 8, 16, requires_grad=True)
+
+    def loss(x):
+        return sum((i + 1) * d(x).pow(2).sum() for i, d in enumerate(dropouts))
+
+    found = []
+    for run in (loss, torch.compile(loss, backend="aot_eager")):
+        torch.manual_seed(0)
+        (grad,) = torch.autograd.grad(value := run(x), x)
+        found.append((value.detach(), grad))
+    (eager, eager_grad), (compiled, compiled_grad) = found
+    assert torch.equal(eager, compiled) and torch.equal(eager_grad, compiled_grad)
+
+
 def test_lora_inputs_left_uncast_under_autocast_change_no_value(tiny_records):
     """Training's LoRA modules take their input as it comes (cast_lora_inputs False): under bf16 autocast the loss
     and every LoRA gradient are those of PEFT's float32 copy of the input, bit for bit."""

@@ -54,6 +54,13 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -
     return keep_masks([shape], p, device)[0]
 
 
+@torch.compiler.disable
+def _own_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
+    """A FastDropout's own mask, drawn eagerly even in compiled code (a graph break): the compiler would merge two
+    topl::kept_slices of equal size in one graph into one draw, sharing a mask. A layer's LayerMasks draw once."""
+    return keep_mask(shape, p, device)
+
+
 class FastDropout(torch.nn.Module):
     """Inverted dropout, as nn.Dropout, with one random draw per three elements. Every LoRA module drops out its
     input (7 per layer), and nn.Dropout's masks were a large share of a CPU step (docs/performance.md, "What changed
@@ -72,7 +79,7 @@ class FastDropout(torch.nn.Module):
             return torch.zeros_like(x)
         keep, self.drawn = self.drawn, None  # autograd keeps what backward needs
         if keep is None or keep.shape != x.shape:
-            keep = keep_mask(x.shape, self.p, x.device)
+            keep = _own_mask(x.shape, self.p, x.device)
         return torch.where(keep, x * (1 / (1 - self.p)), 0)
 
     def extra_repr(self) -> str:
