@@ -93,8 +93,8 @@ def test_fast_dropout_is_inverted_dropout(p):
 
 def test_masks_drawn_together_are_those_drawn_one_by_one():
     """keep_masks cuts each mask from its own whole random words, in order: on the CPU's generator the masks of a
-    layer drawn in one go are those its modules drew one after another (the shipped demo adapters retrain bit for
-    bit), each at the rate 1 − p."""
+    layer drawn in one go are those its modules drew one after another (a run trains as it did when each drew its
+    own), each at the rate 1 − p."""
     from topl_core.training.lora import keep_mask, keep_masks
 
     shapes = [torch.Size([2, 5, 64])] * 3 + [torch.Size([2, 5, 7]), torch.Size([1]), torch.Size([3, 172])]

@@ -40,8 +40,8 @@ def keep_masks(shapes: list[torch.Size], p: float, device: torch.device | str = 
     """A boolean mask of each shape, each entry True with probability 1 − p (exact to 1/65536), independent: cut from
     the three low 16-bit slices of 64-bit random words, from one draw of random words for them all. Each mask takes
     its own whole words, in order, so on the CPU's generator (which draws words one after another) the masks are
-    those each would draw alone in turn: the demo adapters, trained when each LoRA module drew its own, retrain bit
-    for bit."""
+    those each would draw alone in turn: a run trains as it did when each LoRA module drew its own mask (the demo
+    adapters' rebuild, scripts/demo_adapters.py)."""
     sizes = [math.prod(shape) for shape in shapes]
     words = [(n + 2) // 3 for n in sizes]
     draw = _kept_slices_op if torch.compiler.is_compiling() else _kept_slices
