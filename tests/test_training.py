@@ -491,8 +491,8 @@ def test_fused_adamw_takes_the_steps_of_the_plain_one():
 def test_compiled_layers_train_the_same_run(tmp_path, tiny_records):
     """Each decoder layer's forward compiled (torch.compile; the aot_eager backend runs the captured graph as it is,
     so the test checks the capture without waiting for code generation): the losses and weights of the eager run,
-    the LoRA dropout's masks included (one operator: no graph break, the same draws); the model is given back eager
-    and casting its LoRA inputs as PEFT does."""
+    the LoRA dropout's masks included (one operator: no graph break, the same draws), also with gradient checkpointing;
+    the model is given back eager and casting its LoRA inputs as PEFT does."""
     import torch._dynamo
 
     lora = LoraSettings(layer_start=0, layer_end=2)  # dropout 0.1, as the paper's
@@ -503,6 +503,10 @@ def test_compiled_layers_train_the_same_run(tmp_path, tiny_records):
     assert [r["loss"] for r in compiled.read_metrics()] == pytest.approx([r["loss"] for r in eager.read_metrics()])
     a, b = _weights(eager), _weights(compiled)
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    # compiled and recomputing its activations in backward: the recompute draws the forward's masks again
+    both = tiny_config(steps=2, lora=lora, compile_backend="aot_eager", gradient_checkpointing=True)
+    c = _weights(train(both, tmp_path / "cc", records=tiny_records))
+    assert all(torch.allclose(a[k], c[k], atol=1e-6) for k in a)
     base = load_model("tiny-llama")
     one_step = tiny_config(steps=1, lora=lora, compile_backend="aot_eager")
     train(one_step, tmp_path / "c1", records=tiny_records, base=base)
