@@ -177,7 +177,8 @@ def choose(
         rows = scoring.rows(study.gated(lam, tau, keep), docs, "")
         table.append({"variant": "gated", "lambda": lam, "tau": tau, "keep": keep, **_dev_score(rows)})
     dev = pd.DataFrame(table)
-    best = {v: dev.loc[dev[dev["variant"] == v]["score"].idxmax()] for v in ("always-on", "gated")[: 1 + study.gates]}
+    variants = ("always-on", "gated") if study.gates else ("always-on",)
+    best = {v: dev.loc[dev[dev["variant"] == v]["score"].idxmax()] for v in variants}
     on = float(best["always-on"]["lambda"])
     if not study.gates:
         return Choice(on, None, None, None, dev)

@@ -229,19 +229,17 @@ def opening(run, mode: str) -> ModeDefaults:
 
 def _compute(run: str, s: RecommendSettings, cfg: EvalConfig, progress, use_cache: bool) -> Recommendation:
     adapter = open_adapter(run)
-    study = GatedStudy(run, s.lambdas, (0.5,), (s.keep,), s.n_split, s.n_cliff)
-    if not adapter.has_head:
-        study = replace(study, taus=())  # no gate: the always-on λ alone
+    study = GatedStudy(run, s.lambdas, (), (s.keep,), s.n_split, s.n_cliff)  # the gate's τ added below, with a head
     scoring = Scoring(study, cfg, use_cache)
     docs = study.documents(cfg, "val")
     no_gate = f"{adapter.name} has no head (method {adapter.method or 'unknown'}): the gated mode needs one"
-    tau = (
-        _tau(run, s, cfg, progress, use_cache, scoring, docs) if adapter.has_head else Recommended("tau", None, no_gate)
-    )
-    if adapter.has_head and tau.value is None:
-        return Recommendation(run, len(docs), _untested(adapter, cfg, tau.source))
-    if tau.value is not None:
+    if adapter.has_head:
+        tau = _tau(run, s, cfg, progress, use_cache, scoring, docs)
+        if tau.value is None:
+            return Recommendation(run, len(docs), _untested(adapter, cfg, tau.source))
         study = replace(study, taus=(tau.value,))
+    else:
+        tau = Recommended("tau", None, no_gate)
     choice = choose(study, cfg, progress, scoring)
     dev = choice.dev
     cols = ["lambda", "score", "factuality", "degenerate", "n"]
