@@ -275,13 +275,13 @@ def test_hostile_requests_get_openai_errors_and_the_server_goes_on(served, clien
 
 
 def test_a_full_queue_answers_429_and_a_wrong_key_401(session):
-    engine = ServeEngine(session, "fp32", slots=1, waiting=0)
+    engine = ServeEngine(session, "fp32", slots=2, waiting=0)
     server = Server(create_app(engine, "tiny", api_key="sesame"))
     try:
         good = openai.OpenAI(base_url=server.url, api_key="sesame", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=server.url, api_key="wrong", max_retries=0).models.list()
-        stream = good.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=200, stream=True)
+        stream = good.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=200, stream=True, n=2)
         next(iter(stream))
         with pytest.raises(openai.RateLimitError) as busy:
             good.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)

@@ -217,19 +217,23 @@ def _prompt_forward(
     return cache, logits, ids.shape[1]
 
 
-def prompt_forward(lm: LoadedModel, ids: torch.Tensor, precision: Precision) -> tuple[object, torch.Tensor]:
+def prompt_forward(
+    lm: LoadedModel, ids: torch.Tensor, precision: Precision, every_position: bool = False
+) -> tuple[object, torch.Tensor]:
     """The prompt `ids` (rows × positions, one length) run once in `precision`: (its KV cache, a DynamicCache; the
-    last position's logits per row in float32)."""
+    last position's logits per row in float32 — with `every_position`, every position's: rows × positions ×
+    vocabulary, as the forward computed them)."""
     from transformers import DynamicCache
 
     model = lm.model
     cache = DynamicCache()
     # the last position's logits only, as transformers' generate asks for them (the same rounding as its first
     # token's): the whole prompt's (T × vocabulary) logits are a large part of a small model's prompt forward
-    last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    keep = 0 if every_position else 1
+    last = {"logits_to_keep": keep} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     with autocast(precision, model.device.type):
         out = model(input_ids=ids.to(model.device), past_key_values=cache, use_cache=True, **last)
-    return cache, out.logits[:, -1].float()
+    return cache, (out.logits if every_position else out.logits[:, -1].float())
 
 
 def stream_generate(

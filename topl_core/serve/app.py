@@ -4,9 +4,14 @@ as a FastAPI app; streams as server-sent events, as OpenAI sends them, ending wi
     app = create_app(engine, name="topl-smollm2", api_key=None, max_body=1_000_000)
     uvicorn.run(app, host="127.0.0.1", port=8000)       (cli/serve.py)
 
-Every choice is one Generation of the engine; a client that disconnects cancels its generations (they stop at their
-next step and free their slots). A body larger than `max_body` gets 413 before it is read whole; with `api_key`, every
-request must carry it as a Bearer token (compared in constant time).
+Every choice is one Generation of the engine; every input is checked before any generation starts, and a client's
+generations start all together or not at all (429). A client that disconnects — streaming or not, decoding or still
+waiting for a slot — cancels its generations (they stop at their next step, or leave the queue, and free their slots).
+A body larger than `max_body` gets 413 before it is read whole; with `api_key`, every request must carry it as a Bearer
+token (compared in constant time); a Host header outside `allowed_hosts` gets 403 (a web page reaching a loopback
+server through DNS rebinding). Whatever fails, the answer is OpenAI's error JSON and the service goes on.
+
+lm-eval's remote tokenizer reads /tokenizer_info, /tokenize and /detokenize (at the root, as vLLM serves them).
 """
 
 from __future__ import annotations
@@ -15,20 +20,35 @@ import asyncio
 import hmac
 import time
 import uuid
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Iterable
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException
 
 from ..analysis.steering.modes import SteerConfig
 from .batch import Steering
 from .engine import Busy, Chunk, Sampling, ServeEngine
-from .protocol import ChatRequest, CommonFields, CompletionRequest, ServeError
+from .engine import Request as GenerationRequest
+from .protocol import (
+    ALIAS_MARK,
+    SEED_RANGE,
+    ChatRequest,
+    CommonFields,
+    CompletionRequest,
+    ServeError,
+    TokenIds,
+    alias_steering,
+    encodable,
+)
 from .replies import Choice, Reply, absorb, sse
 
 DEFAULT_NEW_TOKENS = 64
 RETRY_AFTER_S = 1
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
 def create_app(
@@ -37,18 +57,24 @@ def create_app(
     api_key: str | None = None,
     max_body: int = 1_000_000,
     max_prompt_tokens: int = 4096,
+    exposed: Iterable[str] = (),
+    allowed_hosts: Iterable[str] | None = LOOPBACK_HOSTS,
 ) -> FastAPI:
-    """The service (the module docstring) over `engine`, its models named after `name` (the adapter). `engine` None:
-    the process that serves the app gives it later, serve_engine(app.state.engine_key, engine) (a Ray Serve replica
-    builds its own: ray_serve.py)."""
+    """The service (the module docstring) over `engine`, its models named after `name` (the adapter), with the
+    steering aliases `exposed` (protocol.alias_name) listed beside them. `allowed_hosts` None: any Host header (a
+    server beyond loopback, behind its API key). `engine` None: the process that serves the app gives it later,
+    serve_engine(app.state.engine_key, engine) (a Ray Serve replica builds its own: ray_serve.py)."""
     app = FastAPI(title="TOPL Workbench", docs_url=None, redoc_url=None)
     models = {name: "steered", f"{name}:merged": "merged", f"{name}:base": "base"}
+    for alias in exposed:
+        alias_steering(alias).config("model")  # a misspelt alias fails at start, not at its first request
+        models[alias] = "alias"
     created = int(time.time())
     key = app.state.engine_key = uuid.uuid4().hex
     if engine is not None:
         serve_engine(key, engine)
 
-    app.add_middleware(_Guard, api_key=api_key, max_body=max_body)
+    app.add_middleware(_Guard, api_key=api_key, max_body=max_body, allowed_hosts=allowed_hosts)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError):
@@ -58,11 +84,25 @@ def create_app(
         detail = first.get("msg", "invalid")
         if first.get("type") == "extra_forbidden":
             detail = "unknown field (see the OpenAI API's fields and the service's `steering`)"
+        elif first.get("type") == "json_invalid":
+            param, detail = None, f"not valid JSON ({first.get('ctx', {}).get('error', detail)})"
         return _error(ServeError(400, f"{param or 'body'}: {detail}.", param))
 
     @app.exception_handler(ServeError)
     async def refused(_request: Request, exc: ServeError):
         return _error(exc)
+
+    @app.exception_handler(HTTPException)
+    async def http_refused(_request: Request, exc: HTTPException):
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        code = "not_found" if exc.status_code == 404 else None
+        return _error(ServeError(exc.status_code, f"{exc.detail}.", None, kind, code))
+
+    @app.exception_handler(Exception)
+    async def failed(_request: Request, exc: Exception):
+        if isinstance(exc, RecursionError):  # JSON nested past the parser's depth
+            return _error(ServeError(400, "body: JSON nested too deeply to read.", None))
+        return _error(ServeError(500, f"the service failed: {type(exc).__name__}: {exc}", None, "server_error"))
 
     @app.get("/v1/models")
     async def list_models():
@@ -71,81 +111,220 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
-        messages = [m.model_dump() for m in body.messages]
+        messages = [m.plain(f"messages[{k}]") for k, m in enumerate(body.messages)]
         tok = _engine(key).tokenizer
-        prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return await _complete(request, body, [prompt], chat=True)
+        try:
+            prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # no template, or one that refuses these roles (e.g. no system role)
+            raise ServeError(400, f"messages: the model's chat template refuses them ({e}).", "messages") from None
+        return await _complete(request, body, [_prompt_ids(_engine(key), prompt)], chat=True)
 
     @app.post("/v1/completions")
     async def complete(body: CompletionRequest, request: Request):
-        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-        if not prompts or len(prompts) > 8:
-            raise ServeError(400, "prompt: a string or a list of 1 to 8 strings.", "prompt")
-        return await _complete(request, body, prompts, chat=False)
+        return await _complete(request, body, [_prompt_ids(_engine(key), p) for p in body.prompts()], chat=False)
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        return _tokenizer_info(_engine(key))
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        engine = _engine(key)
+        ids = _tokenize(engine, body)
+        return {"count": len(ids), "max_model_len": engine.context_window, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        engine = _engine(key)
+        _check_ids(engine, body.tokens, "tokens")
+        return {"prompt": engine.tokenizer.decode(body.tokens)}
 
     def steering_of(body: CommonFields) -> Steering:
         kind = models.get(body.model)
+        if kind is None and body.model.startswith(name + ALIAS_MARK):
+            kind = "alias"
         if kind is None:
-            raise ServeError(404, f"model {body.model!r}: this service serves {list(models)}.", "model", "not_found")
+            raise ServeError(
+                404,
+                f"model {body.model!r}: this service serves {list(models)}.",
+                "model",
+                "invalid_request_error",
+                "model_not_found",
+            )
         if kind == "base":  # the merged model with the adapter's update scaled to 0
             if body.steering is not None:
                 raise ServeError(
                     400, "steering: the base model is not steered; ask for model " + repr(name), "steering"
                 )
             return Steering(SteerConfig("conditional"), 0.0)
-        if body.steering is None:
-            return Steering(SteerConfig(), 0.0)
-        if kind == "merged":
-            raise ServeError(400, f"steering: {body.model!r} is the merged adapter; steer model {name!r}.", "steering")
-        how, lam = body.steering.config()
-        if how.spec.needs_head and not _engine(key).has_head:
+        if kind in ("merged", "alias") and body.steering is not None:
             raise ServeError(
-                400, f"steering.mode={how.mode!r} reads the adapter's head, which it has none of.", "steering.mode"
+                400,
+                f"steering: {body.model!r} names its own steering; to steer per request, ask for {name!r}.",
+                "steering",
             )
+        if kind == "alias":
+            how, lam = alias_steering(body.model).config("model")
+        elif body.steering is None:
+            return Steering(SteerConfig(), 0.0)
+        else:
+            how, lam = body.steering.config()
+        if how.spec.needs_head and not _engine(key).has_head:
+            raise ServeError(400, f"mode {how.mode!r} reads the adapter's head, which it has none of.", "steering")
         return Steering(how, lam)
 
-    async def _complete(request: Request, body: CommonFields, prompts: list[str], chat: bool):
+    async def _complete(request: Request, body: CommonFields, encoded: list[torch.Tensor], chat: bool):
+        """Every check first (nothing has started), then the generations all at once, then their answer."""
         body.check_penalties()
         steering = steering_of(body)
-        sampling = Sampling(body.new_tokens(DEFAULT_NEW_TOKENS), body.temperature, body.top_p, body.seed, body.stops())
         engine = _engine(key)
-        encoded = [engine.tokenizer(p, return_tensors="pt", add_special_tokens=False).input_ids for p in prompts]
+        echo = isinstance(body, CompletionRequest) and body.echo
+        new = body.new_tokens(DEFAULT_NEW_TOKENS)
+        if new == 0 and not echo:
+            raise ServeError(
+                400, "max_tokens: 0 generates nothing; with echo it scores the prompt alone.", "max_tokens"
+            )
+        sampling = Sampling(new, body.temperature, body.top_p, body.seed, body.stops(), body.top_logprobs_asked(), echo)
+        where = "messages" if chat else "prompt"
         for ids in encoded:
-            if ids.shape[1] > max_prompt_tokens:
-                raise ServeError(
-                    400,
-                    f"the prompt is {ids.shape[1]} tokens; this service takes {max_prompt_tokens}.",
-                    "messages" if chat else "prompt",
-                )
+            _check_length(engine, ids.shape[1], new, max_prompt_tokens, where)
+        if len(encoded) * body.n > engine.capacity:
+            raise ServeError(
+                400,
+                f"{len(encoded)} prompt(s) × n={body.n} asks for {len(encoded) * body.n} generations; this service "
+                f"runs at most {engine.capacity} at once (serve --slots and --queue).",
+                "n",
+            )
         loop = asyncio.get_running_loop()
-        choices: list[Choice] = []
-        generations = []
+        choices = [Choice(k) for k in range(len(encoded) * body.n)]
+        requests = [
+            GenerationRequest(ids, steering, _seeded(sampling, i), _threadsafe(loop, choices[p * body.n + i].queue))
+            for p, ids in enumerate(encoded)
+            for i in range(body.n)
+        ]
         try:
-            for p, ids in enumerate(encoded):
-                for i in range(body.n):
-                    choice = Choice(len(choices))
-                    seeded = Sampling(**{**sampling.__dict__, "seed": (body.seed or 0) + i}) if body.n > 1 else sampling
-                    put = _threadsafe(loop, choice.queue)
-                    generations.append(engine.start(ids, steering, seeded, put))
-                    choices.append(choice)
+            generations = engine.start(requests)
         except Busy:
-            for g in generations:
-                g.cancel()
             return _error(ServeError(429, "every slot is busy; retry shortly.", None, "rate_limit"), RETRY_AFTER_S)
         prompt_tokens = sum(ids.shape[1] for ids in encoded) * body.n
         reply = Reply(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", body.model, chat, steering)
+        if echo:
+            for choice, ids in zip(choices, (ids for ids in encoded for _ in range(body.n))):
+                choice.echo_text = engine.tokenizer.decode(ids[0])
         if body.stream:
             return StreamingResponse(
                 _stream(request, reply, choices, generations, prompt_tokens, body), media_type="text/event-stream"
             )
         try:
-            await _collect(request, choices)
+            if not await _collect(request, choices):
+                return _error(ServeError(499, "the client closed the request.", None))
         finally:
             for g in generations:
                 g.cancel()
         return reply.whole(choices, prompt_tokens)
 
     return app
+
+
+class TokenizeRequest(BaseModel):
+    """/tokenize's body (vLLM's): a prompt, or chat messages, and whether the tokenizer adds its special tokens."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: TokenIds
+
+
+def _tokenize(engine: ServeEngine, body: TokenizeRequest) -> list[int]:
+    tok = engine.tokenizer
+    if body.prompt is not None:
+        return tok(encodable(body.prompt, "prompt"), add_special_tokens=body.add_special_tokens).input_ids
+    if body.messages is not None:
+        try:
+            text = tok.apply_chat_template(
+                body.messages, tokenize=False, add_generation_prompt=body.add_generation_prompt
+            )
+        except Exception as e:
+            raise ServeError(400, f"messages: the model's chat template refuses them ({e}).", "messages") from None
+        return tok(encodable(text, "messages"), add_special_tokens=False).input_ids
+    raise ServeError(400, "give `prompt` (a string) or `messages`.", "prompt")
+
+
+def _tokenizer_info(engine: ServeEngine) -> dict:
+    """What a remote tokenizer needs to tokenize as this service does (vLLM's /tokenizer_info fields)."""
+    tok = engine.tokenizer
+    return {
+        "tokenizer_class": type(tok).__name__,
+        "model_max_length": engine.context_window,
+        "max_model_len": engine.context_window,
+        "vocab_size": engine.vocabulary,
+        "eos_token": tok.eos_token,
+        "eos_token_id": tok.eos_token_id,
+        "bos_token": tok.bos_token,
+        "bos_token_id": tok.bos_token_id,
+        "pad_token": tok.pad_token,
+        "pad_token_id": tok.pad_token_id,
+        "add_bos_token": getattr(tok, "add_bos_token", None),
+        "chat_template": tok.chat_template,
+    }
+
+
+def _prompt_ids(engine: ServeEngine, prompt: str | TokenIds) -> torch.Tensor:
+    """A completions prompt as token ids (1 × positions): a string tokenized as it stands (no special tokens added:
+    the client's text is the whole prompt), token ids checked against the vocabulary."""
+    if isinstance(prompt, str):
+        ids = engine.tokenizer(prompt, add_special_tokens=False).input_ids
+        if not ids:
+            raise ServeError(400, "prompt: it tokenizes to no token at all.", "prompt")
+        return torch.tensor([ids])
+    _check_ids(engine, prompt, "prompt")
+    return torch.tensor([prompt])
+
+
+def _check_ids(engine: ServeEngine, ids: list[int], param: str) -> None:
+    bad = next((t for t in ids if not 0 <= t < engine.vocabulary), None)
+    if bad is not None:
+        raise ServeError(
+            400, f"{param}: token id {bad} is not in the vocabulary (0 to {engine.vocabulary - 1}).", param
+        )
+
+
+def _check_length(engine: ServeEngine, prompt: int, new: int, max_prompt_tokens: int, param: str) -> None:
+    if prompt > max_prompt_tokens:
+        raise ServeError(
+            400,
+            f"the prompt is {prompt} tokens; this service takes {max_prompt_tokens}.",
+            param,
+            code="context_length_exceeded",
+        )
+    window = engine.context_window
+    if window is not None and prompt + new > window:
+        raise ServeError(
+            400,
+            f"the prompt's {prompt} tokens and max_tokens={new} exceed the model's context window of {window} tokens; "
+            "shorten the prompt or ask for fewer tokens.",
+            param,
+            code="context_length_exceeded",
+        )
+
+
+def _seeded(sampling: Sampling, i: int) -> Sampling:
+    """Choice i's sampling: the request's seed + i (within what a generator takes), or None (fresh randomness) when
+    the request gave none."""
+    if sampling.seed is None:
+        return sampling
+    lo, hi = SEED_RANGE
+    return Sampling(**{**sampling.__dict__, "seed": (sampling.seed + i - lo) % (hi - lo + 1) + lo})
 
 
 _ENGINES: dict[str, ServeEngine] = {}  # the engine each app of this process serves, by its engine_key
@@ -170,19 +349,35 @@ def _threadsafe(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> Callab
     return put
 
 
-async def _collect(request: Request, choices: list[Choice]) -> None:
-    """Every choice to its end; a client gone meanwhile ends the wait (its generations are cancelled)."""
-    for choice in choices:
-        while choice.finish_reason is None:
-            try:
-                piece = await asyncio.wait_for(choice.queue.get(), 0.5)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    return
-                continue
-            absorb(choice, piece)
-            if piece.error:
-                raise ServeError(500, f"the generation failed: {piece.error}", None, "server_error")
+async def _collect(request: Request, choices: list[Choice]) -> bool:
+    """Every choice to its end (True), or False as soon as the client goes away (its generations are then
+    cancelled by the caller)."""
+
+    async def every_choice() -> None:
+        for choice in choices:
+            while choice.finish_reason is None:
+                piece = await choice.queue.get()
+                absorb(choice, piece)
+                if piece.error:
+                    raise ServeError(500, f"the generation failed: {piece.error}", None, "server_error")
+
+    collecting = asyncio.ensure_future(every_choice())
+    watching = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({collecting, watching}, return_when=asyncio.FIRST_COMPLETED)
+        if collecting.done():
+            collecting.result()  # raises what the generation raised
+            return True
+        return False
+    finally:
+        for task in (collecting, watching):
+            task.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body is read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _stream(
@@ -238,16 +433,27 @@ def _error(error: ServeError, retry_after: int | None = None) -> JSONResponse:
 
 
 class _Guard:
-    """Before a request reaches the app: its API key (a Bearer token, compared in constant time) and its body's size
-    (the declared length, and the bytes as they are read: a body sent without a length is stopped at the limit)."""
+    """Before a request reaches the app: its Host header (one of `allowed_hosts`, unless None), its API key (a Bearer
+    token, compared in constant time) and its body's size (the declared length, and the bytes as they are read: a
+    body sent without a length is stopped at the limit)."""
 
-    def __init__(self, app, api_key: str | None, max_body: int):
+    def __init__(self, app, api_key: str | None, max_body: int, allowed_hosts: Iterable[str] | None):
         self.app, self.api_key, self.max_body = app, api_key, max_body
+        self.allowed_hosts = None if allowed_hosts is None else {h.lower().strip("[]") for h in allowed_hosts}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if self.allowed_hosts is not None and _host_name(headers.get("host", "")) not in self.allowed_hosts:
+            refusal = ServeError(
+                403,
+                f"Host {headers.get('host', '')!r} is not served here ({sorted(self.allowed_hosts)}; serve "
+                "--allowed-host adds a name).",
+                None,
+                "permission_error",
+            )
+            return await _error(refusal)(scope, receive, send)
         if self.api_key is not None:
             given = headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
@@ -270,3 +476,11 @@ class _Guard:
 
     def _too_large(self) -> ServeError:
         return ServeError(413, f"the request body is over {self.max_body} bytes.", None)
+
+
+def _host_name(host: str) -> str:
+    """A Host header's name without its port ("[::1]:8000" → "::1", "localhost:8000" → "localhost")."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host

@@ -7,10 +7,15 @@ each generation its row's logits. A generation joins with its prompt (run once, 
 request's first token does not wait for the others to finish) and leaves when it ends.
 
     batcher = Batcher(lm, vectors, lora, head, precision, slots=16)
-    slot, twin, logits = batcher.join(ids, steering, twin=False)   the prompt run into a free slot (and its twin)
+    joined = batcher.join(ids, steering, twin=False).result()   the prompt run into a free slot (and its twin):
+        Joined(slot, twin, logits, prompt); a join still waiting for a slot is cancelled with its future's cancel()
     logits, p = batcher.submit(slot, token, steering).result()     one decode step of `slot`, batched with others
     batcher.crop(slot, n)                         the slot's last n positions dropped (a judge took a token back)
     batcher.leave(slot)
+    batcher.idle()                                every slot free, nothing waiting (the service's invariant at rest)
+
+A slot belongs to the generation whose join took it from the moment it is taken: a prompt that fails gives its slots
+back before the join's future raises, and a generation gives them back when it ends, however it ends.
 
 The KV cache holds every slot's keys and values in one storage (slots × heads × capacity × head size); a slot writes
 each position at its own index (its length: slots of different lengths share a step), and the attention mask hides
@@ -97,6 +102,42 @@ class SlotLayer(DynamicLayer):
         return self._batcher.length, 0
 
 
+@dataclass(frozen=True)
+class PromptScores:
+    """A prompt's own tokens read by the forward that ran it (an echo): per position k ≥ 1, the log-probability of
+    token k after the tokens before it (under the generating model: steered where the mode steers the prompt), its
+    `top` alternatives as (token id, log-probability), and the head's p(good) of every position (the merged model's
+    states, as for generated tokens; NaN without a head)."""
+
+    logprob: list[float]
+    top: list[list[tuple[int, float]]]
+    p_good: list[float]
+
+
+@dataclass(frozen=True)
+class Joined:
+    """A prompt run into its slot: the slot, its twin (None: none), the first new token's logits (vocabulary,
+    float32), and the prompt's own scores when the join asked for them."""
+
+    slot: int
+    twin: int | None
+    logits: torch.Tensor
+    prompt: PromptScores | None = None
+
+
+@dataclass(frozen=True)
+class _Join:
+    ids: torch.Tensor
+    steering: Steering
+    twin: bool
+    score: int | None  # None: the prompt is not scored; else the number of alternatives per position
+    done: Future
+
+    @property
+    def rows(self) -> int:
+        return 1 + self.twin
+
+
 @dataclass
 class _Step:
     slot: int
@@ -137,7 +178,7 @@ class Batcher:
         self._cache = Cache(layers=[SlotLayer(self) for _ in decoder_layers(lm.model)])
         self._cond = threading.Condition()
         self._steps: dict[int, _Step] = {}
-        self._joins: list[tuple[torch.Tensor, Steering, bool, Future]] = []
+        self._joins: list[_Join] = []
         self._joined: set[int] = set()  # slots holding a generation
         self._edits_key: tuple | None = None
         self._edits: dict[Site, SiteEdit] = {}
@@ -146,15 +187,18 @@ class Batcher:
         self._thread.start()
 
     # the generations' side
-    def join(self, ids: torch.Tensor, steering: Steering, twin: bool = False) -> tuple[int, int | None, torch.Tensor]:
-        """Run the prompt `ids` (1 × positions) into a free slot (waiting for one): (the slot, its twin, its first
-        logits). `twin`: a second slot holding the same prompt unsteered (the merged model's reading of the same
-        tokens: where the head's p(good) is read for a steered generation)."""
+    def join(self, ids: torch.Tensor, steering: Steering, twin: bool = False, score: int | None = None) -> Future:
+        """Run the prompt `ids` (1 × positions) into a free slot when one is free: a future of Joined. `twin`: a
+        second slot holding the same prompt unsteered (the merged model's reading of the same tokens: where the
+        head's p(good) is read for a steered generation). `score`: the prompt's own tokens scored too, with that many
+        alternatives each (PromptScores). Cancelling the future while it waits withdraws the join."""
+        if 1 + twin > self.slots:
+            raise ValueError(f"this join takes {1 + twin} slots; the batcher has {self.slots}.")
         done: Future = Future()
         with self._cond:
-            self._joins.append((ids, steering, twin, done))
+            self._joins.append(_Join(ids, steering, twin, score, done))
             self._cond.notify_all()
-        return done.result()
+        return done
 
     def submit(self, slot: int, token: int, steering: Steering) -> Future:
         """One decode step of `slot` with `token`, batched with the other slots' waiting steps; the future gives (the
@@ -177,8 +221,16 @@ class Batcher:
             self._mask[slot] = 0
             self.write_at[slot] = 0
             self._joined.discard(slot)
-            heapq.heappush(self._free, slot)
+            self._steps.pop(slot, None)
+            if slot not in self._free:
+                heapq.heappush(self._free, slot)
             self._cond.notify_all()
+
+    def idle(self) -> bool:
+        """Every slot free and nothing waiting to join or step (what the service holds whenever nothing runs)."""
+        with self._cond:
+            waiting = [j for j in self._joins if not j.done.cancelled()]
+            return len(self._free) == self.slots and not self._joined and not self._steps and not waiting
 
     def close(self) -> None:
         with self._cond:
@@ -197,53 +249,76 @@ class Batcher:
                 # a step waits a moment for the generations still choosing their token, not for one that is joining
                 self._cond.wait_for(lambda: len(self._steps) >= len(self._joined), GATHER_S)
                 steps, self._steps = self._steps, {}
-                join = self._joins.pop(0) if self._can_join() else None
-                slots = [heapq.heappop(self._free) for _ in range(1 + join[2])] if join is not None else []
+                join, slots = self._take_join()
             if steps:
                 self._step(list(steps.values()))
             if join is not None:
-                ids, steering, twin, done = join
-                self._settle(done, lambda: self._prefill(slots, ids, steering))
+                try:
+                    joined = self._prefill(slots, join)
+                except BaseException as e:  # the slots go back before the generation hears of it
+                    for slot in slots:
+                        self.leave(slot)
+                    join.done.set_exception(e)
+                else:
+                    join.done.set_result(joined)
 
     def _can_join(self) -> bool:
-        return bool(self._joins) and len(self._free) >= 1 + self._joins[0][2]
+        while self._joins and self._joins[0].done.cancelled():  # withdrawn while waiting
+            self._joins.pop(0)
+        return bool(self._joins) and len(self._free) >= self._joins[0].rows
 
-    @staticmethod
-    def _settle(done: Future, work: Callable[[], object]) -> None:
-        if not done.set_running_or_notify_cancel():
-            return
-        try:
-            done.set_result(work())
-        except BaseException as e:  # the waiting generation raises it
-            done.set_exception(e)
+    def _take_join(self) -> tuple[_Join | None, list[int]]:
+        """The first waiting join that slots are free for, its future marked running, with the slots it now owns."""
+        while self._can_join():
+            join = self._joins.pop(0)
+            if join.done.set_running_or_notify_cancel():
+                return join, [heapq.heappop(self._free) for _ in range(join.rows)]
+        return None, []
 
-    def _prefill(self, slots: list[int], ids: torch.Tensor, steering: Steering) -> tuple[int, int | None, torch.Tensor]:
+    def _prefill(self, slots: list[int], join: _Join) -> Joined:
         """The prompt run alone (steered where the mode steers the prompt) into the first slot, unsteered into the
-        second (the twin) if any: (slot, twin, the first slot's last logits)."""
+        second (the twin) if any, and its own tokens scored if asked."""
+        ids, steering = join.ids, join.steering
         steered = steering.how.steers_prompt and not steering.neutral
+        every = join.score is not None  # every position's logits, not the last one's
         lora = self._lora() if steering.how.spec.action.needs_lora else None
+        plain_reader = _HeadReader(self.lm.model, self.head if every else None, 1, every=True)
         with steer(self.lm.model, self.vectors, steering.lam, steering.how, lora) if steered else nullcontext():
-            cache, logits = prompt_forward(self.lm, ids, self.precision)
-        plain = prompt_forward(self.lm, ids, self.precision)[0] if steered and len(slots) > 1 else cache
+            with nullcontext() if steered else plain_reader:
+                cache, logits = prompt_forward(self.lm, ids, self.precision, every_position=every)
+        if steered and (len(slots) > 1 or (every and self.head is not None)):
+            with plain_reader:
+                plain = prompt_forward(self.lm, ids, self.precision)[0]
+        else:
+            plain = cache
         n = ids.shape[1]
-        self._ensure_room(n + 1, cache.layers[0].keys)
-        for slot, held in zip(slots, (cache, plain)):
-            for layer, kept in zip(self._cache.layers, held.layers):
-                layer.keys[slot, :, :n] = kept.keys[0]
-                layer.values[slot, :, :n] = kept.values[0]
+        scores = _prompt_scores(ids[0], logits[0], join.score, plain_reader.read()) if every else None
         with self._cond:
+            self._ensure_room(n + 1, cache.layers[0].keys)
+            for slot, held in zip(slots, (cache, plain)):
+                for layer, kept in zip(self._cache.layers, held.layers):
+                    layer.keys[slot, :, :n] = kept.keys[0]
+                    layer.values[slot, :, :n] = kept.values[0]
             for slot in slots:
                 self._mask[slot] = 0
                 self._mask[slot, :n] = 1
                 self.write_at[slot] = n
                 self._joined.add(slot)
-        return slots[0], (slots[1] if len(slots) > 1 else None), logits[0]
+        last = logits[0, -1] if every else logits[0]
+        return Joined(slots[0], slots[1] if len(slots) > 1 else None, last, scores)
 
     def _ensure_room(self, positions: int, like: torch.Tensor) -> None:
-        held = self._mask.shape[1]
+        """Room for `positions` in every slot (under the lock). With no slot holding a generation, the storage is
+        sized anew for `positions` alone: one long prompt does not keep every slot long after it ends."""
+        held, needed = self._mask.shape[1], -(-positions // ROOM) * ROOM
+        if not self._joined and held != needed:
+            for layer in self._cache.layers:
+                layer.keys = layer.values = None
+            self._mask = torch.zeros(self.slots, 0, dtype=torch.long)
+            held = 0
         if self._cache.layers[0].keys is not None and positions <= held:
             return
-        capacity = max(held, -(-positions // ROOM) * ROOM)
+        capacity = max(held, needed)
         for layer in self._cache.layers:
             layer.allocate(like, self.slots, capacity)
         mask = torch.zeros(self.slots, capacity, dtype=torch.long)
@@ -294,19 +369,18 @@ class Batcher:
         key = (rows, tuple(sorted((slot, s.how, float(s.lam)) for slot, s in steering.items() if not s.neutral)))
         if key == self._edits_key:
             return self._edits
-        groups: dict[tuple, dict[int, float]] = {}
+        groups: dict[SteerConfig, dict[int, float]] = {}
         for slot, s in steering.items():
             if not s.neutral:
-                groups.setdefault((s.how.mode, s.how.units), {})[slot] = float(s.lam)
+                groups.setdefault(s.how, {})[slot] = float(s.lam)
         chained: dict[Site, list[SiteEdit]] = {}
-        for (mode, units), lams in groups.items():
-            how = SteerConfig(mode, units=units)
+        for how, lams in groups.items():
             per_row = torch.full((rows, 1, 1), how.neutral, dtype=torch.float64)
             for slot, lam in lams.items():
                 per_row[slot] = lam
             lora = self._lora() if how.spec.action.needs_lora else None
             for site, edit in how.spec.action.edits(
-                self.lm.model, self.vectors, how.spec, units, per_row, lora
+                self.lm.model, self.vectors, how.spec, how.units, per_row, lora
             ).items():
                 chained.setdefault(site, []).append(edit)
         self._edits_key, self._edits = key, {site: _chain(edits) for site, edits in chained.items()}
@@ -326,14 +400,35 @@ def _chain(edits: list[SiteEdit]) -> SiteEdit:
     return edit
 
 
-class _HeadReader:
-    """While active, reads the head's p(good) of each row's last position in this thread's forward (after the head's
-    layer, in the forward's autocast); without a head, NaN."""
+def _prompt_scores(ids: torch.Tensor, logits: torch.Tensor, top: int, p_good: torch.Tensor) -> PromptScores:
+    """PromptScores of the prompt `ids` (positions) from its forward's `logits` (positions × vocabulary), a chunk of
+    positions at a time (a long prompt's log-softmax over the vocabulary would double the logits' memory)."""
+    logprob: list[float] = []
+    alternatives: list[list[tuple[int, float]]] = []
+    for start in range(0, ids.shape[0] - 1, 256):
+        lsm = torch.log_softmax(logits[start : start + 256].float(), -1)[: ids.shape[0] - 1 - start]
+        logprob += lsm.gather(1, ids[start + 1 : start + 1 + lsm.shape[0], None].to(lsm.device))[:, 0].tolist()
+        if top:
+            values, indices = lsm.topk(top, -1)
+            alternatives += [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
+        else:
+            alternatives += [[] for _ in range(lsm.shape[0])]
+    p = p_good[0].tolist() if p_good.dim() == 2 else [float("nan")] * ids.shape[0]
+    return PromptScores(logprob, alternatives, p)
 
-    def __init__(self, model: torch.nn.Module, head: Head | None, rows: int):
-        self._model, self._head, self._rows = model, head, rows
+
+class _HeadReader:
+    """While active, reads the head's p(good) in this thread's forwards (after the head's layer, in the forward's
+    autocast): each row's last position, or with `every` every position of the last forward (rows × positions);
+    without a head, NaN."""
+
+    def __init__(self, model: torch.nn.Module, head: Head | None, rows: int, every: bool = False):
+        self._model, self._head, self._rows, self._every = model, head, rows, every
         self._seen: dict[str, torch.Tensor] = {}
         self._handle = None
+
+    def read(self) -> torch.Tensor:
+        return self._seen.get("p", torch.full((self._rows,), float("nan")))
 
     def __enter__(self) -> Callable[[], torch.Tensor]:
         if self._head is not None:
@@ -341,13 +436,15 @@ class _HeadReader:
 
             def read_head(_module, _inputs, output):
                 if threading.get_ident() == owner:
-                    hidden = (output[0] if isinstance(output, tuple) else output)[:, -1:]
-                    self._seen["p"] = head_probability(head.linear, norm(hidden))[:, -1]
+                    hidden = output[0] if isinstance(output, tuple) else output
+                    p = head_probability(head.linear, norm(hidden if self._every else hidden[:, -1:])).float()
+                    self._seen["p"] = p if self._every else p[:, -1]
 
             self._handle = decoder_layers(self._model)[head.layer].register_forward_hook(read_head)
-        return lambda: self._seen.get("p", torch.full((self._rows,), float("nan")))
+        return self.read
 
     def __exit__(self, *exc) -> bool:
         if self._handle is not None:
             self._handle.remove()
+            self._handle = None
         return False

@@ -4,9 +4,12 @@ generation's — and what a client reads of it: text as it comes, each token wit
 p(good), what a judge replaced, why it ended.
 
     engine = ServeEngine(session, precision="fp32", slots=16, waiting=32)
-    generation = engine.start(prompt_ids, Steering(how, λ), Sampling(...), on_chunk)   raises Busy when the queue
-        is full; on_chunk(Chunk) is called from the generation's thread after every new piece of text
-    generation.cancel()                    a client that went away: its generation stops at its next step
+    generations = engine.start([Request(prompt_ids, Steering(how, λ), Sampling(...), on_chunk), ...])   all of a
+        client's generations or none (Busy when they would not all fit the queue); on_chunk(Chunk) is called from
+        the generation's thread after every new piece of text
+    generation.cancel()                    a client that went away: its generation stops at its next step, or, still
+        waiting for a slot, leaves the queue
+    engine.idle()                          every slot free, no generation alive (whenever nothing runs)
 
 p(good) is read where the Token overlay reads it: the adapter's head on the merged model's (unsteered) hidden states
 of the prompt and the text so far. A steered generation's forwards are steered, so it decodes with a twin slot in the
@@ -16,6 +19,7 @@ batch that reads the same tokens unsteered (the Batcher's `twin`); an unsteered 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -30,7 +34,7 @@ from ..hardware.precision import Precision, resolve_precision
 from ..inference.decode import decode, stop_tokens
 from ..inference.generate import GenerationCancelled, GenerationConfig
 from ..training.adapters import open_adapter
-from .batch import Batcher, Steering
+from .batch import Batcher, PromptScores, Steering
 
 
 class Busy(Exception):
@@ -39,13 +43,17 @@ class Busy(Exception):
 
 @dataclass(frozen=True)
 class Sampling:
-    """How a completion is decoded: greedy or sampled (temperature, top_p, seed), its length and stop strings."""
+    """How a completion is decoded: greedy or sampled (temperature, top_p, seed: None draws afresh, as OpenAI does),
+    its length and stop strings; and what its tokens carry: `top_logprobs` alternatives each, and with `echo` the
+    prompt's own tokens scored as well (max_tokens 0: only those)."""
 
     max_tokens: int
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    top_logprobs: int = 0
+    echo: bool = False
 
     def config(self) -> GenerationConfig:
         if self.temperature == 0:
@@ -58,13 +66,16 @@ class Sampling:
 
 @dataclass(frozen=True)
 class TokenVerdict:
-    """One generated token: its text, id, log-probability under the generating (steered) model, and the adapter's
-    p(good) of it (None without a head)."""
+    """One token: its text, id, log-probability under the generating (steered) model (None: a prompt's first token,
+    which nothing precedes), its `top` alternatives as (text, log-probability), the adapter's p(good) of it (None
+    without a head), and whether it is the prompt's (an echo) rather than generated."""
 
     token: str
     token_id: int
-    logprob: float
+    logprob: float | None
     p_good: float | None
+    top: tuple[tuple[str, float], ...] = ()
+    prompt: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,7 +94,8 @@ class TakenBack:
 @dataclass(frozen=True)
 class Chunk:
     """What a generation adds at once: text, its tokens, the judge's take-backs among them, and, in the last chunk,
-    why it ended ("stop": a stop token or string; "length": max_tokens) with the token counts."""
+    why it ended ("stop": a stop token or string; "length": max_tokens) with the token counts. An echo's first chunk
+    carries the prompt's own tokens (`prompt`)."""
 
     text: str = ""
     tokens: tuple[TokenVerdict, ...] = ()
@@ -91,6 +103,7 @@ class Chunk:
     finish_reason: str | None = None
     completion_tokens: int = 0
     error: str | None = None
+    prompt: tuple[TokenVerdict, ...] = ()
 
 
 @dataclass
@@ -98,6 +111,7 @@ class _Progress:
     """A generation's running state: per generated position, the log-probability and p(good) (index = position)."""
 
     logprob: list[float] = field(default_factory=list)
+    top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
     p_good: list[float] = field(default_factory=list)
     fed: int = 0  # positions run through the model (a judge's take-back moves it back)
     accepted: int = 0  # tokens yielded by the loop so far
@@ -107,26 +121,34 @@ class _Progress:
     taken_back: int = 0  # take-backs handed to the client
 
 
+@dataclass(frozen=True)
+class Request:
+    """One completion asked for: the prompt's token ids (1 × positions), its steering and sampling, and where its
+    chunks go."""
+
+    ids: torch.Tensor
+    steering: Steering
+    sampling: Sampling
+    on_chunk: Callable[[Chunk], None]
+
+
 class Generation:
     """One completion (the module docstring)."""
 
-    def __init__(
-        self,
-        engine: "ServeEngine",
-        ids: torch.Tensor,
-        steering: Steering,
-        sampling: Sampling,
-        on_chunk: Callable[[Chunk], None],
-    ):
-        self.engine, self.ids, self.steering, self.sampling = engine, ids, steering, sampling
-        self._on_chunk = on_chunk
+    def __init__(self, engine: "ServeEngine", request: Request):
+        self.engine, self.ids, self.steering, self.sampling = engine, request.ids, request.steering, request.sampling
+        self._on_chunk = request.on_chunk
         self._cancel = threading.Event()
-        self.prompt_tokens = ids.shape[1]
-        self.threshold = float(steering.how.tau) if steering.how.spec.judge is not None else FLAG_THRESHOLD
+        self._joining = None  # the batcher's join while it waits for a slot
+        self.prompt_tokens = self.ids.shape[1]
+        self.threshold = float(self.steering.how.tau) if self.steering.how.spec.judge is not None else FLAG_THRESHOLD
         self._thread = threading.Thread(target=self._run, name="topl-serve-generation", daemon=True)
 
     def cancel(self) -> None:
         self._cancel.set()
+        joining = self._joining
+        if joining is not None:
+            joining.cancel()  # still waiting for a slot: it leaves the queue (running or done: no effect)
 
     def _run(self) -> None:
         batcher, tok = self.engine.batcher, self.engine.tokenizer
@@ -135,10 +157,26 @@ class Generation:
         slot = twin = None
         progress = _Progress()
         try:
-            slot, twin, logits = batcher.join(self.ids, self.steering, twin=twin_needed)
+            if self._cancel.is_set():
+                raise GenerationCancelled()
+            score = self.sampling.top_logprobs if self.sampling.echo else None
+            self._joining = batcher.join(self.ids, self.steering, twin=twin_needed, score=score)
+            if self._cancel.is_set():
+                self._joining.cancel()
+            joined = self._joining.result()
+            slot, twin, logits = joined.slot, joined.twin, joined.logits
+            if joined.prompt is not None:
+                self._on_chunk(Chunk(prompt=self._echo(joined.prompt)))
+            if self.sampling.max_tokens == 0:
+                self._on_chunk(Chunk(finish_reason="length"))
+                return
             generator = None
             if cfg.mode == "sample":
-                generator = torch.Generator().manual_seed(self.sampling.seed if self.sampling.seed is not None else 0)
+                generator = torch.Generator()
+                if self.sampling.seed is None:
+                    generator.seed()  # fresh randomness from the OS, as OpenAI samples without a seed
+                else:
+                    generator.manual_seed(self.sampling.seed)
             chooser = cfg.chooser(generator)
             switch = SteeringSwitch()
             judge = None
@@ -149,9 +187,11 @@ class Generation:
 
             def choose(logits: torch.Tensor) -> list[int]:
                 tokens = chooser(logits)
-                logprob = float(torch.log_softmax(logits[0], -1)[tokens[0]])
-                del progress.logprob[progress.accepted :]
-                progress.logprob.append(logprob)
+                lsm = torch.log_softmax(logits[0], -1)
+                del progress.logprob[progress.accepted :], progress.top[progress.accepted :]
+                progress.logprob.append(float(lsm[tokens[0]]))
+                top = lsm.topk(self.sampling.top_logprobs) if self.sampling.top_logprobs else None
+                progress.top.append(tuple(zip(top.indices.tolist(), top.values.tolist())) if top is not None else ())
                 return tokens
 
             def forward(ids: torch.Tensor) -> torch.Tensor:
@@ -184,7 +224,7 @@ class Generation:
                 forward(torch.tensor([[tokens[-1]]]))  # the last token's p(good): its forward
             ended = "stop" if tokens and tokens[-1] in stop else "length"
             self._emit(tokens, progress, judge, final=True, reason=ended)
-        except GenerationCancelled:
+        except (GenerationCancelled, CancelledError):
             pass
         except Exception as e:  # the client hears what failed; the server goes on
             self._on_chunk(Chunk(finish_reason="error", error=f"{type(e).__name__}: {e}"))
@@ -213,7 +253,14 @@ class Generation:
             n += 1
         new = range(progress.emitted, n)
         verdicts = tuple(
-            TokenVerdict(tok.decode([known[i]]), known[i], progress.logprob[i], _p(progress.p_good[i])) for i in new
+            TokenVerdict(
+                tok.decode([known[i]]),
+                known[i],
+                progress.logprob[i],
+                _p(progress.p_good[i]),
+                self._top(progress.top[i]),
+            )
+            for i in new
         )
         takes = [t for t in judge.taken_back[progress.taken_back :] if t.position < n] if judge is not None else []
         taken_back = tuple(
@@ -227,6 +274,20 @@ class Generation:
         if delta or verdicts or taken_back or final:
             self._on_chunk(Chunk(delta, verdicts, taken_back, reason if final else None, len(known) if final else 0))
         return final and cut >= 0
+
+    def _top(self, top: Sequence[tuple[int, float]]) -> tuple[tuple[str, float], ...]:
+        return tuple((self.engine.tokenizer.decode([i]), lp) for i, lp in top)
+
+    def _echo(self, scores: PromptScores) -> tuple[TokenVerdict, ...]:
+        """The prompt's own tokens as verdicts: the first has no log-probability (nothing precedes it)."""
+        ids = self.ids[0].tolist()
+        logprobs = [None, *scores.logprob]
+        tops = [(), *scores.top]
+        decode = self.engine.tokenizer.decode
+        return tuple(
+            TokenVerdict(decode([t]), t, lp, _p(p), self._top(top), prompt=True)
+            for t, lp, p, top in zip(ids, logprobs, scores.p_good, tops)
+        )
 
 
 def _p(value: float) -> float | None:
@@ -242,12 +303,22 @@ class ServeEngine:
             head = session.head()
         except Exception:  # an adapter without a head: no p(good), no gated mode
             head = None
+        if slots < 1 + (head is not None) or waiting < 0:
+            raise ValueError(
+                f"slots={slots}, waiting={waiting}: an adapter with a head decodes a steered request in two slots (its "
+                "own and the unsteered twin where p(good) is read), so give 2 slots or more (1 without a head), and "
+                "0 or more waiting."
+            )
         self.session, self.tokenizer, self.has_head = session, lm.tokenizer, head is not None
         decode_precision = GenerationConfig.chosen(precision).decode_on(lm.model.device.type)
         self.batcher = Batcher(lm, session.vectors, session.lora, head, decode_precision, slots)
         self.waiting_limit = waiting
+        text_config = lm.model.config.get_text_config()
+        self.context_window: int | None = getattr(text_config, "max_position_embeddings", None)
+        self.vocabulary = len(lm.tokenizer)
         self._lock = threading.Lock()
         self._live: set[Generation] = set()
+        self._threads: list[threading.Thread] = []  # the generations' threads, until idle() sees them ended
 
     @classmethod
     def for_adapter(cls, adapter, precision: Precision = "auto", slots: int = 16, waiting: int = 32) -> "ServeEngine":
@@ -259,17 +330,30 @@ class ServeEngine:
         vectors = build_steering_vectors(adapter, records, settings)
         return cls(SteeringSession.from_run(adapter, vectors), precision, slots, waiting)
 
-    def start(
-        self, ids: torch.Tensor, steering: Steering, sampling: Sampling, on_chunk: Callable[[Chunk], None]
-    ) -> Generation:
-        """A generation of the prompt `ids` (1 × positions), started (Busy when too many wait for a slot)."""
+    @property
+    def capacity(self) -> int:
+        """The most generations alive at once: decoding in a slot or waiting for one."""
+        return self.batcher.slots + self.waiting_limit
+
+    def start(self, requests: Sequence[Request]) -> list[Generation]:
+        """The generations of one client's requests, started: all of them, or none when they would not all fit
+        (Busy: the client should retry later)."""
         with self._lock:
-            if len(self._live) >= self.batcher.slots + self.waiting_limit:
+            if len(self._live) + len(requests) > self.capacity:
                 raise Busy()
-            generation = Generation(self, ids, steering, sampling, on_chunk)
-            self._live.add(generation)
-        generation._thread.start()
-        return generation
+            generations = [Generation(self, r) for r in requests]
+            self._live.update(generations)
+            self._threads += [g._thread for g in generations]
+        for k, generation in enumerate(generations):
+            try:
+                generation._thread.start()
+            except BaseException:  # no thread to be had: none of this client's generations runs
+                for g in generations[k:]:
+                    self._finished(g)
+                for g in generations[:k]:
+                    g.cancel()
+                raise
+        return generations
 
     def _finished(self, generation: Generation) -> None:
         with self._lock:
@@ -279,6 +363,13 @@ class ServeEngine:
     def live(self) -> int:
         """Generations running or waiting for a slot."""
         return len(self._live)
+
+    def idle(self) -> bool:
+        """The invariant at rest: no generation alive (nor its thread), every slot free, nothing queued."""
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            alive = bool(self._live or self._threads)
+        return not alive and self.batcher.idle()
 
     def close(self) -> None:
         for g in list(self._live):

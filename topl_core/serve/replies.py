@@ -25,6 +25,8 @@ class Choice:
 
     index: int
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    echo_text: str = ""  # an echo's prompt, as its text starts
+    prompt: list[TokenVerdict] = field(default_factory=list)  # an echo's prompt tokens
     text: str = ""
     tokens: list[TokenVerdict] = field(default_factory=list)
     taken_back: list[TakenBack] = field(default_factory=list)
@@ -52,28 +54,33 @@ class Reply:
             "replacements": [t for t in takes if t["replaced"]],
         }
 
-    def logprobs(self, tokens: list[TokenVerdict], offset: int) -> dict:
+    def logprobs(self, tokens: list[TokenVerdict]) -> dict:
         if self.chat:
             content = [
                 {
                     "token": t.token,
                     "logprob": t.logprob,
                     "bytes": list(t.token.encode()),
-                    "top_logprobs": [],
+                    "top_logprobs": [
+                        {"token": text, "logprob": lp, "bytes": list(text.encode())} for text, lp in t.top
+                    ],
                     "p_good": t.p_good,
                     "token_id": t.token_id,
                 }
                 for t in tokens
             ]
             return {"content": content, "refusal": None}
-        offsets, at = [], offset
+        offsets, at = [], 0
         for t in tokens:
             offsets.append(at)
             at += len(t.token)
+        # OpenAI's legacy shape: top_logprobs a dict per token (None where nothing precedes it), or None when no
+        # alternatives were asked for
+        asked = any(t.top for t in tokens)
         return {
             "tokens": [t.token for t in tokens],
             "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": None,
+            "top_logprobs": [dict(t.top) if t.logprob is not None else None for t in tokens] if asked else None,
             "text_offset": offsets,
             "p_good": [t.p_good for t in tokens],
             "token_ids": [t.token_id for t in tokens],
@@ -91,9 +98,9 @@ class Reply:
                 out["message"] = {"role": "assistant", "content": text, "refusal": None}
         else:
             out["text"] = text
-        out["logprobs"] = self.logprobs(tokens, 0)
+        out["logprobs"] = self.logprobs(tokens)
         out["finish_reason"] = finish
-        out["verdict"] = self.verdict(tokens, taken_back, threshold)
+        out["verdict"] = self.verdict([t for t in tokens if not t.prompt], taken_back, threshold)
         return out
 
     def whole(self, choices: list[Choice], prompt_tokens: int) -> dict:
@@ -105,7 +112,10 @@ class Reply:
             "created": self.created,
             "model": self.model,
             "choices": [
-                self.choice(c.index, c.text, c.tokens, c.taken_back, c.finish_reason, threshold) for c in choices
+                self.choice(
+                    c.index, c.echo_text + c.text, c.prompt + c.tokens, c.taken_back, c.finish_reason, threshold
+                )
+                for c in choices
             ],
             "usage": {
                 "prompt_tokens": prompt_tokens,
@@ -118,8 +128,8 @@ class Reply:
         threshold = self.threshold
         body = self.choice(
             choice.index,
-            piece.text,
-            list(piece.tokens),
+            (choice.echo_text if piece.prompt else "") + piece.text,
+            [*piece.prompt, *piece.tokens],
             list(piece.taken_back),
             piece.finish_reason,
             threshold,
@@ -136,6 +146,7 @@ class Reply:
 
 
 def absorb(choice: Choice, piece: Chunk) -> None:
+    choice.prompt.extend(piece.prompt)
     choice.text += piece.text
     choice.tokens.extend(piece.tokens)
     choice.taken_back.extend(piece.taken_back)
