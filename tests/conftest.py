@@ -6,6 +6,7 @@ import dataclasses
 import os
 import shutil
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,6 +188,40 @@ def steering_run(tmp_path_factory, news_records):
     from topl_core.training.trainer import train
 
     return train(tiny_topl_config(), tmp_path_factory.mktemp("runs") / "topl-steer", records=news_records)
+
+
+@pytest.fixture(scope="session")
+def serve_session(steering_run, news_records):
+    """The steering session the service tests serve: steering_run merged, its vectors from the news records."""
+    from topl_core.analysis.steering.extract import build_steering_vectors
+    from topl_core.analysis.steering.session import SteeringSession
+    from topl_core.inference.generate import load_merged
+
+    vectors = build_steering_vectors(steering_run, news_records, top_k=3)
+    return SteeringSession(load_merged("tiny-llama", steering_run), vectors)
+
+
+class LoopbackServer:
+    """A uvicorn server of `app` on a free loopback port, in a thread of this process."""
+
+    def __init__(self, app):
+        import threading
+
+        import uvicorn
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.server.started and time.time() < deadline:
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.root = f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(10)
 
 
 def all_hooks(model) -> int:

@@ -6,7 +6,6 @@ gets OpenAI's error JSON while the other clients go on."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 
@@ -14,13 +13,14 @@ import httpx2 as httpx
 import pytest
 import torch
 from conftest import NEWS_PAIRS, needs_smollm2
+from conftest import LoopbackServer as Server
 
 from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.modes import SteerConfig, steer
 from topl_core.analysis.steering.session import SteeringSession
 from topl_core.data.encode import build_prompt, user_message
 from topl_core.inference.decode import stop_tokens
-from topl_core.inference.generate import GenerationConfig, load_merged, prefill, stream_rows
+from topl_core.inference.generate import GenerationConfig, prefill, stream_rows
 from topl_core.models.architecture import decoder_layers, final_norm
 from topl_core.models.forward import head_probability
 from topl_core.serve.app import create_app
@@ -35,29 +35,8 @@ MESSAGES = [{"role": "user", "content": user_message(DOC)}]
 
 
 @pytest.fixture(scope="module")
-def session(steering_run, news_records):
-    vectors = build_steering_vectors(steering_run, news_records, top_k=3)
-    return SteeringSession(load_merged("tiny-llama", steering_run), vectors)
-
-
-class Server:
-    """A uvicorn server on a free loopback port, in a thread."""
-
-    def __init__(self, app):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 20
-        while not self.server.started and time.time() < deadline:
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(10)
+def session(serve_session):
+    return serve_session
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ batch that reads the same tokens unsteered (the Batcher's `twin`); an unsteered 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -156,6 +157,7 @@ class Generation:
         twin_needed = batcher.head is not None and not (self.steering.neutral and spec.judge is None)
         slot = twin = None
         progress = _Progress()
+        outcome = "cancelled"
         try:
             if self._cancel.is_set():
                 raise GenerationCancelled()
@@ -169,6 +171,7 @@ class Generation:
                 self._on_chunk(Chunk(prompt=self._echo(joined.prompt)))
             if self.sampling.max_tokens == 0:
                 self._on_chunk(Chunk(finish_reason="length"))
+                outcome = "length"
                 return
             generator = None
             if cfg.mode == "sample":
@@ -219,20 +222,22 @@ class Generation:
                 tokens = step[0]
                 progress.accepted = len(tokens)
                 if self._emit(tokens, progress, judge, final=False):
+                    outcome = "stop"
                     return  # a stop string ended it
             if tokens and tokens[-1] not in stop and progress.fed < len(tokens):
                 forward(torch.tensor([[tokens[-1]]]))  # the last token's p(good): its forward
-            ended = "stop" if tokens and tokens[-1] in stop else "length"
-            self._emit(tokens, progress, judge, final=True, reason=ended)
+            outcome = "stop" if tokens and tokens[-1] in stop else "length"
+            self._emit(tokens, progress, judge, final=True, reason=outcome)
         except (GenerationCancelled, CancelledError):
-            pass
+            outcome = "cancelled"
         except Exception as e:  # the client hears what failed; the server goes on
+            outcome = "error"
             self._on_chunk(Chunk(finish_reason="error", error=f"{type(e).__name__}: {e}"))
         finally:
             for s in (slot, twin):
                 if s is not None:
                     batcher.leave(s)
-            self.engine._finished(self)
+            self.engine._finished(self, outcome)
 
     def _emit(self, tokens: Sequence[int], progress: _Progress, judge, final: bool, reason: str | None = None) -> bool:
         """Hand the client the tokens whose p(good) is known; True when a stop string ended the text."""
@@ -319,6 +324,7 @@ class ServeEngine:
         self._lock = threading.Lock()
         self._live: set[Generation] = set()
         self._threads: list[threading.Thread] = []  # the generations' threads, until idle() sees them ended
+        self.ended: Counter[str] = Counter()  # how the generations ended: stop, length, cancelled, error
 
     @classmethod
     def for_adapter(cls, adapter, precision: Precision = "auto", slots: int = 16, waiting: int = 32) -> "ServeEngine":
@@ -349,15 +355,16 @@ class ServeEngine:
                 generation._thread.start()
             except BaseException:  # no thread to be had: none of this client's generations runs
                 for g in generations[k:]:
-                    self._finished(g)
+                    self._finished(g, "cancelled")
                 for g in generations[:k]:
                     g.cancel()
                 raise
         return generations
 
-    def _finished(self, generation: Generation) -> None:
+    def _finished(self, generation: Generation, outcome: str) -> None:
         with self._lock:
             self._live.discard(generation)
+            self.ended[outcome] += 1
 
     @property
     def live(self) -> int:
