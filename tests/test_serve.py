@@ -223,7 +223,7 @@ HOSTILE = [
         "steering.units",
     ),
     ({"model": "tiny:merged", "messages": MESSAGES, "steering": {"mode": "vector", "lambda": 1}}, 400, "steering"),
-    ({"model": "tiny", "messages": MESSAGES, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ({"model": "tiny", "messages": MESSAGES, "stop": list("abcdefghijklmnopq")}, 400, "stop"),
     ({"model": "tiny", "messages": MESSAGES, "frequency_penalty": 1.0}, 400, "frequency_penalty"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "x" * 30_000}]}, 413, None),
 ]

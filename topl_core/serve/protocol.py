@@ -41,6 +41,7 @@ MAX_TOKENS = 1024  # the most new tokens one request may ask for
 MAX_N = 8
 MAX_PROMPTS = 64  # prompts in one completions request (lm-eval's batch_size)
 MAX_TOP_LOGPROBS = 20
+MAX_STOPS = 16  # OpenAI takes 4; lm-eval sends a task's every `until` and the end-of-text string
 MAX_STOP_CHARS = 256
 MIN_TEMPERATURE = 0.01  # below (and above 0): logits / T overflow float32, and the draw sees inf and NaN
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
@@ -185,8 +186,10 @@ class CommonFields(BaseModel):
 
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if len(stops) > 4 or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
-            raise ServeError(400, f"stop: up to 4 non-empty strings of at most {MAX_STOP_CHARS} characters.", "stop")
+        if len(stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+            raise ServeError(
+                400, f"stop: up to {MAX_STOPS} non-empty strings of at most {MAX_STOP_CHARS} characters.", "stop"
+            )
         return tuple(encodable(s, "stop") for s in stops)
 
     def new_tokens(self, default: int) -> int:
