@@ -349,3 +349,28 @@ def test_the_service_decodes_in_bf16_as_the_session_does(session):
     finally:
         server.stop()
         engine.close()
+
+
+def test_langchain_chat_openai_as_it_is(served, client, session):
+    """LangChain's ChatOpenAI pointed at the service by base_url: plain, streamed, multi-part content (what it sends
+    for a list of content blocks), steering through extra_body, and top log-probabilities in its metadata."""
+    langchain_openai = pytest.importorskip(
+        "langchain_openai", reason="langchain-openai is installed by requirements.txt"
+    )
+    from langchain_core.messages import HumanMessage
+
+    kw = dict(base_url=served[1].url, api_key="unused", model="tiny", temperature=0, max_tokens=NEW, max_retries=0)
+    llm = langchain_openai.ChatOpenAI(**kw)
+    text = MESSAGES[0]["content"]
+    merged = chat(client).choices[0].message.content
+    assert llm.invoke(text).content == merged
+    assert "".join(chunk.content for chunk in llm.stream(text)) == merged
+    parts = [{"type": "text", "text": text[:20]}, {"type": "text", "text": text[20:]}]
+    assert llm.invoke([HumanMessage(content=parts)]).content == merged
+    lam = big(session)
+    steering = {"mode": "vector", "lambda": lam, "units": "raw"}
+    steered = langchain_openai.ChatOpenAI(**kw, extra_body={"steering": steering}).invoke(text)
+    assert steered.content == chat(client, steering=steering).choices[0].message.content != merged
+    scored = llm.bind(logprobs=True, top_logprobs=3).invoke(text)
+    tokens = scored.response_metadata["logprobs"]["content"]
+    assert all(len(t["top_logprobs"]) == 3 and t["top_logprobs"][0]["logprob"] >= t["logprob"] - 1e-6 for t in tokens)
