@@ -101,27 +101,59 @@ def test_the_client_lists_the_models_and_completes_as_the_session_decodes(client
     assert served_ids(chat(client, model="tiny:merged").choices[0]) == served_ids(merged.choices[0])
 
 
+def merged_reading(session, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The merged, unsteered model's reading of `ids` in one plain forward: (the head's p(good) per position, the
+    log-softmax of the next-token logits per position)."""
+    lm, head = session.lm, session.head()
+    with torch.no_grad():
+        hidden = {}
+        handle = decoder_layers(lm.model)[head.layer].register_forward_hook(
+            lambda _m, _i, out: hidden.__setitem__("h", out[0] if isinstance(out, tuple) else out)
+        )
+        try:
+            logits = lm.model(input_ids=torch.tensor([ids])).logits[0]
+        finally:
+            handle.remove()
+        return head_probability(head.linear, final_norm(lm.model)(hidden["h"]))[0], torch.log_softmax(logits, -1)
+
+
 def test_p_good_is_the_heads_reading_of_the_merged_model(client, session):
     """Every token's p_good is the adapter's head on the merged, unsteered model's states over the prompt and the
     tokens so far — also for a steered completion (read on an unsteered twin row), as the Token overlay reads it."""
-    lm, head = session.lm, session.head()
+    lm = session.lm
     for steering in (None, {"mode": "vector", "lambda": big(session), "units": "raw"}):
         reply = chat(client, steering=steering)
         ids, served = served_ids(reply.choices[0]), [t.p_good for t in reply.choices[0].logprobs.content]
         prompt = lm.tokenizer(build_prompt(lm.tokenizer, DOC), add_special_tokens=False).input_ids
-        with torch.no_grad():
-            hidden = {}
-            handle = decoder_layers(lm.model)[head.layer].register_forward_hook(
-                lambda _m, _i, out: hidden.__setitem__("h", out[0] if isinstance(out, tuple) else out)
-            )
-            try:
-                lm.model(input_ids=torch.tensor([prompt + ids]))
-            finally:
-                handle.remove()
-            p = head_probability(head.linear, final_norm(lm.model)(hidden["h"]))[0, len(prompt) :]
+        p = merged_reading(session, prompt + ids)[0][len(prompt) :]
         assert served == pytest.approx(p.tolist(), abs=1e-4), steering
         verdict = reply.choices[0].model_extra["verdict"]
         assert verdict["flagged"] == sum(x < verdict["threshold"] for x in served) and verdict["tokens"] == len(ids)
+
+
+def test_an_echo_scores_the_prompt_as_one_plain_forward_does(client, session):
+    """echo with logprobs (OpenAI's legacy completions shape, what lm-eval reads): every prompt token after the first
+    with its log-probability and top alternatives from the merged model's forward over the prompt, then the
+    generated tokens; p_good on the prompt's tokens too (the head reads every position of the prompt as it reads
+    generated ones: its verdict on text the client wrote)."""
+    prompt = session.lm.tokenizer(build_prompt(session.lm.tokenizer, DOC), add_special_tokens=False).input_ids
+    reply = client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=2, temperature=0, echo=True, logprobs=2
+    ).choices[0]
+    lp = reply.logprobs
+    n = len(prompt)
+    assert lp.model_extra["token_ids"][:n] == prompt and len(lp.tokens) == n + 2
+    p_good, lsm = merged_reading(session, lp.model_extra["token_ids"])
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    expected = lsm[:-1].gather(1, torch.tensor(lp.model_extra["token_ids"][1:])[:, None])[:, 0]
+    assert lp.token_logprobs[1:] == pytest.approx(expected.tolist(), abs=1e-4)
+    for k in range(1, n + 2):
+        top = lsm[k - 1].topk(2)
+        assert sorted(lp.top_logprobs[k].values(), reverse=True) == pytest.approx(top.values.tolist(), abs=1e-4)
+    assert lp.model_extra["p_good"] == pytest.approx(p_good.tolist(), abs=1e-4)
+    assert reply.text.startswith(session.lm.tokenizer.decode(prompt))
+    only = client.completions.create(model="tiny", prompt=prompt, max_tokens=0, echo=True, logprobs=1).choices[0]
+    assert only.logprobs.token_logprobs == pytest.approx(lp.token_logprobs[:n]) and only.finish_reason == "length"
 
 
 def test_streams_carry_the_same_tokens_and_verdicts(client, session):

@@ -153,12 +153,12 @@ class Generation:
 
     def _run(self) -> None:
         batcher, tok = self.engine.batcher, self.engine.tokenizer
-        spec, cfg = self.steering.how.spec, self.sampling.config()
-        twin_needed = batcher.head is not None and not (self.steering.neutral and spec.judge is None)
         slot = twin = None
         progress = _Progress()
         outcome = "cancelled"
-        try:
+        try:  # everything: whatever fails, the client hears of it and the slots go back (the finally)
+            spec = self.steering.how.spec
+            twin_needed = batcher.head is not None and not (self.steering.neutral and spec.judge is None)
             if self._cancel.is_set():
                 raise GenerationCancelled()
             score = self.sampling.top_logprobs if self.sampling.echo else None
@@ -173,6 +173,7 @@ class Generation:
                 self._on_chunk(Chunk(finish_reason="length"))
                 outcome = "length"
                 return
+            cfg = self.sampling.config()
             generator = None
             if cfg.mode == "sample":
                 generator = torch.Generator()
