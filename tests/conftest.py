@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,6 +223,21 @@ class LoopbackServer:
     def stop(self):
         self.server.should_exit = True
         self.thread.join(10)
+
+
+@contextmanager
+def serving(session, precision: str = "fp32", slots: int = 8, waiting: int = 4, name: str = "tiny", **app_settings):
+    """The service on `session` (its engine and a LoopbackServer of its app), stopped after."""
+    from topl_core.serve.app import create_app
+    from topl_core.serve.engine import ServeEngine
+
+    engine = ServeEngine(session, precision, slots=slots, waiting=waiting)
+    server = LoopbackServer(create_app(engine, name, **app_settings))
+    try:
+        yield engine, server
+    finally:
+        server.stop()
+        engine.close()
 
 
 def all_hooks(model) -> int:

@@ -13,12 +13,10 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # the tasks' data are local f
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
-from conftest import LoopbackServer  # noqa: E402
+from conftest import serving  # noqa: E402
 
 from topl_core.data.encode import user_message  # noqa: E402
 from topl_core.models.loading import load_model  # noqa: E402
-from topl_core.serve.app import create_app  # noqa: E402
-from topl_core.serve.engine import ServeEngine  # noqa: E402
 
 lm_eval = pytest.importorskip("lm_eval", reason="lm_eval[api] is installed by requirements.txt")
 openai = pytest.importorskip("openai")
@@ -52,17 +50,10 @@ def base_dir(tmp_path_factory):
     return folder
 
 
-def serve(session, precision: str) -> tuple[ServeEngine, LoopbackServer]:
-    engine = ServeEngine(session, precision, slots=4, waiting=16)
-    return engine, LoopbackServer(create_app(engine, "tiny", exposed=[ALIAS]))
-
-
 @pytest.fixture(scope="module")
 def served(serve_session):
-    engine, server = serve(serve_session, "fp32")
-    yield server
-    server.stop()
-    engine.close()
+    with serving(serve_session, "fp32", slots=4, waiting=16, exposed=[ALIAS]) as (_, server):
+        yield server
 
 
 def evaluate(tasks, model: str, model_args: dict, names: list[str], **kw) -> dict[str, list[dict]]:
@@ -136,12 +127,8 @@ def test_a_steering_alias_moves_the_loglikelihoods(tasks, served, served_mc):
 def test_the_loglikelihoods_in_bf16_stay_near_float32(tasks, serve_session, reference):
     """The same task on the service decoding in bf16 (forced: every CPU emulates it): the loglikelihoods of a
     bf16 forward, within bf16's rounding of float32's, and the same choice wins wherever float32's margin is clear."""
-    engine, server = serve(serve_session, "bf16")
-    try:
+    with serving(serve_session, "bf16", slots=4, waiting=16) as (_, server):
         bf16 = choice_loglikelihoods(evaluate(tasks, "local-completions", completions(server.url), [MC])[MC])
-    finally:
-        server.stop()
-        engine.close()
     for low, full in zip(bf16, reference):
         assert low == pytest.approx(full, rel=0.02)
         if abs(full[0] - full[1]) > 1.0:

@@ -12,8 +12,7 @@ import time
 import httpx2 as httpx
 import pytest
 import torch
-from conftest import NEWS_PAIRS, needs_smollm2
-from conftest import LoopbackServer as Server
+from conftest import NEWS_PAIRS, needs_smollm2, serving
 
 from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.modes import SteerConfig, steer
@@ -23,8 +22,6 @@ from topl_core.inference.decode import stop_tokens
 from topl_core.inference.generate import GenerationConfig, prefill, stream_rows
 from topl_core.models.architecture import decoder_layers, final_norm
 from topl_core.models.forward import head_probability
-from topl_core.serve.app import create_app
-from topl_core.serve.engine import ServeEngine
 
 openai = pytest.importorskip("openai", reason="the openai client is installed by requirements.txt")
 uvicorn = pytest.importorskip("uvicorn")
@@ -41,11 +38,8 @@ def session(serve_session):
 
 @pytest.fixture(scope="module")
 def served(session):
-    engine = ServeEngine(session, "fp32", slots=8, waiting=4)
-    server = Server(create_app(engine, "tiny", max_body=20_000))
-    yield engine, server
-    server.stop()
-    engine.close()
+    with serving(session, max_body=20_000) as both:
+        yield both
 
 
 @pytest.fixture(scope="module")
@@ -286,9 +280,7 @@ def test_hostile_requests_get_openai_errors_and_the_server_goes_on(served, clien
 
 
 def test_a_full_queue_answers_429_and_a_wrong_key_401(session):
-    engine = ServeEngine(session, "fp32", slots=2, waiting=0)
-    server = Server(create_app(engine, "tiny", api_key="sesame"))
-    try:
+    with serving(session, slots=2, waiting=0, api_key="sesame") as (_, server):
         good = openai.OpenAI(base_url=server.url, api_key="sesame", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=server.url, api_key="wrong", max_retries=0).models.list()
@@ -298,9 +290,6 @@ def test_a_full_queue_answers_429_and_a_wrong_key_401(session):
             good.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
         assert busy.value.response.headers["retry-after"] == "1"
         stream.close()
-    finally:
-        server.stop()
-        engine.close()
 
 
 def test_serve_refuses_a_public_address_without_a_key(tmp_path):
@@ -340,9 +329,7 @@ def test_the_demo_adapter_served_steers_and_its_neutral_lambda_is_the_merged_tex
     records = labelled_split(adapter, limit=4)
     demo = SteeringSession.from_run(adapter, build_steering_vectors(adapter, records, top_k=4))
     document = records[0].document
-    engine = ServeEngine(demo, "fp32", slots=4)
-    server = Server(create_app(engine, "topl-smollm2"))
-    try:
+    with serving(demo, slots=4, name="topl-smollm2") as (_, server):
         client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
         messages = [{"role": "user", "content": user_message(document)}]
 
@@ -360,17 +347,12 @@ def test_the_demo_adapter_served_steers_and_its_neutral_lambda_is_the_merged_tex
         *_, merged = stream_rows(demo.lm, document, 1, gen)
         assert served(0.0) == [t for t in merged[0] if t not in stop_tokens(demo.lm.tokenizer)]
         assert served(2.0) != served(0.0)
-    finally:
-        server.stop()
-        engine.close()
 
 
 def test_the_service_decodes_in_bf16_as_the_session_does(session):
     """bf16 forced on the tiny model (every CPU emulates or runs it): a merged completion is the session's own bf16
     decode loop token for token, and a steered one decodes with finite p(good) on its unsteered twin row."""
-    engine = ServeEngine(session, "bf16", slots=4)
-    server = Server(create_app(engine, "tiny"))
-    try:
+    with serving(session, "bf16", slots=4) as (_, server):
         client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
         merged = chat(client)
         gen = GenerationConfig.chosen("bf16", max_new_tokens=NEW)
@@ -378,9 +360,6 @@ def test_the_service_decodes_in_bf16_as_the_session_does(session):
         assert served_ids(merged.choices[0]) == [t for t in ref[0] if t not in stop_tokens(session.lm.tokenizer)]
         steered = chat(client, steering={"mode": "vector", "lambda": big(session), "units": "raw"})
         assert all(0.0 <= t.p_good <= 1.0 for t in steered.choices[0].logprobs.content)
-    finally:
-        server.stop()
-        engine.close()
 
 
 def test_langchain_chat_openai_as_it_is(served, client, session):
@@ -406,3 +385,50 @@ def test_langchain_chat_openai_as_it_is(served, client, session):
     scored = llm.bind(logprobs=True, top_logprobs=3).invoke(text)
     tokens = scored.response_metadata["logprobs"]["content"]
     assert all(len(t["top_logprobs"]) == 3 and t["top_logprobs"][0]["logprob"] >= t["logprob"] - 1e-6 for t in tokens)
+
+
+def test_a_prompt_asked_again_decodes_from_the_prompt_cache_as_a_miss_does(served, client, session):
+    """The service keeps recent prompts' forwards: the same request again is a cache hit with the same tokens; a
+    request whose mode steers the prompt never reads the unsteered prompt's entry (llama-server's #26207: a control
+    vector's request answered from a plain request's cache), and one that leaves the prompt alone shares it."""
+    prompts = served[0].batcher.prompts
+    lam = big(session)
+    messages = [{"role": "user", "content": user_message(DOC + " Again.")}]  # a prompt no other test sent
+
+    def ask(steering=None) -> list[int]:
+        extra = {"steering": steering} if steering is not None else None
+        reply = client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=NEW, temperature=0, extra_body=extra
+        )
+        return served_ids(reply.choices[0])
+
+    hits = prompts.stats.hits
+    merged = ask()
+    assert prompts.stats.hits == hits  # a miss, now kept
+    assert ask() == merged and prompts.stats.hits == hits + 1
+    for positions in ("all", "generated"):
+        steering = {"mode": "vector", "lambda": lam, "units": "raw", "positions": positions}
+        how = SteerConfig("vector", positions, "raw")
+        lm, gen = session.lm, GenerationConfig(max_new_tokens=NEW, precision="fp32")
+        with steer(lm.model, session.vectors, lam, how):
+            prefix = None if how.steers_prompt else prefill(lm, DOC + " Again.", gen)
+            *_, last = stream_rows(lm, DOC + " Again.", 1, gen, prefix=prefix)
+        expected = [t for t in last[0] if t not in stop_tokens(lm.tokenizer)]
+        first, again = ask(steering), ask(steering)
+        assert first == again == expected != merged, positions
+
+
+def test_the_prompt_cache_keeps_the_most_recent_within_its_limits():
+    from topl_core.inference.prompt_cache import PromptCache
+
+    cache = PromptCache(max_bytes=100, max_entries=3)
+    for key, size in (("a", 40), ("b", 40), ("c", 10)):
+        cache.put(key, key.upper(), size)
+    assert cache.get("a") == "A"  # a is now the most recent: b goes first
+    cache.put("d", "D", 30)
+    assert cache.get("b") is None and [cache.get(k) for k in "acd"] == ["A", "C", "D"] and cache.nbytes == 80
+    cache.put("e", "E", 5)  # a fourth entry: the least recent (a) goes
+    assert cache.get("a") is None and len(cache) == 3
+    cache.put("huge", "H", 101)  # over the limit alone: not kept, nothing dropped for it
+    assert cache.get("huge") is None and len(cache) == 3
+    assert (cache.stats.hits, cache.stats.misses) == (4, 3)

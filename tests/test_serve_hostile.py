@@ -13,9 +13,8 @@ import time
 import httpx2 as httpx
 import pytest
 import torch
-from conftest import LoopbackServer
+from conftest import serving
 
-from topl_core.serve.app import create_app
 from topl_core.serve.batch import MERGED
 from topl_core.serve.engine import Request, Sampling, ServeEngine
 from topl_core.serve.protocol import MAX_PROMPTS, MIN_TEMPERATURE
@@ -28,11 +27,8 @@ SLOTS, WAITING = 4, 4
 
 @pytest.fixture(scope="module")
 def served(serve_session):
-    engine = ServeEngine(serve_session, "fp32", slots=SLOTS, waiting=WAITING)
-    server = LoopbackServer(create_app(engine, "tiny", max_body=60_000))
-    yield engine, server
-    server.stop()
-    engine.close()
+    with serving(serve_session, slots=SLOTS, waiting=WAITING, max_body=60_000) as both:
+        yield both
 
 
 @pytest.fixture(scope="module")

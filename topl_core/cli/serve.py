@@ -13,6 +13,7 @@ import uvicorn
 from ..analysis.lora_a.probe import STEERING_TOKEN_RECORDS
 from ..analysis.steering.session import SteeringSession
 from ..serve.app import LOOPBACK_HOSTS, create_app
+from ..serve.batch import PROMPT_CACHE_MB
 from ..serve.engine import ServeEngine
 from ..serve.protocol import ALIAS_MARK, ServeError, alias_steering
 from . import COMMANDS
@@ -47,6 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--queue", type=int, default=32, help="requests that may wait for a slot; more get 429")
     p.add_argument("--max-body", type=int, default=1_000_000, help="the largest request body, in bytes")
     p.add_argument("--max-prompt-tokens", type=int, default=4096, help="the longest prompt, in tokens")
+    p.add_argument(
+        "--prompt-cache-mb",
+        type=int,
+        default=PROMPT_CACHE_MB,
+        help="memory for the forwards of recent prompts: one asked for again decodes at once (0: none)",
+    )
     p.add_argument(
         "--expose",
         action="append",
@@ -96,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     vectors = vectors_from_args(args, adapter, precision)
     session = SteeringSession.from_run(adapter, vectors, adapter.base_model)
     try:
-        engine = ServeEngine(session, args.precision, slots=args.slots, waiting=args.queue)
+        engine = ServeEngine(session, args.precision, args.slots, args.queue, args.prompt_cache_mb)
     except ValueError as e:
         raise SystemExit(f"error: --slots/--queue: {e}") from None
     allowed = None if not loopback(args.host) else [*LOOPBACK_HOSTS, args.host, *args.allowed_host]

@@ -6,13 +6,16 @@ forward over all of them — each row steered with its own mode and λ, the adap
 each generation its row's logits. A generation joins with its prompt (run once, alone, between two steps: a new
 request's first token does not wait for the others to finish) and leaves when it ends.
 
-    batcher = Batcher(lm, vectors, lora, head, precision, slots=16)
+    batcher = Batcher(lm, vectors, lora, head, precision, slots=16, prompt_cache_mb=512)
     joined = batcher.join(ids, steering, twin=False).result()   the prompt run into a free slot (and its twin):
         Joined(slot, twin, logits, prompt); a join still waiting for a slot is cancelled with its future's cancel()
     logits, p = batcher.submit(slot, token, steering).result()     one decode step of `slot`, batched with others
     batcher.crop(slot, n)                         the slot's last n positions dropped (a judge took a token back)
     batcher.leave(slot)
     batcher.idle()                                every slot free, nothing waiting (the service's invariant at rest)
+
+A prompt's forward is kept in the batcher's prompt cache (inference/prompt_cache.py), so that a prompt asked for again
+— the same document — starts decoding without running again.
 
 A slot belongs to the generation whose join took it from the moment it is taken: a prompt that fails gives its slots
 back before the join's future raises, and a generation gives them back when it ends, however it ends.
@@ -43,11 +46,13 @@ from ..analysis.steering.vectors import SteeringVectors
 from ..foundations.errors import ModelError
 from ..hardware.precision import Precision, autocast
 from ..inference.generate import prompt_forward
+from ..inference.prompt_cache import PromptCache, tensor_bytes
 from ..models.architecture import decoder_layers, final_norm
 from ..models.forward import head_probability
 from ..models.loading import LoadedModel
 
 ROOM = 256  # the cache grows by this many positions at a time
+PROMPT_CACHE_MB = 512  # the prompt forwards kept for prompts asked for again (SmolLM2: ~46 KB a position)
 GATHER_S = 0.002  # how long a step waits for the generations still choosing their token
 
 
@@ -157,6 +162,7 @@ class Batcher:
         head: Head | None,
         precision: Precision,
         slots: int = 16,
+        prompt_cache_mb: int = PROMPT_CACHE_MB,
     ):
         from transformers import StaticCache
 
@@ -170,6 +176,7 @@ class Batcher:
             )
         self.lm, self.vectors, self._lora, self.head, self.precision = lm, vectors, lora, head, precision
         self.slots = slots
+        self.prompts: PromptCache = PromptCache(max_bytes=prompt_cache_mb * 2**20)
         self.write_at = torch.zeros(slots, dtype=torch.long)  # each slot's next position (= its length)
         self.write_at_step = self.write_at
         self.length = 1
@@ -276,36 +283,59 @@ class Batcher:
         return None, []
 
     def _prefill(self, slots: list[int], join: _Join) -> Joined:
-        """The prompt run alone (steered where the mode steers the prompt) into the first slot, unsteered into the
-        second (the twin) if any, and its own tokens scored if asked."""
+        """The prompt (steered where the mode steers the prompt) into the first slot, unsteered into the second (the
+        twin) if any — each from the prompt cache when it holds that forward — and its own tokens scored if asked
+        (a scored prompt runs: the cache keeps the last position's logits only)."""
         ids, steering = join.ids, join.steering
-        steered = steering.how.steers_prompt and not steering.neutral
-        every = join.score is not None  # every position's logits, not the last one's
-        lora = self._lora() if steering.how.spec.action.needs_lora else None
-        plain_reader = _HeadReader(self.lm.model, self.head if every else None, 1, every=True)
-        with steer(self.lm.model, self.vectors, steering.lam, steering.how, lora) if steered else nullcontext():
-            with nullcontext() if steered else plain_reader:
-                cache, logits = prompt_forward(self.lm, ids, self.precision, every_position=every)
-        if steered and (len(slots) > 1 or (every and self.head is not None)):
-            with plain_reader:
-                plain = prompt_forward(self.lm, ids, self.precision)[0]
+        steered = steering if steering.how.steers_prompt and not steering.neutral else None
+        scores = None
+        if join.score is None:
+            held, last = self._prompt(ids, steered)
         else:
-            plain = cache
+            reader = _HeadReader(self.lm.model, self.head, 1, every=True)
+            with self._steering(steered), nullcontext() if steered else reader:
+                cache, logits = prompt_forward(self.lm, ids, self.precision, every_position=True)
+            held, last = _layers(cache), logits[0, -1].float()
+            if steered is not None and self.head is not None:
+                with reader:
+                    prompt_forward(self.lm, ids, self.precision)
+            scores = _prompt_scores(ids[0], logits[0], join.score, reader.read())
+        plain = self._prompt(ids, None)[0] if steered is not None and len(slots) > 1 else held
         n = ids.shape[1]
-        scores = _prompt_scores(ids[0], logits[0], join.score, plain_reader.read()) if every else None
         with self._cond:
-            self._ensure_room(n + 1, cache.layers[0].keys)
-            for slot, held in zip(slots, (cache, plain)):
-                for layer, kept in zip(self._cache.layers, held.layers):
-                    layer.keys[slot, :, :n] = kept.keys[0]
-                    layer.values[slot, :, :n] = kept.values[0]
+            self._ensure_room(n + 1, held[0][0])
+            for slot, kept in zip(slots, (held, plain)):
+                for layer, (keys, values) in zip(self._cache.layers, kept):
+                    layer.keys[slot, :, :n] = keys[0]
+                    layer.values[slot, :, :n] = values[0]
             for slot in slots:
                 self._mask[slot] = 0
                 self._mask[slot, :n] = 1
                 self.write_at[slot] = n
                 self._joined.add(slot)
-        last = logits[0, -1] if every else logits[0]
-        return Joined(slots[0], slots[1] if len(slots) > 1 else None, last, scores)
+        return Joined(slots[0], slots[1] if len(slots) > 1 else None, last.clone(), scores)
+
+    def _prompt(
+        self, ids: torch.Tensor, steered: Steering | None
+    ) -> tuple[list[tuple[torch.Tensor, ...]], torch.Tensor]:
+        """The prompt `ids`'s forward (steered by `steered`, or plain): (each layer's keys and values, its last
+        logits), from the prompt cache or run and kept there. The key holds the steering only where it steers the
+        prompt (inference/prompt_cache.py)."""
+        key = (tuple(ids[0].tolist()), None if steered is None else (steered.how, float(steered.lam)))
+        hit = self.prompts.get(key)
+        if hit is not None:
+            return hit
+        with self._steering(steered):
+            cache, logits = prompt_forward(self.lm, ids, self.precision)
+        held = _layers(cache)
+        self.prompts.put(key, (held, logits[0]), tensor_bytes(logits, *(t for kv in held for t in kv)))
+        return held, logits[0]
+
+    def _steering(self, steered: Steering | None):
+        if steered is None:
+            return nullcontext()
+        lora = self._lora() if steered.how.spec.action.needs_lora else None
+        return steer(self.lm.model, self.vectors, steered.lam, steered.how, lora)
 
     def _ensure_room(self, positions: int, like: torch.Tensor) -> None:
         """Room for `positions` in every slot (under the lock). With no slot holding a generation, the storage is
@@ -398,6 +428,11 @@ def _chain(edits: list[SiteEdit]) -> SiteEdit:
         return output
 
     return edit
+
+
+def _layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A prompt forward's KV cache as each layer's (keys, values), 1 × heads × positions × head size."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def _prompt_scores(ids: torch.Tensor, logits: torch.Tensor, top: int, p_good: torch.Tensor) -> PromptScores:

@@ -35,7 +35,7 @@ from ..hardware.precision import Precision, resolve_precision
 from ..inference.decode import decode, stop_tokens
 from ..inference.generate import GenerationCancelled, GenerationConfig
 from ..training.adapters import open_adapter
-from .batch import Batcher, PromptScores, Steering
+from .batch import PROMPT_CACHE_MB, Batcher, PromptScores, Steering
 
 
 class Busy(Exception):
@@ -303,7 +303,14 @@ def _p(value: float) -> float | None:
 class ServeEngine:
     """The generations of one steering session's merged model, batched (the module docstring)."""
 
-    def __init__(self, session: SteeringSession, precision: Precision = "auto", slots: int = 16, waiting: int = 32):
+    def __init__(
+        self,
+        session: SteeringSession,
+        precision: Precision = "auto",
+        slots: int = 16,
+        waiting: int = 32,
+        prompt_cache_mb: int = PROMPT_CACHE_MB,
+    ):
         lm = session.lm
         try:
             head = session.head()
@@ -317,7 +324,7 @@ class ServeEngine:
             )
         self.session, self.tokenizer, self.has_head = session, lm.tokenizer, head is not None
         decode_precision = GenerationConfig.chosen(precision).decode_on(lm.model.device.type)
-        self.batcher = Batcher(lm, session.vectors, session.lora, head, decode_precision, slots)
+        self.batcher = Batcher(lm, session.vectors, session.lora, head, decode_precision, slots, prompt_cache_mb)
         self.waiting_limit = waiting
         text_config = lm.model.config.get_text_config()
         self.context_window: int | None = getattr(text_config, "max_position_embeddings", None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..foundations.errors import ConfigError
 from ..training.adapters import open_adapter
-from .app import create_app, serve_engine
+from .app import LOOPBACK_HOSTS, create_app, serve_engine
 from .engine import ServeEngine
 
 
@@ -29,7 +29,8 @@ def ray_application(
     except ImportError as e:
         raise ConfigError(f'Ray Serve is not installed ({e}); install it with: pip install "ray[serve]"') from None
     name = open_adapter(adapter).name
-    app = create_app(None, name, api_key)
+    # keyless, the proxy answers loopback names only (DNS rebinding); with a key, any name the cluster is reached by
+    app = create_app(None, name, api_key, allowed_hosts=None if api_key else LOOPBACK_HOSTS)
     key = app.state.engine_key
 
     @serve.deployment(num_replicas=replicas, ray_actor_options={"num_cpus": cpus_per_replica})

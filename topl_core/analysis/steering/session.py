@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
 from typing import Iterator, Sequence
 
@@ -43,6 +42,7 @@ from ...inference.generate import (
     prompt_length,
     stream_rows,
 )
+from ...inference.prompt_cache import PromptCache
 from ...models.loading import LoadedModel, ModelSpec
 from ...training.adapters import open_adapter
 from ..lora_a.sites import LoraWeights, Site, residual_paths, site_module
@@ -78,7 +78,7 @@ class SteeringSession:
         self._lock = model_lock(lm.model)
         self._lora: dict[Site, LoraWeights] | None = None  # read on the first generation that scales the update
         self._head = None if head is None else Head(head.layer, head.linear.to(lm.model.device))
-        self._prefills: OrderedDict[tuple, Prefill] = OrderedDict()  # unsteered prompts, most recent last
+        self._prefills: PromptCache[Prefill] = PromptCache(max_entries=PREFILLS_KEPT)  # unsteered prompts
         self._compiled: StepDecoder | None = None  # compile_decode()
         self._compile_wait = True
 
@@ -364,13 +364,11 @@ class SteeringSession:
     def _prefill(self, document: str, gen_cfg: GenerationConfig, task: str) -> Prefill:
         """The unsteered prompt of `document`, kept for the PREFILLS_KEPT most recent documents."""
         key = (document, task, gen_cfg.max_doc_tokens, gen_cfg.precision)
-        if key in self._prefills:
-            self._prefills.move_to_end(key)
-        else:
-            self._prefills[key] = prefill(self.lm, document, gen_cfg, task)
-            while len(self._prefills) > PREFILLS_KEPT:
-                self._prefills.popitem(last=False)
-        return self._prefills[key]
+        kept = self._prefills.get(key)
+        if kept is None:
+            kept = prefill(self.lm, document, gen_cfg, task)
+            self._prefills.put(key, kept)
+        return kept
 
     def _generate(
         self,
