@@ -1,4 +1,4 @@
-"""Forward passes shared by training, token scoring and analysis.
+"""Forward passes shared by training, token scoring and analysis, and the one reader of a token-level head.
 
 `head_features` runs the decoder only up to layer m (an early exit through a forward hook, so the shared model is
 never modified) and applies the model's own final norm: H = FinalNorm(f_{0:m}(x)), the input of a TOPL head.
@@ -6,7 +6,9 @@ never modified) and applies the model's own final norm: H = FinalNorm(f_{0:m}(x)
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -71,6 +73,56 @@ def head_probability(head: torch.nn.Linear, features: torch.Tensor) -> torch.Ten
     bias = None if head.bias is None else head.bias.float()
     with full_precision(features.device.type):
         return torch.sigmoid(F.linear(features.float(), head.weight.float(), bias).squeeze(-1))
+
+
+@dataclass(frozen=True)
+class Head:
+    """A token-level head: p(good) = σ(linear(FinalNorm(hidden state after decoder layer `layer`))) — a TOPL run's
+    head.safetensors, or a probe head fitted on an adapter's hidden states (analysis/lora_a/probe_head.py)."""
+
+    layer: int
+    linear: torch.nn.Linear
+
+
+class HeadReader:
+    """The head read inside forwards the model runs anyway: while active (a context manager; its hook removed on
+    every exit), every forward from the thread that entered it reads p(good) after the head's layer, through the
+    model's final norm, in the forward's autocast — each row's last position (rows), or with `every` every position
+    (rows × positions). read() gives the last forward's reading (NaN per row without a head, or before any forward);
+    take() gives it once (LookupError if no forward read it since)."""
+
+    def __init__(self, model: torch.nn.Module, head: Head | None, rows: int = 1, every: bool = False):
+        self._model, self._head, self._rows, self._every = model, head, rows, every
+        self._seen: dict[str, torch.Tensor] = {}
+        self._handle = None
+
+    def read(self) -> torch.Tensor:
+        return self._seen.get("p", torch.full((self._rows,), float("nan")))
+
+    def take(self) -> torch.Tensor:
+        try:
+            return self._seen.pop("p")
+        except KeyError:
+            raise LookupError("no forward read the head since the last reading") from None
+
+    def __enter__(self) -> "HeadReader":
+        if self._head is not None:
+            norm, head, owner, every = final_norm(self._model), self._head, threading.get_ident(), self._every
+
+            def read_head(_module, _inputs, output):
+                if threading.get_ident() == owner:
+                    hidden = output[0] if isinstance(output, tuple) else output
+                    p = head_probability(head.linear, norm(hidden if every else hidden[:, -1:]))
+                    self._seen["p"] = p if every else p[:, -1]
+
+            self._handle = decoder_layers(self._model)[head.layer].register_forward_hook(read_head)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        return False
 
 
 def lm_head_logits(lm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:

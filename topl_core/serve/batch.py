@@ -39,7 +39,6 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from ..analysis.lora_a.sites import LoraWeights, Site
-from ..analysis.steering.gate import Head
 from ..analysis.steering.hooks import SiteEdit, edit_outputs
 from ..analysis.steering.modes import SteerConfig, steer
 from ..analysis.steering.vectors import SteeringVectors
@@ -47,8 +46,8 @@ from ..foundations.errors import ModelError
 from ..hardware.precision import Precision, autocast
 from ..inference.generate import prompt_forward
 from ..inference.prompt_cache import PromptCache, tensor_bytes
-from ..models.architecture import decoder_layers, final_norm
-from ..models.forward import head_probability
+from ..models.architecture import decoder_layers
+from ..models.forward import Head, HeadReader
 from ..models.loading import LoadedModel
 
 ROOM = 256  # the cache grows by this many positions at a time
@@ -292,7 +291,7 @@ class Batcher:
         if join.score is None:
             held, last = self._prompt(ids, steered)
         else:
-            reader = _HeadReader(self.lm.model, self.head, 1, every=True)
+            reader = HeadReader(self.lm.model, self.head, 1, every=True)
             with self._steering(steered), nullcontext() if steered else reader:
                 cache, logits = prompt_forward(self.lm, ids, self.precision, every_position=True)
             held, last = _layers(cache), logits[0, -1].float()
@@ -371,8 +370,8 @@ class Batcher:
             self.write_at_step, self.length = write_at, int(write_at.max()) + 1
             edits = self._edits_for(rows, {s.slot: s.steering for s in steps})
             model, device = self.lm.model, self.lm.model.device
-            reader = _HeadReader(model, self.head, rows)
-            with edit_outputs(model, edits, rows=rows), autocast(self.precision, device.type), reader as read:
+            reader = HeadReader(model, self.head, rows)
+            with edit_outputs(model, edits, rows=rows), autocast(self.precision, device.type), reader:
                 out = model(
                     input_ids=ids.to(device),
                     past_key_values=self._cache,
@@ -380,7 +379,7 @@ class Batcher:
                     position_ids=write_at[:, None].to(device),
                     use_cache=True,
                 )
-                p = read()
+                p = reader.read()
             logits = out.logits[:, -1].float()
             with self._cond:
                 for s in steps:
@@ -450,36 +449,3 @@ def _prompt_scores(ids: torch.Tensor, logits: torch.Tensor, top: int, p_good: to
             alternatives += [[] for _ in range(lsm.shape[0])]
     p = p_good[0].tolist() if p_good.dim() == 2 else [float("nan")] * ids.shape[0]
     return PromptScores(logprob, alternatives, p)
-
-
-class _HeadReader:
-    """While active, reads the head's p(good) in this thread's forwards (after the head's layer, in the forward's
-    autocast): each row's last position, or with `every` every position of the last forward (rows × positions);
-    without a head, NaN."""
-
-    def __init__(self, model: torch.nn.Module, head: Head | None, rows: int, every: bool = False):
-        self._model, self._head, self._rows, self._every = model, head, rows, every
-        self._seen: dict[str, torch.Tensor] = {}
-        self._handle = None
-
-    def read(self) -> torch.Tensor:
-        return self._seen.get("p", torch.full((self._rows,), float("nan")))
-
-    def __enter__(self) -> Callable[[], torch.Tensor]:
-        if self._head is not None:
-            norm, head, owner = final_norm(self._model), self._head, threading.get_ident()
-
-            def read_head(_module, _inputs, output):
-                if threading.get_ident() == owner:
-                    hidden = output[0] if isinstance(output, tuple) else output
-                    p = head_probability(head.linear, norm(hidden if self._every else hidden[:, -1:])).float()
-                    self._seen["p"] = p if self._every else p[:, -1]
-
-            self._handle = decoder_layers(self._model)[head.layer].register_forward_hook(read_head)
-        return self.read
-
-    def __exit__(self, *exc) -> bool:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
-        return False

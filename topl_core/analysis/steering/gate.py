@@ -30,46 +30,23 @@ taken back (the preceding token's forward again, steered, and the new token's). 
 
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple, Sequence
 
 import torch
 
 from ...inference.decode import Judge
-from ...models.architecture import decoder_layers, final_norm
-from ...models.forward import head_probability
+from ...models.forward import Head, HeadReader
 from .hooks import SteeringSwitch
 from .steered_text import GateCounts, Replacement, SteeredText
 
 
-@dataclass(frozen=True)
-class Head:
-    """A token-level head: p(good) = σ(linear(FinalNorm(hidden state after decoder layer `layer`))) — a TOPL run's
-    head.safetensors, or a probe head fitted on an adapter's hidden states (lora_a/probe_head.py)."""
-
-    layer: int
-    linear: torch.nn.Linear
-
-
 @contextmanager
 def _head_reader(model: torch.nn.Module, head: Head) -> Iterator[Callable[[], float]]:
-    """While active, every forward from this thread reads the head's p(good) of its last position (in the forward's
-    autocast, after the head's layer); the function yielded gives the last forward's."""
-    owner, seen = threading.get_ident(), {}
-    norm = final_norm(model)
-
-    def read_head(_module, _inputs, output):
-        if threading.get_ident() == owner:
-            hidden = (output[0] if isinstance(output, tuple) else output)[:, -1:]
-            seen["p"] = float(head_probability(head.linear, norm(hidden))[0, -1])
-
-    handle = decoder_layers(model)[head.layer].register_forward_hook(read_head)
-    try:
-        yield lambda: seen.pop("p")
-    finally:
-        handle.remove()
+    """While active, every forward from this thread reads the head's p(good) of its last position (models.forward's
+    HeadReader); the function yielded gives the last forward's, once."""
+    with HeadReader(model, head) as reader:
+        yield lambda: float(reader.take()[0])
 
 
 class HeadGate:
