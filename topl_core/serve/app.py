@@ -81,7 +81,7 @@ def create_app(
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid body"}
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         param = ".".join(loc) or None
-        detail = first.get("msg", "invalid")
+        detail = first.get("msg", "invalid").removeprefix("Value error, ")
         if first.get("type") == "extra_forbidden":
             detail = "unknown field (see the OpenAI API's fields and the service's `steering`)"
         elif first.get("type") == "json_invalid":
