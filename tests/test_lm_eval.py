@@ -1,7 +1,7 @@
 """lm-evaluation-harness (lm_eval 0.4.13, requirements.txt) scores the service unchanged (docs/serve.md, "lm-eval"):
 a multiple-choice task through its `local-completions` model (token-id prompts, echo with prompt logprobs, its remote
 tokenizer reading /tokenizer_info and /tokenize) gives the per-choice loglikelihoods of lm-eval's own `hf` backend
-with `peft=` the same adapter; a steering alias moves them; a generate_until task runs through
+with `peft=` the same adapter; two steering aliases move them apart; a generate_until task runs through
 `local-chat-completions`, its `steering` generation_kwarg reaching the service. The tasks are tests/lm_eval_tasks/."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ openai = pytest.importorskip("openai")
 
 TASKS = os.path.join(os.path.dirname(__file__), "lm_eval_tasks")
 MC, GEN, GEN_STEERED = "halueval_tiny_mc", "halueval_tiny_gen", "halueval_tiny_gen_steered"
-ALIAS = "tiny@vector:8"
+ALIASES = ("tiny@vector:8", "tiny@vector:-8")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def base_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(serve_session):
-    with serving(serve_session, "fp32", slots=4, waiting=16, exposed=[ALIAS]) as (_, server):
+    with serving(serve_session, "fp32", slots=4, waiting=16, exposed=list(ALIASES)) as (_, server):
         yield server
 
 
@@ -118,10 +118,17 @@ def test_a_multiple_choice_task_scores_the_service_as_lm_evals_hf_backend_scores
     assert all(ll < 0 for choices in served_mc for ll in choices)
 
 
-def test_a_steering_alias_moves_the_loglikelihoods(tasks, served, served_mc):
-    steered = choice_loglikelihoods(evaluate(tasks, "local-completions", completions(served.url, ALIAS), [MC])[MC])
-    shifts = [abs(a - b) for sa, sb in zip(steered, served_mc) for a, b in zip(sa, sb)]
-    assert min(shifts) > 1e-3, shifts  # every choice's loglikelihood moved: the prompt is steered at every position
+def test_steering_aliases_move_the_loglikelihoods(tasks, served, served_mc):
+    """The same task at λ = 8 and λ = −8 through two aliases (lm-eval sends no extra field with a loglikelihood
+    request: the model's name carries λ): every choice's loglikelihood differs between them and from the merged
+    model's (the prompt is steered at every position)."""
+    runs = [
+        choice_loglikelihoods(evaluate(tasks, "local-completions", completions(served.url, alias), [MC])[MC])
+        for alias in ALIASES
+    ]
+    for a, b in ((runs[0], served_mc), (runs[1], served_mc), (runs[0], runs[1])):
+        shifts = [abs(x - y) for x, y in zip(flat(a), flat(b))]
+        assert min(shifts) > 1e-3, shifts
 
 
 def test_the_loglikelihoods_in_bf16_stay_near_float32(tasks, serve_session, reference):
