@@ -22,7 +22,8 @@ back before the join's future raises, and a generation gives them back when it e
 
 The KV cache holds every slot's keys and values in one storage (slots × heads × capacity × head size); a slot writes
 each position at its own index (its length: slots of different lengths share a step), and the attention mask hides
-the positions a slot does not hold (a crop, or a step it sat out). Rotary positions are each slot's own.
+the positions a slot does not hold (a crop, or a step it sat out). Rotary positions are each slot's own. A model with
+sliding-window layers (Gemma-3) keeps every position in those layers too; their mask holds each row's own window.
 """
 
 from __future__ import annotations
@@ -163,15 +164,15 @@ class Batcher:
         slots: int = 16,
         prompt_cache_mb: int = PROMPT_CACHE_MB,
     ):
-        from transformers import StaticCache
-
-        if not all(
-            type(layer).__name__ == "StaticLayer"
-            for layer in StaticCache(config=lm.model.config, max_cache_len=8).layers
-        ):
+        text = lm.model.config.get_text_config()
+        sliding = "sliding_attention" in (getattr(text, "layer_types", None) or ())
+        # a sliding-window layer sees the last `window` positions before each row's own: its mask is per row
+        self._window: int | None = text.sliding_window if sliding else None
+        self._attention = lm.model.config._attn_implementation
+        if self._window is not None and self._attention not in ("sdpa", "eager"):
             raise ModelError(
-                f"{lm.spec.name}: the service batches models whose every layer attends to all positions; this one has "
-                "sliding-window layers. Serve a Llama- or Qwen-style model."
+                f"{lm.spec.name}: its sliding-window layers are served with the sdpa or eager attention, not "
+                f"{self._attention!r}; load it with attn_implementation='sdpa'."
             )
         self.lm, self.vectors, self._lora, self.head, self.precision = lm, vectors, lora, head, precision
         self.slots = slots
@@ -366,7 +367,6 @@ class Batcher:
             for s in steps:
                 ids[s.slot, 0] = s.token
             mask[torch.arange(rows), write_at] = 1  # a slot sitting out attends to its own (discarded) write
-            # every row holding every position (one generation, or rows of one length): no mask, attention's fast path
             self.write_at_step, self.length = write_at, int(write_at.max()) + 1
             edits = self._edits_for(rows, {s.slot: s.steering for s in steps})
             model, device = self.lm.model, self.lm.model.device
@@ -375,7 +375,7 @@ class Batcher:
                 out = model(
                     input_ids=ids.to(device),
                     past_key_values=self._cache,
-                    attention_mask=None if bool(mask[:, : self.length].all()) else mask[:, : self.length].to(device),
+                    attention_mask=self._step_mask(mask[:, : self.length], write_at, device),
                     position_ids=write_at[:, None].to(device),
                     use_cache=True,
                 )
@@ -391,6 +391,26 @@ class Batcher:
             for s in steps:
                 if not s.done.done():
                     s.done.set_exception(e)
+
+    def _step_mask(self, held: torch.Tensor, at: torch.Tensor, device: torch.device):
+        """The attention mask of a step whose rows hold the positions `held` (rows × positions) and write at `at`:
+        None when every row holds every position (one generation, or rows of one length: attention's fast path),
+        else the held positions (2-D). With sliding-window layers, one 4-D mask (rows × 1 × 1 × positions) per kind
+        of layer, as transformers' models take them: the sliding layers' hold only the `window` positions up to each
+        row's own (a row's window ends at its own position, which differs from row to row)."""
+        if self._window is None:
+            return None if bool(held.all()) else held.to(device)
+        full = held.bool()
+        sliding = full & (torch.arange(held.shape[1])[None, :] > at[:, None] - self._window)
+        return {"full_attention": self._mask4d(full, device), "sliding_attention": self._mask4d(sliding, device)}
+
+    def _mask4d(self, allowed: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """rows × positions allowed → rows × 1 × 1 × positions, as the attention takes it: sdpa a boolean mask, eager
+        an additive one (0 or the float32 minimum)."""
+        allowed = allowed[:, None, None, :].to(device)
+        if self._attention == "sdpa":
+            return allowed
+        return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, torch.finfo(torch.float32).min)
 
     def _edits_for(self, rows: int, steering: dict[int, Steering]) -> dict[Site, SiteEdit]:
         """Each slot's steering as one set of site edits: per mode and units present, the action's edits with each
