@@ -146,6 +146,14 @@ def test_an_echo_scores_the_prompt_as_one_plain_forward_does(client, session):
         assert sorted(lp.top_logprobs[k].values(), reverse=True) == pytest.approx(top.values.tolist(), abs=1e-4)
     assert lp.model_extra["p_good"] == pytest.approx(p_good.tolist(), abs=1e-4)
     assert reply.text.startswith(session.lm.tokenizer.decode(prompt))
+    chunks = list(
+        client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=2, temperature=0, echo=True, logprobs=2, stream=True
+        )
+    )
+    streamed = [i for c in chunks for i in c.choices[0].logprobs.model_extra["token_ids"]]
+    assert streamed == lp.model_extra["token_ids"]
+    assert "".join(c.choices[0].text for c in chunks) == reply.text
     only = client.completions.create(model="tiny", prompt=prompt, max_tokens=0, echo=True, logprobs=1).choices[0]
     assert only.logprobs.token_logprobs == pytest.approx(lp.token_logprobs[:n]) and only.finish_reason == "length"
 
