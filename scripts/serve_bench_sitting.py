@@ -93,7 +93,8 @@ def main() -> None:
             process.terminate()
             process.wait(30)
         rows[slots] = res["rows"][0]
-        print(f"llama-server -np {slots}: " + format_serve(res).splitlines()[-1])
+        print(f"llama-server -np {slots}: " + format_serve(res).splitlines()[3])  # its one row
+        print(f"llama-server -np {slots}: " + format_serve(res).splitlines()[-1])  # a new and a repeated prompt
     result = {
         "machine": machine_description(),
         "date": time.strftime("%Y-%m-%d"),

@@ -6,6 +6,12 @@ against the same c requests sent one after another to the same server; figures a
                                token (concurrent), and the same one after another (sequential)
     concurrent_vs_sequential   the two rates' ratio (the batching's gain)
     ttft_s p50 / p95           time from a request to its first token; last_s: to its last token
+    ttft_new_s, ttft_repeat_s  one client's time to the first token of a document the server has not seen, and of the
+                               same request sent again (what the server's prompt cache saves; llama-server keeps a
+                               slot's prompt too)
+
+Every request of the rows asks about a document no earlier request asked about (the document with a tag of its own
+appended), so that neither side answers a row's prompts from its prompt cache: the rows measure new documents.
 
     serve_bench(url, model, document, concurrency=(1, 4, 8), new_tokens=64, api_key="unused") -> dict
     with served(adapter, precision) as url: ...    a `python -m topl_core serve` process on a free loopback port
@@ -88,13 +94,18 @@ def serve_bench(
         lams = [LAMBDAS[i % len(LAMBDAS)] if steered else None for i in range(c)]
         log(f"serve bench: {c} client(s) one after another")
         t0 = time.perf_counter()
-        sequential = [_stream(client, model, document, lam, new_tokens) for lam in lams]
+        sequential = [
+            _stream(client, model, _new(document, f"{c} one after another, {i}"), lam, new_tokens)
+            for i, lam in enumerate(lams)
+        ]
         sequential_s = time.perf_counter() - t0
         log(f"serve bench: {c} client(s) at once")
         results: list[tuple[float, float, int]] = [(0.0, 0.0, 0)] * c
         threads = [
             threading.Thread(
-                target=lambda i=i, lam=lam: results.__setitem__(i, _stream(client, model, document, lam, new_tokens))
+                target=lambda i=i, lam=lam: results.__setitem__(
+                    i, _stream(client, model, _new(document, f"{c} at once, {i}"), lam, new_tokens)
+                )
             )
             for i, lam in enumerate(lams)
         ]
@@ -120,8 +131,24 @@ def serve_bench(
                 "sequential_last_s_p50": statistics.median(r[1] for r in sequential),
             }
         )
+    log("serve bench: one document, then the same request again")
+    lam = LAMBDAS[0] if steered else None
+    first, again = (_stream(client, model, _new(document, "asked twice"), lam, new_tokens) for _ in range(2))
     steering = "vector, normalised λ, a λ per client" if steered else "the server's own (fixed at its start)"
-    return {"url": url, "model": model, "new_tokens": new_tokens, "steering": steering, "rows": rows}
+    return {
+        "url": url,
+        "model": model,
+        "new_tokens": new_tokens,
+        "steering": steering,
+        "rows": rows,
+        "ttft_new_s": first[0],
+        "ttft_repeat_s": again[0],
+    }
+
+
+def _new(document: str, tag: str) -> str:
+    """`document` with a tag of its own: a prompt no other request of the bench sends."""
+    return f"{document}\n\n({tag})"
 
 
 def format_serve(res: dict) -> str:
@@ -135,6 +162,11 @@ def format_serve(res: dict) -> str:
             f"| {r['clients']} | {r['aggregate_tokens_per_s']:.1f} | {r['sequential_tokens_per_s']:.1f} | "
             f"{r['concurrent_vs_sequential']:.2f} | {r['ttft_s_p50']:.2f} / {r['ttft_s_p95']:.2f} | "
             f"{r['last_s_p50']:.2f} / {r['last_s_p95']:.2f} |"
+        )
+    if "ttft_new_s" in res:
+        lines.append(
+            f"time to the first token, one client: a new document {res['ttft_new_s']:.2f} s, the same request again "
+            f"{res['ttft_repeat_s']:.2f} s"
         )
     return "\n".join(lines)
 
