@@ -10,15 +10,15 @@ SteeringSession(lm, vectors, head=None)     lm: a LoadedModel holding the MERGED
 How one steered token is made: inside modes.steer() (the mode's action's edits hooked on the merged model), the prompt's
 forward (steered, or the session's cached unsteered Prefill), then the one decode loop (inference/decode.py) — eager
 through inference.stream_rows, a λ per batch row, or through the compiled step — with the mode's judge where it has one
-(gate.HeadGate: it takes flagged tokens back). Batches of different documents go through transformers' generate
-(left-padded rows). Generation holds a per-model lock (sessions sharing one model take turns; sessions on different
-models run in parallel) and stops the exported steps' builds meanwhile (foundations/idle_children.busy); it never
-mutates the model, the tokenizer or the vectors.
+(gate.HeadGate: it takes flagged tokens back); a λ grid is a batch of rows of it. Batches of different documents
+still go through transformers' generate (left-padded rows: the one loop decodes rows of one prompt). Generation holds
+a per-model lock (sessions sharing one model take turns; sessions on different models run in parallel) and stops the
+exported steps' builds meanwhile (foundations/idle_children.busy); it never mutates the model, the tokenizer or the
+vectors.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from contextlib import contextmanager, nullcontext
 from typing import Iterator, Sequence
@@ -172,8 +172,9 @@ class SteeringSession:
         task: str = "summarization",
         how: SteerConfig = SteerConfig(),
     ) -> str:
-        """One response for `document` steered with λ in mode `how` (λ = how.neutral: the merged model's output)."""
-        return self.generate_many([document], lam, gen_cfg, task, how)[0]
+        """One response for `document` steered with λ in mode `how` (λ = how.neutral: the merged model's output): the
+        text stream_steered writes, through the one decode loop (grid_generations with one λ)."""
+        return self.grid_generations(document, [lam], gen_cfg, task, how)[0].text
 
     def generate_many(
         self,
@@ -183,9 +184,12 @@ class SteeringSession:
         task: str = "summarization",
         how: SteerConfig = SteerConfig(),
     ) -> list[str]:
-        """One response per document at one λ, in left-padded batches of gen_cfg.batch_size (inference/generate.py).
-        Greedy batched outputs can differ from one-at-a-time outputs in the last float bits (padding changes the
-        matmul shapes); compare λ values within one mode."""
+        """One response per document at one λ: one document through the one decode loop (generate_steered), several
+        in left-padded batches of gen_cfg.batch_size (transformers' generate, inference/generate.py; its greedy
+        outputs can differ from one-at-a-time outputs in the last float bits, as padding changes the matmul shapes:
+        compare λ values within one mode)."""
+        if len(documents) == 1:
+            return [self.generate_steered(documents[0], lam, gen_cfg, task, how)]
         return [g.text for g in self._generate(documents, lam, gen_cfg, task, how)]
 
     def generate_grid(
@@ -196,14 +200,15 @@ class SteeringSession:
         task: str = "summarization",
         how: SteerConfig = SteerConfig(),
     ) -> list[str]:
-        """One response for `document` per λ of `lambdas`, in their order: the λ grid generated as one batch.
-        Greedy: the prompt is repeated once per λ (one length: no padding) and each row is steered with its own λ
-        (modes.steer), so a grid costs about one generation instead of len(lambdas) on a GPU; each text is the one
-        generate_steered(document, λ) gives (tested token for token in fp32; in bf16 the batch's matmul shapes can
-        move the last bits and so flip a near-tie). One generate call holds max(gen_cfg.batch_size, GRID_ROWS) λ
-        positions: batch_size is sized for documents of different lengths, a grid's rows share one prompt.
-        Sampling goes one λ at a time, each seeded with gen_cfg.seed as generate_steered is: a batch's rows would
-        draw from one shared random stream, so no row would be the sample its λ gives alone."""
+        """One response for `document` per λ of `lambdas`, in their order: the λ grid generated as one batch through
+        the one decode loop (stream_grid's last step). Greedy: one prompt (where the mode steers it, once per λ row)
+        and each row steered with its own λ (modes.steer), so a grid costs about one generation instead of
+        len(lambdas) on a GPU; each text is the one generate_steered(document, λ) and the page's stream give (tested
+        token for token in fp32; in bf16 the batch's matmul shapes can move the last bits and so flip a near-tie). One
+        batch holds max(gen_cfg.batch_size, GRID_ROWS) λ positions: batch_size is sized for documents of different
+        lengths, a grid's rows share one prompt. Sampling goes one λ at a time, each seeded with gen_cfg.seed as
+        stream_steered is: a batch's rows would draw from one shared random stream, so no row would be the sample its
+        λ gives alone."""
         return [g.text for g in self.grid_generations(document, lambdas, gen_cfg, task, how)]
 
     def grid_generations(
@@ -218,14 +223,23 @@ class SteeringSession:
         mode that does not batch rows (gated) goes one λ at a time."""
         lambdas = [float(lam) for lam in lambdas]
         if gen_cfg.mode == "sample" or not how.spec.batches_rows:
-            return [g for lam in lambdas for g in self._generate([document], lam, gen_cfg, task, how)]
+            return [self._last(self.stream_generations(document, lam, gen_cfg, task, how)) for lam in lambdas]
         rows = max(gen_cfg.batch_size, GRID_ROWS)
         out: list[SteeredText] = []
         for start in range(0, len(lambdas), rows):
             chunk = lambdas[start : start + rows]
-            chunk_cfg = dataclasses.replace(gen_cfg, batch_size=len(chunk))
-            out.extend(self._generate([document] * len(chunk), chunk, chunk_cfg, task, how))
+            with self._steering(chunk, how):
+                *_, last = self._grid_rows(document, len(chunk), gen_cfg, task, how)
+            (texts,) = decoded_texts(self.lm.tokenizer, iter([last]))
+            out.extend(SteeredText(t) for t in texts)
         return out
+
+    @staticmethod
+    def _last(stream: Iterator[SteeredText]) -> SteeredText:
+        last = SteeredText("")
+        for last in stream:
+            pass
+        return last
 
     def stream_steered(
         self,
@@ -330,10 +344,17 @@ class SteeringSession:
                 done.append(g)
             return
         with self._steering(lambdas, how, cancel):
-            prefix = None if how.steers_prompt else self._prefill(document, gen_cfg, task)
-            steps = stream_rows(self.lm, document, len(lambdas), gen_cfg, task, prefix=prefix)
+            steps = self._grid_rows(document, len(lambdas), gen_cfg, task, how)
             for texts in decoded_texts(self.lm.tokenizer, steps):
                 yield [SteeredText(t) for t in texts]
+
+    def _grid_rows(
+        self, document: str, rows: int, gen_cfg: GenerationConfig, task: str, how: SteerConfig
+    ) -> Iterator[list[list[int]]]:
+        """Inside steer() at a λ per row: the one decode loop's steps over `rows` rows of `document`'s prompt (run
+        steered, or the session's cached unsteered one)."""
+        prefix = None if how.steers_prompt else self._prefill(document, gen_cfg, task)
+        return stream_rows(self.lm, document, rows, gen_cfg, task, prefix=prefix)
 
     @contextmanager
     def _steering(
