@@ -1,7 +1,9 @@
 """Merge a run's LoRA into its base model (the head is dropped: generation uses the original LM head) and
 generate responses for one or many documents.
 
-    generate(lm, documents, cfg) -> list[str]                 batched (HF generate)
+    generate(lm, documents, cfg) -> list[str]                 batched: cfg.batch_size documents as left-padded rows
+    stream_documents(lm, documents, cfg) -> Iterator[list[list[int]]]   every row's new tokens so far, documents of
+        different lengths as one batch through decode.decode (the one loop)
     stream_generate(lm, document, cfg, prefix=None) -> Iterator[str]
         one document: the text so far after every new token (greedy: its last value is generate's text; sampled:
         generate's draws); a page shows the words as they come and stops when the reader moves on (closing it)
@@ -32,7 +34,6 @@ from ..hardware.precision import (
     DECODE_PRECISION_HELP,
     PRECISION_HELP,
     PRECISIONS,
-    PhaseAutocast,
     Precision,
     ResolvedPrecision,
     autocast,
@@ -141,7 +142,6 @@ def prompt_length(
     return len(lm.tokenizer(_prompt(lm, document, cfg, task, lang_pair), add_special_tokens=False).input_ids)
 
 
-@torch.no_grad()
 def generate(
     lm: LoadedModel,
     documents: Sequence[str],
@@ -149,35 +149,79 @@ def generate(
     task: str = "summarization",
     lang_pair: str | None = None,
 ) -> list[str]:
-    """Generate one response per document (left-padded batches; stops at end-of-turn). A translation's lang_pair
-    ("en-de") names the languages in the prompt."""
+    """Generate one response per document (stops at end-of-turn), cfg.batch_size documents at a time as left-padded
+    rows of the one decode loop (stream_documents; sampled: each batch seeded with cfg.seed + its first index). A
+    translation's lang_pair ("en-de") names the languages in the prompt."""
+    outputs: list[str] = []
+    for i in range(0, len(documents), cfg.batch_size):
+        if cfg.mode == "sample":
+            torch.manual_seed(cfg.seed + i)
+        *_, last = stream_documents(lm, documents[i : i + cfg.batch_size], cfg, task, lang_pair)
+        (texts,) = decoded_texts(lm.tokenizer, iter([last]))
+        outputs.extend(texts)
+    return outputs
+
+
+@torch.inference_mode()
+def stream_documents(
+    lm: LoadedModel,
+    documents: Sequence[str],
+    cfg: GenerationConfig = GenerationConfig(),
+    task: str = "summarization",
+    lang_pair: str | None = None,
+) -> Iterator[list[list[int]]]:
+    """Several documents decoded as one batch by the one loop (decode.decode): their prompts left-padded to one
+    length (each row's positions counted from its first real token, the padding masked, as transformers' generate
+    pads), every row's new tokens so far after each step. One document: no padding, stream_rows' own tokens."""
     tok, model = lm.tokenizer, lm.model
     prompts = [_prompt(lm, d, cfg, task, lang_pair) for d in documents]
-    outputs: list[str] = []
     old_side = tok.padding_side
     tok.padding_side = "left"
     try:
-        for i in range(0, len(prompts), cfg.batch_size):
-            enc = tok(prompts[i : i + cfg.batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
-            enc = {k: v.to(model.device) for k, v in enc.items()}
-            if cfg.mode == "sample":
-                torch.manual_seed(cfg.seed + i)
-            with PhaseAutocast(model, cfg.precision, cfg.decode_on(model.device.type), model.device.type):
-                out = model.generate(
-                    **enc,
-                    max_new_tokens=cfg.max_new_tokens,
-                    do_sample=cfg.mode == "sample",
-                    temperature=cfg.temperature if cfg.mode == "sample" else None,
-                    top_p=cfg.top_p if cfg.mode == "sample" else None,
-                    top_k=None,
-                    pad_token_id=tok.pad_token_id,
-                    eos_token_id=tok.eos_token_id,
-                )
-            new = out[:, enc["input_ids"].shape[1] :]
-            outputs.extend(t.strip() for t in tok.batch_decode(new, skip_special_tokens=True))
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     finally:
         tok.padding_side = old_side
-    return outputs
+    device = model.device
+    mask = enc.attention_mask.to(device)
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    with autocast(cfg.precision, device.type):
+        out = model(
+            input_ids=enc.input_ids.to(device),
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            **_last_logits_only(model),
+        )
+    precision = cfg.decode_on(device.type)
+
+    def forward(ids: torch.Tensor) -> torch.Tensor:
+        nonlocal mask
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        with autocast(precision, device.type):
+            return (
+                model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=mask.sum(-1, keepdim=True) - 1,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                .logits[:, -1]
+                .float()
+            )
+
+    yield from decode(out.logits[:, -1].float(), cfg.max_new_tokens, stop_tokens(tok), forward, cfg.chooser())
+
+
+def _last_logits_only(model: torch.nn.Module) -> dict:
+    """The forward's argument that keeps the last position's logits only, as transformers' generate asks for them (the
+    same rounding as its first token's): the whole prompt's (T × vocabulary) logits are a large part of a small
+    model's prompt forward."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
 @dataclass
@@ -227,12 +271,9 @@ def prompt_forward(
 
     model = lm.model
     cache = DynamicCache()
-    # the last position's logits only, as transformers' generate asks for them (the same rounding as its first
-    # token's): the whole prompt's (T × vocabulary) logits are a large part of a small model's prompt forward
-    keep = 0 if every_position else 1
-    last = {"logits_to_keep": keep} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    keep = {} if every_position else _last_logits_only(model)
     with autocast(precision, model.device.type):
-        out = model(input_ids=ids.to(model.device), past_key_values=cache, use_cache=True, **last)
+        out = model(input_ids=ids.to(model.device), past_key_values=cache, use_cache=True, **keep)
     return cache, (out.logits if every_position else out.logits[:, -1].float())
 
 

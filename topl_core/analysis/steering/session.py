@@ -10,8 +10,8 @@ SteeringSession(lm, vectors, head=None)     lm: a LoadedModel holding the MERGED
 How one steered token is made: inside modes.steer() (the mode's action's edits hooked on the merged model), the prompt's
 forward (steered, or the session's cached unsteered Prefill), then the one decode loop (inference/decode.py) — eager
 through inference.stream_rows, a λ per batch row, or through the compiled step — with the mode's judge where it has one
-(gate.HeadGate: it takes flagged tokens back); a λ grid is a batch of rows of it. Batches of different documents
-still go through transformers' generate (left-padded rows: the one loop decodes rows of one prompt). Generation holds
+(gate.HeadGate: it takes flagged tokens back); a λ grid is a batch of rows of it, and so are documents of different
+lengths (left-padded rows: inference.stream_documents). Generation holds
 a per-model lock (sessions sharing one model take turns; sessions on different models run in parallel) and stops the
 exported steps' builds meanwhile (foundations/idle_children.busy); it never mutates the model, the tokenizer or the
 vectors.
@@ -184,10 +184,10 @@ class SteeringSession:
         task: str = "summarization",
         how: SteerConfig = SteerConfig(),
     ) -> list[str]:
-        """One response per document at one λ: one document through the one decode loop (generate_steered), several
-        in left-padded batches of gen_cfg.batch_size (transformers' generate, inference/generate.py; its greedy
-        outputs can differ from one-at-a-time outputs in the last float bits, as padding changes the matmul shapes:
-        compare λ values within one mode)."""
+        """One response per document at one λ: one document as generate_steered writes it, several in left-padded
+        batches of gen_cfg.batch_size through the one decode loop (inference.generate; greedy batched outputs can
+        differ from one-at-a-time outputs in the last float bits, as padding changes the matmul shapes: compare λ
+        values within one mode)."""
         if len(documents) == 1:
             return [self.generate_steered(documents[0], lam, gen_cfg, task, how)]
         return [g.text for g in self._generate(documents, lam, gen_cfg, task, how)]
@@ -400,9 +400,10 @@ class SteeringSession:
         how: SteerConfig,
         cancel: threading.Event | None = None,
     ) -> list[SteeredText]:
-        """Inside steer(): a mode without a judge generates the documents as left-padded batches (transformers'
-        generate); one with a judge streams each document through the one loop (seeded with gen_cfg.seed + its index,
-        as generate seeds its batches). `lam`: one λ, or one per document when they form one batch."""
+        """Inside steer(): a mode without a judge generates the documents as left-padded batches of the one decode
+        loop (inference.generate); one with a judge streams each document through the one loop (seeded with
+        gen_cfg.seed + its index, as generate seeds its batches). `lam`: one λ, or one per document when they form
+        one batch."""
         with self._steering(lam, how, cancel) as switch, self._seeded(gen_cfg):
             if how.spec.judge is None:
                 return [SteeredText(t) for t in generate(self.lm, documents, gen_cfg, task)]
