@@ -108,7 +108,7 @@ def _autocast_per_forward(model, run) -> list[tuple[int, bool]]:
     def record(_module, _args, kwargs):
         seen.append((kwargs["input_ids"].shape[-1], torch.is_autocast_enabled("cpu")))
 
-    # the decoder inside the causal LM: its forward runs inside the autocast PhaseAutocast's hook on the LM enters
+    # the decoder inside the causal LM: its forward runs inside the autocast the loop enters around the LM's
     handle = model.model.register_forward_pre_hook(record, with_kwargs=True)
     try:
         run()
@@ -119,8 +119,8 @@ def _autocast_per_forward(model, run) -> list[tuple[int, bool]]:
 
 @pytest.mark.parametrize("decode", ["fp32", "bf16"])
 def test_each_phase_runs_in_its_precision_and_both_paths_agree(tiny, decode):
-    """bf16 for the prompt and `decode` for each new token, in transformers' generate (PhaseAutocast's hooks) and in
-    the streamed loop alike, and the two write the same tokens."""
+    """bf16 for the prompt and `decode` for each new token, in a batch of documents (generate: left-padded rows) and
+    in the streamed loop alike, and the two write the same tokens."""
     cfg = GenerationConfig(max_new_tokens=6, precision="bf16", decode_precision=decode)
     batched: list[str] = []
     phases = _autocast_per_forward(tiny.model, lambda: batched.extend(generate(tiny, [DOC], cfg)))

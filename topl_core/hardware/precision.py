@@ -313,46 +313,6 @@ def autocast(precision: str, device: str):
     )
 
 
-class PhaseAutocast:
-    """Autocast per forward by its phase, for a generation whose loop is not ours (transformers' generate): a forward
-    over more than one new position (the prompt) runs in `prefill`, a one-token step in `decode`. A forward pre-hook
-    enters the forward's autocast and a forward hook leaves it; leaving the `with` block leaves any a failed forward
-    left open. Where both phases agree it is one plain autocast around everything."""
-
-    def __init__(self, model: torch.nn.Module, prefill: str, decode: str, device: str):
-        self.model, self.device = model, device
-        self.prefill, self.decode = resolve_precision(prefill, device), resolve_precision(decode, device)
-        self._open: list = []
-        self._handles: list = []
-
-    def _enter(self, _module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        one_token = ids is not None and ids.shape[-1] == 1
-        context = autocast(self.decode if one_token else self.prefill, self.device)
-        context.__enter__()
-        self._open.append(context)
-
-    def _leave(self, _module, _args, _kwargs, _output):
-        self._open.pop().__exit__(None, None, None)
-
-    def __enter__(self) -> "PhaseAutocast":
-        if self.prefill == self.decode:
-            self._open.append(autocast(self.prefill, self.device))
-            self._open[-1].__enter__()
-        else:
-            self._handles = [
-                self.model.register_forward_pre_hook(self._enter, with_kwargs=True),
-                self.model.register_forward_hook(self._leave, with_kwargs=True),
-            ]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        while self._open:
-            self._open.pop().__exit__(None, None, None)
-
-
 def full_precision(device: str):
     """Autocast switched off inside a bf16 region: float32 arithmetic for small exact work (a hook's projection onto
     LoRA-A, a head's probability, the LM head's log-probs) whose inputs the caller casts with `.float()`. The meta
