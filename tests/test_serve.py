@@ -397,8 +397,8 @@ def test_langchain_chat_openai_as_it_is(served, client, session):
 
 def test_a_prompt_asked_again_decodes_from_the_prompt_cache_as_a_miss_does(served, client, session):
     """The service keeps recent prompts' forwards: the same request again is a cache hit with the same tokens; a
-    request whose mode steers the prompt never reads the unsteered prompt's entry (llama-server's #26207: a control
-    vector's request answered from a plain request's cache), and one that leaves the prompt alone shares it."""
+    request whose mode steers the prompt never reads the unsteered prompt's entry (a cache keyed by the tokens alone
+    would answer it with a plain request's forward), and one that leaves the prompt alone shares it."""
     prompts = served[0].batcher.prompts
     lam = big(session)
     messages = [{"role": "user", "content": user_message(DOC + " Again.")}]  # a prompt no other test sent

@@ -4,6 +4,7 @@ sampled, one row or a batch of rows (a λ per row), with or without a judge that
     decode(logits, max_new_tokens, stop, forward, choose, judge=None, crop=None) -> Iterator[list[list[int]]]
         from the first new token's `logits` (rows × vocabulary): every row's new tokens so far after each step
     decoded_texts(tok, steps) -> Iterator[list[str]]   the same steps as text (stripped, special tokens dropped)
+    final_texts(tok, steps) -> list[str]                every row's whole text (only the last step decoded)
     stop_tokens(tok) -> set[int]        the ids a response ends on
     Judge                               the loop's place for a judge (one row): before each forward it may set up
         what the forward does (e.g. turn steering on); after a token's forward it may take the token back — the
@@ -100,3 +101,10 @@ def decoded_texts(tok, steps: Iterator[list[list[int]]]) -> Iterator[list[str]]:
     """decode()'s steps as every row's text so far (stripped, special tokens dropped)."""
     for tokens in steps:
         yield [tok.decode(t, skip_special_tokens=True).strip() for t in tokens]
+
+
+def final_texts(tok, steps: Iterator[list[list[int]]]) -> list[str]:
+    """Every row's whole text: the last of decode()'s steps decoded, the steps before it not."""
+    *_, last = steps
+    (texts,) = decoded_texts(tok, iter([last]))
+    return texts

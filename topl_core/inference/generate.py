@@ -42,7 +42,7 @@ from ..hardware.precision import (
 from ..models.architecture import decoder_layers
 from ..models.loading import LoadedModel, ModelSpec, load_model
 from ..training.adapters import load_adapter
-from .decode import Choose, Judge, decode, decoded_texts, stop_tokens
+from .decode import Choose, Judge, decode, decoded_texts, final_texts, stop_tokens
 from .kv_cache import with_room
 
 _MODEL_LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
@@ -120,6 +120,21 @@ class GenerationConfig:
         return sample
 
 
+_SAMPLING_LOCK = threading.RLock()  # sampling seeds torch's global RNG: one sampled generation at a time
+
+
+@contextmanager
+def seeded(cfg: GenerationConfig) -> Iterator[None]:
+    """For sampling, torch's global generator held (one sampled generation at a time) and seeded with cfg.seed;
+    greedy: nothing."""
+    if cfg.mode != "sample":
+        yield
+        return
+    with _SAMPLING_LOCK:
+        torch.manual_seed(cfg.seed)
+        yield
+
+
 def load_merged(spec: ModelSpec | str, adapter) -> LoadedModel:
     """A fresh base model with the adapter's LoRA merged in (or the plain base model when adapter is None);
     `adapter`: anything open_adapter opens.
@@ -156,9 +171,9 @@ def generate(
     for i in range(0, len(documents), cfg.batch_size):
         if cfg.mode == "sample":
             torch.manual_seed(cfg.seed + i)
-        *_, last = stream_documents(lm, documents[i : i + cfg.batch_size], cfg, task, lang_pair)
-        (texts,) = decoded_texts(lm.tokenizer, iter([last]))
-        outputs.extend(texts)
+        outputs.extend(
+            final_texts(lm.tokenizer, stream_documents(lm, documents[i : i + cfg.batch_size], cfg, task, lang_pair))
+        )
     return outputs
 
 

@@ -8,9 +8,9 @@ again at another λ) and the service (a client asking about the same document ag
 
 The key names everything the forward depends on, and only that: the caller's model, the prompt's token ids (or its
 document and task), the precision — and the prompt's steering where the mode steers the prompt, so that a steered
-prompt never reads an unsteered prompt's entry nor the other way round (llama-server's issue #26207: its prompt cache
-served a control-vector request from a plain request's entry). A mode that leaves the prompt unsteered shares the
-unsteered entry, as its prompt forward is that one.
+prompt never reads an unsteered prompt's entry nor the other way round (a cache keyed by the tokens alone would answer
+a steered request with a plain request's forward, as llama-server's prompt cache once did with control vectors). A
+mode that leaves the prompt unsteered shares the unsteered entry, as its prompt forward is that one.
 """
 
 from __future__ import annotations

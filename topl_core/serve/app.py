@@ -17,7 +17,6 @@ lm-eval's remote tokenizer reads /tokenizer_info, /tokenize and /detokenize (at 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 import uuid
 from typing import AsyncIterator, Callable, Iterable
@@ -25,14 +24,15 @@ from typing import AsyncIterator, Callable, Iterable
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ..analysis.steering.modes import SteerConfig
+from . import tokenizer_api
 from .batch import Steering
 from .engine import Busy, Chunk, Sampling, ServeEngine
 from .engine import Request as GenerationRequest
+from .guard import LOOPBACK_HOSTS, Guard
 from .protocol import (
     ALIAS_MARK,
     SEED_RANGE,
@@ -42,13 +42,12 @@ from .protocol import (
     ServeError,
     TokenIds,
     alias_steering,
-    encodable,
 )
 from .replies import Choice, Reply, absorb, sse
+from .tokenizer_api import DetokenizeRequest, TokenizeRequest, check_ids
 
 DEFAULT_NEW_TOKENS = 64
 RETRY_AFTER_S = 1
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
 def create_app(
@@ -74,7 +73,7 @@ def create_app(
     if engine is not None:
         serve_engine(key, engine)
 
-    app.add_middleware(_Guard, api_key=api_key, max_body=max_body, allowed_hosts=allowed_hosts)
+    app.add_middleware(Guard, api_key=api_key, max_body=max_body, allowed_hosts=allowed_hosts)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError):
@@ -86,23 +85,23 @@ def create_app(
             detail = "unknown field (see the OpenAI API's fields and the service's `steering`)"
         elif first.get("type") == "json_invalid":
             param, detail = None, f"not valid JSON ({first.get('ctx', {}).get('error', detail)})"
-        return _error(ServeError(400, f"{param or 'body'}: {detail}.", param))
+        return ServeError(400, f"{param or 'body'}: {detail}.", param).response()
 
     @app.exception_handler(ServeError)
     async def refused(_request: Request, exc: ServeError):
-        return _error(exc)
+        return exc.response()
 
     @app.exception_handler(HTTPException)
     async def http_refused(_request: Request, exc: HTTPException):
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         code = "not_found" if exc.status_code == 404 else None
-        return _error(ServeError(exc.status_code, f"{exc.detail}.", None, kind, code))
+        return ServeError(exc.status_code, f"{exc.detail}.", None, kind, code).response()
 
     @app.exception_handler(Exception)
     async def failed(_request: Request, exc: Exception):
         if isinstance(exc, RecursionError):  # JSON nested past the parser's depth
-            return _error(ServeError(400, "body: JSON nested too deeply to read.", None))
-        return _error(ServeError(500, f"the service failed: {type(exc).__name__}: {exc}", None, "server_error"))
+            return ServeError(400, "body: JSON nested too deeply to read.", None).response()
+        return ServeError(500, f"the service failed: {type(exc).__name__}: {exc}", None, "server_error").response()
 
     @app.get("/v1/models")
     async def list_models():
@@ -125,18 +124,18 @@ def create_app(
 
     @app.get("/tokenizer_info")
     async def tokenizer_info():
-        return _tokenizer_info(_engine(key))
+        return tokenizer_api.tokenizer_info(_engine(key))
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
         engine = _engine(key)
-        ids = _tokenize(engine, body)
+        ids = tokenizer_api.tokenize(engine, body)
         return {"count": len(ids), "max_model_len": engine.context_window, "tokens": ids}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
         engine = _engine(key)
-        _check_ids(engine, body.tokens, "tokens")
+        check_ids(engine, body.tokens, "tokens")
         return {"prompt": engine.tokenizer.decode(body.tokens)}
 
     def steering_of(body: CommonFields) -> Steering:
@@ -205,7 +204,7 @@ def create_app(
         try:
             generations = engine.start(requests)
         except Busy:
-            return _error(ServeError(429, "every slot is busy; retry shortly.", None, "rate_limit"), RETRY_AFTER_S)
+            return ServeError(429, "every slot is busy; retry shortly.", None, "rate_limit").response(RETRY_AFTER_S)
         prompt_tokens = sum(ids.shape[1] for ids in encoded) * body.n
         reply = Reply(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", body.model, chat, steering)
         if echo:
@@ -217,66 +216,13 @@ def create_app(
             )
         try:
             if not await _collect(request, choices):
-                return _error(ServeError(499, "the client closed the request.", None))
+                return ServeError(499, "the client closed the request.", None).response()
         finally:
             for g in generations:
                 g.cancel()
         return reply.whole(choices, prompt_tokens)
 
     return app
-
-
-class TokenizeRequest(BaseModel):
-    """/tokenize's body (vLLM's): a prompt, or chat messages, and whether the tokenizer adds its special tokens."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[dict] | None = None
-    add_special_tokens: bool = True
-    add_generation_prompt: bool = True
-
-
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    tokens: TokenIds
-
-
-def _tokenize(engine: ServeEngine, body: TokenizeRequest) -> list[int]:
-    tok = engine.tokenizer
-    if body.prompt is not None:
-        return tok(encodable(body.prompt, "prompt"), add_special_tokens=body.add_special_tokens).input_ids
-    if body.messages is not None:
-        try:
-            text = tok.apply_chat_template(
-                body.messages, tokenize=False, add_generation_prompt=body.add_generation_prompt
-            )
-        except Exception as e:
-            raise ServeError(400, f"messages: the model's chat template refuses them ({e}).", "messages") from None
-        return tok(encodable(text, "messages"), add_special_tokens=False).input_ids
-    raise ServeError(400, "give `prompt` (a string) or `messages`.", "prompt")
-
-
-def _tokenizer_info(engine: ServeEngine) -> dict:
-    """What a remote tokenizer needs to tokenize as this service does (vLLM's /tokenizer_info fields)."""
-    tok = engine.tokenizer
-    return {
-        "tokenizer_class": type(tok).__name__,
-        "model_max_length": engine.context_window,
-        "max_model_len": engine.context_window,
-        "vocab_size": engine.vocabulary,
-        "eos_token": tok.eos_token,
-        "eos_token_id": tok.eos_token_id,
-        "bos_token": tok.bos_token,
-        "bos_token_id": tok.bos_token_id,
-        "pad_token": tok.pad_token,
-        "pad_token_id": tok.pad_token_id,
-        "add_bos_token": getattr(tok, "add_bos_token", None),
-        "chat_template": tok.chat_template,
-    }
 
 
 def _prompt_ids(engine: ServeEngine, prompt: str | TokenIds) -> torch.Tensor:
@@ -287,16 +233,8 @@ def _prompt_ids(engine: ServeEngine, prompt: str | TokenIds) -> torch.Tensor:
         if not ids:
             raise ServeError(400, "prompt: it tokenizes to no token at all.", "prompt")
         return torch.tensor([ids])
-    _check_ids(engine, prompt, "prompt")
+    check_ids(engine, prompt, "prompt")
     return torch.tensor([prompt])
-
-
-def _check_ids(engine: ServeEngine, ids: list[int], param: str) -> None:
-    bad = next((t for t in ids if not 0 <= t < engine.vocabulary), None)
-    if bad is not None:
-        raise ServeError(
-            400, f"{param}: token id {bad} is not in the vocabulary (0 to {engine.vocabulary - 1}).", param
-        )
 
 
 def _check_length(engine: ServeEngine, prompt: int, new: int, max_prompt_tokens: int, param: str) -> None:
@@ -425,62 +363,3 @@ async def _stream(
             task.cancel()
         for g in generations:
             g.cancel()
-
-
-def _error(error: ServeError, retry_after: int | None = None) -> JSONResponse:
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
-
-
-class _Guard:
-    """Before a request reaches the app: its Host header (one of `allowed_hosts`, unless None), its API key (a Bearer
-    token, compared in constant time) and its body's size (the declared length, and the bytes as they are read: a
-    body sent without a length is stopped at the limit)."""
-
-    def __init__(self, app, api_key: str | None, max_body: int, allowed_hosts: Iterable[str] | None):
-        self.app, self.api_key, self.max_body = app, api_key, max_body
-        self.allowed_hosts = None if allowed_hosts is None else {h.lower().strip("[]") for h in allowed_hosts}
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.allowed_hosts is not None and _host_name(headers.get("host", "")) not in self.allowed_hosts:
-            refusal = ServeError(
-                403,
-                f"Host {headers.get('host', '')!r} is not served here ({sorted(self.allowed_hosts)}; serve "
-                "--allowed-host adds a name).",
-                None,
-                "permission_error",
-            )
-            return await _error(refusal)(scope, receive, send)
-        if self.api_key is not None:
-            given = headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
-                refusal = ServeError(401, "a valid API key is required (Authorization: Bearer KEY).", None, "auth")
-                return await _error(refusal)(scope, receive, send)
-        length = headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            return await _error(self._too_large())(scope, receive, send)
-        seen = 0
-
-        async def limited():
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_body:
-                raise self._too_large()
-            return message
-
-        await self.app(scope, limited, send)
-
-    def _too_large(self) -> ServeError:
-        return ServeError(413, f"the request body is over {self.max_body} bytes.", None)
-
-
-def _host_name(host: str) -> str:
-    """A Host header's name without its port ("[::1]:8000" → "::1", "localhost:8000" → "localhost")."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[1 : host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host

@@ -14,9 +14,7 @@ request's first token does not wait for the others to finish) and leaves when it
     batcher.leave(slot)
     batcher.idle()                                every slot free, nothing waiting (the service's invariant at rest)
 
-A prompt's forward is kept in the batcher's prompt cache (inference/prompt_cache.py), so that a prompt asked for again
-— the same document — starts decoding without running again.
-
+A prompt's forward is kept in the prompt cache (inference/prompt_cache.py): a prompt asked for again decodes at once.
 A slot belongs to the generation whose join took it from the moment it is taken: a prompt that fails gives its slots
 back before the join's future raises, and a generation gives them back when it ends, however it ends.
 
@@ -30,14 +28,13 @@ from __future__ import annotations
 
 import heapq
 import threading
-import weakref
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache
 
 from ..analysis.lora_a.sites import LoraWeights, Site
 from ..analysis.steering.hooks import SiteEdit, edit_outputs
@@ -50,6 +47,8 @@ from ..inference.prompt_cache import PromptCache, tensor_bytes
 from ..models.architecture import decoder_layers
 from ..models.forward import Head, HeadReader
 from ..models.loading import LoadedModel
+from .echo import PromptScores, prompt_layers, prompt_scores
+from .slots import SlotLayer
 
 ROOM = 256  # the cache grows by this many positions at a time
 PROMPT_CACHE_MB = 512  # the prompt forwards kept for prompts asked for again (SmolLM2: ~46 KB a position)
@@ -69,54 +68,6 @@ class Steering:
 
 
 MERGED = Steering(SteerConfig(), 0.0)
-
-
-class SlotLayer(DynamicLayer):
-    """One decoder layer's keys and values of every slot (the module docstring): update() writes each row's new
-    position at its slot's own index and gives back the first `length` positions of every row."""
-
-    def __init__(self, batcher: "Batcher"):
-        super().__init__()
-        self._batcher = weakref.proxy(batcher)
-        self.keys = self.values = None
-        self.is_initialized = True
-
-    def allocate(self, like: torch.Tensor, slots: int, capacity: int) -> None:
-        """Storage for `slots` rows of `capacity` positions shaped as `like` (1 × heads × positions × head size),
-        keeping what the old storage held."""
-        _, heads, _, size = like.shape
-        old = (self.keys, self.values)
-        self.keys = like.new_zeros(slots, heads, capacity, size)
-        self.values = like.new_zeros(slots, heads, capacity, size)
-        if old[0] is not None:
-            held = old[0].shape[2]
-            self.keys[:, :, :held], self.values[:, :, :held] = old
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        b = self._batcher
-        rows = torch.arange(key_states.shape[0], device=key_states.device)
-        self.keys[rows, :, b.write_at_step] = key_states[:, :, 0].to(self.keys.dtype)
-        self.values[rows, :, b.write_at_step] = value_states[:, :, 0].to(self.values.dtype)
-        rows = key_states.shape[0]
-        return self.keys[:rows, :, : b.length], self.values[:rows, :, : b.length]
-
-    def get_seq_length(self) -> int:
-        return self._batcher.length - 1  # the query sits at the last position: every position before it is seen
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self._batcher.length, 0
-
-
-@dataclass(frozen=True)
-class PromptScores:
-    """A prompt's own tokens read by the forward that ran it (an echo): per position k ≥ 1, the log-probability of
-    token k after the tokens before it (under the generating model: steered where the mode steers the prompt), its
-    `top` alternatives as (token id, log-probability), and the head's p(good) of every position (the merged model's
-    states, as for generated tokens; NaN without a head)."""
-
-    logprob: list[float]
-    top: list[list[tuple[int, float]]]
-    p_good: list[float]
 
 
 @dataclass(frozen=True)
@@ -295,11 +246,11 @@ class Batcher:
             reader = HeadReader(self.lm.model, self.head, 1, every=True)
             with self._steering(steered), nullcontext() if steered else reader:
                 cache, logits = prompt_forward(self.lm, ids, self.precision, every_position=True)
-            held, last = _layers(cache), logits[0, -1].float()
+            held, last = prompt_layers(cache), logits[0, -1].float()
             if steered is not None and self.head is not None:
                 with reader:
                     prompt_forward(self.lm, ids, self.precision)
-            scores = _prompt_scores(ids[0], logits[0], join.score, reader.read())
+            scores = prompt_scores(ids[0], logits[0], join.score, reader.read())
         plain = self._prompt(ids, None)[0] if steered is not None and len(slots) > 1 else held
         n = ids.shape[1]
         with self._cond:
@@ -327,7 +278,7 @@ class Batcher:
             return hit
         with self._steering(steered):
             cache, logits = prompt_forward(self.lm, ids, self.precision)
-        held = _layers(cache)
+        held = prompt_layers(cache)
         self.prompts.put(key, (held, logits[0]), tensor_bytes(logits, *(t for kv in held for t in kv)))
         return held, logits[0]
 
@@ -393,11 +344,9 @@ class Batcher:
                     s.done.set_exception(e)
 
     def _step_mask(self, held: torch.Tensor, at: torch.Tensor, device: torch.device):
-        """The attention mask of a step whose rows hold the positions `held` (rows × positions) and write at `at`:
-        None when every row holds every position (one generation, or rows of one length: attention's fast path),
-        else the held positions (2-D). With sliding-window layers, one 4-D mask (rows × 1 × 1 × positions) per kind
-        of layer, as transformers' models take them: the sliding layers' hold only the `window` positions up to each
-        row's own (a row's window ends at its own position, which differs from row to row)."""
+        """A step's attention mask, its rows holding `held` (rows × positions) and writing at `at`: None when every
+        row holds every position (attention's fast path), else `held`; with sliding-window layers a 4-D mask per kind
+        of layer, the sliding layers' holding the `window` positions up to each row's own position."""
         if self._window is None:
             return None if bool(held.all()) else held.to(device)
         full = held.bool()
@@ -447,25 +396,3 @@ def _chain(edits: list[SiteEdit]) -> SiteEdit:
         return output
 
     return edit
-
-
-def _layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A prompt forward's KV cache as each layer's (keys, values), 1 × heads × positions × head size."""
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def _prompt_scores(ids: torch.Tensor, logits: torch.Tensor, top: int, p_good: torch.Tensor) -> PromptScores:
-    """PromptScores of the prompt `ids` (positions) from its forward's `logits` (positions × vocabulary), a chunk of
-    positions at a time (a long prompt's log-softmax over the vocabulary would double the logits' memory)."""
-    logprob: list[float] = []
-    alternatives: list[list[tuple[int, float]]] = []
-    for start in range(0, ids.shape[0] - 1, 256):
-        lsm = torch.log_softmax(logits[start : start + 256].float(), -1)[: ids.shape[0] - 1 - start]
-        logprob += lsm.gather(1, ids[start + 1 : start + 1 + lsm.shape[0], None].to(lsm.device))[:, 0].tolist()
-        if top:
-            values, indices = lsm.topk(top, -1)
-            alternatives += [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
-        else:
-            alternatives += [[] for _ in range(lsm.shape[0])]
-    p = p_good[0].tolist() if p_good.dim() == 2 else [float("nan")] * ids.shape[0]
-    return PromptScores(logprob, alternatives, p)

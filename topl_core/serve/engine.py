@@ -35,7 +35,8 @@ from ..hardware.precision import Precision, resolve_precision
 from ..inference.decode import decode, stop_tokens
 from ..inference.generate import GenerationCancelled, GenerationConfig
 from ..training.adapters import open_adapter
-from .batch import PROMPT_CACHE_MB, Batcher, PromptScores, Steering
+from .batch import PROMPT_CACHE_MB, Batcher, Steering
+from .echo import PromptScores
 
 
 class Busy(Exception):

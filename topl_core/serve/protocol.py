@@ -32,6 +32,7 @@ import json
 import math
 from typing import Literal
 
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..analysis.steering.modes import MODES, SteerConfig
@@ -64,6 +65,11 @@ class ServeError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+    def response(self, retry_after: int | None = None) -> JSONResponse:
+        """The refusal as the HTTP answer: the body, the status and (a 429) when to retry."""
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
 def encodable(text: str, param: str) -> str:

@@ -20,6 +20,7 @@ vectors.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from contextlib import contextmanager, nullcontext
 from typing import Iterator, Sequence
 
@@ -28,7 +29,7 @@ import torch
 from ...foundations.errors import ModelError
 from ...foundations.idle_children import busy
 from ...inference.compiled_decode import CompiledDecoder, DecoderBusy, StepDecoder
-from ...inference.decode import decoded_texts
+from ...inference.decode import decoded_texts, final_texts
 from ...inference.exported_decode import ExportedDecoder
 from ...inference.generate import (
     GenerationCancelled,
@@ -40,6 +41,7 @@ from ...inference.generate import (
     model_lock,
     prefill,
     prompt_length,
+    seeded,
     stream_rows,
 )
 from ...inference.prompt_cache import PromptCache
@@ -52,7 +54,6 @@ from .modes import SteerConfig, steer
 from .steered_text import SteeredText
 from .vectors import SteeringVectors
 
-_SAMPLING_LOCK = threading.RLock()  # sampling seeds torch's global RNG: one sampled generation at a time
 # the least number of λ positions generate_grid puts in one generate call: the default grids (17 slider positions)
 # fit in one; the KV cache grows with rows × (prompt + new tokens) (docs/performance.md, "Figures behind the code's
 # choices", has its size on an 8B model)
@@ -223,23 +224,15 @@ class SteeringSession:
         mode that does not batch rows (gated) goes one λ at a time."""
         lambdas = [float(lam) for lam in lambdas]
         if gen_cfg.mode == "sample" or not how.spec.batches_rows:
-            return [self._last(self.stream_generations(document, lam, gen_cfg, task, how)) for lam in lambdas]
+            return [deque(self.stream_generations(document, lam, gen_cfg, task, how), maxlen=1)[0] for lam in lambdas]
         rows = max(gen_cfg.batch_size, GRID_ROWS)
         out: list[SteeredText] = []
         for start in range(0, len(lambdas), rows):
             chunk = lambdas[start : start + rows]
             with self._steering(chunk, how):
-                *_, last = self._grid_rows(document, len(chunk), gen_cfg, task, how)
-            (texts,) = decoded_texts(self.lm.tokenizer, iter([last]))
+                texts = final_texts(self.lm.tokenizer, self._grid_rows(document, len(chunk), gen_cfg, task, how))
             out.extend(SteeredText(t) for t in texts)
         return out
-
-    @staticmethod
-    def _last(stream: Iterator[SteeredText]) -> SteeredText:
-        last = SteeredText("")
-        for last in stream:
-            pass
-        return last
 
     def stream_steered(
         self,
@@ -270,7 +263,7 @@ class SteeringSession:
         shifts = self._compiled_shifts(lam, gen_cfg, how)
         if shifts is not None and not self._step_built(document, gen_cfg, task):
             shifts = None  # its step is not built yet: decode eagerly rather than wait
-        with self._lock, self._seeded(gen_cfg), self._stoppable(cancel):
+        with self._lock, seeded(gen_cfg), self._stoppable(cancel):
             if shifts is not None:  # builds not paused: with compile_decode's wait, this stream builds its own step
                 try:
                     yield from self._stream_compiled(document, lam, gen_cfg, task, how, shifts, cancel)
@@ -370,18 +363,6 @@ class SteeringSession:
         """cancel_on(the model, cancel), or nothing to stop on."""
         return nullcontext() if cancel is None else cancel_on(self.lm.model, cancel)
 
-    @staticmethod
-    @contextmanager
-    def _seeded(gen_cfg: GenerationConfig) -> Iterator[None]:
-        """For sampling, torch's global generator held (one sampled generation at a time) and seeded with
-        gen_cfg.seed; greedy: nothing."""
-        if gen_cfg.mode != "sample":
-            yield
-            return
-        with _SAMPLING_LOCK:
-            torch.manual_seed(gen_cfg.seed)
-            yield
-
     def _prefill(self, document: str, gen_cfg: GenerationConfig, task: str) -> Prefill:
         """The unsteered prompt of `document`, kept for the PREFILLS_KEPT most recent documents."""
         key = (document, task, gen_cfg.max_doc_tokens, gen_cfg.precision)
@@ -404,7 +385,7 @@ class SteeringSession:
         loop (inference.generate); one with a judge streams each document through the one loop (seeded with
         gen_cfg.seed + its index, as generate seeds its batches). `lam`: one λ, or one per document when they form
         one batch."""
-        with self._steering(lam, how, cancel) as switch, self._seeded(gen_cfg):
+        with self._steering(lam, how, cancel) as switch, seeded(gen_cfg):
             if how.spec.judge is None:
                 return [SteeredText(t) for t in generate(self.lm, documents, gen_cfg, task)]
             out = []
