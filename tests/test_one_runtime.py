@@ -29,7 +29,7 @@ def test_every_door_writes_the_same_steered_text(serve_session, precision, how):
     gen = GenerationConfig.chosen(precision, max_new_tokens=NEW)
     *_, page = session.stream_steered(DOC, lam, gen, how=how)
     grid = session.grid_generations(DOC, [0.0, lam], gen, how=how)[1].text
-    one = session.generate_many([DOC], lam, gen, how=how)[0]
+    one = session.generations([DOC], lam, gen, how=how)[0].text
     merged = session.generate_steered(DOC, how.neutral, gen, how=how)
     with serving(session, precision, slots=4) as (_, server):
         client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)

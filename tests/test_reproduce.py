@@ -14,9 +14,10 @@ import pytest
 from topl_core.analysis.studies import reproduce
 from topl_core.analysis.studies.method_runs import MethodSettings, family_preset, training_summary
 from topl_core.analysis.studies.reproduce import plan_tasks, read_tasks, run_reproduce
-from topl_core.analysis.studies.reproduce_claims import CLAIMS, VERDICTS
+from topl_core.analysis.studies.reproduce_claims import CLAIMS
 from topl_core.analysis.studies.reproduce_config import ReproduceConfig
 from topl_core.analysis.studies.reproduce_report import read_report
+from topl_core.analysis.studies.verdicts import VERDICTS
 from topl_core.cli import main
 from topl_core.foundations.errors import RunError
 from topl_core.foundations.presets import scaled_layer
@@ -238,14 +239,9 @@ def test_claims_read_directions_and_intervals_by_hand():
     when the estimate points the other way."""
     import pandas as pd
 
-    from topl_core.analysis.studies.reproduce_claims import (
-        NOT_MEASURABLE,
-        NOT_REPRODUCED,
-        REPRODUCED,
-        UNSETTLED,
-        judge,
-    )
+    from topl_core.analysis.studies.reproduce_claims import judge
     from topl_core.analysis.studies.reproduce_tables import ReportTables
+    from topl_core.analysis.studies.verdicts import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, UNSETTLED
 
     def sep(topl, sft, low_high=0.01):
         rows = [
@@ -300,15 +296,15 @@ def test_the_power_estimate_and_the_paired_comparisons():
     import numpy as np
     import pandas as pd
 
-    from topl_core.analysis.studies.reproduce_claims import (
+    from topl_core.analysis.studies.reproduce_claims import judge
+    from topl_core.analysis.studies.reproduce_tables import ReportTables, _factuality, topl_pairs
+    from topl_core.analysis.studies.verdicts import (
         NOT_REPRODUCED,
         REPRODUCED,
         UNSETTLED,
         Comparison,
         documents_to_settle,
-        judge,
     )
-    from topl_core.analysis.studies.reproduce_tables import ReportTables, _factuality, topl_pairs
 
     assert documents_to_settle(Comparison(0.1, 0.0, 0.2, n=24)) == 50  # 24 · (2.8016 / 1.96)² = 49.04 → 50
     assert documents_to_settle(Comparison(0.1, 0.0, 0.2)) is None and documents_to_settle(Comparison(0.1)) is None

@@ -308,16 +308,15 @@ def test_steer_cli(run, news_records, tmp_path, monkeypatch, capsys):
         )
 
 
-def test_generate_many_matches_generate_under_steer(merged, vectors):
+def test_generations_match_generate_under_steer(merged, vectors):
     session = SteeringSession(merged, vectors)
     lam = big_lambda(vectors)
     docs = [p[1] for p in NEWS_PAIRS[:3]]
+    gen = GenerationConfig(max_new_tokens=8, batch_size=2)
     with steer(merged.model, vectors, lam, RAW):
-        expected = generate(merged, docs, GenerationConfig(max_new_tokens=8, batch_size=2))
-    assert session.generate_many(docs, lam, GenerationConfig(max_new_tokens=8, batch_size=2), how=RAW) == expected
-    assert session.generate_many(docs, 0.0, GenerationConfig(max_new_tokens=8, batch_size=2)) == generate(
-        merged, docs, GenerationConfig(max_new_tokens=8, batch_size=2)
-    )
+        expected = generate(merged, docs, gen)
+    assert [g.text for g in session.generations(docs, lam, gen, how=RAW)] == expected
+    assert [g.text for g in session.generations(docs, 0.0, gen)] == generate(merged, docs, gen)
 
 
 # --- modes, units, positions ---------------------------------------------------------------------------------

@@ -33,6 +33,9 @@ COMMANDS: dict[str, Command] = {  # in --help order
     "probe": Command("probe", "LoRA-A AUROC per layer × module (heatmap, mean ± std, random-A control)"),
     "steer": Command("steer", "LoRA-B steering: generate a summary for each λ"),
     "recommend": Command("recommend", "τ, λ, sites and layer for an adapter, from its own dev documents (cached)"),
+    "gated-study": Command(
+        "gated_study", "detect-then-steer held out: merged, always-on and gated, in and out of domain, with verdicts"
+    ),
     "serve": Command("serve", "the steered model as an OpenAI-compatible service: λ per request, p(good) per token"),
     "evaluate": Command("evaluate", "factuality evaluation (ID/OOD table), λ sweep (--lambdas), scorer quality"),
     "evaluate-mt": Command("evaluate_mt", "translation: ID (MLQE-PE) / OOD (FLORES+) quality table of base and merged"),

@@ -58,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
             f"  evidence: {tau['tokens']} tokens of {tau['summaries']} summaries; p(good) < τ flags "
             f"{100 * tau['flagged_at_tau']:.1f}% of them (< 0.5: {100 * tau['flagged_at_0.5']:.1f}%)"
         )
+        by_set = tau.get("flagged_at_tau_by_set") or {}
+        if len(by_set) > 1:  # τ read on one kind of text flags another kind at another rate
+            shares = ", ".join(f"{k} {100 * v:.1f}%" for k, v in by_set.items())
+            print(f"  τ flags, by kind of dev text: {shares} (held out, per domain: python -m topl_core gated-study)")
     if rec.heldout:
         print(f"held out ({rec.heldout['documents']} documents, logged):", file=sys.stderr)
         for row in rec.heldout["table"]:

@@ -12,6 +12,7 @@ config.py (Variant, EvalConfig); on which documents: documents.py; the λ study:
     protocol_agreement(per_doc) -> dict            Spearman ρ of sentence-level vs full-summary scores
     steering_vectors_for(run, cfg) -> SteeringVectors    from the run's validation split (cached projections)
     generate_for(variant, docs, cfg, models, vectors) -> list[str]   a variant's generations (cached)
+    generations_for(...) -> list[SteeredText]      the same, with what a gate replaced
 
 Generations are cached (topl_core.analysis.cache, kind "generations") keyed by the variant (adapter fingerprint,
 λ, steering-vector fingerprint), the documents and the generation settings, so changing the scorer re-scores
@@ -36,6 +37,7 @@ from ..lora_a.probe import ProbeSettings, labelled_split
 from ..steering.extract import build_steering_vectors
 from ..steering.modes import SteerConfig
 from ..steering.session import SteeringSession
+from ..steering.steered_text import SteeredText
 from .config import OOD_MEAN, EvalConfig, ProgressFn, Variant
 from .documents import EvalDoc, id_documents, ood_documents
 from .quality import ScorerQuality, scorer_quality
@@ -99,7 +101,20 @@ def generate_for(
     vectors=None,
     use_cache: bool = True,
 ) -> list[str]:
-    """The variant's generation for each document (cached)."""
+    """The variant's generation for each document (cached): generations_for's texts."""
+    return [g.text for g in generations_for(v, docs, cfg, models, vectors, use_cache)]
+
+
+def generations_for(
+    v: Variant,
+    docs: Sequence[EvalDoc],
+    cfg: EvalConfig,
+    models: VariantModels | None = None,
+    vectors=None,
+    use_cache: bool = True,
+) -> list[SteeredText]:
+    """The variant's generation for each document (cached), as SteeredText: in a gated mode with what the head took
+    back and the gate's counts (kept in the cache beside the text), else the text alone."""
     if not docs:
         return []
     models = models or VariantModels(cfg)
@@ -119,14 +134,16 @@ def generate_for(
         **({"how": v.how.key()} if steered else {}),
     }
 
-    def compute() -> list[str]:
+    def compute() -> list:  # a text, or a gated generation's whole record
         lm = models.get(v)
         documents = [d.document for d in docs]
         if steered:
-            return SteeringSession(lm, vectors).generate_many(documents, v.lam, cfg.generation, how=v.how)
+            made = SteeringSession(lm, vectors).generations(documents, v.lam, cfg.generation, how=v.how)
+            return [g.text if g.gate is None else g.to_json() for g in made]
         return generate(lm, documents, cfg.generation)
 
-    return cached("generations", key, compute, JSON, adapter=adapter, enabled=use_cache)
+    stored = cached("generations", key, compute, JSON, adapter=adapter, enabled=use_cache)
+    return [SteeredText(g) if isinstance(g, str) else SteeredText.from_json(g) for g in stored]
 
 
 def scored_rows(v: Variant, docs: Sequence[EvalDoc], texts: Sequence[str], scorer: Scorer) -> list[dict]:

@@ -12,8 +12,9 @@ which has no gate) compares always-on steering with the merged model alone.
     Scoring(study, cfg)                   the models both steps share (pass it to both: loaded once)
     choose(study, cfg) -> Choice          on dev documents: the always-on λ and the gated (λ, τ, k) with the highest
                                           mean factuality, a degenerate text scoring 0 (damage is not a summary)
-    compare(study, cfg, choice) -> DataFrame      held-out rows: variant, set, doc_id, factuality, degenerate,
-                                                  log_perplexity, flagged_share, words (and the text)
+    compare(study, cfg, choice) -> DataFrame      held-out rows: variant, set, doc_id, factuality, supported,
+                                                  degenerate, log_perplexity, flagged_share, replaced, tokens,
+                                                  words (and the text)
     paired_table(rows, by_set=False) -> DataFrame  per metric: each variant's mean with its 95% interval, and the paired
                                                   differences gated − always-on, gated − merged, always-on − merged
 """
@@ -37,7 +38,7 @@ from ..steering.modes import SteerConfig
 from ..token_colors import FLAG_THRESHOLD
 from .config import EvalConfig, ProgressFn, Variant
 from .documents import EvalDoc, ood_documents
-from .evaluate import VariantModels, generate_for, scored_rows, steering_vectors_for
+from .evaluate import VariantModels, generations_for, scored_rows, steering_vectors_for, supported_sentences
 from .lambda_study import fluency_of
 from .scorers import make_scorer
 
@@ -112,8 +113,11 @@ class Scoring:
             else None
         )
 
-    def rows(self, v: Variant, docs: Sequence[EvalDoc], label: str) -> list[dict]:
-        texts = generate_for(v, docs, self.cfg, self.models, self.vectors, self.use_cache)
+    def rows(self, v: Variant, docs: Sequence[EvalDoc], label: str, tau: float | None = None) -> list[dict]:
+        """One row per document (module docstring); with `tau`, also the share of the text's tokens the gate at τ
+        would flag (flagged_at_tau)."""
+        made = generations_for(v, docs, self.cfg, self.models, self.vectors, self.use_cache)
+        texts = [g.text for g in made]
         fluent = fluency_of(texts, self.models.base_of(self.study.run), self.use_cache)
         # the head's verdict on every text that has tokens (an empty text has no share of flagged tokens; without a
         # head, no text has one)
@@ -123,10 +127,10 @@ class Scoring:
             if said
             else []
         )
-        flagged = {d.doc_id: float((s.p_good < FLAG_THRESHOLD).mean()) for (d, _), s in zip(said, scores)}
+        p_good = {d.doc_id: s.p_good for (d, _), s in zip(said, scores)}
         out = []
-        for row, f in zip(scored_rows(v, docs, texts, self.scorer), fluent):
-            ppl = f.perplexity
+        for row, f, g in zip(scored_rows(v, docs, texts, self.scorer), fluent, made):
+            ppl, p = f.perplexity, p_good.get(row["doc_id"])
             out.append(
                 {
                     "variant": label,
@@ -135,9 +139,14 @@ class Scoring:
                     "source": row["source"],
                     "doc_id": row["doc_id"],
                     "factuality": row["score_sentence"],
+                    "supported": supported_sentences(row),
                     "degenerate": float(f.degenerate),
                     "log_perplexity": float(np.log(ppl)) if ppl else float("nan"),
-                    "flagged_share": flagged.get(row["doc_id"], float("nan")),
+                    "flagged_share": float((p < FLAG_THRESHOLD).mean()) if p is not None else float("nan"),
+                    **({"flagged_at_tau": float((p < tau).mean()) if p is not None else float("nan")} if tau else {}),
+                    # what a gate did: the tokens it replaced, of those generated (NaN where no gate ran)
+                    "replaced": float(len(g.replacements)) if g.gate else float("nan"),
+                    "tokens": float(g.gate.tokens) if g.gate else float("nan"),
                     "words": row["n_words"],
                     "text": row["text"],
                 }

@@ -278,6 +278,9 @@ def _tau(run: str, s: RecommendSettings, cfg: EvalConfig, progress, use_cache: b
     if not len(p):
         return Recommended("tau", None, "the merged model wrote nothing on the dev documents")
     tau = tau_for_share(p, s.flag_share)
+    by_set: dict[str, list[np.ndarray]] = {}
+    for (d, _), x in zip(said, scores):
+        by_set.setdefault(d.set, []).append(x.p_good)
     evidence = {
         "documents": len(docs),
         "summaries": len(said),
@@ -285,6 +288,8 @@ def _tau(run: str, s: RecommendSettings, cfg: EvalConfig, progress, use_cache: b
         "target_share": s.flag_share,
         "flagged_at_tau": float((p < tau).mean()),
         "flagged_at_0.5": float((p < 0.5).mean()),
+        # how τ behaves on each kind of dev text: the adapter's own data (ID) against CLIFF's articles (OOD)
+        "flagged_at_tau_by_set": {k: float((np.concatenate(v) < tau).mean()) for k, v in sorted(by_set.items())},
         "p_good_quantiles": {f"{q:g}": float(np.quantile(p, q)) for q in (0.01, 0.05, 0.1, 0.25, 0.5)},
     }
     return Recommended(

@@ -1,7 +1,7 @@
 """A merged model kept for steering by a UI, a study or the service (each method's docstring says what it does).
 
 SteeringSession(lm, vectors, head=None)     lm: a LoadedModel holding the MERGED model (load_merged(spec, run))
-    texts:    generate_steered, generate_many (batched documents), generate_grid / grid_generations (a λ grid as one
+    texts:    generate_steered, generations (batched documents), generate_grid / grid_generations (a λ grid as one
               batch); streamed: stream_steered, stream_generations, stream_grid (cancellable: `cancel`)
     compiled: compile_decode(wait=True), warm_decode, decode_ready, compiles_decode, decoder — a compiled decode step
               (inference/exported_decode.py on a CPU, compiled_decode.py on a GPU) for modes that add constant vectors
@@ -177,21 +177,21 @@ class SteeringSession:
         text stream_steered writes, through the one decode loop (grid_generations with one λ)."""
         return self.grid_generations(document, [lam], gen_cfg, task, how)[0].text
 
-    def generate_many(
+    def generations(
         self,
         documents: Sequence[str],
         lam: float,
         gen_cfg: GenerationConfig = GenerationConfig(),
         task: str = "summarization",
         how: SteerConfig = SteerConfig(),
-    ) -> list[str]:
-        """One response per document at one λ: one document as generate_steered writes it, several in left-padded
-        batches of gen_cfg.batch_size through the one decode loop (inference.generate; greedy batched outputs can
-        differ from one-at-a-time outputs in the last float bits, as padding changes the matmul shapes: compare λ
-        values within one mode)."""
+    ) -> list[SteeredText]:
+        """One generation per document at one λ (in a gated mode, with what the head took back and the counts): one
+        document as generate_steered writes it, several in left-padded batches of gen_cfg.batch_size through the one
+        decode loop (inference.generate; greedy batched outputs can differ from one-at-a-time outputs in the last float
+        bits, as padding changes the matmul shapes: compare λ values within one mode)."""
         if len(documents) == 1:
-            return [self.generate_steered(documents[0], lam, gen_cfg, task, how)]
-        return [g.text for g in self._generate(documents, lam, gen_cfg, task, how)]
+            return self.grid_generations(documents[0], [lam], gen_cfg, task, how)
+        return self._generate(documents, lam, gen_cfg, task, how)
 
     def generate_grid(
         self,

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...foundations.io import atomic_open, write_json
-from .reproduce_claims import VERDICTS
 from .reproduce_config import ReproduceConfig
+from .verdicts import VERDICTS
 
 NO_NETWORK = "default-src 'none'; style-src 'unsafe-inline'"  # the page loads nothing and runs no script
 

@@ -21,16 +21,25 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from .paper_numbers import INDICATOR, INDICATOR_SOURCE, LABEL_SOURCE, LAMBDA_SOURCE, LAYER_SOURCE
+from .verdicts import (
+    NAN,
+    NOT_MEASURABLE,
+    NOT_REPRODUCED,
+    UNSETTLED,
+    Comparison,
+    Judged,
+    decide,
+    from_intervals,
+    normal_share,
+    se_of,
+)
 
 if TYPE_CHECKING:  # annotations only: the report imports this module
     from .reproduce_tables import ReportTables
 
-VERDICTS: tuple[str, ...] = ("reproduced", "unsettled", "not reproduced", "not measurable here")
-REPRODUCED, UNSETTLED, NOT_REPRODUCED, NOT_MEASURABLE = VERDICTS
-Judged = tuple[str, str, str]  # (verdict, this run's figures, why)
-Z95 = 1.959964  # two-sided 95%
-Z_POWER = 0.841621  # 80% power
-NAN = math.nan
+
+def _ci(mean: float, lo: float, hi: float) -> str:
+    return f"{mean:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
 @dataclass(frozen=True)
@@ -53,101 +62,6 @@ class Claim:
     def verdict(self, tables: "ReportTables") -> Verdict:
         verdict, this_run, why = self.judge(tables)
         return Verdict(self.statement, self.source, self.paper, this_run, verdict, why)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """A claim's difference in the claim's direction (estimate > 0: the claim holds at the point estimate), its 95%
-    interval (NaN: none computed), the share of resamples on the claim's side (`agree`, whatever the estimate's
-    sign; `agree_how` says whose: bootstrap draws, or the normal approximation of intervals) and the documents (or
-    records: `unit`) behind the interval — None where more of them would not narrow it (an interval over an
-    adapter's sites; `no_power` says so)."""
-
-    estimate: float
-    lo: float = NAN
-    hi: float = NAN
-    agree: float = NAN
-    agree_how: str = "of the bootstrap draws"
-    n: int | None = None
-    unit: str = "documents"
-    name: str = "difference"  # what the estimate is, as the why names it
-    no_power: str = ""  # why no number of documents is given, where n is None
-
-    @property
-    def has_interval(self) -> bool:
-        return math.isfinite(self.lo) and math.isfinite(self.hi)
-
-    @property
-    def se(self) -> float:
-        return (self.hi - self.lo) / (2 * Z95) if self.has_interval else NAN
-
-
-def normal_share(estimate: float, se: float) -> float:
-    """The share of a normal(estimate, se) above 0: how often resamples agree with the estimate's sign."""
-    if not (math.isfinite(se) and se > 0):
-        return NAN
-    return 0.5 * (1 + math.erf(estimate / se / math.sqrt(2)))
-
-
-def from_intervals(
-    estimate: float, ses: list[float], n: int | None = None, unit: str = "documents", no_power: str = ""
-) -> Comparison:
-    """A difference whose parts come with their own 95% intervals (their standard errors `ses`), taken as
-    independent: the interval of the difference by the normal approximation — wider than a paired one where the
-    parts share documents, so conservative."""
-    se = math.sqrt(sum(x * x for x in ses)) if ses and all(math.isfinite(x) for x in ses) else NAN
-    lo, hi = (estimate - Z95 * se, estimate + Z95 * se) if math.isfinite(se) else (NAN, NAN)
-    how = "under the normal approximation of the intervals (taken as independent)"
-    return Comparison(estimate, lo, hi, normal_share(estimate, se), how, n, unit, no_power=no_power)
-
-
-def se_of(lo: float, hi: float) -> float:
-    return (hi - lo) / (2 * Z95) if math.isfinite(lo) and math.isfinite(hi) else NAN
-
-
-def documents_to_settle(c: Comparison) -> int | None:
-    """How many documents (or records) would give a 95% interval that excludes zero for a true difference of the
-    observed size, with 80% power: n · ((z₉₅ + z₈₀) · s.e. / |estimate|)², the standard error scaled as 1/√n. None
-    without an interval, a sample size or a difference."""
-    if c.n is None or not c.has_interval or c.se <= 0 or c.estimate == 0:
-        return None
-    return math.ceil(c.n * ((Z95 + Z_POWER) * c.se / abs(c.estimate)) ** 2)
-
-
-def _ci(mean: float, lo: float, hi: float) -> str:
-    return f"{mean:.3f} [{lo:.3f}, {hi:.3f}]"
-
-
-def _interval(c: Comparison) -> str:
-    return f"{c.name} {c.estimate:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}]"
-
-
-def _agreement(c: Comparison) -> str:
-    return f"{100 * c.agree:.0f}% {c.agree_how} agree" if math.isfinite(c.agree) else ""
-
-
-def _power(c: Comparison) -> str:
-    n = documents_to_settle(c)
-    if n is None:
-        return c.no_power if c.n is None else ""
-    return f"about {n:,} {c.unit} (now {c.n}) would settle a {c.name} of this size with 80% power"
-
-
-def decide(c: Comparison, this_run: str, held: str, failed: str) -> Judged:
-    """The verdict of a comparison: reproduced when the estimate points the claim's way and its interval excludes the
-    opposite; unsettled when only the estimate does (how often the resamples agree, and the power estimate); not
-    reproduced when the estimate points the other way."""
-    parts = lambda *xs: "; ".join(x for x in xs if x)  # noqa: E731
-    interval = _interval(c) if c.has_interval else ""
-    if c.estimate > 0 and c.has_interval and c.lo > 0:
-        return REPRODUCED, this_run, parts(held, interval + ": the 95% interval excludes the opposite direction")
-    if c.estimate > 0:
-        unsettled = (interval + ": the 95% interval does not settle it") if interval else "no interval is computed"
-        return UNSETTLED, this_run, parts(held + " at the point estimate", unsettled, _agreement(c), _power(c))
-    settled = c.has_interval and c.hi < 0
-    how = "the 95% interval settles it" if settled else "the 95% interval does not settle it either"
-    power = "" if settled else _power(c)  # how many documents would settle it either way
-    return NOT_REPRODUCED, this_run, parts(failed, f"{interval}: {how}" if interval else "", _agreement(c), power)
 
 
 def _topl_separates_most(t: "ReportTables") -> Judged:

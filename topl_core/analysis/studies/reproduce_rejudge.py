@@ -26,11 +26,12 @@ from ...models.loading import ModelSpec, load_model
 from ..lexical import CONTROLS
 from .detection_stats import DETECTORS, bootstrap_auroc, control_arrays
 from .report_files import render_report
-from .reproduce_claims import documents_to_settle, from_intervals, judge, se_of
+from .reproduce_claims import judge
 from .reproduce_config import ReproduceConfig
 from .reproduce_report import _sections, read_report
 from .reproduce_tables import ReportTables
 from .transfer import load_cliff, stage_sets
+from .verdicts import documents_to_settle, from_intervals, se_of
 
 NUMBER = r"[-+]?\d+(?:\.\d+)?"
 KEPT = ("training", "separability", "factuality", "indicator", "lambda_curve", "labels")  # shown as they were saved

@@ -19,9 +19,10 @@ from ..lora_a.separability import METHOD
 from .paper_numbers import INDICATOR_MODEL
 from .report_figures import Series, chart, standalone
 from .report_files import Section, render_report
-from .reproduce_claims import Comparison, documents_to_settle, judge
+from .reproduce_claims import judge
 from .reproduce_config import CONTROL_MODES, VECTOR_MODE, ReproduceConfig
 from .reproduce_tables import ReportTables, report_tables
+from .verdicts import Comparison, documents_to_settle
 
 # --- what the report shows ----------------------------------------------------------------------------------------
 

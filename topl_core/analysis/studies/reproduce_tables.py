@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 
 from ...foundations.metrics import mean_ci
@@ -26,6 +25,7 @@ from ..evaluation.scorers import PROTOCOLS
 from ..lora_a.probe import ProbeResult
 from .paper_numbers import INDICATOR
 from .reproduce_config import ReproduceConfig
+from .verdicts import paired
 
 
 @dataclass
@@ -135,21 +135,18 @@ PAIR_MEASURES = {"factuality": "score_sentence", "supported": "supported"}  # th
 def topl_pairs(per_doc: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """TOPL against every other merged model on the OOD documents both summarised, paired per document: the mean
     difference (TOPL − other) of the sentence protocol's factuality and of the supported sentences per summary, its
-    95% interval (mean ± 1.96 s.e.), the share of `n_boot` document resamples in which TOPL is above, and the
-    documents."""
+    95% interval from `n_boot` paired resamples of the documents (verdicts.paired), the share of them in which TOPL
+    is above, and the documents."""
     ood = per_doc[per_doc["set"] == "OOD"].assign(supported=supported_sentences)
     by = {v: part.set_index(["source", "doc_id"]) for v, part in ood.groupby("variant")}
     if "topl" not in by:
         return pd.DataFrame(columns=PAIRS_COLUMNS)
-    rng, rows = np.random.default_rng(seed), []
+    rows = []
     for other in (v for v in dict.fromkeys(ood["variant"]) if v not in ("topl", "base")):
         for measure, col in PAIR_MEASURES.items():
-            diff = (by["topl"][col] - by[other][col].reindex(by["topl"].index)).dropna().to_numpy(dtype=np.float64)
-            ci = mean_ci(diff, "d")
-            draws = diff[rng.integers(0, len(diff), size=(n_boot, len(diff)))].mean(axis=1) if len(diff) else diff
-            agree = float((draws > 0).mean()) if len(draws) else math.nan
-            rows.append({"other": other, "measure": measure, "d": ci["d"], "d_lo": ci["d_lo"], "d_hi": ci["d_hi"]}
-                        | {"agree": agree, "n": len(diff)})  # fmt: skip
+            c = paired(by["topl"][col] - by[other][col].reindex(by["topl"].index), n_boot, seed)
+            rows.append({"other": other, "measure": measure, "d": c.estimate, "d_lo": c.lo, "d_hi": c.hi}
+                        | {"agree": c.agree, "n": c.n})  # fmt: skip
     return pd.DataFrame(rows, columns=PAIRS_COLUMNS)
 
 
