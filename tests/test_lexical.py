@@ -47,28 +47,38 @@ def test_a_token_takes_the_verdict_of_the_word_it_touches():
     assert c["position"][0] == 0 and np.all(np.diff(c["position"]) > 0) and c["position"][-1] < 1
 
 
-def _responses(rng: np.random.Generator, n: int) -> tuple[list[str], list[str], list[np.ndarray]]:
-    """n responses of 12 words, each drawn from the document (80%) or invented, and their toy tokens."""
+def _responses(rng: np.random.Generator, n: int) -> tuple[list[str], list[str], list[np.ndarray], list[np.ndarray]]:
+    """n responses of 12 words, each drawn from the document (80%) or invented, their toy tokens and their gold
+    labels: bad (0) exactly on the tokens of an invented word, good (1) on the document's words, unlabelled (-1) on
+    spaces and punctuation — known from how each response was built, not from the control under test."""
     doc_words = [w for _, _, w in words(DOC)]
-    docs, responses, offsets = [], [], []
+    docs, responses, offsets, gold = [], [], [], []
     for _ in range(n):
-        picks = [str(rng.choice(doc_words)) if rng.random() < 0.8 else f"zq{rng.integers(1000)}x" for _ in range(12)]
-        response = " ".join(picks) + "."
+        picks = [
+            (str(rng.choice(doc_words)), False) if rng.random() < 0.8 else (f"zq{rng.integers(1000)}x", True)
+            for _ in range(12)
+        ]
+        response = " ".join(w for w, _ in picks) + "."
+        invented, at = [], 0
+        for w, new in picks:
+            if new:
+                invented.append((at, at + len(w)))
+            at += len(w) + 1
+        off = whitespace_tokens(response)
+        labels = [
+            -1 if not response[s:e].strip(" .") else 0 if any(a < e and s < b for a, b in invented) else 1
+            for s, e in off
+        ]
         docs.append(DOC)
         responses.append(response)
-        offsets.append(whitespace_tokens(response))
-    return docs, responses, offsets
+        offsets.append(off)
+        gold.append(np.array(labels, dtype=np.int64))
+    return docs, responses, offsets, gold
 
 
 def test_the_lexical_control_is_perfect_where_absent_words_are_the_bad_tokens_and_chance_on_noise():
     rng = np.random.default_rng(0)
-    docs, responses, offsets = _responses(rng, 40)
-    # bad exactly where the word is absent (0 bad / 1 good, as token labels are); punctuation and spaces unlabelled
-    gold = []
-    for d, r, off in zip(docs, responses, offsets):
-        absent = control_scores(d, r, off)[LEXICAL]
-        wordy = np.array([any(ch.isalnum() for ch in r[s:e]) for s, e in off])
-        gold.append(np.where(wordy, 1 - absent, -1).astype(np.int64))
+    docs, responses, offsets, gold = _responses(rng, 40)
     c = labelled_controls(docs, responses, offsets, gold)
     bad = np.concatenate([g[g >= 0] == 0 for g in gold])
     assert len(c[LEXICAL]) == len(bad) and bad.any() and (~bad).any()
@@ -86,8 +96,9 @@ def test_detection_tables_set_the_controls_beside_surprisal_with_intervals():
     for i in range(30):
         response = "The Leeds council rejected the budget on Friday."
         off = whitespace_tokens(response)
-        absent = control_scores(DOC, response, off)[LEXICAL]
-        gold = np.where(rng.random(len(off)) < 0.1, -1, 1 - absent).astype(np.int64)
+        bad = [(response.find(w), response.find(w) + len(w)) for w in ("rejected", "Friday")]  # not in DOC
+        truth = [0 if any(a < e and s < b for a, b in bad) else 1 for s, e in off]
+        gold = np.where(rng.random(len(off)) < 0.1, -1, truth).astype(np.int64)
         records.append(Record(id=f"r{i}", document=DOC, response=response, token_labels_known=True))
         scores.append(TokenScores(f"r{i}", response, off, rng.random(len(off)), rng.random(len(off)), gold))
     t = token_arrays(records, scores)
