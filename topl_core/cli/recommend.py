@@ -30,13 +30,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-# the held-out rows printed: each steered variant's factuality and its difference from the merged model's, and what the
+# the held-out rows printed: each steered variant's factuality and its difference from the merged model's, what each
+# costs in fluency (log-perplexity under the base model: an adverse row is shown as a favourable one is), and what the
 # gate changed in the share of flagged tokens (an adapter without a head has no gated rows)
 HELDOUT_SHOWN = {
     ("factuality", "gated"),
     ("factuality", "gated − merged"),
     ("factuality", "always-on"),
     ("factuality", "always-on − merged"),
+    ("log_perplexity", "gated − merged"),
+    ("log_perplexity", "always-on − merged"),
     ("flagged_share", "gated − merged"),
 }
 
