@@ -373,3 +373,49 @@ def test_a_saved_report_is_judged_again_from_its_tables_alone(study, tmp_path):
     fresh_md = (study["folder"] / "report.md").read_text(encoding="utf-8")
     assert header(md, "Training") == header(fresh_md, "Training")
     assert "Re-judged on" in md and "upper estimate" in md  # the note, and the comparisons from the intervals
+
+
+def test_two_heads_are_compared_on_the_same_tokens_and_record_resamples():
+    """head_pairs pairs TOPL's and TLDR's heads token for token (the same record resamples for both), so what the two
+    share cancels: two heads that differ by a little noise get a far narrower interval than their own intervals
+    taken as independent, and the TOPL-vs-TLDR claim reads the paired mean over CLIFF's sets."""
+    import numpy as np
+    import pandas as pd
+
+    from topl_core.analysis.studies.detection_stats import bootstrap_auroc, paired_auroc_draws
+    from topl_core.analysis.studies.reproduce_claims import MEAN_OF_SETS, judge
+    from topl_core.analysis.studies.reproduce_tables import ReportTables, head_pairs
+    from topl_core.analysis.studies.verdicts import from_intervals, se_of
+
+    rng = np.random.default_rng(0)
+    record = np.repeat(np.arange(60), 20)
+    bad = (rng.random(len(record)) < 0.2).astype(int)
+    shared = rng.normal(size=len(record)) + 0.8 * bad  # what both heads see
+    a, b = shared + 0.1 * rng.normal(size=len(record)), shared + 0.1 * rng.normal(size=len(record)) - 0.05 * bad
+    d, draws = paired_auroc_draws(bad, a, b, record, n=1000)
+    assert paired_auroc_draws(bad, a, a, record, n=50)[1].tolist() == [0.0] * 50
+    ci = bootstrap_auroc(bad, {"a": a, "b": b}, record, n=1000)
+    assert d == pytest.approx(ci["a"].auroc - ci["b"].auroc)
+    independent = from_intervals(d, [se_of(ci[k].ci_low, ci[k].ci_high) for k in "ab"])
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    assert lo < d < hi and hi - lo < 0.5 * (independent.hi - independent.lo)
+
+    def heads(scores):
+        return {"record": record.tolist(), "bad": bad.tolist(), "head": scores.tolist()}
+
+    results = {
+        f"detection-{m}": {"heads": {"cliff-xsum": heads(x), "cliff-cnndm": heads(x[::-1])}}
+        for m, x in (("topl", a), ("tldr", b))
+    }
+    results["detection-tldr"]["heads"]["cliff-cnndm"]["bad"] = bad[::-1].tolist()  # other tokens: not paired
+    pairs = head_pairs(results).set_index("set")
+    assert list(pairs.index) == ["cliff-xsum", MEAN_OF_SETS] and pairs.loc["cliff-xsum", "d"] == pytest.approx(d)
+    assert pairs.loc[MEAN_OF_SETS, "records"] == 60 and 0 <= pairs.loc[MEAN_OF_SETS, "agree"] <= 1
+    detection = pd.DataFrame(
+        [{"adapter": m, "set": "cliff-xsum", "detector": "head", "auroc": ci[k].auroc, "ci_low": ci[k].ci_low}
+         | {"ci_high": ci[k].ci_high, "records": 60} for m, k in (("topl", "a"), ("tldr", "b"))]
+    )  # fmt: skip
+    t = ReportTables(detection=detection, head_pairs=pairs.reset_index())
+    claim = next(v for v in judge(t) if "TLDR" in v.claim or "last layer" in v.why)
+    mean = pairs.loc[MEAN_OF_SETS]
+    assert f"{mean.d:+.3f} [{mean.d_lo:+.3f}, {mean.d_hi:+.3f}]" in claim.why  # the paired interval, not the wider one

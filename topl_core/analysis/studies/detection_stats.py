@@ -6,6 +6,7 @@ correlated), the same resamples for every detector.
 
     DETECTORS                                                          the head, the frozen probe, surprisal, controls
     bootstrap_auroc(bad, scores, groups, n, seed) -> {detector: AurocCI}
+    paired_auroc_draws(bad, a, b, groups, n, seed) -> (AUROC(a) − AUROC(b), the difference per record resample)
     token_arrays(records, scores) -> {record, bad, detector: scores}   the labelled tokens of scored records
     detection_summary(records, scores, bootstrap, seed) -> dict        one set's AUROCs with CIs (score-tokens)
     control_arrays(tokenizer, records, max_doc_tokens, max_response_tokens) -> the controls alone, no model
@@ -32,18 +33,25 @@ class AurocCI(NamedTuple):
     ci_high: float
 
 
+def record_weights(groups: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """`n` cluster-bootstrap resamples as token weights (n, tokens): whole groups (records) drawn with replacement,
+    each token weighted by how often its record was drawn."""
+    ids, inverse = np.unique(np.asarray(groups), return_inverse=True)
+    if not n or not len(ids):
+        return np.zeros((n, len(inverse)))
+    picks = np.random.default_rng(seed).integers(0, len(ids), size=(n, len(ids)))
+    counts = np.stack([np.bincount(p, minlength=len(ids)) for p in picks])
+    return counts[:, inverse]
+
+
 def bootstrap_auroc(
     bad: np.ndarray, scores: Mapping[str, np.ndarray], groups: np.ndarray, n: int = 1000, seed: int = 0
 ) -> dict[str, AurocCI]:
-    """AUROC of each score for the positives `bad`, with a 95% percentile CI from `n` cluster-bootstrap resamples:
-    whole groups (records) drawn with replacement, the same draws for every score. Resamples holding one class
-    only are dropped; the CI is NaN when n = 0 or no resample holds both classes."""
-    bad, groups = np.asarray(bad).astype(int), np.asarray(groups)
-    ids, inverse = np.unique(groups, return_inverse=True)
-    picks = np.random.default_rng(seed).integers(0, len(ids), size=(n, len(ids))) if len(ids) else np.zeros((n, 0))
-    # A resample is a count per record; each token is weighted by its record's count.
-    counts = np.stack([np.bincount(p.astype(int), minlength=len(ids)) for p in picks]) if n else np.zeros((0, 0))
-    weights = counts[:, inverse] if n else np.zeros((0, len(bad)))
+    """AUROC of each score for the positives `bad`, with a 95% percentile CI from `n` cluster-bootstrap resamples
+    (record_weights), the same draws for every score. Resamples holding one class only are dropped; the CI is NaN
+    when n = 0 or no resample holds both classes."""
+    bad = np.asarray(bad).astype(int)
+    weights = record_weights(groups, n, seed)
     out = {}
     for name, s in scores.items():
         s = np.asarray(s, dtype=np.float64)
@@ -52,6 +60,18 @@ def bootstrap_auroc(
         lo, hi = np.percentile(boot, [2.5, 97.5]) if len(boot) else (np.nan, np.nan)
         out[name] = AurocCI(auroc(bad, s), float(lo), float(hi))
     return out
+
+
+def paired_auroc_draws(
+    bad: np.ndarray, a: np.ndarray, b: np.ndarray, groups: np.ndarray, n: int = 2000, seed: int = 0
+) -> tuple[float, np.ndarray]:
+    """AUROC(a) − AUROC(b) on the same labelled tokens, and the difference in each of `n` record resamples, the same
+    records drawn for both (a paired bootstrap: what the two detectors share cancels; NaN for a resample holding one
+    class only)."""
+    bad, weights = np.asarray(bad).astype(int), record_weights(groups, n, seed)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    draws = weighted_aurocs(bad, a, weights) - weighted_aurocs(bad, b, weights) if n and len(bad) else np.zeros(0)
+    return auroc(bad, a) - auroc(bad, b), draws
 
 
 def token_arrays(records: Sequence[Record], scores: Sequence[TokenScores]) -> dict[str, np.ndarray]:

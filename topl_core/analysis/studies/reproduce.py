@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ClassVar
 
+import numpy as np
+
 from ...data.records import read_jsonl
 from ...data.split import split_records
 from ...foundations.errors import RunError
@@ -197,7 +199,14 @@ class Detection(Task):
             seed=cfg.seed,
         )
         table = transfer_table([method_run(study.folder, self.method)], settings, cfg.cliff_csv, study.records)
-        return {"rows": table.assign(adapter=self.method).to_dict("records"), "notes": table.attrs["notes"]}
+        # CLIFF's labelled tokens with the head's score, so that two methods' heads are compared on the same tokens
+        heads = {
+            name: {k: np.round(v, 6).tolist() for k, v in arrays.items()}
+            for (_, name), arrays in table.attrs["heads"].items()
+            if name.startswith("cliff-")
+        }
+        rows = table.assign(adapter=self.method).to_dict("records")
+        return {"rows": rows, "notes": table.attrs["notes"], "heads": heads}
 
 
 def token_set(records, cfg: ReproduceConfig) -> list:

@@ -37,6 +37,8 @@ from .verdicts import (
 if TYPE_CHECKING:  # annotations only: the report imports this module
     from .reproduce_tables import ReportTables
 
+MEAN_OF_SETS = "mean over CLIFF's sets"  # the row of reproduce_tables.head_pairs the claim reads
+
 
 def _ci(mean: float, lo: float, hi: float) -> str:
     return f"{mean:.3f} [{lo:.3f}, {hi:.3f}]"
@@ -234,7 +236,13 @@ def _topl_head_beats_tldr(t: "ReportTables") -> Judged:
         for m in ("topl", "tldr")
     ]
     records = int(heads["records"].min()) if "records" in heads.columns else None
-    c = from_intervals(float(means["topl"] - means["tldr"]), ses, records, "records per set")
+    paired = t.head_pairs[t.head_pairs["set"] == MEAN_OF_SETS] if len(t.head_pairs) else t.head_pairs
+    if len(paired):  # the same tokens and record resamples for both heads
+        r = paired.iloc[0]
+        c = Comparison(r.d, r.d_lo, r.d_hi, r.agree, "of the paired bootstrap draws of records", int(r.records),
+                       "records per set")  # fmt: skip
+    else:  # a report rebuilt from its tables: each head's interval, as if independent
+        c = from_intervals(float(means["topl"] - means["tldr"]), ses, records, "records per set")
     return decide(c, this_run, "the head after layer m detects better", "the last layer's head detects better")
 
 

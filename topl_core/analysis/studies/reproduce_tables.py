@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from ...foundations.metrics import mean_ci
@@ -23,7 +24,9 @@ from ..evaluation.indicator import factuality_columns, indicator_table, rho_inte
 from ..evaluation.lambda_study import lambda_curve
 from ..evaluation.scorers import PROTOCOLS
 from ..lora_a.probe import ProbeResult
+from .detection_stats import paired_auroc_draws
 from .paper_numbers import INDICATOR
+from .reproduce_claims import MEAN_OF_SETS
 from .reproduce_config import ReproduceConfig
 from .verdicts import paired
 
@@ -43,6 +46,8 @@ class ReportTables:
     rho: dict = field(default_factory=dict)
     # TOPL against every other merged model on the OOD documents, paired per document (PAIRS_COLUMNS)
     pairs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # TOPL's head against TLDR's on the same CLIFF tokens, paired per record resample (HEAD_PAIRS_COLUMNS)
+    head_pairs: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def _rows(results: dict, kind: str, methods) -> list[dict]:
@@ -71,7 +76,39 @@ def report_tables(cfg: ReproduceConfig, results: dict[str, dict]) -> ReportTable
         t.lambda_curve = curve.reset_index(drop=True)
     t.labels = pd.DataFrame(results.get("labels", {}).get("rows", []))
     t.detection = pd.DataFrame(_rows(results, "detection", cfg.methods))
+    t.head_pairs = head_pairs(results)
     return t
+
+
+HEAD_PAIRS_COLUMNS = ["set", "d", "d_lo", "d_hi", "agree", "records"]
+
+
+def head_pairs(results: dict[str, dict], n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """TOPL's head AUROC minus TLDR's on each CLIFF set both scored — the same labelled tokens, the same record
+    resamples for both heads (detection_stats.paired_auroc_draws) — and on the mean over those sets (each draw the
+    mean of the sets' draws): the difference, the 2.5–97.5 percentiles of the draws, the share above 0."""
+    topl, tldr = (results.get(f"detection-{m}", {}).get("heads", {}) for m in ("topl", "tldr"))
+    rows, estimates, draws = [], [], []
+    for i, name in enumerate(sorted(set(topl) & set(tldr))):
+        a, b = topl[name], tldr[name]
+        if a["record"] != b["record"] or a["bad"] != b["bad"]:
+            continue  # not the same tokens: nothing to pair
+        arrays = [np.asarray(x) for x in (a["bad"], a["head"], b["head"], a["record"])]
+        d, drawn = paired_auroc_draws(*arrays, n=n_boot, seed=seed + i)
+        rows.append(_draws_row(name, d, drawn, len(set(a["record"]))))
+        estimates.append(d)
+        draws.append(drawn)
+    if rows:
+        records = min(r["records"] for r in rows)
+        rows.append(_draws_row(MEAN_OF_SETS, float(np.mean(estimates)), np.mean(draws, axis=0), records))
+    return pd.DataFrame(rows, columns=HEAD_PAIRS_COLUMNS)
+
+
+def _draws_row(name: str, d: float, draws: np.ndarray, records: int) -> dict:
+    draws = draws[np.isfinite(draws)]
+    lo, hi = np.percentile(draws, [2.5, 97.5]) if len(draws) else (math.nan, math.nan)
+    agree = float((draws > 0).mean()) if len(draws) else math.nan
+    return {"set": name, "d": d, "d_lo": float(lo), "d_hi": float(hi), "agree": agree, "records": records}
 
 
 def _separability_row(method: str, p: ProbeResult) -> dict:
