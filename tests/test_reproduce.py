@@ -384,7 +384,7 @@ def test_two_heads_are_compared_on_the_same_tokens_and_record_resamples():
 
     from topl_core.analysis.studies.detection_stats import bootstrap_auroc, paired_auroc_draws
     from topl_core.analysis.studies.reproduce_claims import MEAN_OF_SETS, judge
-    from topl_core.analysis.studies.reproduce_tables import ReportTables, head_pairs
+    from topl_core.analysis.studies.reproduce_tables import ReportTables, head_pairs, label_pairs
     from topl_core.analysis.studies.verdicts import from_intervals, se_of
 
     rng = np.random.default_rng(0)
@@ -419,3 +419,13 @@ def test_two_heads_are_compared_on_the_same_tokens_and_record_resamples():
     claim = next(v for v in judge(t) if "TLDR" in v.claim or "last layer" in v.why)
     mean = pairs.loc[MEAN_OF_SETS]
     assert f"{mean.d:+.3f} [{mean.d_lo:+.3f}, {mean.d_hi:+.3f}]" in claim.why  # the paired interval, not the wider one
+    # the label study: the original labels' head against the shuffled labels' on the same validation tokens
+    labels = pd.DataFrame(
+        [{"setting": "original", "val_token_auroc": 0.7, "val_heads": heads(a)},
+         {"setting": "random", "val_token_auroc": 0.6, "val_heads": heads(b)}]
+    )  # fmt: skip
+    t = ReportTables(labels=labels, label_pairs=label_pairs(labels))
+    p = t.label_pairs.iloc[0]
+    assert p.d == pytest.approx(d) and p.records == 60
+    verdict = next(v for v in judge(t) if "label" in v.claim.lower())
+    assert f"{p.d:+.3f} [{p.d_lo:+.3f}, {p.d_hi:+.3f}]" in verdict.why and "once" not in verdict.why

@@ -11,7 +11,8 @@ Public API
         trains out_dir/<setting>/ per setting, each a task (in this process, or as Ray tasks: foundations/executor.py;
         resumable: finished runs are kept, interrupted ones resume) and
         returns the stats columns plus val_token_auroc (head token AUROC on the *original* validation labels),
-        optionally cliff_token_auroc (head vs CLIFF span labels on n_cliff records) and gen_factuality.
+        val_heads (those tokens' record, bad and head score, to pair two settings), optionally cliff_token_auroc
+        (head vs CLIFF span labels on n_cliff records) and gen_factuality.
     read_label_study(out_dir) -> DataFrame     the table from the run directories (what has finished so far)
 
 Every setting changes only the training labels: validation always scores against the original labels, so the
@@ -48,6 +49,7 @@ from ...training.tracking import check_trackers
 from ...training.trainer import train
 from ..evaluation.config import EvalConfig, Variant
 from ..evaluation.evaluate import evaluate
+from .detection_stats import token_arrays
 from .study import Study, StudyConfig
 
 STUDY_FILE = "label_study.json"
@@ -127,6 +129,18 @@ def _cliff_auroc(cfg: LabelStudyConfig, run: RunDir) -> dict:
     return {"cliff_token_auroc": r["head_auroc"], "cliff_tokens": r["tokens"]}
 
 
+def _val_heads(cfg: LabelStudyConfig, run: RunDir, records) -> dict:
+    """The setting's head on the original labels of the validation records the trainer scored (its split's first
+    max_val_examples labelled records): each labelled token's record, bad and head score, so that two settings are
+    compared on the same tokens with a record bootstrap (reproduce_tables.label_pairs)."""
+    val = [r for r in split_records(records, seed=cfg.train.split_seed)["val"] if r.token_labels_known]
+    val = val[: cfg.train.max_val_examples]
+    base = load_model(ModelSpec.computing(cfg.train.model, cfg.train.precision, cfg.train.device))
+    scorer = TokenScorer(base, run, precision=cfg.train.precision)
+    arrays = token_arrays(val, scorer.score(val))
+    return {"val_heads": {k: np.round(arrays[k], 6).tolist() for k in ("record", "bad", "head")}}
+
+
 def _generation(cfg: LabelStudyConfig, run: RunDir) -> dict:
     ecfg = EvalConfig(
         data=cfg.train.data,
@@ -198,6 +212,8 @@ def train_setting(study: Study[LabelStudyConfig], item: tuple[str, dict]) -> dic
         if not run.is_complete:
             return {"cancelled": setting}
     have = dict(have)
+    if "val_heads" not in have:
+        have.update(_val_heads(cfg, run, study.records if study.records is not None else read_jsonl(cfg.train.data)))
     if cfg.n_cliff and "cliff_token_auroc" not in have:
         have.update(_cliff_auroc(cfg, run))
     if cfg.n_generate and "gen_factuality" not in have:
@@ -223,6 +239,7 @@ def _run_label_study(cfg: LabelStudyConfig, out_dir: Path, progress, records, ba
         have = extras.get(setting, {})
         return (
             not RunDir(out_dir / setting).is_complete
+            or "val_heads" not in have
             or (cfg.n_cliff and "cliff_token_auroc" not in have)
             or bool(cfg.n_generate and "gen_factuality" not in have)
         )

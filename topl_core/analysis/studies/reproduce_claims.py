@@ -217,7 +217,13 @@ def _labels_matter(t: "ReportTables") -> Judged:
         return NOT_MEASURABLE, "—", "needs the original and random label settings trained"
     o, r = lab.loc["original", "val_token_auroc"], lab.loc["random", "val_token_auroc"]
     this_run = f"head token AUROC (val): original {o:.3f}, random {r:.3f}"
-    why = decide(Comparison(o - r), this_run, "the original labels teach more", "shuffled labels teach as much")
+    held, failed = "the original labels teach more", "shuffled labels teach as much"
+    if len(t.label_pairs):  # both heads on the same validation tokens, records resampled the same for both
+        p = t.label_pairs.iloc[0]
+        c = Comparison(p.d, p.d_lo, p.d_hi, p.agree, "of the paired bootstrap draws of records", int(p.records),
+                       "validation records")  # fmt: skip
+        return decide(c, this_run + f" (paired on {int(p.records)} records: {p.d:+.3f})", held, failed)
+    why = decide(Comparison(o - r), this_run, held, failed)
     return why[0], why[1], why[2] + (" (the label study scores each setting once)" if why[0] == UNSETTLED else "")
 
 

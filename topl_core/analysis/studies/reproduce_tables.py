@@ -48,6 +48,8 @@ class ReportTables:
     pairs: pd.DataFrame = field(default_factory=pd.DataFrame)
     # TOPL's head against TLDR's on the same CLIFF tokens, paired per record resample (HEAD_PAIRS_COLUMNS)
     head_pairs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # the original labels' head against the shuffled labels' on the same validation tokens (HEAD_PAIRS_COLUMNS)
+    label_pairs: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def _rows(results: dict, kind: str, methods) -> list[dict]:
@@ -77,6 +79,7 @@ def report_tables(cfg: ReproduceConfig, results: dict[str, dict]) -> ReportTable
     t.labels = pd.DataFrame(results.get("labels", {}).get("rows", []))
     t.detection = pd.DataFrame(_rows(results, "detection", cfg.methods))
     t.head_pairs = head_pairs(results)
+    t.label_pairs = label_pairs(t.labels)
     return t
 
 
@@ -84,27 +87,51 @@ HEAD_PAIRS_COLUMNS = ["set", "d", "d_lo", "d_hi", "agree", "records"]
 
 
 def head_pairs(results: dict[str, dict], n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """TOPL's head AUROC minus TLDR's on each CLIFF set both scored — the same labelled tokens, the same record
-    resamples for both heads (detection_stats.paired_auroc_draws) — and on the mean over those sets (each draw the
-    mean of the sets' draws): the difference, the 2.5–97.5 percentiles of the draws, the share above 0."""
+    """TOPL's head AUROC minus TLDR's on each CLIFF set both scored (paired_heads), and on the mean over those sets
+    (each draw the mean of the sets' draws)."""
     topl, tldr = (results.get(f"detection-{m}", {}).get("heads", {}) for m in ("topl", "tldr"))
     rows, estimates, draws = [], [], []
     for i, name in enumerate(sorted(set(topl) & set(tldr))):
-        a, b = topl[name], tldr[name]
-        if a["record"] != b["record"] or a["bad"] != b["bad"]:
-            continue  # not the same tokens: nothing to pair
-        arrays = [np.asarray(x) for x in (a["bad"], a["head"], b["head"], a["record"])]
-        d, drawn = paired_auroc_draws(*arrays, n=n_boot, seed=seed + i)
-        rows.append(_draws_row(name, d, drawn, len(set(a["record"]))))
-        estimates.append(d)
-        draws.append(drawn)
+        paired_ = paired_heads(topl[name], tldr[name], n_boot, seed + i)
+        if paired_ is not None:  # the same tokens
+            rows.append(_draws_row(name, *paired_))
+            estimates.append(paired_[0])
+            draws.append(paired_[1])
     if rows:
         records = min(r["records"] for r in rows)
         rows.append(_draws_row(MEAN_OF_SETS, float(np.mean(estimates)), np.mean(draws, axis=0), records))
     return pd.DataFrame(rows, columns=HEAD_PAIRS_COLUMNS)
 
 
+def label_pairs(labels: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """The head trained on the original labels minus the one trained on shuffled ("random") labels, both scored on
+    the original labels of the same validation tokens (label_sensitivity's val_heads; paired_heads)."""
+    if not len(labels) or "val_heads" not in labels.columns:
+        return pd.DataFrame(columns=HEAD_PAIRS_COLUMNS)
+    heads = labels.set_index("setting")["val_heads"]
+    if not {"original", "random"} <= set(heads.index) or not all(
+        isinstance(heads[s], dict) for s in ("original", "random")
+    ):
+        return pd.DataFrame(columns=HEAD_PAIRS_COLUMNS)
+    paired_ = paired_heads(heads["original"], heads["random"], n_boot, seed)
+    return pd.DataFrame(
+        [_draws_row("original − random (val)", *paired_)] if paired_ else [], columns=HEAD_PAIRS_COLUMNS
+    )
+
+
+def paired_heads(a: dict, b: dict, n_boot: int, seed: int) -> tuple[float, np.ndarray, int] | None:
+    """AUROC(a's head) − AUROC(b's) on the same labelled tokens (a dict each: record, bad, head), the difference in each
+    of `n_boot` record resamples drawn the same for both (detection_stats.paired_auroc_draws) and the records; None
+    where the two were not scored on the same tokens."""
+    if a["record"] != b["record"] or a["bad"] != b["bad"]:
+        return None
+    arrays = [np.asarray(x) for x in (a["bad"], a["head"], b["head"], a["record"])]
+    d, draws = paired_auroc_draws(*arrays, n=n_boot, seed=seed)
+    return d, draws, len(set(a["record"]))
+
+
 def _draws_row(name: str, d: float, draws: np.ndarray, records: int) -> dict:
+    """A paired difference as a row: the 2.5–97.5 percentiles of its finite draws and the share above 0."""
     draws = draws[np.isfinite(draws)]
     lo, hi = np.percentile(draws, [2.5, 97.5]) if len(draws) else (math.nan, math.nan)
     agree = float((draws > 0).mean()) if len(draws) else math.nan
