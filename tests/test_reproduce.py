@@ -382,8 +382,8 @@ def test_two_heads_are_compared_on_the_same_tokens_and_record_resamples():
     import numpy as np
     import pandas as pd
 
-    from topl_core.analysis.studies.detection_stats import bootstrap_auroc, paired_auroc_draws
-    from topl_core.analysis.studies.reproduce_claims import MEAN_OF_SETS, judge
+    from topl_core.analysis.studies.detection_stats import MEAN_OF_SETS, bootstrap_auroc, paired_auroc_draws
+    from topl_core.analysis.studies.reproduce_claims import judge
     from topl_core.analysis.studies.reproduce_tables import ReportTables, head_pairs, label_pairs
     from topl_core.analysis.studies.verdicts import from_intervals, se_of
 

@@ -25,6 +25,8 @@ from ...inference.token_scores import TokenScores
 from ..lexical import CONTROLS, labelled_controls
 
 DETECTORS = ("head", "frozen probe", "surprisal", *CONTROLS)
+# the row of a paired table of two heads (reproduce_tables.head_pairs) that a claim reads
+MEAN_OF_SETS = "mean over CLIFF's sets"
 
 
 class AurocCI(NamedTuple):

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from .detection_stats import MEAN_OF_SETS
 from .paper_numbers import INDICATOR, INDICATOR_SOURCE, LABEL_SOURCE, LAMBDA_SOURCE, LAYER_SOURCE
 from .verdicts import (
     NAN,
@@ -36,8 +37,6 @@ from .verdicts import (
 
 if TYPE_CHECKING:  # annotations only: the report imports this module
     from .reproduce_tables import ReportTables
-
-MEAN_OF_SETS = "mean over CLIFF's sets"  # the row of reproduce_tables.head_pairs the claim reads
 
 
 def _ci(mean: float, lo: float, hi: float) -> str:

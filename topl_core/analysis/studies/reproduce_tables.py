@@ -24,9 +24,8 @@ from ..evaluation.indicator import factuality_columns, indicator_table, rho_inte
 from ..evaluation.lambda_study import lambda_curve
 from ..evaluation.scorers import PROTOCOLS
 from ..lora_a.probe import ProbeResult
-from .detection_stats import paired_auroc_draws
+from .detection_stats import MEAN_OF_SETS, paired_auroc_draws
 from .paper_numbers import INDICATOR
-from .reproduce_claims import MEAN_OF_SETS
 from .reproduce_config import ReproduceConfig
 from .verdicts import paired
 
