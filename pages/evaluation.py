@@ -23,9 +23,9 @@ from pages._ui.spec import current_decode_precision, current_model_name, current
 from pages._ui.translation_form import translation_form
 from topl_core.analysis.evaluation.config import EvalConfig, EvalJob, LambdaStudy
 from topl_core.analysis.evaluation.scorers import DEFAULT_SCORER, PROTOCOLS
-from topl_core.analysis.steering.modes import MODE_SETTINGS, MODES, STUDY_MODES
 from topl_core.foundations.paths import inside
 from topl_core.jobs import background, launchers
+from topl_core.runtime.modes import MODE_SETTINGS, MODES, STUDY_MODES
 
 st.title("Evaluation")
 st.caption(

@@ -1,5 +1,5 @@
 """Steering: a λ slider regenerates the summary with the merged model steered in one of the registered modes
-(topl_core/analysis/steering/modes.py: LoRA-B's vector v = scaling·B(μ+ − μ−) at the top-k residual-writing sites
+(topl_core/runtime/modes.py: LoRA-B's vector v = scaling·B(μ+ − μ−) at the top-k residual-writing sites
 (the paper), the adapter's own update scaled by λ, two controls with the vector's norm, the vector gated by the
 adapter's own head while generating) — on every position or only on generated tokens. Base | merged | steered side by
 side with the changed words highlighted (gated: the tokens the head took back struck through, with their replacements),
@@ -43,12 +43,12 @@ with core_imports():  # the token sets and the page's cached work are read with 
     from pages._ui.token_sets import token_set, token_set_picker
     from topl_core.analysis.evaluation.lambda_study import document_curve
     from topl_core.analysis.lora_a.probe import STEERING_TOKEN_RECORDS
-    from topl_core.analysis.steering.modes import MODES, SteerConfig
     from topl_core.analysis.steering.slider import neighbours
-    from topl_core.analysis.steering.steered_text import SteeredText
     from topl_core.analysis.steering.summary import site_table
     from topl_core.data.encode import truncate_document, user_message
     from topl_core.inference.generate import GenerationCancelled
+    from topl_core.runtime.modes import MODES, SteerConfig
+    from topl_core.runtime.steered_text import SteeredText
     from topl_core.serve.protocol import client_code
 
 st.title("Steering")

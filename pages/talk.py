@@ -19,7 +19,6 @@ from pages._ui.forms import mode_settings, opening_values
 from pages._ui.jobs import follow, job_failure, job_row, pick_job
 from pages._ui.runs import run_fingerprint, run_picker
 from pages._ui.spec import current_precision
-from topl_core.analysis.steering.modes import MODES
 from topl_core.analysis.studies.deck import HEAD_CHOICES, DeckConfig, deck_folders, decks_dir, is_shipped, read_deck
 from topl_core.analysis.studies.deck_html import deck_html
 from topl_core.data.split import split_records
@@ -27,6 +26,7 @@ from topl_core.foundations.errors import RunError
 from topl_core.foundations.paths import inside
 from topl_core.foundations.status import read_status
 from topl_core.jobs import background, launchers
+from topl_core.runtime.modes import MODES
 
 K = "talk."
 

@@ -14,11 +14,11 @@ import json
 
 from topl_core.analysis.evaluation.config import EvalConfig
 from topl_core.analysis.evaluation.gated_comparison import GatedStudy, Scoring, choose, compare, paired_table
-from topl_core.analysis.steering.modes import POSITIONS
 from topl_core.foundations.io import write_json
 from topl_core.foundations.paths import examples_dir, project_path
 from topl_core.foundations.progress import Bar
 from topl_core.hardware.precision import PRECISIONS
+from topl_core.runtime.modes import POSITIONS
 
 
 def records(df) -> list[dict]:

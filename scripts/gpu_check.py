@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from topl_core.analysis.steering.modes import MODES, POSITIONS  # noqa: E402  (light: no torch)
+from topl_core.runtime.modes import MODES, POSITIONS  # noqa: E402  (light: no torch)
 
 VISIT_PAGES = REPO.parent / "shared" / "tools" / "visit_pages.py"
 DOC = (

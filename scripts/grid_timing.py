@@ -14,11 +14,11 @@ import torch
 
 from topl_core.analysis.lora_a.probe import ProbeSettings, labelled_records
 from topl_core.analysis.steering.extract import build_steering_vectors
-from topl_core.analysis.steering.modes import SteerConfig
-from topl_core.analysis.steering.session import SteeringSession
 from topl_core.data.records import read_jsonl
 from topl_core.data.split import split_records
 from topl_core.inference.generate import GenerationConfig
+from topl_core.runtime.modes import SteerConfig
+from topl_core.runtime.session import SteeringSession
 from topl_core.training.adapters import open_adapter
 
 ADAPTER = "examples/adapters/topl-smollm2"

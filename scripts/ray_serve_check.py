@@ -9,6 +9,7 @@ client against Ray Serve's HTTP proxy — the steered completion must be the one
 from __future__ import annotations
 
 import argparse
+import functools
 import tempfile
 import threading
 import time
@@ -17,8 +18,10 @@ from pathlib import Path
 import openai
 import uvicorn
 
+from topl_core.analysis.steering.extract import page_vectors
 from topl_core.bench.serve import messages
 from topl_core.data.perturb import build_perturbation_records
+from topl_core.runtime.session import SteeringSession
 from topl_core.serve.app import create_app
 from topl_core.serve.engine import ServeEngine
 from topl_core.serve.ray_serve import ray_application
@@ -66,7 +69,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         adapter = args.run or tiny_run(Path(tmp))
-        engine = ServeEngine.for_adapter(adapter, args.precision, slots=4)
+        opens = functools.partial(SteeringSession.from_run, adapter, page_vectors(adapter, args.precision))
+        engine = ServeEngine(opens(), args.precision, slots=4)
         plain = uvicorn.Server(uvicorn.Config(create_app(engine, Path(adapter).name), port=8731, log_level="warning"))
         threading.Thread(target=plain.run, daemon=True).start()
         while not plain.started:
@@ -77,7 +81,7 @@ def main() -> None:
 
         ray.init(num_cpus=2, include_dashboard=False)
         t0 = time.perf_counter()
-        serve.run(ray_application(adapter, args.precision, replicas=1, slots=4), route_prefix="/")
+        serve.run(ray_application(adapter, opens, args.precision, replicas=1, slots=4), route_prefix="/")
         print(f"Ray Serve: the application deployed with one replica in {time.perf_counter() - t0:.1f} s")
         got = complete("http://127.0.0.1:8000/v1", Path(adapter).name)
         serve.shutdown()

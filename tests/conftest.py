@@ -195,8 +195,8 @@ def steering_run(tmp_path_factory, news_records):
 def serve_session(steering_run, news_records):
     """The steering session the service tests serve: steering_run merged, its vectors from the news records."""
     from topl_core.analysis.steering.extract import build_steering_vectors
-    from topl_core.analysis.steering.session import SteeringSession
     from topl_core.inference.generate import load_merged
+    from topl_core.runtime.session import SteeringSession
 
     vectors = build_steering_vectors(steering_run, news_records, top_k=3)
     return SteeringSession(load_merged("tiny-llama", steering_run), vectors)
@@ -401,7 +401,7 @@ def negated_mode():
     steers like the LoRA-B vector at −λ (the same length in normalised units)."""
     import dataclasses
 
-    from topl_core.analysis.steering.modes import MODES
+    from topl_core.runtime.modes import MODES
 
     return dataclasses.replace(
         MODES["vector"],

@@ -13,11 +13,11 @@ import pytest
 import torch
 from conftest import NEWS_PAIRS, all_hooks, tiny_config
 
-from topl_core.analysis.lora_a.sites import site_module
 from topl_core.analysis.steering.extract import build_steering_vectors
-from topl_core.analysis.steering.modes import MODES, SteerConfig, steer
-from topl_core.analysis.steering.session import SteeringSession
 from topl_core.inference.generate import GenerationConfig, generate, load_merged
+from topl_core.runtime.modes import MODES, SteerConfig, steer
+from topl_core.runtime.session import SteeringSession
+from topl_core.runtime.sites import site_module
 from topl_core.training.trainer import train
 
 DOC = NEWS_PAIRS[0][1]

@@ -17,13 +17,13 @@ from safetensors.torch import load_file
 from topl_core.analysis.lora_a.capture import collect_projections
 from topl_core.analysis.lora_a.probe import ProbeSettings, labelled_records, probe_run, run_projections
 from topl_core.analysis.lora_a.probe_head import ProbeHeadSettings, fit_probe_head
-from topl_core.analysis.lora_a.sites import lora_sites, lora_weights, read_lora_weights
 from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.foundations.errors import ModelError, RunError
 from topl_core.foundations.presets import LORA_MODULES
 from topl_core.inference.token_scores import TokenScorer
 from topl_core.models.forward import head_features
 from topl_core.models.loading import load_model, model_name_for
+from topl_core.runtime.sites import lora_sites, lora_weights, read_lora_weights
 from topl_core.training.adapters import load_adapter, open_adapter
 
 ALL = list(LORA_MODULES)

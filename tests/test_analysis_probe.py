@@ -13,12 +13,12 @@ import torch
 from conftest import all_hooks
 
 from topl_core.analysis.lora_a.capture import Projections, capture_lora, collect_projections, random_lora_A
-from topl_core.analysis.lora_a.sites import Site, input_module, lora_sites, lora_weights, read_lora_weights
 from topl_core.data.encode import IGNORE, encode_record
 from topl_core.foundations.errors import ModelError
 from topl_core.foundations.presets import LORA_MODULES
 from topl_core.models.architecture import decoder_layers
 from topl_core.models.tiny import build_tiny_model
+from topl_core.runtime.sites import Site, input_module, lora_sites, lora_weights, read_lora_weights
 from topl_core.training.config import LoraSettings, TrainConfig, tiny_topl_config
 from topl_core.training.lora import apply_lora
 from topl_core.training.trainer import train

@@ -776,8 +776,8 @@ def test_a_registered_steering_mode_reaches_page_cli_and_study(workbench, monkey
     it and steers with it, `steer` and `evaluate` accept it; the λ study runs it in test_evaluation.py."""
     from conftest import negated_mode
 
-    from topl_core.analysis.steering.modes import MODES
     from topl_core.cli import build_parser
+    from topl_core.runtime.modes import MODES
 
     negated = negated_mode()
     monkeypatch.setitem(MODES, "negated", negated)

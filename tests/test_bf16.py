@@ -20,8 +20,6 @@ from topl_core.analysis.lora_a.capture import collect_projections
 from topl_core.analysis.lora_a.probe import ProbeSettings, probe_run, run_projections
 from topl_core.analysis.lora_a.probe_head import ProbeHeadSettings, fit_probe_head
 from topl_core.analysis.steering.extract import build_steering_vectors
-from topl_core.analysis.steering.modes import MODES, POSITIONS, SteerConfig
-from topl_core.analysis.steering.session import SteeringSession
 from topl_core.analysis.steering.slider import Slider
 from topl_core.cli import build_parser, main
 from topl_core.hardware import precision as prec
@@ -30,6 +28,8 @@ from topl_core.inference.generate import GenerationConfig, generate, load_merged
 from topl_core.inference.token_scores import TokenScorer
 from topl_core.models.loading import LoadedModel, ModelSpec, load_model
 from topl_core.models.tiny import build_tiny_model
+from topl_core.runtime.modes import MODES, POSITIONS, SteerConfig
+from topl_core.runtime.session import SteeringSession
 from topl_core.training.config import LoraSettings, TrainConfig
 from topl_core.training.lora import apply_lora
 from topl_core.training.trainer import train

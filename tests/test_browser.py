@@ -539,12 +539,12 @@ def test_four_sessions_steering_at_once_get_what_each_would_get_alone(app, brows
     from topl_core.analysis.cache import key_file
     from topl_core.analysis.lora_a.probe import labelled_records
     from topl_core.analysis.steering.extract import build_steering_vectors
-    from topl_core.analysis.steering.modes import SteerConfig
-    from topl_core.analysis.steering.session import SteeringSession
     from topl_core.data.records import read_jsonl
     from topl_core.data.split import split_records
     from topl_core.foundations.io import sha256_file
     from topl_core.inference.generate import GenerationConfig, load_merged
+    from topl_core.runtime.modes import SteerConfig
+    from topl_core.runtime.session import SteeringSession
     from topl_core.training.adapters import open_adapter
 
     pages = [new_page(browser) for _ in range(4)]

@@ -15,7 +15,6 @@ from topl_core.analysis.evaluation.config import EvalConfig
 from topl_core.analysis.evaluation.translation import TranslationConfig
 from topl_core.analysis.lora_a.probe import ProbeSettings
 from topl_core.analysis.lora_a.probe_head import ProbeHeadSettings
-from topl_core.analysis.steering.modes import SteerConfig
 from topl_core.analysis.studies.data_sources import SOURCES
 from topl_core.analysis.studies.deck import DeckConfig
 from topl_core.analysis.studies.label_sensitivity import LabelStudyConfig
@@ -36,6 +35,7 @@ from topl_core.foundations.config_fields import (
 )
 from topl_core.foundations.executor import ExecutorConfig
 from topl_core.inference.generate import GenerationConfig
+from topl_core.runtime.modes import SteerConfig
 from topl_core.training.config import LoraSettings, TrainConfig
 
 # the configs whose fields are command-line flags and form inputs

@@ -10,7 +10,6 @@ import gguf
 import numpy as np
 import pytest
 
-from topl_core.analysis.lora_a.sites import SUPPORTED_MODEL_TYPES, Site
 from topl_core.analysis.steering.control_vector import (
     ARCHITECTURE,
     KEY_LAYER_COUNT,
@@ -23,6 +22,7 @@ from topl_core.analysis.steering.control_vector import (
     write_control_vector,
 )
 from topl_core.foundations.errors import ModelError
+from topl_core.runtime.sites import SUPPORTED_MODEL_TYPES, Site
 
 HIDDEN = 8
 

@@ -16,8 +16,8 @@ from topl_core.analysis.evaluation.config import OOD_MEAN
 from topl_core.analysis.evaluation.quality import measure_scorer_quality, scorer_quality
 from topl_core.analysis.evaluation.scorers import GroundingScorer, Scorer, make_scorer, score_summary
 from topl_core.analysis.evaluation.text import count_sentences, split_sentences
-from topl_core.analysis.steering.modes import MODES
 from topl_core.foundations.errors import ScorerError
+from topl_core.runtime.modes import MODES
 
 DOC = (
     "Police in Leeds arrested two men on Monday after a robbery at a jewellery shop on Briggate. "

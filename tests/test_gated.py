@@ -1,4 +1,4 @@
-"""Gated steering (analysis/steering/gate.py, mode "gated"): the adapter's head decides, token by token while
+"""Gated steering (runtime/gate.py, mode "gated"): the adapter's head decides, token by token while
 generating, when the LoRA-B vector acts. Exactness in fp32 and bf16 (autocast forced): τ = 0 is the merged model
 token for token; τ = 1 with a long window is the always-on vector on generated positions token for token; the
 KV-cache crop gives the tokens of a gate recomputed from the prompt at every forward (which reads the head from the
@@ -16,15 +16,15 @@ import torch
 from conftest import NEWS_PAIRS, all_hooks, tiny_config
 
 from topl_core.analysis.steering.extract import build_steering_vectors
-from topl_core.analysis.steering.gate import Head
-from topl_core.analysis.steering.modes import MODES, SteerConfig, steer
-from topl_core.analysis.steering.session import SteeringSession
 from topl_core.data.encode import build_prompt, truncate_document
 from topl_core.foundations.errors import ModelError
 from topl_core.hardware.precision import autocast
 from topl_core.inference.generate import GenerationConfig, generate, load_merged, prefill, stop_tokens
 from topl_core.models.architecture import final_norm
 from topl_core.models.forward import head_probability
+from topl_core.runtime.gate import Head
+from topl_core.runtime.modes import MODES, SteerConfig, steer
+from topl_core.runtime.session import SteeringSession
 from topl_core.training.trainer import train
 
 DOCS = [NEWS_PAIRS[0][1], NEWS_PAIRS[2][1]]

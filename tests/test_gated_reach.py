@@ -1,4 +1,4 @@
-"""The gated mode (analysis/steering/gate.py) everywhere modes appear: `steer --mode gated --tau --keep` printing the
+"""The gated mode (runtime/gate.py) everywhere modes appear: `steer --mode gated --tau --keep` printing the
 replaced tokens per summary, `bench --gated`'s figures, a gated deck and its export, the λ study's job command line,
 the held-out comparison script on a few tiny documents, and the Steering, Talk and Evaluation pages (AppTest)."""
 
@@ -14,11 +14,11 @@ import pytest
 from conftest import NEWS_PAIRS, tiny_config
 
 from topl_core.analysis.steering.extract import build_steering_vectors
-from topl_core.analysis.steering.modes import MODE_SETTINGS, SteerConfig
-from topl_core.analysis.steering.session import SteeringSession
 from topl_core.data.records import write_jsonl
 from topl_core.foundations.config_fields import config_args
 from topl_core.inference.generate import GenerationConfig, generate, load_merged
+from topl_core.runtime.modes import MODE_SETTINGS, SteerConfig
+from topl_core.runtime.session import SteeringSession
 from topl_core.training.trainer import train
 
 DOC = NEWS_PAIRS[0][1]

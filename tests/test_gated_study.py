@@ -16,8 +16,6 @@ import pytest
 from topl_core.analysis.evaluation import evaluate as evaluate_module
 from topl_core.analysis.evaluation.config import EvalConfig
 from topl_core.analysis.evaluation.recommend import RecommendSettings, recommend
-from topl_core.analysis.steering.modes import SteerConfig
-from topl_core.analysis.steering.session import SteeringSession
 from topl_core.analysis.studies.gated_study import (
     IN_DOMAIN,
     OUT_OF_DOMAIN,
@@ -34,6 +32,8 @@ from topl_core.data.split import split_records
 from topl_core.foundations.errors import ConfigError
 from topl_core.inference.token_scores import TokenScorer
 from topl_core.models.loading import ModelSpec, load_model
+from topl_core.runtime.modes import SteerConfig
+from topl_core.runtime.session import SteeringSession
 from topl_core.training.adapters import open_adapter
 from topl_core.training.config import tiny_topl_config
 from topl_core.training.run_dirs import RunDir

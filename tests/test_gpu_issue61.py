@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from topl_core.analysis.steering import session as session_module
 from topl_core.cli import build_parser
 from topl_core.hardware import precision as precision_module
+from topl_core.runtime import session as session_module
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))

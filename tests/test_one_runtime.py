@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from conftest import NEWS_PAIRS, serving
 
-from topl_core.analysis.steering.modes import SteerConfig
 from topl_core.data.encode import user_message
 from topl_core.inference.generate import GenerationConfig
+from topl_core.runtime.modes import SteerConfig
 
 openai = pytest.importorskip("openai")
 

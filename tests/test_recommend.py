@@ -25,13 +25,13 @@ from topl_core.analysis.evaluation.recommend import (
     tau_for_share,
 )
 from topl_core.analysis.evaluation.scorers import make_scorer, score_summary
-from topl_core.analysis.steering.session import SteeringSession
 from topl_core.cli import main
 from topl_core.data.records import Record, write_jsonl
 from topl_core.foundations.errors import ConfigError
 from topl_core.inference.generate import generate, load_merged
 from topl_core.inference.token_scores import TokenScorer
 from topl_core.models.loading import ModelSpec, load_model
+from topl_core.runtime.session import SteeringSession
 from topl_core.training.adapters import open_adapter
 from topl_core.training.trainer import train
 

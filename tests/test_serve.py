@@ -15,13 +15,13 @@ import torch
 from conftest import NEWS_PAIRS, needs_smollm2, serving
 
 from topl_core.analysis.steering.extract import build_steering_vectors
-from topl_core.analysis.steering.modes import SteerConfig, steer
-from topl_core.analysis.steering.session import SteeringSession
 from topl_core.data.encode import build_prompt, user_message
 from topl_core.inference.decode import stop_tokens
 from topl_core.inference.generate import GenerationConfig, prefill, stream_rows
 from topl_core.models.architecture import decoder_layers, final_norm
 from topl_core.models.forward import head_probability
+from topl_core.runtime.modes import SteerConfig, steer
+from topl_core.runtime.session import SteeringSession
 
 openai = pytest.importorskip("openai", reason="the openai client is installed by requirements.txt")
 uvicorn = pytest.importorskip("uvicorn")

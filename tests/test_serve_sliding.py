@@ -13,10 +13,10 @@ import torch
 from conftest import serving
 
 from topl_core.analysis.steering.extract import build_steering_vectors
-from topl_core.analysis.steering.modes import SteerConfig, steer
-from topl_core.analysis.steering.session import SteeringSession
 from topl_core.inference.decode import stop_tokens
 from topl_core.inference.generate import load_merged
+from topl_core.runtime.modes import SteerConfig, steer
+from topl_core.runtime.session import SteeringSession
 from topl_core.training.config import tiny_topl_config
 from topl_core.training.trainer import train
 

@@ -15,11 +15,11 @@ import torch
 from conftest import NEWS_PAIRS, all_hooks
 
 from topl_core.analysis.steering.extract import build_steering_vectors
-from topl_core.analysis.steering.modes import SteerConfig
-from topl_core.analysis.steering.session import SteeringSession
 from topl_core.analysis.steering.slider import Slider, TextStore, neighbours
-from topl_core.analysis.steering.steered_text import SteeredText
 from topl_core.inference.generate import GenerationCancelled, GenerationConfig, load_merged
+from topl_core.runtime.modes import SteerConfig
+from topl_core.runtime.session import SteeringSession
+from topl_core.runtime.steered_text import SteeredText
 
 DOC = NEWS_PAIRS[0][1]
 GEN = GenerationConfig(max_new_tokens=12, precision="fp32")

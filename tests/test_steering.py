@@ -15,20 +15,20 @@ from conftest import NEWS_PAIRS, all_hooks
 
 from topl_core.analysis.lora_a.capture import collect_projections
 from topl_core.analysis.lora_a.separability import separability
-from topl_core.analysis.lora_a.sites import RESIDUAL_MODULES
 from topl_core.analysis.steering.extract import (
     build_steering_vectors,
     compute_steering_vectors,
     steering_vectors_from_model,
 )
-from topl_core.analysis.steering.modes import MODES, POSITIONS, SteerConfig, steer
-from topl_core.analysis.steering.session import SteeringSession
-from topl_core.analysis.steering.vectors import UNIT_FRACTION, SteeringVectors
 from topl_core.foundations.errors import ModelError
 from topl_core.inference.compiled_decode import CompiledDecoder
 from topl_core.inference.exported_decode import ExportedDecoder
 from topl_core.inference.generate import GenerationConfig, generate, load_merged, prefill
 from topl_core.models.loading import load_model
+from topl_core.runtime.modes import MODES, POSITIONS, SteerConfig, steer
+from topl_core.runtime.session import SteeringSession
+from topl_core.runtime.sites import RESIDUAL_MODULES
+from topl_core.runtime.vectors import UNIT_FRACTION, SteeringVectors
 from topl_core.training.adapters import load_adapter
 
 DOC = NEWS_PAIRS[0][1]
@@ -415,7 +415,7 @@ def test_conditional_mode_spans_base_to_merged(run, merged, vectors):
     # every LoRA site of the adapter is hooked (not only the top-k residual sites), and none remain afterwards
     before = all_hooks(merged.model)
     with steer(merged.model, vectors, 0.5, cond):
-        from topl_core.analysis.lora_a.sites import read_lora_weights
+        from topl_core.runtime.sites import read_lora_weights
 
         assert all_hooks(merged.model) == before + len(read_lora_weights(run.path))
     assert all_hooks(merged.model) == before

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from pages._ui.render import csv_download, plot, rho_text
-from topl_core.analysis.steering.modes import MODES
+from topl_core.runtime.modes import MODES
 
 KEY = "eval."  # the Evaluation page's widget keys
 

@@ -13,9 +13,9 @@ from typing import Mapping, Sequence
 import streamlit as st
 
 from topl_core.analysis.evaluation.recommend import ModeDefaults, opening
-from topl_core.analysis.steering.modes import SteerConfig
 from topl_core.foundations.config_fields import field_infos
 from topl_core.hardware.precision import PRECISIONS, describe_precision, resolve_precision
+from topl_core.runtime.modes import SteerConfig
 
 SIDEBAR_FIELDS = frozenset({"model", "device"})  # chosen in the sidebar, for every page
 NO_VALUE = object()  # field_input without a default: the value comes from st.session_state (set by the page)

@@ -10,7 +10,7 @@ import html
 import pandas as pd
 import streamlit as st
 
-from topl_core.analysis.steering.steered_text import SteeredText
+from topl_core.runtime.steered_text import SteeredText
 
 BOX_CSS = """
 <style>

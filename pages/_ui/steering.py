@@ -27,12 +27,12 @@ from topl_core.analysis.evaluation.text import count_sentences
 from topl_core.analysis.lora_a.probe import ProbeSettings
 from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.analysis.steering.fluency import fluency
-from topl_core.analysis.steering.modes import SteerConfig
-from topl_core.analysis.steering.session import SteeringSession
 from topl_core.analysis.steering.slider import SliderView, shared_slider
-from topl_core.analysis.steering.steered_text import SteeredText
 from topl_core.analysis.steering.summary import ExportBundle, export_bundle
 from topl_core.inference.generate import GenerationConfig
+from topl_core.runtime.modes import SteerConfig
+from topl_core.runtime.session import SteeringSession
+from topl_core.runtime.steered_text import SteeredText
 
 CURSOR = "▍"  # the box is still being written
 AHEAD = "being written ahead…"  # the box waits for the text the engine is writing ahead

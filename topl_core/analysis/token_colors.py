@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
+from ..foundations.presets import FLAG_THRESHOLD
+
 if TYPE_CHECKING:  # annotations only: the colour scale stays a light import (pages, the deck export)
     from ..inference.token_scores import TokenScores
 
-FLAG_THRESHOLD = 0.5  # a token is "flagged" (the head doubts it) when p(good) is below this
 SCALE = ((0.02, "p(good) ≈ 0"), (0.4, "0.4"), (0.7, "0.7"), (0.99, "≈ 1"))  # the legend's swatches
 
 TOKEN_CSS = """

@@ -1,4 +1,4 @@
-"""`bench --gated`: what gated steering (analysis/steering/gate.py) costs against always-on steering and the merged
+"""`bench --gated`: what gated steering (runtime/gate.py) costs against always-on steering and the merged
 model's plain generation, measured in one run on one document.
 
 - merged: the merged model's plain generate() (no hook);
@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..analysis.steering.modes import SteerConfig
-from ..analysis.steering.session import SteeringSession
 from ..hardware.precision import resolve_precision
 from ..inference.generate import GenerationConfig, generate
+from ..runtime.modes import SteerConfig
+from ..runtime.session import SteeringSession
 
 GOALS = {"gated_vs_merged": ("<=", 1.3), "gated_vs_merged_per_token": ("<=", 1.3)}
 

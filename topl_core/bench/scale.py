@@ -35,8 +35,6 @@ import torch
 from ..analysis.lora_a.capture import collect_projections
 from ..analysis.lora_a.probe import ProbeSettings
 from ..analysis.steering.extract import build_steering_vectors
-from ..analysis.steering.modes import MODES
-from ..analysis.steering.session import SteeringSession
 from ..analysis.studies.sweeps import SweepConfig
 from ..data.encode import collate, encode_record
 from ..data.records import Record, read_jsonl
@@ -46,6 +44,8 @@ from ..foundations.presets import PRESETS
 from ..hardware.precision import autocast, resolve_precision
 from ..inference.generate import GenerationConfig, load_merged
 from ..models.loading import RANDOM_WEIGHTS, LoadedModel, ModelSpec, layer_count, load_model
+from ..runtime.modes import MODES
+from ..runtime.session import SteeringSession
 from ..training.batching import EncodeSettings
 from ..training.config import LoraSettings, TrainConfig, preset_config
 from ..training.flops import sft_flops_per_token, topl_flops_per_token

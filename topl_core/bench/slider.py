@@ -33,11 +33,11 @@ from typing import Callable
 
 import torch
 
-from ..analysis.steering.modes import SteerConfig, steer
-from ..analysis.steering.session import SteeringSession
 from ..hardware.linear_kernel import model_linear_kernel
 from ..hardware.precision import resolve_precision
 from ..inference.generate import GenerationConfig, generate, prefill
+from ..runtime.modes import SteerConfig, steer
+from ..runtime.session import SteeringSession
 
 # λ positions a reader moves to, each new to the session (the vector mode's slider positions near the merged model)
 NEW_POSITIONS = (0.25, 0.5, 0.75, 1.0, 1.25)

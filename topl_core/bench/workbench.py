@@ -48,7 +48,6 @@ import torch
 from ..analysis.lora_a.capture import capture_lora
 from ..analysis.lora_a.probe import ProbeSettings, probe_run
 from ..analysis.steering.extract import build_steering_vectors
-from ..analysis.steering.modes import steer
 from ..analysis.studies.sweeps import SweepConfig, Window, fresh_copy, plan_windows, run_sweep, sweep_inputs
 from ..data.encode import build_prompt, collate, encode_record
 from ..data.records import read_jsonl
@@ -60,6 +59,7 @@ from ..foundations.presets import DEFAULT_MODEL
 from ..foundations.progress import Bar
 from ..hardware.precision import autocast, resolve_precision
 from ..models.loading import LoadedModel, load_model
+from ..runtime.modes import steer
 from ..training.adapters import load_adapter
 from ..training.config import LoraSettings, TrainConfig
 from ..training.flops import sft_flops_per_token, sweep_flops_ratio, topl_flops_per_token

@@ -11,8 +11,6 @@ from dataclasses import asdict
 
 from ..analysis.evaluation.config import EvalConfig
 from ..analysis.evaluation.evaluate import steering_vectors_for
-from ..analysis.steering.modes import MODE_SETTINGS, SteerConfig
-from ..analysis.steering.session import SteeringSession
 from ..bench.gated import format_gated, gated_bench
 from ..bench.scale import ScaleSettings, format_scale, run_scale_bench
 from ..bench.serve import format_serve, serve_bench, served
@@ -27,6 +25,8 @@ from ..foundations.presets import DEFAULT_MODEL, PRESETS
 from ..foundations.progress import Bar
 from ..hardware.precision import machine_description
 from ..models.loading import DEVICES
+from ..runtime.modes import MODE_SETTINGS, SteerConfig
+from ..runtime.session import SteeringSession
 from ..training.adapters import Adapter, open_adapter
 from ..training.memory import GIB, what_fits
 from . import COMMANDS

@@ -13,13 +13,13 @@ from ..analysis.evaluation.evaluate import evaluate, protocol_agreement, results
 from ..analysis.evaluation.lambda_study import CURVE_KEYS, lambda_curve, lambda_sweep
 from ..analysis.evaluation.quality import scorer_quality
 from ..analysis.evaluation.scorers import PROTOCOLS, make_scorer
-from ..analysis.steering.modes import MODE_SETTINGS, MODES, UNITS_DOC, SteerConfig, lambda_grids, modes_help
 from ..foundations.config_fields import add_config_args, config_args
 from ..foundations.errors import ConfigError
 from ..foundations.executor import ExecutorConfig
 from ..foundations.io import atomic_open, write_json
 from ..foundations.presets import DEFAULT_MODEL
 from ..foundations.progress import Bar
+from ..runtime.modes import MODE_SETTINGS, MODES, UNITS_DOC, SteerConfig, lambda_grids, modes_help
 from ..training.adapters import open_adapter
 from . import COMMANDS
 from .common import ExamplesFormatter, add_executor_args, add_precision_arg, announce_precision, executor_from_args

@@ -11,7 +11,7 @@ import os
 import uvicorn
 
 from ..analysis.lora_a.probe import STEERING_TOKEN_RECORDS
-from ..analysis.steering.session import SteeringSession
+from ..runtime.session import SteeringSession
 from ..serve.app import LOOPBACK_HOSTS, create_app
 from ..serve.batch import PROMPT_CACHE_MB
 from ..serve.engine import ServeEngine

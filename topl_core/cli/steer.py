@@ -13,8 +13,6 @@ from pathlib import Path
 
 from ..analysis.evaluation.recommend import opening
 from ..analysis.steering.llama_cpp import export_for_llama_cpp
-from ..analysis.steering.modes import SteerConfig, modes_help
-from ..analysis.steering.session import SteeringSession
 from ..analysis.studies.deck import DeckConfig, create_deck, read_deck
 from ..analysis.studies.deck_html import write_deck_html, write_frames
 from ..analysis.studies.deck_prepare import prepare_deck
@@ -25,6 +23,8 @@ from ..foundations.io import write_json
 from ..foundations.progress import Bar
 from ..inference.generate import GenerationConfig, generate
 from ..models.loading import ModelSpec, load_model
+from ..runtime.modes import SteerConfig, modes_help
+from ..runtime.session import SteeringSession
 from ..training.adapters import open_adapter
 from . import CANCELLED, COMMANDS
 from .common import (

@@ -6,11 +6,11 @@ import argparse
 
 from ..analysis.lora_a.probe import ProbeSettings, labelled_records, labelled_split
 from ..analysis.steering.extract import build_steering_vectors
-from ..analysis.steering.vectors import SteeringVectors
 from ..analysis.studies.deck import DeckConfig
 from ..foundations.config_fields import DECLARED, add_config_args
 from ..foundations.progress import Bar
 from ..hardware.precision import ResolvedPrecision
+from ..runtime.vectors import SteeringVectors
 from ..training.adapters import Adapter
 from .common import add_data_args, data_or_adapter_default, load_split
 

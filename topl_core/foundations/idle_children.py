@@ -5,7 +5,7 @@ exported_decode.py).
         runs, it is stopped whenever this process is busy
     with busy(): ...              this process is busy: every idle child is stopped (SIGSTOP to its process group),
         and goes on (SIGCONT) once nothing is busy. The Steering page's eager generation and every page's script run
-        are busy (analysis/steering/session.py, pages/_ui/frame.py); the slider's work ahead is not
+        are busy (runtime/session.py, pages/_ui/frame.py); the slider's work ahead is not
         (background_thread(): it runs at the lowest priority beside the build, which it would otherwise starve).
 
 The lowest CPU priority alone was not enough: on 2 cores, beside a build at nice 19, the Steering page drew a λ written

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+FLAG_THRESHOLD = 0.5  # a token is "flagged" (the head doubts it) when p(good) is below this
 DEFAULT_MODEL = "smollm2-135m"
 # The decoder layer's linear modules LoRA may adapt, in site order (attention q, k, v, o, then the MLP's gate, up,
 # down): the default LoRA target list and the column order of every layer × module heatmap.

@@ -9,7 +9,7 @@ sampled, one row or a batch of rows (a λ per row), with or without a judge that
     Judge                               the loop's place for a judge (one row): before each forward it may set up
         what the forward does (e.g. turn steering on); after a token's forward it may take the token back — the
         cache loses the token's entry and its predecessor's, the predecessor runs again (redo) and the position is
-        chosen again from its new logits (analysis/steering/gate.py's head gate is one)
+        chosen again from its new logits (runtime/gate.py's head gate is one)
 
 A forward is a function of the tokens just chosen (rows × 1) giving the next logits (rows × vocabulary, float32): an
 eager model forward with a KV cache (generate.stream_rows) or a compiled step (compiled_decode.StepDecoder). What it

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from ..analysis.evaluation.config import EvalJob
 from ..analysis.evaluation.translation import TranslationJob
-from ..analysis.steering.modes import MODE_SETTINGS, SteerConfig
 from ..analysis.studies.deck import DeckConfig, create_deck, read_deck
 from ..analysis.studies.reproduce import save_config, study_executor
 from ..analysis.studies.reproduce_config import ReproduceConfig
@@ -30,6 +29,7 @@ from ..foundations.errors import JobError
 from ..foundations.executor import ExecutorConfig
 from ..foundations.paths import runs_dir
 from ..foundations.progress import bar_count
+from ..runtime.modes import MODE_SETTINGS, SteerConfig
 from ..training.config import TrainConfig
 from ..training.run_dirs import RunDir
 from ..training.tracking import check_trackers

@@ -27,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException
 
-from ..analysis.steering.modes import SteerConfig
+from ..runtime.modes import SteerConfig
 from . import tokenizer_api
 from .batch import Steering
 from .engine import Busy, Chunk, Sampling, ServeEngine

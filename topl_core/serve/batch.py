@@ -36,10 +36,6 @@ from typing import Callable, Mapping
 import torch
 from transformers.cache_utils import Cache
 
-from ..analysis.lora_a.sites import LoraWeights, Site
-from ..analysis.steering.hooks import SiteEdit, edit_outputs
-from ..analysis.steering.modes import SteerConfig, steer
-from ..analysis.steering.vectors import SteeringVectors
 from ..foundations.errors import ModelError
 from ..hardware.precision import Precision, autocast
 from ..inference.generate import prompt_forward
@@ -47,6 +43,10 @@ from ..inference.prompt_cache import PromptCache, tensor_bytes
 from ..models.architecture import decoder_layers
 from ..models.forward import Head, HeadReader
 from ..models.loading import LoadedModel
+from ..runtime.hooks import SiteEdit, edit_outputs
+from ..runtime.modes import SteerConfig, steer
+from ..runtime.sites import LoraWeights, Site
+from ..runtime.vectors import SteeringVectors
 from .echo import PromptScores, prompt_layers, prompt_scores
 from .slots import SlotLayer
 

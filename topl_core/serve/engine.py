@@ -26,15 +26,12 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..analysis.lora_a.probe import STEERING_TOKEN_RECORDS, ProbeSettings, labelled_split
-from ..analysis.steering.extract import build_steering_vectors
-from ..analysis.steering.hooks import SteeringSwitch
-from ..analysis.steering.session import SteeringSession
-from ..analysis.token_colors import FLAG_THRESHOLD
-from ..hardware.precision import Precision, resolve_precision
+from ..foundations.presets import FLAG_THRESHOLD
+from ..hardware.precision import Precision
 from ..inference.decode import decode, stop_tokens
 from ..inference.generate import GenerationCancelled, GenerationConfig
-from ..training.adapters import open_adapter
+from ..runtime.hooks import SteeringSwitch
+from ..runtime.session import SteeringSession
 from .batch import PROMPT_CACHE_MB, Batcher, Steering
 from .echo import PromptScores
 
@@ -334,16 +331,6 @@ class ServeEngine:
         self._live: set[Generation] = set()
         self._threads: list[threading.Thread] = []  # the generations' threads, until idle() sees them ended
         self.ended: Counter[str] = Counter()  # how the generations ended: stop, length, cancelled, error
-
-    @classmethod
-    def for_adapter(cls, adapter, precision: Precision = "auto", slots: int = 16, waiting: int = 32) -> "ServeEngine":
-        """The engine of an adapter (a run, a PEFT folder, a hub id) merged, with the steering vectors the Steering page
-        opens on (the first records of its data's validation split; cached in cache/analysis/, shipped for demos)."""
-        adapter = open_adapter(adapter)
-        settings = ProbeSettings(random_control=False, precision=resolve_precision(precision, adapter.device))
-        records = labelled_split(adapter, "val", STEERING_TOKEN_RECORDS)
-        vectors = build_steering_vectors(adapter, records, settings)
-        return cls(SteeringSession.from_run(adapter, vectors), precision, slots, waiting)
 
     @property
     def capacity(self) -> int:

@@ -11,7 +11,7 @@ Requests (OpenAI's fields; unknown fields are refused by name; every input check
                  what lm-eval's local-completions reads for a multiple-choice task); top_logprobs / logprobs: up to
                  MAX_TOP_LOGPROBS alternatives per token
     steering     {"mode": "vector", "lambda": 2, "units": ..., "positions": ..., "tau": ..., "keep": ...}: a mode of
-                 the steering registry (analysis/steering/modes.py) and SteerConfig's settings, each validated as
+                 the steering registry (runtime/modes.py) and SteerConfig's settings, each validated as
                  SteerConfig validates it; λ within the mode's bounds (SteeringMode.lambda_bounds; in raw units,
                  any finite λ)
 Responses: OpenAI's, where every generated token carries the adapter's p(good) as `p_good`:
@@ -35,8 +35,8 @@ from typing import Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..analysis.steering.modes import MODES, SteerConfig
 from ..foundations.config_fields import field_infos
+from ..runtime.modes import MODES, SteerConfig
 
 MAX_TOKENS = 1024  # the most new tokens one request may ask for
 MAX_N = 8

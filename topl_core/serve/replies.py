@@ -14,7 +14,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from ..analysis.token_colors import FLAG_THRESHOLD
+from ..foundations.presets import FLAG_THRESHOLD
 from .batch import Steering
 from .engine import Chunk, TakenBack, TokenVerdict
 

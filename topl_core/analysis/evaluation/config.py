@@ -17,7 +17,7 @@ from ...hardware.precision import (
 )
 from ...inference.generate import GenerationConfig
 from ...models.loading import Device
-from ..steering.modes import SteerConfig
+from ...runtime.modes import SteerConfig
 from .scorers import DEFAULT_SCORER, SCORER_HELP
 
 ProgressFn = Callable[[str], None]
@@ -26,7 +26,7 @@ ProgressFn = Callable[[str], None]
 @dataclass(frozen=True)
 class Variant:
     """A model to evaluate: the base model (`run` None; `model` names it), a run's merged adapter (`lam` None), or
-    the merged adapter steered with λ in mode `how` (topl_core.analysis.steering.modes.SteerConfig).
+    the merged adapter steered with λ in mode `how` (topl_core.runtime.modes.SteerConfig).
 
     Example: ``[Variant.base(), Variant.merged(path), Variant.steered(path, 2.0, how=SteerConfig("conditional"))]``"""
 

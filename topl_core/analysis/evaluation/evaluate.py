@@ -31,13 +31,13 @@ from ...foundations.errors import RunError
 from ...foundations.executor import ExecutorConfig, failure_report, run_tasks, worker_memo
 from ...inference.generate import generate, load_merged
 from ...models.loading import ModelSpec, load_model
+from ...runtime.modes import SteerConfig
+from ...runtime.session import SteeringSession
+from ...runtime.steered_text import SteeredText
 from ...training.adapters import open_adapter
 from ..cache import JSON, cached
 from ..lora_a.probe import ProbeSettings, labelled_split
 from ..steering.extract import build_steering_vectors
-from ..steering.modes import SteerConfig
-from ..steering.session import SteeringSession
-from ..steering.steered_text import SteeredText
 from .config import OOD_MEAN, EvalConfig, ProgressFn, Variant
 from .documents import EvalDoc, id_documents, ood_documents
 from .quality import ScorerQuality, scorer_quality

@@ -31,11 +31,11 @@ from ...data.records import Record, read_jsonl
 from ...data.split import first_documents, split_records
 from ...foundations.metrics import mean_ci
 from ...foundations.paths import project_path
+from ...foundations.presets import FLAG_THRESHOLD
 from ...inference.token_scores import TokenScorer
 from ...models.loading import ModelSpec, load_model
+from ...runtime.modes import SteerConfig
 from ...training.adapters import open_adapter
-from ..steering.modes import SteerConfig
-from ..token_colors import FLAG_THRESHOLD
 from .config import EvalConfig, ProgressFn, Variant
 from .documents import EvalDoc, ood_documents
 from .evaluate import VariantModels, generations_for, scored_rows, steering_vectors_for, supported_sentences

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ...foundations.metrics import mean_ci
+from ...runtime.modes import SteerConfig, lambda_grids
 from ..cache import JSON, cached
 from ..steering.fluency import Fluency, fluency, perplexities
-from ..steering.modes import SteerConfig, lambda_grids
 from .config import EvalConfig, ProgressFn, Variant
 from .documents import id_documents, ood_documents
 from .evaluate import VariantModels, generate_for, scored_rows, steering_vectors_for

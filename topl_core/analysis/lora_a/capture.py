@@ -36,7 +36,7 @@ from ...data.encode import IGNORE, Encoded, collate, encode_record
 from ...data.records import Record
 from ...hardware.precision import autocast, full_precision, to_numpy
 from ...models.forward import hidden_after_layer
-from .sites import Site, input_module, lora_sites, lora_weights, sort_sites
+from ...runtime.sites import Site, input_module, lora_sites, lora_weights, sort_sites
 
 Select = Literal["labelled", "response"]
 DEFAULT_SET = "lora"

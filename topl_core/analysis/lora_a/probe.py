@@ -23,11 +23,11 @@ from ...foundations.errors import ConfigError
 from ...foundations.paths import project_path
 from ...hardware.precision import PRECISION_HELP, PRECISIONS, Precision, resolve_precision
 from ...models.loading import ModelSpec, load_model
+from ...runtime.sites import input_module, lora_sites, lora_weights
 from ...training.adapters import Adapter, load_adapter, open_adapter
 from ..cache import cached, json_codec, npz_codec
 from .capture import DEFAULT_SET, Projections, collect_projections, random_lora_A
 from .separability import Separability, separability
-from .sites import input_module, lora_sites, lora_weights
 
 CONTROL_SET = "random"  # the projection set of the random-init A control
 

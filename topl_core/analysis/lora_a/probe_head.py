@@ -33,10 +33,10 @@ from ...foundations.metrics import auroc
 from ...hardware.precision import PRECISION_HELP, PRECISIONS, Precision, autocast, resolve_precision, to_numpy
 from ...models.forward import head_features
 from ...models.loading import ModelSpec, load_model
+from ...runtime.sites import lora_sites
 from ...training.adapters import load_adapter, open_adapter
 from ..cache import cached, json_codec
 from .separability import fit_logistic
-from .sites import lora_sites
 
 
 @dataclass(frozen=True)

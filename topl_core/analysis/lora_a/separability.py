@@ -36,9 +36,9 @@ from typing import Literal, Mapping, Sequence
 import numpy as np
 
 from ...foundations.presets import LORA_MODULES
+from ...runtime.sites import Site
 from ..figures import auroc_heatmap
 from .capture import Projections
-from .sites import Site
 
 METHOD = (
     "cv_auroc: 5-fold stratified (grouped by document) cross-validated logistic regression on the standardised "

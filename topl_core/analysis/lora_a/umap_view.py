@@ -20,11 +20,11 @@ import numpy as np
 
 from ...data.records import records_fingerprint
 from ...models.loading import ModelSpec, load_model
+from ...runtime.sites import Site, lora_sites
 from ...training.adapters import load_adapter, open_adapter
 from ..cache import PARQUET, cached
 from .capture import Projections
 from .probe import ProbeSettings, run_projections
-from .sites import Site, lora_sites
 
 
 def umap_embedding(

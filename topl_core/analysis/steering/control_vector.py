@@ -45,7 +45,7 @@ import numpy as np
 
 from ...foundations.errors import ModelError
 from ...foundations.io import atomic_path
-from ..lora_a.sites import RESIDUAL_MODULES, Site
+from ...runtime.sites import RESIDUAL_MODULES, Site
 
 ARCHITECTURE = "controlvector"
 KEY_ARCHITECTURE = "general.architecture"
@@ -113,7 +113,7 @@ def control_vector_index(site: Site) -> int:
     outside RESIDUAL_MODULES (its output is not added to the residual stream)."""
     if not isinstance(site, Site):
         raise ModelError(
-            f"{site!r} is not a Site: pass {{Site: vector}} (topl_core.analysis.lora_a.sites.Site, e.g. from "
+            f"{site!r} is not a Site: pass {{Site: vector}} (topl_core.runtime.sites.Site, e.g. from "
             "SteeringVectors.sites)."
         )
     if not site.residual:

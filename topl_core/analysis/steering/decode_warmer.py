@@ -26,8 +26,8 @@ from typing import Callable
 from ...hardware.threads import one_core_for_this_thread
 from ...inference.exported_decode import ExportedDecoder
 from ...inference.generate import GenerationConfig
-from .modes import SteerConfig
-from .session import SteeringSession
+from ...runtime.modes import SteerConfig
+from ...runtime.session import SteeringSession
 
 log = logging.getLogger(__name__)
 

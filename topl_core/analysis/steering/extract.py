@@ -15,15 +15,10 @@ import torch
 
 from ...data.records import records_fingerprint
 from ...foundations.errors import ModelError
-from ...hardware.precision import to_numpy
+from ...hardware.precision import resolve_precision, to_numpy
 from ...inference.generate import load_merged
 from ...models.loading import LoadedModel, ModelSpec
-from ...training.adapters import open_adapter
-from ..cache import cached, json_codec
-from ..lora_a.capture import DEFAULT_SET, Projections
-from ..lora_a.probe import ProbeSettings, run_projections
-from ..lora_a.separability import separability
-from ..lora_a.sites import (
+from ...runtime.sites import (
     RESIDUAL_MODULES,
     LoraWeights,
     Site,
@@ -34,7 +29,12 @@ from ..lora_a.sites import (
     site_module,
     sort_sites,
 )
-from .vectors import SteeringVectors
+from ...runtime.vectors import SteeringVectors
+from ...training.adapters import open_adapter
+from ..cache import cached, json_codec
+from ..lora_a.capture import DEFAULT_SET, Projections
+from ..lora_a.probe import STEERING_TOKEN_RECORDS, ProbeSettings, labelled_split, run_projections
+from ..lora_a.separability import separability
 
 
 def _aurocs(aurocs) -> dict[str, float]:
@@ -210,3 +210,12 @@ def build_steering_vectors(
         enabled=use_cache,
     )
     return replace(vectors, adapter_path=str(adapter.path))  # a cached entry may come from another checkout
+
+
+def page_vectors(adapter, precision: str = "auto", use_cache: bool = True) -> SteeringVectors:
+    """The vectors the Steering page opens on, and the service's: from the first STEERING_TOKEN_RECORDS labelled
+    records of the validation split of the adapter's data (cached in cache/analysis/, shipped for the demo adapters)."""
+    adapter = open_adapter(adapter)
+    settings = ProbeSettings(random_control=False, precision=resolve_precision(precision, adapter.device))
+    records = labelled_split(adapter, "val", STEERING_TOKEN_RECORDS)
+    return build_steering_vectors(adapter, records, settings, use_cache=use_cache)

@@ -36,10 +36,10 @@ import torch
 
 from ...foundations.errors import ModelError
 from ...foundations.io import atomic_path
-from ..lora_a.sites import LoraWeights, Site
+from ...runtime.modes import MODES, steering_mode
+from ...runtime.sites import LoraWeights, Site
+from ...runtime.vectors import SteeringVectors
 from .control_vector import control_vector_layers, model_hint_for, write_control_vector
-from .modes import MODES, steering_mode
-from .vectors import SteeringVectors
 
 # HF module name -> llama.cpp tensor name inside block N ("blk.N.<name>.weight"), as gguf's TensorNameMap maps them
 GGUF_TENSOR_NAMES: dict[str, str] = {

@@ -48,13 +48,13 @@ from typing import Callable, ContextManager, Hashable, Iterator, Sequence
 from ...foundations.idle_children import background_thread
 from ...inference.generate import GenerationCancelled, GenerationConfig, stream_generate
 from ...models.loading import LoadedModel
+from ...runtime.modes import SteerConfig
+from ...runtime.session import SteeringSession
+from ...runtime.steered_text import SteeredText
 from .decode_warmer import DecodeWarmer, background_priority
-from .modes import SteerConfig
-from .session import SteeringSession
 from .slider_ahead import AheadJob
 from .slider_readers import Readers
 from .slider_texts import STORE_SIZE, TextStore, neighbours  # noqa: F401 (neighbours: the Steering page's, from here)
-from .steered_text import SteeredText
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
 from ...inference.generate import GenerationCancelled, GenerationConfig
-from .modes import SteerConfig
-from .session import SteeringSession
+from ...runtime.modes import SteerConfig
+from ...runtime.session import SteeringSession
+from ...runtime.steered_text import SteeredText
 from .slider_texts import TextStore
-from .steered_text import SteeredText
 
 
 @dataclass

@@ -11,7 +11,7 @@ import threading
 from collections import OrderedDict
 from typing import Hashable, Sequence
 
-from .steered_text import SteeredText
+from ...runtime.steered_text import SteeredText
 
 STORE_SIZE = 4096  # texts kept (short summaries: a few hundred bytes each)
 

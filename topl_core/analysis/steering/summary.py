@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ...runtime.modes import MODES
+from ...runtime.vectors import SteeringVectors
 from .llama_cpp import save_control_vector, text_config, write_adapter_lora
-from .modes import MODES
-from .vectors import SteeringVectors
 
 
 def site_table(vectors: SteeringVectors) -> pd.DataFrame:

@@ -44,10 +44,10 @@ from ...foundations.config_fields import config_field
 from ...foundations.errors import ConfigError, RunError
 from ...foundations.io import write_json
 from ...foundations.paths import runs_dir, shipped_decks_dir
+from ...foundations.presets import FLAG_THRESHOLD
 from ...hardware.precision import PRECISION_HELP, PRECISIONS, Precision
-from ..steering.modes import SteerConfig, keep_field, mode_field, positions_field, tau_field, units_field
-from ..steering.steered_text import GateCounts, Replacement
-from ..token_colors import FLAG_THRESHOLD
+from ...runtime.modes import SteerConfig, keep_field, mode_field, positions_field, tau_field, units_field
+from ...runtime.steered_text import GateCounts, Replacement
 
 CONFIG_FILE = "deck.json"
 HEAD_FILE = "head.json"

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...foundations.io import atomic_open
-from ..steering.steered_text import SteeredText
-from ..token_colors import FLAG_THRESHOLD, p_color, scale_legend
+from ...foundations.presets import FLAG_THRESHOLD
+from ...runtime.steered_text import SteeredText
+from ..token_colors import p_color, scale_legend
 from .deck import Deck, Summary
 
 # the page may load nothing: only its own inline style and script run

@@ -20,21 +20,21 @@ from ...data.split import split_records
 from ...foundations.errors import RunError
 from ...foundations.io import write_json
 from ...foundations.paths import project_path
+from ...foundations.presets import FLAG_THRESHOLD
 from ...foundations.status import WriterLock, clear_stop, stop_requested, write_status
 from ...hardware.precision import resolve_precision
 from ...inference.generate import GenerationConfig, generate
 from ...inference.token_scores import TokenScorer
 from ...models.loading import LoadedModel, ModelSpec, load_model
+from ...runtime.gate import Head
+from ...runtime.session import SteeringSession
+from ...runtime.steered_text import SteeredText
 from ...training.adapters import open_adapter
 from ..evaluation.scorers import GroundingScorer, score_summary
 from ..lora_a.probe import ProbeSettings, labelled_records
 from ..lora_a.probe_head import ProbeHeadSettings, fit_probe_head
 from ..steering.extract import build_steering_vectors
 from ..steering.fluency import fluency
-from ..steering.gate import Head
-from ..steering.session import SteeringSession
-from ..steering.steered_text import SteeredText
-from ..token_colors import FLAG_THRESHOLD
 from .deck import CONFIG_FILE, HEAD_FILE, DeckConfig, Summary, doc_path, lambda_key, read_deck
 
 

@@ -21,11 +21,11 @@ from ...hardware.precision import (
     resolve_phases,
 )
 from ...models.loading import layer_count
+from ...runtime.modes import MODES
 from ...training.config import TrainConfig, study_schedule
 from ...training.methods import METHODS
 from ..evaluation.config import EvalConfig
 from ..evaluation.scorers import DEFAULT_SCORER, SCORER_HELP
-from ..steering.modes import MODES
 from .method_runs import MethodSettings, family_preset
 
 VECTOR_MODE, CONTROL_MODES = "vector", ("diff-mean", "random")  # the paper's LoRA-B vector and its two controls

@@ -35,8 +35,8 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 
 import torch
 
-from ...inference.decode import Judge
-from ...models.forward import Head, HeadReader
+from ..inference.decode import Judge
+from ..models.forward import Head, HeadReader
 from .hooks import SteeringSwitch
 from .steered_text import GateCounts, Replacement, SteeredText
 

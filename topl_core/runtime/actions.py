@@ -23,11 +23,11 @@ from typing import ClassVar, Mapping
 import numpy as np
 import torch
 
-from ...foundations.errors import ModelError
-from ..lora_a.sites import LoraWeights, Site, site_module, sort_sites
+from ..foundations.errors import ModelError
 from .directions import Direction
 from .gate import HeadGate
 from .hooks import SiteEdit
+from .sites import LoraWeights, Site, site_module, sort_sites
 from .vectors import UNIT_FRACTION, SteeringVectors
 
 

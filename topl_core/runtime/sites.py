@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ...foundations.errors import ModelError
-from ...foundations.presets import LORA_MODULES
-from ...models.architecture import base_causal_lm, decoder_layers
-from ...training.run_dirs import RunDir
+from ..foundations.errors import ModelError
+from ..foundations.presets import LORA_MODULES
+from ..models.architecture import base_causal_lm, decoder_layers
+from ..training.run_dirs import RunDir
 
 RESIDUAL_MODULES: tuple[str, ...] = ("o_proj", "down_proj")  # outputs live in the residual stream (steerable)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen3", "qwen2", "mistral", "gemma3_text", "gemma3")
@@ -87,7 +87,7 @@ def _check_architecture(model: torch.nn.Module) -> str:
             f"LoRA analysis does not know architecture {type(inner).__name__} (model_type={model_type!r}). Supported "
             f"model types: {', '.join(SUPPORTED_MODEL_TYPES)} (decoder layers at model.model.layers with modules "
             f"{', '.join(LORA_MODULES)}). Use a Llama, Qwen3 or Gemma3 family model, or add the type to "
-            "topl_core.analysis.lora_a.sites.SUPPORTED_MODEL_TYPES if its layout matches."
+            "topl_core.runtime.sites.SUPPORTED_MODEL_TYPES if its layout matches."
         )
     decoder_layers(model)  # raises ModelError with its own advice when the layout differs
     return model_type

@@ -21,9 +21,9 @@ from typing import Callable, Iterator, Mapping
 
 import torch
 
-from ...foundations.errors import ModelError
-from ...models.architecture import base_causal_lm
-from ..lora_a.sites import Site, site_module
+from ..foundations.errors import ModelError
+from ..models.architecture import base_causal_lm
+from .sites import Site, site_module
 
 _HOOK_LOCK = threading.Lock()  # registering/removing hooks is serialised (hook dicts are shared by threads)
 

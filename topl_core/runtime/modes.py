@@ -17,13 +17,13 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
-from ...foundations.config_fields import config_field
-from ..lora_a.sites import LoraWeights, Site
-from ..token_colors import FLAG_THRESHOLD
+from ..foundations.config_fields import config_field
+from ..foundations.presets import FLAG_THRESHOLD
 from .actions import AblateDirection, AddDirection, ScaleUpdate, SteeringMode
 from .directions import diff_mean_direction, lora_b_direction, random_direction
 from .gate import HeadGate
 from .hooks import SteeringSwitch, edit_outputs
+from .sites import LoraWeights, Site
 from .vectors import UNITS, UNITS_DOC, SteeringVectors
 
 POSITIONS: tuple[str, ...] = ("all", "generated")
@@ -119,7 +119,7 @@ def modes_help() -> str:
 
 # How λ is applied, described once: SteerConfig's fields, and those of a config that carries them (DeckConfig)
 def mode_field() -> Any:
-    help = "how λ steers: a mode of the steering registry (analysis/steering/modes.py)."
+    help = "how λ steers: a mode of the steering registry (runtime/modes.py)."
     return config_field("vector", label="Steering mode", help=help, choices=MODES)
 
 

@@ -31,9 +31,9 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from ...foundations.errors import ModelError
-from ...foundations.io import save_tensors, write_json
-from ..lora_a.sites import LoraWeights, Site, read_lora_weights
+from ..foundations.errors import ModelError
+from ..foundations.io import save_tensors, write_json
+from .sites import LoraWeights, Site, read_lora_weights
 
 # Normalised λ: |λ| = 1 adds, at each steered site, a vector whose norm is UNIT_FRACTION × that site's mean output
 # norm on the token set (the same norm for every adding mode: only the direction differs between them).

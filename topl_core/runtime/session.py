@@ -26,12 +26,12 @@ from typing import Iterator, Sequence
 
 import torch
 
-from ...foundations.errors import ModelError
-from ...foundations.idle_children import busy
-from ...inference.compiled_decode import CompiledDecoder, DecoderBusy, StepDecoder
-from ...inference.decode import decoded_texts, final_texts
-from ...inference.exported_decode import ExportedDecoder
-from ...inference.generate import (
+from ..foundations.errors import ModelError
+from ..foundations.idle_children import busy
+from ..inference.compiled_decode import CompiledDecoder, DecoderBusy, StepDecoder
+from ..inference.decode import decoded_texts, final_texts
+from ..inference.exported_decode import ExportedDecoder
+from ..inference.generate import (
     GenerationCancelled,
     GenerationConfig,
     Prefill,
@@ -44,13 +44,13 @@ from ...inference.generate import (
     seeded,
     stream_rows,
 )
-from ...inference.prompt_cache import PromptCache
-from ...models.loading import LoadedModel, ModelSpec
-from ...training.adapters import open_adapter
-from ..lora_a.sites import LoraWeights, Site, residual_paths, site_module
+from ..inference.prompt_cache import PromptCache
+from ..models.loading import LoadedModel, ModelSpec
+from ..training.adapters import open_adapter
 from .gate import Head
 from .hooks import SteeringSwitch
 from .modes import SteerConfig, steer
+from .sites import LoraWeights, Site, residual_paths, site_module
 from .steered_text import SteeredText
 from .vectors import SteeringVectors
 
