@@ -11,7 +11,7 @@ llama.cpp needs both:
         (the sites it leaves out: layer 0)
     write_adapter_lora(vectors, path, config) -> Path     the LoRA alone (one file serves every mode's vector)
     write_lora_gguf(path, lora, model_hint, n_head, n_head_kv) -> Path
-        lora: {Site: LoraWeights} (lora_a.sites.read_lora_weights); model_hint: the llama.cpp architecture
+        lora: {Site: LoraWeights} (runtime.sites.read_lora_weights); model_hint: the llama.cpp architecture
         (control_vector.model_hint_for); n_head / n_head_kv: the model's attention and key-value head counts.
 
 What llama.cpp reads (src/llama-adapter.cpp, llama_adapter_lora_init): general.type = "adapter", adapter.type =
