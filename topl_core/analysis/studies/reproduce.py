@@ -198,11 +198,12 @@ class Detection(Task):
             precision=cfg.precision,
             seed=cfg.seed,
         )
-        table = transfer_table([method_run(study.folder, self.method)], settings, cfg.cliff_csv, study.records)
-        # CLIFF's labelled tokens with the head's score, so that two methods' heads are compared on the same tokens
+        tokens: dict = {}  # CLIFF's labelled tokens with the head's score: two methods' heads paired on them
+        run = method_run(study.folder, self.method)
+        table = transfer_table([run], settings, cfg.cliff_csv, study.records, heads=tokens)
         heads = {
             name: {k: np.round(v, 6).tolist() for k, v in arrays.items()}
-            for (_, name), arrays in table.attrs["heads"].items()
+            for (_, name), arrays in tokens.items()
             if name.startswith("cliff-")
         }
         rows = table.assign(adapter=self.method).to_dict("records")

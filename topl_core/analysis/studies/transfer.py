@@ -28,9 +28,9 @@ fingerprint) were logged before it.
 
     TransferSettings(stage="dev", max_records_per_set=128, probe_records=128, bootstrap=1000, seed=0,
                      detokenized_cliff=False, ...)
-    transfer_table(adapters, settings, cliff_path=None, records=None, progress=None) -> DataFrame (COLUMNS;
-        attrs["heldout_before"]: {adapter: count}, attrs["notes"]: [what was skipped, and why], attrs["heads"]:
-        {(adapter, set): the labelled tokens' record, bad and head score} (pairing two heads on the same tokens)
+    transfer_table(adapters, settings, cliff_path=None, records=None, progress=None, heads=None) -> DataFrame (COLUMNS;
+        attrs["heldout_before"]: {adapter: count}, attrs["notes"]: [what was skipped, and why]; `heads`, a dict
+        given, gets {(adapter, set): the labelled tokens' record, bad and head score} (two heads paired on them)
     evaluation_sets(adapter, stage, labelled, cliff, max_records) -> {set name: records}   (stage_sets: by split seed)
     detection_scorer(adapter, labelled, settings) -> TokenScorer   head + frozen probe (probe_on_base) + surprisal
     training_records(adapter, records=None) -> [Record]   the token-labelled training data (DataError if none)
@@ -256,6 +256,7 @@ def transfer_table(
     cliff_path: str | Path | None = None,
     records: Sequence[Record] | None = None,
     progress: Callable[[str], None] | None = None,
+    heads: dict | None = None,
 ) -> pd.DataFrame:
     """One row per adapter × set × detector (COLUMNS), for `settings.stage`. `records` replaces every adapter's
     training data file (its val/test split is evaluated; its train split fits the probes). `progress(message)`
@@ -264,7 +265,7 @@ def transfer_table(
     if not adapters:
         raise ConfigError("no adapter given: name at least one (a run directory, a PEFT folder or a hub id).")
     cliff, notes = load_cliff(cliff_path, settings.detokenized_cliff)
-    rows, before, heads = [], {}, {}
+    rows, before = [], {}
     for adapter in adapters:
         labelled = training_records(adapter, records)
         sets = evaluation_sets(adapter, settings.stage, labelled, cliff, settings.max_records_per_set)
@@ -294,11 +295,12 @@ def transfer_table(
                 adapter=adapter,
             )
             rows += _rows(adapter, settings.stage, name, arrays, settings)
-            heads[adapter.name, name] = {k: arrays[k] for k in ("record", "bad", "head")}
+            if heads is not None:
+                heads[adapter.name, name] = {k: arrays[k] for k in ("record", "bad", "head")}
         if settings.stage == "heldout":
             _log_heldout(adapter, sets, settings)
     table = pd.DataFrame(rows, columns=COLUMNS)
-    table.attrs.update(heldout_before=before, notes=notes, heads=heads)
+    table.attrs.update(heldout_before=before, notes=notes)
     return table
 
 
