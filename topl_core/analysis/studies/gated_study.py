@@ -142,12 +142,14 @@ def _table(per_doc: pd.DataFrame, n_boot: int) -> list[dict]:
     for domain, part in per_doc.groupby("domain", sort=False):
         for measure in MEASURES:
             table = _by_doc(part, measure)
-            for v in (v for v in VARIANTS if v in table):
+            for v in (v for v in VARIANTS if v in table and table[v].notna().any()):  # (a gate's counts: gated only)
                 c = mean_ci(table[v].dropna(), "x")
                 out.append({"domain": domain, "measure": measure, "comparison": v, "mean": c["x"]}
                            | {"lo": c["x_lo"], "hi": c["x_hi"], "agree": np.nan, "n": c["x_n"]})  # fmt: skip
             for a, b in (p for p in PAIRS if p[0] in table and p[1] in table):
                 c = paired(table[a] - table[b], n_boot)
+                if not c.n:
+                    continue
                 out.append({"domain": domain, "measure": measure, "comparison": f"{a} − {b}", "mean": c.estimate}
                            | {"lo": c.lo, "hi": c.hi, "agree": c.agree, "n": c.n})  # fmt: skip
     return out
