@@ -49,7 +49,7 @@ def make_pairs(n: int) -> list[tuple[str, str, str]]:
 
 # What is costly to make and the same for every test: the converted embedded models (scripts/setup.sh converts the
 # default one), the joined split GGUFs, the built data sets, this machine's bf16 measurement, the exported decode steps
-# (named by what their code depends on: inference/exported_decode.package_key). What each costs:
+# (named by what their code depends on: inference/aot_packages.AotPackages.key). What each costs:
 # docs/reliability.md, "Figures behind the tests' choices".
 SHARED_CACHE = ("models", "gguf", "data", "machine", "decode-steps")
 

@@ -677,10 +677,10 @@ def test_an_exported_step_that_cannot_be_built_leaves_the_streams_eager(merged, 
     page's streams (compile_decode(wait=False)) decode eagerly, with the eager text."""
     import subprocess
 
-    from topl_core.inference import exported_decode
+    from topl_core.inference import aot_packages
 
     monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path))  # no package built before
-    monkeypatch.setattr(exported_decode, "BUILD_TIMEOUT_S", 0.01)
+    monkeypatch.setattr(aot_packages, "BUILD_TIMEOUT_S", 0.01)
     gen, how = GenerationConfig(max_new_tokens=10, precision="fp32"), SteerConfig("vector", "generated", "raw")
     eager = list(SteeringSession(merged, vectors).stream_steered(DOC, big_lambda(vectors), gen, how=how))
     session = SteeringSession(merged, vectors)
@@ -692,7 +692,7 @@ def test_an_exported_step_that_cannot_be_built_leaves_the_streams_eager(merged, 
         session.warm_decode(DOC, gen, how)
     assert not package.exists()
     builds = []
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: builds.append(a))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: builds.append(a))
     with pytest.raises(ModelError, match="stopped after"):
         session.warm_decode(DOC, gen, how)
     assert not builds and not session.decode_ready(DOC, gen, how)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import threading
+from collections import Counter
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -37,37 +38,25 @@ import torch
 from transformers.cache_utils import Cache
 
 from ..foundations.errors import ModelError
-from ..hardware.precision import Precision, autocast
+from ..hardware.precision import TORCH_DTYPES, Precision, autocast
+from ..inference.aot_packages import compiled_decode_wanted
+from ..inference.batch_step import MIN_ROWS, BatchStep, attention_mask4d
 from ..inference.generate import prompt_forward
 from ..inference.prompt_cache import PromptCache, tensor_bytes
-from ..models.architecture import decoder_layers
-from ..models.forward import Head, HeadReader
+from ..models.architecture import decoder_layers, final_norm
+from ..models.forward import Head, HeadReader, head_probability
 from ..models.loading import LoadedModel
-from ..runtime.hooks import SiteEdit, edit_outputs
-from ..runtime.modes import SteerConfig, steer
-from ..runtime.sites import LoraWeights, Site
+from ..runtime.hooks import edit_outputs
+from ..runtime.modes import steer
+from ..runtime.sites import LoraWeights, Site, residual_paths
 from ..runtime.vectors import SteeringVectors
 from .echo import PromptScores, prompt_layers, prompt_scores
+from .row_steering import MERGED, RowSteering, Steering  # noqa: F401 (MERGED: the service's, from here)
 from .slots import SlotLayer
 
 ROOM = 256  # the cache grows by this many positions at a time
 PROMPT_CACHE_MB = 512  # the prompt forwards kept for prompts asked for again (SmolLM2: ~46 KB a position)
 GATHER_S = 0.002  # how long a step waits for the generations still choosing their token
-
-
-@dataclass(frozen=True)
-class Steering:
-    """How one slot's forwards are steered: the mode (SteerConfig) and λ (its neutral: the merged model)."""
-
-    how: SteerConfig
-    lam: float
-
-    @property
-    def neutral(self) -> bool:
-        return float(self.lam) == self.how.neutral
-
-
-MERGED = Steering(SteerConfig(), 0.0)
 
 
 @dataclass(frozen=True)
@@ -138,11 +127,36 @@ class Batcher:
         self._steps: dict[int, _Step] = {}
         self._joins: list[_Join] = []
         self._joined: set[int] = set()  # slots holding a generation
-        self._edits_key: tuple | None = None
-        self._edits: dict[Site, SiteEdit] = {}
+        self._rows = RowSteering(lm.model, vectors, lora)
+        self.compiled = self._compiled_step(lm, head, precision)
+        self.forwards: Counter[str] = Counter()  # the steps run: "compiled" or "eager"
+        # the compiled step reads and writes the storage in the weights' dtype; eager steps keep the prompt's
+        self._kv_dtype = lm.model.dtype if self.compiled is not None else None
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="topl-serve-batcher", daemon=True)
         self._thread.start()
+
+    def _compiled_step(self, lm: LoadedModel, head: Head | None, precision: Precision) -> BatchStep | None:
+        """The compiled step where it applies (a CPU decoding in the weights' dtype, no sliding windows, two slots
+        or more; TOPL_COMPILED_DECODE=0: never), reading the hidden state where the head reads p(good)."""
+        if self._window is not None or not compiled_decode_wanted():
+            return None
+        read_layer = head.layer if head is not None else len(decoder_layers(lm.model)) - 1
+        step = BatchStep(lm, self.slots, residual_paths(lm.model), read_layer)
+        return step if step.supports(TORCH_DTYPES[precision]) else None
+
+    def warm(self, positions: int, wait: bool = False) -> bool:
+        """Build the compiled step for the storage that holds `positions` (ROOM at a time) ahead of the requests that
+        need it (else the first of them starts its build, and steps run eagerly until it is loaded); `wait`: until
+        it is loaded. Whether it is (False: no compiled step here, or its build failed)."""
+        if self.compiled is None:
+            return False
+        capacity = -(-positions // ROOM) * ROOM
+        if wait:
+            self.compiled.warm(capacity)
+        else:
+            self.compiled.warm_later(capacity)
+        return self.compiled.ready(capacity)
 
     # the generations' side
     def join(self, ids: torch.Tensor, steering: Steering, twin: bool = False, score: int | None = None) -> Future:
@@ -301,37 +315,40 @@ class Batcher:
             return
         capacity = max(held, needed)
         for layer in self._cache.layers:
-            layer.allocate(like, self.slots, capacity)
+            layer.allocate(like, self.slots, capacity, self._kv_dtype)
         mask = torch.zeros(self.slots, capacity, dtype=torch.long)
         mask[:, :held] = self._mask
         self._mask = mask
 
     def _step(self, steps: list[_Step]) -> None:
-        """One batched forward of the waiting steps; the other joined slots sit it out (a masked write)."""
+        """One batched forward of the waiting steps; the other joined slots sit it out (a masked write). The compiled
+        step runs it where it is built for the storage's length and every row's steering is a shift."""
         try:
             with self._cond:
                 rows = max(max(s.slot for s in steps), *self._joined, 0) + 1
                 write_at = self.write_at[:rows].clone()
                 self._ensure_room(int(write_at.max()) + 1, self._cache.layers[0].keys)
+                capacity = self._mask.shape[1]
+                if self.compiled is not None:
+                    rows = min(max(rows, MIN_ROWS), self.slots)  # a free slot sits out with the rest
+                    write_at = self.write_at[:rows].clone()
                 mask = self._mask[:rows].clone()
             ids = torch.zeros(rows, 1, dtype=torch.long)
             for s in steps:
                 ids[s.slot, 0] = s.token
             mask[torch.arange(rows), write_at] = 1  # a slot sitting out attends to its own (discarded) write
-            self.write_at_step, self.length = write_at, int(write_at.max()) + 1
-            edits = self._edits_for(rows, {s.slot: s.steering for s in steps})
-            model, device = self.lm.model, self.lm.model.device
-            reader = HeadReader(model, self.head, rows)
-            with edit_outputs(model, edits, rows=rows), autocast(self.precision, device.type), reader:
-                out = model(
-                    input_ids=ids.to(device),
-                    past_key_values=self._cache,
-                    attention_mask=self._step_mask(mask[:, : self.length], write_at, device),
-                    position_ids=write_at[:, None].to(device),
-                    use_cache=True,
-                )
-                p = reader.read()
-            logits = out.logits[:, -1].float()
+            steering = {s.slot: s.steering for s in steps}
+            shifts = None
+            if self.compiled is not None:
+                if self.compiled.ready(capacity):
+                    shifts = self._rows.shifts(rows, steering, self.compiled.paths)
+                else:
+                    self.compiled.warm_later(capacity)
+            if shifts is not None:
+                logits, p = self._compiled_forward(capacity, ids, write_at, mask, shifts)
+            else:
+                logits, p = self._eager_forward(rows, ids, write_at, mask, steering)
+            self.forwards["eager" if shifts is None else "compiled"] += 1
             with self._cond:
                 for s in steps:
                     self._mask[s.slot, write_at[s.slot]] = 1
@@ -343,6 +360,31 @@ class Batcher:
                 if not s.done.done():
                     s.done.set_exception(e)
 
+    def _eager_forward(self, rows, ids, write_at, mask, steering) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's forward in Python (the rows' edits hooked on the model): each row's next logits (float32) and
+        p(good) (NaN without a head)."""
+        self.write_at_step, self.length = write_at, int(write_at.max()) + 1
+        model, device = self.lm.model, self.lm.model.device
+        reader = HeadReader(model, self.head, rows)
+        edits = self._rows.edits(rows, steering)
+        with edit_outputs(model, edits, rows=rows), autocast(self.precision, device.type), reader:
+            out = model(
+                input_ids=ids.to(device),
+                past_key_values=self._cache,
+                attention_mask=self._step_mask(mask[:, : self.length], write_at, device),
+                position_ids=write_at[:, None].to(device),
+                use_cache=True,
+            )
+            return out.logits[:, -1].float(), reader.read()
+
+    def _compiled_forward(self, capacity, ids, write_at, mask, shifts) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's forward through the compiled package, on the storage itself: as _eager_forward gives."""
+        storage = [(layer.keys, layer.values) for layer in self._cache.layers]
+        logits, hidden = self.compiled(capacity, storage, ids, write_at, mask.bool(), shifts)
+        if self.head is None:
+            return logits, torch.full((ids.shape[0],), float("nan"))
+        return logits, head_probability(self.head.linear, final_norm(self.lm.model)(hidden[:, None]))[:, -1]
+
     def _step_mask(self, held: torch.Tensor, at: torch.Tensor, device: torch.device):
         """A step's attention mask, its rows holding `held` (rows × positions) and writing at `at`: None when every
         row holds every position (attention's fast path), else `held`; with sliding-window layers a 4-D mask per kind
@@ -351,48 +393,8 @@ class Batcher:
             return None if bool(held.all()) else held.to(device)
         full = held.bool()
         sliding = full & (torch.arange(held.shape[1])[None, :] > at[:, None] - self._window)
-        return {"full_attention": self._mask4d(full, device), "sliding_attention": self._mask4d(sliding, device)}
-
-    def _mask4d(self, allowed: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """rows × positions allowed → rows × 1 × 1 × positions, as the attention takes it: sdpa a boolean mask, eager
-        an additive one (0 or the float32 minimum)."""
-        allowed = allowed[:, None, None, :].to(device)
-        if self._attention == "sdpa":
-            return allowed
-        return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, torch.finfo(torch.float32).min)
-
-    def _edits_for(self, rows: int, steering: dict[int, Steering]) -> dict[Site, SiteEdit]:
-        """Each slot's steering as one set of site edits: per mode and units present, the action's edits with each
-        slot's λ (the neutral λ for the slots in another mode: exactly the merged model), chained per site."""
-        key = (rows, tuple(sorted((slot, s.how, float(s.lam)) for slot, s in steering.items() if not s.neutral)))
-        if key == self._edits_key:
-            return self._edits
-        groups: dict[SteerConfig, dict[int, float]] = {}
-        for slot, s in steering.items():
-            if not s.neutral:
-                groups.setdefault(s.how, {})[slot] = float(s.lam)
-        chained: dict[Site, list[SiteEdit]] = {}
-        for how, lams in groups.items():
-            per_row = torch.full((rows, 1, 1), how.neutral, dtype=torch.float64)
-            for slot, lam in lams.items():
-                per_row[slot] = lam
-            lora = self._lora() if how.spec.action.needs_lora else None
-            for site, edit in how.spec.action.edits(
-                self.lm.model, self.vectors, how.spec, how.units, per_row, lora
-            ).items():
-                chained.setdefault(site, []).append(edit)
-        self._edits_key, self._edits = key, {site: _chain(edits) for site, edits in chained.items()}
-        return self._edits
-
-
-def _chain(edits: list[SiteEdit]) -> SiteEdit:
-    if len(edits) == 1:
-        return edits[0]
-
-    def edit(x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-        for e in edits:
-            edited = e(x, output)
-            output = output if edited is None else edited
-        return output
-
-    return edit
+        full, sliding = full.to(device), sliding.to(device)
+        return {
+            "full_attention": attention_mask4d(full, self._attention),
+            "sliding_attention": attention_mask4d(sliding, self._attention),
+        }

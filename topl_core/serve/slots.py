@@ -18,13 +18,13 @@ class SlotLayer(DynamicLayer):
         self.keys = self.values = None
         self.is_initialized = True
 
-    def allocate(self, like: torch.Tensor, slots: int, capacity: int) -> None:
-        """Storage for `slots` rows of `capacity` positions shaped as `like` (1 × heads × positions × head size),
-        keeping what the old storage held."""
+    def allocate(self, like: torch.Tensor, slots: int, capacity: int, dtype: torch.dtype | None = None) -> None:
+        """Storage for `slots` rows of `capacity` positions shaped as `like` (1 × heads × positions × head size), in
+        `dtype` (None: like's), keeping what the old storage held."""
         _, heads, _, size = like.shape
         old = (self.keys, self.values)
-        self.keys = like.new_zeros(slots, heads, capacity, size)
-        self.values = like.new_zeros(slots, heads, capacity, size)
+        self.keys = like.new_zeros(slots, heads, capacity, size, dtype=dtype)
+        self.values = like.new_zeros(slots, heads, capacity, size, dtype=dtype)
         if old[0] is not None:
             held = old[0].shape[2]
             self.keys[:, :, :held], self.values[:, :, :held] = old

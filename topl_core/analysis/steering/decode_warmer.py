@@ -24,6 +24,7 @@ from collections import OrderedDict
 from typing import Callable
 
 from ...hardware.threads import one_core_for_this_thread
+from ...inference.aot_packages import compiled_decode_wanted
 from ...inference.exported_decode import ExportedDecoder
 from ...inference.generate import GenerationConfig
 from ...runtime.modes import SteerConfig
@@ -40,12 +41,6 @@ def background_priority() -> None:
     one_core_for_this_thread()
     with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-
-
-def compiled_decode_wanted() -> bool:
-    """Whether the slider builds and takes the compiled decode step (docs/app.md, "Steering"): TOPL_COMPILED_DECODE=0
-    never, else (auto, the default) once built. Read at each request: a test may turn it on in a running process."""
-    return os.environ.get("TOPL_COMPILED_DECODE", "auto") != "0"
 
 
 class DecodeWarmer:

@@ -1,0 +1,72 @@
+"""The service's compiled batched step (inference/batch_step.py): once its package is built, a float32 service decodes
+every step through it, and what clients read is what the eager forward gives — the same tokens as the Steering page's
+stream, the same log-probabilities and p(good) — for rows of different λ in one batch, a merged row beside them, and
+a gated row whose judge turns its steering off and on."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+from conftest import NEWS_PAIRS, serving
+
+from topl_core.data.encode import user_message
+from topl_core.inference.generate import GenerationConfig
+from topl_core.runtime.modes import SteerConfig
+from topl_core.serve.batch import ROOM
+
+openai = pytest.importorskip("openai")
+
+NEW = 12
+DOCS = [NEWS_PAIRS[i][1] for i in range(3)]
+HOW = SteerConfig("vector", positions="generated", units="raw")
+
+
+def ask(client, doc: str, steering: dict | None):
+    extra = {"steering": steering} if steering else {}
+    reply = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": user_message(doc)}],
+        max_tokens=NEW,
+        temperature=0,
+        logprobs=True,
+        extra_body=extra,
+    )
+    tokens = reply.choices[0].logprobs.content
+    return reply.choices[0].message.content.strip(), [t.logprob for t in tokens], [t.p_good for t in tokens]
+
+
+def served(session, monkeypatch, compiled: bool, requests: list[tuple[str, dict | None]]):
+    """The replies to `requests`, asked all at once, and the batcher's forwards by kind."""
+    monkeypatch.setenv("TOPL_COMPILED_DECODE", "auto" if compiled else "0")
+    with serving(session, "fp32", slots=8) as (engine, server):
+        if compiled:
+            assert engine.batcher.warm(ROOM, wait=True), engine.batcher.compiled.failed  # every prompt here fits
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+            replies = list(pool.map(lambda r: ask(client, *r), requests))
+        return replies, dict(engine.batcher.forwards)
+
+
+def test_the_compiled_step_serves_what_the_eager_forward_serves(serve_session, monkeypatch):
+    session = serve_session
+    lam = 3.0 / min(session.vectors.norms().values())  # moves a 3-step adapter's residual stream visibly
+    steering = {"mode": HOW.mode, "units": HOW.units, "positions": HOW.positions}
+    requests = [
+        (DOCS[0], {**steering, "lambda": lam}),
+        (DOCS[1], {**steering, "lambda": -lam}),
+        (DOCS[2], None),  # merged: no twin, its own row read
+        (DOCS[0], {"mode": "gated", "lambda": lam, "units": "raw", "tau": 0.5}),
+    ]
+    compiled, forwards = served(session, monkeypatch, True, requests)
+    assert set(forwards) == {"compiled"}, forwards  # every step: the package
+    eager, forwards = served(session, monkeypatch, False, requests)
+    assert set(forwards) == {"eager"}, forwards
+    gen = GenerationConfig.chosen("fp32", max_new_tokens=NEW)
+    page = [list(session.stream_steered(DOCS[i], r["lambda"], gen, how=HOW))[-1] for i, r in ((0, requests[0][1]),)]
+    assert compiled[0][0] == page[0]
+    for (text, logprob, p_good), (text_e, logprob_e, p_good_e) in zip(compiled, eager):
+        assert text == text_e
+        assert logprob == pytest.approx(logprob_e, abs=1e-4)
+        assert p_good == pytest.approx(p_good_e, abs=1e-5)
+    assert compiled[0][0] != compiled[2][0] or compiled[1][0] != compiled[2][0]  # the λ act on their rows

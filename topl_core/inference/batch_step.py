@@ -1,0 +1,203 @@
+"""The service's decode step compiled ahead of time: one forward over a batch of slots, each row at its own position
+with its own steering shifts, as an AOTInductor package (aot_packages.py) — what serve/batch.py runs on a CPU once
+the package of its cache's length is built, instead of the eager Python forward.
+
+    step = BatchStep(lm, slots=16, shift_paths=residual_paths(model), read_layer=head.layer)
+    step.supports(decode_dtype) -> bool       float32 weights decoding in float32 on a CPU, no sliding windows
+    step.ready(capacity) / step.warm_later(capacity)   built and loaded / built by a child process, loaded after
+        (a background thread; nothing waits for it: the batcher steps eagerly meanwhile)
+    logits, hidden = step(capacity, storage, ids, positions, allowed, shifts)   rows = ids' rows (2 to `slots`):
+        each row's token at its position, attending to the positions `allowed` marks (rows × capacity, its own
+        included), shifts[i] (rows × width) added to the output of the module at shift_paths[i]; the next logits
+        (rows × vocabulary, float32) and the hidden state after decoder layer `read_layer` (rows × width: where the
+        adapter's head reads p(good)). `storage`: each layer's (keys, values), slots × heads × capacity × head size,
+        in the weights' dtype: the batcher's own, written in place at each row's position (no copy).
+    python -m topl_core.inference.batch_step NAME DTYPE OUT SLOTS CAPACITY READ_LAYER ATTENTION [PATH ...]   the child
+
+The row count is a dynamic dimension of one package per cache length (from 2: export specialises a dimension of 1).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from transformers import StaticCache
+from transformers.cache_utils import StaticLayer
+
+from ..models.architecture import decoder_layers
+from ..models.loading import LoadedModel, ModelSpec, load_model
+from .aot_packages import AotPackages, bind, export_package, step_constants
+from .compiled_decode import private_tree
+
+MIN_ROWS = 2  # the package's least row count: a step of one row runs a second row that sits out
+
+
+def attention_mask4d(allowed: torch.Tensor, attention: str) -> torch.Tensor:
+    """rows × positions allowed (bool) → rows × 1 × 1 × positions, as the attention takes it: sdpa a boolean mask,
+    eager an additive one (0 or the float32 minimum)."""
+    allowed = allowed[:, None, None, :]
+    if attention == "sdpa":
+        return allowed
+    return torch.zeros(allowed.shape, device=allowed.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
+
+
+class RowLayer(StaticLayer):
+    """A static cache layer of one row per slot that writes each row's keys and values at that row's `position`
+    (set before each forward: an input of the step) and gives attention the batch's rows."""
+
+    position: torch.Tensor
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        rows = key_states.shape[0]
+        each = torch.arange(rows, device=key_states.device)
+        self.keys[each, :, self.position] = key_states[:, :, 0].to(self.keys.dtype)
+        self.values[each, :, self.position] = value_states[:, :, 0].to(self.values.dtype)
+        return self.keys[:rows], self.values[:rows]
+
+    def get_seq_length(self) -> int:
+        return 0  # unused: the step gives its positions and a 4-D mask
+
+
+class BatchDecodeStep(torch.nn.Module):
+    """The exported module (the module docstring): its own module tree over the model's weights, a RowLayer cache of
+    `slots` rows and `capacity` positions, shift hooks, and the hidden state after layer `read_layer` captured."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        slots: int,
+        capacity: int,
+        shift_paths: Sequence[str],
+        read_layer: int,
+        attention: str,
+    ):
+        from transformers.integrations.executorch import get_head_shapes
+
+        super().__init__()
+        self.model, self.attention = private_tree(model), attention
+        self.cache = StaticCache(config=model.config, max_cache_len=capacity)
+        heads, head_dim = get_head_shapes(model.config.get_text_config())
+        self.cache.early_initialization(slots, heads, head_dim, model.dtype, model.device)
+        for i, layer in enumerate(self.cache.layers):
+            layer.__class__ = RowLayer
+            self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
+            self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
+        self._shifts: tuple[torch.Tensor, ...] = ()
+        self.shift_sizes = []
+        for i, path in enumerate(shift_paths):
+            module = self.model.get_submodule(path)
+            module.register_forward_hook(lambda _m, _i, out, i=i: out + self._shifts[i][:, None, :].to(out.dtype))
+            self.shift_sizes.append(module.weight.shape[0])
+        self._read: dict[str, torch.Tensor] = {}
+        decoder_layers(self.model)[read_layer].register_forward_hook(self._capture)
+
+    def _capture(self, _module, _inputs, output) -> None:
+        self._read["hidden"] = output[0] if isinstance(output, tuple) else output
+
+    def forward(self, ids, position, allowed, *shifts):
+        self._shifts = shifts
+        for layer in self.cache.layers:
+            layer.position = position
+        mask = attention_mask4d(allowed, self.attention)
+        out = self.model(input_ids=ids, past_key_values=self.cache, attention_mask=mask, position_ids=position[:, None])
+        return out.logits[:, -1].float(), self._read["hidden"][:, -1]
+
+    def example_inputs(self, rows: int) -> tuple[torch.Tensor, ...]:
+        capacity, device = self.key_cache_0.shape[2], self.key_cache_0.device
+        ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
+        position = torch.zeros(rows, dtype=torch.long, device=device)
+        allowed = torch.ones(rows, capacity, dtype=torch.bool, device=device)
+        return (ids, position, allowed, *(torch.zeros(rows, n, device=device) for n in self.shift_sizes))
+
+
+def build_package(name: str, dtype: str, out: Path, slots: int, capacity: int, args: Sequence[str]) -> None:
+    """The child's work: export the batched step of the model `name` with a dynamic row count, and compile it."""
+    read_layer, attention, *shift_paths = args
+    model = load_model(ModelSpec(name, dtype, "cpu")).model
+    step = BatchDecodeStep(model, slots, capacity, shift_paths, int(read_layer), attention)
+    rows = torch.export.Dim("rows", min=MIN_ROWS, max=slots)
+    dynamic = ({0: rows}, {0: rows}, {0: rows}, tuple({0: rows} for _ in shift_paths))
+    export_package(step, step.example_inputs(min(3, slots)), out, dynamic)
+
+
+class BatchStep:
+    """The batched steps of one model, one package per cache length (the module docstring). warm_later and ready may
+    be called from any thread; the step itself from the batcher's thread only."""
+
+    def __init__(self, lm: LoadedModel, slots: int, shift_paths: Sequence[str], read_layer: int):
+        self._lm, self.slots, self.paths = lm, slots, tuple(shift_paths)
+        self._attention = lm.model.config._attn_implementation
+        self._args = [str(slots), "{capacity}", str(read_layer), self._attention, *self.paths]
+        self._packages = AotPackages(lm, __name__)
+        # the constants' names, from a step of one position (its cache is not the one the package reads)
+        self._constants = step_constants(BatchDecodeStep(lm.model, 1, 1, self.paths, read_layer, self._attention))
+        self._lock = threading.Lock()
+        self._runners: dict[int, object] = {}  # by capacity: loaded packages
+        self._bound: dict[int, tuple[int, ...]] = {}  # by capacity: the storage its package was handed (data_ptrs)
+        self._building: set[int] = set()
+        self.failed: dict[int, Exception] = {}  # a length whose build failed is not tried again
+
+    def supports(self, dtype: torch.dtype) -> bool:
+        """Whether steps decoding in `dtype` run here: the weights' own dtype on a CPU, without sliding windows."""
+        cache = StaticCache(config=self._lm.model.config, max_cache_len=1)
+        plain = all(type(layer) is StaticLayer for layer in cache.layers)
+        model = self._lm.model
+        return plain and model.device.type == "cpu" and dtype == model.dtype and self.slots >= MIN_ROWS
+
+    def _child_args(self, capacity: int) -> list[str]:
+        return [a.format(capacity=capacity) for a in self._args]
+
+    def ready(self, capacity: int) -> bool:
+        return capacity in self._runners
+
+    def warm_later(self, capacity: int) -> None:
+        """The package of `capacity` built (a child process) and loaded, in a background thread (once)."""
+        if self._claim(capacity):
+            threading.Thread(target=self._warm, args=(capacity,), name="topl-batch-step-build", daemon=True).start()
+
+    def warm(self, capacity: int) -> None:
+        """The package of `capacity` built and loaded now (waiting for a build another call started)."""
+        if self._claim(capacity):
+            self._warm(capacity)
+        while capacity in self._building:
+            time.sleep(0.1)
+
+    def _claim(self, capacity: int) -> bool:
+        """Whether this call builds `capacity` (not built, not building, not failed)."""
+        with self._lock:
+            if capacity in self._runners or capacity in self._building or capacity in self.failed:
+                return False
+            self._building.add(capacity)
+            return True
+
+    def _warm(self, capacity: int) -> None:
+        args = self._child_args(capacity)
+        try:
+            runner = self._packages.load(self._packages.key(*args), args)  # its constants: handed at the first step
+        except Exception as e:  # the batcher goes on eagerly at this length
+            self.failed[capacity] = e
+        else:
+            self._runners[capacity] = runner
+        finally:
+            with self._lock:
+                self._building.discard(capacity)
+
+    def __call__(self, capacity, storage, ids, positions, allowed, shifts):
+        runner = self._runners[capacity]
+        bound = tuple(t.data_ptr() for kv in storage for t in kv)
+        if self._bound.get(capacity) != bound:  # the batcher's storage was allocated anew: hand it over
+            constants = dict(self._constants)
+            for i, (keys, values) in enumerate(storage):
+                constants[f"key_cache_{i}"], constants[f"value_cache_{i}"] = keys, values
+            bind(runner, constants)
+            self._bound[capacity] = bound
+        return runner(ids, positions, allowed, *shifts)
+
+
+if __name__ == "__main__":
+    build_package(sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6:])
