@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 
+import httpx
 import pytest
 from conftest import NEWS_PAIRS, serving
 
@@ -45,7 +46,9 @@ def served(session, monkeypatch, compiled: bool, requests: list[tuple[str, dict 
         client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
         with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
             replies = list(pool.map(lambda r: ask(client, *r), requests))
-        return replies, dict(engine.batcher.forwards)
+        health = httpx.get(server.url.removesuffix("/v1") + "/health").json()
+        assert health["compiled_steps"] == ({"ready": [ROOM], "building": [], "failed": {}} if compiled else None)
+        return replies, health["forwards"]
 
 
 def test_the_compiled_step_serves_what_the_eager_forward_serves(serve_session, monkeypatch):

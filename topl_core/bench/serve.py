@@ -10,6 +10,8 @@ against the same c requests sent one after another to the same server; figures a
                                same request sent again (what the server's prompt cache saves; llama-server keeps a
                                slot's prompt too)
 
+The rows start once the server is warm: after a warm-up request, and after the compiled step that request's length
+started building is loaded (the workbench's /health; `server_health` in the result: its forwards by kind).
 Every request of the rows asks about a document no earlier request asked about (the document with a tag of its own
 appended), so that neither side answers a row's prompts from its prompt cache: the rows measure new documents.
 
@@ -29,6 +31,7 @@ import threading
 import time
 from typing import Callable, Iterator, Sequence
 
+import httpx
 import openai
 
 from ..data.encode import user_message
@@ -89,6 +92,7 @@ def serve_bench(
     no steering (a server steering as it was started: llama-server with a control vector)."""
     client = openai.OpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=600)
     _stream(client, model, document, 0.0 if steered else None, 8)  # warm-up: the first forward after loading is slow
+    _compiled_ready(url, api_key, log)
     rows = []
     for c in concurrency:
         lams = [LAMBDAS[i % len(LAMBDAS)] if steered else None for i in range(c)]
@@ -143,12 +147,28 @@ def serve_bench(
         "rows": rows,
         "ttft_new_s": first[0],
         "ttft_repeat_s": again[0],
+        "server_health": _health(url, api_key),  # the workbench's: its forwards by kind, its compiled steps
     }
 
 
-def _new(document: str, tag: str) -> str:
-    """`document` with a tag of its own: a prompt no other request of the bench sends."""
-    return f"{document}\n\n({tag})"
+def _health(url: str, api_key: str) -> dict | None:
+    """The workbench's /health (None from a server that has none the same: llama-server answers it otherwise)."""
+    try:
+        state = httpx.get(url.removesuffix("/v1") + "/health", headers={"Authorization": f"Bearer {api_key}"}).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    return state if isinstance(state, dict) and "forwards" in state else None
+
+
+def _compiled_ready(url: str, api_key: str, log: Callable[[str], None]) -> None:
+    """Back once no compiled step of the workbench's is building: the warm-up's length started one, and the bench
+    measures the server warm."""
+    deadline = time.time() + READY_S
+    while (state := _health(url, api_key)) and (compiled := state["compiled_steps"]) and compiled["building"]:
+        if time.time() > deadline:
+            return
+        log(f"serve bench: waiting for the compiled step of {compiled['building']} positions")
+        time.sleep(5)
 
 
 def format_serve(res: dict) -> str:

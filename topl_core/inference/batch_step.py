@@ -155,6 +155,15 @@ class BatchStep:
     def ready(self, capacity: int) -> bool:
         return capacity in self._runners
 
+    def state(self) -> dict:
+        """The lengths whose package is loaded, building, or failed (with why)."""
+        with self._lock:
+            return {
+                "ready": sorted(self._runners),
+                "building": sorted(self._building),
+                "failed": {capacity: str(e) for capacity, e in self.failed.items()},
+            }
+
     def warm_later(self, capacity: int) -> None:
         """The package of `capacity` built (a child process) and loaded, in a background thread (once)."""
         if self._claim(capacity):

@@ -83,6 +83,11 @@ class Head:
     layer: int
     linear: torch.nn.Linear
 
+    def read(self, model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """p(good) of `hidden` ((B, T, d), the states after `layer` of `model`): the model's final norm, then the
+        head, in float32 (head_probability) → (B, T)."""
+        return head_probability(self.linear, final_norm(model)(hidden))
+
 
 class HeadReader:
     """The head read inside forwards the model runs anyway: while active (a context manager; its hook removed on
@@ -107,12 +112,12 @@ class HeadReader:
 
     def __enter__(self) -> "HeadReader":
         if self._head is not None:
-            norm, head, owner, every = final_norm(self._model), self._head, threading.get_ident(), self._every
+            model, head, owner, every = self._model, self._head, threading.get_ident(), self._every
 
             def read_head(_module, _inputs, output):
                 if threading.get_ident() == owner:
                     hidden = output[0] if isinstance(output, tuple) else output
-                    p = head_probability(head.linear, norm(hidden if every else hidden[:, -1:]))
+                    p = head.read(model, hidden if every else hidden[:, -1:])
                     self._seen["p"] = p if every else p[:, -1]
 
             self._handle = decoder_layers(self._model)[head.layer].register_forward_hook(read_head)

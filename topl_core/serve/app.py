@@ -122,6 +122,10 @@ def create_app(
     async def complete(body: CompletionRequest, request: Request):
         return await _complete(request, body, [_prompt_ids(_engine(key), p) for p in body.prompts()], chat=False)
 
+    @app.get("/health")
+    async def health():
+        return _engine(key).health()
+
     @app.get("/tokenizer_info")
     async def tokenizer_info():
         return tokenizer_api.tokenizer_info(_engine(key))

@@ -43,8 +43,8 @@ from ..inference.aot_packages import compiled_decode_wanted
 from ..inference.batch_step import MIN_ROWS, BatchStep, attention_mask4d
 from ..inference.generate import prompt_forward
 from ..inference.prompt_cache import PromptCache, tensor_bytes
-from ..models.architecture import decoder_layers, final_norm
-from ..models.forward import Head, HeadReader, head_probability
+from ..models.architecture import decoder_layers
+from ..models.forward import Head, HeadReader
 from ..models.loading import LoadedModel
 from ..runtime.hooks import edit_outputs
 from ..runtime.modes import steer
@@ -383,7 +383,7 @@ class Batcher:
         logits, hidden = self.compiled(capacity, storage, ids, write_at, mask.bool(), shifts)
         if self.head is None:
             return logits, torch.full((ids.shape[0],), float("nan"))
-        return logits, head_probability(self.head.linear, final_norm(self.lm.model)(hidden[:, None]))[:, -1]
+        return logits, self.head.read(self.lm.model, hidden[:, None])[:, -1]
 
     def _step_mask(self, held: torch.Tensor, at: torch.Tensor, device: torch.device):
         """A step's attention mask, its rows holding `held` (rows × positions) and writing at `at`: None when every

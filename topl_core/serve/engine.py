@@ -374,6 +374,17 @@ class ServeEngine:
             alive = bool(self._live or self._threads)
         return not alive and self.batcher.idle()
 
+    def health(self) -> dict:
+        """What /health answers: generations alive, the forwards run by kind, the compiled step's lengths (ready,
+        building, failed; none where it does not apply)."""
+        compiled = self.batcher.compiled
+        return {
+            "status": "ok",
+            "live": self.live,
+            "forwards": dict(self.batcher.forwards),
+            "compiled_steps": None if compiled is None else compiled.state(),
+        }
+
     def close(self) -> None:
         for g in list(self._live):
             g.cancel()
