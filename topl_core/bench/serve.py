@@ -151,6 +151,11 @@ def serve_bench(
     }
 
 
+def _new(document: str, tag: str) -> str:
+    """`document` with a tag of its own: a prompt no other request of the bench sends."""
+    return f"{document}\n\n({tag})"
+
+
 def _health(url: str, api_key: str) -> dict | None:
     """The workbench's /health (None from a server that has none the same: llama-server answers it otherwise)."""
     try:
