@@ -73,3 +73,18 @@ def test_the_compiled_step_serves_what_the_eager_forward_serves(serve_session, m
         assert logprob == pytest.approx(logprob_e, abs=1e-4)
         assert p_good == pytest.approx(p_good_e, abs=1e-5)
     assert compiled[0][0] != compiled[2][0] or compiled[1][0] != compiled[2][0]  # the λ act on their rows
+
+
+def test_bench_serve_measures_the_server_warm(serve_session, monkeypatch):
+    """bench --serve waits for the compiled step its warm-up request started, so that its rows are the compiled
+    step's (the server's /health after the bench: no eager step past the warm-up's)."""
+    from topl_core.bench.serve import serve_bench
+
+    monkeypatch.setenv("TOPL_COMPILED_DECODE", "auto")
+    with serving(serve_session, "fp32", slots=8) as (_, server):
+        res = serve_bench(server.url, "tiny", DOCS[0], concurrency=(1, 2), new_tokens=6, log=lambda _: None)
+    health = res["server_health"]
+    assert health["compiled_steps"]["building"] == [] and health["compiled_steps"]["ready"] == [ROOM]
+    warm_up = 8 + 1  # its steps (8 tokens, and the last one's p(good)): eager at most, while the step builds
+    assert health["forwards"].get("eager", 0) <= warm_up < health["forwards"]["compiled"]
+    assert [r["clients"] for r in res["rows"]] == [1, 2] and all(r["tokens"] > 0 for r in res["rows"])
