@@ -12,6 +12,7 @@ llama-server llama-quantize), then:
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import subprocess
 import tempfile
@@ -67,14 +68,19 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--precision", default="auto")
     p.add_argument("--json", type=Path)
+    p.add_argument("--eager-too", action="store_true", help="the workbench with TOPL_COMPILED_DECODE=0 too")
     args = p.parse_args()
     adapter = open_adapter(ADAPTER)
     records = read_jsonl(project_path(adapter.settings.data))
     document = split_records(records, seed=adapter.settings.split_seed)["test"][0].document
 
-    with served(str(ADAPTER), args.precision) as url:  # first: it computes (or reads) the vectors exported below
-        workbench = serve_bench(url, adapter.name, document, args.clients, args.new_tokens)
-    print(format_serve(workbench))
+    runs = {}
+    for decode in ("eager", "compiled") if args.eager_too else ("compiled",):
+        os.environ["TOPL_COMPILED_DECODE"] = "0" if decode == "eager" else "auto"  # the served process's
+        with served(str(ADAPTER), args.precision) as url:  # first: it computes (or reads) the vectors exported below
+            runs[decode] = serve_bench(url, adapter.name, document, args.clients, args.new_tokens)
+        print(f"workbench, {decode} decode steps:\n" + format_serve(runs[decode]))
+    workbench = runs["compiled"]
 
     work = Path(tempfile.mkdtemp(prefix="serve-sitting-"))
     model = f32_gguf(args.llama_cpp, work / "smollm2-f32.gguf")
@@ -99,11 +105,18 @@ def main() -> None:
         "machine": machine_description(),
         "date": time.strftime("%Y-%m-%d"),
         "workbench": workbench,
+        "workbench_eager": runs.get("eager"),
         "llama_server": {"lambda": LAM, "threads": 2, "rows": [rows[c] for c in args.clients]},
         "workbench_vs_llama_server": {
             c: row["aggregate_tokens_per_s"] / rows[c]["aggregate_tokens_per_s"]
             for c, row in zip(args.clients, workbench["rows"])
         },
+        "compiled_vs_eager": {
+            c: row["aggregate_tokens_per_s"] / eager["aggregate_tokens_per_s"]
+            for c, row, eager in zip(args.clients, workbench["rows"], runs["eager"]["rows"])
+        }
+        if "eager" in runs
+        else None,
     }
     if args.json:
         write_json(args.json, result)
