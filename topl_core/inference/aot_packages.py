@@ -67,6 +67,38 @@ def step_constants(step: torch.nn.Module) -> dict[str, torch.Tensor]:
     return named
 
 
+class StepModule(torch.nn.Module):
+    """What an exported step holds: its own module tree over the model's weights (compiled_decode.private_tree), a
+    static cache of `rows` rows and `capacity` positions whose layers are `layer_class` (their tensors registered as
+    buffers: constants of the package), and a hook per shift path adding shifts[i] (width, or rows × width: set by
+    the step's forward) to that module's output."""
+
+    def __init__(self, model: torch.nn.Module, rows: int, capacity: int, layer_class: type, shift_paths: Sequence[str]):
+        from transformers import StaticCache
+        from transformers.integrations.executorch import get_head_shapes
+
+        from .compiled_decode import private_tree
+
+        super().__init__()
+        self.model = private_tree(model)
+        self.cache = StaticCache(config=model.config, max_cache_len=capacity)
+        heads, head_dim = get_head_shapes(model.config.get_text_config())
+        self.cache.early_initialization(rows, heads, head_dim, model.dtype, model.device)
+        for i, layer in enumerate(self.cache.layers):
+            layer.__class__ = layer_class
+            self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
+            self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
+        self._shifts: tuple[torch.Tensor, ...] = ()
+        self.shift_sizes = []
+        for i, path in enumerate(shift_paths):
+            module = self.model.get_submodule(path)
+            module.register_forward_hook(lambda _m, _i, out, i=i: out + self._shift(i, out))
+            self.shift_sizes.append(module.weight.shape[0])
+
+    def _shift(self, i: int, out: torch.Tensor) -> torch.Tensor:
+        return self._shifts[i].reshape(-1, 1, out.shape[-1]).to(out.dtype)  # one row's, or each row's
+
+
 def _child_of_this_process() -> None:
     """In the child before it runs: the lowest CPU priority, and killed with its parent (Linux), so a build nobody
     will load does not take the cores after the app is stopped (SIGKILL: a stopped build ignores SIGTERM)."""

@@ -31,8 +31,7 @@ from transformers.cache_utils import StaticLayer
 
 from ..models.architecture import decoder_layers
 from ..models.loading import LoadedModel, ModelSpec, load_model
-from .aot_packages import AotPackages, bind, export_package, step_constants
-from .compiled_decode import private_tree
+from .aot_packages import AotPackages, StepModule, bind, export_package, step_constants
 
 MIN_ROWS = 2  # the package's least row count: a step of one row runs a second row that sits out
 
@@ -63,7 +62,7 @@ class RowLayer(StaticLayer):
         return 0  # unused: the step gives its positions and a 4-D mask
 
 
-class BatchDecodeStep(torch.nn.Module):
+class BatchDecodeStep(StepModule):
     """The exported module (the module docstring): its own module tree over the model's weights, a RowLayer cache of
     `slots` rows and `capacity` positions, shift hooks, and the hidden state after layer `read_layer` captured."""
 
@@ -76,23 +75,8 @@ class BatchDecodeStep(torch.nn.Module):
         read_layer: int,
         attention: str,
     ):
-        from transformers.integrations.executorch import get_head_shapes
-
-        super().__init__()
-        self.model, self.attention = private_tree(model), attention
-        self.cache = StaticCache(config=model.config, max_cache_len=capacity)
-        heads, head_dim = get_head_shapes(model.config.get_text_config())
-        self.cache.early_initialization(slots, heads, head_dim, model.dtype, model.device)
-        for i, layer in enumerate(self.cache.layers):
-            layer.__class__ = RowLayer
-            self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
-            self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
-        self._shifts: tuple[torch.Tensor, ...] = ()
-        self.shift_sizes = []
-        for i, path in enumerate(shift_paths):
-            module = self.model.get_submodule(path)
-            module.register_forward_hook(lambda _m, _i, out, i=i: out + self._shifts[i][:, None, :].to(out.dtype))
-            self.shift_sizes.append(module.weight.shape[0])
+        super().__init__(model, slots, capacity, RowLayer, shift_paths)
+        self.attention = attention
         self._read: dict[str, torch.Tensor] = {}
         decoder_layers(self.model)[read_layer].register_forward_hook(self._capture)
 

@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import torch
-from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
 from ..models.loading import LoadedModel, ModelSpec, load_model
-from .aot_packages import AotPackages, export_package, step_constants
-from .compiled_decode import StepDecoder, private_tree
+from .aot_packages import AotPackages, StepModule, export_package, step_constants
+from .compiled_decode import StepDecoder
 from .generate import Prefill
 
 
@@ -46,29 +45,13 @@ class PositionedLayer(StaticLayer):
         return self.position[0]
 
 
-class DecodeStep(torch.nn.Module):
+class DecodeStep(StepModule):
     """One decode step of `model` (its own module tree, over the model's weights) with a static KV cache of
     `capacity` positions: forward(ids (1 × 1), position (1,), *shifts) -> the next logits (1 × vocabulary, float32),
     shifts[i] added to the output of the module at shift_paths[i]."""
 
     def __init__(self, model: torch.nn.Module, capacity: int, shift_paths: Sequence[str]):
-        from transformers.integrations.executorch import get_head_shapes
-
-        super().__init__()
-        self.model = private_tree(model)
-        self.cache = StaticCache(config=model.config, max_cache_len=capacity)
-        heads, head_dim = get_head_shapes(model.config.get_text_config())
-        self.cache.early_initialization(1, heads, head_dim, model.dtype, model.device)
-        for i, layer in enumerate(self.cache.layers):
-            layer.__class__ = PositionedLayer
-            self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
-            self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
-        self._shifts: tuple[torch.Tensor, ...] = ()
-        self.shift_sizes = []
-        for i, path in enumerate(shift_paths):
-            module = self.model.get_submodule(path)
-            module.register_forward_hook(lambda _m, _i, output, i=i: output + self._shifts[i].to(output.dtype))
-            self.shift_sizes.append(module.weight.shape[0])
+        super().__init__(model, 1, capacity, PositionedLayer, shift_paths)
 
     def forward(self, ids: torch.Tensor, position: torch.Tensor, *shifts: torch.Tensor) -> torch.Tensor:
         self._shifts = shifts
