@@ -1,22 +1,23 @@
-"""Issue 61 on a lent GPU, in parts that each fit one device call: every step under its own time limit, its output
-and JSON in one folder, packed into ONE tar.gz in $OUT (so it comes back within the device's 8-file limit), and one
+"""The GPU sitting: the 8B presets' training step, the slider, the gated mode, the service and an exact resume measured
+on a lent GPU, in parts that each fit one device call: every step under its own time limit, its output and JSON in one
+folder, packed into ONE tar.gz in $OUT (so it comes back within the device's 8-file limit), and one
 line per step (name, exit status, seconds). Steps run in order of value; a step that would overrun the part's budget
 (BUDGET_S, default 480 s) is skipped and named, so a part ends in time and its tar.gz always comes back.
 
-    .venv/bin/python scripts/gpu_issue61.py prepare        # HERE, once before the lease (needs the package registry)
-    python3 scripts/gpu_issue61.py train                   # on the GPU machine: item 1   (the run calls below)
-    python3 scripts/gpu_issue61.py serve                   # on the GPU machine: item 2 on the 8B preset
-    python3 scripts/gpu_issue61.py extra                   # on the GPU machine: items 3, 4 and 2 on tiny-llama
-    python3 scripts/gpu_issue61.py serve --only gated-8b   # one step again (--skip leaves steps out)
-    DEVICE=cpu .venv/bin/python scripts/gpu_issue61.py train    # the dry run on a CPU: tiny models, 2 steps
-    .venv/bin/python scripts/gpu_issue61.py plan           # every part's steps and command lines, nothing run
+    .venv/bin/python scripts/gpu_sitting.py prepare        # HERE, once before the lease (needs the package registry)
+    python3 scripts/gpu_sitting.py train                   # on the GPU machine: item 1   (the run calls below)
+    python3 scripts/gpu_sitting.py serve                   # on the GPU machine: item 2 on the 8B preset
+    python3 scripts/gpu_sitting.py extra                   # on the GPU machine: items 3, 4 and 2 on tiny-llama
+    python3 scripts/gpu_sitting.py serve --only gated-8b   # one step again (--skip leaves steps out)
+    DEVICE=cpu .venv/bin/python scripts/gpu_sitting.py train    # the dry run on a CPU: tiny models, 2 steps
+    .venv/bin/python scripts/gpu_sitting.py plan           # every part's steps and command lines, nothing run
 
 prepare stages what the offline GPU machine lacks, in git-excluded folders that the run calls carry:
 - .whl/ (train, serve, extra) and .whl-pages/ (extra): the wheels of the packages the commands import that the
   machine's image lacks (KINDS.md's list, DEVICE_HAS below) or has in another version than the one tested here
   (transformers, peft), for CPython 3.12 x86-64, at the versions installed in .venv; a part installs them into
   /tmp/site and puts it first on PYTHONPATH;
-- .gpu61/cache.tar.gz: the default data (cache/data/halueval-perturbed.jsonl) and SmolLM2's tokenizer, which the
+- .gpu-stage/cache.tar.gz: the default data (cache/data/halueval-perturbed.jsonl) and SmolLM2's tokenizer, which the
   presets' random-weight builds ("qwen3-8b@random") use. SmolLM2's weights do not travel: the staged model.safetensors
   is a deliberately unreadable stub, so a command that loads SmolLM2 there fails loudly instead of running on random
   weights. prepare loads the tokenizer and the presets' configurations from the staged copy, checks the stub fails,
@@ -34,17 +35,17 @@ The parts (GPU: random weights at the published shape, bf16; DEVICE=cpu: tiny-ll
   and that run as the runs folder, `bench --slider`, `--gated` and `--serve --clients 1 4 16 64` on the tiny run, then
   `bench --serve --clients 64 --slots 128` on the 8B run.
 
-The device calls (the `run` tool; first `status`, at no cost; then, here, `prepare` if .whl/, .whl-pages/ or .gpu61/
+The device calls (the `run` tool; first `status`, at no cost; then, here, `prepare` if .whl/, .whl-pages/ or .gpu-stage/
 is missing: 7 s). Leave `kind` out: any one-GPU kind fits (the scale run's TOPL step peaked at 58-64 GiB on the
 H200), every JSON and the tar.gz name their GPU, and MFU is against the matmul peak measured in the same run, so it
 compares with the H200 rows of docs/scale.md (tokens/s and seconds do not, on an H100):
 
-    1. run(command="python3 scripts/gpu_issue61.py train", carry=[".whl", ".gpu61"], timeout_s=560)
+    1. run(command="python3 scripts/gpu_sitting.py train", carry=[".whl", ".gpu-stage"], timeout_s=560)
     2. at once (the machine stays warm 30 s after a call; a later call pays a fresh start), with L = reply 1's
-       lease.budget_left_s: run(command="BUDGET_S=<L - 70> python3 scripts/gpu_issue61.py serve",
-       carry=[".whl", ".gpu61"], timeout_s=<L - 30, at most 600>)
-    3. the next GPU session: run(command="python3 scripts/gpu_issue61.py extra", carry=[".whl", ".whl-pages",
-       ".gpu61"], timeout_s=560); then, with what is left, what was skipped: `extra --only serve-tiny
+       lease.budget_left_s: run(command="BUDGET_S=<L - 70> python3 scripts/gpu_sitting.py serve",
+       carry=[".whl", ".gpu-stage"], timeout_s=<L - 30, at most 600>)
+    3. the next GPU session: run(command="python3 scripts/gpu_sitting.py extra", carry=[".whl", ".whl-pages",
+       ".gpu-stage"], timeout_s=560); then, with what is left, what was skipped: `extra --only serve-tiny
        serve-8b-many`, `train --only profile-qwen3-8b`, `serve --only ...` (a chosen step's needs run too).
 
 Estimated device time, from the H200 sessions (docs/scale.md; the third took 710 s for three calls with their
@@ -60,9 +61,9 @@ summary 1.7 s eager, 0.48 s compiled after a 32 s compile; a machine's start 1-2
 So one session (15 device minutes) holds a start, train and most or all of serve; extra needs the next. Nothing here
 changes the card's settings.
 
-What comes back: $OUT/gpu61-<part>-<gpu>.tar.gz (gpu61-<part>/: summary.txt, <step>.log, the JSONs, named for
+What comes back: $OUT/gpu-<part>-<gpu>.tar.gz (gpu-<part>/: summary.txt, <step>.log, the JSONs, named for
 docs/bench/ with the GPU: scale-<gpu>-qwen3-8b-mb16-inductor-8steps.json, slider-<gpu>-qwen3-8b-random.json, ...) and
-$OUT/gpu61-<part>-<gpu>-summary.txt. Without $OUT both go to /tmp/gpu61/out (OUT_DIR overrides). Exit status 0 when
+$OUT/gpu-<part>-<gpu>-summary.txt. Without $OUT both go to /tmp/gpu-sitting/out (OUT_DIR overrides). Exit status 0 when
 every step that ran passed.
 """
 
@@ -88,9 +89,9 @@ sys.path.insert(0, str(REPO))
 from topl_core.foundations.paths import cache_dir  # noqa: E402  (torch and the standard library: on every machine)
 from topl_core.models.loading import converted_embedded_dir  # noqa: E402
 
-STAGE = REPO / ".gpu61"  # the staged cache, packed: carried
+STAGE = REPO / ".gpu-stage"  # the staged cache, packed: carried
 WHEEL_DIRS = {"core": ".whl", "pages": ".whl-pages"}  # carried; installed into SITE on the GPU machine
-EXCLUDED = ("/.whl/", "/.whl-pages/", "/.gpu61/")  # .git/info/exclude: none of it is committed
+EXCLUDED = ("/.whl/", "/.whl-pages/", "/.gpu-stage/")  # .git/info/exclude: none of it is committed
 SITE = Path("/tmp/site")
 DATA = "cache/data/halueval-perturbed.jsonl"  # the default data, under the (unpacked) cache folder
 BUDGET_S = 480  # a part's default budget: ends well inside one call's 10 minutes, with the start and the transfer
@@ -188,15 +189,15 @@ class Step:
 
 
 class Paths:
-    """Where a part works (WORK_DIR, default /tmp/gpu61) and writes what comes back."""
+    """Where a part works (WORK_DIR, default /tmp/gpu-sitting) and writes what comes back."""
 
     def __init__(self, part: str, tag: str):
-        self.work = Path(os.environ.get("WORK_DIR", "/tmp/gpu61"))
+        self.work = Path(os.environ.get("WORK_DIR", "/tmp/gpu-sitting"))
         self.cache = self.work / "cache"
         self.data = self.cache / DATA.removeprefix("cache/")
         self.runs_big = self.work / "runs-big"  # the runs folder of the pages: the 8B run alone
         self.runs_tiny = self.work / "runs-tiny"
-        self.folder = f"gpu61-{part}"
+        self.folder = f"gpu-{part}"
         self.out = self.work / "parts" / self.folder
         self.tag = tag
 
@@ -287,7 +288,11 @@ def steps_of(part: str, mode: Mode, p: Paths) -> list[Step]:
 
 
 PARTS = ("train", "serve", "extra")
-CARRY = {"train": (".whl", ".gpu61"), "serve": (".whl", ".gpu61"), "extra": (".whl", ".whl-pages", ".gpu61")}
+CARRY = {
+    "train": (".whl", ".gpu-stage"),
+    "serve": (".whl", ".gpu-stage"),
+    "extra": (".whl", ".whl-pages", ".gpu-stage"),
+}
 VERSIONS = """
 import importlib.metadata as m, platform, shutil, subprocess, torch
 print("python", platform.python_version(), "torch", torch.__version__, "CUDA", torch.version.cuda)
@@ -442,7 +447,8 @@ def run_part(part: str, mode: Mode, budget: float, only: list[str], skip: list[s
     if p.out.exists():
         shutil.rmtree(p.out)
     p.out.mkdir(parents=True)
-    lines = [f"# issue 61, part {part} on {mode.device} ({p.tag}), budget {budget:.0f} s, {time.strftime('%F %T')}"]
+    started = time.strftime("%F %T")
+    lines = [f"# the GPU sitting, part {part} on {mode.device} ({p.tag}), budget {budget:.0f} s, {started}"]
     print(lines[0], flush=True)
     env = {
         **os.environ,
@@ -576,7 +582,7 @@ def download_wheels(folder: Path, packages: dict[str, str | None]) -> None:
 
 
 def stage_cache() -> None:
-    """.gpu61/cache.tar.gz: the default data and SmolLM2's tokenizer with an unreadable weights stub."""
+    """.gpu-stage/cache.tar.gz: the default data and SmolLM2's tokenizer with an unreadable weights stub."""
     data = cache_dir() / DATA.removeprefix("cache/")
     if not data.exists():
         raise SystemExit(f"{data}: missing; build it first (make setup)")

@@ -1,4 +1,4 @@
-"""scripts/gpu_issue61.py, the prepared GPU run of issue 61: every command of every part, on the GPU and in the CPU dry
+"""scripts/gpu_sitting.py, the prepared GPU sitting: every command of every part, on the GPU and in the CPU dry
 run, parses with the parser of the command or script it calls (a typo there would cost a device call), and the
 steering session a GPU run's benches open loads the model on the device the run was trained on."""
 
@@ -19,7 +19,7 @@ from topl_core.runtime import session as session_module
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-import gpu_issue61 as plan  # noqa: E402
+import gpu_sitting as plan  # noqa: E402
 
 
 class Parsed(Exception):
