@@ -82,6 +82,7 @@ def _traced(module: torch.nn.Module, x: torch.Tensor) -> tuple[list, torch.Tenso
     from torch._dynamo.backends.common import aot_autograd
 
     traced = []
+    torch._dynamo.reset()  # a graph of its own for this shape: none reused, none made dynamic by an earlier one
 
     def record(graph_module, _inputs):
         traced.extend(n.target for n in graph_module.graph.nodes if n.op == "call_function")
@@ -93,19 +94,21 @@ def _traced(module: torch.nn.Module, x: torch.Tensor) -> tuple[list, torch.Tenso
 
 
 @pytest.mark.parametrize("kernel", ["onednn", "aten"])
-def test_a_compiled_graph_writes_one_row_as_a_multiply_reduce_and_a_few_as_the_kernel(kernel):
-    """What the compiled decode step traces (inference/compiled_decode.py): one row as a multiply and a sum, which
-    inductor fuses into one kernel (float32's last bits of the eager product), whatever the kernel; a few rows as
-    the model's kernel, bit for bit: oneDNN as the opaque operator topl::onednn_linear (inductor's own lowering of
-    it wants frozen weights), aten's linear as itself."""
+def test_a_compiled_graph_writes_a_few_rows_as_multiply_reduces_and_more_as_the_kernel(kernel):
+    """What the compiled decode steps trace (inference/compiled_decode.py, batch_step.py): one row, and up to
+    ROW_PRODUCT_ROWS rows, as a multiply and a sum per row, which inductor fuses (float32's last bits of the eager
+    product), whatever the kernel; more rows as the model's kernel, bit for bit: oneDNN as the opaque operator
+    topl::onednn_linear (inductor's own lowering of it wants frozen weights), aten's linear as itself."""
     plain, few = _pair(kernel, (576, 1536))  # a SmolLM2 MLP's shape: a reduction of hundreds of products
-    one, rows = torch.randn(1, 1, 576), torch.randn(3, 1, 576)
-    traced, out = _traced(few, one)
-    assert torch.ops.aten.mul.Tensor in traced and torch.ops.aten.sum.dim_IntList in traced
     products = {torch.ops.topl.onednn_linear.default, torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
-    assert not products & set(traced)
-    with torch.inference_mode():
-        torch.testing.assert_close(out, plain(one), rtol=1e-5, atol=1e-5)
+    for n in (1, lk.ROW_PRODUCT_ROWS):
+        rows = torch.randn(n, 1, 576)
+        traced, out = _traced(few, rows)
+        assert torch.ops.aten.mul.Tensor in traced and torch.ops.aten.sum.dim_IntList in traced
+        assert not products & set(traced)
+        with torch.inference_mode():
+            torch.testing.assert_close(out, plain(rows), rtol=1e-5, atol=1e-5)
+    rows = torch.randn(lk.ROW_PRODUCT_ROWS + 1, 1, 576)
     traced, out = _traced(few, rows)
     linear = {torch.ops.topl.onednn_linear.default} if kernel == "onednn" else {torch.ops.aten.addmm.default}
     assert linear & set(traced) and not {torch.ops.aten.sum.dim_IntList} & set(traced)

@@ -1,7 +1,7 @@
 """The service's compiled batched step (inference/batch_step.py): once its package is built, a float32 service decodes
 every step through it, and what clients read is what the eager forward gives — the same tokens as the Steering page's
 stream, the same log-probabilities and p(good) — for rows of different λ in one batch, a merged row beside them, and
-a gated row whose judge turns its steering off and on."""
+a gated row whose judge turns its steering off and on; up to the largest row bucket at once."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from conftest import NEWS_PAIRS, serving
 
 from topl_core.data.encode import user_message
+from topl_core.inference.batch_step import ROW_BUCKETS
 from topl_core.inference.generate import GenerationConfig
 from topl_core.runtime.modes import SteerConfig
 from topl_core.serve.batch import ROOM
@@ -37,17 +38,20 @@ def ask(client, doc: str, steering: dict | None):
     return reply.choices[0].message.content.strip(), [t.logprob for t in tokens], [t.p_good for t in tokens]
 
 
-def served(session, monkeypatch, compiled: bool, requests: list[tuple[str, dict | None]]):
-    """The replies to `requests`, asked all at once, and the batcher's forwards by kind."""
+def served(session, monkeypatch, compiled: bool, groups: list[list[tuple[str, dict | None]]]):
+    """The replies to each group of requests, a group asked all at once, and the batcher's forwards by kind."""
     monkeypatch.setenv("TOPL_COMPILED_DECODE", "auto" if compiled else "0")
     with serving(session, "fp32", slots=8) as (engine, server):
         if compiled:
             assert engine.batcher.warm(ROOM, wait=True), engine.batcher.compiled.failed  # every prompt here fits
         client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
-        with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
-            replies = list(pool.map(lambda r: ask(client, *r), requests))
+        replies = []
+        for group in groups:
+            with concurrent.futures.ThreadPoolExecutor(len(group)) as pool:
+                replies += pool.map(lambda r: ask(client, *r), group)
         health = httpx.get(server.url.removesuffix("/v1") + "/health").json()
-        assert health["compiled_steps"] == ({"ready": [ROOM], "building": [], "failed": {}} if compiled else None)
+        ready = [[rows, ROOM] for rows in ROW_BUCKETS]
+        assert health["compiled_steps"] == ({"ready": ready, "building": [], "failed": []} if compiled else None)
         return replies, health["forwards"]
 
 
@@ -55,19 +59,20 @@ def test_the_compiled_step_serves_what_the_eager_forward_serves(serve_session, m
     session = serve_session
     lam = 3.0 / min(session.vectors.norms().values())  # moves a 3-step adapter's residual stream visibly
     steering = {"mode": HOW.mode, "units": HOW.units, "positions": HOW.positions}
-    requests = [
-        (DOCS[0], {**steering, "lambda": lam}),
-        (DOCS[1], {**steering, "lambda": -lam}),
-        (DOCS[2], None),  # merged: no twin, its own row read
-        (DOCS[0], {"mode": "gated", "lambda": lam, "units": "raw", "tau": 0.5}),
+    groups = [  # at most 4 rows at once: the largest bucket (a steered request decodes with its twin)
+        [(DOCS[0], {**steering, "lambda": lam}), (DOCS[1], {**steering, "lambda": -lam})],
+        [
+            (DOCS[2], None),  # merged: no twin, its own row read
+            (DOCS[0], {"mode": "gated", "lambda": lam, "units": "raw", "tau": 0.5}),
+        ],
     ]
-    compiled, forwards = served(session, monkeypatch, True, requests)
-    assert set(forwards) == {"compiled"}, forwards  # every step: the package
-    eager, forwards = served(session, monkeypatch, False, requests)
+    compiled, forwards = served(session, monkeypatch, True, groups)
+    assert set(forwards) == {"compiled"}, forwards  # every step: a package
+    eager, forwards = served(session, monkeypatch, False, groups)
     assert set(forwards) == {"eager"}, forwards
     gen = GenerationConfig.chosen("fp32", max_new_tokens=NEW)
-    page = [list(session.stream_steered(DOCS[i], r["lambda"], gen, how=HOW))[-1] for i, r in ((0, requests[0][1]),)]
-    assert compiled[0][0] == page[0]
+    page = list(session.stream_steered(DOCS[0], lam, gen, how=HOW))[-1]
+    assert compiled[0][0] == page
     for (text, logprob, p_good), (text_e, logprob_e, p_good_e) in zip(compiled, eager):
         assert text == text_e
         assert logprob == pytest.approx(logprob_e, abs=1e-4)
@@ -84,7 +89,7 @@ def test_bench_serve_measures_the_server_warm(serve_session, monkeypatch):
     with serving(serve_session, "fp32", slots=8) as (_, server):
         res = serve_bench(server.url, "tiny", DOCS[0], concurrency=(1, 2), new_tokens=6, log=lambda _: None)
     health = res["server_health"]
-    assert health["compiled_steps"]["building"] == [] and health["compiled_steps"]["ready"] == [ROOM]
+    assert health["compiled_steps"]["building"] == [] and [2, ROOM] in health["compiled_steps"]["ready"]
     warm_up = 8 + 1  # its steps (8 tokens, and the last one's p(good)): eager at most, while the step builds
     assert health["forwards"].get("eager", 0) <= warm_up < health["forwards"]["compiled"]
     assert [r["clients"] for r in res["rows"]] == [1, 2] and all(r["tokens"] > 0 for r in res["rows"])

@@ -20,9 +20,10 @@ near-tie, as between any two CPUs.
 
 Inside a graph torch.compile traces (the compiled decode step), one row is a multiply-reduce (row_product), which
 inductor fuses into one kernel per linear: it read the weights at 37 GB/s where oneDNN's linear reached 30 on the
-Zen 4 EPYC, and it is no call out of the graph (the opaque oneDNN operator cost ~30 µs a call there). A few rows
-more go through the model's kernel (oneDNN as one opaque operator). The compiled step thus rounds differently from
-the eager one, as its other fused operators do (inference/compiled_decode.py).
+Zen 4 EPYC, and it is no call out of the graph (the opaque oneDNN operator cost ~30 µs a call there). Up to
+ROW_PRODUCT_ROWS rows (the service's batched step) are row products too, one per row (rows_product); more rows go
+through the model's kernel (oneDNN as one opaque operator, which calls back into Python per linear). The compiled
+step thus rounds differently from the eager one, as its other fused operators do (inference/compiled_decode.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ KERNEL_ENV = "TOPL_LINEAR_KERNEL"  # "aten" / "onednn": the kernel on this machi
 FEW_ROWS = 32  # up to a λ grid's decode step (session.GRID_ROWS rows); a prompt's forward has more
 # the probe's weight: 48 MiB of float32, beyond a CPU's caches as a model's weights are, one row through it
 PROBE_SHAPE = (12288, 1024)
+# the most rows a compiled graph's linear takes as row products (rows_product): SmolLM2's batched service step of 2
+# rows took 47 ms through them against 93 through oneDNN's opaque operator and 79 eagerly (Zen 4 EPYC, 2026-11-29)
+ROW_PRODUCT_ROWS = 4
 FASTER_BY = 1.1  # oneDNN is chosen only where it is at least this much faster: a tie is not worth other roundings
 
 
@@ -56,7 +60,7 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 # the same as one operator that torch.compile keeps opaque: inductor lowers mkldnn._linear_pointwise itself, for
-# frozen weights only (an assertion otherwise), so a compiled graph's few rows (more than one: row_product) call
+# frozen weights only (an assertion otherwise), so a compiled graph's few rows (more than ROW_PRODUCT_ROWS) call
 # oneDNN through this (eager calls skip the custom operator's dispatch)
 _compiled_onednn_linear = torch.library.custom_op(
     "topl::onednn_linear", mutates_args=(), schema="(Tensor x, Tensor weight, Tensor? bias) -> Tensor"
@@ -114,6 +118,18 @@ def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return y if bias is None else y + bias
 
 
+def rows_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """row_product for a few rows (their count fixed when the graph is traced): each row's own, stacked. Each reads
+    the weight again, so it pays for ROW_PRODUCT_ROWS rows at most; oneDNN's linear inside a compiled graph is an
+    opaque operator that calls back into Python per linear (module docstring)."""
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.shape[0] == 1:
+        return row_product(x, weight, bias)
+    y = torch.stack([row_product(row, weight, None) for row in flat.unbind(0)])
+    y = y.reshape(*x.shape[:-1], weight.shape[0])
+    return y if bias is None else y + bias
+
+
 class FewRowLinear(torch.nn.Linear):
     """A CPU model's nn.Linear: its few-row float32 inference forwards run `kernel`, or row_product inside a compiled
     graph (module docstring)."""
@@ -130,8 +146,8 @@ class FewRowLinear(torch.nn.Linear):
             and not torch.is_autocast_enabled("cpu")
         ):
             compiling = torch.compiler.is_compiling()
-            if compiling and x.numel() == self.in_features:
-                return row_product(x, self.weight, self.bias)
+            if compiling and x.numel() <= ROW_PRODUCT_ROWS * self.in_features:
+                return rows_product(x, self.weight, self.bias)
             if self.kernel == "onednn":
                 linear = _compiled_onednn_linear if compiling else _onednn_linear
                 return linear(x, self.weight, self.bias)

@@ -37,8 +37,10 @@ from ..foundations.errors import ModelError
 from ..foundations.idle_children import idle_child
 from ..foundations.paths import cache_dir
 from ..foundations.trusted_files import checksum_path, private_folder, record_checksum, trusted
+from ..hardware import linear_kernel
 from ..hardware.linear_kernel import KERNEL_ENV, model_linear_kernel
 from ..models.loading import LoadedModel
+from .compiled_decode import private_tree
 
 BUILD_TIMEOUT_S = 1800  # a child building longer than this is stopped (SmolLM2's takes about a minute: performance.md)
 
@@ -76,8 +78,6 @@ class StepModule(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, rows: int, capacity: int, layer_class: type, shift_paths: Sequence[str]):
         from transformers import StaticCache
         from transformers.integrations.executorch import get_head_shapes
-
-        from .compiled_decode import private_tree
 
         super().__init__()
         self.model = private_tree(model)
@@ -119,7 +119,8 @@ class AotPackages:
 
     def key(self, *parts: str) -> str:
         model = self._lm.model
-        code = b"".join(Path(f).read_bytes() for f in (__file__, importlib.util.find_spec(self._module).origin))
+        sources = (__file__, linear_kernel.__file__, importlib.util.find_spec(self._module).origin)
+        code = b"".join(Path(f).read_bytes() for f in sources)  # the step's code, and the linears' it traces
         fixed = (model.config.to_json_string(), str(model.dtype), model_linear_kernel(model), *parts)
         fixed += (hashlib.sha256(code).hexdigest(), torch.__version__, transformers.__version__)
         fixed += (torch.backends.cpu.get_cpu_capability(),)

@@ -1,20 +1,24 @@
-"""The service's decode step compiled ahead of time: one forward over a batch of slots, each row at its own position
-with its own steering shifts, as an AOTInductor package (aot_packages.py) — what serve/batch.py runs on a CPU once
-the package of its cache's length is built, instead of the eager Python forward.
+"""The service's decode step compiled ahead of time: one forward over a few slots, each row at its own position with its
+own steering shifts, as an AOTInductor package (aot_packages.py) — what serve/batch.py runs on a CPU, once the package
+of its rows and cache length is built, instead of the eager Python forward.
 
     step = BatchStep(lm, slots=16, shift_paths=residual_paths(model), read_layer=head.layer)
     step.supports(decode_dtype) -> bool       float32 weights decoding in float32 on a CPU, no sliding windows
-    step.ready(capacity) / step.warm_later(capacity)   built and loaded / built by a child process, loaded after
-        (a background thread; nothing waits for it: the batcher steps eagerly meanwhile)
-    logits, hidden = step(capacity, storage, ids, positions, allowed, shifts)   rows = ids' rows (2 to `slots`):
+    step.bucket(rows) -> int | None           the package's rows a step of `rows` runs in (ROW_BUCKETS), None: eager
+    step.ready((rows, capacity)) / step.warm_later((rows, capacity))   built and loaded / built by a child process
+        and loaded after, in a background thread (nothing waits for it: the batcher steps eagerly meanwhile)
+    logits, hidden = step(capacity, storage, ids, positions, allowed, shifts)   rows = ids' rows (a bucket's):
         each row's token at its position, attending to the positions `allowed` marks (rows × capacity, its own
         included), shifts[i] (rows × width) added to the output of the module at shift_paths[i]; the next logits
         (rows × vocabulary, float32) and the hidden state after decoder layer `read_layer` (rows × width: where the
         adapter's head reads p(good)). `storage`: each layer's (keys, values), slots × heads × capacity × head size,
         in the weights' dtype: the batcher's own, written in place at each row's position (no copy).
-    python -m topl_core.inference.batch_step NAME DTYPE OUT SLOTS CAPACITY READ_LAYER ATTENTION [PATH ...]   the child
+    python -m topl_core.inference.batch_step NAME DTYPE OUT SLOTS ROWS CAPACITY READ_LAYER ATTENTION [PATH ...]
+        the child
 
-The row count is a dynamic dimension of one package per cache length (from 2: export specialises a dimension of 1).
+The rows are fixed per package: traced for a known row count, each linear is a row product per row, fused by inductor
+(hardware/linear_kernel.rows_product); with a dynamic row count they called oneDNN's linear through Python, and
+SmolLM2's two-row step took 93 ms against 79 eagerly and 47 so (docs/performance.md, "The service's compiled step").
 """
 
 from __future__ import annotations
@@ -29,11 +33,14 @@ import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
+from ..hardware.linear_kernel import ROW_PRODUCT_ROWS
 from ..models.architecture import decoder_layers
 from ..models.loading import LoadedModel, ModelSpec, load_model
 from .aot_packages import AotPackages, StepModule, bind, export_package, step_constants
 
-MIN_ROWS = 2  # the package's least row count: a step of one row runs a second row that sits out
+# the row counts packages are built for (a step's rows, the highest slot in use + 1, rounded up: the others sit out);
+# more rows run eagerly: the linears' row products read the weights once per row (hardware/linear_kernel.py)
+ROW_BUCKETS = tuple(b for b in (2, 4) if b <= ROW_PRODUCT_ROWS)
 
 
 def attention_mask4d(allowed: torch.Tensor, attention: str) -> torch.Tensor:
@@ -99,98 +106,103 @@ class BatchDecodeStep(StepModule):
         return (ids, position, allowed, *(torch.zeros(rows, n, device=device) for n in self.shift_sizes))
 
 
-def build_package(name: str, dtype: str, out: Path, slots: int, capacity: int, args: Sequence[str]) -> None:
-    """The child's work: export the batched step of the model `name` with a dynamic row count, and compile it."""
+def build_package(name: str, dtype: str, out: Path, slots: int, rows: int, capacity: int, args: Sequence[str]) -> None:
+    """The child's work: export the batched step of the model `name` for `rows` rows, and compile it."""
     read_layer, attention, *shift_paths = args
     model = load_model(ModelSpec(name, dtype, "cpu")).model
     step = BatchDecodeStep(model, slots, capacity, shift_paths, int(read_layer), attention)
-    rows = torch.export.Dim("rows", min=MIN_ROWS, max=slots)
-    dynamic = ({0: rows}, {0: rows}, {0: rows}, tuple({0: rows} for _ in shift_paths))
-    export_package(step, step.example_inputs(min(3, slots)), out, dynamic)
+    export_package(step, step.example_inputs(rows), out)
+
+
+Shape = tuple[int, int]  # a package's rows and cache length
 
 
 class BatchStep:
-    """The batched steps of one model, one package per cache length (the module docstring). warm_later and ready may
-    be called from any thread; the step itself from the batcher's thread only."""
+    """The batched steps of one model, one package per row bucket and cache length (the module docstring).
+    warm_later, ready and state may be called from any thread; the step itself from the batcher's thread only."""
 
     def __init__(self, lm: LoadedModel, slots: int, shift_paths: Sequence[str], read_layer: int):
         self._lm, self.slots, self.paths = lm, slots, tuple(shift_paths)
         self._attention = lm.model.config._attn_implementation
-        self._args = [str(slots), "{capacity}", str(read_layer), self._attention, *self.paths]
+        self._args = [str(slots), "{rows}", "{capacity}", str(read_layer), self._attention, *self.paths]
         self._packages = AotPackages(lm, __name__)
         # the constants' names, from a step of one position (its cache is not the one the package reads)
         self._constants = step_constants(BatchDecodeStep(lm.model, 1, 1, self.paths, read_layer, self._attention))
         self._lock = threading.Lock()
-        self._runners: dict[int, object] = {}  # by capacity: loaded packages
-        self._bound: dict[int, tuple[int, ...]] = {}  # by capacity: the storage its package was handed (data_ptrs)
-        self._building: set[int] = set()
-        self.failed: dict[int, Exception] = {}  # a length whose build failed is not tried again
+        self._runners: dict[Shape, object] = {}  # loaded packages
+        self._bound: dict[Shape, tuple[int, ...]] = {}  # the storage each package was handed (its data_ptrs)
+        self._building: set[Shape] = set()
+        self.failed: dict[Shape, Exception] = {}  # a shape whose build failed is not tried again
 
     def supports(self, dtype: torch.dtype) -> bool:
         """Whether steps decoding in `dtype` run here: the weights' own dtype on a CPU, without sliding windows."""
         cache = StaticCache(config=self._lm.model.config, max_cache_len=1)
         plain = all(type(layer) is StaticLayer for layer in cache.layers)
         model = self._lm.model
-        return plain and model.device.type == "cpu" and dtype == model.dtype and self.slots >= MIN_ROWS
+        return plain and model.device.type == "cpu" and dtype == model.dtype and self.bucket(1) is not None
 
-    def _child_args(self, capacity: int) -> list[str]:
-        return [a.format(capacity=capacity) for a in self._args]
+    def bucket(self, rows: int) -> int | None:
+        """The rows of the package a step of `rows` rows runs in (the others sit out), None past the last bucket."""
+        return next((b for b in ROW_BUCKETS if rows <= b <= self.slots), None)
 
-    def ready(self, capacity: int) -> bool:
-        return capacity in self._runners
+    def ready(self, shape: Shape) -> bool:
+        return shape in self._runners
 
     def state(self) -> dict:
-        """The lengths whose package is loaded, building, or failed (with why)."""
+        """The (rows, cache length) whose package is loaded, building, or failed (with why)."""
         with self._lock:
             return {
                 "ready": sorted(self._runners),
                 "building": sorted(self._building),
-                "failed": {capacity: str(e) for capacity, e in self.failed.items()},
+                "failed": [[*shape, str(e)] for shape, e in sorted(self.failed.items())],
             }
 
-    def warm_later(self, capacity: int) -> None:
-        """The package of `capacity` built (a child process) and loaded, in a background thread (once)."""
-        if self._claim(capacity):
-            threading.Thread(target=self._warm, args=(capacity,), name="topl-batch-step-build", daemon=True).start()
+    def warm_later(self, shape: Shape) -> None:
+        """The package of `shape` built (a child process) and loaded, in a background thread (once)."""
+        if self._claim(shape):
+            threading.Thread(target=self._warm, args=(shape,), name="topl-batch-step-build", daemon=True).start()
 
-    def warm(self, capacity: int) -> None:
-        """The package of `capacity` built and loaded now (waiting for a build another call started)."""
-        if self._claim(capacity):
-            self._warm(capacity)
-        while capacity in self._building:
+    def warm(self, shape: Shape) -> None:
+        """The package of `shape` built and loaded now (waiting for a build another call started)."""
+        if self._claim(shape):
+            self._warm(shape)
+        while shape in self._building:
             time.sleep(0.1)
 
-    def _claim(self, capacity: int) -> bool:
-        """Whether this call builds `capacity` (not built, not building, not failed)."""
+    def _claim(self, shape: Shape) -> bool:
+        """Whether this call builds `shape` (not built, not building, not failed)."""
         with self._lock:
-            if capacity in self._runners or capacity in self._building or capacity in self.failed:
+            if shape in self._runners or shape in self._building or shape in self.failed:
                 return False
-            self._building.add(capacity)
+            self._building.add(shape)
             return True
 
-    def _warm(self, capacity: int) -> None:
-        args = self._child_args(capacity)
+    def _warm(self, shape: Shape) -> None:
+        rows, capacity = shape
+        args = [a.format(rows=rows, capacity=capacity) for a in self._args]
         try:
             runner = self._packages.load(self._packages.key(*args), args)  # its constants: handed at the first step
-        except Exception as e:  # the batcher goes on eagerly at this length
-            self.failed[capacity] = e
+        except Exception as e:  # the batcher goes on eagerly at this shape
+            self.failed[shape] = e
         else:
-            self._runners[capacity] = runner
+            self._runners[shape] = runner
         finally:
             with self._lock:
-                self._building.discard(capacity)
+                self._building.discard(shape)
 
     def __call__(self, capacity, storage, ids, positions, allowed, shifts):
-        runner = self._runners[capacity]
+        shape = (ids.shape[0], capacity)
+        runner = self._runners[shape]
         bound = tuple(t.data_ptr() for kv in storage for t in kv)
-        if self._bound.get(capacity) != bound:  # the batcher's storage was allocated anew: hand it over
+        if self._bound.get(shape) != bound:  # the batcher's storage was allocated anew: hand it over
             constants = dict(self._constants)
             for i, (keys, values) in enumerate(storage):
                 constants[f"key_cache_{i}"], constants[f"value_cache_{i}"] = keys, values
             bind(runner, constants)
-            self._bound[capacity] = bound
+            self._bound[shape] = bound
         return runner(ids, positions, allowed, *shifts)
 
 
 if __name__ == "__main__":
-    build_package(sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6:])
+    name, dtype, out, slots, rows, capacity, *args = sys.argv[1:]
+    build_package(name, dtype, Path(out), int(slots), int(rows), int(capacity), args)

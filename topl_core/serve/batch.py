@@ -40,7 +40,7 @@ from transformers.cache_utils import Cache
 from ..foundations.errors import ModelError
 from ..hardware.precision import TORCH_DTYPES, Precision, autocast
 from ..inference.aot_packages import compiled_decode_wanted
-from ..inference.batch_step import MIN_ROWS, BatchStep, attention_mask4d
+from ..inference.batch_step import ROW_BUCKETS, BatchStep, attention_mask4d
 from ..inference.generate import prompt_forward
 from ..inference.prompt_cache import PromptCache, tensor_bytes
 from ..models.architecture import decoder_layers
@@ -137,8 +137,8 @@ class Batcher:
         self._thread.start()
 
     def _compiled_step(self, lm: LoadedModel, head: Head | None, precision: Precision) -> BatchStep | None:
-        """The compiled step where it applies (a CPU decoding in the weights' dtype, no sliding windows, two slots
-        or more; TOPL_COMPILED_DECODE=0: never), reading the hidden state where the head reads p(good)."""
+        """The compiled step where it applies (a CPU decoding in the weights' dtype, no sliding windows, slots for
+        its smallest bucket; TOPL_COMPILED_DECODE=0: never), reading the hidden state where the head reads p(good)."""
         if self._window is not None or not compiled_decode_wanted():
             return None
         read_layer = head.layer if head is not None else len(decoder_layers(lm.model)) - 1
@@ -146,17 +146,15 @@ class Batcher:
         return step if step.supports(TORCH_DTYPES[precision]) else None
 
     def warm(self, positions: int, wait: bool = False) -> bool:
-        """Build the compiled step for the storage that holds `positions` (ROOM at a time) ahead of the requests that
-        need it (else the first of them starts its build, and steps run eagerly until it is loaded); `wait`: until
-        it is loaded. Whether it is (False: no compiled step here, or its build failed)."""
+        """Build the compiled steps (each row bucket) of the storage holding `positions` ahead of the requests (else
+        a shape's first step starts its build; eager steps meanwhile); `wait`: until loaded. Whether they are."""
         if self.compiled is None:
             return False
         capacity = -(-positions // ROOM) * ROOM
-        if wait:
-            self.compiled.warm(capacity)
-        else:
-            self.compiled.warm_later(capacity)
-        return self.compiled.ready(capacity)
+        shapes = [(rows, capacity) for rows in ROW_BUCKETS if rows <= self.slots]
+        for shape in shapes:
+            (self.compiled.warm if wait else self.compiled.warm_later)(shape)
+        return all(self.compiled.ready(shape) for shape in shapes)
 
     # the generations' side
     def join(self, ids: torch.Tensor, steering: Steering, twin: bool = False, score: int | None = None) -> Future:
@@ -322,15 +320,17 @@ class Batcher:
 
     def _step(self, steps: list[_Step]) -> None:
         """One batched forward of the waiting steps; the other joined slots sit it out (a masked write). The compiled
-        step runs it where it is built for the storage's length and every row's steering is a shift."""
+        step runs it where one is built for its rows (rounded up to a bucket) and the storage's length, and every
+        row's steering is a shift."""
         try:
             with self._cond:
                 rows = max(max(s.slot for s in steps), *self._joined, 0) + 1
                 write_at = self.write_at[:rows].clone()
                 self._ensure_room(int(write_at.max()) + 1, self._cache.layers[0].keys)
                 capacity = self._mask.shape[1]
-                if self.compiled is not None:
-                    rows = min(max(rows, MIN_ROWS), self.slots)  # a free slot sits out with the rest
+                bucket = self.compiled.bucket(rows) if self.compiled is not None else None
+                if bucket is not None:
+                    rows = bucket  # the free slots up to it sit out with the rest
                     write_at = self.write_at[:rows].clone()
                 mask = self._mask[:rows].clone()
             ids = torch.zeros(rows, 1, dtype=torch.long)
@@ -339,11 +339,11 @@ class Batcher:
             mask[torch.arange(rows), write_at] = 1  # a slot sitting out attends to its own (discarded) write
             steering = {s.slot: s.steering for s in steps}
             shifts = None
-            if self.compiled is not None:
-                if self.compiled.ready(capacity):
+            if bucket is not None:
+                if self.compiled.ready((rows, capacity)):
                     shifts = self._rows.shifts(rows, steering, self.compiled.paths)
                 else:
-                    self.compiled.warm_later(capacity)
+                    self.compiled.warm_later((rows, capacity))
             if shifts is not None:
                 logits, p = self._compiled_forward(capacity, ids, write_at, mask, shifts)
             else:
