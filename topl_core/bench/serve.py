@@ -13,7 +13,7 @@ against the same c requests sent one after another to the same server; figures a
 The rows start once the server is warm: after a warm-up request, and after the compiled step that request's length
 started building is loaded (the workbench's /health; `server_health` in the result: its forwards by kind).
 Every request of the rows asks about a document no earlier request asked about (the document with a tag of its own
-appended), so that neither side answers a row's prompts from its prompt cache: the rows measure new documents.
+put before it), so that neither side answers a row's prompts from its prompt cache: the rows measure new documents.
 
     serve_bench(url, model, document, concurrency=(1, 4, 8), new_tokens=64, api_key="unused") -> dict
     with served(adapter, precision) as url: ...    a `python -m topl_core serve` process on a free loopback port
@@ -152,8 +152,9 @@ def serve_bench(
 
 
 def _new(document: str, tag: str) -> str:
-    """`document` with a tag of its own: a prompt no other request of the bench sends."""
-    return f"{document}\n\n({tag})"
+    """`document` with a tag of its own before it: a prompt no other request of the bench sends, nor begins as
+    another does (llama-server reuses a cached prompt's longest common beginning)."""
+    return f"({tag})\n\n{document}"
 
 
 def _health(url: str, api_key: str) -> dict | None:
