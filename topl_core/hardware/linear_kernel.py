@@ -45,9 +45,10 @@ KERNEL_ENV = "TOPL_LINEAR_KERNEL"  # "aten" / "onednn": the kernel on this machi
 FEW_ROWS = 32  # up to a λ grid's decode step (session.GRID_ROWS rows); a prompt's forward has more
 # the probe's weight: 48 MiB of float32, beyond a CPU's caches as a model's weights are, one row through it
 PROBE_SHAPE = (12288, 1024)
-# the most rows a compiled graph's linear takes as row products (rows_product): SmolLM2's batched service step of 2
-# rows took 47 ms through them against 93 through oneDNN's opaque operator and 79 eagerly (Zen 4 EPYC, 2026-11-29)
-ROW_PRODUCT_ROWS = 4
+# the most rows a compiled graph's linear takes as row products (rows_product, each reading the weight again): SmolLM2's
+# batched service step of 2 rows took 47 ms through them against 93 through oneDNN's opaque operator and 79 eagerly; of
+# 4 rows, 106 ms against 121 eagerly, and the service's aggregate rate with 2 clients fell (Zen 4 EPYC, 2026-11-29)
+ROW_PRODUCT_ROWS = 2
 FASTER_BY = 1.1  # oneDNN is chosen only where it is at least this much faster: a tie is not worth other roundings
 
 

@@ -40,7 +40,7 @@ from .aot_packages import AotPackages, StepModule, bind, export_package, step_co
 
 # the row counts packages are built for (a step's rows, the highest slot in use + 1, rounded up: the others sit out);
 # more rows run eagerly: the linears' row products read the weights once per row (hardware/linear_kernel.py)
-ROW_BUCKETS = tuple(b for b in (2, 4) if b <= ROW_PRODUCT_ROWS)
+ROW_BUCKETS = tuple(b for b in (2, 4, 8) if b <= ROW_PRODUCT_ROWS)
 
 
 def attention_mask4d(allowed: torch.Tensor, attention: str) -> torch.Tensor:
@@ -128,7 +128,7 @@ class BatchStep:
         self._packages = AotPackages(lm, __name__)
         # the constants' names, from a step of one position (its cache is not the one the package reads)
         self._constants = step_constants(BatchDecodeStep(lm.model, 1, 1, self.paths, read_layer, self._attention))
-        self._lock = threading.Lock()
+        self._lock, self._one_build = threading.Lock(), threading.Lock()
         self._runners: dict[Shape, object] = {}  # loaded packages
         self._bound: dict[Shape, tuple[int, ...]] = {}  # the storage each package was handed (its data_ptrs)
         self._building: set[Shape] = set()
@@ -181,7 +181,8 @@ class BatchStep:
         rows, capacity = shape
         args = [a.format(rows=rows, capacity=capacity) for a in self._args]
         try:
-            runner = self._packages.load(self._packages.key(*args), args)  # its constants: handed at the first step
+            with self._one_build:  # one child at a time: each takes every core it can
+                runner = self._packages.load(self._packages.key(*args), args)  # its constants: at the first step
         except Exception as e:  # the batcher goes on eagerly at this shape
             self.failed[shape] = e
         else:

@@ -343,7 +343,7 @@ class Batcher:
                 if self.compiled.ready((rows, capacity)):
                     shifts = self._rows.shifts(rows, steering, self.compiled.paths)
                 else:
-                    self.compiled.warm_later((rows, capacity))
+                    self.warm(capacity)  # every bucket of this length: more clients are likely to come
             if shifts is not None:
                 logits, p = self._compiled_forward(capacity, ids, write_at, mask, shifts)
             else:
