@@ -11,7 +11,8 @@ A body larger than `max_body` gets 413 before it is read whole; with `api_key`, 
 token (compared in constant time); a Host header outside `allowed_hosts` gets 403 (a web page reaching a loopback
 server through DNS rebinding). Whatever fails, the answer is OpenAI's error JSON and the service goes on.
 
-lm-eval's remote tokenizer reads /tokenizer_info, /tokenize and /detokenize (at the root, as vLLM serves them).
+lm-eval's remote tokenizer reads /tokenizer_info, /tokenize and /detokenize (at the root, as vLLM serves them);
+/health says what the engine holds (ServeEngine.health: its forwards by kind, its compiled steps).
 """
 
 from __future__ import annotations
