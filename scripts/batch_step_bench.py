@@ -15,6 +15,16 @@ import time
 
 import torch
 
+from topl_core.analysis.evaluation.config import EvalConfig
+from topl_core.analysis.evaluation.evaluate import steering_vectors_for
+from topl_core.foundations.paths import PROJECT_ROOT
+from topl_core.hardware.precision import machine_description
+from topl_core.runtime.modes import SteerConfig
+from topl_core.runtime.session import SteeringSession
+from topl_core.serve.batch import Batcher
+from topl_core.serve.row_steering import MERGED, Steering
+from topl_core.training.adapters import open_adapter
+
 STEPS = 30
 PROMPT = 554  # the demo's first test document's summary prompt, in tokens
 
@@ -25,15 +35,6 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=1, help="steered generations, each decoding with its twin")
     args = p.parse_args()
     os.environ["TOPL_COMPILED_DECODE"] = "0" if args.decode == "eager" else "auto"  # read when the Batcher is made
-
-    from topl_core.analysis.evaluation.config import EvalConfig
-    from topl_core.analysis.evaluation.evaluate import steering_vectors_for
-    from topl_core.foundations.paths import PROJECT_ROOT
-    from topl_core.hardware.precision import machine_description
-    from topl_core.runtime.modes import SteerConfig
-    from topl_core.runtime.session import SteeringSession
-    from topl_core.serve.batch import MERGED, Batcher, Steering
-    from topl_core.training.adapters import open_adapter
 
     adapter = open_adapter(PROJECT_ROOT / "examples" / "adapters" / "topl-smollm2")
     vectors = steering_vectors_for(adapter, EvalConfig(precision="bf16"))

@@ -15,9 +15,9 @@ import pytest
 import torch
 from conftest import serving
 
-from topl_core.serve.batch import MERGED
 from topl_core.serve.engine import Request, Sampling, ServeEngine
 from topl_core.serve.protocol import MAX_PROMPTS, MIN_TEMPERATURE
+from topl_core.serve.row_steering import MERGED
 
 openai = pytest.importorskip("openai", reason="the openai client is installed by requirements.txt")
 

@@ -30,7 +30,6 @@ from starlette.exceptions import HTTPException
 
 from ..runtime.modes import SteerConfig
 from . import tokenizer_api
-from .batch import Steering
 from .engine import Busy, Chunk, Sampling, ServeEngine
 from .engine import Request as GenerationRequest
 from .guard import LOOPBACK_HOSTS, Guard
@@ -45,6 +44,7 @@ from .protocol import (
     alias_steering,
 )
 from .replies import Choice, Reply, absorb, sse
+from .row_steering import Steering
 from .tokenizer_api import DetokenizeRequest, TokenizeRequest, check_ids
 
 DEFAULT_NEW_TOKENS = 64

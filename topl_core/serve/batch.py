@@ -51,7 +51,7 @@ from ..runtime.modes import steer
 from ..runtime.sites import LoraWeights, Site, residual_paths
 from ..runtime.vectors import SteeringVectors
 from .echo import PromptScores, prompt_layers, prompt_scores
-from .row_steering import MERGED, RowSteering, Steering  # noqa: F401 (MERGED: the service's, from here)
+from .row_steering import RowSteering, Steering
 from .slots import SlotLayer
 
 ROOM = 256  # the cache grows by this many positions at a time

@@ -32,8 +32,9 @@ from ..inference.decode import decode, stop_tokens
 from ..inference.generate import GenerationCancelled, GenerationConfig
 from ..runtime.hooks import SteeringSwitch
 from ..runtime.session import SteeringSession
-from .batch import PROMPT_CACHE_MB, Batcher, Steering
+from .batch import PROMPT_CACHE_MB, Batcher
 from .echo import PromptScores
+from .row_steering import Steering
 
 
 class Busy(Exception):

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..foundations.presets import FLAG_THRESHOLD
-from .batch import Steering
 from .engine import Chunk, TakenBack, TokenVerdict
+from .row_steering import Steering
 
 
 @dataclass

@@ -50,6 +50,7 @@ class RowSteering:
         self._edits: tuple[tuple, dict[Site, SiteEdit]] | None = None
         self._shifts: tuple[tuple, list[torch.Tensor] | None] | None = None
         self._site_shifts: dict[tuple[SteerConfig, float], dict[str, torch.Tensor] | None] = {}
+        self._widths: dict[str, int] = {}  # each shifted module's output width
 
     @staticmethod
     def _key(rows: int, steering: Mapping[int, Steering]) -> tuple:
@@ -94,10 +95,14 @@ class RowSteering:
             for path, shift in at_sites.items():
                 out.setdefault(path, torch.zeros(rows, shift.shape[0]))[slot] = shift
         else:
-            widths = {p: self._model.get_submodule(p).weight.shape[0] for p in paths if p not in out}
-            shifts = [out[p] if p in out else torch.zeros(rows, widths[p]) for p in paths]
+            shifts = [out[p] if p in out else torch.zeros(rows, self._width(p)) for p in paths]
         self._shifts = key, shifts
         return shifts
+
+    def _width(self, path: str) -> int:
+        if path not in self._widths:
+            self._widths[path] = self._model.get_submodule(path).weight.shape[0]
+        return self._widths[path]
 
     def _at_sites(self, how: SteerConfig, lam: float) -> dict[str, torch.Tensor] | None:
         if (how, lam) not in self._site_shifts:
