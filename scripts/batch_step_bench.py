@@ -39,7 +39,7 @@ def main() -> None:
     adapter = open_adapter(PROJECT_ROOT / "examples" / "adapters" / "topl-smollm2")
     vectors = steering_vectors_for(adapter, EvalConfig(precision="bf16"))
     session = SteeringSession.from_run(adapter, vectors, adapter.base_model)
-    batcher = Batcher(session.lm, vectors, session.lora, session.head(), "fp32", slots=16)
+    batcher = Batcher(session.lm, vectors, session.lora, session.head(), ("fp32", "fp32"), slots=16)
     if args.decode == "compiled" and not batcher.warm(PROMPT + STEPS + 8, wait=True):
         raise SystemExit(f"no compiled step here: {batcher.compiled and batcher.compiled.failed}")
     steering = Steering(SteerConfig("vector"), 1.0)

@@ -40,6 +40,7 @@ from ..hardware.precision import (
     resolve_decode_precision,
 )
 from ..models.architecture import decoder_layers
+from ..models.forward import through_layer
 from ..models.loading import LoadedModel, ModelSpec, load_model
 from ..training.adapters import load_adapter
 from .decode import Choose, Judge, decode, decoded_texts, final_texts, stop_tokens
@@ -277,18 +278,25 @@ def _prompt_forward(
 
 
 def prompt_forward(
-    lm: LoadedModel, ids: torch.Tensor, precision: Precision, every_position: bool = False
-) -> tuple[object, torch.Tensor]:
+    lm: LoadedModel, ids: torch.Tensor, precision: Precision, every_position: bool = False, through: int | None = None
+) -> tuple[object, torch.Tensor | None]:
     """The prompt `ids` (rows × positions, one length) run once in `precision`: (its KV cache, a DynamicCache; the
     last position's logits per row in float32 — with `every_position`, every position's: rows × positions ×
-    vocabulary, as the forward computed them)."""
+    vocabulary, as the forward computed them). `through`: the forward stops after that decoder layer (its cache
+    holds the layers up to it; no logits: None)."""
     from transformers import DynamicCache
 
     model = lm.model
     cache = DynamicCache()
     keep = {} if every_position else _last_logits_only(model)
-    with autocast(precision, model.device.type):
-        out = model(input_ids=ids.to(model.device), past_key_values=cache, use_cache=True, **keep)
+
+    def forward():
+        with autocast(precision, model.device.type):
+            return model(input_ids=ids.to(model.device), past_key_values=cache, use_cache=True, **keep)
+
+    out = through_layer(model, through, forward)
+    if out is None:
+        return cache, None
     return cache, (out.logits if every_position else out.logits[:, -1].float())
 
 

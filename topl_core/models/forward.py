@@ -9,13 +9,15 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import torch
 import torch.nn.functional as F
 
 from ..hardware.precision import full_precision
 from .architecture import base_causal_lm, decoder_layers, final_norm
+
+T = TypeVar("T")
 
 
 class _EarlyExit(Exception):
@@ -54,6 +56,18 @@ def hidden_after_layer(
         except _EarlyExit as stop:
             return stop.hidden
     raise RuntimeError(f"decoder layer {layer} never ran: the model has {len(decoder_layers(model))} layers")
+
+
+def through_layer(model: torch.nn.Module, layer: int | None, forward: Callable[[], T]) -> T | None:
+    """forward() (a forward of `model`) run whole when `layer` is None, else stopped after decoder layer `layer`:
+    None then, and what it wrote on the way (a KV cache's layers up to `layer`) is what it gave."""
+    if layer is None:
+        return forward()
+    with exit_after_layer(model, layer):
+        try:
+            return forward()
+        except _EarlyExit:
+            return None
 
 
 def head_features(

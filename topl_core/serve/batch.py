@@ -6,7 +6,8 @@ forward over all of them — each row steered with its own mode and λ, the adap
 each generation its row's logits. A generation joins with its prompt (run once, alone, between two steps: a new
 request's first token does not wait for the others to finish) and leaves when it ends.
 
-    batcher = Batcher(lm, vectors, lora, head, precision, slots=16, prompt_cache_mb=512)
+    batcher = Batcher(lm, vectors, lora, head, ("bf16", "fp32"), slots=16, prompt_cache_mb=512)   the precisions of
+        its prompts and of its steps (the page's under auto: resolve_phases)
     joined = batcher.join(ids, steering, twin=False).result()   the prompt run into a free slot (and its twin):
         Joined(slot, twin, logits, prompt); a join still waiting for a slot is cancelled with its future's cancel()
     logits, p = batcher.submit(slot, token, steering).result()     one decode step of `slot`, batched with others
@@ -15,6 +16,8 @@ request's first token does not wait for the others to finish) and leaves when it
     batcher.idle()                                every slot free, nothing waiting (the service's invariant at rest)
 
 A prompt's forward is kept in the prompt cache (inference/prompt_cache.py): a prompt asked for again decodes at once.
+A twin's prompt runs only through the head's layer: it is read there, and nothing above it is ever asked of it (its
+slot's layers above hold zeros; the step's rows run every layer, the twin's upper ones unread).
 A slot belongs to the generation whose join took it from the moment it is taken: a prompt that fails gives its slots
 back before the join's future raises, and a generation gives them back when it ends, however it ends.
 
@@ -38,7 +41,8 @@ import torch
 from transformers.cache_utils import Cache
 
 from ..foundations.errors import ModelError
-from ..hardware.precision import TORCH_DTYPES, Precision, autocast
+from ..hardware.precision import TORCH_DTYPES, ResolvedPrecision, autocast
+from ..hardware.threads import release_this_threads_team
 from ..inference.aot_packages import compiled_decode_wanted
 from ..inference.batch_step import ROW_BUCKETS, BatchStep, attention_mask4d
 from ..inference.generate import prompt_forward
@@ -100,7 +104,7 @@ class Batcher:
         vectors: SteeringVectors,
         lora: Callable[[], Mapping[Site, LoraWeights]],
         head: Head | None,
-        precision: Precision,
+        precisions: tuple[ResolvedPrecision, ResolvedPrecision],
         slots: int = 16,
         prompt_cache_mb: int = PROMPT_CACHE_MB,
     ):
@@ -114,7 +118,11 @@ class Batcher:
                 f"{lm.spec.name}: its sliding-window layers are served with the sdpa or eager attention, not "
                 f"{self._attention!r}; load it with attn_implementation='sdpa'."
             )
-        self.lm, self.vectors, self._lora, self.head, self.precision = lm, vectors, lora, head, precision
+        self.lm, self.vectors, self._lora, self.head = lm, vectors, lora, head
+        self.prompt_precision, self.precision = precisions  # the prompts', the steps'
+        layers = len(decoder_layers(lm.model))
+        # the layers a twin's prompt runs through (None: all of them)
+        self._twin_through = head.layer if head is not None and head.layer < layers - 1 else None
         self.slots = slots
         self.prompts: PromptCache = PromptCache(max_bytes=prompt_cache_mb * 2**20)
         self.write_at = torch.zeros(slots, dtype=torch.long)  # each slot's next position (= its length)
@@ -128,15 +136,16 @@ class Batcher:
         self._joins: list[_Join] = []
         self._joined: set[int] = set()  # slots holding a generation
         self._rows = RowSteering(lm.model, vectors, lora)
-        self.compiled = self._compiled_step(lm, head, precision)
+        self.compiled = self._compiled_step(lm, head, self.precision)
         self.forwards: Counter[str] = Counter()  # the steps run: "compiled" or "eager"
-        # the compiled step reads and writes the storage in the weights' dtype; eager steps keep the prompt's
-        self._kv_dtype = lm.model.dtype if self.compiled is not None else None
+        # the steps' precision (a bf16 prompt's keys and values widened, as the page's cache is by its fp32 steps)
+        self._kv_dtype = TORCH_DTYPES[self.precision]
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="topl-serve-batcher", daemon=True)
         self._thread.start()
+        release_this_threads_team()  # the batcher's thread runs every forward from now on (hardware/threads.py)
 
-    def _compiled_step(self, lm: LoadedModel, head: Head | None, precision: Precision) -> BatchStep | None:
+    def _compiled_step(self, lm: LoadedModel, head: Head | None, precision: ResolvedPrecision) -> BatchStep | None:
         """The compiled step where it applies (a CPU decoding in the weights' dtype, no sliding windows, slots for
         its smallest bucket; TOPL_COMPILED_DECODE=0: never), reading the hidden state where the head reads p(good)."""
         if self._window is not None or not compiled_decode_wanted():
@@ -257,20 +266,22 @@ class Batcher:
         else:
             reader = HeadReader(self.lm.model, self.head, 1, every=True)
             with self._steering(steered), nullcontext() if steered else reader:
-                cache, logits = prompt_forward(self.lm, ids, self.precision, every_position=True)
+                cache, logits = prompt_forward(self.lm, ids, self.prompt_precision, every_position=True)
             held, last = prompt_layers(cache), logits[0, -1].float()
             if steered is not None and self.head is not None:
                 with reader:
-                    prompt_forward(self.lm, ids, self.precision)
+                    prompt_forward(self.lm, ids, self.prompt_precision)
             scores = prompt_scores(ids[0], logits[0], join.score, reader.read())
-        plain = self._prompt(ids, None)[0] if steered is not None and len(slots) > 1 else held
+        plain = self._prompt(ids, None, self._twin_through)[0] if steered is not None and len(slots) > 1 else held
         n = ids.shape[1]
         with self._cond:
             self._ensure_room(n + 1, held[0][0])
             for slot, kept in zip(slots, (held, plain)):
-                for layer, (keys, values) in zip(self._cache.layers, kept):
-                    layer.keys[slot, :, :n] = keys[0]
-                    layer.values[slot, :, :n] = values[0]
+                for i, layer in enumerate(self._cache.layers):
+                    if i < len(kept):
+                        layer.keys[slot, :, :n], layer.values[slot, :, :n] = kept[i][0][0], kept[i][1][0]
+                    else:  # above a twin's last layer: nothing is read there
+                        layer.keys[slot, :, :n], layer.values[slot, :, :n] = 0, 0
             for slot in slots:
                 self._mask[slot] = 0
                 self._mask[slot, :n] = 1
@@ -279,20 +290,23 @@ class Batcher:
         return Joined(slots[0], slots[1] if len(slots) > 1 else None, last.clone(), scores)
 
     def _prompt(
-        self, ids: torch.Tensor, steered: Steering | None
-    ) -> tuple[list[tuple[torch.Tensor, ...]], torch.Tensor]:
-        """The prompt `ids`'s forward (steered by `steered`, or plain): (each layer's keys and values, its last
-        logits), from the prompt cache or run and kept there. The key holds the steering only where it steers the
-        prompt (inference/prompt_cache.py)."""
-        key = (tuple(ids[0].tolist()), None if steered is None else (steered.how, float(steered.lam)))
-        hit = self.prompts.get(key)
-        if hit is not None:
-            return hit
+        self, ids: torch.Tensor, steered: Steering | None, through: int | None = None
+    ) -> tuple[list[tuple[torch.Tensor, ...]], torch.Tensor | None]:
+        """The prompt `ids`'s forward (steered by `steered`, or plain), through decoder layer `through` (None: all):
+        (each layer's keys and values, its last logits; None when it stopped short), from the prompt cache or run and
+        kept there. The key holds the steering only where it steers the prompt (inference/prompt_cache.py), and
+        where the forward stopped; a whole forward serves a shorter one too."""
+        tokens, steering = tuple(ids[0].tolist()), None if steered is None else (steered.how, float(steered.lam))
+        for depth in dict.fromkeys((None, through)):
+            hit = self.prompts.get((tokens, steering, depth))
+            if hit is not None:
+                return hit
         with self._steering(steered):
-            cache, logits = prompt_forward(self.lm, ids, self.precision)
-        held = prompt_layers(cache)
-        self.prompts.put(key, (held, logits[0]), tensor_bytes(logits, *(t for kv in held for t in kv)))
-        return held, logits[0]
+            cache, last = prompt_forward(self.lm, ids, self.prompt_precision, through=through)
+        held, logits = prompt_layers(cache), None if last is None else last[0]
+        kept = [t for kv in held for t in kv] + ([logits] if logits is not None else [])
+        self.prompts.put((tokens, steering, through if logits is None else None), (held, logits), tensor_bytes(*kept))
+        return held, logits
 
     def _steering(self, steered: Steering | None):
         if steered is None:

@@ -27,7 +27,8 @@ from typing import Callable, Sequence
 import torch
 
 from ..foundations.presets import FLAG_THRESHOLD
-from ..hardware.precision import Precision
+from ..hardware.precision import Precision, resolve_phases
+from ..hardware.threads import one_core_for_this_thread
 from ..inference.decode import decode, stop_tokens
 from ..inference.generate import GenerationCancelled, GenerationConfig
 from ..runtime.hooks import SteeringSwitch
@@ -151,6 +152,7 @@ class Generation:
             joining.cancel()  # still waiting for a slot: it leaves the queue (running or done: no effect)
 
     def _run(self) -> None:
+        one_core_for_this_thread()  # the batcher's thread alone runs parallel work: no second team (hardware/threads.py)
         batcher, tok = self.engine.batcher, self.engine.tokenizer
         slot = twin = None
         progress = _Progress()
@@ -322,8 +324,8 @@ class ServeEngine:
                 "0 or more waiting."
             )
         self.session, self.tokenizer, self.has_head = session, lm.tokenizer, head is not None
-        decode_precision = GenerationConfig.chosen(precision).decode_on(lm.model.device.type)
-        self.batcher = Batcher(lm, session.vectors, session.lora, head, decode_precision, slots, prompt_cache_mb)
+        precisions = resolve_phases(precision, precision, lm.model.device.type)  # the page's: prompt, steps
+        self.batcher = Batcher(lm, session.vectors, session.lora, head, precisions, slots, prompt_cache_mb)
         self.waiting_limit = waiting
         text_config = lm.model.config.get_text_config()
         self.context_window: int | None = getattr(text_config, "max_position_embeddings", None)
