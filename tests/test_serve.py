@@ -19,7 +19,7 @@ from topl_core.data.encode import build_prompt, user_message
 from topl_core.inference.decode import stop_tokens
 from topl_core.inference.generate import GenerationConfig, prefill, stream_rows
 from topl_core.models.architecture import decoder_layers, final_norm
-from topl_core.models.forward import head_probability
+from topl_core.models.forward import Head, head_probability
 from topl_core.runtime.modes import SteerConfig, steer
 from topl_core.runtime.session import SteeringSession
 
@@ -424,6 +424,32 @@ def test_a_prompt_asked_again_decodes_from_the_prompt_cache_as_a_miss_does(serve
         expected = [t for t in last[0] if t not in stop_tokens(lm.tokenizer)]
         first, again = ask(steering), ask(steering)
         assert first == again == expected != merged, positions
+
+
+def test_a_twins_prompt_stops_at_the_heads_layer_and_never_answers_a_whole_prompt(session):
+    """The twin of a request whose prompt is steered runs the plain prompt only through the head's layer (all it is
+    read at; here a head read at layer 1 of 4) and keeps it so: a merged request for the same prompt afterwards runs
+    the whole prompt (a miss) and writes the merged model's own tokens; the steered request again reads both
+    entries, the whole one for its twin, with the same tokens and p(good) as the first time."""
+    low = SteeringSession(session.lm, session.vectors, head=Head(1, session.head().linear))
+    steering = {"mode": "vector", "lambda": big(session), "units": "raw", "positions": "all"}  # a steered prompt
+    with serving(low) as (engine, server):
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        prompts = engine.batcher.prompts
+
+        def ask(steering=None):
+            extra = {"steering": steering} if steering is not None else None
+            reply = client.chat.completions.create(
+                model="tiny", messages=MESSAGES, max_tokens=NEW, temperature=0, logprobs=True, extra_body=extra
+            )
+            return [(t.token_id, t.p_good) for t in reply.choices[0].logprobs.content]
+
+        first = ask(steering)
+        hits = prompts.stats.hits
+        merged = ask()
+        assert prompts.stats.hits == hits  # the twin's shorter forward did not answer it
+        assert [t for t, _ in merged] == reference_ids(session, 0.0, SteerConfig())
+        assert ask(steering) == first and prompts.stats.hits == hits + 2  # its steered prompt, its twin's whole one
 
 
 def test_the_prompt_cache_keeps_the_most_recent_within_its_limits():

@@ -152,7 +152,7 @@ class Generation:
             joining.cancel()  # still waiting for a slot: it leaves the queue (running or done: no effect)
 
     def _run(self) -> None:
-        one_core_for_this_thread()  # the batcher's thread alone runs parallel work: no second team (hardware/threads.py)
+        one_core_for_this_thread()  # the batcher's thread alone runs parallel work: one team (hardware/threads.py)
         batcher, tok = self.engine.batcher, self.engine.tokenizer
         slot = twin = None
         progress = _Progress()
