@@ -15,9 +15,10 @@ request's first token does not wait for the others to finish) and leaves when it
     batcher.leave(slot)
     batcher.idle()                                every slot free, nothing waiting (the service's invariant at rest)
 
-A prompt's forward is kept in the prompt cache (inference/prompt_cache.py): a prompt asked for again decodes at once.
-A twin's prompt runs only through the head's layer: it is read there, and nothing above it is ever asked of it (its
-slot's layers above hold zeros; the step's rows run every layer, the twin's upper ones unread).
+A prompt's forward is kept in the prompt cache (serve/prompts.py): a prompt asked for again decodes at once. A twin's
+prompt runs only through the head's layer: it is read there, and nothing above it is ever asked of it (its slot's
+layers above hold zeros; the step's rows run every layer, the twin's upper ones unread).
+
 A slot belongs to the generation whose join took it from the moment it is taken: a prompt that fails gives its slots
 back before the join's future raises, and a generation gives them back when it ends, however it ends.
 
@@ -33,7 +34,6 @@ import heapq
 import threading
 from collections import Counter
 from concurrent.futures import Future
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -45,16 +45,15 @@ from ..hardware.precision import TORCH_DTYPES, ResolvedPrecision, autocast
 from ..hardware.threads import release_this_threads_team
 from ..inference.aot_packages import compiled_decode_wanted
 from ..inference.batch_step import ROW_BUCKETS, BatchStep, attention_mask4d
-from ..inference.generate import prompt_forward
-from ..inference.prompt_cache import PromptCache, tensor_bytes
+from ..inference.prompt_cache import PromptCache
 from ..models.architecture import decoder_layers
 from ..models.forward import Head, HeadReader
 from ..models.loading import LoadedModel
 from ..runtime.hooks import edit_outputs
-from ..runtime.modes import steer
 from ..runtime.sites import LoraWeights, Site, residual_paths
 from ..runtime.vectors import SteeringVectors
-from .echo import PromptScores, prompt_layers, prompt_scores
+from .echo import PromptScores
+from .prompts import PromptForwards
 from .row_steering import RowSteering, Steering
 from .slots import SlotLayer
 
@@ -118,13 +117,14 @@ class Batcher:
                 f"{lm.spec.name}: its sliding-window layers are served with the sdpa or eager attention, not "
                 f"{self._attention!r}; load it with attn_implementation='sdpa'."
             )
-        self.lm, self.vectors, self._lora, self.head = lm, vectors, lora, head
+        self.lm, self.head = lm, head
         self.prompt_precision, self.precision = precisions  # the prompts', the steps'
         layers = len(decoder_layers(lm.model))
         # the layers a twin's prompt runs through (None: all of them)
         self._twin_through = head.layer if head is not None and head.layer < layers - 1 else None
         self.slots = slots
-        self.prompts: PromptCache = PromptCache(max_bytes=prompt_cache_mb * 2**20)
+        self._prompts = PromptForwards(lm, vectors, lora, head, self.prompt_precision, prompt_cache_mb * 2**20)
+        self.prompts: PromptCache = self._prompts.cache
         self.write_at = torch.zeros(slots, dtype=torch.long)  # each slot's next position (= its length)
         self.write_at_step = self.write_at
         self.length = 1
@@ -256,23 +256,16 @@ class Batcher:
 
     def _prefill(self, slots: list[int], join: _Join) -> Joined:
         """The prompt (steered where the mode steers the prompt) into the first slot, unsteered into the second (the
-        twin) if any — each from the prompt cache when it holds that forward — and its own tokens scored if asked
-        (a scored prompt runs: the cache keeps the last position's logits only)."""
+        twin, through the head's layer) if any — each from the prompt cache when it holds that forward — and its own
+        tokens scored if asked (serve/prompts.py)."""
         ids, steering = join.ids, join.steering
         steered = steering if steering.how.steers_prompt and not steering.neutral else None
         scores = None
         if join.score is None:
-            held, last = self._prompt(ids, steered)
+            held, last = self._prompts.run(ids, steered)
         else:
-            reader = HeadReader(self.lm.model, self.head, 1, every=True)
-            with self._steering(steered), nullcontext() if steered else reader:
-                cache, logits = prompt_forward(self.lm, ids, self.prompt_precision, every_position=True)
-            held, last = prompt_layers(cache), logits[0, -1].float()
-            if steered is not None and self.head is not None:
-                with reader:
-                    prompt_forward(self.lm, ids, self.prompt_precision)
-            scores = prompt_scores(ids[0], logits[0], join.score, reader.read())
-        plain = self._prompt(ids, None, self._twin_through)[0] if steered is not None and len(slots) > 1 else held
+            held, last, scores = self._prompts.scored(ids, steered, join.score)
+        plain = self._prompts.run(ids, None, self._twin_through)[0] if steered and len(slots) > 1 else held
         n = ids.shape[1]
         with self._cond:
             self._ensure_room(n + 1, held[0][0])
@@ -288,31 +281,6 @@ class Batcher:
                 self.write_at[slot] = n
                 self._joined.add(slot)
         return Joined(slots[0], slots[1] if len(slots) > 1 else None, last.clone(), scores)
-
-    def _prompt(
-        self, ids: torch.Tensor, steered: Steering | None, through: int | None = None
-    ) -> tuple[list[tuple[torch.Tensor, ...]], torch.Tensor | None]:
-        """The prompt `ids`'s forward (steered by `steered`, or plain), through decoder layer `through` (None: all):
-        (each layer's keys and values, its last logits; None when it stopped short), from the prompt cache or run and
-        kept there. The key holds the steering only where it steers the prompt (inference/prompt_cache.py), and
-        where the forward stopped; a whole forward serves a shorter one too."""
-        tokens, steering = tuple(ids[0].tolist()), None if steered is None else (steered.how, float(steered.lam))
-        for depth in dict.fromkeys((None, through)):
-            hit = self.prompts.get((tokens, steering, depth))
-            if hit is not None:
-                return hit
-        with self._steering(steered):
-            cache, last = prompt_forward(self.lm, ids, self.prompt_precision, through=through)
-        held, logits = prompt_layers(cache), None if last is None else last[0]
-        kept = [t for kv in held for t in kv] + ([logits] if logits is not None else [])
-        self.prompts.put((tokens, steering, through if logits is None else None), (held, logits), tensor_bytes(*kept))
-        return held, logits
-
-    def _steering(self, steered: Steering | None):
-        if steered is None:
-            return nullcontext()
-        lora = self._lora() if steered.how.spec.action.needs_lora else None
-        return steer(self.lm.model, self.vectors, steered.lam, steered.how, lora)
 
     def _ensure_room(self, positions: int, like: torch.Tensor) -> None:
         """Room for `positions` in every slot (under the lock). With no slot holding a generation, the storage is
@@ -334,30 +302,25 @@ class Batcher:
 
     def _step(self, steps: list[_Step]) -> None:
         """One batched forward of the waiting steps; the other joined slots sit it out (a masked write). The compiled
-        step runs it where one is built for its rows (rounded up to a bucket) and the storage's length, and every
-        row's steering is a shift."""
+        step runs it where one is built and loaded for its rows (rounded up to a bucket: the free slots up to it sit
+        out too) and the storage's length, and every row's steering is a shift."""
         try:
             with self._cond:
                 rows = max(max(s.slot for s in steps), *self._joined, 0) + 1
-                write_at = self.write_at[:rows].clone()
-                self._ensure_room(int(write_at.max()) + 1, self._cache.layers[0].keys)
+                self._ensure_room(int(self.write_at[:rows].max()) + 1, self._cache.layers[0].keys)
                 capacity = self._mask.shape[1]
                 bucket = self.compiled.bucket(rows) if self.compiled is not None else None
-                if bucket is not None:
-                    rows = bucket  # the free slots up to it sit out with the rest
-                    write_at = self.write_at[:rows].clone()
-                mask = self._mask[:rows].clone()
+                if bucket is not None and not self.compiled.ready((bucket, capacity)):
+                    self.warm(capacity)  # every bucket of this length: more clients are likely to come
+                    bucket = None  # eagerly meanwhile, unpadded
+                rows = bucket or rows
+                write_at, mask = self.write_at[:rows].clone(), self._mask[:rows].clone()
             ids = torch.zeros(rows, 1, dtype=torch.long)
             for s in steps:
                 ids[s.slot, 0] = s.token
             mask[torch.arange(rows), write_at] = 1  # a slot sitting out attends to its own (discarded) write
             steering = {s.slot: s.steering for s in steps}
-            shifts = None
-            if bucket is not None:
-                if self.compiled.ready((rows, capacity)):
-                    shifts = self._rows.shifts(rows, steering, self.compiled.paths)
-                else:
-                    self.warm(capacity)  # every bucket of this length: more clients are likely to come
+            shifts = self._rows.shifts(rows, steering, self.compiled.paths) if bucket is not None else None
             if shifts is not None:
                 logits, p = self._compiled_forward(capacity, ids, write_at, mask, shifts)
             else:
