@@ -1,6 +1,8 @@
 """A steered text is the same whichever door asks for it: the Steering page's stream, `steer`'s λ grid, one steered
 text (evaluate's single document), and the service — all through the one decode loop — for the same document, mode
-and λ, in fp32 and in forced bf16 on a tiny model (every CPU runs bf16, natively or emulated)."""
+and λ, in fp32 and in forced bf16 on a tiny model (every CPU runs bf16, natively or emulated), and under `auto`,
+whatever it resolves to here (the service runs prompts and steps in the page's precisions: bf16 prompts and fp32 steps
+where the CPU computes bf16 natively)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import pytest
 from conftest import NEWS_PAIRS, serving
 
 from topl_core.data.encode import user_message
+from topl_core.hardware.precision import resolve_precision
 from topl_core.inference.generate import GenerationConfig
 from topl_core.runtime.modes import SteerConfig
 
@@ -17,7 +20,7 @@ DOC = NEWS_PAIRS[1][1]
 NEW = 12
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "auto"])
 @pytest.mark.parametrize(
     "how",
     [SteerConfig("vector", units="raw"), SteerConfig("vector", positions="generated", units="raw")],
@@ -31,7 +34,9 @@ def test_every_door_writes_the_same_steered_text(serve_session, precision, how):
     grid = session.grid_generations(DOC, [0.0, lam], gen, how=how)[1].text
     one = session.generations([DOC], lam, gen, how=how)[0].text
     merged = session.generate_steered(DOC, how.neutral, gen, how=how)
-    with serving(session, precision, slots=4) as (_, server):
+    with serving(session, precision, slots=4) as (engine, server):
+        batcher = engine.batcher  # the page's phases: its prompt's precision and its steps'
+        assert (batcher.prompt_precision, batcher.precision) == (resolve_precision(precision), gen.decode_on("cpu"))
         client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
         steering = {"mode": how.mode, "lambda": lam, "units": how.units, "positions": how.positions}
         reply = client.chat.completions.create(
