@@ -138,8 +138,9 @@ class Batcher:
         self._rows = RowSteering(lm.model, vectors, lora)
         self.compiled = self._compiled_step(lm, head, self.precision)
         self.forwards: Counter[str] = Counter()  # the steps run: "compiled" or "eager"
-        # the steps' precision (a bf16 prompt's keys and values widened, as the page's cache is by its fp32 steps)
-        self._kv_dtype = TORCH_DTYPES[self.precision]
+        # the dtype the steps write keys and values in: the weights' under an fp32 step, bf16 under a bf16 one (a bf16
+        # prompt's widened on a CPU's fp32 weights, as the page's cache is by its fp32 steps)
+        self._kv_dtype = lm.model.dtype if self.precision == "fp32" else TORCH_DTYPES[self.precision]
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="topl-serve-batcher", daemon=True)
         self._thread.start()
