@@ -21,7 +21,8 @@ near-tie, as between any two CPUs.
 Inside a graph torch.compile traces (the compiled decode step), one row is a multiply-reduce (row_product), which
 inductor fuses into one kernel per linear: it read the weights at 37 GB/s where oneDNN's linear reached 30 on the
 Zen 4 EPYC, and it is no call out of the graph (the opaque oneDNN operator cost ~30 µs a call there). Up to
-ROW_PRODUCT_ROWS rows (the service's batched step) are row products too, one per row (rows_product); more rows go
+ROW_PRODUCT_ROWS rows (the service's batched step) are row products too, one per row, which inductor fuses into one
+loop loading each weight element once for every row (rows_product); more rows go
 through the model's kernel (oneDNN as one opaque operator, which calls back into Python per linear). The compiled
 step thus rounds differently from the eager one, as its other fused operators do (inference/compiled_decode.py).
 """
@@ -45,9 +46,9 @@ KERNEL_ENV = "TOPL_LINEAR_KERNEL"  # "aten" / "onednn": the kernel on this machi
 FEW_ROWS = 32  # up to a λ grid's decode step (session.GRID_ROWS rows); a prompt's forward has more
 # the probe's weight: 48 MiB of float32, beyond a CPU's caches as a model's weights are, one row through it
 PROBE_SHAPE = (12288, 1024)
-# the most rows a compiled graph's linear takes as row products (rows_product, each reading the weight again): SmolLM2's
-# batched service step of 2 rows took 47 ms through them against 93 through oneDNN's opaque operator and 79 eagerly; of
-# 4 rows, 106 ms against 121 eagerly, and the service's aggregate rate with 2 clients fell (Zen 4 EPYC, 2026-11-29)
+# the most rows a compiled graph's linear takes as row products (rows_product): SmolLM2's batched service step of 2 rows
+# took 47 ms through them against 93 through oneDNN's opaque operator and 79 eagerly; of 4 rows, 67-90 ms against 65
+# eagerly (each output's reductions grow with the rows over a short 576-wide loop; Zen 4 EPYC, 2026-11-29)
 ROW_PRODUCT_ROWS = 2
 FASTER_BY = 1.1  # oneDNN is chosen only where it is at least this much faster: a tie is not worth other roundings
 
@@ -120,9 +121,10 @@ def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 def rows_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """row_product for a few rows (their count fixed when the graph is traced): each row's own, stacked. Each reads
-    the weight again, so it pays for ROW_PRODUCT_ROWS rows at most; oneDNN's linear inside a compiled graph is an
-    opaque operator that calls back into Python per linear (module docstring)."""
+    """row_product for a few rows (their count fixed when the graph is traced): each row's own, stacked, which inductor
+    fuses into one loop over the weight (each element loaded once for every row). The reductions per output grow with
+    the rows, so it pays for ROW_PRODUCT_ROWS rows at most; oneDNN's linear inside a compiled graph is an opaque
+    operator that calls back into Python per linear (module docstring)."""
     flat = x.reshape(-1, x.shape[-1])
     if flat.shape[0] == 1:
         return row_product(x, weight, bias)

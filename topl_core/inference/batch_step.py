@@ -39,7 +39,7 @@ from ..models.loading import LoadedModel, ModelSpec, load_model
 from .aot_packages import AotPackages, StepModule, bind, export_package, step_constants
 
 # the row counts packages are built for (a step's rows, the highest slot in use + 1, rounded up: the others sit out);
-# more rows run eagerly: the linears' row products read the weights once per row (hardware/linear_kernel.py)
+# more rows run eagerly: past ROW_PRODUCT_ROWS the compiled step was no faster (hardware/linear_kernel.py)
 ROW_BUCKETS = tuple(b for b in (2, 4, 8) if b <= ROW_PRODUCT_ROWS)
 
 
