@@ -10,6 +10,7 @@ from conftest import needs_smollm2
 
 from topl_core.foundations.errors import ModelError
 from topl_core.models.architecture import check_layer_range, decoder_layers
+from topl_core.models.forward import first_rows_above
 from topl_core.models.loading import ModelSpec, load_model
 from topl_core.models.tiny import TINY_FAMILIES
 
@@ -22,6 +23,27 @@ def test_tiny_families_load_and_run(family):
     logits = lm.model(ids).logits
     assert logits.shape == (1, ids.shape[1], len(lm.tokenizer))
     assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_rows_past_the_first_stop_at_a_layer(family):
+    """first_rows_above (the service's compiled step: twins read at the head's layer): the first row's logits and
+    every row's states after the layer are the whole forward's, and the other rows never reach the layers above —
+    the KV cache's upper layers hold the first row only (Gemma-3's sliding-window layers and rotary kinds too)."""
+    model = load_model(family).model
+    ids = torch.randint(5, 200, (3, 7), generator=torch.Generator().manual_seed(0))
+    whole = model(ids, output_hidden_states=True)
+    handles = first_rows_above(model, 1, 1)
+    try:
+        cut = model(ids, output_hidden_states=True, use_cache=True)
+    finally:
+        for h in handles:
+            h.remove()
+    assert cut.logits.shape[0] == 1
+    torch.testing.assert_close(cut.logits, whole.logits[:1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cut.hidden_states[2], whole.hidden_states[2])  # after layer 1: all three rows
+    rows = [layer.keys.shape[0] for layer in cut.past_key_values.layers]
+    assert rows == [3, 3, 1, 1]
 
 
 def test_tiny_tokenizer_offsets_include_leading_space():

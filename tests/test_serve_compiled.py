@@ -1,7 +1,8 @@
 """The service's compiled batched step (inference/batch_step.py): once its package is built, a float32 service decodes
 every step through it, and what clients read is what the eager forward gives — the same tokens as the Steering page's
 stream, the same log-probabilities and p(good) — for rows of different λ in one batch, a merged row beside them, and
-a gated row whose judge turns its steering off and on; up to the largest row bucket at once."""
+a gated row whose judge turns its steering off and on; up to the largest row bucket at once. The head is read at
+layer 1 of tiny-llama's 4: a step of a steered row and its twin runs the package whose second row stops there."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import pytest
 from conftest import NEWS_PAIRS, serving
 
 from topl_core.data.encode import user_message
-from topl_core.inference.batch_step import ROW_BUCKETS
 from topl_core.inference.generate import GenerationConfig
+from topl_core.models.forward import Head
 from topl_core.runtime.modes import SteerConfig
+from topl_core.runtime.session import SteeringSession
 from topl_core.serve.batch import ROOM
 
 openai = pytest.importorskip("openai")
@@ -50,13 +52,13 @@ def served(session, monkeypatch, compiled: bool, groups: list[list[tuple[str, di
             with concurrent.futures.ThreadPoolExecutor(len(group)) as pool:
                 replies += pool.map(lambda r: ask(client, *r), group)
         health = httpx.get(server.url.removesuffix("/v1") + "/health").json()
-        ready = [[rows, ROOM] for rows in ROW_BUCKETS]
+        ready = [list(shape) for shape in engine.batcher.compiled.shapes(ROOM)] if compiled else None
         assert health["compiled_steps"] == ({"ready": ready, "building": [], "failed": []} if compiled else None)
         return replies, health["forwards"]
 
 
 def test_the_compiled_step_serves_what_the_eager_forward_serves(serve_session, monkeypatch):
-    session = serve_session
+    session = SteeringSession(serve_session.lm, serve_session.vectors, head=Head(1, serve_session.head().linear))
     lam = 3.0 / min(session.vectors.norms().values())  # moves a 3-step adapter's residual stream visibly
     steering = {"mode": HOW.mode, "units": HOW.units, "positions": HOW.positions}
     groups = [  # at most 2 rows at once, the largest bucket: a steered request decodes with its twin
@@ -85,10 +87,11 @@ def test_bench_serve_measures_the_server_warm(serve_session, monkeypatch):
     from topl_core.bench.serve import serve_bench
 
     monkeypatch.setenv("TOPL_COMPILED_DECODE", "auto")
-    with serving(serve_session, "fp32", slots=8) as (_, server):
+    with serving(serve_session, "fp32", slots=8) as (engine, server):
         res = serve_bench(server.url, "tiny", DOCS[0], concurrency=(1,), new_tokens=6, log=lambda _: None)
+        shapes = [list(shape) for shape in engine.batcher.compiled.shapes(ROOM)]
     health = res["server_health"]
-    assert health["compiled_steps"]["building"] == [] and [2, ROOM] in health["compiled_steps"]["ready"]
+    assert health["compiled_steps"]["building"] == [] and health["compiled_steps"]["ready"] == shapes
     warm_up = 8 + 1  # its steps (8 tokens, and the last one's p(good)): eager at most, while the step builds
     assert health["forwards"].get("eager", 0) <= warm_up < health["forwards"]["compiled"]
     assert [r["clients"] for r in res["rows"]] == [1] and res["rows"][0]["tokens"] > 0

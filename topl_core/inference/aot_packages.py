@@ -96,7 +96,8 @@ class StepModule(torch.nn.Module):
             self.shift_sizes.append(module.weight.shape[0])
 
     def _shift(self, i: int, out: torch.Tensor) -> torch.Tensor:
-        return self._shifts[i].reshape(-1, 1, out.shape[-1]).to(out.dtype)  # one row's, or each row's
+        # one row's, or each row's that reached this module (the first rows above a step's head layer)
+        return self._shifts[i].reshape(-1, 1, out.shape[-1])[: out.shape[0]].to(out.dtype)
 
 
 def _child_of_this_process() -> None:

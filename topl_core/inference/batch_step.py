@@ -4,17 +4,24 @@ of its rows and cache length is built, instead of the eager Python forward.
 
     step = BatchStep(lm, slots=16, shift_paths=residual_paths(model), read_layer=head.layer)
     step.supports(decode_dtype) -> bool       float32 weights decoding in float32 on a CPU, no sliding windows
-    step.bucket(rows) -> int | None           the package's rows a step of `rows` runs in (ROW_BUCKETS), None: eager
-    step.ready((rows, capacity)) / step.warm_later((rows, capacity))   built and loaded / built by a child process
-        and loaded after, in a background thread (nothing waits for it: the batcher steps eagerly meanwhile)
-    logits, hidden = step(capacity, storage, ids, positions, allowed, shifts)   rows = ids' rows (a bucket's):
-        each row's token at its position, attending to the positions `allowed` marks (rows × capacity, its own
-        included), shifts[i] (rows × width) added to the output of the module at shift_paths[i]; the next logits
-        (rows × vocabulary, float32) and the hidden state after decoder layer `read_layer` (rows × width: where the
-        adapter's head reads p(good)). `storage`: each layer's (keys, values), slots × heads × capacity × head size,
-        in the weights' dtype: the batcher's own, written in place at each row's position (no copy).
-    python -m topl_core.inference.batch_step NAME DTYPE OUT SLOTS ROWS CAPACITY READ_LAYER ATTENTION [PATH ...]
+    step.shape(rows, full, capacity) -> Shape | None   the package a step of `rows` rows runs in, of which the first
+        `full` need their logits: (a bucket of ROW_BUCKETS, capacity, the rows running every layer), None: eager
+    step.shapes(capacity) -> [Shape]          every package of a cache length, the one-client step's first
+    step.ready(shape) / step.warm_later(shape)   built and loaded / built by a child process and loaded after, in a
+        background thread (nothing waits for it: the batcher steps eagerly meanwhile)
+    logits, hidden = step(shape, storage, ids, positions, allowed, shifts)   rows = ids' rows (the shape's): each
+        row's token at its position, attending to the positions `allowed` marks (rows × capacity, its own included),
+        shifts[i] (rows × width) added to the output of the module at shift_paths[i]; the next logits of the first
+        `full` rows (full × vocabulary, float32) and every row's hidden state after decoder layer `read_layer` (rows ×
+        width: where the adapter's head reads p(good)). `storage`: each layer's (keys, values), slots × heads ×
+        capacity × head size, in the weights' dtype: the batcher's own, written in place at each row's position (no
+        copy).
+    python -m topl_core.inference.batch_step NAME DTYPE OUT SLOTS ROWS CAPACITY READ_LAYER ATTENTION FULL [PATH ...]
         the child
+
+The rows past `full` stop at the head's layer (models/forward.first_rows_above): an unsteered twin, read there only,
+runs the layers up to the head's (22 of SmolLM2's 30 for the demo adapter) and no LM head. The batcher keeps its twins last among the rows where it can (a
+client's twin takes the slot after its own), so that one client's step runs its twin so.
 
 The rows are fixed per package: traced for a known row count, each linear is a row product per row, fused by inductor
 (hardware/linear_kernel.rows_product); with a dynamic row count they called oneDNN's linear through Python, and
@@ -35,6 +42,7 @@ from transformers.cache_utils import StaticLayer
 
 from ..hardware.linear_kernel import ROW_PRODUCT_ROWS
 from ..models.architecture import decoder_layers
+from ..models.forward import first_rows_above
 from ..models.loading import LoadedModel, ModelSpec, load_model
 from .aot_packages import AotPackages, StepModule, bind, export_package, step_constants
 
@@ -59,10 +67,10 @@ class RowLayer(StaticLayer):
     position: torch.Tensor
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        rows = key_states.shape[0]
-        each = torch.arange(rows, device=key_states.device)
-        self.keys[each, :, self.position] = key_states[:, :, 0].to(self.keys.dtype)
-        self.values[each, :, self.position] = value_states[:, :, 0].to(self.values.dtype)
+        rows = key_states.shape[0]  # the step's, or its first rows' above the head's layer
+        each, at = torch.arange(rows, device=key_states.device), self.position[:rows]
+        self.keys[each, :, at] = key_states[:, :, 0].to(self.keys.dtype)
+        self.values[each, :, at] = value_states[:, :, 0].to(self.values.dtype)
         return self.keys[:rows], self.values[:rows]
 
     def get_seq_length(self) -> int:
@@ -71,7 +79,8 @@ class RowLayer(StaticLayer):
 
 class BatchDecodeStep(StepModule):
     """The exported module (the module docstring): its own module tree over the model's weights, a RowLayer cache of
-    `slots` rows and `capacity` positions, shift hooks, and the hidden state after layer `read_layer` captured."""
+    `slots` rows and `capacity` positions, shift hooks, the hidden state after layer `read_layer` captured, and the
+    layers above it running the first `full` rows only (None: every row)."""
 
     def __init__(
         self,
@@ -81,11 +90,14 @@ class BatchDecodeStep(StepModule):
         shift_paths: Sequence[str],
         read_layer: int,
         attention: str,
+        full: int | None = None,
     ):
         super().__init__(model, slots, capacity, RowLayer, shift_paths)
         self.attention = attention
         self._read: dict[str, torch.Tensor] = {}
         decoder_layers(self.model)[read_layer].register_forward_hook(self._capture)
+        if full is not None:
+            first_rows_above(self.model, read_layer, full)
 
     def _capture(self, _module, _inputs, output) -> None:
         self._read["hidden"] = output[0] if isinstance(output, tuple) else output
@@ -108,13 +120,13 @@ class BatchDecodeStep(StepModule):
 
 def build_package(name: str, dtype: str, out: Path, slots: int, rows: int, capacity: int, args: Sequence[str]) -> None:
     """The child's work: export the batched step of the model `name` for `rows` rows, and compile it."""
-    read_layer, attention, *shift_paths = args
+    read_layer, attention, full, *shift_paths = args
     model = load_model(ModelSpec(name, dtype, "cpu")).model
-    step = BatchDecodeStep(model, slots, capacity, shift_paths, int(read_layer), attention)
+    step = BatchDecodeStep(model, slots, capacity, shift_paths, int(read_layer), attention, int(full))
     export_package(step, step.example_inputs(rows), out)
 
 
-Shape = tuple[int, int]  # a package's rows and cache length
+Shape = tuple[int, int, int]  # a package's rows, cache length, and first rows running every layer (the module docstring)
 
 
 class BatchStep:
@@ -124,7 +136,9 @@ class BatchStep:
     def __init__(self, lm: LoadedModel, slots: int, shift_paths: Sequence[str], read_layer: int):
         self._lm, self.slots, self.paths = lm, slots, tuple(shift_paths)
         self._attention = lm.model.config._attn_implementation
-        self._args = [str(slots), "{rows}", "{capacity}", str(read_layer), self._attention, *self.paths]
+        # whether rows may stop at the read layer: below the last one (a head's), else nothing is left to skip
+        self._cut = read_layer < len(decoder_layers(lm.model)) - 1
+        self._args = [str(slots), "{rows}", "{capacity}", str(read_layer), self._attention, "{full}", *self.paths]
         self._packages = AotPackages(lm, __name__)
         # the constants' names, from a step of one position (its cache is not the one the package reads)
         self._constants = step_constants(BatchDecodeStep(lm.model, 1, 1, self.paths, read_layer, self._attention))
@@ -144,6 +158,20 @@ class BatchStep:
     def bucket(self, rows: int) -> int | None:
         """The rows of the package a step of `rows` rows runs in (the others sit out), None past the last bucket."""
         return next((b for b in ROW_BUCKETS if rows <= b <= self.slots), None)
+
+    def shape(self, rows: int, full: int, capacity: int) -> Shape | None:
+        """The package a step of `rows` rows runs in, the first `full` of them needing their logits (the rest read at
+        the read layer only); None past the last bucket (the step runs eagerly)."""
+        bucket = self.bucket(rows)
+        if bucket is None:
+            return None
+        return bucket, capacity, full if self._cut else bucket
+
+    def shapes(self, capacity: int) -> list[Shape]:
+        """Every package of a cache length: per bucket, each count of rows running every layer, fewest first (one
+        client's steered row and its twin, the step most often asked for)."""
+        buckets = [b for b in ROW_BUCKETS if b <= self.slots]
+        return [(b, capacity, full) for b in buckets for full in (range(1, b + 1) if self._cut else (b,))]
 
     def ready(self, shape: Shape) -> bool:
         return shape in self._runners
@@ -178,8 +206,8 @@ class BatchStep:
             return True
 
     def _warm(self, shape: Shape) -> None:
-        rows, capacity = shape
-        args = [a.format(rows=rows, capacity=capacity) for a in self._args]
+        rows, capacity, full = shape
+        args = [a.format(rows=rows, capacity=capacity, full=full) for a in self._args]
         try:
             with self._one_build:  # one child at a time: each takes every core it can
                 runner = self._packages.load(self._packages.key(*args), args)  # its constants: at the first step
@@ -191,8 +219,7 @@ class BatchStep:
             with self._lock:
                 self._building.discard(shape)
 
-    def __call__(self, capacity, storage, ids, positions, allowed, shifts):
-        shape = (ids.shape[0], capacity)
+    def __call__(self, shape: Shape, storage, ids, positions, allowed, shifts):
         runner = self._runners[shape]
         bound = tuple(t.data_ptr() for kv in storage for t in kv)
         if self._bound.get(shape) != bound:  # the batcher's storage was allocated anew: hand it over

@@ -70,6 +70,31 @@ def through_layer(model: torch.nn.Module, layer: int | None, forward: Callable[[
             return None
 
 
+
+# a decoder layer's per-row inputs besides its hidden states (a row's mask, position and rotary embeddings)
+_ROW_INPUTS = ("hidden_states", "attention_mask", "position_ids", "position_embeddings")
+
+
+def first_rows_above(model: torch.nn.Module, layer: int, rows: int) -> list[torch.utils.hooks.RemovableHandle]:
+    """Decoder layers above `layer` run the batch's first `rows` rows only (pre-hooks on them, returned): the other
+    rows' states stop at `layer`, and the final norm and LM head see `rows` rows. A KV cache's update writes the rows
+    it is given, so the others' upper layers are left as they were (a batched step's rows read only at `layer`)."""
+
+    def first(value):
+        if isinstance(value, tuple):
+            return tuple(first(v) for v in value)
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] > rows:
+            return value[:rows]
+        return value  # one row broadcast to all (a mask of one row), or no tensor
+
+    def keep_first(_module, args, kwargs):
+        return tuple(first(a) for a in args), {k: first(v) if k in _ROW_INPUTS else v for k, v in kwargs.items()}
+
+    return [
+        decoder_layers(model)[i].register_forward_pre_hook(keep_first, with_kwargs=True)
+        for i in range(layer + 1, len(decoder_layers(model)))
+    ]
+
 def head_features(
     model: torch.nn.Module,
     input_ids: torch.Tensor,

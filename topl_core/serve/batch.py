@@ -11,13 +11,15 @@ request's first token does not wait for the others to finish) and leaves when it
     joined = batcher.join(ids, steering, twin=False).result()   the prompt run into a free slot (and its twin):
         Joined(slot, twin, logits, prompt); a join still waiting for a slot is cancelled with its future's cancel()
     logits, p = batcher.submit(slot, token, steering).result()     one decode step of `slot`, batched with others
+        (a twin's logits: None where its step stopped at the head's layer)
     batcher.crop(slot, n)                         the slot's last n positions dropped (a judge took a token back)
     batcher.leave(slot)
     batcher.idle()                                every slot free, nothing waiting (the service's invariant at rest)
 
 A prompt's forward is kept in the prompt cache (serve/prompts.py): a prompt asked for again decodes at once. A twin's
 prompt runs only through the head's layer: it is read there, and nothing above it is ever asked of it (its slot's
-layers above hold zeros; the step's rows run every layer, the twin's upper ones unread).
+layers above hold zeros). Its steps do too in the compiled step, where the twin is the last row (one client's: its
+slot is the one after its generation's); an eager step runs every row through every layer, a twin's upper ones unread.
 
 A slot belongs to the generation whose join took it from the moment it is taken: a prompt that fails gives its slots
 back before the join's future raises, and a generation gives them back when it ends, however it ends.
@@ -44,7 +46,7 @@ from ..foundations.errors import ModelError
 from ..hardware.precision import TORCH_DTYPES, ResolvedPrecision, autocast
 from ..hardware.threads import release_this_threads_team
 from ..inference.aot_packages import compiled_decode_wanted
-from ..inference.batch_step import ROW_BUCKETS, BatchStep, attention_mask4d
+from ..inference.batch_step import BatchStep, attention_mask4d
 from ..inference.prompt_cache import PromptCache
 from ..models.architecture import decoder_layers
 from ..models.forward import Head, HeadReader
@@ -135,6 +137,7 @@ class Batcher:
         self._steps: dict[int, _Step] = {}
         self._joins: list[_Join] = []
         self._joined: set[int] = set()  # slots holding a generation
+        self._twins: set[int] = set()  # those holding a twin: read at the head's layer, their logits never asked for
         self._rows = RowSteering(lm.model, vectors, lora)
         self.compiled = self._compiled_step(lm, head, self.precision)
         self.forwards: Counter[str] = Counter()  # the steps run: "compiled" or "eager"
@@ -160,8 +163,7 @@ class Batcher:
         a shape's first step starts its build; eager steps meanwhile); `wait`: until loaded. Whether they are."""
         if self.compiled is None:
             return False
-        capacity = -(-positions // ROOM) * ROOM
-        shapes = [(rows, capacity) for rows in ROW_BUCKETS if rows <= self.slots]
+        shapes = self.compiled.shapes(-(-positions // ROOM) * ROOM)
         for shape in shapes:
             (self.compiled.warm if wait else self.compiled.warm_later)(shape)
         return all(self.compiled.ready(shape) for shape in shapes)
@@ -182,7 +184,8 @@ class Batcher:
 
     def submit(self, slot: int, token: int, steering: Steering) -> Future:
         """One decode step of `slot` with `token`, batched with the other slots' waiting steps; the future gives (the
-        next logits (vocabulary,), float32; the head's p(good) of `token`, NaN without a head)."""
+        next logits (vocabulary,), float32, or None for a twin whose step stopped at the head's layer; the head's
+        p(good) of `token`, NaN without a head)."""
         done: Future = Future()
         with self._cond:
             self._steps[slot] = _Step(slot, token, steering, done)
@@ -201,6 +204,7 @@ class Batcher:
             self._mask[slot] = 0
             self.write_at[slot] = 0
             self._joined.discard(slot)
+            self._twins.discard(slot)
             self._steps.pop(slot, None)
             if slot not in self._free:
                 heapq.heappush(self._free, slot)
@@ -281,6 +285,7 @@ class Batcher:
                 self._mask[slot, :n] = 1
                 self.write_at[slot] = n
                 self._joined.add(slot)
+            self._twins.update(slots[1:])
         return Joined(slots[0], slots[1] if len(slots) > 1 else None, last.clone(), scores)
 
     def _ensure_room(self, positions: int, like: torch.Tensor) -> None:
@@ -304,26 +309,28 @@ class Batcher:
     def _step(self, steps: list[_Step]) -> None:
         """One batched forward of the waiting steps; the other joined slots sit it out (a masked write). The compiled
         step runs it where one is built and loaded for its rows (rounded up to a bucket: the free slots up to it sit
-        out too) and the storage's length, and every row's steering is a shift."""
+        out too) and the storage's length, and every row's steering is a shift. There, the rows after the last one
+        whose logits are asked for (twins, and slots sitting out) stop at the head's layer."""
         try:
             with self._cond:
                 rows = max(max(s.slot for s in steps), *self._joined, 0) + 1
+                full = 1 + max((s.slot for s in steps if s.slot not in self._twins), default=0)
                 self._ensure_room(int(self.write_at[:rows].max()) + 1, self._cache.layers[0].keys)
                 capacity = self._mask.shape[1]
-                bucket = self.compiled.bucket(rows) if self.compiled is not None else None
-                if bucket is not None and not self.compiled.ready((bucket, capacity)):
-                    self.warm(capacity)  # every bucket of this length: more clients are likely to come
-                    bucket = None  # eagerly meanwhile, unpadded
-                rows = bucket or rows
+                shape = self.compiled.shape(rows, full, capacity) if self.compiled is not None else None
+                if shape is not None and not self.compiled.ready(shape):
+                    self.warm(capacity)  # every package of this length: more clients are likely to come
+                    shape = None  # eagerly meanwhile, unpadded
+                rows = shape[0] if shape is not None else rows
                 write_at, mask = self.write_at[:rows].clone(), self._mask[:rows].clone()
             ids = torch.zeros(rows, 1, dtype=torch.long)
             for s in steps:
                 ids[s.slot, 0] = s.token
             mask[torch.arange(rows), write_at] = 1  # a slot sitting out attends to its own (discarded) write
             steering = {s.slot: s.steering for s in steps}
-            shifts = self._rows.shifts(rows, steering, self.compiled.paths) if bucket is not None else None
+            shifts = self._rows.shifts(rows, steering, self.compiled.paths) if shape is not None else None
             if shifts is not None:
-                logits, p = self._compiled_forward(capacity, ids, write_at, mask, shifts)
+                logits, p = self._compiled_forward(shape, ids, write_at, mask, shifts)
             else:
                 logits, p = self._eager_forward(rows, ids, write_at, mask, steering)
             self.forwards["eager" if shifts is None else "compiled"] += 1
@@ -331,8 +338,8 @@ class Batcher:
                 for s in steps:
                     self._mask[s.slot, write_at[s.slot]] = 1
                     self.write_at[s.slot] = write_at[s.slot] + 1
-            for s in steps:
-                s.done.set_result((logits[s.slot], float(p[s.slot])))
+            for s in steps:  # a twin past the rows running every layer has no logits
+                s.done.set_result((logits[s.slot] if s.slot < len(logits) else None, float(p[s.slot])))
         except BaseException as e:
             for s in steps:
                 if not s.done.done():
@@ -355,10 +362,11 @@ class Batcher:
             )
             return out.logits[:, -1].float(), reader.read()
 
-    def _compiled_forward(self, capacity, ids, write_at, mask, shifts) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's forward through the compiled package, on the storage itself: as _eager_forward gives."""
+    def _compiled_forward(self, shape, ids, write_at, mask, shifts) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's forward through the compiled package of `shape`, on the storage itself: as _eager_forward gives,
+        the logits of the shape's first rows only."""
         storage = [(layer.keys, layer.values) for layer in self._cache.layers]
-        logits, hidden = self.compiled(capacity, storage, ids, write_at, mask.bool(), shifts)
+        logits, hidden = self.compiled(shape, storage, ids, write_at, mask.bool(), shifts)
         if self.head is None:
             return logits, torch.full((ids.shape[0],), float("nan"))
         return logits, self.head.read(self.lm.model, hidden[:, None])[:, -1]

@@ -31,10 +31,10 @@ class SlotLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         b = self._batcher
-        rows = torch.arange(key_states.shape[0], device=key_states.device)
-        self.keys[rows, :, b.write_at_step] = key_states[:, :, 0].to(self.keys.dtype)
-        self.values[rows, :, b.write_at_step] = value_states[:, :, 0].to(self.values.dtype)
         rows = key_states.shape[0]
+        each, at = torch.arange(rows, device=key_states.device), b.write_at_step[:rows]
+        self.keys[each, :, at] = key_states[:, :, 0].to(self.keys.dtype)
+        self.values[each, :, at] = value_states[:, :, 0].to(self.values.dtype)
         return self.keys[:rows, :, : b.length], self.values[:rows, :, : b.length]
 
     def get_seq_length(self) -> int:
