@@ -20,8 +20,8 @@ of its rows and cache length is built, instead of the eager Python forward.
         the child
 
 The rows past `full` stop at the head's layer (models/forward.first_rows_above): an unsteered twin, read there only,
-runs the layers up to the head's (22 of SmolLM2's 30 for the demo adapter) and no LM head. The batcher keeps its twins last among the rows where it can (a
-client's twin takes the slot after its own), so that one client's step runs its twin so.
+runs the layers up to the head's (22 of SmolLM2's 30 for the demo adapter) and no LM head. A twin takes the slot after
+its generation's, so one client's twin is the step's last row and runs so.
 
 The rows are fixed per package: traced for a known row count, each linear is a row product per row, fused by inductor
 (hardware/linear_kernel.rows_product); with a dynamic row count they called oneDNN's linear through Python, and
@@ -126,7 +126,8 @@ def build_package(name: str, dtype: str, out: Path, slots: int, rows: int, capac
     export_package(step, step.example_inputs(rows), out)
 
 
-Shape = tuple[int, int, int]  # a package's rows, cache length, and first rows running every layer (the module docstring)
+# a package's rows, cache length, and first rows running every layer (the module docstring)
+Shape = tuple[int, int, int]
 
 
 class BatchStep:

@@ -70,7 +70,6 @@ def through_layer(model: torch.nn.Module, layer: int | None, forward: Callable[[
             return None
 
 
-
 # a decoder layer's per-row inputs besides its hidden states (a row's mask, position and rotary embeddings)
 _ROW_INPUTS = ("hidden_states", "attention_mask", "position_ids", "position_embeddings")
 
@@ -94,6 +93,7 @@ def first_rows_above(model: torch.nn.Module, layer: int, rows: int) -> list[torc
         decoder_layers(model)[i].register_forward_pre_hook(keep_first, with_kwargs=True)
         for i in range(layer + 1, len(decoder_layers(model)))
     ]
+
 
 def head_features(
     model: torch.nn.Module,
