@@ -20,7 +20,7 @@ of its rows and cache length is built, instead of the eager Python forward.
         the child
 
 The rows past `full` stop at the head's layer (models/forward.first_rows_above): an unsteered twin, read there only,
-runs the layers up to the head's (22 of SmolLM2's 30 for the demo adapter) and no LM head. A twin takes the slot after
+runs the layers up to the head's (21 of SmolLM2's 30 for the demo adapter) and no LM head. A twin takes the slot after
 its generation's, so one client's twin is the step's last row and runs so.
 
 The rows are fixed per package: traced for a known row count, each linear is a row product per row, fused by inductor
