@@ -40,6 +40,13 @@ def ask(client, doc: str, steering: dict | None):
     return reply.choices[0].message.content.strip(), [t.logprob for t in tokens], [t.p_good for t in tokens]
 
 
+@pytest.fixture(scope="module")
+def session(serve_session):
+    """serve_session with its head read at layer 1 of 4; both tests serve it, so the second loads the packages the
+    first built (the same model, sites, head layer and shapes)."""
+    return SteeringSession(serve_session.lm, serve_session.vectors, head=Head(1, serve_session.head().linear))
+
+
 def served(session, monkeypatch, compiled: bool, groups: list[list[tuple[str, dict | None]]]):
     """The replies to each group of requests, a group asked all at once, and the batcher's forwards by kind."""
     monkeypatch.setenv("TOPL_COMPILED_DECODE", "auto" if compiled else "0")
@@ -57,8 +64,7 @@ def served(session, monkeypatch, compiled: bool, groups: list[list[tuple[str, di
         return replies, health["forwards"]
 
 
-def test_the_compiled_step_serves_what_the_eager_forward_serves(serve_session, monkeypatch):
-    session = SteeringSession(serve_session.lm, serve_session.vectors, head=Head(1, serve_session.head().linear))
+def test_the_compiled_step_serves_what_the_eager_forward_serves(session, monkeypatch):
     lam = 3.0 / min(session.vectors.norms().values())  # moves a 3-step adapter's residual stream visibly
     steering = {"mode": HOW.mode, "units": HOW.units, "positions": HOW.positions}
     groups = [  # at most 2 rows at once, the largest bucket: a steered request decodes with its twin
@@ -81,13 +87,13 @@ def test_the_compiled_step_serves_what_the_eager_forward_serves(serve_session, m
     assert compiled[1][0] != compiled[3][0]  # −λ acts: the same document merged reads otherwise
 
 
-def test_bench_serve_measures_the_server_warm(serve_session, monkeypatch):
+def test_bench_serve_measures_the_server_warm(session, monkeypatch):
     """bench --serve waits for the compiled step its warm-up request started, so that its rows are the compiled
     step's (the server's /health after the bench: no eager step past the warm-up's)."""
     from topl_core.bench.serve import serve_bench
 
     monkeypatch.setenv("TOPL_COMPILED_DECODE", "auto")
-    with serving(serve_session, "fp32", slots=8) as (engine, server):
+    with serving(session, "fp32", slots=8) as (engine, server):
         res = serve_bench(server.url, "tiny", DOCS[0], concurrency=(1,), new_tokens=6, log=lambda _: None)
         shapes = [list(shape) for shape in engine.batcher.compiled.shapes(ROOM)]
     health = res["server_health"]
