@@ -5,6 +5,7 @@ gets OpenAI's error JSON while the other clients go on."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -22,6 +23,8 @@ from topl_core.models.architecture import decoder_layers, final_norm
 from topl_core.models.forward import Head, head_probability
 from topl_core.runtime.modes import SteerConfig, steer
 from topl_core.runtime.session import SteeringSession
+from topl_core.serve.prompts import PromptForwards
+from topl_core.serve.row_steering import Steering
 
 openai = pytest.importorskip("openai", reason="the openai client is installed by requirements.txt")
 uvicorn = pytest.importorskip("uvicorn")
@@ -450,6 +453,37 @@ def test_a_twins_prompt_stops_at_the_heads_layer_and_never_answers_a_whole_promp
         assert prompts.stats.hits == hits  # the twin's shorter forward did not answer it
         assert [t for t, _ in merged] == reference_ids(session, 0.0, SteerConfig())
         assert ask(steering) == first and prompts.stats.hits == hits + 2  # its steered prompt, its twin's whole one
+
+
+def test_a_steered_prompt_replays_its_twins_layers_below_the_lowest_site(session):
+    """Steering sites at layer 1 and above: a steered prompt and its twin's plain one are one forward below them, so
+    the twin's runs first and the steered one replays its layers there (PromptForwards.run_with_twin). The steered
+    request writes the page's own steered tokens (its prompt run whole); a merged request afterwards is answered by
+    the twin's cached forward and writes the merged model's own tokens, as a prompt run on its own would."""
+    upper = dataclasses.replace(session.vectors, sites=tuple(s for s in session.vectors.sites if s.layer >= 1))
+    assert upper.sites, [s.key for s in session.vectors.sites]
+    high = SteeringSession(session.lm, upper, head=session.head())
+    how = SteerConfig("vector", units="raw", positions="all")  # the prompt steered
+    steering = {"mode": how.mode, "lambda": big(high), "units": how.units, "positions": how.positions}
+    with serving(high) as (engine, server):
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        forwards = engine.batcher._prompts
+        steered = chat(client, steering=steering, logprobs=True)
+        assert forwards.replayed == min(s.layer for s in upper.sites)
+        assert served_ids(steered.choices[0]) == reference_ids(high, big(high), how)
+        hits = forwards.cache.stats.hits
+        merged = chat(client, logprobs=True)
+        assert forwards.cache.stats.hits == hits + 1 and forwards.replayed == min(s.layer for s in upper.sites)
+        assert served_ids(merged.choices[0]) == reference_ids(high, 0.0, SteerConfig())
+    # bit for bit what each prompt's own forward gives, with nothing shared (another PromptForwards, its cache empty)
+    ids = torch.randint(5, 200, (1, 30), generator=torch.Generator().manual_seed(0))
+    sharing, alone = (PromptForwards(high.lm, upper, high.lora, high.head(), "fp32", 2**26) for _ in range(2))
+    steered = Steering(how, big(high))
+    held, logits, plain = sharing.run_with_twin(ids, steered, None)
+    (held_alone, logits_alone), plain_alone = alone.run(ids, steered), alone.run(ids, None)[0]
+    assert sharing.replayed > 0 and alone.replayed == 0 and torch.equal(logits, logits_alone)
+    pairs = [(a, b) for x, y in zip(held + plain, held_alone + plain_alone, strict=True) for a, b in zip(x, y)]
+    assert all(torch.equal(a, b) for a, b in pairs)
 
 
 def test_the_prompt_cache_keeps_the_most_recent_within_its_limits():

@@ -265,12 +265,15 @@ class Batcher:
         tokens scored if asked (serve/prompts.py)."""
         ids, steering = join.ids, join.steering
         steered = steering if steering.how.steers_prompt and not steering.neutral else None
-        scores = None
-        if join.score is None:
-            held, last = self._prompts.run(ids, steered)
+        scores, twin = None, steered is not None and len(slots) > 1
+        if join.score is None and twin:
+            held, last, plain = self._prompts.run_with_twin(ids, steered, self._twin_through)
         else:
-            held, last, scores = self._prompts.scored(ids, steered, join.score)
-        plain = self._prompts.run(ids, None, self._twin_through)[0] if steered and len(slots) > 1 else held
+            if join.score is None:
+                held, last = self._prompts.run(ids, steered)
+            else:
+                held, last, scores = self._prompts.scored(ids, steered, join.score)
+            plain = self._prompts.run(ids, None, self._twin_through)[0] if twin else held
         n = ids.shape[1]
         with self._cond:
             self._ensure_room(n + 1, held[0][0])

@@ -7,22 +7,35 @@ plain, whole or only through the head's layer (a twin's: it is read there and no
         head size; the last position's logits (vocabulary, float32), None for a forward stopped after `through`
     held, logits, scores = prompts.scored(ids, steered, top)  and its PromptScores (run every time: the cache keeps
         the last position's logits only)
+    held, logits, plain = prompts.run_with_twin(ids, steered, through)   run(ids, steered) and its twin's
+        run(ids, None, through), sharing the layers below the steering's lowest site where neither is cached
     prompts.cache                                             the PromptCache (its stats: hits and misses)
+    prompts.replayed                                          the layers a steered prompt took from its twin's forward
 
 An entry's key is the prompt's token ids, its steering where it has one (a steered prompt never reads a plain one's
 entry), and where the forward stopped: a twin's shorter forward never answers a whole one; a whole one answers both.
+
+A steered prompt and its twin's plain one are the same forward below the lowest layer the steering edits (the demo
+adapter's vector mode: layers 16–19 of SmolLM2's 30). So the twin's runs first, through the head's layer, and the
+steered one replays its layers below that site — their keys, values and output, the very tensors the twin's forward
+computed with the same code on the same inputs — and computes the rest (a private module tree over the model's
+weights, whose lower layers stand in for themselves during that forward). Modes that edit layer 0 (scaling the
+adapter's update) share nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
 from typing import Callable, Mapping
 
 import torch
 
 from ..hardware.precision import ResolvedPrecision
+from ..inference.compiled_decode import private_tree
 from ..inference.generate import prompt_forward
 from ..inference.prompt_cache import PromptCache, tensor_bytes
+from ..models.architecture import decoder_layers
 from ..models.forward import Head, HeadReader
 from ..models.loading import LoadedModel
 from ..runtime.modes import steer
@@ -48,23 +61,80 @@ class PromptForwards:
     ):
         self.lm, self.vectors, self._lora, self.head, self.precision = lm, vectors, lora, head, precision
         self.cache: PromptCache = PromptCache(max_bytes=max_bytes)
+        self._tree: LoadedModel | None = None  # the model over a private module tree (run_with_twin), made once
+        self.replayed = 0
 
     def run(
         self, ids: torch.Tensor, steered: Steering | None, through: int | None = None
     ) -> tuple[Held, torch.Tensor | None]:
         """The prompt `ids` (1 × positions) steered by `steered` (None: plain), through decoder layer `through`
         (None: all of them), from the cache or run and kept there."""
-        tokens, steering = tuple(ids[0].tolist()), None if steered is None else (steered.how, float(steered.lam))
+        hit = self._lookup(ids, steered, through)
+        if hit is not None:
+            return hit
+        with self._steering(steered):
+            return self._kept(ids, steered, *prompt_forward(self.lm, ids, self.precision, through=through))
+
+    def run_with_twin(
+        self, ids: torch.Tensor, steered: Steering, through: int | None
+    ) -> tuple[Held, torch.Tensor, Held]:
+        """run(ids, steered)'s (held, logits) and run(ids, None, through)'s held (the module docstring): where neither
+        is cached and the steering edits no layer below `shared` ≥ 1 (within the twin's layers), the twin's forward
+        runs first and the steered one replays its layers below `shared`."""
+        whole, plain = self._lookup(ids, steered, None), self._lookup(ids, None, through)
+        shared = self._lowest_edited(steered)
+        twin_depth = len(decoder_layers(self.lm.model)) - 1 if through is None else through
+        if whole is not None or plain is not None or not 1 <= shared <= twin_depth + 1:
+            whole = whole or self.run(ids, steered)
+            return *whole, (plain or self.run(ids, None, through))[0]
+        tree = self._private_tree()
+        layers = decoder_layers(tree.model)
+        entering: list[torch.Tensor] = []
+        handle = layers[shared - 1].register_forward_hook(lambda _m, _i, out: entering.append(out))
+        try:
+            held, _ = self._kept(ids, None, *prompt_forward(tree, ids, self.precision, through=through))
+        finally:
+            handle.remove()
+        try:
+            for i in range(shared):
+                layers[i].forward = _replay(i, *held[i], entering[0])
+            with self._steering(steered, tree.model):
+                whole = self._kept(ids, steered, *prompt_forward(tree, ids, self.precision))
+        finally:
+            for i in range(shared):
+                del layers[i].forward
+        self.replayed += shared
+        return *whole, held
+
+    def _lookup(self, ids: torch.Tensor, steered: Steering | None, through: int | None):
+        """The cached forward of the prompt under `steered` that reaches `through` (a whole one, else one stopped
+        there), or None."""
         for depth in dict.fromkeys((None, through)):
-            hit = self.cache.get((tokens, steering, depth))
+            hit = self.cache.get(_key(ids, steered, depth))
             if hit is not None:
                 return hit
-        with self._steering(steered):
-            cache, last = prompt_forward(self.lm, ids, self.precision, through=through)
+        return None
+
+    def _kept(self, ids, steered: Steering | None, cache, last) -> tuple[Held, torch.Tensor | None]:
+        """A forward's (held, logits), kept in the cache: a whole one's (with logits) under the depth None."""
         held, logits = prompt_layers(cache), None if last is None else last[0]
+        depth = None if logits is not None else len(held) - 1  # a stopped forward holds its layers up to its last
         kept = [t for kv in held for t in kv] + ([logits] if logits is not None else [])
-        self.cache.put((tokens, steering, through if logits is None else None), (held, logits), tensor_bytes(*kept))
+        self.cache.put(_key(ids, steered, depth), (held, logits), tensor_bytes(*kept))
         return held, logits
+
+    def _lowest_edited(self, steered: Steering) -> int:
+        """The lowest decoder layer whose output the steering edits (0 where it edits none: nothing is shared)."""
+        how = steered.how
+        lora = self._lora() if how.spec.action.needs_lora else None
+        lam = torch.tensor(float(steered.lam), dtype=torch.float64)
+        edits = how.spec.action.edits(self.lm.model, self.vectors, how.spec, how.units, lam, lora)
+        return min((site.layer for site in edits), default=0)
+
+    def _private_tree(self) -> LoadedModel:
+        if self._tree is None:
+            self._tree = dataclasses.replace(self.lm, model=private_tree(self.lm.model))
+        return self._tree
 
     def scored(self, ids: torch.Tensor, steered: Steering | None, top: int) -> tuple[Held, torch.Tensor, PromptScores]:
         """The prompt run as run() runs it, every position's logits kept, and its own tokens scored with `top`
@@ -77,8 +147,25 @@ class PromptForwards:
                 prompt_forward(self.lm, ids, self.precision)
         return prompt_layers(cache), logits[0, -1].float(), prompt_scores(ids[0], logits[0], top, reader.read())
 
-    def _steering(self, steered: Steering | None):
+    def _steering(self, steered: Steering | None, model: torch.nn.Module | None = None):
         if steered is None:
             return nullcontext()
         lora = self._lora() if steered.how.spec.action.needs_lora else None
-        return steer(self.lm.model, self.vectors, steered.lam, steered.how, lora)
+        return steer(self.lm.model if model is None else model, self.vectors, steered.lam, steered.how, lora)
+
+
+def _key(ids: torch.Tensor, steered: Steering | None, depth: int | None) -> tuple:
+    """A prompt forward's cache key: its tokens, its steering (None: plain), the layer it stopped after (None:
+    whole)."""
+    return tuple(ids[0].tolist()), None if steered is None else (steered.how, float(steered.lam)), depth
+
+
+def _replay(index: int, keys: torch.Tensor, values: torch.Tensor, out: torch.Tensor):
+    """A decoder layer's forward that writes the keys and values another forward of the same prompt computed at
+    layer `index` into this forward's cache, and gives `out` (that forward's state after the shared layers)."""
+
+    def forward(hidden_states, *args, past_key_values=None, **kwargs):
+        past_key_values.update(keys, values, index)
+        return out
+
+    return forward
