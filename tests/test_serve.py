@@ -475,15 +475,19 @@ def test_a_steered_prompt_replays_its_twins_layers_below_the_lowest_site(session
         merged = chat(client, logprobs=True)
         assert forwards.cache.stats.hits == hits + 1 and forwards.replayed == min(s.layer for s in upper.sites)
         assert served_ids(merged.choices[0]) == reference_ids(high, 0.0, SteerConfig())
-    # bit for bit what each prompt's own forward gives, with nothing shared (another PromptForwards, its cache empty)
+    # bit for bit what each prompt's own forward gives, with nothing shared (another PromptForwards, its cache empty),
+    # in both precisions (bf16 forced: autocast over the tiny model's float32 weights)
     ids = torch.randint(5, 200, (1, 30), generator=torch.Generator().manual_seed(0))
-    sharing, alone = (PromptForwards(high.lm, upper, high.lora, high.head(), "fp32", 2**26) for _ in range(2))
-    steered = Steering(how, big(high))
-    held, logits, plain = sharing.run_with_twin(ids, steered, None)
-    (held_alone, logits_alone), plain_alone = alone.run(ids, steered), alone.run(ids, None)[0]
-    assert sharing.replayed > 0 and alone.replayed == 0 and torch.equal(logits, logits_alone)
-    pairs = [(a, b) for x, y in zip(held + plain, held_alone + plain_alone, strict=True) for a, b in zip(x, y)]
-    assert all(torch.equal(a, b) for a, b in pairs)
+    steered, first_logits = Steering(how, big(high)), {}
+    for precision in ("fp32", "bf16"):
+        sharing, alone = (PromptForwards(high.lm, upper, high.lora, high.head(), precision, 2**26) for _ in range(2))
+        held, logits, plain = sharing.run_with_twin(ids, steered, None)
+        (held_alone, logits_alone), plain_alone = alone.run(ids, steered), alone.run(ids, None)[0]
+        assert sharing.replayed > 0 and alone.replayed == 0 and torch.equal(logits, logits_alone), precision
+        pairs = [(a, b) for x, y in zip(held + plain, held_alone + plain_alone, strict=True) for a, b in zip(x, y)]
+        assert all(torch.equal(a, b) for a, b in pairs), precision
+        first_logits[precision] = logits
+    assert not torch.equal(first_logits["fp32"], first_logits["bf16"])  # bf16 did run
 
 
 def test_the_prompt_cache_keeps_the_most_recent_within_its_limits():

@@ -214,7 +214,8 @@ class Batcher:
         """Every slot free and nothing waiting to join or step (what the service holds whenever nothing runs)."""
         with self._cond:
             waiting = [j for j in self._joins if not j.done.cancelled()]
-            return len(self._free) == self.slots and not self._joined and not self._steps and not waiting
+            free = len(self._free) == self.slots and not self._joined and not self._twins
+            return free and not self._steps and not waiting
 
     def close(self) -> None:
         with self._cond:
@@ -266,14 +267,14 @@ class Batcher:
         ids, steering = join.ids, join.steering
         steered = steering if steering.how.steers_prompt and not steering.neutral else None
         scores, twin = None, steered is not None and len(slots) > 1
-        if join.score is None and twin:
+        if join.score is not None:
+            held, last, scores = self._prompts.scored(ids, steered, join.score)
+            plain = self._prompts.run(ids, None, self._twin_through)[0] if twin else held
+        elif twin:
             held, last, plain = self._prompts.run_with_twin(ids, steered, self._twin_through)
         else:
-            if join.score is None:
-                held, last = self._prompts.run(ids, steered)
-            else:
-                held, last, scores = self._prompts.scored(ids, steered, join.score)
-            plain = self._prompts.run(ids, None, self._twin_through)[0] if twin else held
+            held, last = self._prompts.run(ids, steered)
+            plain = held
         n = ids.shape[1]
         with self._cond:
             self._ensure_room(n + 1, held[0][0])

@@ -70,10 +70,7 @@ class PromptForwards:
         """The prompt `ids` (1 × positions) steered by `steered` (None: plain), through decoder layer `through`
         (None: all of them), from the cache or run and kept there."""
         hit = self._lookup(ids, steered, through)
-        if hit is not None:
-            return hit
-        with self._steering(steered):
-            return self._kept(ids, steered, *prompt_forward(self.lm, ids, self.precision, through=through))
+        return hit if hit is not None else self._forward(ids, steered, through)
 
     def run_with_twin(
         self, ids: torch.Tensor, steered: Steering, through: int | None
@@ -82,11 +79,10 @@ class PromptForwards:
         is cached and the steering edits no layer below `shared` ≥ 1 (within the twin's layers), the twin's forward
         runs first and the steered one replays its layers below `shared`."""
         whole, plain = self._lookup(ids, steered, None), self._lookup(ids, None, through)
-        shared = self._lowest_edited(steered)
-        twin_depth = len(decoder_layers(self.lm.model)) - 1 if through is None else through
-        if whole is not None or plain is not None or not 1 <= shared <= twin_depth + 1:
-            whole = whole or self.run(ids, steered)
-            return *whole, (plain or self.run(ids, None, through))[0]
+        shared = self._shared_layers(steered, through) if whole is None and plain is None else 0
+        if not shared:
+            whole = whole or self._forward(ids, steered, None)
+            return *whole, (plain or self._forward(ids, None, through))[0]
         tree = self._private_tree()
         layers = decoder_layers(tree.model)
         entering: list[torch.Tensor] = []
@@ -106,6 +102,11 @@ class PromptForwards:
         self.replayed += shared
         return *whole, held
 
+    def _forward(self, ids: torch.Tensor, steered: Steering | None, through: int | None):
+        """The prompt's forward run (no lookup) and kept: run()'s after a miss."""
+        with self._steering(steered):
+            return self._kept(ids, steered, *prompt_forward(self.lm, ids, self.precision, through=through))
+
     def _lookup(self, ids: torch.Tensor, steered: Steering | None, through: int | None):
         """The cached forward of the prompt under `steered` that reaches `through` (a whole one, else one stopped
         there), or None."""
@@ -123,13 +124,16 @@ class PromptForwards:
         self.cache.put(_key(ids, steered, depth), (held, logits), tensor_bytes(*kept))
         return held, logits
 
-    def _lowest_edited(self, steered: Steering) -> int:
-        """The lowest decoder layer whose output the steering edits (0 where it edits none: nothing is shared)."""
+    def _shared_layers(self, steered: Steering, through: int | None) -> int:
+        """How many of the lowest layers a steered prompt shares with its twin's, through `through`: those below the
+        lowest layer the steering edits (0: none, where it edits layer 0, none at all, or none within the twin's)."""
         how = steered.how
         lora = self._lora() if how.spec.action.needs_lora else None
         lam = torch.tensor(float(steered.lam), dtype=torch.float64)
         edits = how.spec.action.edits(self.lm.model, self.vectors, how.spec, how.units, lam, lora)
-        return min((site.layer for site in edits), default=0)
+        lowest = min((site.layer for site in edits), default=0)
+        twin_depth = len(decoder_layers(self.lm.model)) - 1 if through is None else through
+        return lowest if lowest <= twin_depth + 1 else 0
 
     def _private_tree(self) -> LoadedModel:
         if self._tree is None:
@@ -143,8 +147,8 @@ class PromptForwards:
         with self._steering(steered), nullcontext() if steered else reader:
             cache, logits = prompt_forward(self.lm, ids, self.precision, every_position=True)
         if steered is not None and self.head is not None:
-            with reader:
-                prompt_forward(self.lm, ids, self.precision)
+            with reader:  # kept: a twin's prompt reads it from the cache
+                self._kept(ids, None, *prompt_forward(self.lm, ids, self.precision))
         return prompt_layers(cache), logits[0, -1].float(), prompt_scores(ids[0], logits[0], top, reader.read())
 
     def _steering(self, steered: Steering | None, model: torch.nn.Module | None = None):
