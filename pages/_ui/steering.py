@@ -7,6 +7,7 @@ zip."""
 from __future__ import annotations
 
 import html
+import threading
 import time
 import uuid
 from contextlib import closing
@@ -14,8 +15,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import streamlit as st
-from streamlit.runtime.scriptrunner import get_script_run_ctx
-from streamlit.runtime.scriptrunner_utils.script_requests import ScriptRequestType
 
 from pages._ui.datasets import dataset_picker, records_of
 from pages._ui.models import MAX_MODELS, base_model, load_error, merged_model, resource_lock, step_error
@@ -39,6 +38,9 @@ AHEAD = "being written ahead…"  # the box waits for the text the engine is wri
 # the most often a box being written is redrawn: each draw is a message the browser renders, on the cores that decode
 # (docs/performance.md, "The slider on the page"); the first words are drawn at once, the finished text by the caller
 REDRAW_S = 0.1
+# the most often a text being written lets a waiting run of the page interrupt it where it draws nothing (run_asked):
+# each time is one message to the browser
+INTERRUPTIBLE_S = 0.05
 
 
 def generation(precision: str, decode: str, max_new: int) -> GenerationConfig:
@@ -82,17 +84,20 @@ def slider_view(key: SessionKey, gen: GenerationConfig, document: str, how: Stee
 
 
 def run_asked() -> Callable[[], bool]:
-    """Whether a new run of this page (a slider move) or its stop is asked for while this run writes a text — read by
-    the engine at every decoder layer, so a text a person moved past stops at once instead of at this run's next
-    drawing (a prompt forward draws nothing for tenths of a second). Streamlit offers no public way to ask: this reads
-    its script requests, and a rerun of a fragment only does not count."""
-    requests = getattr(get_script_run_ctx(), "script_requests", None)
+    """The reader's `moved_on` (slider.py): read by the engine at every decoder layer and token, so a text a person
+    moved past (a slider move, a stop) stops at once, not at this run's next drawing — a prompt forward draws nothing
+    for tenths of a second. Streamlit's own way: every element this run writes is a point where a new run or a stop
+    waiting for it interrupts it (its StopException or RerunException, raised there; a rerun of a fragment only does
+    not interrupt). While the engine writes from this run's thread, this clears an empty placeholder at most every
+    INTERRUPTIBLE_S, which is such a point; it says False otherwise (another thread's forward is never interrupted)."""
+    point, thread, last = st.empty(), threading.get_ident(), 0.0
 
     def asked() -> bool:
-        state = getattr(requests, "_state", ScriptRequestType.CONTINUE)
-        if state == ScriptRequestType.RERUN:
-            return not getattr(requests, "_rerun_data", None) or not requests._rerun_data.fragment_id_queue
-        return state == ScriptRequestType.STOP
+        nonlocal last
+        if threading.get_ident() == thread and time.monotonic() - last >= INTERRUPTIBLE_S:
+            last = time.monotonic()
+            point.empty()  # where a new run of the page or its stop waits, Streamlit raises it here
+        return False
 
     return asked
 

@@ -3,7 +3,8 @@ Steering slider's one-stream step (exported_decode.py) and the service's batched
 
     packages = AotPackages(lm, "topl_core.inference.batch_step")     the step module: its __main__ builds a package
     key = packages.key(*parts)        what the package's code depends on (the model's config and dtype, the linears'
-        kernel, `parts`, the step module's and this module's code, the libraries, the CPU's instruction set)
+        kernel, `parts`, the step module's and this module's code (code_only: not their docstrings, comments or
+        layout), the libraries, the CPU's instruction set)
     packages.package(key, args) -> Path   built first where none is on disk: `python -m MODULE NAME DTYPE OUT *args`
         at the lowest CPU priority, an idle child (foundations/idle_children.py); one build of a key at a time across
         processes (another process's build is waited for, then taken)
@@ -18,6 +19,7 @@ lock for seconds at a time, and the page's eager streams and the service's reque
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import hashlib
 import importlib.util
@@ -121,9 +123,9 @@ class AotPackages:
     def key(self, *parts: str) -> str:
         model = self._lm.model
         sources = (__file__, linear_kernel.__file__, importlib.util.find_spec(self._module).origin)
-        code = b"".join(Path(f).read_bytes() for f in sources)  # the step's code, and the linears' it traces
+        code = "".join(code_only(Path(f)) for f in sources)  # the step's code, and the linears' it traces
         fixed = (model.config.to_json_string(), str(model.dtype), model_linear_kernel(model), *parts)
-        fixed += (hashlib.sha256(code).hexdigest(), torch.__version__, transformers.__version__)
+        fixed += (hashlib.sha256(code.encode()).hexdigest(), torch.__version__, transformers.__version__)
         fixed += (torch.backends.cpu.get_cpu_capability(),)
         return hashlib.sha256("\n".join(fixed).encode()).hexdigest()[:20]
 
@@ -206,6 +208,23 @@ class AotPackages:
         if constants is not None:
             bind(runner, constants)
         return runner
+
+
+def code_only(source: Path) -> str:
+    """A Python file's code without its docstrings, comments and layout (its syntax tree): what a package built from
+    it depends on, so that editing the words around the code does not rebuild every user's packages."""
+    tree = ast.parse(source.read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
 
 def bind(runner, constants: Mapping[str, torch.Tensor]) -> None:

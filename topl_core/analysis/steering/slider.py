@@ -10,7 +10,8 @@ reader and session (they share the models and, on a CPU, the cores).
         (Slider.warm). `merged`: what the merged text depends on (default `name`): the text at the neutral λ is the
         merged model's, written once per document and shared by every mode. `reader`: who reads (a browser session):
         a reader's new stream cancels its stream in flight; `moved_on()`: whether the reader has asked for something
-        else already (read at every decoder layer and token: its stream stops at once, not when the next one starts)
+        else already (read at every decoder layer and token: its stream stops at once, not when the next one starts),
+        or it raises the reader's own interruption there (the Steering page's: Streamlit's rerun)
     view.stream(lam) -> Iterator[SteeredText]  the text at λ: at once where it is written; where the work ahead has
         written half of it or more, its text so far (every 0.1 s) until it is done; else streamed token by token at
         full speed (the work ahead, on one core, yields meanwhile: cancelled, then resumed after) and kept. Raises
