@@ -77,6 +77,28 @@ def test_every_other_forward_is_nn_linears_own_bit_for_bit(onednn_calls):
     assert not onednn_calls
 
 
+def test_a_few_rows_under_bf16_autocast_round_the_weight_once_to_autocasts_result_bit_for_bit():
+    plain, few = _pair()
+    no_bias = torch.nn.Linear(64, 96, bias=False)
+    few_no_bias = torch.nn.Linear(64, 96, bias=False)
+    few_no_bias.load_state_dict(no_bias.state_dict())
+    few_no_bias.__class__ = lk.FewRowLinear
+    inputs = [torch.randn(1, 1, 64), torch.randn(lk.FEW_ROWS, 64), torch.randn(3, 1, 64).bfloat16()]
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for x in inputs:
+            for a, b in ((few, plain), (few_no_bias, no_bias)):
+                out = a(x)
+                assert out.dtype == torch.bfloat16 and torch.equal(out, b(x))
+        kept = lk.bf16_weight(few.weight)
+        assert lk.bf16_weight(few.weight) is kept  # rounded once, not at every call
+    with torch.no_grad():
+        few.weight.mul_(2)  # changed in place (a LoRA merged into it): rounded again
+        plain.weight.mul_(2)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert lk.bf16_weight(few.weight) is not kept
+        assert torch.equal(few(inputs[0]), plain(inputs[0]))
+
+
 def _traced(module: torch.nn.Module, x: torch.Tensor) -> tuple[list, torch.Tensor]:
     """The operators torch.compile traces for module(x), and the output of the graph inductor builds from them."""
     from torch._dynamo.backends.common import aot_autograd

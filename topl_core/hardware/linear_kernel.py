@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import weakref
 from typing import Literal
 
 import torch
@@ -133,27 +134,53 @@ def rows_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return y if bias is None else y + bias
 
 
+# each float32 weight's bf16 copy for few-row forwards under bf16 autocast (bf16_weight), by the weight's id: the
+# private module trees over a model's weights (compiled_decode.private_tree) share its copies, and a weight no longer
+# held takes its copy with it (a finalizer)
+_BF16_WEIGHTS: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+
+
+def bf16_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` rounded to bf16 as autocast rounds it, kept: made again only after the weight changed in place (its
+    version: a LoRA merged into it, a checkpoint loaded) — autocast rounds every weight again at every forward, which
+    costs a one-row decode step more than its bf16 product saves (docs/performance.md, "The decode step's linears")."""
+    kept = _BF16_WEIGHTS.get(id(weight))
+    if kept is not None and kept[0]() is weight and kept[1] == weight._version:
+        return kept[2]
+    with torch.no_grad():
+        rounded = weight.to(torch.bfloat16)
+    if kept is None or kept[0]() is not weight:
+        weakref.finalize(weight, _BF16_WEIGHTS.pop, id(weight), None)
+    _BF16_WEIGHTS[id(weight)] = (weakref.ref(weight), weight._version, rounded)
+    return rounded
+
+
 class FewRowLinear(torch.nn.Linear):
     """A CPU model's nn.Linear: its few-row float32 inference forwards run `kernel`, or row_product inside a compiled
-    graph (module docstring)."""
+    graph, and under bf16 autocast its kept bf16 weight (module docstring)."""
 
     kernel: LinearKernel = "aten"  # set per module by use_linear_kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (
             x.numel() <= FEW_ROWS * self.in_features
-            and x.dtype == torch.float32
             and self.weight.dtype == torch.float32
             and x.device.type == "cpu"
             and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
-            and not torch.is_autocast_enabled("cpu")
         ):
             compiling = torch.compiler.is_compiling()
-            if compiling and x.numel() <= ROW_PRODUCT_ROWS * self.in_features:
-                return rows_product(x, self.weight, self.bias)
-            if self.kernel == "onednn":
-                linear = _compiled_onednn_linear if compiling else _onednn_linear
-                return linear(x, self.weight, self.bias)
+            if not torch.is_autocast_enabled("cpu"):
+                if x.dtype == torch.float32:
+                    if compiling and x.numel() <= ROW_PRODUCT_ROWS * self.in_features:
+                        return rows_product(x, self.weight, self.bias)
+                    if self.kernel == "onednn":
+                        linear = _compiled_onednn_linear if compiling else _onednn_linear
+                        return linear(x, self.weight, self.bias)
+            elif torch.get_autocast_dtype("cpu") == torch.bfloat16 and not compiling:
+                # what autocast computes (every operand rounded to bf16, then bf16's linear) without rounding the
+                # weight again at every call: bit for bit autocast's result
+                bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+                return F.linear(x.to(torch.bfloat16), bf16_weight(self.weight), bias)
         return F.linear(x, self.weight, self.bias)
 
 

@@ -115,7 +115,11 @@ def _time_matmul(dtype: torch.dtype) -> float:
 
 def _time_decode_row(under_autocast: bool) -> float:
     """Best of PROBE_REPEATS single-threaded one-row linears over a float32 weight, plain or under bf16 autocast:
-    the shape of a decode step, where autocast's cast of every weight on every call is not repaid by one row."""
+    the shape of a decode step, where autocast's cast of every weight on every call is not repaid by one row. A
+    model's own linears keep their bf16 weights (hardware/linear_kernel.bf16_weight); the probe still counts the
+    rounding, so bf16 decoding is chosen only where it beats float32 by more than that: on a CPU only float32 decoding
+    has a compiled step (inference/exported_decode.py, batch_step.py), and kept bf16 weights gave one row no faster
+    than float32 on a 2-core Zen 4 EPYC (docs/performance.md, "The decode step's linears")."""
     weight = torch.randn(3 * DECODE_PROBE_SIZE, DECODE_PROBE_SIZE)
     row = torch.randn(1, DECODE_PROBE_SIZE)
     threads = torch.get_num_threads()
