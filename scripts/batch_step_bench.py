@@ -4,7 +4,7 @@ generations joined (each a 554-token prompt and its twin), then 30 steps of ever
 What docs/performance.md's table "The service's compiled step" comes from:
 
     .venv/bin/python scripts/batch_step_bench.py eager --clients 1
-    .venv/bin/python scripts/batch_step_bench.py compiled --clients 1
+    .venv/bin/python scripts/batch_step_bench.py compiled --clients 1 [--precision bf16]
 """
 
 from __future__ import annotations
@@ -33,13 +33,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("decode", choices=["eager", "compiled"])
     p.add_argument("--clients", type=int, default=1, help="steered generations, each decoding with its twin")
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="what the steps decode in (bf16: autocast's step over the weights' kept bf16 copies)",
+    )
     args = p.parse_args()
     os.environ["TOPL_COMPILED_DECODE"] = "0" if args.decode == "eager" else "auto"  # read when the Batcher is made
 
     adapter = open_adapter(PROJECT_ROOT / "examples" / "adapters" / "topl-smollm2")
     vectors = steering_vectors_for(adapter, EvalConfig(precision="bf16"))
     session = SteeringSession.from_run(adapter, vectors, adapter.base_model)
-    batcher = Batcher(session.lm, vectors, session.lora, session.head(), ("fp32", "fp32"), slots=16)
+    precisions = (args.precision, args.precision)
+    batcher = Batcher(session.lm, vectors, session.lora, session.head(), precisions, slots=16)
     if args.decode == "compiled" and not batcher.warm(PROMPT + STEPS + 8, wait=True):
         raise SystemExit(f"no compiled step here: {batcher.compiled and batcher.compiled.failed}")
     steering = Steering(SteerConfig("vector"), 1.0)
@@ -61,7 +68,8 @@ def main() -> None:
         step()
     ms = (time.perf_counter() - start) / STEPS * 1000
     rows = 2 * args.clients
-    print(f"{machine_description()}: {args.decode}, {rows} rows: {ms:.1f} ms a step; {dict(batcher.forwards)}")
+    what = f"{args.decode} {args.precision}, {rows} rows"
+    print(f"{machine_description()}: {what}: {ms:.1f} ms a step; {dict(batcher.forwards)}")
     batcher.close()
 
 

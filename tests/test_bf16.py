@@ -157,7 +157,7 @@ def test_the_sliders_streamed_grid_and_compiled_decode_in_bf16(run, news_records
     """The slider's paths with the prompt in bf16: a λ grid streamed as one batch (what the slider writes ahead,
     analysis/steering/slider.py) keeps its neutral row the unsteered batch's text with both phases in bf16; the compiled
     decode step, decoding in fp32 from a bf16 prompt's KV cache (what `auto` does on an AMX CPU), writes the eager
-    stream's text."""
+    stream's text, and so does the bf16 step over the weights' kept bf16 copies (autocast's step written out)."""
     vectors = build_steering_vectors(run, news_records, ProbeSettings(precision="bf16", random_control=False), top_k=2)
     session, doc = SteeringSession(load_merged("tiny-llama", run), vectors), NEWS_PAIRS[0][1]
     both = GenerationConfig.chosen("bf16", max_new_tokens=8)
@@ -177,13 +177,16 @@ def test_the_sliders_streamed_grid_and_compiled_decode_in_bf16(run, news_records
         engine.close()
     prompt_bf16 = GenerationConfig(max_new_tokens=8, precision="bf16", decode_precision="fp32")
     eager = {
-        (p, lam): [*session.stream_steered(doc, lam, prompt_bf16, how=SteerConfig("vector", p))]
+        (gen, p, lam): [*session.stream_steered(doc, lam, gen, how=SteerConfig("vector", p))]
+        for gen in (prompt_bf16, both)
         for p in POSITIONS
         for lam in (0.0, 2.0)
     }
     session.compile_decode()
-    for (positions, lam), texts in eager.items():
-        assert [*session.stream_steered(doc, lam, prompt_bf16, how=SteerConfig("vector", positions))] == texts
+    for (gen, positions, lam), texts in eager.items():
+        assert [*session.stream_steered(doc, lam, gen, how=SteerConfig("vector", positions))] == texts
+    # both steps were built and taken: fp32's, and bf16 autocast's over the weights' kept bf16 copies
+    assert {dtype for _, dtype in session.decoder._built} == {torch.float32, torch.bfloat16}
 
 
 def test_steering_on_bf16_weights(run, news_records):

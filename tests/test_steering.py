@@ -685,7 +685,7 @@ def test_an_exported_step_that_cannot_be_built_leaves_the_streams_eager(merged, 
     eager = list(SteeringSession(merged, vectors).stream_steered(DOC, big_lambda(vectors), gen, how=how))
     session = SteeringSession(merged, vectors)
     session.compile_decode(wait=False, decoder=ExportedDecoder)
-    package = session.decoder.package_path(session._capacity(DOC, gen, "summarization"))
+    package = session.decoder.package_path(session._step_key(DOC, gen, "summarization"))
     package.parent.mkdir(parents=True, exist_ok=True)
     package.write_bytes(b"not a package")
     with pytest.raises(ModelError, match="stopped after 0.01 s.*TOPL_COMPILED_DECODE=0"):
@@ -716,9 +716,9 @@ def test_compiled_code_is_loaded_only_from_a_private_folder_and_as_built(merged,
     eager = list(SteeringSession(merged, vectors).stream_steered(DOC, big_lambda(vectors), gen, how=how))
     session = SteeringSession(merged, vectors)
     session.compile_decode(decoder=ExportedDecoder)
-    capacity = session._capacity(DOC, gen, "summarization")
+    key = session._step_key(DOC, gen, "summarization")
     with pytest.warns(RuntimeWarning, match="writ"):
-        package = session.decoder.package_path(capacity)
+        package = session.decoder.package_path(key)
     assert package.parent.is_relative_to(tmp_path / "own") and not list(shared.iterdir())
     built = Path(__file__).resolve().parents[1] / "cache" / "decode-steps" / package.name  # the suite's, if built
     if built.exists():

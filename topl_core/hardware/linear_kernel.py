@@ -155,6 +155,15 @@ def bf16_weight(weight: torch.Tensor) -> torch.Tensor:
     return rounded
 
 
+def rows_product_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A few rows through a bf16 weight as bf16 autocast's linear computes them: the rows rounded to bf16, the
+    products summed in float32 (rows_product: the weight widened in the loop that reads it, half float32's bytes), the
+    bias (rounded to bf16) added, the output rounded to bf16. The compiled steps' bf16 kind
+    (models/forward.bf16_step_tree)."""
+    y = rows_product(x.to(torch.bfloat16).float(), weight.float(), None)
+    return (y if bias is None else y + bias.to(torch.bfloat16).float()).to(torch.bfloat16)
+
+
 class FewRowLinear(torch.nn.Linear):
     """A CPU model's nn.Linear: its few-row float32 inference forwards run `kernel`, or row_product inside a compiled
     graph, and under bf16 autocast its kept bf16 weight (module docstring)."""
@@ -162,6 +171,9 @@ class FewRowLinear(torch.nn.Linear):
     kernel: LinearKernel = "aten"  # set per module by use_linear_kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.dtype == torch.bfloat16 and torch.compiler.is_compiling() and x.device.type == "cpu":
+            if x.numel() <= ROW_PRODUCT_ROWS * self.in_features and not torch.is_autocast_enabled("cpu"):
+                return rows_product_bf16(x, self.weight, self.bias)
         if (
             x.numel() <= FEW_ROWS * self.in_features
             and self.weight.dtype == torch.float32

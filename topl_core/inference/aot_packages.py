@@ -3,8 +3,8 @@ Steering slider's one-stream step (exported_decode.py) and the service's batched
 
     packages = AotPackages(lm, "topl_core.inference.batch_step")     the step module: its __main__ builds a package
     key = packages.key(*parts)        what the package's code depends on (the model's config and dtype, the linears'
-        kernel, `parts`, the step module's and this module's code (code_only: not their docstrings, comments or
-        layout), the libraries, the CPU's instruction set)
+        kernel, `parts`, the code of the step module, this module, the linears and models/forward.py (code_only: not
+        their docstrings, comments or layout), the libraries, the CPU's instruction set)
     packages.package(key, args) -> Path   built first where none is on disk: `python -m MODULE NAME DTYPE OUT *args`
         at the lowest CPU priority, an idle child (foundations/idle_children.py); one build of a key at a time across
         processes (another process's build is waited for, then taken)
@@ -41,6 +41,8 @@ from ..foundations.paths import cache_dir
 from ..foundations.trusted_files import checksum_path, private_folder, record_checksum, trusted
 from ..hardware import linear_kernel
 from ..hardware.linear_kernel import KERNEL_ENV, model_linear_kernel
+from ..models import forward
+from ..models.forward import bf16_step_tree
 from ..models.loading import LoadedModel
 from .compiled_decode import private_tree
 
@@ -75,17 +77,31 @@ class StepModule(torch.nn.Module):
     """What an exported step holds: its own module tree over the model's weights (compiled_decode.private_tree), a
     static cache of `rows` rows and `capacity` positions whose layers are `layer_class` (their tensors registered as
     buffers: constants of the package), and a hook per shift path adding shifts[i] (width, or rows × width: set by
-    the step's forward) to that module's output."""
+    the step's forward) to that module's output. `dtype`: what the step decodes in — the weights' own (None), or
+    bf16 over float32 weights: bf16 autocast's step, written out (models/forward.bf16_step_tree), its cache bf16."""
 
-    def __init__(self, model: torch.nn.Module, rows: int, capacity: int, layer_class: type, shift_paths: Sequence[str]):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        rows: int,
+        capacity: int,
+        layer_class: type,
+        shift_paths: Sequence[str],
+        dtype: torch.dtype | None = None,
+    ):
         from transformers import StaticCache
         from transformers.integrations.executorch import get_head_shapes
 
         super().__init__()
         self.model = private_tree(model)
+        dtype = dtype or model.dtype
+        if dtype != model.dtype:
+            if (dtype, model.dtype) != (torch.bfloat16, torch.float32):
+                raise ValueError(f"a step decodes in its weights' {model.dtype} or, over float32, bf16; not {dtype}")
+            bf16_step_tree(self.model)
         self.cache = StaticCache(config=model.config, max_cache_len=capacity)
         heads, head_dim = get_head_shapes(model.config.get_text_config())
-        self.cache.early_initialization(rows, heads, head_dim, model.dtype, model.device)
+        self.cache.early_initialization(rows, heads, head_dim, dtype, model.device)
         for i, layer in enumerate(self.cache.layers):
             layer.__class__ = layer_class
             self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
@@ -122,8 +138,8 @@ class AotPackages:
 
     def key(self, *parts: str) -> str:
         model = self._lm.model
-        sources = (__file__, linear_kernel.__file__, importlib.util.find_spec(self._module).origin)
-        code = "".join(code_only(Path(f)) for f in sources)  # the step's code, and the linears' it traces
+        sources = (__file__, linear_kernel.__file__, forward.__file__, importlib.util.find_spec(self._module).origin)
+        code = "".join(code_only(Path(f)) for f in sources)  # the step's code, and the linears' and layers' it traces
         fixed = (model.config.to_json_string(), str(model.dtype), model_linear_kernel(model), *parts)
         fixed += (hashlib.sha256(code.encode()).hexdigest(), torch.__version__, transformers.__version__)
         fixed += (torch.backends.cpu.get_cpu_capability(),)

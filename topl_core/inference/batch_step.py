@@ -2,8 +2,10 @@
 own steering shifts, as an AOTInductor package (aot_packages.py) — what serve/batch.py runs on a CPU, once the package
 of its rows and cache length is built, instead of the eager Python forward.
 
-    step = BatchStep(lm, slots=16, shift_paths=residual_paths(model), read_layer=head.layer)
-    step.supports(decode_dtype) -> bool       float32 weights decoding in float32 on a CPU, no sliding windows
+    step = BatchStep(lm, slots=16, shift_paths=residual_paths(model), read_layer=head.layer, dtype=decode_dtype)
+    step.supports() -> bool                   on a CPU, decoding in the weights' dtype or bf16 over float32 weights
+                                              (bf16 autocast's step, written out: models/forward.bf16_step_tree), no
+                                              sliding windows
     step.shape(rows, full, capacity) -> Shape | None   the package a step of `rows` rows runs in, of which the first
         `full` need their logits: (a bucket of ROW_BUCKETS, capacity, the rows running every layer), None: eager
     step.shapes(capacity) -> [Shape]          every package of a cache length, the one-client step's first
@@ -16,8 +18,8 @@ of its rows and cache length is built, instead of the eager Python forward.
         width: where the adapter's head reads p(good)). `storage`: each layer's (keys, values), slots × heads ×
         capacity × head size, in the weights' dtype: the batcher's own, written in place at each row's position (no
         copy).
-    python -m topl_core.inference.batch_step NAME DTYPE OUT SLOTS ROWS CAPACITY READ_LAYER ATTENTION FULL [PATH ...]
-        the child
+    python -m topl_core.inference.batch_step NAME DTYPE OUT SLOTS ROWS CAPACITY READ_LAYER ATTENTION FULL DECODE
+        [PATH ...]   the child (DECODE: float32 or bfloat16, what the steps decode in)
 
 The rows past `full` stop at the head's layer (models/forward.first_rows_above): an unsteered twin, read there only,
 runs the layers up to the head's (21 of SmolLM2's 30 for the demo adapter) and no LM head. A twin takes the slot after
@@ -30,6 +32,7 @@ SmolLM2's two-row step took 93 ms against 79 eagerly and 47 so (docs/performance
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -91,8 +94,9 @@ class BatchDecodeStep(StepModule):
         read_layer: int,
         attention: str,
         full: int | None = None,
+        dtype: torch.dtype | None = None,
     ):
-        super().__init__(model, slots, capacity, RowLayer, shift_paths)
+        super().__init__(model, slots, capacity, RowLayer, shift_paths, dtype)
         self.attention = attention
         self._read: dict[str, torch.Tensor] = {}
         decoder_layers(self.model)[read_layer].register_forward_hook(self._capture)
@@ -120,9 +124,11 @@ class BatchDecodeStep(StepModule):
 
 def build_package(name: str, dtype: str, out: Path, slots: int, rows: int, capacity: int, args: Sequence[str]) -> None:
     """The child's work: export the batched step of the model `name` for `rows` rows, and compile it."""
-    read_layer, attention, full, *shift_paths = args
+    read_layer, attention, full, decode, *shift_paths = args
     model = load_model(ModelSpec(name, dtype, "cpu")).model
-    step = BatchDecodeStep(model, slots, capacity, shift_paths, int(read_layer), attention, int(full))
+    step = BatchDecodeStep(
+        model, slots, capacity, shift_paths, int(read_layer), attention, int(full), getattr(torch, decode)
+    )
     export_package(step, step.example_inputs(rows), out)
 
 
@@ -134,27 +140,48 @@ class BatchStep:
     """The batched steps of one model, one package per row bucket and cache length (the module docstring).
     warm_later, ready and state may be called from any thread; the step itself from the batcher's thread only."""
 
-    def __init__(self, lm: LoadedModel, slots: int, shift_paths: Sequence[str], read_layer: int):
+    def __init__(
+        self, lm: LoadedModel, slots: int, shift_paths: Sequence[str], read_layer: int, dtype: torch.dtype | None = None
+    ):
         self._lm, self.slots, self.paths = lm, slots, tuple(shift_paths)
+        self.dtype = dtype or lm.model.dtype  # what the steps decode in
         self._attention = lm.model.config._attn_implementation
         # whether rows may stop at the read layer: below the last one (a head's), else nothing is left to skip
         self._cut = read_layer < len(decoder_layers(lm.model)) - 1
-        self._args = [str(slots), "{rows}", "{capacity}", str(read_layer), self._attention, "{full}", *self.paths]
+        decode = str(self.dtype).removeprefix("torch.")
+        self._args = [
+            str(slots),
+            "{rows}",
+            "{capacity}",
+            str(read_layer),
+            self._attention,
+            "{full}",
+            decode,
+            *self.paths,
+        ]
         self._packages = AotPackages(lm, __name__)
-        # the constants' names, from a step of one position (its cache is not the one the package reads)
-        self._constants = step_constants(BatchDecodeStep(lm.model, 1, 1, self.paths, read_layer, self._attention))
+        self._read_layer = read_layer
         self._lock, self._one_build = threading.Lock(), threading.Lock()
         self._runners: dict[Shape, object] = {}  # loaded packages
         self._bound: dict[Shape, tuple[int, ...]] = {}  # the storage each package was handed (its data_ptrs)
         self._building: set[Shape] = set()
         self.failed: dict[Shape, Exception] = {}  # a shape whose build failed is not tried again
 
-    def supports(self, dtype: torch.dtype) -> bool:
-        """Whether steps decoding in `dtype` run here: the weights' own dtype on a CPU, without sliding windows."""
+    @functools.cached_property
+    def _constants(self) -> dict[str, torch.Tensor]:
+        """The tensors a package reads, by name, from a step of one position (its cache is not the one the package
+        reads): the model's weights, or under a bf16 step their kept bf16 copies."""
+        one = BatchDecodeStep(self._lm.model, 1, 1, self.paths, self._read_layer, self._attention, dtype=self.dtype)
+        return step_constants(one)
+
+    def supports(self) -> bool:
+        """Whether these steps run here: on a CPU, in the weights' own dtype or bf16 over float32 weights, without
+        sliding windows."""
         cache = StaticCache(config=self._lm.model.config, max_cache_len=1)
         plain = all(type(layer) is StaticLayer for layer in cache.layers)
         model = self._lm.model
-        return plain and model.device.type == "cpu" and dtype == model.dtype and self.bucket(1) is not None
+        kinds = (model.dtype, torch.bfloat16) if model.dtype == torch.float32 else (model.dtype,)
+        return plain and model.device.type == "cpu" and self.dtype in kinds and self.bucket(1) is not None
 
     def bucket(self, rows: int) -> int | None:
         """The rows of the package a step of `rows` rows runs in (the others sit out), None past the last bucket."""

@@ -10,8 +10,9 @@ the interpreter's lock).
     decoder.stream(prefix, cfg, shifts, wait=True) -> Iterator[str]   stream_generate's texts from `prefix`, every
         decode step with shifts[path] added to the output of the module at `path` (a steering vector times λ; absent:
         zero); wait=False: DecoderBusy instead of building the graph or waiting for the decoder
-    decoder.capacity(prompt_length, max_new) -> int   the length bucket a stream decodes in
-    decoder.warm(capacity) / .ready(capacity)          build a bucket's graph ahead (a background thread) / is it built
+    decoder.key(prompt_length, cfg) -> (capacity, dtype)   the step a stream decodes in: its length bucket
+        (capacity(prompt_length, max_new)) and what it decodes in (cfg's decode precision)
+    decoder.warm(key) / .ready(key)                    build a step ahead (a background thread) / is it built
 
 A private module tree sharing the model's weights (what is registered on it never touches the model), with one
 forward hook per shift path adding a float32 tensor set in place, and a static KV cache per length bucket (the prompt
@@ -42,6 +43,7 @@ from .decode import decode, decoded_texts, stop_tokens
 from .generate import GenerationConfig, Prefill
 
 BUCKET = 64  # static caches hold a multiple of this many positions (docs/performance.md, the decode loop's options)
+StepKey = tuple[int, torch.dtype]  # a step's cache length (a multiple of BUCKET) and the dtype it decodes in
 
 
 class StepDecoder:
@@ -58,39 +60,48 @@ class StepDecoder:
         from transformers.cache_utils import StaticLayer
 
         self._lm, self._paths = lm, tuple(shift_paths)
-        self.dtype, self._device = lm.model.dtype, lm.model.device
+        self._device = lm.model.device
+        self.dtypes: tuple[torch.dtype, ...] = (lm.model.dtype,)  # what its steps decode in (a subclass may add)
         # sliding-window layers keep a window, not the prompt's every position: not copied into a static cache
         cache = StaticCache(config=lm.model.config, max_cache_len=BUCKET)
         self.compilable = all(type(layer) is StaticLayer for layer in cache.layers)
-        self._built: set[int] = set()  # the capacities whose step is built
+        self._built: set[StepKey] = set()  # the steps built
         self._lock = threading.Lock()
 
     def supports(self, cfg: GenerationConfig) -> bool:
-        """Whether a stream under `cfg` decodes here: the decode steps in the weights' dtype (float32 weights for fp32
-        steps, bf16 weights for bf16 steps), no sliding windows; greedy or sampled (the loop chooses, not the step)."""
-        return self.compilable and TORCH_DTYPES[cfg.decode_on(self._device.type)] == self.dtype
+        """Whether a stream under `cfg` decodes here: its decode steps in one of `dtypes` (the weights' own: float32
+        weights for fp32 steps, bf16 weights for bf16 steps; an exported step also bf16 over float32 weights), no
+        sliding windows; greedy or sampled (the loop chooses, not the step)."""
+        return self.compilable and self._decode_dtype(cfg) in self.dtypes
+
+    def _decode_dtype(self, cfg: GenerationConfig) -> torch.dtype:
+        return TORCH_DTYPES[cfg.decode_on(self._device.type)]
+
+    def key(self, prompt_length: int, cfg: GenerationConfig) -> StepKey:
+        """The step a stream of `prompt_length` positions under `cfg` decodes in."""
+        return self.capacity(prompt_length, cfg.max_new_tokens), self._decode_dtype(cfg)
 
     @staticmethod
     def capacity(prompt_length: int, max_new_tokens: int) -> int:
         """The static cache (and step) a stream of this length decodes in: the positions rounded up to BUCKET."""
         return -(-(prompt_length + max_new_tokens) // BUCKET) * BUCKET
 
-    def ready(self, capacity: int) -> bool:
-        """Whether the step of `capacity` is built (a stream of that length starts decoding at once)."""
-        return capacity in self._built
+    def ready(self, key: StepKey) -> bool:
+        """Whether the step `key` is built (a stream of its length and dtype starts decoding at once)."""
+        return key in self._built
 
     @torch.no_grad()
-    def warm(self, capacity: int) -> None:
-        """Build the step of `capacity` now: what the first stream of that length would otherwise do. Only this
+    def warm(self, key: StepKey) -> None:
+        """Build the step `key` now: what the first stream of its length and dtype would otherwise do. Only this
         decoder's lock is held: the model's own generation goes on meanwhile."""
         with self._lock:
-            self._ensure(capacity)
+            self._ensure(key)
 
-    def _ensure(self, capacity: int) -> None:
-        """The step of `capacity` built (the lock held)."""
-        if capacity not in self._built:
-            self._build(capacity)
-            self._built.add(capacity)
+    def _ensure(self, key: StepKey) -> None:
+        """The step `key` built (the lock held)."""
+        if key not in self._built:
+            self._build(key)
+            self._built.add(key)
 
     @torch.no_grad()
     def stream(
@@ -100,24 +111,24 @@ class StepDecoder:
         `wait` False, DecoderBusy is raised before the first text when the step of this length is not built yet or
         another stream or warm() holds the decoder (the caller decodes eagerly instead of waiting)."""
         if not self.supports(cfg):
-            raise ValueError(f"{cfg}: not a stream the compiled decoder runs (decode steps in {self.dtype})")
+            raise ValueError(f"{cfg}: not a stream the compiled decoder runs (decode steps in {self.dtypes})")
         unknown = set(shifts) - set(self._paths)
         if unknown:
             raise ValueError(f"no shift registered at {sorted(unknown)}; known: {sorted(self._paths)}")
-        capacity = self.capacity(prefix.length, cfg.max_new_tokens)
+        key = self.key(prefix.length, cfg)
         if not self._lock.acquire(blocking=wait):
-            raise DecoderBusy(capacity)
+            raise DecoderBusy(key)
         try:
-            if not wait and capacity not in self._built:
-                raise DecoderBusy(capacity)
-            self._ensure(capacity)
-            self._prepare(prefix, capacity, shifts)
+            if not wait and key not in self._built:
+                raise DecoderBusy(key)
+            self._ensure(key)
+            self._prepare(prefix, key, shifts)
             position = prefix.length - 1
 
             def step(ids: torch.Tensor) -> torch.Tensor:
                 nonlocal position
                 position += 1
-                return self._step(capacity, position, ids)
+                return self._step(key, position, ids)
 
             tok = self._lm.tokenizer
             steps = decode(prefix.logits[None], cfg.max_new_tokens, stop_tokens(tok), step, cfg.chooser())
@@ -134,14 +145,14 @@ class StepDecoder:
             else:
                 shift.zero_()
 
-    def _build(self, capacity: int) -> None:
+    def _build(self, key: StepKey) -> None:
         raise NotImplementedError
 
-    def _prepare(self, prefix: Prefill, capacity: int, shifts: Mapping[str, torch.Tensor]) -> None:
-        """The static cache of `capacity` holding the prompt's keys and values, the shifts set (the lock held)."""
+    def _prepare(self, prefix: Prefill, key: StepKey, shifts: Mapping[str, torch.Tensor]) -> None:
+        """The static cache of step `key` holding the prompt's keys and values, the shifts set (the lock held)."""
         raise NotImplementedError
 
-    def _step(self, capacity: int, position: int, ids: torch.Tensor) -> torch.Tensor:
+    def _step(self, key: StepKey, position: int, ids: torch.Tensor) -> torch.Tensor:
         """One decode step of `ids` at `position`: the next logits (float32)."""
         raise NotImplementedError
 
@@ -168,23 +179,25 @@ class CompiledDecoder(StepDecoder):
         mode = "reduce-overhead" if self._cuda else None  # CUDA graphs: no launch per kernel, no Python per module
         self._compiled = torch.compile(self._model.forward, dynamic=False, mode=mode)
 
-    def _build(self, capacity: int) -> None:
-        """A one-token prompt and one compiled step: torch.compile builds the graph of `capacity` on its first call."""
+    def _build(self, key: StepKey) -> None:
+        """A one-token prompt and one compiled step: torch.compile builds the graph of `key` on its first call."""
         ids = torch.tensor([[self._lm.tokenizer.bos_token_id or 0]], device=self._device)
         out = self._model(input_ids=ids, use_cache=True)  # the private tree, eagerly: only self._compiled compiles
-        self._prepare(Prefill(out.past_key_values, out.logits[0, -1].float(), 1), capacity, {})
-        self._step(capacity, 1, ids)
+        self._prepare(Prefill(out.past_key_values, out.logits[0, -1].float(), 1), key, {})
+        self._step(key, 1, ids)
 
-    def _prepare(self, prefix: Prefill, capacity: int, shifts: Mapping[str, torch.Tensor]) -> None:
+    def _prepare(self, prefix: Prefill, key: StepKey, shifts: Mapping[str, torch.Tensor]) -> None:
+        capacity, dtype = key
         if capacity not in self._caches:
             self._caches[capacity] = self._new_cache(capacity)
         cache = self._caches[capacity]
         self._set_shifts(self._shifts, shifts)
         cache.reset()
         for layer, (keys, values, *_) in zip(cache.layers, prefix.cache):
-            layer.update(keys.to(self.dtype), values.to(self.dtype))  # the prompt's positions, then the steps'
+            layer.update(keys.to(dtype), values.to(dtype))  # the prompt's positions, then the steps'
 
-    def _step(self, capacity: int, position: int, ids: torch.Tensor) -> torch.Tensor:
+    def _step(self, key: StepKey, position: int, ids: torch.Tensor) -> torch.Tensor:
+        capacity = key[0]
         at = torch.tensor([position], device=self._device)
         if self._cuda:
             torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are read: free to reuse

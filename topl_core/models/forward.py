@@ -6,6 +6,7 @@ never modified) and applies the model's own final norm: H = FinalNorm(f_{0:m}(x)
 
 from __future__ import annotations
 
+import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Callable, Iterator, TypeVar
 import torch
 import torch.nn.functional as F
 
+from ..hardware.linear_kernel import FewRowLinear, bf16_weight
 from ..hardware.precision import full_precision
 from .architecture import base_causal_lm, decoder_layers, final_norm
 
@@ -93,6 +95,44 @@ def first_rows_above(model: torch.nn.Module, layer: int, rows: int) -> list[torc
         decoder_layers(model)[i].register_forward_pre_hook(keep_first, with_kwargs=True)
         for i in range(layer + 1, len(decoder_layers(model)))
     ]
+
+
+def bf16_step_tree(tree: torch.nn.Module) -> None:
+    """A private module tree (inference/compiled_decode.private_tree) made a bf16 decode step's, in place: what bf16
+    autocast computes, written out for a graph traced without it. Each FewRowLinear holds its weight's kept bf16 copy
+    (hardware/linear_kernel.bf16_weight: the tensors eager bf16 decoding uses; a LM head tied to the embedding is
+    untied here, the embedding staying float32 as under autocast), so a compiled graph reads half the bytes and rounds
+    its linears as autocast does (linear_kernel.rows_product_bf16); attention is the model's own over bf16 queries,
+    keys and values (bf16_attention). Norms, rotary embeddings and the residual stream stay float32, as under
+    autocast."""
+    for module in tree.modules():
+        if isinstance(module, FewRowLinear) and module.weight.dtype == torch.float32:
+            module.weight = torch.nn.Parameter(bf16_weight(module.weight), requires_grad=False)
+    tree.config._attn_implementation = bf16_attention(tree.config._attn_implementation)
+
+
+def bf16_attention(implementation: str) -> str:
+    """The name of `implementation`'s attention over bf16 queries, keys and values (autocast's: sdpa is one of its
+    bf16 operators), registered with transformers once, with the same masks."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = f"topl_bf16_{implementation}"
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        attend = ALL_ATTENTION_FUNCTIONS[implementation] if implementation != "eager" else _eager_attention
+
+        def bf16(module, query, key, value, mask, **kwargs):
+            return attend(module, query.bfloat16(), key.bfloat16(), value.bfloat16(), mask, **kwargs)
+
+        AttentionInterface.register(name, bf16)
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[implementation])
+    return name
+
+
+def _eager_attention(module: torch.nn.Module, *args, **kwargs):
+    """The model's own eager attention (each architecture's modeling module has its own)."""
+    return sys.modules[type(module).__module__].eager_attention_forward(module, *args, **kwargs)
 
 
 def head_features(

@@ -28,7 +28,7 @@ import torch
 
 from ..foundations.errors import ModelError
 from ..foundations.idle_children import busy
-from ..inference.compiled_decode import CompiledDecoder, DecoderBusy, StepDecoder
+from ..inference.compiled_decode import CompiledDecoder, DecoderBusy, StepDecoder, StepKey
 from ..inference.decode import decoded_texts, final_texts
 from ..inference.exported_decode import ExportedDecoder
 from ..inference.generate import (
@@ -132,7 +132,7 @@ class SteeringSession:
         eagerly."""
         if not self.compiles_decode(gen_cfg, how):
             return False
-        self._compiled.warm(self._capacity(document, gen_cfg, task))
+        self._compiled.warm(self._step_key(document, gen_cfg, task))
         return True
 
     def decode_ready(
@@ -143,10 +143,11 @@ class SteeringSession:
 
     def _step_built(self, document: str, gen_cfg: GenerationConfig, task: str) -> bool:
         """Whether a compiled stream of `document` starts at once (or, with compile_decode's wait, builds its step)."""
-        return self._compile_wait or self._compiled.ready(self._capacity(document, gen_cfg, task))
+        return self._compile_wait or self._compiled.ready(self._step_key(document, gen_cfg, task))
 
-    def _capacity(self, document: str, gen_cfg: GenerationConfig, task: str) -> int:
-        return StepDecoder.capacity(prompt_length(self.lm, document, gen_cfg, task), gen_cfg.max_new_tokens)
+    def _step_key(self, document: str, gen_cfg: GenerationConfig, task: str) -> StepKey:
+        """The compiled step the streams of `document` decode in (after compile_decode)."""
+        return self._compiled.key(prompt_length(self.lm, document, gen_cfg, task), gen_cfg)
 
     @classmethod
     def from_run(cls, adapter, vectors: SteeringVectors, spec=None, head: Head | None = None) -> "SteeringSession":

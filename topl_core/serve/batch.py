@@ -150,13 +150,14 @@ class Batcher:
         release_this_threads_team()  # the batcher's thread runs every forward from now on (hardware/threads.py)
 
     def _compiled_step(self, lm: LoadedModel, head: Head | None, precision: ResolvedPrecision) -> BatchStep | None:
-        """The compiled step where it applies (a CPU decoding in the weights' dtype, no sliding windows, slots for
-        its smallest bucket; TOPL_COMPILED_DECODE=0: never), reading the hidden state where the head reads p(good)."""
+        """The compiled step where it applies (a CPU decoding in the weights' dtype or in bf16 over float32 weights,
+        no sliding windows, slots for its smallest bucket; TOPL_COMPILED_DECODE=0: never), reading the hidden state
+        where the head reads p(good)."""
         if self._window is not None or not compiled_decode_wanted():
             return None
         read_layer = head.layer if head is not None else len(decoder_layers(lm.model)) - 1
-        step = BatchStep(lm, self.slots, residual_paths(lm.model), read_layer)
-        return step if step.supports(TORCH_DTYPES[precision]) else None
+        step = BatchStep(lm, self.slots, residual_paths(lm.model), read_layer, TORCH_DTYPES[precision])
+        return step if step.supports() else None
 
     def warm(self, positions: int, wait: bool = False) -> bool:
         """Build the compiled steps (each row bucket) of the storage holding `positions` ahead of the requests (else
