@@ -187,6 +187,9 @@ def test_the_sliders_streamed_grid_and_compiled_decode_in_bf16(run, news_records
         assert [*session.stream_steered(doc, lam, gen, how=SteerConfig("vector", positions))] == texts
     # both steps were built and taken: fp32's, and bf16 autocast's over the weights' kept bf16 copies
     assert {dtype for _, dtype in session.decoder._built} == {torch.float32, torch.bfloat16}
+    model = session.lm.model  # the bf16 step's module tree is its own: the model keeps its float32 weights, tied
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == model.config.tie_word_embeddings
 
 
 def test_steering_on_bf16_weights(run, news_records):

@@ -102,8 +102,8 @@ def bf16_step_tree(tree: torch.nn.Module) -> None:
     autocast computes, written out for a graph traced without it. Each FewRowLinear holds its weight's kept bf16 copy
     (hardware/linear_kernel.bf16_weight: the tensors eager bf16 decoding uses; a LM head tied to the embedding is
     untied here, the embedding staying float32 as under autocast), so a compiled graph reads half the bytes and rounds
-    its linears as autocast does (linear_kernel.rows_product_bf16); attention is the model's own over bf16 queries,
-    keys and values (bf16_attention). Norms, rotary embeddings and the residual stream stay float32, as under
+    its linears as autocast does (linear_kernel.rows_product_bf16); attention is the model's own over bf16-rounded
+    queries, keys and values (bf16_attention). Norms, rotary embeddings and the residual stream stay float32, as under
     autocast."""
     for module in tree.modules():
         if isinstance(module, FewRowLinear) and module.weight.dtype == torch.float32:
@@ -112,8 +112,10 @@ def bf16_step_tree(tree: torch.nn.Module) -> None:
 
 
 def bf16_attention(implementation: str) -> str:
-    """The name of `implementation`'s attention over bf16 queries, keys and values (autocast's: sdpa is one of its
-    bf16 operators), registered with transformers once, with the same masks."""
+    """The name of `implementation`'s attention as bf16 autocast gives its operands — queries, keys and values rounded
+    to bf16, the output too — with its sums in float32 (what a bf16 kernel accumulates in: the same figures but for
+    their order), registered with transformers once, with the same masks. torch's bf16 attention itself made
+    SmolLM2's compiled two-row step 28–30 ms against 16–18 (docs/performance.md, "The decode step's linears")."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -123,7 +125,9 @@ def bf16_attention(implementation: str) -> str:
         attend = ALL_ATTENTION_FUNCTIONS[implementation] if implementation != "eager" else _eager_attention
 
         def bf16(module, query, key, value, mask, **kwargs):
-            return attend(module, query.bfloat16(), key.bfloat16(), value.bfloat16(), mask, **kwargs)
+            rounded = (t.to(torch.bfloat16).float() for t in (query, key, value))
+            out, weights = attend(module, *rounded, mask, **kwargs)
+            return out.to(torch.bfloat16), weights
 
         AttentionInterface.register(name, bf16)
         AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[implementation])
