@@ -97,6 +97,8 @@ def test_a_few_rows_under_bf16_autocast_round_the_weight_once_to_autocasts_resul
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert lk.bf16_weight(few.weight) is not kept
         assert torch.equal(few(inputs[0]), plain(inputs[0]))
+        made_here = torch.randn(96, 64)  # an inference tensor: no version counter, rounded at every call
+        assert torch.equal(lk.bf16_weight(made_here), made_here.bfloat16())
 
 
 def _traced(module: torch.nn.Module, x: torch.Tensor) -> tuple[list, torch.Tensor]:

@@ -144,6 +144,8 @@ def bf16_weight(weight: torch.Tensor) -> torch.Tensor:
     """`weight` rounded to bf16 as autocast rounds it, kept: made again only after the weight changed in place (its
     version: a LoRA merged into it, a checkpoint loaded) — autocast rounds every weight again at every forward, which
     costs a one-row decode step more than its bf16 product saves (docs/performance.md, "The decode step's linears")."""
+    if weight.is_inference():  # made under torch.inference_mode: no version to tell an in-place change by
+        return weight.to(torch.bfloat16)
     kept = _BF16_WEIGHTS.get(id(weight))
     if kept is not None and kept[0]() is weight and kept[1] == weight._version:
         return kept[2]
