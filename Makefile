@@ -16,7 +16,7 @@ test: setup
 # (tests/test_architecture.py) and the test files that take seconds, not minutes (FAST_TESTS: chosen from the full
 # suite's durations; docs/reliability.md, "The inner loop"). `make test` is still the whole check.
 CODE = topl_core pages scripts tests app.py
-FAST_TESTS = $(addprefix tests/test_,$(addsuffix .py,architecture adapters cliff config_fields control_vector \
+FAST_TESTS = $(addprefix tests/test_,$(addsuffix .py,aot_packages architecture adapters cliff config_fields control_vector \
 	data_fuzz decode_precision docs encode evaluation fava fluency halueval kv_cache label_settings methods mlqe models \
 	own_summaries perturb progress records token_scores transfer translation))
 
