@@ -90,8 +90,13 @@ def test_a_probe_cached_before_the_decode_probe_is_measured_again(tmp_path, monk
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps({"capability": "X", "amx": False, "avx512_bf16": False, "fp32_s": 1, "bf16_s": 2}))
         probe = prec.cpu_bf16_probe()
-        assert probe.decode_fp32_s > 0 and probe.decode_bf16_s > 0
+        assert probe.decode_fp32_s > 0 and probe.decode_bf16_s > 0 and probe.decode_kind == prec.DECODE_KIND
         assert json.loads(path.read_text())["decode_bf16_s"] == probe.decode_bf16_s
+        # a probe of the decode step as it ran before the bf16 weights were kept (autocast's cast at every call)
+        old = {**json.loads(path.read_text()), "decode_bf16_s": 1.0, "decode_kind": None}
+        path.write_text(json.dumps(old))
+        prec.cpu_bf16_probe.cache_clear()
+        assert prec.cpu_bf16_probe().decode_bf16_s < 1.0  # measured again
     finally:
         prec.cpu_bf16_probe.cache_clear()
 

@@ -91,6 +91,7 @@ def test_a_few_rows_under_bf16_autocast_round_the_weight_once_to_autocasts_resul
                 assert out.dtype == torch.bfloat16 and torch.equal(out, b(x))
         kept = lk.bf16_weight(few.weight)
         assert lk.bf16_weight(few.weight) is kept  # rounded once, not at every call
+        assert lk.bf16_weight(few.weight, packed=True) is lk.bf16_weight(few.weight, packed=True)  # oneDNN's layout
     with torch.no_grad():
         few.weight.mul_(2)  # changed in place (a LoRA merged into it): rounded again
         plain.weight.mul_(2)

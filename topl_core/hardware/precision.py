@@ -53,6 +53,9 @@ PRECISION_ENV = "TOPL_PRECISION"  # "fp32" / "bf16": what "auto" means on this m
 PROBE_SIZE = 256  # matmul side: a sub-second probe even where bf16 is emulated (docs/models.md, "The probe")
 PROBE_REPEATS = 5
 DECODE_PROBE_SIZE = 1024  # the decode probe's weight side: one row through a (3·size × size) float32 weight
+# what the decode probe times (a cached probe of another kind is measured again): each weight's bf16 copy kept in
+# oneDNN's layout (hardware/linear_kernel.bf16_weight), against the faster of aten's and oneDNN's float32 linear
+DECODE_KIND = "kept bf16 weights"
 
 
 @dataclass(frozen=True)
@@ -64,10 +67,11 @@ class Bf16Probe:
     avx512_bf16: bool
     fp32_s: float
     bf16_s: float
-    # one row through a float32 weight, plain and under bf16 autocast (which casts the whole weight on every call):
-    # what a one-token decode step does; None in a probe cached before it was measured (then measured again)
+    # one row through a weight as a one-token decode step's linears run it, in float32 and in bf16 (DECODE_KIND); None
+    # in a probe cached before it was measured so (then measured again)
     decode_fp32_s: float | None = None
     decode_bf16_s: float | None = None
+    decode_kind: str | None = None
 
     @property
     def slowdown(self) -> float:
@@ -85,7 +89,7 @@ class Bf16Probe:
 
     @property
     def decode_native(self) -> bool:
-        """A one-token decode step is faster under bf16 autocast than in fp32 here (measured; the prefill probe's
+        """A one-token decode step's linears are faster in bf16 than in fp32 here (measured; the prefill probe's
         answer when the decode probe is absent)."""
         if self.decode_fp32_s is None or self.decode_bf16_s is None:
             return self.native
@@ -113,24 +117,29 @@ def _time_matmul(dtype: torch.dtype) -> float:
         torch.set_num_threads(threads)
 
 
-def _time_decode_row(under_autocast: bool) -> float:
-    """Best of PROBE_REPEATS single-threaded one-row linears over a float32 weight, plain or under bf16 autocast:
-    the shape of a decode step, where autocast's cast of every weight on every call is not repaid by one row. A
-    model's own linears keep their bf16 weights (hardware/linear_kernel.bf16_weight); the probe still counts the
-    rounding, so bf16 decoding is chosen only where it beats float32 by more than that: on a CPU only float32 decoding
-    has a compiled step (inference/exported_decode.py, batch_step.py), and kept bf16 weights gave one row no faster
-    than float32 on a 2-core Zen 4 EPYC (docs/performance.md, "The decode step's linears")."""
+def _time_decode_row(bf16: bool) -> float:
+    """Best of PROBE_REPEATS single-threaded one-row linears through a float32 weight as a decode step's few-row
+    linears run them (hardware/linear_kernel.FewRowLinear): in float32 the faster of aten's and oneDNN's linear (the
+    kernel a loaded model takes), in bf16 autocast's over the weight's bf16 copy, rounded once and kept in oneDNN's
+    layout where this torch has oneDNN (about twice float32's speed for one row on a 2-core Zen 4 EPYC; rounded at
+    every call, as autocast alone does, it was 2.8× float32's time: docs/performance.md, "The decode step's
+    linears")."""
     weight = torch.randn(3 * DECODE_PROBE_SIZE, DECODE_PROBE_SIZE)
     row = torch.randn(1, DECODE_PROBE_SIZE)
+    onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-
-    def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=under_autocast):
-            torch.nn.functional.linear(row, weight)
-
     try:
-        return best_time(step)
+        if bf16:
+            kept = weight.to(torch.bfloat16)
+            if onednn:
+                packed, bf16_row = torch.ops.mkldnn._reorder_linear_weight(kept, 1), row.bfloat16()
+                return best_time(lambda: torch.ops.mkldnn._linear_pointwise(bf16_row, packed, None, "none", [], ""))
+            return best_time(lambda: torch.nn.functional.linear(row.bfloat16(), kept))
+        aten = best_time(lambda: torch.nn.functional.linear(row, weight))
+        if not onednn:
+            return aten
+        return min(aten, best_time(lambda: torch.ops.mkldnn._linear_pointwise(row, weight, None, "none", [], "")))
     finally:
         torch.set_num_threads(threads)
 
@@ -158,6 +167,7 @@ def measure_bf16_probe() -> Bf16Probe:
         bf16_s=_time_matmul(torch.bfloat16),
         decode_fp32_s=_time_decode_row(False),
         decode_bf16_s=_time_decode_row(True),
+        decode_kind=DECODE_KIND,
     )
 
 
@@ -200,7 +210,7 @@ def cpu_bf16_probe() -> Bf16Probe:
     path = cache_dir() / "machine" / f"bf16-{machine_key()}.json"
     try:
         cached = Bf16Probe(**json.loads(path.read_text()))
-        if cached.decode_bf16_s is not None:
+        if cached.decode_bf16_s is not None and cached.decode_kind == DECODE_KIND:
             return cached
     except (OSError, ValueError, TypeError):
         pass  # absent, unreadable or from before the decode probe: measure (a fraction of a second) and store
