@@ -1,8 +1,9 @@
 """The few-row float32 linear's kernel (hardware/linear_kernel.py): a few rows at inference go through oneDNN and
-agree with nn.Linear to float32's last bits; every other forward (many rows, autograd, autocast, bf16 weights) is
-nn.Linear's own, bit for bit, with its gradients; the choice follows TOPL_LINEAR_KERNEL, else the cached probe; a
-model loaded with oneDNN, its adapter merged, streams generate()'s text token for token; a compiled graph writes
-one row as a multiply-reduce and calls the same kernel for a few rows. (The rest of the suite pins aten:
+agree with nn.Linear to float32's last bits; under bf16 autocast they read the weight's kept bf16 copy and give
+autocast's result (within bf16's last bit: oneDNN sums them); every other forward (many rows, autograd, bf16
+weights) is nn.Linear's own, bit for bit, with its gradients; the choice follows TOPL_LINEAR_KERNEL, else the cached
+probe; a model loaded with oneDNN, its adapter merged, streams generate()'s text token for token; a compiled graph
+writes one row as a multiply-reduce and calls the same kernel for a few rows. (The rest of the suite pins aten:
 tests/conftest.py.)"""
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def test_every_other_forward_is_nn_linears_own_bit_for_bit(onednn_calls):
     with torch.inference_mode():
         assert torch.equal(few(many), plain(many))
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            one = torch.randn(1, 1, 64)
-            assert torch.equal(few(one), plain(one)) and few(one).dtype == torch.bfloat16
+            many_bf16 = few(many)  # a prompt's forward under autocast: autocast's own
+            assert torch.equal(many_bf16, plain(many)) and many_bf16.dtype == torch.bfloat16
     x = torch.randn(1, 1, 64)
     out_few, out_plain = few(x), plain(x)  # autograd records: training and the gradients it needs
     assert torch.equal(out_few, out_plain)
@@ -77,7 +78,14 @@ def test_every_other_forward_is_nn_linears_own_bit_for_bit(onednn_calls):
     assert not onednn_calls
 
 
-def test_a_few_rows_under_bf16_autocast_round_the_weight_once_to_autocasts_result_bit_for_bit():
+def _autocasts(out: torch.Tensor, reference: torch.Tensor) -> None:
+    """`out` is autocast's `reference`: bf16, the same but for the last bit of bf16 where oneDNN sums the same
+    products in another order than aten's (bit for bit on the Zen 4 EPYC where this was written)."""
+    assert out.dtype == reference.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), reference.float(), rtol=2**-7, atol=1e-3)
+
+
+def test_a_few_rows_under_bf16_autocast_round_the_weight_once_to_autocasts_result():
     plain, few = _pair()
     no_bias = torch.nn.Linear(64, 96, bias=False)
     few_no_bias = torch.nn.Linear(64, 96, bias=False)
@@ -87,8 +95,7 @@ def test_a_few_rows_under_bf16_autocast_round_the_weight_once_to_autocasts_resul
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         for x in inputs:
             for a, b in ((few, plain), (few_no_bias, no_bias)):
-                out = a(x)
-                assert out.dtype == torch.bfloat16 and torch.equal(out, b(x))
+                _autocasts(a(x), b(x))
         kept = lk.bf16_weight(few.weight)
         assert lk.bf16_weight(few.weight) is kept  # rounded once, not at every call
         assert lk.bf16_weight(few.weight, packed=True) is lk.bf16_weight(few.weight, packed=True)  # oneDNN's layout
@@ -97,7 +104,7 @@ def test_a_few_rows_under_bf16_autocast_round_the_weight_once_to_autocasts_resul
         plain.weight.mul_(2)
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert lk.bf16_weight(few.weight) is not kept
-        assert torch.equal(few(inputs[0]), plain(inputs[0]))
+        _autocasts(few(inputs[0]), plain(inputs[0]))
         made_here = torch.randn(96, 64)  # an inference tensor: no version counter, rounded at every call
         assert torch.equal(lk.bf16_weight(made_here), made_here.bfloat16())
 

@@ -295,7 +295,9 @@ def test_a_full_queue_answers_429_and_a_wrong_key_401(session):
         good = openai.OpenAI(base_url=server.url, api_key="sesame", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=server.url, api_key="wrong", max_retries=0).models.list()
-        stream = good.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=200, stream=True, n=2)
+        # both slots held for as long as the test needs them: 200 tokens were once written (the compiled step) before
+        # the next request came, in a loaded suite; the stream is closed (its generations cancelled) after
+        stream = good.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=1000, stream=True, n=2)
         next(iter(stream))
         with pytest.raises(openai.RateLimitError) as busy:
             good.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)

@@ -10,10 +10,13 @@ Zen 4 EPYC where oneDNN's reaches 18–23 GB/s and llama.cpp's 35; docs/performa
     use_linear_kernel(model) -> int          the model's nn.Linear modules become FewRowLinear running linear_kernel()
                                              (the same weights; the count returned)
     model_linear_kernel(model)               the kernel a loaded model's few-row linears run
+    bf16_weight(weight, packed=False)        the weight's bf16 copy, kept (plain, or in oneDNN's layout)
 
-FewRowLinear computes a forward its own way only where nothing else is asked of it: float32 input and weight on a
-CPU, at most FEW_ROWS rows, no autograd recording, no autocast. Eagerly such a forward runs the model's kernel;
-every other forward (a prompt of more positions, training, bf16 autocast) is nn.Linear's own, bit for bit. The two
+FewRowLinear computes a forward its own way only where nothing else is asked of it: float32 weights on a CPU, at most
+FEW_ROWS rows, no autograd recording. Eagerly, float32 input without autocast runs the model's kernel, and under bf16
+autocast the weight's kept bf16 copy in oneDNN's layout (bf16_linear: autocast's own result, without rounding every
+weight at every step); every other forward (a prompt of more positions, training) is nn.Linear's own,
+bit for bit. The two
 kernels round differently in the last bits. A loaded model runs every eager path through the same one (generate,
 streams, grids, the gated decoder), so those agree token for token; a text can part from another machine's at a
 near-tie, as between any two CPUs.
@@ -25,6 +28,8 @@ ROW_PRODUCT_ROWS rows (the service's batched step) are row products too, one per
 loop loading each weight element once for every row (rows_product); more rows go
 through the model's kernel (oneDNN as one opaque operator, which calls back into Python per linear). The compiled
 step thus rounds differently from the eager one, as its other fused operators do (inference/compiled_decode.py).
+A compiled bf16 step's linears hold the plain bf16 copies and round as autocast's linear does (rows_product_bf16;
+models/forward.bf16_step_tree).
 """
 
 from __future__ import annotations
@@ -146,8 +151,10 @@ def bf16_weight(weight: torch.Tensor, packed: bool = False) -> torch.Tensor:
     `packed`: in oneDNN's own layout for its bf16 linear (where this torch has oneDNN), what an eager few-row forward
     reads: the same products as aten's bf16 linear, about twice as fast for one row; a compiled step reads the plain
     copy. Each form is made the first time it is asked for."""
+    packed = packed and onednn_available()
     if weight.is_inference():  # made under torch.inference_mode: no version to tell an in-place change by
-        return _bf16_form(weight.to(torch.bfloat16), packed)
+        rounded = weight.to(torch.bfloat16)
+        return torch.ops.mkldnn._reorder_linear_weight(rounded, 1) if packed else rounded
     kept = _BF16_WEIGHTS.get(id(weight))
     if kept is None or kept[0]() is not weight or kept[1] != weight._version:
         if kept is None or kept[0]() is not weight:
@@ -157,21 +164,15 @@ def bf16_weight(weight: torch.Tensor, packed: bool = False) -> torch.Tensor:
     if "plain" not in forms:
         with torch.no_grad():
             forms["plain"] = weight.to(torch.bfloat16)
-    form = "packed" if packed and onednn_available() else "plain"
-    if form not in forms:
-        forms[form] = _bf16_form(forms["plain"], True)
-    return forms[form]
-
-
-def _bf16_form(rounded: torch.Tensor, packed: bool) -> torch.Tensor:
-    if packed and onednn_available():
-        return torch.ops.mkldnn._reorder_linear_weight(rounded, 1)
-    return rounded
+    if packed and "packed" not in forms:
+        forms["packed"] = torch.ops.mkldnn._reorder_linear_weight(forms["plain"], 1)  # its batch size: a hint only
+    return forms["packed" if packed else "plain"]
 
 
 def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """A few rows through `weight` as bf16 autocast's linear computes them (every operand rounded to bf16, then bf16's
-    linear), the weight's kept bf16 form read (bf16_weight): bit for bit autocast's result."""
+    linear), the weight's kept bf16 form read (bf16_weight): autocast's result — bit for bit where oneDNN sums the
+    products as aten's bf16 linear does (so on the Zen 4 EPYC), else within bf16's last bit."""
     x, bias = x.to(torch.bfloat16), None if bias is None else bias.to(torch.bfloat16)
     if onednn_available():
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), bf16_weight(weight, True), bias, "none", [], "")
