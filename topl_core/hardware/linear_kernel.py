@@ -63,6 +63,12 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def onednn_bf16_available() -> bool:
+    """Whether oneDNN computes bf16 linears on this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; not on AVX2 alone,
+    where its bf16 weight reorder refuses)."""
+    return onednn_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
 
@@ -148,10 +154,10 @@ def bf16_weight(weight: torch.Tensor, packed: bool = False) -> torch.Tensor:
     """`weight` rounded to bf16 as autocast rounds it, kept: made again only after the weight changed in place (its
     version: a LoRA merged into it, a checkpoint loaded) — autocast rounds every weight again at every forward, which
     costs a one-row decode step more than its bf16 product saves (docs/performance.md, "The decode step's linears").
-    `packed`: in oneDNN's own layout for its bf16 linear (where this torch has oneDNN), what an eager few-row forward
-    reads: the same products as aten's bf16 linear, about twice as fast for one row; a compiled step reads the plain
-    copy. Each form is made the first time it is asked for."""
-    packed = packed and onednn_available()
+    `packed`: in oneDNN's own layout for its bf16 linear (where oneDNN computes bf16 here), what an eager few-row
+    forward reads: the same products as aten's bf16 linear, about twice as fast for one row; a compiled step reads the
+    plain copy. Each form is made the first time it is asked for."""
+    packed = packed and onednn_bf16_available()
     if weight.is_inference():  # made under torch.inference_mode: no version to tell an in-place change by
         rounded = weight.to(torch.bfloat16)
         return torch.ops.mkldnn._reorder_linear_weight(rounded, 1) if packed else rounded
@@ -174,7 +180,7 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     linear), the weight's kept bf16 form read (bf16_weight): autocast's result — bit for bit where oneDNN sums the
     products as aten's bf16 linear does (so on the Zen 4 EPYC), else within bf16's last bit."""
     x, bias = x.to(torch.bfloat16), None if bias is None else bias.to(torch.bfloat16)
-    if onednn_available():
+    if onednn_bf16_available():
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), bf16_weight(weight, True), bias, "none", [], "")
     return F.linear(x, bf16_weight(weight), bias)
 

@@ -127,12 +127,13 @@ def _time_decode_row(bf16: bool) -> float:
     weight = torch.randn(3 * DECODE_PROBE_SIZE, DECODE_PROBE_SIZE)
     row = torch.randn(1, DECODE_PROBE_SIZE)
     onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    onednn_bf16 = onednn and torch.ops.mkldnn._is_mkldnn_bf16_supported()  # not on AVX2 alone
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         if bf16:
             kept = weight.to(torch.bfloat16)
-            if onednn:
+            if onednn_bf16:
                 packed, bf16_row = torch.ops.mkldnn._reorder_linear_weight(kept, 1), row.bfloat16()
                 return best_time(lambda: torch.ops.mkldnn._linear_pointwise(bf16_row, packed, None, "none", [], ""))
             return best_time(lambda: torch.nn.functional.linear(row.bfloat16(), kept))
