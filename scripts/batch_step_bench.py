@@ -18,7 +18,7 @@ import torch
 from topl_core.analysis.evaluation.config import EvalConfig
 from topl_core.analysis.evaluation.evaluate import steering_vectors_for
 from topl_core.foundations.paths import PROJECT_ROOT
-from topl_core.hardware.precision import machine_description
+from topl_core.hardware.machine import machine_description
 from topl_core.runtime.modes import SteerConfig
 from topl_core.runtime.session import SteeringSession
 from topl_core.serve.batch import Batcher

@@ -36,7 +36,7 @@ from topl_core.data.encode import build_prompt, truncate_document
 from topl_core.data.records import read_jsonl
 from topl_core.data.split import split_records
 from topl_core.foundations.io import write_json
-from topl_core.hardware.precision import machine_description
+from topl_core.hardware.machine import machine_description
 from topl_core.inference.generate import GenerationConfig, load_merged, prefill, stream_generate
 from topl_core.models.architecture import decoder_layers
 from topl_core.training.adapters import open_adapter

@@ -31,7 +31,8 @@ from topl_core.data.records import read_jsonl
 from topl_core.data.split import split_records
 from topl_core.foundations.io import write_json
 from topl_core.foundations.paths import PROJECT_ROOT, project_path
-from topl_core.hardware.precision import machine_description, resolve_precision
+from topl_core.hardware.machine import machine_description
+from topl_core.hardware.precision import resolve_precision
 from topl_core.models.loading import load_model
 from topl_core.training.adapters import open_adapter
 

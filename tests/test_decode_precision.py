@@ -11,6 +11,7 @@ import torch
 
 from topl_core.analysis.evaluation.config import EvalConfig
 from topl_core.hardware import precision as prec
+from topl_core.hardware.machine import machine_key
 from topl_core.inference.generate import GenerationConfig, generate, stream_generate
 from topl_core.models.loading import load_model
 
@@ -86,7 +87,7 @@ def test_a_probe_cached_before_the_decode_probe_is_measured_again(tmp_path, monk
     monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path))
     prec.cpu_bf16_probe.cache_clear()
     try:
-        path = tmp_path / "machine" / f"bf16-{prec.machine_key()}.json"
+        path = tmp_path / "machine" / f"bf16-{machine_key()}.json"
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps({"capability": "X", "amx": False, "avx512_bf16": False, "fp32_s": 1, "bf16_s": 2}))
         probe = prec.cpu_bf16_probe()

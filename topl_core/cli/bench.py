@@ -23,7 +23,7 @@ from ..foundations.io import write_json
 from ..foundations.paths import DEFAULT_DATA, examples_dir, project_path
 from ..foundations.presets import DEFAULT_MODEL, PRESETS
 from ..foundations.progress import Bar
-from ..hardware.precision import machine_description
+from ..hardware.machine import machine_description
 from ..models.loading import DEVICES
 from ..runtime.modes import MODE_SETTINGS, SteerConfig
 from ..runtime.session import SteeringSession

@@ -11,6 +11,7 @@ Zen 4 EPYC where oneDNN's reaches 18–23 GB/s and llama.cpp's 35; docs/performa
                                              (the same weights; the count returned)
     model_linear_kernel(model)               the kernel a loaded model's few-row linears run
     bf16_weight(weight, packed=False)        the weight's bf16 copy, kept (plain, or in oneDNN's layout)
+    time_decode_row(weight, bf16)            one row through the weight as an eager decode step runs it (the probes')
 
 FewRowLinear computes a forward its own way only where nothing else is asked of it: float32 weights on a CPU, at most
 FEW_ROWS rows, no autograd recording. Eagerly, float32 input without autocast runs the model's kernel, and under bf16
@@ -45,7 +46,7 @@ import torch.nn.functional as F
 
 from ..foundations.io import write_json
 from ..foundations.paths import cache_dir
-from .precision import best_time, machine_key
+from .machine import best_time, machine_key
 
 LinearKernel = Literal["aten", "onednn"]
 KERNEL_ENV = "TOPL_LINEAR_KERNEL"  # "aten" / "onednn": the kernel on this machine, overriding the probe
@@ -87,7 +88,7 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 
 def _time_row(linear) -> float:
-    """The best one-row linear on torch's threads (precision.best_time), as a decode step runs them (a kernel that
+    """The best one-row linear on torch's threads (machine.best_time), as a decode step runs them (a kernel that
     leaves a core idle is what the probe is there to find: MKL's one-row path on an AMD CPU uses one of two)."""
     weight, row = torch.randn(*PROBE_SHAPE), torch.randn(1, PROBE_SHAPE[1])
     return best_time(lambda: linear(row, weight, None))
@@ -181,8 +182,19 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     products as aten's bf16 linear does (so on the Zen 4 EPYC), else within bf16's last bit."""
     x, bias = x.to(torch.bfloat16), None if bias is None else bias.to(torch.bfloat16)
     if onednn_bf16_available():
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), bf16_weight(weight, True), bias, "none", [], "")
+        return _onednn_linear(x, bf16_weight(weight, True), bias)
     return F.linear(x, bf16_weight(weight), bias)
+
+
+def time_decode_row(weight: torch.Tensor, bf16: bool) -> float:
+    """One row through the float32 `weight` as an eager decode step's FewRowLinear runs it, best of the probe's
+    repeats (machine.best_time): in float32 the faster of aten's and oneDNN's linear (the kernel a loaded model
+    takes), in bf16 bf16_linear over the weight's kept copy. The decode probe (precision.py) compares the two."""
+    row = torch.randn(1, weight.shape[1])
+    if bf16:
+        return best_time(lambda: bf16_linear(row, weight, None))
+    aten = best_time(lambda: F.linear(row, weight))
+    return min(aten, best_time(lambda: _onednn_linear(row, weight, None))) if onednn_available() else aten
 
 
 def rows_product_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

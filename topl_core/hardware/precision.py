@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import os
-import platform
-import time
 import typing
 import warnings
 from dataclasses import dataclass
@@ -33,6 +30,8 @@ import torch
 
 from ..foundations.io import write_json
 from ..foundations.paths import cache_dir
+from .linear_kernel import time_decode_row
+from .machine import best_time, machine_key, one_thread
 
 Precision = Literal["auto", "fp32", "bf16"]
 ResolvedPrecision = Literal["fp32", "bf16"]
@@ -51,7 +50,6 @@ _TORCH_NAMES = {"float32": "fp32", "bfloat16": "bf16"}
 
 PRECISION_ENV = "TOPL_PRECISION"  # "fp32" / "bf16": what "auto" means on this machine, overriding the probe
 PROBE_SIZE = 256  # matmul side: a sub-second probe even where bf16 is emulated (docs/models.md, "The probe")
-PROBE_REPEATS = 5
 DECODE_PROBE_SIZE = 1024  # the decode probe's weight side: one row through a (3·size × size) float32 weight
 # what the decode probe times (a cached probe of another kind is measured again): each weight's bf16 copy kept in
 # oneDNN's layout (hardware/linear_kernel.bf16_weight), against the faster of aten's and oneDNN's float32 linear
@@ -104,57 +102,21 @@ class Bf16Probe:
 
 
 def _time_matmul(dtype: torch.dtype) -> float:
-    """Best of PROBE_REPEATS single-threaded matmuls: one thread keeps the comparison per core and steady when
-    another job shares the CPU (threads waiting on a busy core skew a multi-threaded one: docs/models.md, "The
-    probe")."""
+    """Best of PROBE_REPEATS single-threaded matmuls (machine.one_thread)."""
     a = torch.randn(PROBE_SIZE, PROBE_SIZE).to(dtype)
     b = torch.randn(PROBE_SIZE, PROBE_SIZE).to(dtype)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return best_time(lambda: a @ b)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _time_decode_row(bf16: bool) -> float:
     """Best of PROBE_REPEATS single-threaded one-row linears through a float32 weight as a decode step's few-row
-    linears run them (hardware/linear_kernel.FewRowLinear): in float32 the faster of aten's and oneDNN's linear (the
-    kernel a loaded model takes), in bf16 autocast's over the weight's bf16 copy, rounded once and kept in oneDNN's
-    layout where this torch has oneDNN (about twice float32's speed for one row on a 2-core Zen 4 EPYC; rounded at
-    every call, as autocast alone does, it was 2.8× float32's time: docs/performance.md, "The decode step's
-    linears")."""
+    linears run them (linear_kernel.time_decode_row: in bf16 over the weight's kept bf16 copy, about twice float32's
+    speed for one row on a 2-core Zen 4 EPYC; rounded at every call, as autocast alone does, it was 2.8× float32's
+    time: docs/performance.md, "The decode step's linears")."""
     weight = torch.randn(3 * DECODE_PROBE_SIZE, DECODE_PROBE_SIZE)
-    row = torch.randn(1, DECODE_PROBE_SIZE)
-    onednn = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    onednn_bf16 = onednn and torch.ops.mkldnn._is_mkldnn_bf16_supported()  # not on AVX2 alone
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        if bf16:
-            kept = weight.to(torch.bfloat16)
-            if onednn_bf16:
-                packed, bf16_row = torch.ops.mkldnn._reorder_linear_weight(kept, 1), row.bfloat16()
-                return best_time(lambda: torch.ops.mkldnn._linear_pointwise(bf16_row, packed, None, "none", [], ""))
-            return best_time(lambda: torch.nn.functional.linear(row.bfloat16(), kept))
-        aten = best_time(lambda: torch.nn.functional.linear(row, weight))
-        if not onednn:
-            return aten
-        return min(aten, best_time(lambda: torch.ops.mkldnn._linear_pointwise(row, weight, None, "none", [], "")))
-    finally:
-        torch.set_num_threads(threads)
-
-
-def best_time(fn: typing.Callable[[], object]) -> float:
-    """The best of PROBE_REPEATS timed calls of `fn` after one untimed warm-up (kernel selection, allocation), in
-    seconds (never 0): what the machine probes measure."""
-    fn()
-    best = float("inf")
-    for _ in range(PROBE_REPEATS):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return max(best, 1e-9)
+    with one_thread():
+        return time_decode_row(weight, bf16)
 
 
 def measure_bf16_probe() -> Bf16Probe:
@@ -170,39 +132,6 @@ def measure_bf16_probe() -> Bf16Probe:
         decode_bf16_s=_time_decode_row(True),
         decode_kind=DECODE_KIND,
     )
-
-
-def machine_key() -> str:
-    """The machine probes' cache key: what decides their answers (CPU, instruction set, torch build, threads)."""
-    raw = "|".join(
-        [
-            platform.processor() or platform.machine(),
-            _cpu_model(),
-            torch.backends.cpu.get_cpu_capability(),
-            torch.__version__,
-            str(torch.get_num_threads()),
-        ]
-    )
-    return hashlib.sha256(raw.encode()).hexdigest()[:16]
-
-
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def machine_description(device: str = "cpu") -> str:
-    """The machine a result comes from, as the docs name it: the GPU, or the CPU's model, cores and instruction set."""
-    if device == "cuda" and torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name()} (GPU)"
-    amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
-    capability = torch.backends.cpu.get_cpu_capability() + (", AMX" if amx else "")
-    return f"{_cpu_model()}, {os.cpu_count()} cores ({capability})"
 
 
 @functools.lru_cache(maxsize=1)

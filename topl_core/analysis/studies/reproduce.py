@@ -47,7 +47,7 @@ from ...foundations.executor import ExecutorConfig, failure_report, run_tasks
 from ...foundations.io import write_json
 from ...foundations.paths import project_path
 from ...foundations.status import WriterLock, clear_stop, stop_requested, write_status
-from ...hardware.precision import machine_description
+from ...hardware.machine import machine_description
 from ...training.methods import METHODS
 from ...training.run_dirs import RunDir
 from ...training.trainer import train
