@@ -38,9 +38,12 @@ AHEAD = "being written ahead…"  # the box waits for the text the engine is wri
 # the most often a box being written is redrawn: each draw is a message the browser renders, on the cores that decode
 # (docs/performance.md, "The slider on the page"); the first words are drawn at once, the finished text by the caller
 REDRAW_S = 0.1
-# the most often a text being written lets a waiting run of the page interrupt it where it draws nothing (run_asked):
-# each time is one message to the browser
-INTERRUPTIBLE_S = 0.05
+# the longest a text being written goes without a point where a waiting run of the page interrupts it: a draw, else
+# an empty placeholder cleared (run_asked). Each is a message the browser renders on the cores that decode: clearing
+# every 0.05 s besides the draws made a new λ's 64 tokens 0.2 s slower on the page (docs/performance.md, "The slider
+# on the page")
+INTERRUPTIBLE_S = 0.1
+_last_point = threading.local()  # when this run's thread last wrote an element (its `at`: time.monotonic())
 
 
 def generation(precision: str, decode: str, max_new: int) -> GenerationConfig:
@@ -89,13 +92,13 @@ def run_asked() -> Callable[[], bool]:
     for tenths of a second. Streamlit's own way: every element this run writes is a point where a new run or a stop
     waiting for it interrupts it (its StopException or RerunException, raised there; a rerun of a fragment only does
     not interrupt). While the engine writes from this run's thread, this clears an empty placeholder at most every
-    INTERRUPTIBLE_S, which is such a point; it says False otherwise (another thread's forward is never interrupted)."""
-    point, thread, last = st.empty(), threading.get_ident(), 0.0
+    INTERRUPTIBLE_S since this thread last wrote one (a box's draw is one too: `written`), which is such a point; it
+    says False otherwise (another thread's forward is never interrupted)."""
+    point, thread = st.empty(), threading.get_ident()
 
     def asked() -> bool:
-        nonlocal last
-        if threading.get_ident() == thread and time.monotonic() - last >= INTERRUPTIBLE_S:
-            last = time.monotonic()
+        if threading.get_ident() == thread and time.monotonic() - getattr(_last_point, "at", 0.0) >= INTERRUPTIBLE_S:
+            _last_point.at = time.monotonic()
             point.empty()  # where a new run of the page or its stop waits, Streamlit raises it here
         return False
 
@@ -136,7 +139,8 @@ def written(boxes: list[tuple], done: SteeredText | None, parts: Callable, ahead
         for g in stream:
             if shown and time.monotonic() - drawn < REDRAW_S:  # words shown: the next draw waits a little
                 continue
-            drawn, shown = time.monotonic(), g.text
+            drawn = _last_point.at = time.monotonic()  # also a point where a new run interrupts this one
+            shown = g.text
             body = _being_written(g.text) if g.text or not ahead() else f"<i>{AHEAD}</i>"
             for placeholder, title in boxes:
                 placeholder.markdown(text_box(title, body, "writing…"), unsafe_allow_html=True)
