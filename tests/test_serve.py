@@ -17,6 +17,7 @@ from conftest import NEWS_PAIRS, needs_smollm2, serving
 
 from topl_core.analysis.steering.extract import build_steering_vectors
 from topl_core.data.encode import build_prompt, user_message
+from topl_core.inference import prompt_layers
 from topl_core.inference.decode import stop_tokens
 from topl_core.inference.generate import GenerationConfig, prefill, stream_rows
 from topl_core.models.architecture import decoder_layers, final_norm
@@ -484,6 +485,7 @@ def test_a_steered_prompt_replays_its_twins_layers_below_the_lowest_site(session
     for precision in ("fp32", "bf16"):
         sharing, alone = (PromptForwards(high.lm, upper, high.lora, high.head(), precision, 2**26) for _ in range(2))
         held, logits, plain = sharing.run_with_twin(ids, steered, None)
+        prompt_layers._KEPT._entries.clear()  # what the twin kept: `alone` shares nothing
         (held_alone, logits_alone), plain_alone = alone.run(ids, steered), alone.run(ids, None)[0]
         assert sharing.replayed > 0 and alone.replayed == 0 and torch.equal(logits, logits_alone), precision
         pairs = [(a, b) for x, y in zip(held + plain, held_alone + plain_alone, strict=True) for a, b in zip(x, y)]

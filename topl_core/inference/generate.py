@@ -45,6 +45,7 @@ from ..models.loading import LoadedModel, ModelSpec, load_model
 from ..training.adapters import load_adapter
 from .decode import Choose, Judge, decode, decoded_texts, final_texts, stop_tokens
 from .kv_cache import with_room
+from .prompt_layers import resumed_prompt
 
 _MODEL_LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
 _MODEL_LOCKS_GUARD = threading.Lock()
@@ -294,7 +295,9 @@ def prompt_forward(
         with autocast(precision, model.device.type):
             return model(input_ids=ids.to(model.device), past_key_values=cache, use_cache=True, **keep)
 
-    out = through_layer(model, through, forward)
+    with resumed_prompt(model, ids, precision, cache, through) as forward_done:  # from the first steered layer
+        out = through_layer(model, through, forward)
+        forward_done()
     if out is None:
         return cache, None
     return cache, (out.logits if every_position else out.logits[:, -1].float())

@@ -15,14 +15,15 @@ modes.steer builds a mode's edits and enters this context: that is the public fo
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping
 
 import torch
 
 from ..foundations.errors import ModelError
-from ..models.architecture import base_causal_lm
+from ..inference.prompt_layers import plain_below
+from ..models.architecture import base_causal_lm, decoder_layers
 from .sites import Site, site_module
 
 _HOOK_LOCK = threading.Lock()  # registering/removing hooks is serialised (hook dicts are shared by threads)
@@ -73,14 +74,23 @@ def edit_outputs(
         return None
 
     handles = []
+    # a prompt edited from its first edited layer up is run from there at the next λ (inference/prompt_layers.py)
+    declared = nullcontext() if skip_prompt or not edits else plain_below(model, first_layer(model, edits))
     try:
         with _HOOK_LOCK:
             if skip_prompt:
                 handles.append(base_causal_lm(model).register_forward_pre_hook(prefill_hook, with_kwargs=True))
             for s, edit in edits.items():
                 handles.append(site_module(model, s).register_forward_hook(make_hook(s.key, edit)))
-        yield switch
+        with declared:
+            yield switch
     finally:
         with _HOOK_LOCK:
             for h in handles:
                 h.remove()
+
+
+def first_layer(model: torch.nn.Module, sites) -> int:
+    """The first decoder layer holding one of `sites`' modules (0 where one is outside every layer)."""
+    layer_of = {id(m): i for i, layer in enumerate(decoder_layers(model)) for m in layer.modules()}
+    return min(layer_of.get(id(site_module(model, s)), 0) for s in sites)

@@ -10,31 +10,29 @@ plain, whole or only through the head's layer (a twin's: it is read there and no
     held, logits, plain = prompts.run_with_twin(ids, steered, through)   run(ids, steered) and its twin's
         run(ids, None, through), sharing the layers below the steering's lowest site where neither is cached
     prompts.cache                                             the PromptCache (its stats: hits and misses)
-    prompts.replayed                                          the layers a steered prompt took from its twin's forward
+    prompts.replayed                                          the layers steered prompts took from earlier forwards
 
 An entry's key is the prompt's token ids, its steering where it has one (a steered prompt never reads a plain one's
 entry), and where the forward stopped: a twin's shorter forward never answers a whole one; a whole one answers both.
 
 A steered prompt and its twin's plain one are the same forward below the lowest layer the steering edits (the demo
-adapter's vector mode: layers 16–19 of SmolLM2's 30). So the twin's runs first, through the head's layer, and the
-steered one replays its layers below that site — their keys, values and output, the very tensors the twin's forward
-computed with the same code on the same inputs — and computes the rest (a private module tree over the model's
-weights, whose lower layers stand in for themselves during that forward). Modes that edit layer 0 (scaling the
-adapter's update) share nothing.
+adapter's vector mode: layers 16–19 of SmolLM2's 30). So the twin's runs first, through the head's layer, keeping its
+layers below that site, and the steered one takes them — their keys, values and output, the very tensors the twin's
+forward computed with the same code on the same inputs — and computes the rest (inference/prompt_layers.py, which
+the Steering page's prompts run through too). Modes that edit layer 0 (scaling the adapter's update) share nothing.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from contextlib import nullcontext
 from typing import Callable, Mapping
 
 import torch
 
 from ..hardware.precision import ResolvedPrecision
-from ..inference.compiled_decode import private_tree
 from ..inference.generate import prompt_forward
 from ..inference.prompt_cache import PromptCache, tensor_bytes
+from ..inference.prompt_layers import last_resumed, plain_below
 from ..models.architecture import decoder_layers
 from ..models.forward import Head, HeadReader
 from ..models.loading import LoadedModel
@@ -61,7 +59,6 @@ class PromptForwards:
     ):
         self.lm, self.vectors, self._lora, self.head, self.precision = lm, vectors, lora, head, precision
         self.cache: PromptCache = PromptCache(max_bytes=max_bytes)
-        self._tree: LoadedModel | None = None  # the model over a private module tree (run_with_twin), made once
         self.replayed = 0
 
     def run(
@@ -83,29 +80,17 @@ class PromptForwards:
         if not shared:
             whole = whole or self._forward(ids, steered, None)
             return *whole, (plain or self._forward(ids, None, through))[0]
-        tree = self._private_tree()
-        layers = decoder_layers(tree.model)
-        entering: list[torch.Tensor] = []
-        handle = layers[shared - 1].register_forward_hook(lambda _m, _i, out: entering.append(out))
-        try:
-            held, _ = self._kept(ids, None, *prompt_forward(tree, ids, self.precision, through=through))
-        finally:
-            handle.remove()
-        try:
-            for i in range(shared):
-                layers[i].forward = _replay(i, *held[i], entering[0])
-            with self._steering(steered, tree.model):
-                whole = self._kept(ids, steered, *prompt_forward(tree, ids, self.precision))
-        finally:
-            for i in range(shared):
-                del layers[i].forward
-        self.replayed += shared
+        with plain_below(self.lm.model, shared):  # the twin's forward keeps its layers below `shared`
+            held, _ = self._kept(ids, None, *prompt_forward(self.lm, ids, self.precision, through=through))
+        whole = self._forward(ids, steered, None)  # below its lowest site (`shared`), the twin's layers
         return *whole, held
 
     def _forward(self, ids: torch.Tensor, steered: Steering | None, through: int | None):
         """The prompt's forward run (no lookup) and kept: run()'s after a miss."""
         with self._steering(steered):
-            return self._kept(ids, steered, *prompt_forward(self.lm, ids, self.precision, through=through))
+            cache, last = prompt_forward(self.lm, ids, self.precision, through=through)
+        self.replayed += last_resumed()  # a steered prompt's layers below its lowest site, from an earlier forward
+        return self._kept(ids, steered, cache, last)
 
     def _lookup(self, ids: torch.Tensor, steered: Steering | None, through: int | None):
         """The cached forward of the prompt under `steered` that reaches `through` (a whole one, else one stopped
@@ -135,11 +120,6 @@ class PromptForwards:
         twin_depth = len(decoder_layers(self.lm.model)) - 1 if through is None else through
         return lowest if lowest <= twin_depth + 1 else 0
 
-    def _private_tree(self) -> LoadedModel:
-        if self._tree is None:
-            self._tree = dataclasses.replace(self.lm, model=private_tree(self.lm.model))
-        return self._tree
-
     def scored(self, ids: torch.Tensor, steered: Steering | None, top: int) -> tuple[Held, torch.Tensor, PromptScores]:
         """The prompt run as run() runs it, every position's logits kept, and its own tokens scored with `top`
         alternatives each; p(good) read on the plain prompt (a second, plain forward when the prompt is steered)."""
@@ -162,14 +142,3 @@ def _key(ids: torch.Tensor, steered: Steering | None, depth: int | None) -> tupl
     """A prompt forward's cache key: its tokens, its steering (None: plain), the layer it stopped after (None:
     whole)."""
     return tuple(ids[0].tolist()), None if steered is None else (steered.how, float(steered.lam)), depth
-
-
-def _replay(index: int, keys: torch.Tensor, values: torch.Tensor, out: torch.Tensor):
-    """A decoder layer's forward that writes the keys and values another forward of the same prompt computed at
-    layer `index` into this forward's cache, and gives `out` (that forward's state after the shared layers)."""
-
-    def forward(hidden_states, *args, past_key_values=None, **kwargs):
-        past_key_values.update(keys, values, index)
-        return out
-
-    return forward
