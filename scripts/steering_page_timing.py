@@ -93,7 +93,11 @@ def main() -> None:
 
         for _ in range(args.moves):
             page.wait_for_timeout(args.read_s * 1000)
+            before = thumb.evaluate("e => e.value")
             new, pressed = move(forth, args.jump)
+            if thumb.evaluate("e => e.value") == before:  # the slider's end: no new λ to time
+                print(f"the slider is at its end ({new}): no more new positions", flush=True)
+                break
             new_first.append(wait(page, pressed, new))
             new_done.append(wait(page, pressed, new, whole=True))
             page.wait_for_function(IDLE, polling=100)
@@ -112,7 +116,7 @@ def main() -> None:
             )
         med = statistics.median
         print(
-            f"medians of {args.moves}: new λ first words {med(new_first):.2f} s, whole {med(new_done):.2f} s; "
+            f"medians of {len(new_first)}: new λ first words {med(new_first):.2f} s, whole {med(new_done):.2f} s; "
             f"a neighbour written ahead {med(ahead):.3f} s; a λ seen {med(seen):.3f} s (pressing the keys of a move: "
             f"{med(pressing):.3f} s)"
         )
