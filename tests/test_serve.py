@@ -494,6 +494,25 @@ def test_a_steered_prompt_replays_its_twins_layers_below_the_lowest_site(session
     assert not torch.equal(first_logits["fp32"], first_logits["bf16"])  # bf16 did run
 
 
+
+def test_a_new_lambda_on_a_document_asked_about_runs_its_prompt_from_the_lowest_site(session):
+    """Every position steered: a request at another λ on the same document takes the layers below the steering's
+    lowest site from the last forward of that prompt (inference/prompt_layers.py: the first request from its twin's,
+    the second from those kept) and writes the page's own tokens at each λ."""
+    upper = dataclasses.replace(session.vectors, sites=tuple(s for s in session.vectors.sites if s.layer >= 1))
+    high = SteeringSession(session.lm, upper, head=session.head())
+    how = SteerConfig("vector", units="raw", positions="all")  # the prompt steered
+    prompt_layers._KEPT._entries.clear()
+    answers = {}
+    with serving(high) as (engine, server):
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        for lam in (big(high), -big(high)):
+            steering = {"mode": how.mode, "lambda": lam, "units": how.units, "positions": how.positions}
+            answers[lam] = served_ids(chat(client, steering=steering, logprobs=True).choices[0])
+        assert engine.batcher._prompts.replayed == 2 * min(s.layer for s in upper.sites)
+    assert all(ids == reference_ids(high, lam, how) for lam, ids in answers.items())
+    assert answers[big(high)] != answers[-big(high)]
+
 def test_the_prompt_cache_keeps_the_most_recent_within_its_limits():
     from topl_core.inference.prompt_cache import PromptCache
 
