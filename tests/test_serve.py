@@ -494,7 +494,6 @@ def test_a_steered_prompt_replays_its_twins_layers_below_the_lowest_site(session
     assert not torch.equal(first_logits["fp32"], first_logits["bf16"])  # bf16 did run
 
 
-
 def test_a_new_lambda_on_a_document_asked_about_runs_its_prompt_from_the_lowest_site(session):
     """Every position steered: a request at another λ on the same document takes the layers below the steering's
     lowest site from the last forward of that prompt (inference/prompt_layers.py: the first request from its twin's,
@@ -512,6 +511,7 @@ def test_a_new_lambda_on_a_document_asked_about_runs_its_prompt_from_the_lowest_
         assert engine.batcher._prompts.replayed == 2 * min(s.layer for s in upper.sites)
     assert all(ids == reference_ids(high, lam, how) for lam, ids in answers.items())
     assert answers[big(high)] != answers[-big(high)]
+
 
 def test_the_prompt_cache_keeps_the_most_recent_within_its_limits():
     from topl_core.inference.prompt_cache import PromptCache
