@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from ..models.architecture import decoder_layers
 from .prompt_cache import PromptCache, tensor_bytes
@@ -69,11 +70,10 @@ def last_resumed() -> int:
 
 @dataclass
 class Below:
-    """The layers below `layer` of one prompt's forward: each layer's keys and values, the hidden state entering
-    `layer`."""
+    """The layers below the declared one (part of its key) of one prompt's forward: each layer's keys and values, the
+    hidden state leaving them."""
 
     model: weakref.ref
-    layer: int
     keys_values: list[tuple[torch.Tensor, torch.Tensor]]
     entering: torch.Tensor
 
@@ -99,7 +99,7 @@ def resumed_prompt(
     _declared.resumed = 0
     layer = plain_below_layer(model)
     layers = decoder_layers(model)
-    plain = all(type(kind).__name__ == "DynamicLayer" for kind in getattr(cache, "layers", [None]))
+    plain = all(type(kind) is DynamicLayer for kind in getattr(cache, "layers", [None]))
     deep = through is None or through >= layer - 1 if layer else False
     if not layer or not deep or ids.shape[0] != 1 or not plain or layer >= len(layers):
         yield lambda: None
@@ -138,7 +138,7 @@ def resumed_prompt(
         elif leaving:
             below = [(cache.layers[i].keys, cache.layers[i].values) for i in range(layer)]
             nbytes = tensor_bytes(leaving[0], *(t for kv in below for t in kv))
-            _KEPT.put(key, Below(weakref.ref(model), layer, below, leaving[0]), nbytes)
+            _KEPT.put(key, Below(weakref.ref(model), below, leaving[0]), nbytes)
 
     try:
         yield done

@@ -91,6 +91,18 @@ def edit_outputs(
 
 
 def first_layer(model: torch.nn.Module, sites) -> int:
-    """The first decoder layer holding one of `sites`' modules (0 where one is outside every layer)."""
-    layer_of = {id(m): i for i, layer in enumerate(decoder_layers(model)) for m in layer.modules()}
-    return min(layer_of.get(id(site_module(model, s)), 0) for s in sites)
+    """The first decoder layer holding one of `sites`' modules (0 where one is outside every layer): each site's path
+    walked from the top until it meets a decoder layer (a few lookups: edit_outputs is entered at every eager step of
+    the service's batcher)."""
+    index = {id(layer): i for i, layer in enumerate(decoder_layers(model))}
+    inner = base_causal_lm(model)
+
+    def layer_of(path: str) -> int:
+        parts = path.split(".")
+        for depth in range(1, len(parts) + 1):
+            i = index.get(id(inner.get_submodule(".".join(parts[:depth]))))
+            if i is not None:
+                return i
+        return 0
+
+    return min(layer_of(s.path) for s in sites)

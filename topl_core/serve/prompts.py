@@ -36,6 +36,7 @@ from ..inference.prompt_layers import last_resumed, plain_below
 from ..models.architecture import decoder_layers
 from ..models.forward import Head, HeadReader
 from ..models.loading import LoadedModel
+from ..runtime.hooks import first_layer
 from ..runtime.modes import steer
 from ..runtime.sites import LoraWeights, Site
 from ..runtime.vectors import SteeringVectors
@@ -116,7 +117,7 @@ class PromptForwards:
         lora = self._lora() if how.spec.action.needs_lora else None
         lam = torch.tensor(float(steered.lam), dtype=torch.float64)
         edits = how.spec.action.edits(self.lm.model, self.vectors, how.spec, how.units, lam, lora)
-        lowest = min((site.layer for site in edits), default=0)
+        lowest = first_layer(self.lm.model, edits) if edits else 0  # what the steered forward declares (hooks.py)
         twin_depth = len(decoder_layers(self.lm.model)) - 1 if through is None else through
         return lowest if lowest <= twin_depth + 1 else 0
 
@@ -131,11 +132,11 @@ class PromptForwards:
                 self._kept(ids, None, *prompt_forward(self.lm, ids, self.precision))
         return prompt_layers(cache), logits[0, -1].float(), prompt_scores(ids[0], logits[0], top, reader.read())
 
-    def _steering(self, steered: Steering | None, model: torch.nn.Module | None = None):
+    def _steering(self, steered: Steering | None):
         if steered is None:
             return nullcontext()
         lora = self._lora() if steered.how.spec.action.needs_lora else None
-        return steer(self.lm.model if model is None else model, self.vectors, steered.lam, steered.how, lora)
+        return steer(self.lm.model, self.vectors, steered.lam, steered.how, lora)
 
 
 def _key(ids: torch.Tensor, steered: Steering | None, depth: int | None) -> tuple:
