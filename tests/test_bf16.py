@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 import torch
-from conftest import NEWS_PAIRS, TOLERANCE, tiny_config
+from conftest import NEWS_PAIRS, TOLERANCE, cache_sharing_the_costly_parts, tiny_config
 
 from topl_core.analysis.lora_a.capture import collect_projections
 from topl_core.analysis.lora_a.probe import ProbeSettings, probe_run, run_projections
@@ -44,7 +44,9 @@ def rel_err(x: np.ndarray, ref: np.ndarray) -> float:
 
 @pytest.fixture(autouse=True)
 def fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TOPL_CACHE_DIR", str(tmp_path / "cache"))
+    """A test's own analysis cache; the parts that do not depend on the precision asked for (the compiled decode
+    steps: keyed by their dtype) shared, so the slider's steps are not built again at every run of this file."""
+    monkeypatch.setenv("TOPL_CACHE_DIR", str(cache_sharing_the_costly_parts(tmp_path / "cache")))
 
 
 @pytest.fixture(scope="module")
