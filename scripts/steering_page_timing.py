@@ -10,15 +10,19 @@ the page every animation frame:
   drawn (a jump of 2 or more lands where nothing was generated ahead);
 - one step back (a neighbour of the new λ, written ahead while it was read), then forward again onto the new λ (a λ
   seen): each until the box shows that λ's finished text.
+With --cpu, where the cores went while each new λ was written (from the key press to the whole summary; Linux's
+/proc): the CPU seconds of the app's process and of the browser's, against the seconds the two cores had.
 
-    python scripts/steering_page_timing.py [--moves 3] [--read-s 0] [--jump 1] [--generated-only] [--shot PNG]
+    python scripts/steering_page_timing.py [--moves 3] [--read-s 0] [--jump 1] [--generated-only] [--cpu] [--shot PNG]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
+from pathlib import Path
 
 from browser_app import app_browser  # scripts/ is this script's folder, first on sys.path
 
@@ -43,12 +47,29 @@ def wait(page, since: float, title: str = "", whole: bool = False, box: str = "S
     return time.perf_counter() - since
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the app (a python process running app.py), the browser (Chromium's
+    processes) and the rest of the machine."""
+    tick, used = os.sysconf("SC_CLK_TCK"), {"app": 0.0, "browser": 0.0, "other": 0.0}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            stat, command = (proc / "stat").read_text(), (proc / "cmdline").read_bytes()
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        browser = b"chrom" in command or b"headless" in command
+        kind = "app" if b"app.py" in command else "browser" if browser else "other"
+        used[kind] += (int(fields[11]) + int(fields[12])) / tick
+    return used
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--moves", type=int, default=3, help="new λ positions, each followed by a step back")
     p.add_argument("--read-s", type=float, default=0.0, help="seconds between the page going idle and a new move")
     p.add_argument("--jump", type=int, default=1, help="slider steps of a new move (pressed at once)")
     p.add_argument("--shot", help="save a screenshot of the page at the end here")
+    p.add_argument("--cpu", action="store_true", help="the CPU seconds of the app and the browser per new λ")
     p.add_argument(
         "--generated-only",
         action="store_true",
@@ -98,8 +119,12 @@ def main() -> None:
             if thumb.evaluate("e => e.value") == before:  # the slider's end: no new λ to time
                 print(f"the slider is at its end ({new}): no more new positions", flush=True)
                 break
+            used = cpu_seconds() if args.cpu else {}
             new_first.append(wait(page, pressed, new))
             new_done.append(wait(page, pressed, new, whole=True))
+            if args.cpu:
+                spent = {kind: round(t - used[kind], 2) for kind, t in cpu_seconds().items()}
+                print(f"{new}: CPU s {spent} in {new_done[-1]:.2f} s × {os.cpu_count()} cores", flush=True)
             page.wait_for_function(IDLE, polling=100)
             back, pressed = move(back_key)  # one step back: a neighbour written ahead while the new λ was read
             ahead.append(wait(page, pressed, back, whole=True))

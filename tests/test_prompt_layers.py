@@ -107,3 +107,48 @@ def test_unsteered_prompts_and_other_threads_run_whole(lm):
     finally:
         release.set()
         thread.join()
+
+
+def grid_prompt(lm, ids, lams: list[float], precision: str = "fp32", layer: int = 2):
+    """The prompt forward of len(lams) rows, row r steered with lams[r] at layer `layer`'s MLP (a λ grid)."""
+    site = Site(layer, "down_proj", f"model.layers.{layer}.mlp.down_proj")
+    per_row = torch.tensor(lams).reshape(-1, 1, 1)
+    with edit_outputs(lm.model, {site: lambda _x, out: out + per_row}, rows=len(lams)):
+        return prompt_forward(lm, ids, precision)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_grid_of_one_prompt_runs_its_layers_below_once_for_one_row(lm, precision):
+    """A λ grid's rows take one row's layers below, computed as a stream of that prompt computes them (the first grid
+    runs them for one row first, the next takes them as kept), and each row is its λ's stream up to a batch's last
+    bits."""
+    ids, lams = torch.randint(0, 200, (1, 40)), [-1.0, 0.5, 2.0]
+    widths = []
+    handle = lm.model.model.layers[0].register_forward_hook(lambda _m, _i, out: widths.append(out.shape[:2]))
+    try:
+        cache, logits = grid_prompt(lm, ids.repeat(3, 1), lams, precision)
+        assert prompt_layers.last_resumed() == 2
+        assert widths == [(1, 40), (3, 1)]  # one row whole, then the grid's rows on their last position
+        widths.clear()
+        again = grid_prompt(lm, ids.repeat(3, 1), lams, precision)
+        assert widths == [(3, 1)]  # the kept layers taken: none runs the prompt again
+    finally:
+        handle.remove()
+    assert same((cache, logits), again)
+    plain, _ = prompt_forward(lm, ids, precision)
+    for r, lam in enumerate(lams):
+        for i, layer in enumerate(cache.layers):
+            if i < 2:  # below the first steered layer: exactly the plain prompt's
+                assert torch.equal(layer.keys[r], plain.layers[i].keys[0])
+        prompt_layers._KEPT._entries.clear()
+        alone, alone_logits = steered_prompt(lm, ids, lam, precision)
+        tol = 1e-5 if precision == "fp32" else 2e-2
+        assert torch.allclose(logits[r], alone_logits[0], atol=tol, rtol=tol), (r, lam)
+        assert torch.allclose(cache.layers[3].keys[r], alone.layers[3].keys[0], atol=tol, rtol=tol)
+
+
+def test_a_batch_of_different_prompts_runs_whole(lm):
+    ids = torch.randint(0, 200, (2, 40))
+    got = grid_prompt(lm, ids, [1.0, 2.0])
+    assert prompt_layers.last_resumed() == 0 and not prompt_layers._KEPT._entries
+    assert same(got, grid_prompt(lm, ids, [1.0, 2.0]))

@@ -295,7 +295,11 @@ def prompt_forward(
         with autocast(precision, model.device.type):
             return model(input_ids=ids.to(model.device), past_key_values=cache, use_cache=True, **keep)
 
-    with resumed_prompt(model, ids, precision, cache, through) as forward_done:  # from the first steered layer
+    def first_row(layer: int) -> None:  # rows of one prompt: its layers below `layer` run once, for one row
+        prompt_forward(lm, ids[:1], precision, through=layer - 1)
+
+    # from the first steered layer, where a forward of this prompt kept the layers below it
+    with resumed_prompt(model, ids, precision, cache, through, first_row) as forward_done:
         out = through_layer(model, through, forward)
         forward_done()
     if out is None:

@@ -8,15 +8,18 @@ layers 16–19: 16 of its 30 layers are not run again.
                                             `layer` (runtime/hooks.edit_outputs declares its lowest edited layer so;
                                             a plain forward may declare any layer, to keep its layers below it)
     plain_below_layer(model) -> int | None  that layer, while declared on this thread (nested: the lowest)
-    with resumed_prompt(model, ids, precision, cache, through) as forward_done: ...   inside: the prompt forward of
-        `ids` into `cache`; below the declared layer, the layers a forward of the same model (its weights unchanged
-        there), ids and precision kept are taken (their keys and values put in `cache` by forward_done()), else they
-        run and are kept for the next (the KEPT most recent prompts)
+    with resumed_prompt(model, ids, precision, cache, through, first_row) as forward_done: ...   inside: the prompt
+        forward of `ids` into `cache`; below the declared layer, the layers a forward of the same model (its weights
+        unchanged there), prompt and precision kept are taken (their keys and values put in `cache` by
+        forward_done()), else they run and are kept for the next (the KEPT most recent prompts). Rows of one prompt
+        (a λ grid, a λ per row) take one row's layers, which first_row(layer) runs first where none is kept
     last_resumed() -> int                   the layers this thread's last prompt forward took so (0: none)
 
 Bit for bit the whole forward (tested): the layers below take exactly the inputs they took before, and the layers
-from the declared one up take the hidden state those gave. Only for one row and a plain prompt cache (no
-sliding-window layers); anything else runs whole.
+from the declared one up take the hidden state those gave. A grid's rows take the one row's layers below as a stream of
+that prompt computes them (a batch of rows may round the last bits otherwise: the grid's texts are a stream's up to
+those bits, as before), and its layers below run once instead of once per row. Only for rows of one prompt and a plain
+prompt cache (no sliding-window layers); anything else runs whole.
 
 How a layer is skipped without changing the shared model: hooks acting on this thread only run each layer below on
 its last position alone (its keys and values then replaced by the kept forward's) and give the hidden state kept.
@@ -92,19 +95,29 @@ def _key(model: torch.nn.Module, ids: torch.Tensor, precision: str, layer: int) 
 
 @contextmanager
 def resumed_prompt(
-    model: torch.nn.Module, ids: torch.Tensor, precision: str, cache, through: int | None = None
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    precision: str,
+    cache,
+    through: int | None = None,
+    first_row: Callable[[int], None] | None = None,
 ) -> Iterator[Callable[[], None]]:
     """The prompt forward made inside (stopped after layer `through`, if given) resumes below the declared layer where
-    it can (the module docstring)."""
+    it can (the module docstring). `first_row(layer)`: runs the first row of `ids` alone through layer - 1 (a prompt
+    forward from this thread, which keeps its layers below), for rows of one prompt none of whose layers are kept."""
     _declared.resumed = 0
     layer = plain_below_layer(model)
     layers = decoder_layers(model)
     plain = all(type(kind) is DynamicLayer for kind in getattr(cache, "layers", [None]))
     deep = through is None or through >= layer - 1 if layer else False
-    if not layer or not deep or ids.shape[0] != 1 or not plain or layer >= len(layers):
+    rows = ids.shape[0]
+    one_prompt = rows == 1 or (first_row is not None and bool((ids == ids[:1]).all()))
+    if not layer or not deep or not one_prompt or not plain or layer >= len(layers):
         yield lambda: None
         return
-    key = _key(model, ids, precision, layer)
+    key = _key(model, ids[:1], precision, layer)
+    if rows > 1 and _KEPT.get(key) is None:
+        first_row(layer)
     kept = _KEPT.get(key)
     if kept is not None and (kept.model() is not model or (through is not None and through < layer)):
         kept = None
@@ -118,7 +131,8 @@ def resumed_prompt(
     def kept_hidden(_module, _inputs, output):
         if threading.get_ident() != owner:
             return None
-        return (kept.entering, *output[1:]) if isinstance(output, tuple) else kept.entering
+        entering = kept.entering.repeat(rows, 1, 1)
+        return (entering, *output[1:]) if isinstance(output, tuple) else entering
 
     def keep_hidden(_module, _inputs, output):
         if threading.get_ident() == owner:
@@ -133,9 +147,9 @@ def resumed_prompt(
     def done() -> None:
         if kept is not None:
             for i, (keys, values) in enumerate(kept.keys_values):
-                cache.layers[i].keys, cache.layers[i].values = keys, values
+                cache.layers[i].keys, cache.layers[i].values = keys.repeat(rows, 1, 1, 1), values.repeat(rows, 1, 1, 1)
             _declared.resumed = layer
-        elif leaving:
+        elif leaving and rows == 1:
             below = [(cache.layers[i].keys, cache.layers[i].values) for i in range(layer)]
             nbytes = tensor_bytes(leaving[0], *(t for kv in below for t in kv))
             _KEPT.put(key, Below(weakref.ref(model), below, leaving[0]), nbytes)
