@@ -131,7 +131,7 @@ def resumed_prompt(
     def kept_hidden(_module, _inputs, output):
         if threading.get_ident() != owner:
             return None
-        entering = kept.entering.repeat(rows, 1, 1)
+        entering = _for_rows(kept.entering, rows)
         return (entering, *output[1:]) if isinstance(output, tuple) else entering
 
     def keep_hidden(_module, _inputs, output):
@@ -147,7 +147,7 @@ def resumed_prompt(
     def done() -> None:
         if kept is not None:
             for i, (keys, values) in enumerate(kept.keys_values):
-                cache.layers[i].keys, cache.layers[i].values = keys.repeat(rows, 1, 1, 1), values.repeat(rows, 1, 1, 1)
+                cache.layers[i].keys, cache.layers[i].values = _for_rows(keys, rows), _for_rows(values, rows)
             _declared.resumed = layer
         elif leaving and rows == 1:
             below = [(cache.layers[i].keys, cache.layers[i].values) for i in range(layer)]
@@ -159,6 +159,11 @@ def resumed_prompt(
     finally:
         for h in handles:
             h.remove()
+
+
+def _for_rows(kept: torch.Tensor, rows: int) -> torch.Tensor:
+    """A kept one-row tensor for `rows` rows of its prompt (one row: itself, not copied)."""
+    return kept if rows == 1 else kept.repeat(rows, *(1,) * (kept.dim() - 1))
 
 
 # a decoder layer's inputs laid out positions-second (rows × positions × …), and its 4-D attention mask
