@@ -8,8 +8,9 @@ the page every animation frame:
   reads; the page generates the neighbouring positions ahead meanwhile, then builds the compiled decode step): until
   its first words show (the text so far and the cursor, or the text generated ahead), and until the whole summary is
   drawn (a jump of 2 or more lands where nothing was generated ahead);
-- one step back (a neighbour of the new λ, written ahead while it was read), then forward again onto the new λ (a λ
-  seen): each until the box shows that λ's finished text.
+- one step back right after the new λ is drawn (a neighbour the work ahead has only begun: it is written by this
+  reader or the work ahead, docs/performance.md), then forward again onto the new λ (a λ seen): each until the box
+  shows that λ's finished text.
 With --cpu, where the cores went while each new λ was written (from the key press to the whole summary; Linux's
 /proc): the CPU seconds of the app's process and of the browser's, against the seconds the two cores had.
 
@@ -97,7 +98,8 @@ def main() -> None:
             page.get_by_text("Only generated tokens").click()
             page.wait_for_function(IDLE, polling=100)
         thumb = page.locator('[data-testid="stSlider"]').filter(has_text="hallucinated").get_by_role("slider")
-        new_first, new_done, ahead, seen, pressing = [], [], [], [], []  # pressing: a move's key presses themselves
+        new_first, new_done, stepped_back, seen = [], [], [], []
+        pressing = []  # a move's key presses themselves
 
         # toward the end of the slider with more room: the page may open at a recommended λ, off its centre
         low, now, top = (float(x) for x in thumb.evaluate("e => [e.min, e.value, e.max]"))
@@ -126,8 +128,8 @@ def main() -> None:
                 spent = {kind: round(t - used[kind], 2) for kind, t in cpu_seconds().items()}
                 print(f"{new}: CPU s {spent} in {new_done[-1]:.2f} s × {os.cpu_count()} cores", flush=True)
             page.wait_for_function(IDLE, polling=100)
-            back, pressed = move(back_key)  # one step back: a neighbour written ahead while the new λ was read
-            ahead.append(wait(page, pressed, back, whole=True))
+            back, pressed = move(back_key)  # one step back at once: a neighbour the work ahead has only begun
+            stepped_back.append(wait(page, pressed, back, whole=True))
             page.wait_for_function(IDLE, polling=100)
             again, pressed = move(forth)  # on to the new λ again: seen (one key, as a person steps back and forth)
             seen.append(wait(page, pressed, again, whole=True))
@@ -135,15 +137,15 @@ def main() -> None:
             compiled = page.get_by_text("the compiled decode step", exact=False).count() > 0
             print(
                 f"{new}: first words {new_first[-1]:.2f} s, whole {new_done[-1]:.2f} s; one step back to {back} "
-                f"(written ahead): {ahead[-1]:.3f} s; back on {again} (seen): {seen[-1]:.3f} s; decode "
+                f"(right after): {stepped_back[-1]:.3f} s; back on {again} (seen): {seen[-1]:.3f} s; decode "
                 f"{'compiled' if compiled else 'eager'} now",
                 flush=True,
             )
         med = statistics.median
         print(
             f"medians of {len(new_first)}: new λ first words {med(new_first):.2f} s, whole {med(new_done):.2f} s; "
-            f"a neighbour written ahead {med(ahead):.3f} s; a λ seen {med(seen):.3f} s (pressing the keys of a move: "
-            f"{med(pressing):.3f} s)"
+            f"one step back right after {med(stepped_back):.3f} s; a λ seen {med(seen):.3f} s (pressing the keys of a "
+            f"move: {med(pressing):.3f} s)"
         )
         if args.shot:
             page.screenshot(path=args.shot, full_page=True)
