@@ -86,9 +86,8 @@ _KEPT: PromptCache[Below] = PromptCache(max_bytes=KEPT_BYTES, max_entries=KEPT)
 
 def _key(model: torch.nn.Module, ids: torch.Tensor, precision: str, layer: int) -> tuple:
     """What the layers below depend on: the model (and its weights' versions there), the prompt, the precision."""
-    versions = tuple(
-        p._version for i in range(layer) for p in decoder_layers(model)[i].parameters() if not p.is_inference()
-    )
+    below = decoder_layers(model)[:layer]
+    versions = tuple(p._version for block in below for p in block.parameters() if not p.is_inference())
     digest = hashlib.sha256(ids.cpu().numpy().tobytes()).hexdigest()
     return id(model), digest, tuple(ids.shape), precision, layer, versions
 
@@ -111,14 +110,14 @@ def resumed_prompt(
     plain = all(type(kind) is DynamicLayer for kind in getattr(cache, "layers", [None]))
     deep = through is None or through >= layer - 1 if layer else False
     rows = ids.shape[0]
-    one_prompt = rows == 1 or (first_row is not None and bool((ids == ids[:1]).all()))
-    if not layer or not deep or not one_prompt or not plain or layer >= len(layers):
+    if not layer or not deep or not plain or layer >= len(layers) or not _one_prompt(ids, first_row):
         yield lambda: None
         return
     key = _key(model, ids[:1], precision, layer)
-    if rows > 1 and _KEPT.get(key) is None:
-        first_row(layer)
     kept = _KEPT.get(key)
+    if kept is None and rows > 1:  # a grid's rows: their one row's layers below run first, kept by that forward
+        first_row(layer)
+        kept = _KEPT.get(key)
     if kept is not None and (kept.model() is not model or (through is not None and through < layer)):
         kept = None
     owner, handles, leaving = threading.get_ident(), [], []
@@ -141,7 +140,7 @@ def resumed_prompt(
     if kept is not None:
         handles += [layers[i].register_forward_pre_hook(last_position, with_kwargs=True) for i in range(layer)]
         handles.append(layers[layer - 1].register_forward_hook(kept_hidden))
-    else:
+    elif rows == 1:  # a batch's own layers below are never kept: a stream taking them would round as the batch did
         handles.append(layers[layer - 1].register_forward_hook(keep_hidden))
 
     def done() -> None:
@@ -149,7 +148,7 @@ def resumed_prompt(
             for i, (keys, values) in enumerate(kept.keys_values):
                 cache.layers[i].keys, cache.layers[i].values = _for_rows(keys, rows), _for_rows(values, rows)
             _declared.resumed = layer
-        elif leaving and rows == 1:
+        elif leaving:
             below = [(cache.layers[i].keys, cache.layers[i].values) for i in range(layer)]
             nbytes = tensor_bytes(leaving[0], *(t for kv in below for t in kv))
             _KEPT.put(key, Below(weakref.ref(model), below, leaving[0]), nbytes)
@@ -159,6 +158,11 @@ def resumed_prompt(
     finally:
         for h in handles:
             h.remove()
+
+
+def _one_prompt(ids: torch.Tensor, first_row: Callable[[int], None] | None) -> bool:
+    """Whether `ids` is one row, or rows of one prompt that first_row can run once."""
+    return ids.shape[0] == 1 or (first_row is not None and bool((ids == ids[:1]).all()))
 
 
 def _for_rows(kept: torch.Tensor, rows: int) -> torch.Tensor:
