@@ -96,7 +96,8 @@ RESUME_STEPS, KILL_AFTER = 24, 6  # killed once 6 steps are logged: after the st
 def kill_and_resume(name: str, args: list[str], env: dict, log: list[tuple[str, int, float]]) -> bool:
     """`args` trains a run into its --out (the last two arguments): trained once straight (into <out>-straight), once
     killed by SIGKILL after KILL_AFTER logged steps and resumed with --resume; passes when the two runs' adapter and
-    head tensors are the same bits (else it prints how far each tensor is off)."""
+    head tensors are the same bits (else it prints how far each tensor is off, and trains straight once more to say
+    whether the device repeats a run bit for bit at all)."""
     t = time.perf_counter()
     out = Path(args[-1])
     straight = out.with_name(out.name + "-straight")
@@ -117,12 +118,27 @@ def kill_and_resume(name: str, args: list[str], env: dict, log: list[tuple[str, 
             problem = _run_quietly([*args[:2], "train", "--resume", str(out)], env)
     if problem is None:
         problem = _same_weights(out, straight)
+    if problem is not None and problem.startswith(DIFFER):  # the resume's fault, or the device's own repeatability?
+        again = straight.with_name(straight.name + "-again")
+        repeated = _run_quietly([*args[:-1], str(again)], env) or _same_weights(again, straight)
+        problem += "\n" + (
+            "a straight run trained again equals the first bit for bit: the resume loses some state"
+            if repeated is None
+            else "a straight run trained again differs from the first too: training here is not repeatable bit for "
+            "bit, so neither is a resume (" + repeated.splitlines()[-1].strip() + ")"
+        )
     seconds = time.perf_counter() - t
     log.append((name, 0 if problem is None else 1, seconds))
     print(f"{'ok  ' if problem is None else 'FAIL'} {name:38s} {seconds:6.1f} s")
     if problem is not None:
-        print("     " + "\n     ".join(problem.strip().splitlines()[-15:]))
+        lines = problem.strip().splitlines()
+        if len(lines) > 16:  # the first tensors off, how many more, and the verdict
+            lines = [*lines[:12], f"... {len(lines) - 14} more tensors", *lines[-2:]]
+        print("     " + "\n     ".join(lines))
     return problem is None
+
+
+DIFFER = "the weights differ"
 
 
 def _run_quietly(args: list[str], env: dict) -> str | None:
@@ -146,7 +162,7 @@ def _same_weights(a: Path, b: Path) -> str | None:
                 u, v = x.get_tensor(k), y.get_tensor(k)
                 if not u.view(-1).view(torch.uint8).equal(v.view(-1).view(torch.uint8)):
                     lines.append(f"{f} {k}: max |Δ| {(u.float() - v.float()).abs().max().item():.3g}")
-    return "the resumed run's weights differ from the straight run's:\n" + "\n".join(lines) if lines else None
+    return DIFFER + ":\n" + "\n".join(lines) if lines else None
 
 
 def check_model(

@@ -47,6 +47,8 @@ compares with the H200 rows of docs/scale.md (tokens/s and seconds do not, on an
     3. the next GPU session: run(command="python3 scripts/gpu_sitting.py extra", carry=[".whl", ".whl-pages",
        ".gpu-stage"], timeout_s=560); then, with what is left, what was skipped: `extra --only serve-tiny
        serve-8b-many`, `train --only profile-qwen3-8b`, `serve --only ...` (a chosen step's needs run too).
+The fourth H200 session (2026-11-29, docs/scale.md) ran `serve` and `extra` (serve-8b-many skipped); still to run:
+`train`, `serve --only slider-8b`, `extra --only resume-tiny serve-8b-many`.
 
 Estimated device time, from the H200 sessions (docs/scale.md; the third took 710 s for three calls with their
 starts: an 8B scale run with fit, capture, steering and sweep skipped ~2-2.5 min, most of it compiling; a CLI process

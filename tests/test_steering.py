@@ -659,7 +659,7 @@ def test_slider_bench_measures_both_paths_on_the_same_text(merged, vectors):
     session = SteeringSession(merged, vectors)
     res = slider_bench(session, DOC, new_tokens=6, precision="fp32", repeats=2, log=lambda _: 0)
     gen = GenerationConfig(max_new_tokens=6, precision="fp32")
-    assert res["compiled_same_text"] and res["compiled_decoder"] == "ExportedDecoder"
+    assert res["streamed_same_text"] and res["compiled_same_text"] and res["compiled_decoder"] == "ExportedDecoder"
     assert res["prompt_tokens"] == prefill(merged, DOC, gen).length
     written = len(list(session.stream_steered(DOC, 0.5, gen, how=SteerConfig("vector", "generated"))))
     assert res["new_tokens"] == written == 6  # counted as written: the tiny tokenizer decodes these tokens to no text

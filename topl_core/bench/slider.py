@@ -13,8 +13,10 @@ For a document already shown (its prompt run once), each new λ is generated
   the step, or loads the package an earlier run built), and whether it wrote the slider's texts token for token
   (compiled_same_text); slider_compiled_all_positions: the same steering every position (the page's default: the
   prompt runs again, steered, before the step takes over).
-Where both paths decode in the same precision they write the same text, token for token (checked here, and tested);
-where the decode precisions differ the texts may part after some tokens (bf16 and fp32 round differently).
+Where both paths decode in the same precision on a CPU they write the same text, token for token (checked here, and
+tested); where the decode precisions differ the texts may part after some tokens (bf16 and fp32 round differently),
+and on a GPU in bf16 too (its kernels for a prompt's many rows and a step's one round differently: a random-weight
+model's near-tied logits part within a few tokens). `streamed_same_text` says whether every λ's texts were the same.
 
     slider_vs_naive        slider whole summary / naive whole summary
     slider_compiled_vs_naive   the same with the compiled decode step
@@ -81,7 +83,7 @@ def slider_bench(
     [*session.stream_steered(document, 0.0, gen, how=generated)]
     prompt_tokens = prefill(lm, document, gen).length
 
-    naive, slider, slider_all, tokens, texts = [], [], [], [], []
+    naive, slider, slider_all, tokens, texts, same = [], [], [], [], [], []
     for lam in lambdas:
         log(f"slider bench: λ = {lam:g}")
         t0 = time.perf_counter()
@@ -89,8 +91,9 @@ def slider_bench(
             naive_text = generate(lm, [document], naive_gen)[0]
         naive.append(time.perf_counter() - t0)
         first, total, text, n = _timed_stream(session.stream_steered(document, lam, gen, how=generated))
-        if decode == resolved and text != naive_text:  # the same precisions: the same text, token for token
+        if decode == resolved and device == "cpu" and text != naive_text:  # the same text, token for token (tested)
             raise AssertionError(f"λ = {lam}: the streamed text differs from generate()'s: {text!r} / {naive_text!r}")
+        same.append(text == naive_text)
         slider.append((first, total))
         texts.append(text)
         slider_all.append(_timed_stream(session.stream_steered(document, lam + 0.01, gen, how=everywhere))[:2])
@@ -142,6 +145,7 @@ def slider_bench(
         "prefill_tokens_per_s": prompt_tokens / prefill_s,
         "decode_ms_per_token": 1000 * (total_s - first_s) / max(n_new - 1, 1),
         "naive_tokens_per_s": n_new / naive_s,
+        "streamed_same_text": all(same),
         **with_compiled,
     }
 

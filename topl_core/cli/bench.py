@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> None:
         adapter, document = bench_inputs(args)
         with served(str(adapter.path), args.precision, args.slots) as url:
             res = serve_bench(url, adapter.name, document, args.clients, args.new_tokens)
-        res["machine"] = machine_description()
+        res["machine"] = machine_description(adapter.device)  # the server loads the run where it trained
         print(format_serve(res))
         if args.json:
             write_json(args.json, res)
@@ -184,5 +184,6 @@ def steering_bench(args: argparse.Namespace, precision: str) -> None:
     else:
         res = slider_bench(session, document, args.new_tokens, precision)
         print(format_slider(res))
+    res["machine"] = machine_description(session.lm.model.device.type)
     if args.json:
         write_json(args.json, res)
