@@ -148,6 +148,21 @@ def test_a_compiled_graph_writes_a_few_rows_as_multiply_reduces_and_more_as_the_
         assert torch.equal(out, few(rows))
 
 
+def test_a_compiled_bf16_step_writes_more_rows_as_autocasts_bf16_linear():
+    """A bf16 step's linear (models/forward.bf16_step_tree: the weight's kept bf16 copy) in a compiled graph: up to
+    ROW_PRODUCT_ROWS rows as row products, more (the service's bf16 buckets of 4 and 8 rows) as aten's bf16 linear
+    over the rows and bias rounded to bf16: bf16 autocast's linear, bit for bit."""
+    plain, few = _pair("aten", (576, 1536))
+    few.weight = torch.nn.Parameter(lk.bf16_weight(plain.weight), requires_grad=False)
+    rows = torch.randn(lk.ROW_PRODUCT_ROWS, 1, 576)
+    assert torch.ops.aten.sum.dim_IntList in _traced(few, rows)[0]
+    rows = torch.randn(8, 1, 576)
+    traced, out = _traced(few, rows)
+    assert torch.ops.aten.addmm.default in traced and torch.ops.aten.sum.dim_IntList not in traced
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(out, plain(rows))
+
+
 def test_the_kernel_follows_the_setting_else_the_cached_probe(monkeypatch, tmp_path):
     for chosen in ("aten", "onednn"):
         monkeypatch.setenv(lk.KERNEL_ENV, chosen)

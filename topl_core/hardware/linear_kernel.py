@@ -27,7 +27,8 @@ inductor fuses into one kernel per linear: it read the weights at 37 GB/s where 
 Zen 4 EPYC, and it is no call out of the graph (the opaque oneDNN operator cost ~30 µs a call there). Up to
 ROW_PRODUCT_ROWS rows (the service's batched step) are row products too, one per row, which inductor fuses into one
 loop loading each weight element once for every row (rows_product); more rows go
-through the model's kernel (oneDNN as one opaque operator, which calls back into Python per linear). The compiled
+through the model's kernel (oneDNN as one opaque operator, which calls back into Python per linear), or in a bf16
+step aten's bf16 linear (what autocast calls; a package calls it without Python). The compiled
 step thus rounds differently from the eager one, as its other fused operators do (inference/compiled_decode.py).
 A compiled bf16 step's linears hold the plain bf16 copies and round as autocast's linear does (rows_product_bf16;
 models/forward.bf16_step_tree).
@@ -216,6 +217,9 @@ class FewRowLinear(torch.nn.Linear):
         if self.weight.dtype == torch.bfloat16 and torch.compiler.is_compiling() and x.device.type == "cpu":
             if x.numel() <= ROW_PRODUCT_ROWS * self.in_features and not torch.is_autocast_enabled("cpu"):
                 return rows_product_bf16(x, self.weight, self.bias)
+            if not torch.is_autocast_enabled("cpu"):  # more rows (a bf16 service step's): autocast's bf16 linear
+                bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+                return F.linear(x.to(torch.bfloat16), self.weight, bias)
         if (
             x.numel() <= FEW_ROWS * self.in_features
             and self.weight.dtype == torch.float32

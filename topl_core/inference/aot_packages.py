@@ -3,8 +3,8 @@ Steering slider's one-stream step (exported_decode.py) and the service's batched
 
     packages = AotPackages(lm, "topl_core.inference.batch_step")     the step module: its __main__ builds a package
     key = packages.key(*parts)        what the package's code depends on (the model's config and dtype, the linears'
-        kernel, `parts`, the code of the step module, this module, the linears and models/forward.py (code_only: not
-        their docstrings, comments or layout), the libraries, the CPU's instruction set)
+        kernel, `parts`, the code of the step module, this module, the linears, models/forward.py and the attention
+        of one query (code_only: not their docstrings, comments or layout), the libraries, the CPU's instruction set)
     packages.package(key, args) -> Path   built first where none is on disk: `python -m MODULE NAME DTYPE OUT *args`
         at the lowest CPU priority, an idle child (foundations/idle_children.py); one build of a key at a time across
         processes (another process's build is waited for, then taken)
@@ -41,7 +41,7 @@ from ..foundations.paths import cache_dir
 from ..foundations.trusted_files import checksum_path, private_folder, record_checksum, trusted
 from ..hardware import linear_kernel
 from ..hardware.linear_kernel import KERNEL_ENV, model_linear_kernel
-from ..models import forward
+from ..models import forward, one_query_attention
 from ..models.forward import bf16_step_tree
 from ..models.loading import LoadedModel
 from .compiled_decode import private_tree
@@ -138,7 +138,8 @@ class AotPackages:
 
     def key(self, *parts: str) -> str:
         model = self._lm.model
-        sources = (__file__, linear_kernel.__file__, forward.__file__, importlib.util.find_spec(self._module).origin)
+        sources = (__file__, linear_kernel.__file__, forward.__file__, one_query_attention.__file__)
+        sources += (importlib.util.find_spec(self._module).origin,)
         code = "".join(code_only(Path(f)) for f in sources)  # the step's code, and the linears' and layers' it traces
         fixed = (model.config.to_json_string(), str(model.dtype), model_linear_kernel(model), *parts)
         fixed += (hashlib.sha256(code.encode()).hexdigest(), torch.__version__, transformers.__version__)

@@ -4,8 +4,8 @@ of its rows and cache length is built, instead of the eager Python forward.
 
     step = BatchStep(lm, slots=16, shift_paths=residual_paths(model), read_layer=head.layer, dtype=decode_dtype)
     step.supports() -> bool                   on a CPU, decoding in the weights' dtype or bf16 over float32 weights
-                                              (bf16 autocast's step, written out: models/forward.bf16_step_tree), no
-                                              sliding windows
+                                              (bf16 autocast's step, written out: models/forward.bf16_step_tree; 2 rows,
+                                              or 2, 4 and 8 in bf16), no sliding windows
     step.shape(rows, full, capacity) -> Shape | None   the package a step of `rows` rows runs in, of which the first
         `full` need their logits: (a bucket of ROW_BUCKETS, capacity, the rows running every layer), None: eager
     step.shapes(capacity) -> [Shape]          every package of a cache length, the one-client step's first
@@ -47,18 +47,22 @@ from ..hardware.linear_kernel import ROW_PRODUCT_ROWS
 from ..models.architecture import decoder_layers
 from ..models.forward import first_rows_above
 from ..models.loading import LoadedModel, ModelSpec, load_model
+from ..models.one_query_attention import own_attention
 from .aot_packages import AotPackages, StepModule, bind, export_package, step_constants
 
 # the row counts packages are built for (a step's rows, the highest slot in use + 1, rounded up: the others sit out);
-# more rows run eagerly: past ROW_PRODUCT_ROWS the compiled step was no faster (hardware/linear_kernel.py)
-ROW_BUCKETS = tuple(b for b in (2, 4, 8) if b <= ROW_PRODUCT_ROWS)
+# more rows run eagerly. A float32 step stops at ROW_PRODUCT_ROWS: past it the compiled step was no faster
+# (hardware/linear_kernel.py); a bf16 step's larger buckets take aten's bf16 linear (8 rows of SmolLM2: 92.9 ms a step
+# against 119.2 eagerly, Zen 4 EPYC). A larger bucket runs every row through every layer: one package, not one per
+# count of rows needing logits (a twin between two clients' rows could not stop early anyway)
+ROW_BUCKETS = (2, 4, 8)
 
 
 def attention_mask4d(allowed: torch.Tensor, attention: str) -> torch.Tensor:
     """rows × positions allowed (bool) → rows × 1 × 1 × positions, as the attention takes it: sdpa a boolean mask,
     eager an additive one (0 or the float32 minimum)."""
     allowed = allowed[:, None, None, :]
-    if attention == "sdpa":
+    if own_attention(attention) == "sdpa":
         return allowed
     return torch.zeros(allowed.shape, device=allowed.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
 
@@ -145,9 +149,11 @@ class BatchStep:
     ):
         self._lm, self.slots, self.paths = lm, slots, tuple(shift_paths)
         self.dtype = dtype or lm.model.dtype  # what the steps decode in
+        bf16_step = self.dtype == torch.bfloat16 and lm.model.dtype == torch.float32
         self._attention = lm.model.config._attn_implementation
         # whether rows may stop at the read layer: below the last one (a head's), else nothing is left to skip
         self._cut = read_layer < len(decoder_layers(lm.model)) - 1
+        self._buckets = tuple(b for b in ROW_BUCKETS if b <= self.slots and (b <= ROW_PRODUCT_ROWS or bf16_step))
         decode = str(self.dtype).removeprefix("torch.")
         self._args = [
             str(slots),
@@ -185,7 +191,7 @@ class BatchStep:
 
     def bucket(self, rows: int) -> int | None:
         """The rows of the package a step of `rows` rows runs in (the others sit out), None past the last bucket."""
-        return next((b for b in ROW_BUCKETS if rows <= b <= self.slots), None)
+        return next((b for b in self._buckets if rows <= b), None)
 
     def shape(self, rows: int, full: int, capacity: int) -> Shape | None:
         """The package a step of `rows` rows runs in, the first `full` of them needing their logits (the rest read at
@@ -193,13 +199,17 @@ class BatchStep:
         bucket = self.bucket(rows)
         if bucket is None:
             return None
-        return bucket, capacity, full if self._cut else bucket
+        return bucket, capacity, full if len(self._full_counts(bucket)) > 1 else bucket
 
     def shapes(self, capacity: int) -> list[Shape]:
         """Every package of a cache length: per bucket, each count of rows running every layer, fewest first (one
         client's steered row and its twin, the step most often asked for)."""
-        buckets = [b for b in ROW_BUCKETS if b <= self.slots]
-        return [(b, capacity, full) for b in buckets for full in (range(1, b + 1) if self._cut else (b,))]
+        return [(b, capacity, full) for b in self._buckets for full in self._full_counts(b)]
+
+    def _full_counts(self, bucket: int) -> Sequence[int]:
+        """The counts of rows running every layer that a bucket has packages for: each where rows may stop at the
+        read layer (the row products' buckets), else all of them (ROW_BUCKETS)."""
+        return range(1, bucket + 1) if self._cut and bucket <= ROW_PRODUCT_ROWS else (bucket,)
 
     def ready(self, shape: Shape) -> bool:
         return shape in self._runners

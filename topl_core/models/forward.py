@@ -6,7 +6,6 @@ never modified) and applies the model's own final norm: H = FinalNorm(f_{0:m}(x)
 
 from __future__ import annotations
 
-import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import torch.nn.functional as F
 from ..hardware.linear_kernel import FewRowLinear, bf16_weight
 from ..hardware.precision import full_precision
 from .architecture import base_causal_lm, decoder_layers, final_norm
+from .one_query_attention import model_eager_attention
 
 T = TypeVar("T")
 
@@ -122,7 +122,7 @@ def bf16_attention(implementation: str) -> str:
 
     name = f"topl_bf16_{implementation}"
     if name not in ALL_ATTENTION_FUNCTIONS:
-        attend = ALL_ATTENTION_FUNCTIONS[implementation] if implementation != "eager" else _eager_attention
+        attend = ALL_ATTENTION_FUNCTIONS[implementation] if implementation != "eager" else model_eager_attention
 
         def bf16(module, query, key, value, mask, **kwargs):
             rounded = (t.to(torch.bfloat16).float() for t in (query, key, value))
@@ -132,11 +132,6 @@ def bf16_attention(implementation: str) -> str:
         AttentionInterface.register(name, bf16)
         AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[implementation])
     return name
-
-
-def _eager_attention(module: torch.nn.Module, *args, **kwargs):
-    """The model's own eager attention (each architecture's modeling module has its own)."""
-    return sys.modules[type(module).__module__].eager_attention_forward(module, *args, **kwargs)
 
 
 def head_features(

@@ -32,6 +32,7 @@ from ..foundations.paths import cache_dir
 from ..foundations.presets import DEFAULT_MODEL, PRESETS
 from ..foundations.services import PROBE_TIMEOUT_S, host_port, unreachable
 from ..hardware.linear_kernel import use_linear_kernel
+from .one_query_attention import one_query_attention
 from ..hardware.precision import PRECISIONS, TORCH_DTYPES, Precision, resolve_weights, weights_for
 from .tiny import TINY_FAMILIES, build_tiny_model
 
@@ -242,6 +243,7 @@ def load_model(spec: ModelSpec | str = DEFAULT_MODEL) -> LoadedModel:
     model = model.to(device=spec.device, dtype=dtype).eval()
     if spec.device == "cpu":
         use_linear_kernel(model)  # a decode step's float32 linears through the kernel this CPU runs faster
+        model.config._attn_implementation = one_query_attention(model.config._attn_implementation)  # its steps
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return LoadedModel(model, tok, spec)

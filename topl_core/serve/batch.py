@@ -51,6 +51,7 @@ from ..inference.prompt_cache import PromptCache
 from ..models.architecture import decoder_layers
 from ..models.forward import Head, HeadReader
 from ..models.loading import LoadedModel
+from ..models.one_query_attention import own_attention
 from ..runtime.hooks import edit_outputs
 from ..runtime.sites import LoraWeights, Site, residual_paths
 from ..runtime.vectors import SteeringVectors
@@ -114,7 +115,7 @@ class Batcher:
         # a sliding-window layer sees the last `window` positions before each row's own: its mask is per row
         self._window: int | None = text.sliding_window if sliding else None
         self._attention = lm.model.config._attn_implementation
-        if self._window is not None and self._attention not in ("sdpa", "eager"):
+        if self._window is not None and own_attention(self._attention) not in ("sdpa", "eager"):
             raise ModelError(
                 f"{lm.spec.name}: its sliding-window layers are served with the sdpa or eager attention, not "
                 f"{self._attention!r}; load it with attn_implementation='sdpa'."
