@@ -32,8 +32,8 @@ from ..foundations.paths import cache_dir
 from ..foundations.presets import DEFAULT_MODEL, PRESETS
 from ..foundations.services import PROBE_TIMEOUT_S, host_port, unreachable
 from ..hardware.linear_kernel import use_linear_kernel
-from .one_query_attention import one_query_attention
 from ..hardware.precision import PRECISIONS, TORCH_DTYPES, Precision, resolve_weights, weights_for
+from .one_query_attention import one_query_attention
 from .tiny import TINY_FAMILIES, build_tiny_model
 
 Device = Literal["cpu", "cuda"]
