@@ -111,9 +111,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    if args.serve:
-        announce_precision(args.precision)
+    if args.serve or args.slider or args.gated:
         adapter, document = bench_inputs(args)
+        announce_precision(args.precision, adapter.device)  # where the run is served or steered: it loads there
+    if args.serve:
         with served(str(adapter.path), args.precision, args.slots) as url:
             res = serve_bench(url, adapter.name, document, args.clients, args.new_tokens)
         res["machine"] = machine_description(adapter.device)  # the server loads the run where it trained
@@ -122,8 +123,7 @@ def run(args: argparse.Namespace) -> None:
             write_json(args.json, res)
         return
     if args.slider or args.gated:
-        announce_precision(args.precision)
-        return steering_bench(args, args.precision)  # as asked: "auto" lets the decode steps take their own
+        return steering_bench(args, adapter, document)  # as asked: "auto" lets the decode steps take their own
     if args.memory:
         return memory_table(args.budget_gib, tuple(args.seq_lens), args.json)
     if args.scale or args.device == "cuda":
@@ -138,7 +138,8 @@ def run(args: argparse.Namespace) -> None:
     precision = announce_precision(args.precision)
 
     def slider() -> dict:  # the slider's figures join the full table, measured on --run as bench --slider measures them
-        return slider_bench(*slider_inputs(args, args.precision), args.new_tokens, args.precision)
+        adapter, document = bench_inputs(args)
+        return slider_bench(slider_session(adapter, args.precision), document, args.new_tokens, args.precision)
 
     main(args.quick, args.data, args.json, args.model, args.executors, precision, slider=slider)
 
@@ -166,16 +167,16 @@ def bench_inputs(args: argparse.Namespace) -> tuple[Adapter, str]:
     return adapter, split_records(records, seed=adapter.settings.split_seed)["test"][0].document
 
 
-def slider_inputs(args: argparse.Namespace, precision: str) -> tuple[SteeringSession, str]:
-    """bench_inputs, with a session on the adapter's vectors from its data's validation split."""
-    adapter, document = bench_inputs(args)
+def slider_session(adapter: Adapter, precision: str) -> SteeringSession:
+    """A session on `adapter` and its vectors from its data's validation split."""
     vectors = steering_vectors_for(adapter, EvalConfig(precision=precision))
-    return SteeringSession.from_run(adapter, vectors), document
+    return SteeringSession.from_run(adapter, vectors)
 
 
-def steering_bench(args: argparse.Namespace, precision: str) -> None:
-    """bench --slider or --gated on slider_inputs."""
-    session, document = slider_inputs(args, precision)
+def steering_bench(args: argparse.Namespace, adapter: Adapter, document: str) -> None:
+    """bench --slider or --gated on `adapter` (bench_inputs) and `document`."""
+    precision = args.precision
+    session = slider_session(adapter, precision)
     if args.gated:
         how = SteerConfig("gated", **config_args(args, SteerConfig, only=MODE_SETTINGS))
         with Bar("gated bench") as bar:
