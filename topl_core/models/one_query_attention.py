@@ -8,7 +8,8 @@ the page's streams, the CLI, `generate` and the service decode through the same 
 
 Why (SmolLM2's shape: 9 query heads over 3 key heads of 64, 768 positions; 2-core Zen 4 EPYC, one layer): 8 rows took
 3.1 ms through bf16 sdpa (a bf16 service step under autocast) and 2.15 ms through float32 sdpa in a compiled graph
-(which repeats the keys for each query head), against 0.39 ms here; one row 0.54 ms in bf16 against 0.11.
+(which repeats the keys for each query head), against 0.39 ms here (float32 operands); one row 0.54 ms in bf16
+against 0.10.
 
 The products read each key head once for the query heads sharing it (rows × key heads × group × positions), and the
 scores, softmax and weighted values are float32 whatever the operands are (bf16 under autocast: what sdpa's CPU kernel
