@@ -214,12 +214,12 @@ class FewRowLinear(torch.nn.Linear):
     kernel: LinearKernel = "aten"  # set per module by use_linear_kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight.dtype == torch.bfloat16 and torch.compiler.is_compiling() and x.device.type == "cpu":
-            if x.numel() <= ROW_PRODUCT_ROWS * self.in_features and not torch.is_autocast_enabled("cpu"):
+        compiled_bf16 = self.weight.dtype == torch.bfloat16 and torch.compiler.is_compiling()
+        if compiled_bf16 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
+            if x.numel() <= ROW_PRODUCT_ROWS * self.in_features:
                 return rows_product_bf16(x, self.weight, self.bias)
-            if not torch.is_autocast_enabled("cpu"):  # more rows (a bf16 service step's): autocast's bf16 linear
-                bias = None if self.bias is None else self.bias.to(torch.bfloat16)
-                return F.linear(x.to(torch.bfloat16), self.weight, bias)
+            bias = None if self.bias is None else self.bias.to(torch.bfloat16)  # more rows: autocast's bf16 linear
+            return F.linear(x.to(torch.bfloat16), self.weight, bias)
         if (
             x.numel() <= FEW_ROWS * self.in_features
             and self.weight.dtype == torch.float32

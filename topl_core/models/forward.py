@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from ..hardware.linear_kernel import FewRowLinear, bf16_weight
 from ..hardware.precision import full_precision
 from .architecture import base_causal_lm, decoder_layers, final_norm
-from .one_query_attention import model_eager_attention
+from .one_query_attention import registered_attention
 
 T = TypeVar("T")
 
@@ -116,22 +116,16 @@ def bf16_attention(implementation: str) -> str:
     to bf16, the output too — with its sums in float32 (what a bf16 kernel accumulates in: the same figures but for
     their order), registered with transformers once, with the same masks. torch's bf16 attention itself made
     SmolLM2's compiled two-row step 28–30 ms against 16–18 (docs/performance.md, "The decode step's linears")."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    name = f"topl_bf16_{implementation}"
-    if name not in ALL_ATTENTION_FUNCTIONS:
-        attend = ALL_ATTENTION_FUNCTIONS[implementation] if implementation != "eager" else model_eager_attention
-
+    def wrap(attend):
         def bf16(module, query, key, value, mask, **kwargs):
             rounded = (t.to(torch.bfloat16).float() for t in (query, key, value))
             out, weights = attend(module, *rounded, mask, **kwargs)
             return out.to(torch.bfloat16), weights
 
-        AttentionInterface.register(name, bf16)
-        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[implementation])
-    return name
+        return bf16
+
+    return registered_attention(f"topl_bf16_{implementation}", implementation, wrap)
 
 
 def head_features(

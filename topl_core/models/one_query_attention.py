@@ -5,6 +5,7 @@ the page's streams, the CLI, `generate` and the service decode through the same 
 
     name = one_query_attention("sdpa")      registered with transformers once: "topl_one_query_sdpa", sdpa's masks
     own_attention(name) -> "sdpa"           the attention it falls back to (what masks and checks are made for)
+    registered_attention(name, implementation, wrap)   any such wrapper, registered once (models/forward.py's bf16)
 
 Why (SmolLM2's shape: 9 query heads over 3 key heads of 64, 768 positions; 2-core Zen 4 EPYC, one layer): 8 rows took
 3.1 ms through bf16 sdpa (a bf16 service step under autocast) and 2.15 ms through float32 sdpa in a compiled graph
@@ -19,6 +20,7 @@ accumulates in), the output in the query's dtype, as sdpa's is.
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 import torch
 
@@ -29,22 +31,30 @@ _UNCOVERED = ("softcap", "s_aux", "cache", "position_bias")  # settings the prod
 def one_query_attention(implementation: str) -> str:
     """The name of `implementation` with one query's attention computed here (the module docstring), registered with
     transformers once, with `implementation`'s masks."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     if implementation.startswith(PREFIX):
         return implementation
-    name = PREFIX + implementation
-    if name not in ALL_ATTENTION_FUNCTIONS:
-        own = ALL_ATTENTION_FUNCTIONS[implementation] if implementation != "eager" else model_eager_attention
 
+    def wrap(own):
         def attend(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
             if _covered(query, key, value, attention_mask, dropout, kwargs):
                 return _one_query(query, key, value, attention_mask, scaling), None
             return own(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
-        AttentionInterface.register(name, attend)
+        return attend
+
+    return registered_attention(PREFIX + implementation, implementation, wrap)
+
+
+def registered_attention(name: str, implementation: str, wrap: Callable[[Callable], Callable]) -> str:
+    """`name`, registered with transformers once as `wrap` of `implementation`'s attention function (the model's own
+    where it is "eager"), with `implementation`'s masks."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        own = ALL_ATTENTION_FUNCTIONS[implementation] if implementation != "eager" else _model_eager_attention
+        AttentionInterface.register(name, wrap(own))
         AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[implementation])
     return name
 
@@ -87,6 +97,6 @@ def _one_query(
     return out.reshape(rows, heads, 1, size).transpose(1, 2).contiguous().to(query.dtype)
 
 
-def model_eager_attention(module: torch.nn.Module, *args, **kwargs):
+def _model_eager_attention(module: torch.nn.Module, *args, **kwargs):
     """The model's own eager attention (each architecture's modeling module has its own)."""
     return sys.modules[type(module).__module__].eager_attention_forward(module, *args, **kwargs)
