@@ -14,7 +14,10 @@ the page every animation frame:
 With --cpu, where the cores went while each new λ was written (from the key press to the whole summary; Linux's
 /proc): the CPU seconds of the app's process and of the browser's, against the seconds the two cores had.
 
+With --json, every figure printed, each move's and their medians, with the machine and the date.
+
     python scripts/steering_page_timing.py [--moves 3] [--read-s 0] [--jump 1] [--generated-only] [--cpu] [--shot PNG]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import time
 from pathlib import Path
 
 from browser_app import app_browser  # scripts/ is this script's folder, first on sys.path
+
+from topl_core.foundations.io import write_json
+from topl_core.hardware.machine import machine_description
 
 CURSOR = "\u258d"  # pages/_ui/steering.CURSOR: the box is still being written
 AHEAD = "being written ahead\u2026"  # pages/_ui/steering.AHEAD: the box waits for the text generated ahead
@@ -71,6 +77,7 @@ def main() -> None:
     p.add_argument("--jump", type=int, default=1, help="slider steps of a new move (pressed at once)")
     p.add_argument("--shot", help="save a screenshot of the page at the end here")
     p.add_argument("--cpu", action="store_true", help="the CPU seconds of the app and the browser per new λ")
+    p.add_argument("--json", type=Path, help="write the figures here (docs/bench/steering-page-*.json)")
     p.add_argument(
         "--generated-only",
         action="store_true",
@@ -98,7 +105,7 @@ def main() -> None:
             page.get_by_text("Only generated tokens").click()
             page.wait_for_function(IDLE, polling=100)
         thumb = page.locator('[data-testid="stSlider"]').filter(has_text="hallucinated").get_by_role("slider")
-        new_first, new_done, stepped_back, seen = [], [], [], []
+        new_first, new_done, stepped_back, seen, moves = [], [], [], [], []
         pressing = []  # a move's key presses themselves
 
         # toward the end of the slider with more room: the page may open at a recommended λ, off its centre
@@ -121,7 +128,7 @@ def main() -> None:
             if thumb.evaluate("e => e.value") == before:  # the slider's end: no new λ to time
                 print(f"the slider is at its end ({new}): no more new positions", flush=True)
                 break
-            used = cpu_seconds() if args.cpu else {}
+            used, spent = cpu_seconds() if args.cpu else {}, None
             new_first.append(wait(page, pressed, new))
             new_done.append(wait(page, pressed, new, whole=True))
             if args.cpu:
@@ -135,6 +142,9 @@ def main() -> None:
             seen.append(wait(page, pressed, again, whole=True))
             page.wait_for_function(IDLE, polling=100)
             compiled = page.get_by_text("the compiled decode step", exact=False).count() > 0
+            waited = {"first_words_s": new_first[-1], "whole_s": new_done[-1], "step_back_s": stepped_back[-1]}
+            decode = "compiled" if compiled else "eager"
+            moves.append({"lambda": new, **waited, "seen_s": seen[-1], "decode": decode, "cpu_s": spent})
             print(
                 f"{new}: first words {new_first[-1]:.2f} s, whole {new_done[-1]:.2f} s; one step back to {back} "
                 f"(right after): {stepped_back[-1]:.3f} s; back on {again} (seen): {seen[-1]:.3f} s; decode "
@@ -149,6 +159,18 @@ def main() -> None:
         )
         if args.shot:
             page.screenshot(path=args.shot, full_page=True)
+    if args.json:
+        medians = {
+            "first_words_s": med(new_first),
+            "whole_s": med(new_done),
+            "step_back_s": med(stepped_back),
+            "seen_s": med(seen),
+        }
+        cold = {"page_drawn_s": drawn, "first_steered_words_s": first, "base_first_words_s": base_first, "idle_s": idle}
+        what = {"moves": args.moves, "read_s": args.read_s, "jump": args.jump, "generated_only": args.generated_only}
+        when = {"machine": machine_description(), "date": time.strftime("%Y-%m-%d")}
+        write_json(args.json, {**when, "command": what, "cold_visit": cold, "moves": moves, "medians": medians})
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":
