@@ -112,6 +112,7 @@ class BatchDecodeStep(StepModule):
 
     def forward(self, ids, position, allowed, *shifts):
         self._shifts = shifts
+        self._bind_cache()
         for layer in self.cache.layers:
             layer.position = position
         mask = attention_mask4d(allowed, self.attention)

@@ -59,6 +59,7 @@ class DecodeStep(StepModule):
 
     def forward(self, ids: torch.Tensor, position: torch.Tensor, *shifts: torch.Tensor) -> torch.Tensor:
         self._shifts = shifts
+        self._bind_cache()
         for layer in self.cache.layers:
             layer.position = position
         out = self.model(input_ids=ids, past_key_values=self.cache, position_ids=position[None], use_cache=True)
