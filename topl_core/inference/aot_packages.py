@@ -58,7 +58,7 @@ def compiled_decode_wanted() -> bool:
 def export_package(step: torch.nn.Module, args: tuple, out: Path, dynamic_shapes: tuple | None = None) -> None:
     """The child's work: export `step` on `args` and compile it into the package `out` (whole or absent: a killed
     build leaves no package)."""
-    with torch.no_grad():  # not strict: half the tracing time (SmolLM2's step 10 s against 19; StepModule._bind_cache)
+    with torch.no_grad():  # not strict: half the tracing time (SmolLM2's step 10 s against 19; StepModule._start_step)
         program = torch.export.export(step, args=args, dynamic_shapes=dynamic_shapes, strict=False)
     partial = out.with_name(f"{out.stem}.{os.getpid()}.partial.pt2")
     config = {"aot_inductor.package_constants_in_so": False}
@@ -113,11 +113,14 @@ class StepModule(torch.nn.Module):
             module.register_forward_hook(lambda _m, _i, out, i=i: out + self._shift(i, out))
             self.shift_sizes.append(module.weight.shape[0])
 
-    def _bind_cache(self) -> None:
-        """The cache's layers on this module's buffers, as a step's forward starts: torch.export (not strict) traces
-        the module's buffers as swapped in for the trace, and the layers' own references to them as constants."""
+    def _start_step(self, position: torch.Tensor, shifts: tuple[torch.Tensor, ...]) -> None:
+        """What a step's forward sets first: the shifts its hooks add, and every cache layer on this module's buffers
+        (torch.export, not strict, traces the buffers as swapped in for the trace and the layers' own references to
+        them as constants) writing at `position`."""
+        self._shifts = shifts
         for i, layer in enumerate(self.cache.layers):
             layer.keys, layer.values = getattr(self, f"key_cache_{i}"), getattr(self, f"value_cache_{i}")
+            layer.position = position
 
     def _shift(self, i: int, out: torch.Tensor) -> torch.Tensor:
         # one row's, or each row's that reached this module (the first rows above a step's head layer)

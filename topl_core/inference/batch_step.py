@@ -111,10 +111,7 @@ class BatchDecodeStep(StepModule):
         self._read["hidden"] = output[0] if isinstance(output, tuple) else output
 
     def forward(self, ids, position, allowed, *shifts):
-        self._shifts = shifts
-        self._bind_cache()
-        for layer in self.cache.layers:
-            layer.position = position
+        self._start_step(position, shifts)
         mask = attention_mask4d(allowed, self.attention)
         out = self.model(input_ids=ids, past_key_values=self.cache, attention_mask=mask, position_ids=position[:, None])
         return out.logits[:, -1].float(), self._read["hidden"][:, -1]

@@ -58,10 +58,7 @@ class DecodeStep(StepModule):
         super().__init__(model, 1, capacity, PositionedLayer, shift_paths, dtype)
 
     def forward(self, ids: torch.Tensor, position: torch.Tensor, *shifts: torch.Tensor) -> torch.Tensor:
-        self._shifts = shifts
-        self._bind_cache()
-        for layer in self.cache.layers:
-            layer.position = position
+        self._start_step(position, shifts)
         out = self.model(input_ids=ids, past_key_values=self.cache, position_ids=position[None], use_cache=True)
         return out.logits[:, -1].float()
 
